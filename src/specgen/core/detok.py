@@ -1,0 +1,37 @@
+"""Incremental detokenization that never splits a multi-byte character.
+
+Decodes a short window of ids and releases only text that is stable: when the newest ids end in an
+incomplete UTF-8 sequence the decoder yields U+FFFD, and that text is held back until it completes.
+"""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+CONTEXT = 5  # prompt ids kept before the output, so leading spaces decode as they would in context
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def add(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        if len(text) <= len(prefix) or text.endswith(REPLACEMENT):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(prefix):]
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end stays U+FFFD)."""
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix):] if len(text) > len(prefix) else ""

@@ -1,0 +1,84 @@
+"""From a resolved Profile to a ready decoder: load the pair, build runners and the proposer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specgen.core.decode import Decoder, DecodeSetup
+from specgen.core.errors import UsageError
+from specgen.core.models import LoadedPair, load_pair, logits_width
+from specgen.core.proposers import DraftModelProposer, NoProposer
+from specgen.core.runner import EagerRunner
+from specgen.core.settings import Profile
+
+
+def eos_ids(pair: LoadedPair) -> set[int]:
+    ids = set()
+    config = getattr(pair.target, "generation_config", None)
+    value = getattr(config, "eos_token_id", None) if config is not None else None
+    if value is None:
+        value = pair.tokenizer.eos_token_id
+    if isinstance(value, int):
+        ids.add(value)
+    elif value:
+        ids.update(int(v) for v in value)
+    return ids
+
+
+class Engine:
+    """Holds the loaded models for a profile; hands out decoders for any sampling settings."""
+
+    def __init__(self, profile: Profile, allow_pickle: bool = False):
+        self.profile = profile
+        self.pair = load_pair(profile, allow_pickle)
+        self.width = logits_width(self.pair.target)
+        self.eos_ids = eos_ids(self.pair)
+        self.target_runner = EagerRunner(self.pair.target, self.width)
+        self.draft_runner = EagerRunner(self.pair.draft, self.width) if self.pair.draft is not None else None
+        config = self.pair.target.config
+        self.max_context = getattr(config, "max_position_embeddings", None)
+
+    @property
+    def tokenizer(self):
+        return self.pair.tokenizer
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        tok = self.pair.tokenizer
+        if chat:
+            if not getattr(tok, "chat_template", None):
+                raise UsageError("--chat was given but this tokenizer has no chat template",
+                                 hint="drop --chat to send the prompt as plain text")
+            messages = [{"role": "user", "content": prompt}]
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        return tok(prompt)["input_ids"]
+
+    def proposer(self, kind: str, sample: bool, stop_ids: set[int]):
+        if kind == "none":
+            return NoProposer(self.target_runner.device)
+        if kind == "draft":
+            if self.draft_runner is None:
+                raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
+            return DraftModelProposer(self.draft_runner, sample, stop_ids)
+        from specgen.core.ngram import NgramProposer  # noqa: PLC0415 (only when asked for)
+
+        spec = self.profile.proposer
+        return NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device)
+
+    def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None) -> Decoder:
+        """A decoder for `profile`'s settings (default: the engine's), optionally another proposer kind."""
+        profile = profile or self.profile
+        kind = proposer_kind or profile.proposer.kind
+        sampling = profile.sampling
+        k = profile.speculation.k if kind != "none" else 0
+        setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, vocab_size=self.pair.vocab_size,
+                            width=self.width, max_context=self.max_context)
+        draft_mode = profile.speculation.draft_sampling
+        sample = (not sampling.greedy) if draft_mode == "auto" else draft_mode == "sample"
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_ids)
+        decoder = Decoder(self.target_runner, self.proposer(kind, sample, stop_ids), self.tokenizer, setup)
+        return decoder
+
+
+def target_only(profile: Profile) -> Profile:
+    return replace(profile, proposer=replace(profile.proposer, kind="none"))

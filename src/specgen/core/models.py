@@ -1,0 +1,191 @@
+"""Loading target and draft checkpoints with transformers, and checking that they fit together.
+
+specgen never downloads: a `path` is a local folder or a hub id already in the local cache.
+Weights load from safetensors; pickle-based weights (.bin, .pt) only with allow_pickle.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specgen.core.errors import ModelError
+from specgen.core.settings import ModelSpec, Profile
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedPair:
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    tokenizer: object  # a transformers tokenizer shared by both models
+    vocab_size: int  # number of real token ids (len(tokenizer)); logits columns past it are padding
+    device: torch.device  # where the target's logits come out
+
+
+def resolve_device(spec: ModelSpec) -> torch.device:
+    if spec.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(
+            f"device {spec.device!r} was requested but CUDA is not available on this machine",
+            hint="use --device cpu (or device = \"cpu\" in the profile)",
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ModelError(f"device {spec.device!r} does not exist: {torch.cuda.device_count()} GPU(s) visible")
+    return device
+
+
+def resolve_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
+    if spec.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[spec.dtype]
+
+
+def _is_local_path(path: str) -> bool:
+    return os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path) or path.count("/") > 1
+
+
+def _check_weights(folder: Path, allow_pickle: bool) -> bool:
+    """Returns whether to insist on safetensors; refuses pickle-only checkpoints unless allowed."""
+    if any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
+        return True
+    pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    if pickles and not allow_pickle:
+        raise ModelError(
+            f"{folder} has only pickle-based weights ({', '.join(sorted(pickles)[:3])}), "
+            "which can run arbitrary code when loaded",
+            hint="convert them to safetensors, or pass --allow-pickle if you trust this checkpoint",
+        )
+    if not pickles:
+        raise ModelError(f"{folder} contains no model weights (*.safetensors)")
+    return False
+
+
+def _locate(spec: ModelSpec, allow_pickle: bool) -> tuple[str, bool]:
+    """Returns (path or hub id, use_safetensors)."""
+    path = os.path.expanduser(spec.path)
+    if _is_local_path(path):
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ModelError(f"checkpoint folder {spec.path} not found", hint="check the profile's path")
+        if not (folder / "config.json").is_file():
+            raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder")
+        return str(folder), _check_weights(folder, allow_pickle)
+    return spec.path, not allow_pickle
+
+
+def _from_pretrained(loader, name: str, spec: ModelSpec, **kwargs):
+    try:
+        return loader.from_pretrained(
+            name, revision=spec.revision, trust_remote_code=spec.trust_remote_code,
+            local_files_only=True, **kwargs,
+        )
+    except (OSError, ValueError, ImportError, KeyError) as exc:
+        raise _model_error(name, spec, exc) from exc
+
+
+def _model_error(name: str, spec: ModelSpec, exc: Exception) -> ModelError:
+    text = str(exc)
+    if "trust_remote_code" in text or "remote code" in text:
+        return ModelError(
+            f"{name} needs code from the checkpoint to run, and this profile does not allow it",
+            hint="only if you trust its author: set trust_remote_code = true in the profile "
+            "(or pass --trust-remote-code); that code runs with your permissions",
+        )
+    if not _is_local_path(name) and ("local_files_only" in text or "cache" in text or "offline" in text
+                                     or "not found" in text.lower() or "couldn't" in text.lower()):
+        return ModelError(
+            f"{name} is neither a local folder nor in the local Hugging Face cache (specgen never downloads)",
+            hint=f"download it first (e.g. `hf download {name}`) or point path at a local folder",
+        )
+    first_line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return ModelError(f"could not load {name}: {first_line}")
+
+
+def _quiet_transformers() -> None:
+    """stderr belongs to specgen's own view: no progress bars or advice from transformers."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def load_tokenizer(spec: ModelSpec):
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+
+    name, _ = _locate(spec, allow_pickle=True)
+    return _from_pretrained(AutoTokenizer, name, spec)
+
+
+def load_model(spec: ModelSpec, allow_pickle: bool = False) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    name, use_safetensors = _locate(spec, allow_pickle)
+    device = resolve_device(spec)
+    kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None}
+    if spec.device_map is not None:
+        kwargs["device_map"] = spec.device_map
+    try:
+        model = _from_pretrained(AutoModelForCausalLM, name, spec, **kwargs)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise ModelError(f"out of GPU memory while loading {name}",
+                         hint="use a smaller model, dtype = \"bfloat16\", or device_map = \"auto\"") from exc
+    if spec.device_map is None:
+        model = model.to(device)
+    return model.eval()
+
+
+def check_tokenizers(target_tok, draft_tok) -> None:
+    """Draft and target must map every shared token id to the same token."""
+    target_vocab = target_tok.get_vocab()
+    draft_vocab = draft_tok.get_vocab()
+    target_by_id = {i: t for t, i in target_vocab.items()}
+    for token, index in draft_vocab.items():
+        other = target_by_id.get(index)
+        if other is not None and other != token:
+            raise ModelError(
+                f"draft and target tokenizers differ: id {index} is {other!r} in the target "
+                f"and {token!r} in the draft",
+                hint="use a draft from the same model family (same tokenizer)",
+            )
+    if abs(len(target_vocab) - len(draft_vocab)) > 0 and not _one_extends_other(target_vocab, draft_vocab):
+        raise ModelError(
+            f"draft and target tokenizers have different vocabularies ({len(draft_vocab)} vs {len(target_vocab)} tokens)",
+            hint="use a draft from the same model family (same tokenizer)",
+        )
+
+
+def _one_extends_other(a: dict, b: dict) -> bool:
+    small, large = (a, b) if len(a) <= len(b) else (b, a)
+    return all(large.get(t) == i for t, i in small.items())
+
+
+def logits_width(model: torch.nn.Module) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = True) -> LoadedPair:
+    tokenizer = load_tokenizer(profile.target)
+    target = load_model(profile.target, allow_pickle)
+    draft = None
+    if need_draft and profile.proposer.kind == "draft" and profile.draft is not None:
+        check_tokenizers(tokenizer, load_tokenizer(profile.draft))
+        draft = load_model(profile.draft, allow_pickle)
+        if logits_width(draft) < len(tokenizer):
+            raise ModelError(
+                f"the draft has {logits_width(draft)} output rows but the tokenizer has {len(tokenizer)} tokens"
+            )
+    if logits_width(target) < len(tokenizer):
+        raise ModelError(
+            f"the target has {logits_width(target)} output rows but the tokenizer has {len(tokenizer)} tokens"
+        )
+    device = target.get_output_embeddings().weight.device
+    return LoadedPair(target=target, draft=draft, tokenizer=tokenizer, vocab_size=len(tokenizer), device=device)

@@ -1,0 +1,73 @@
+"""The resolved settings of a run, as frozen dataclasses.
+
+core/profile.py fills these from a TOML profile plus CLI overrides; everything downstream
+(models, decode loop, verifier) reads only these objects, never raw TOML or argv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a checkpoint lives and how to load it."""
+
+    path: str  # local folder, or a hub id resolved from the local cache only
+    revision: str | None = None
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA; or float32 / bfloat16 / float16
+    device: str = "auto"  # auto = cuda if available else cpu; or cpu / cuda / cuda:N
+    device_map: str | None = None  # accelerate device_map ("auto", "balanced", ...); overrides device
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class ProposerSpec:
+    kind: str = "draft"  # draft | ngram | none (target-only)
+    ngram_min: int = 1
+    ngram_max: int = 4
+    draft_p_min: float = 0.0  # adaptive: stop drafting when the draft's own p(next) < this (0 = off)
+    adaptive_k: bool = False  # adapt k between rounds from recent acceptance (bounded by k)
+
+
+@dataclass(frozen=True)
+class SpeculationSpec:
+    k: int = 4  # draft tokens per round, 1..32
+    draft_sampling: str = "auto"  # auto | argmax | sample: how the draft picks its proposals
+    cuda_graphs: bool = True
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """vLLM SamplingParams meanings; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 128
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    source: str  # file the profile came from ("<built-in>" style names for packaged ones)
+    target: ModelSpec
+    draft: ModelSpec | None = None
+    proposer: ProposerSpec = field(default_factory=ProposerSpec)
+    speculation: SpeculationSpec = field(default_factory=SpeculationSpec)
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)

@@ -1,0 +1,80 @@
+"""Per-request sampling state: what the warp chain needs to know about one request's history.
+
+Both the proposer (for q) and the loop (for p) ask it for the rows of a round, so the draft and
+the target see the same penalties, masks and parameters at every position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specgen.core.sampling import PenaltyRows, WarpParams, penalty_rows
+from specgen.core.settings import SamplingSpec
+
+
+@dataclass(frozen=True)
+class RoundRows:
+    params: WarpParams  # [n+1]
+    penalties: PenaltyRows | None  # [n+1, V]
+    bad_mask: torch.Tensor | None  # [n+1, V] or [V]
+
+
+class SamplingState:
+    def __init__(self, spec: SamplingSpec, width: int, vocab_size: int, stop_ids: set[int],
+                 max_rows: int, device: torch.device):
+        self.spec = spec
+        self.width = width
+        self.stop_ids = sorted(i for i in stop_ids if i < width)
+        self.device = device
+        self.params = WarpParams.from_spec(spec, max_rows, device)
+        self.use_penalties = (
+            spec.repetition_penalty != 1.0 or spec.presence_penalty != 0.0 or spec.frequency_penalty != 0.0
+        )
+        self.padding = None
+        if vocab_size < width:  # logits columns with no token behind them can never be produced
+            self.padding = torch.zeros(width, dtype=torch.bool, device=device)
+            self.padding[vocab_size:] = True
+        self.counts = torch.zeros(width, dtype=torch.int32, device=device)
+        self.seen = torch.zeros(width, dtype=torch.bool, device=device)
+        self.generated = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.counts.zero_()
+        self.seen.zero_()
+        self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=self.device)] = True
+        self.generated = 0
+
+    def rows(self, drafted: torch.Tensor) -> RoundRows:
+        """Rows 0..n of a round whose drafted tokens so far are `drafted` [n]."""
+        n = drafted.shape[0]
+        penalties = penalty_rows(self.counts, self.seen, drafted) if self.use_penalties else None
+        return RoundRows(self.params.slice(0, n + 1), penalties, self._bad_mask(n + 1))
+
+    def last_row(self, drafted: torch.Tensor) -> RoundRows:
+        """Only row n (the draft's next step): the same values as rows(drafted) gives for it."""
+        full = self.rows(drafted)
+        n = drafted.shape[0]
+        penalties = full.penalties
+        if penalties is not None:
+            penalties = PenaltyRows(penalties.counts[n:], penalties.seen[n:])
+        bad = full.bad_mask[n:] if full.bad_mask is not None and full.bad_mask.ndim == 2 else full.bad_mask
+        return RoundRows(self.params.slice(n, n + 1), penalties, bad)
+
+    def _bad_mask(self, rows: int) -> torch.Tensor | None:
+        """EOS and stop ids are masked at rows whose position is still below min_tokens."""
+        short = max(0, min(rows, self.spec.min_tokens - self.generated))
+        if short == 0 or not self.stop_ids:
+            return self.padding
+        mask = torch.zeros(rows, self.width, dtype=torch.bool, device=self.device)
+        if self.padding is not None:
+            mask |= self.padding
+        mask[:short, self.stop_ids] = True
+        return mask
+
+    def commit(self, emitted: list[int]) -> None:
+        ids = torch.tensor(emitted, dtype=torch.long, device=self.device)
+        self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+        self.seen[ids] = True
+        self.generated += len(emitted)

@@ -1,0 +1,95 @@
+"""Acceptance statistics: one object fed by the loop's round events, read by every command.
+
+acceptance rate = accepted / drafted; mean accepted length = emitted tokens per round (accepted + 1);
+per-position acceptance = P(draft position i accepted | position i was drafted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PHASES = ("draft", "verify", "sample", "other")
+
+
+@dataclass
+class AcceptanceStats:
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    recovered: int = 0
+    bonus: int = 0
+    early_stops: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # [position] rounds that drafted position i
+    accepted_at: list[int] = field(default_factory=list)  # [position] rounds that accepted position i
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    prefill_seconds: float = 0.0
+    first_token_seconds: float | None = None
+
+    def add_round(self, num_drafted: int, num_accepted: int, num_emitted: int, timings: dict[str, float],
+                  early_stop: bool = False) -> None:
+        self.rounds += 1
+        self.drafted += num_drafted
+        self.accepted += num_accepted
+        self.emitted += num_emitted
+        self.early_stops += int(early_stop)
+        if num_emitted > num_accepted:  # a round cut short by a stop token ends on an accepted token
+            if num_accepted == num_drafted:
+                self.bonus += 1
+            else:
+                self.recovered += 1
+        grow = num_drafted - len(self.drafted_at)
+        if grow > 0:
+            self.drafted_at.extend([0] * grow)
+            self.accepted_at.extend([0] * grow)
+        for i in range(num_drafted):
+            self.drafted_at[i] += 1
+        for i in range(num_accepted):
+            self.accepted_at[i] += 1
+        for phase, value in timings.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + value
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.emitted / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        total = self.decode_seconds + self.prefill_seconds
+        return self.emitted / total if total > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "recovered": self.recovered,
+            "bonus": self.bonus,
+            "generated_tokens": self.emitted,
+            "early_stops": self.early_stops,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_acceptance": self.per_position,
+            "tokens_per_second": self.tokens_per_second,
+            "prefill_seconds": self.prefill_seconds,
+            "time_to_first_token_seconds": self.first_token_seconds,
+            "round_seconds": {k: v for k, v in self.seconds.items()},
+        }
+
+    def summary_line(self) -> str:
+        return (
+            f"{self.emitted} tokens in {self.rounds} rounds, {self.tokens_per_second:.1f} tok/s, "
+            f"acceptance {self.acceptance_rate:.1%}, mean accepted length {self.mean_accepted_length:.2f}"
+        )

@@ -1,0 +1,93 @@
+"""Tiny random-weight checkpoints built from transformers configs, saved like real ones.
+
+Tests load them through specgen's own loader, so the path from a folder on disk to tokens is the
+real one. A large initializer range makes the logits peaky, so greedy argmaxes are far from ties
+and float32 rounding between a 1-token and a (k+1)-token forward cannot flip them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "import os\nprint(os.path.join('a', 'b'))\n",
+    "héllo wörld — naïve café ✓ 你好\n",
+]
+EOS = "<|endoftext|>"
+
+
+def build_tokenizer(folder: Path, vocab_size: int = 320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS)
+    fast.save_pretrained(folder)
+    return fast
+
+
+def build_model(folder: Path, family: str, layers: int, hidden: int, vocab: int, seed: int,
+                eos_id: int, init: float = 0.5, vocab_rows: int | None = None):
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+    config = config_cls(
+        vocab_size=vocab_rows or vocab, hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, initializer_range=init, eos_token_id=eos_id,
+        bos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = model_cls(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows: int | None = None):
+    """A target and a draft sharing one tokenizer; `same=True` copies the target as the draft."""
+    root = Path(root)
+    tok = build_tokenizer(root / "target")
+    vocab = len(tok)
+    eos_id = tok.eos_token_id
+    build_model(root / "target", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id)
+    tok.save_pretrained(root / "draft")
+    if same:
+        build_model(root / "draft", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id)
+    else:
+        build_model(root / "draft", family, layers=1, hidden=32, vocab=vocab, seed=2, eos_id=eos_id,
+                    vocab_rows=draft_rows)
+    return root / "target", root / "draft"
+
+
+def write_profile(path: Path, target: Path, draft: Path | None, **tables) -> Path:
+    lines = [f'[target]\npath = "{target}"\n']
+    if draft is not None:
+        lines.append(f'[draft]\npath = "{draft}"\n')
+    for table, values in tables.items():
+        lines.append(f"[{table}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {_toml(value)}")
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
