@@ -54,16 +54,27 @@ def build_model(folder: Path, family: str, layers: int, hidden: int, vocab: int,
     return model
 
 
-def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows: int | None = None):
-    """A target and a draft sharing one tokenizer; `same=True` copies the target as the draft."""
+def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows: int | None = None,
+               noisy: float = 0.0):
+    """A target and a draft sharing one tokenizer.
+
+    same=True makes the draft a copy of the target; noisy=s a copy whose weights carry Gaussian
+    noise of std s, so it agrees with the target only part of the time (like a real draft);
+    otherwise the draft is an unrelated smaller model.
+    """
     root = Path(root)
     tok = build_tokenizer(root / "target")
     vocab = len(tok)
     eos_id = tok.eos_token_id
     build_model(root / "target", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id)
     tok.save_pretrained(root / "draft")
-    if same:
-        build_model(root / "draft", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id)
+    if same or noisy:
+        draft = build_model(root / "draft", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id)
+        if noisy:
+            with torch.no_grad():  # noise on the output head only: perturbed logits, same hidden states
+                head = draft.get_output_embeddings().weight
+                head.add_(torch.randn_like(head) * noisy)
+            draft.save_pretrained(root / "draft", safe_serialization=True)
     else:
         build_model(root / "draft", family, layers=1, hidden=32, vocab=vocab, seed=2, eos_id=eos_id,
                     vocab_rows=draft_rows)

@@ -37,6 +37,7 @@ class RoundEvent:
     token_ids: list[int]
     fates: list[Fate]
     text: str  # text released by this round (stop strings and held-back prefixes excluded)
+    pieces: list[str]  # the text each token completed, for per-token display (before stop-string cuts)
     num_drafted: int
     num_accepted: int
     drafted_ids: list[int]
@@ -53,6 +54,7 @@ class Finished:
     token_ids: list[int]
     fates: list[Fate]
     stats: AcceptanceStats
+    pieces: list[str] = field(default_factory=list)  # per-token text, as in RoundEvent
     tail: str = ""  # text released only at the end (held back for stop strings or incomplete bytes)
     logprobs: list[dict] | None = None
 
@@ -80,6 +82,7 @@ class Decoder:
         self.stop_ids = set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(setup.eos_ids))
         self.state = SamplingState(spec, setup.width, setup.vocab_size, self.stop_ids, setup.k + 1,
                                    target_runner.device)
+        self.stats = AcceptanceStats()  # of the current (or last) run, live while it goes
 
     def _generator(self) -> torch.Generator:
         gen = torch.Generator(device=self.target.device)
@@ -103,7 +106,7 @@ class Decoder:
     def run(self, prompt_ids: list[int]):
         self.check_prompt(prompt_ids)
         spec = self.setup.sampling
-        stats = AcceptanceStats()
+        stats = self.stats = AcceptanceStats()
         gen = self._generator()
         start = time.perf_counter()
         self.target.reset()
@@ -115,6 +118,7 @@ class Decoder:
         last = prompt_ids[-1]
         out_ids: list[int] = []
         out_fates: list[Fate] = []
+        out_pieces: list[str] = []
         out_logprobs: list[dict] | None = [] if spec.logprobs is not None else None
         index = 0
         while True:
@@ -123,6 +127,7 @@ class Decoder:
                 stats.first_token_seconds = time.perf_counter() - start
             out_ids += event.token_ids
             out_fates += event.fates
+            out_pieces += event.pieces
             if out_logprobs is not None:
                 out_logprobs += event.logprobs or []
             yield event
@@ -130,7 +135,7 @@ class Decoder:
                 reason = "length"
             if reason is not None:
                 tail = text.finish(reason == "stop")
-                yield Finished(reason, text.released, out_ids, out_fates, stats, tail, out_logprobs)
+                yield Finished(reason, text.released, out_ids, out_fates, stats, out_pieces, tail, out_logprobs)
                 return
             last = event.token_ids[-1]
             index += 1
@@ -156,13 +161,14 @@ class Decoder:
         if reason is None:
             self.target.truncate(self.target.length - n + num_accepted)
             self.proposer.commit(num_accepted, emitted[-1])
-        delta, stop_hit = text.add(emitted)
+        pieces = [text.detok.add([t]) for t in emitted]
+        delta, stop_hit = text.add("".join(pieces))
         if stop_hit and reason is None:
             reason = "stop"
         t4 = time.perf_counter()
         timings = {"draft": t1 - t0, "verify": t2 - t1, "sample": t3 - t2, "other": t4 - t3}
         stats.add_round(n, kept_accepted, len(emitted), timings, early_stop=n < min(self.setup.k, remaining - 1))
-        event = RoundEvent(index, emitted, fates, delta, n, kept_accepted, proposal.token_ids.tolist(), timings,
+        event = RoundEvent(index, emitted, fates, delta, pieces, n, kept_accepted, proposal.token_ids.tolist(), timings,
                            proposal.token_q, target_p, logprobs)
         return event, reason
 
@@ -217,8 +223,8 @@ class _TextTracker:
         self.text = ""
         self.released = ""
 
-    def add(self, ids: list[int]) -> tuple[str, bool]:
-        self.text += self.detok.add(ids)
+    def add(self, new_text: str) -> tuple[str, bool]:
+        self.text += new_text
         cut = self._stop_at()
         if cut is not None:
             self.text = self.text[:cut]

@@ -1,0 +1,56 @@
+"""Options shared by generate, bench and inspect-acceptance: one definition each.
+
+Each maps to a dotted profile key; `overrides()` turns the given ones into load_profile overrides,
+so every CLI option overrides the profile and goes through the profile's validation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+Profile = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name or .toml path (default: demo).")]
+Target = Annotated[Optional[str], typer.Option("--target", help="Target checkpoint: local folder or cached hub id.")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft checkpoint: local folder or cached hub id.")]
+Proposer = Annotated[Optional[str], typer.Option("--proposer", help="draft | ngram | none (target only).")]
+K = Annotated[Optional[int], typer.Option("--k", help="Draft tokens per round (1..32).")]
+Temperature = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")]
+TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus mass in (0, 1].")]
+TopK = Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens; -1 = off.")]
+MinP = Annotated[Optional[float], typer.Option("--min-p", help="Drop tokens below min_p * max p.")]
+RepetitionPenalty = Annotated[Optional[float], typer.Option("--repetition-penalty", help="> 1 discourages repeats.")]
+PresencePenalty = Annotated[Optional[float], typer.Option("--presence-penalty", help="In [-2, 2].")]
+FrequencyPenalty = Annotated[Optional[float], typer.Option("--frequency-penalty", help="In [-2, 2].")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Same seed, same text on the same device.")]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens to generate at most.")]
+MinTokens = Annotated[Optional[int], typer.Option("--min-tokens", help="No EOS/stop id before this many tokens.")]
+Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); not included in the output.")]
+StopTokenId = Annotated[Optional[list[int]], typer.Option("--stop-token-id", help="Stop token id (repeatable).")]
+IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Keep going past EOS.")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (both models).")]
+Device = Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (both models).")]
+TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
+AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
+
+
+def overrides(**options) -> dict:
+    """Keyword names as above (snake_case) -> dotted profile keys; None means not given."""
+    keys = {
+        "target": "target.path", "draft": "draft.path", "proposer": "proposer.kind", "k": "speculation.k",
+        "temperature": "sampling.temperature", "top_p": "sampling.top_p", "top_k": "sampling.top_k",
+        "min_p": "sampling.min_p", "repetition_penalty": "sampling.repetition_penalty",
+        "presence_penalty": "sampling.presence_penalty", "frequency_penalty": "sampling.frequency_penalty",
+        "seed": "sampling.seed", "max_tokens": "sampling.max_tokens", "min_tokens": "sampling.min_tokens",
+        "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
+        "logprobs": "sampling.logprobs",
+    }
+    out = {keys[name]: value for name, value in options.items() if name in keys and value not in (None, [])}
+    for name in ("dtype", "device"):
+        if options.get(name) is not None:
+            out[f"target.{name}"] = options[name]
+            out[f"draft.{name}"] = options[name]
+    if options.get("trust_remote_code"):
+        out["target.trust_remote_code"] = True
+        out["draft.trust_remote_code"] = True
+    return out

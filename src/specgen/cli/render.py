@@ -1,0 +1,87 @@
+"""Showing a generation: the live view on stderr, plain text or JSON on stdout.
+
+stdout carries results only. The live view (tokens coloured by fate, a footer with the acceptance
+statistics) goes to stderr, and only when stderr is a terminal; NO_COLOR turns colours off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+FATE_STYLES = {"accepted": "green", "recovered": "yellow", "bonus": "cyan"}
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def no_color() -> bool:
+    return "NO_COLOR" in os.environ
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, no_color=no_color(), highlight=False, soft_wrap=True)
+
+
+def legend() -> Text:
+    text = Text()
+    for fate, style in FATE_STYLES.items():
+        text.append(f"■ {fate}  ", style=style)
+    return text
+
+
+def position_bars(rates: list[float]) -> str:
+    return "".join(BARS[min(len(BARS) - 1, round(r * (len(BARS) - 1)))] for r in rates)
+
+
+def footer(stats) -> Text:
+    line = (
+        f"{stats.tokens_per_second:7.1f} tok/s · {stats.rounds} rounds · acceptance {stats.acceptance_rate:5.1%}"
+        f" · mean accepted length {stats.mean_accepted_length:.2f}"
+    )
+    text = Text(line, style="bold")
+    if stats.drafted_at:
+        text.append(f" · per position ▕{position_bars(stats.per_position)}▏")
+    return text
+
+
+def coloured(pieces: list[str], fates: list[str], limit: int | None = None) -> Text:
+    """Per-token text styled by fate; `limit` cuts it to the final text's length (stop strings)."""
+    text = Text()
+    for piece, fate in zip(pieces, fates):
+        if limit is not None:
+            piece = piece[: max(0, limit - len(text))]
+        text.append(piece, style=FATE_STYLES.get(fate, ""))
+    return text
+
+
+class LiveView:
+    """Tokens stream in colour with a footer; transient, so the final text is printed once afterwards."""
+
+    def __init__(self):
+        self.console = stderr_console()
+        self.text = Text()
+        self.live = Live(console=self.console, transient=True, refresh_per_second=12, auto_refresh=True)
+
+    def __enter__(self):
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.live.__exit__(*exc)
+
+    def update(self, event, stats) -> None:
+        self.text.append_text(coloured(event.pieces, [f.value for f in event.fates]))
+        self.live.update(Group(self._tail(), Text(""), footer(stats), legend()))
+
+    def _tail(self) -> Text:
+        room = max(3, self.console.size.height - 4)
+        lines = self.text.split("\n", allow_blank=True)
+        return Text("\n").join(lines[-room:])
+
+
+def summary(stats, console: Console | None = None) -> None:
+    """One line on stderr at the end (off a terminal, or after the live view)."""
+    (console or stderr_console()).print(stats.summary_line(), style="dim", highlight=False)
