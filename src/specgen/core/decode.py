@@ -45,6 +45,7 @@ class RoundEvent:
     draft_q: list[float] | None = None  # q(x) of each drafted token (probabilistic drafting)
     target_p: list[float] | None = None  # p(x) of each drafted token under the target
     logprobs: list[dict] | None = None
+    target_entropy: list[float] | None = None  # insight only: entropy of p at each drafted position (nats)
 
 
 @dataclass
@@ -73,7 +74,7 @@ class DecodeSetup:
 
 
 class Decoder:
-    def __init__(self, target_runner, proposer, tokenizer, setup: DecodeSetup):
+    def __init__(self, target_runner, proposer, tokenizer, setup: DecodeSetup, insight: bool = False):
         self.target = target_runner
         self.proposer = proposer
         self.tokenizer = tokenizer
@@ -83,6 +84,10 @@ class Decoder:
         self.state = SamplingState(spec, setup.width, setup.vocab_size, self.stop_ids, setup.k + 1,
                                    target_runner.device)
         self.stats = AcceptanceStats()  # of the current (or last) run, live while it goes
+        # insight: p(x), q(x) and the target's entropy for every drafted token, in greedy mode too
+        # (a softmax per round and per draft step); off, the loop computes none of it.
+        self.insight = insight
+        self.proposer.insight = insight
 
     def _generator(self) -> torch.Generator:
         gen = torch.Generator(device=self.target.device)
@@ -151,6 +156,7 @@ class Decoder:
         t2 = time.perf_counter()
         emitted, target_p, logprobs = self._verify(logits, proposal, gen, spec)
         t3 = time.perf_counter()
+        insight = self._insight(logits, proposal) if self.insight else None  # before commit moves the state
         num_accepted = len(emitted) - 1
         fates = [Fate.ACCEPTED] * num_accepted + [Fate.BONUS if num_accepted == n else Fate.RECOVERED]
         reason, emitted, fates = self._stop_tokens(emitted, fates)
@@ -170,7 +176,18 @@ class Decoder:
         stats.add_round(n, kept_accepted, len(emitted), timings, early_stop=n < min(self.setup.k, remaining - 1))
         event = RoundEvent(index, emitted, fates, delta, pieces, n, kept_accepted, proposal.token_ids.tolist(), timings,
                            proposal.token_q, target_p, logprobs)
+        if insight is not None:
+            event.target_p, event.target_entropy = insight
         return event, reason
+
+    def _insight(self, logits, proposal) -> tuple[list[float], list[float]]:
+        """p(x) of each drafted token and the entropy of p at its position. p is the warped target
+        distribution; for greedy rows, the softmax of the penalised logits (as for logprobs)."""
+        n = len(proposal)
+        rows = self.state.rows(proposal.token_ids)
+        p = logprobs_from_logits(logits, rows.params, rows.penalties, rows.bad_mask)[:n].exp()  # [n, V]
+        entropy = torch.special.entr(p).sum(dim=-1)  # entr(0) = 0
+        return p[torch.arange(n, device=p.device), proposal.token_ids].tolist(), entropy.tolist()
 
     def _verify(self, logits, proposal, gen, spec):
         n = len(proposal)

@@ -65,8 +65,10 @@ class Engine:
         spec = self.profile.proposer
         return NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device)
 
-    def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None) -> Decoder:
-        """A decoder for `profile`'s settings (default: the engine's), optionally another proposer kind."""
+    def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None,
+                insight: bool = False) -> Decoder:
+        """A decoder for `profile`'s settings (default: the engine's), optionally another proposer kind;
+        insight=True makes its round events carry p(x), q(x) and entropy (inspect-acceptance)."""
         profile = profile or self.profile
         kind = proposer_kind or profile.proposer.kind
         sampling = profile.sampling
@@ -76,7 +78,7 @@ class Engine:
         draft_mode = profile.speculation.draft_sampling
         sample = (not sampling.greedy) if draft_mode == "auto" else draft_mode == "sample"
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_ids)
-        decoder = Decoder(self.target_runner, self.proposer(kind, sample, stop_ids), self.tokenizer, setup)
+        decoder = Decoder(self.target_runner, self.proposer(kind, sample, stop_ids), self.tokenizer, setup, insight=insight)
         return decoder
 
 

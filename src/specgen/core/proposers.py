@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.core import verifier
-from specgen.core.sampling import exponentials, sample_race
+from specgen.core.sampling import exponentials, logprobs_from_logits, sample_race
 from specgen.core.state import SamplingState
 
 
@@ -45,6 +45,14 @@ class NoProposer:
         pass
 
 
+def _argmax_q(logits: torch.Tensor, rows, token: torch.Tensor, probs: torch.Tensor | None) -> float:
+    """q(x) of an argmax draft (insight only): the warped q where there is one, else the softmax
+    of the draft's penalised logits."""
+    if probs is not None:
+        return float(probs[0, token])
+    return float(logprobs_from_logits(logits, rows.params, rows.penalties, rows.bad_mask)[0, token].exp())
+
+
 class DraftModelProposer:
     """A small causal LM drafting autoregressively over its own KV cache.
 
@@ -54,6 +62,7 @@ class DraftModelProposer:
     """
 
     kind = "draft"
+    insight = False  # set by the decoder: q(x) also for argmax drafts, for acceptance insight
 
     def __init__(self, runner, sample: bool, stop_ids: set[int]):
         self.runner = runner
@@ -82,6 +91,8 @@ class DraftModelProposer:
                 token_q.append(float(probs[0, token]))
             else:
                 token = argmax
+                if self.insight:
+                    token_q.append(_argmax_q(logits, rows, token, probs))
             drafted = torch.cat([drafted, token])
             feed = token
             if int(token) in self.stop_ids:

@@ -6,7 +6,7 @@ per-position acceptance = P(draft position i accepted | position i was drafted).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 PHASES = ("draft", "verify", "sample", "other")
 
@@ -48,6 +48,25 @@ class AcceptanceStats:
             self.accepted_at[i] += 1
         for phase, value in timings.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + value
+
+    def merge(self, other: AcceptanceStats) -> None:
+        """Add another run's counts, per-position counts and seconds (bench totals over prompts).
+
+        first_token_seconds is per run and stays this object's.
+        """
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "first_token_seconds":
+                continue
+            if isinstance(mine, list):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, value in enumerate(theirs):
+                    mine[i] += value
+            elif isinstance(mine, dict):
+                for key, value in theirs.items():
+                    mine[key] = mine.get(key, 0.0) + value
+            else:
+                setattr(self, f.name, mine + theirs)
 
     @property
     def decode_seconds(self) -> float:

@@ -1,0 +1,203 @@
+"""Acceptance insight: per-round records of runs, and what they add up to. No terminal code.
+
+A RunRecord keeps what one generation did round by round: the drafted ids, how many the verifier
+accepted, the tokens it emitted and, from a decoder built with insight=True, p(x) and q(x) of every
+drafted token and the target's entropy at each drafted position. `analyse` turns records into the
+report of `specgen inspect-acceptance` (and the per-round data that `specgen bench --records` stores).
+
+Definitions used below: a drafted position is *verified* when the verifier judged it, i.e. it was
+accepted or it was the first rejection of its round; positions after a rejection were drafted but
+never judged. A token is *rejected* at the first unaccepted position of a round that emitted a
+recovered token there (a round cut by a stop token rejects nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from specgen.core.stats import AcceptanceStats
+
+ENTROPY_EDGES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)  # nats; the last bin is [4, inf)
+CONTEXT_CHARS = 40  # text shown before a rejected token
+EXAMPLES = 3  # contexts kept per rejected token
+
+
+@dataclass
+class RoundRecord:
+    drafted_ids: list[int]
+    num_accepted: int
+    token_ids: list[int]  # emitted: accepted + (recovered | bonus), cut at a stop token
+    target_p: list[float] | None = None  # [drafted] p(x) of each drafted token
+    draft_q: list[float] | None = None  # [drafted] q(x) of each drafted token
+    target_entropy: list[float] | None = None  # [drafted] entropy of p at each drafted position (nats)
+
+    @classmethod
+    def from_event(cls, event) -> "RoundRecord":
+        return cls(event.drafted_ids, event.num_accepted, event.token_ids, event.target_p, event.draft_q,
+                   getattr(event, "target_entropy", None))
+
+    @property
+    def rejected(self) -> bool:
+        return self.num_accepted < len(self.drafted_ids) and len(self.token_ids) > self.num_accepted
+
+    @property
+    def verified(self) -> int:
+        return self.num_accepted + int(self.rejected)
+
+
+@dataclass
+class RunRecord:
+    prompt: str
+    text: str
+    token_ids: list[int]
+    fates: list[str]
+    pieces: list[str]  # per-token text
+    rounds: list[RoundRecord]
+    token_text: dict[int, str] = field(default_factory=dict)  # text of every rejected draft token
+
+    @classmethod
+    def build(cls, prompt: str, finished, events, tokenizer) -> "RunRecord":
+        rounds = [RoundRecord.from_event(e) for e in events]
+        rejected = {r.drafted_ids[r.num_accepted] for r in rounds if r.rejected}
+        token_text = {t: tokenizer.decode([t]) for t in sorted(rejected)}
+        return cls(prompt, finished.text, finished.token_ids, [f.value for f in finished.fates],
+                   finished.pieces, rounds, token_text)
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["token_text"] = {str(k): v for k, v in self.token_text.items()}  # JSON object keys are strings
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunRecord":
+        rounds = [RoundRecord(**r) for r in data["rounds"]]
+        token_text = {int(k): v for k, v in data.get("token_text", {}).items()}
+        return cls(data["prompt"], data["text"], data["token_ids"], data["fates"], data["pieces"], rounds,
+                   token_text)
+
+
+def record(decoder, prompt: str, prompt_ids: list[int], tokenizer) -> RunRecord:
+    """Run one generation and keep its rounds (build the decoder with insight=True for p, q, entropy)."""
+    events = list(decoder.run(prompt_ids))
+    return RunRecord.build(prompt, events[-1], events[:-1], tokenizer)
+
+
+def stats_of(runs: list[RunRecord]) -> AcceptanceStats:
+    """The acceptance counts of the records, through the same stats object the loop fills."""
+    stats = AcceptanceStats()
+    for run in runs:
+        for r in run.rounds:
+            stats.add_round(len(r.drafted_ids), r.num_accepted, len(r.token_ids), {})
+    return stats
+
+
+def analyse(runs: list[RunRecord], top: int = 10) -> dict:
+    """The inspect-acceptance report as plain data (documented in docs/cli.md)."""
+    stats = stats_of(runs)
+    fates = {fate: sum(run.fates.count(fate) for run in runs) for fate in ("accepted", "recovered", "bonus")}
+    return {
+        "totals": {
+            "prompts": len(runs),
+            "generated_tokens": stats.emitted,
+            "rounds": stats.rounds,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "acceptance_rate": stats.acceptance_rate,
+            "mean_accepted_length": stats.mean_accepted_length,
+        },
+        "fates": fates,
+        "per_position": [
+            {"position": i + 1, "drafted": d, "accepted": a, "rate": a / d if d else 0.0}
+            for i, (d, a) in enumerate(zip(stats.drafted_at, stats.accepted_at))
+        ],
+        "rejected": rejected_tokens(runs, top),
+        "entropy": entropy_bins(runs),
+        "has_probabilities": any(r.target_p is not None for run in runs for r in run.rounds if r.drafted_ids),
+    }
+
+
+def rejected_tokens(runs: list[RunRecord], top: int) -> list[dict]:
+    """Draft tokens rejected most often, with mean p(x), q(x) and a few contexts."""
+    found: dict[int, dict] = {}
+    for run in runs:
+        emitted = 0
+        for r in run.rounds:
+            if r.rejected:
+                at = r.num_accepted
+                token = r.drafted_ids[at]
+                entry = found.setdefault(token, {"token_id": token, "text": run.token_text.get(token, ""),
+                                                 "count": 0, "p": [], "q": [], "examples": []})
+                entry["count"] += 1
+                p = r.target_p[at] if r.target_p else None
+                q = r.draft_q[at] if r.draft_q else None
+                if p is not None:
+                    entry["p"].append(p)
+                if q is not None:
+                    entry["q"].append(q)
+                if len(entry["examples"]) < EXAMPLES:
+                    entry["examples"].append(_example(run, emitted + at, p, q))
+            emitted += len(r.token_ids)
+    ranked = sorted(found.values(), key=lambda e: (-e["count"], e["token_id"]))[:top]
+    for entry in ranked:
+        entry["mean_p"] = _mean(entry.pop("p"))
+        entry["mean_q"] = _mean(entry.pop("q"))
+    return ranked
+
+
+def _example(run: RunRecord, position: int, p: float | None, q: float | None) -> dict:
+    before = (run.prompt + "".join(run.pieces[:position]))[-CONTEXT_CHARS:]
+    return {"context": before, "target_token_id": run.token_ids[position], "target_text": run.pieces[position],
+            "p": p, "q": q}
+
+
+def entropy_bins(runs: list[RunRecord]) -> list[dict]:
+    """Acceptance of verified positions, binned by the target's entropy there (empty without insight)."""
+    bins = [{"lower": lo, "upper": hi, "verified": 0, "accepted": 0}
+            for lo, hi in zip(ENTROPY_EDGES, ENTROPY_EDGES[1:] + (math.inf,))]
+    seen = False
+    for run in runs:
+        for r in run.rounds:
+            if r.target_entropy is None:
+                continue
+            seen = True
+            for i in range(r.verified):
+                entropy = max(r.target_entropy[i], 0.0)  # rounding can leave -1e-7
+                b = next(b for b in reversed(bins) if entropy >= b["lower"])
+                b["verified"] += 1
+                b["accepted"] += int(i < r.num_accepted)
+    for b in bins:
+        b["rate"] = b["accepted"] / b["verified"] if b["verified"] else None
+        if b["upper"] == math.inf:
+            b["upper"] = None  # JSON has no infinity
+    return bins if seen else []
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def runs_from_bench(document: dict, k: int | None, temperature: float | None) -> tuple[dict, list[RunRecord]]:
+    """The records of one (k, temperature) result of a `specgen bench --records` document.
+
+    Without k or temperature, the recommended k at the first temperature (or the given one).
+    Returns (that result, its records).
+    """
+    from specgen.core.errors import UsageError
+
+    if not isinstance(document, dict) or not str(document.get("schema", "")).startswith("specgen.bench/"):
+        raise UsageError("this is not the JSON of `specgen bench --format json`")
+    results = document.get("results", [])
+    if temperature is None:
+        temperature = results[0]["temperature"] if results else 0.0
+    if k is None:
+        rec = [r for r in document.get("recommendation", []) if r["temperature"] == temperature]
+        k = rec[0]["k"] if rec else None
+    chosen = [r for r in results if r["k"] == k and r["temperature"] == temperature]
+    if not chosen:
+        have = ", ".join(f"k={r['k']} T={r['temperature']:g}" for r in results)
+        raise UsageError(f"the bench has no result for k={k} temperature={temperature:g}", hint=f"it has: {have}")
+    if "records" not in chosen[0]:
+        raise UsageError("this bench JSON has no per-round records",
+                         hint="run `specgen bench --records --format json` to keep them")
+    return chosen[0], [RunRecord.from_dict(r) for r in chosen[0]["records"]]
