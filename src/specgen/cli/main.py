@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from specgen.cli import errors, generate, profiles
+from specgen.cli import bench, errors, generate, profiles
 
 app = typer.Typer(
     name="specgen",
@@ -17,6 +17,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("generate")(generate.generate)
+app.command("bench")(bench.bench)
 app.add_typer(profiles.app, name="profiles")
 
 

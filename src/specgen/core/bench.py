@@ -1,0 +1,364 @@
+"""`specgen bench`: speculative decoding against baselines, in one process, on the same prompts.
+
+For each temperature, every baseline and every k of the sweep generate for every prompt: `warmup`
+untimed runs of the first prompt, then `repeat` timed runs of each prompt, of which the median-time
+run stands for the prompt. Speed is generated tokens / wall seconds of the whole generation
+(prefill included). Ratios are taken per prompt and summarised as medians. Sampled runs are seeded
+per prompt (profile seed, or 0, plus the prompt's index) so every method and repeat draws alike.
+
+Baselines: `target-only` is the target alone through specgen's own loop (k = 0); `hf` is Hugging
+Face `generate` on the same target; `hf-assisted` is `generate(assistant_model=draft)` with
+Hugging Face's own assisted-generation defaults. The document returned by `Bench.run` is the
+`--format json` output; docs/bench-schema.md describes every field. No terminal code here.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Callable
+
+import torch
+
+from specgen.core.engine import Engine, target_only
+from specgen.core.insight import RunRecord
+from specgen.core.settings import Profile, SamplingSpec
+from specgen.core.stats import PHASES, AcceptanceStats
+
+SCHEMA = "specgen.bench/1"
+BASELINES = ("target-only", "hf", "hf-assisted")
+
+
+@dataclass(frozen=True)
+class Plan:
+    ks: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    baselines: tuple[str, ...] = ("target-only",)
+    repeat: int = 1
+    warmup: int = 1
+    records: bool = False  # keep per-round records of every speculative run (for inspect-acceptance)
+
+
+@dataclass
+class Sample:
+    """One prompt under one method: the run of median time among the repeats."""
+
+    token_ids: list[int]
+    seconds: float
+    first_token_seconds: float | None
+    stats: AcceptanceStats | None = None  # speculative runs only
+    record: RunRecord | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+class Unavailable(Exception):
+    """A baseline that cannot run with these settings; the reason goes into the report."""
+
+
+Progress = Callable[[int, str], None]  # (steps done since the last call, what runs now)
+
+
+class Bench:
+    def __init__(self, engine: Engine, prompts: list[str], settings_for: Callable[[int, float], Profile],
+                 plan: Plan, progress: Progress | None = None):
+        self.engine = engine
+        self.prompts = prompts
+        self.prompt_ids = [engine.encode(p) for p in prompts]
+        self.settings_for = settings_for  # (k, temperature) -> validated Profile
+        self.plan = plan
+        self.progress = progress or (lambda steps, label: None)
+        self.device = engine.pair.device
+
+    @property
+    def total_steps(self) -> int:
+        per_method = self.plan.warmup + len(self.prompts) * self.plan.repeat
+        return len(self.plan.temperatures) * (len(self.plan.baselines) + len(self.plan.ks)) * per_method
+
+    def run(self) -> dict:
+        baselines, results = [], []
+        for temperature in self.plan.temperatures:
+            profile = self.settings_for(self.plan.ks[0], temperature)
+            done = {name: self._baseline(name, profile, temperature) for name in self.plan.baselines}
+            baselines += [entry for entry, _ in done.values()]
+            for k in self.plan.ks:
+                results.append(self._speculative(self.settings_for(k, temperature), k, temperature, done))
+        return {
+            "schema": SCHEMA,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": self._environment(),
+            "profile": self._profile_info(),
+            "settings": self._settings(),
+            "prompts": [{"index": i, "text": p, "tokens": len(ids)}
+                        for i, (p, ids) in enumerate(zip(self.prompts, self.prompt_ids))],
+            "baselines": baselines,
+            "results": results,
+            "recommendation": recommend(results),
+        }
+
+    # -- measuring -------------------------------------------------------------------------
+
+    def _measure(self, label: str, run_one: Callable[[int], Sample]) -> tuple[list[Sample], int | None]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        for _ in range(self.plan.warmup):
+            run_one(0)
+            self.progress(1, f"{label} (warm-up)")
+        samples = []
+        for i in range(len(self.prompts)):
+            repeats = []
+            for _ in range(self.plan.repeat):
+                repeats.append(run_one(i))
+                self.progress(1, label)
+            repeats.sort(key=lambda s: s.seconds)
+            samples.append(repeats[len(repeats) // 2])
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        return samples, peak
+
+    def _seeded(self, profile: Profile, index: int) -> Profile:
+        seed = (profile.sampling.seed or 0) + index
+        return replace(profile, sampling=replace(profile.sampling, seed=seed))
+
+    def _ours(self, profile: Profile, index: int) -> Sample:
+        decoder = self.engine.decoder(self._seeded(profile, index))
+        events = []
+        start = time.perf_counter()
+        for event in decoder.run(self.prompt_ids[index]):
+            events.append(event)
+        seconds = time.perf_counter() - start
+        finished = events.pop()
+        record = None
+        if self.plan.records:
+            record = RunRecord.build(self.prompts[index], finished, events, self.engine.tokenizer)
+        return Sample(finished.token_ids, seconds, finished.stats.first_token_seconds, finished.stats, record)
+
+    def _hf(self, profile: Profile, index: int, assistant) -> Sample:
+        config = hf_generation_config(profile.sampling, self.engine.eos_ids)
+        ids = torch.tensor([self.prompt_ids[index]], dtype=torch.long, device=self.device)
+        streamer = _FirstToken()
+        torch.manual_seed(self._seeded(profile, index).sampling.seed)
+        streamer.start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.engine.pair.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                                   streamer=streamer, assistant_model=assistant)
+        tokens = out[0, ids.shape[1]:].tolist()  # .tolist() waits for the device
+        seconds = time.perf_counter() - streamer.start
+        return Sample(tokens, seconds, streamer.first)
+
+    def _baseline(self, name: str, profile: Profile, temperature: float) -> tuple[dict, list[Sample] | None]:
+        entry = {"method": name, "temperature": temperature, "available": True, "reason": None,
+                 "tokens_per_second": None, "time_to_first_token_seconds": None, "peak_gpu_memory_bytes": None,
+                 "per_prompt": []}
+        label = f"T={temperature:g} {name}"
+        try:
+            run_one = self._baseline_runner(name, profile)
+        except Unavailable as exc:
+            self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, label)
+            entry.update(available=False, reason=str(exc))
+            return entry, None
+        samples, peak = self._measure(label, run_one)
+        entry.update(_speed(samples), peak_gpu_memory_bytes=peak,
+                     per_prompt=[_prompt_row(i, s) for i, s in enumerate(samples)])
+        return entry, samples
+
+    def _baseline_runner(self, name: str, profile: Profile) -> Callable[[int], Sample]:
+        if name == "target-only":
+            base = target_only(profile)
+            return lambda i: self._ours(base, i)
+        hf_generation_config(profile.sampling, self.engine.eos_ids)  # raises Unavailable early
+        if name == "hf":
+            return lambda i: self._hf(profile, i, None)
+        draft = self.engine.pair.draft
+        if draft is None:
+            raise Unavailable("needs a draft model (the profile's proposer is not 'draft')")
+        return lambda i: self._hf(profile, i, draft)
+
+    def _speculative(self, profile: Profile, k: int, temperature: float, baselines: dict) -> dict:
+        samples, peak = self._measure(f"T={temperature:g} k={k}", lambda i: self._ours(profile, i))
+        stats = AcceptanceStats()
+        for sample in samples:
+            stats.merge(sample.stats)
+        available = {name: base for name, (_, base) in baselines.items() if base is not None}
+        rows = [_prompt_row(i, s) for i, s in enumerate(samples)]
+        for i, row in enumerate(rows):
+            row["acceptance_rate"] = samples[i].stats.acceptance_rate
+            row["mean_accepted_length"] = samples[i].stats.mean_accepted_length
+            row["speedup"] = {name: _ratio(samples[i], base[i]) for name, base in available.items()}
+        result = {
+            "k": k,
+            "temperature": temperature,
+            **_speed(samples),
+            "speedup": {name: (summarise([r["speedup"][name] for r in rows]) if name in available else None)
+                        for name in baselines},
+            "acceptance_rate": stats.acceptance_rate,
+            "mean_accepted_length": stats.mean_accepted_length,
+            "per_position_acceptance": stats.per_position,
+            "round_ms": _round_ms(stats),
+            "peak_gpu_memory_bytes": peak,
+            "greedy_agreement": greedy_agreement(samples, available) if temperature == 0 else None,
+            "counts": {key: stats.as_dict()[key] for key in
+                       ("rounds", "drafted", "accepted", "recovered", "bonus", "generated_tokens")},
+            "per_prompt": rows,
+        }
+        if self.plan.records:
+            result["records"] = [s.record.as_dict() for s in samples]
+        return result
+
+    # -- describing the run ----------------------------------------------------------------
+
+    def _environment(self) -> dict:
+        import transformers
+
+        from specgen import __version__
+
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else platform.processor()
+        return {
+            "specgen": __version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "device": str(self.device),
+            "device_name": name or platform.machine(),
+            "dtype": str(self.engine.pair.target.dtype).removeprefix("torch."),
+            "cpu_threads": torch.get_num_threads(),
+        }
+
+    def _profile_info(self) -> dict:
+        profile = self.engine.profile
+        return {"name": profile.name, "target": profile.target.path,
+                "draft": profile.draft.path if profile.draft is not None else None,
+                "proposer": profile.proposer.kind}
+
+    def _settings(self) -> dict:
+        sampling = self.settings_for(self.plan.ks[0], self.plan.temperatures[0]).sampling
+        return {
+            "k": list(self.plan.ks),
+            "temperatures": list(self.plan.temperatures),
+            "baselines": list(self.plan.baselines),
+            "max_tokens": sampling.max_tokens,
+            "ignore_eos": sampling.ignore_eos,
+            "seed": sampling.seed or 0,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "min_p": sampling.min_p,
+            "repeat": self.plan.repeat,
+            "warmup": self.plan.warmup,
+        }
+
+
+class _FirstToken:
+    """A transformers streamer that only notes when the first generated token arrives."""
+
+    def __init__(self):
+        self.start = 0.0
+        self.first: float | None = None
+        self.calls = 0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:  # the first call carries the prompt
+            self.first = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
+def hf_generation_config(spec: SamplingSpec, eos_ids: set[int]):
+    """The GenerationConfig that samples like `spec`, or Unavailable where transformers has no equivalent."""
+    from transformers import GenerationConfig
+
+    if spec.presence_penalty or spec.frequency_penalty:
+        raise Unavailable("transformers generate has no presence or frequency penalty")
+    if spec.stop:
+        raise Unavailable("stop strings are not passed to transformers generate")
+    stops = set(spec.stop_token_ids) | (set() if spec.ignore_eos else eos_ids)
+    greedy = spec.greedy
+    return GenerationConfig(
+        max_new_tokens=spec.max_tokens,
+        min_new_tokens=spec.min_tokens or None,
+        do_sample=not greedy,
+        temperature=None if greedy else spec.temperature,
+        top_k=None if greedy else max(spec.top_k, 0),  # 0 = off (transformers' own default is 50)
+        top_p=None if greedy else spec.top_p,
+        min_p=None if greedy or spec.min_p == 0 else spec.min_p,
+        repetition_penalty=spec.repetition_penalty,
+        eos_token_id=sorted(stops) or None,
+        pad_token_id=min(eos_ids) if eos_ids else 0,
+    )
+
+
+# -- summaries (pure functions of the samples) -----------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * q
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def summarise(values: list[float | None]) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": percentile(values, 0.5), "p25": percentile(values, 0.25), "p75": percentile(values, 0.75),
+            "min": min(values), "max": max(values)}
+
+
+def _speed(samples: list[Sample]) -> dict:
+    return {"tokens_per_second": summarise([s.tokens_per_second for s in samples]),
+            "time_to_first_token_seconds": summarise([s.first_token_seconds for s in samples])}
+
+
+def _prompt_row(index: int, sample: Sample) -> dict:
+    return {"prompt": index, "generated_tokens": len(sample.token_ids), "seconds": sample.seconds,
+            "tokens_per_second": sample.tokens_per_second, "time_to_first_token_seconds": sample.first_token_seconds}
+
+
+def _ratio(ours: Sample, base: Sample) -> float | None:
+    return ours.tokens_per_second / base.tokens_per_second if base.tokens_per_second > 0 else None
+
+
+def _round_ms(stats: AcceptanceStats) -> dict:
+    per_round = {phase: 1000 * stats.seconds.get(phase, 0.0) / stats.rounds if stats.rounds else 0.0
+                 for phase in PHASES}
+    per_round["total"] = sum(per_round.values())
+    return per_round
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (or the shorter length); None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def greedy_agreement(samples: list[Sample], baselines: dict[str, list[Sample]]) -> dict:
+    out = {}
+    for name, base in baselines.items():
+        where = [first_divergence(s.token_ids, b.token_ids) for s, b in zip(samples, base)]
+        out[name] = {"identical_fraction": sum(w is None for w in where) / len(where), "first_divergence": where}
+    return out
+
+
+def recommend(results: list[dict]) -> list[dict]:
+    """Per temperature, the k with the highest median tokens/s in the sweep."""
+    out = []
+    for temperature in dict.fromkeys(r["temperature"] for r in results):
+        rows = [r for r in results if r["temperature"] == temperature]
+        best = max(rows, key=lambda r: r["tokens_per_second"]["median"])
+        speedup = (best["speedup"].get("target-only") or {}).get("median")
+        out.append({"temperature": temperature, "k": best["k"],
+                    "tokens_per_second": best["tokens_per_second"]["median"],
+                    "speedup_vs_target_only": speedup,
+                    "faster_than_target_only": None if speedup is None else speedup > 1.0})
+    return out

@@ -1,0 +1,28 @@
+"""Shared fixtures: `cli` runs the specgen command in-process, the way `specgen` itself does."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+# The tiny test models multiply 64-wide matrices: one thread is faster than several, and much
+# faster when other processes share the cores (threads then wait on each other at every op).
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """cli(*args) -> (exit code, stdout, stderr), through cli/errors.py's exit-code mapping."""
+    from specgen.cli import errors
+    from specgen.cli.main import app
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["specgen", *map(str, args)])
+        code = errors.run(app)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
