@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from specgen.cli import bench, errors, generate, profiles
+from specgen.cli import bench, errors, generate, inspect, profiles
 
 app = typer.Typer(
     name="specgen",
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.command("generate")(generate.generate)
 app.command("bench")(bench.bench)
+app.command("inspect-acceptance")(inspect.inspect_acceptance)
 app.add_typer(profiles.app, name="profiles")
 
 

@@ -1,0 +1,217 @@
+"""`specgen inspect-acceptance`: where and why a draft's tokens are accepted or rejected.
+
+Runs prompts with an insight decoder (p, q and the target's entropy for every drafted token), or
+reads the per-round records of `specgen bench --records`, and reports what core/insight.py finds:
+the text coloured by fate, per-position acceptance, the most rejected draft tokens with their
+contexts, and acceptance against the target's entropy. stdout gets the report (text or JSON);
+--export writes it as .json, a self-contained .html page, or a .png plot.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Column, Table
+from rich.text import Text
+
+from specgen.cli import options as opt
+from specgen.cli import render
+
+SCHEMA = "specgen.inspect/1"
+EXPORTS = (".json", ".html", ".png")
+BAR_WIDTH = 20
+CONTEXT_CHARS = 24  # of the context before a rejected token, in the text report
+
+
+class Format(str, enum.Enum):
+    text = "text"
+    json = "json"
+
+
+def inspect_acceptance(
+    prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; '-' or nothing reads stdin.")] = None,
+    prompts_file: Annotated[Optional[Path], typer.Option(
+        "--prompts", help="One prompt per line, or JSONL with a 'prompt' field.")] = None,
+    bench_file: Annotated[Optional[Path], typer.Option(
+        "--bench", help="Read the records of `specgen bench --records --format json` instead of generating.")] = None,
+    profile: opt.Profile = None,
+    target: opt.Target = None,
+    draft: opt.Draft = None,
+    proposer: opt.Proposer = None,
+    k: opt.K = None,
+    temperature: opt.Temperature = None,
+    top_p: opt.TopP = None,
+    top_k: opt.TopK = None,
+    min_p: opt.MinP = None,
+    repetition_penalty: opt.RepetitionPenalty = None,
+    presence_penalty: opt.PresencePenalty = None,
+    frequency_penalty: opt.FrequencyPenalty = None,
+    seed: opt.Seed = None,
+    max_tokens: opt.MaxTokens = None,
+    ignore_eos: opt.IgnoreEos = None,
+    dtype: opt.Dtype = None,
+    device: opt.Device = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="How many of the most rejected tokens to list.")] = 10,
+    export: Annotated[Optional[Path], typer.Option("--export", help="Also write FILE.json, FILE.html or FILE.png.")] = None,
+    output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json.")] = Format.text,
+    trust_remote_code: opt.TrustRemoteCode = False,
+    allow_pickle: opt.AllowPickle = False,
+) -> None:
+    """Show which draft tokens the target accepts, where, and which it rejects."""
+    from specgen.core import insight
+
+    check_export(export)
+    if bench_file is not None:
+        if prompt is not None or prompts_file is not None:
+            from specgen.core.errors import UsageError
+
+            raise UsageError("give a prompt, --prompts or --bench, not several")
+        source, runs = _from_bench(bench_file, k, temperature)
+    else:
+        source, runs = _generate(prompt, prompts_file, opt.overrides(**locals()), profile, allow_pickle)
+    document = {"schema": SCHEMA, "source": source, **insight.analyse(runs, top),
+                "runs": [run.as_dict() for run in runs]}
+    if export is not None:
+        write_export(document, export)
+    if output_format == Format.json:
+        sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    else:
+        show(document, Console(highlight=False, no_color=render.no_color()))
+
+
+def check_export(path: Path | None) -> None:
+    from specgen.core.errors import UsageError
+
+    if path is not None and path.suffix.lower() not in EXPORTS:
+        raise UsageError(f"--export takes a .json, .html or .png file, not {path.name!r}")
+
+
+def _from_bench(path: Path, k: int | None, temperature: float | None):
+    from specgen.core import insight
+    from specgen.core.errors import UsageError
+
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not JSON ({exc})") from None
+    result, runs = insight.runs_from_bench(document, k, temperature)
+    source = {"kind": "bench", "file": str(path), "profile": document["profile"]["name"], "k": result["k"],
+              "temperature": result["temperature"]}
+    return source, runs
+
+
+def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool):
+    from specgen.cli.generate import Format as GenerateFormat
+    from specgen.cli.generate import read_prompts
+    from specgen.core import insight
+    from specgen.core.engine import Engine
+    from specgen.core.profile import load_profile
+
+    prompts = read_prompts(prompt, prompts_file, GenerateFormat.text)
+    settings = load_profile(profile, overrides)
+    engine = Engine(settings, allow_pickle=allow_pickle)
+    runs = [insight.record(engine.decoder(insight=True), text, engine.encode(text), engine.tokenizer)
+            for text in prompts]
+    source = {"kind": "prompts", "file": str(prompts_file) if prompts_file else None, "profile": settings.name,
+              "k": settings.speculation.k, "temperature": settings.sampling.temperature}
+    return source, runs
+
+
+def write_export(document: dict, path: Path) -> None:
+    from specgen.cli import inspect_export
+
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        path.write_text(json.dumps(document, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    elif suffix == ".html":
+        path.write_text(inspect_export.html_page(document), encoding="utf-8")
+    else:
+        inspect_export.png_plot(document, path)
+
+
+# -- text report -----------------------------------------------------------------------------
+
+
+def show(document: dict, console: Console) -> None:
+    for i, run in enumerate(document["runs"]):
+        console.rule(Text(f"prompt {i + 1}", style="dim"), align="left", style="dim")
+        text = Text(run["prompt"], style="dim")
+        text.append_text(render.coloured(run["pieces"], run["fates"], len(run["text"])))
+        console.print(text)
+    console.print(render.legend())
+    console.print(totals_line(document))
+    console.print(position_table(document["per_position"]))
+    console.print(rejected_table(document))
+    if document["entropy"]:
+        console.print(entropy_table(document["entropy"]))
+
+
+def totals_line(document: dict) -> Text:
+    totals, fates = document["totals"], document["fates"]
+    line = Text(f"{totals['generated_tokens']} tokens = ", style="bold")
+    for fate in ("accepted", "recovered", "bonus"):
+        line.append(f"{fates[fate]} {fate}", style=render.FATE_STYLES[fate])
+        line.append(" + " if fate != "bonus" else "")
+    line.append(f" · {totals['rounds']} rounds · acceptance {totals['acceptance_rate']:.1%}"
+                f" · mean accepted length {totals['mean_accepted_length']:.2f}")
+    return line
+
+
+def _bar(rate: float | None) -> str:
+    if rate is None:
+        return ""
+    eighths = round(rate * BAR_WIDTH * 8)
+    return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
+
+
+def position_table(rows: list[dict]) -> Table:
+    table = Table("position", "drafted", "accepted", "rate", Column("", no_wrap=True), title="Per-position acceptance",
+                  box=box.SIMPLE_HEAD, title_justify="left")
+    for row in rows:
+        table.add_row(str(row["position"]), str(row["drafted"]), str(row["accepted"]), f"{row['rate']:.1%}",
+                      Text(_bar(row["rate"]), style="green"))
+    return table
+
+
+def visible(text: str) -> str:
+    """A token's text with whitespace and control characters made visible."""
+    return repr(text)[1:-1]
+
+
+def _p(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def rejected_table(document: dict) -> Table:
+    note = "" if document["has_probabilities"] else " (no p, q: bench records carry none)"
+    table = Table("token", "count", "q(x) draft", "p(x) target", "target chose",
+                  Column("context", no_wrap=True, overflow="ellipsis", max_width=32),
+                  title=f"Most rejected draft tokens{note}", box=box.SIMPLE_HEAD, title_justify="left")
+    for entry in document["rejected"]:
+        example = entry["examples"][0]
+        table.add_row(Text(visible(entry["text"]), style="red"), str(entry["count"]), _p(entry["mean_q"]),
+                      _p(entry["mean_p"]), Text(visible(example["target_text"]), style="yellow"),
+                      Text("…" + visible(example["context"][-CONTEXT_CHARS:]), style="dim"))
+    return table
+
+
+def entropy_table(bins: list[dict]) -> Table:
+    table = Table("target entropy (nats)", "verified", "accepted", "rate", Column("", no_wrap=True),
+                  title="Acceptance by target entropy (verified positions)", box=box.SIMPLE_HEAD,
+                  title_justify="left")
+    for b in bins:
+        upper = "∞" if b["upper"] is None else f"{b['upper']:g}"
+        rate = "–" if b["rate"] is None else f"{b['rate']:.1%}"
+        table.add_row(f"[{b['lower']:g}, {upper})", str(b["verified"]), str(b["accepted"]), rate,
+                      Text(_bar(b["rate"]), style="green"))
+    return table

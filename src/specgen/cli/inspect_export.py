@@ -1,0 +1,142 @@
+"""inspect-acceptance exports: a self-contained HTML page and a PNG plot of the same report.
+
+The page has inline CSS only (no scripts, fonts or links), so it opens anywhere, offline.
+The plot needs matplotlib, the optional extra `plot`.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from specgen.core.errors import SpecgenError
+
+COLOURS = {"accepted": "#1a7f37", "recovered": "#b08800", "bonus": "#0969da"}  # render.FATE_STYLES in CSS
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #1f2328; }
+pre { white-space: pre-wrap; word-break: break-word; background: #f6f8fa; padding: .75rem; border-radius: 6px; }
+.prompt { color: #6e7781; }
+.accepted { color: #1a7f37; } .recovered { color: #b08800; background: #fff8c5; } .bonus { color: #0969da; }
+table { border-collapse: collapse; margin: .5rem 0 1.5rem; }
+th, td { padding: .2rem .6rem; text-align: right; border-bottom: 1px solid #d0d7de; }
+th:first-child, td.left { text-align: left; }
+.bar { background: #1a7f37; height: .8rem; }
+.barcell { width: 12rem; }
+code { background: #f6f8fa; padding: 0 .2rem; }
+"""
+
+
+def html_page(document: dict) -> str:
+    source = document["source"]
+    title = f"specgen inspect-acceptance · {source['profile']} · k={source['k']} · T={source['temperature']:g}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f"<p>{_totals(document)}</p>",
+        "<p>" + " ".join(f'<span class="{fate}">■ {fate}</span>' for fate in COLOURS) + "</p>",
+    ]
+    for i, run in enumerate(document["runs"]):
+        parts.append(f"<h2>Prompt {i + 1}</h2>{_text(run)}")
+    parts += [
+        "<h2>Per-position acceptance</h2>",
+        _table(("position", "drafted", "accepted", "rate", ""),
+               [(r["position"], r["drafted"], r["accepted"], _pct(r["rate"]), _bar(r["rate"]))
+                for r in document["per_position"]]),
+        "<h2>Most rejected draft tokens</h2>",
+        _table(("token", "count", "q(x) draft", "p(x) target", "target chose", "context"),
+               [(_code(e["text"]), e["count"], _p(e["mean_q"]), _p(e["mean_p"]),
+                 _code(e["examples"][0]["target_text"]), _code("…" + e["examples"][0]["context"]))
+                for e in document["rejected"]]),
+    ]
+    if document["entropy"]:
+        parts += [
+            "<h2>Acceptance by target entropy (verified positions)</h2>",
+            _table(("entropy (nats)", "verified", "accepted", "rate", ""),
+                   [(_range(b), b["verified"], b["accepted"], _pct(b["rate"]), _bar(b["rate"]))
+                    for b in document["entropy"]]),
+        ]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _totals(document: dict) -> str:
+    t, f = document["totals"], document["fates"]
+    return (f"{t['generated_tokens']} tokens = {f['accepted']} accepted + {f['recovered']} recovered + "
+            f"{f['bonus']} bonus · {t['rounds']} rounds · acceptance {t['acceptance_rate']:.1%} · "
+            f"mean accepted length {t['mean_accepted_length']:.2f}")
+
+
+def _text(run: dict) -> str:
+    spans, room = [], len(run["text"])
+    for piece, fate in zip(run["pieces"], run["fates"]):
+        piece, room = piece[:max(room, 0)], room - len(piece)
+        spans.append(f'<span class="{fate}" title="{fate}">{escape(piece)}</span>')
+    return f'<pre><span class="prompt">{escape(run["prompt"])}</span>{"".join(spans)}</pre>'
+
+
+def _table(header: tuple, rows: list[tuple]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class _Html(str):
+    """Markup built here, inserted as it is."""
+
+
+def _cell(value) -> str:
+    if isinstance(value, _Html):
+        return f'<td class="left">{value}</td>'
+    return f"<td>{escape(str(value))}</td>"
+
+
+def _code(text: str) -> _Html:
+    return _Html(f"<code>{escape(repr(text)[1:-1])}</code>")
+
+
+def _bar(rate: float | None) -> _Html:
+    width = 0 if rate is None else round(100 * rate, 1)
+    return _Html(f'<div class="barcell"><div class="bar" style="width: {width}%"></div></div>')
+
+
+def _pct(rate: float | None) -> str:
+    return "–" if rate is None else f"{rate:.1%}"
+
+
+def _p(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _range(b: dict) -> str:
+    return f"[{b['lower']:g}, {'∞' if b['upper'] is None else format(b['upper'], 'g')})"
+
+
+def png_plot(document: dict, path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SpecgenError("PNG export needs matplotlib, which is not installed: pip install 'specgen[plot]'") from None
+    matplotlib.use("Agg")  # no display needed
+    from matplotlib import pyplot as plt
+
+    panels = 3 if document["entropy"] else 2
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.4), constrained_layout=True)
+    rows = document["per_position"]
+    axes[0].bar([r["position"] for r in rows], [r["rate"] for r in rows], color=COLOURS["accepted"])
+    axes[0].set(title="per-position acceptance", xlabel="draft position", ylabel="P(accepted)", ylim=(0, 1))
+    fates = document["fates"]
+    axes[1].bar(list(fates), list(fates.values()), color=[COLOURS[f] for f in fates])
+    axes[1].set(title=f"{document['totals']['generated_tokens']} tokens by fate", ylabel="tokens")
+    if document["entropy"]:
+        bins = document["entropy"]
+        bars = axes[2].bar([_range(b) for b in bins], [b["rate"] or 0.0 for b in bins], color=COLOURS["accepted"])
+        axes[2].bar_label(bars, labels=[f"n={b['verified']}" for b in bins], fontsize=8)
+        axes[2].set(title="acceptance by target entropy", xlabel="entropy (nats)", ylim=(0, 1))
+        axes[2].tick_params(axis="x", labelrotation=45)
+    source = document["source"]
+    fig.suptitle(f"{source['profile']} · k={source['k']} · T={source['temperature']:g}")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
