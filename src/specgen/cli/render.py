@@ -43,7 +43,9 @@ def footer(stats) -> Text:
     )
     text = Text(line, style="bold")
     if stats.drafted_at:
-        text.append(f" · per position ▕{position_bars(stats.per_position)}▏")
+        text.append(f"\nper position ▕{position_bars(stats.per_position)}▏")
+        if len(stats.per_position) <= 8:  # percentages while they fit on the line
+            text.append("  " + "  ".join(f"{i + 1}:{r:.0%}" for i, r in enumerate(stats.per_position)), style="dim")
     return text
 
 
@@ -77,7 +79,7 @@ class LiveView:
         self.live.update(Group(self._tail(), Text(""), footer(stats), legend()))
 
     def _tail(self) -> Text:
-        room = max(3, self.console.size.height - 4)
+        room = max(3, self.console.size.height - 5)  # the footer, a blank line and the legend take 4 lines
         lines = self.text.split("\n", allow_blank=True)
         return Text("\n").join(lines[-room:])
 
