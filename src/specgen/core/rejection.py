@@ -16,6 +16,9 @@ Layout (batch-ready, as the Triton kernels in gpu/ take it): request b drafted n
 Greedy mode compares with the target argmax; the "no draft probabilities" mode (n-gram proposer)
 treats q as one-hot at the drafted token. Randomness is an input: uniforms [T], exponentials [B, V].
 The output is [B, max_n + 1] token ids, PLACEHOLDER after each request's emitted tokens.
+
+Vectorised over requests and positions (no Python loop, no host sync), so it also serves as the
+fast oracle for the statistical tests and as the GPU fallback; gpu/verify.py is the kernel twin.
 """
 
 from __future__ import annotations
@@ -25,14 +28,30 @@ import torch
 PLACEHOLDER = -1
 
 
-def _starts(cu_num_draft_tokens: torch.Tensor) -> list[tuple[int, int]]:
-    ends = cu_num_draft_tokens.tolist()
-    starts = [0] + ends[:-1]
-    return [(s, e - s) for s, e in zip(starts, ends)]
+def _layout(cu_num_draft_tokens: torch.Tensor, max_spec_len: int):
+    """Per request: first draft row, n_b, and the [B, K] draft-row index / validity of each position."""
+    cu = cu_num_draft_tokens.long()  # [B]
+    num = torch.diff(cu, prepend=cu.new_zeros(1))  # [B] n_b
+    start = cu - num  # [B]
+    pos = torch.arange(max_spec_len, device=cu.device)  # [K]
+    valid = pos < num.unsqueeze(1)  # [B, K]
+    rows = torch.where(valid, start.unsqueeze(1) + pos, 0)  # [B, K] draft row of each position
+    return start, num, valid, rows
 
 
-def _output(batch: int, max_spec_len: int, device) -> torch.Tensor:
-    return torch.full((batch, max_spec_len + 1), PLACEHOLDER, dtype=torch.int64, device=device)
+def _accepted_prefix(accepted: torch.Tensor) -> torch.Tensor:
+    """[B, K] bool -> [B]: length of the leading run of accepted positions."""
+    return accepted.int().cumprod(dim=1).sum(dim=1)
+
+
+def _output(draft: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor, max_spec_len: int):
+    """Accepted drafts, then the recovered / bonus token `last`, then PLACEHOLDER."""
+    batch = num_accepted.shape[0]
+    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER, dtype=torch.int64, device=num_accepted.device)
+    pos = torch.arange(max_spec_len, device=out.device)
+    out[:, :max_spec_len] = torch.where(pos < num_accepted.unsqueeze(1), draft, PLACEHOLDER)
+    out.scatter_(1, num_accepted.unsqueeze(1), last.long().unsqueeze(1))
+    return out
 
 
 def verify_greedy(
@@ -41,31 +60,33 @@ def verify_greedy(
     target_argmax: torch.Tensor,  # [T + B] int64
     max_spec_len: int,
 ) -> torch.Tensor:  # [B, max_spec_len + 1]
-    out = _output(cu_num_draft_tokens.shape[0], max_spec_len, draft_token_ids.device)
-    for b, (start, n) in enumerate(_starts(cu_num_draft_tokens)):
-        t0 = start + b  # first target row of request b
-        for pos in range(n + 1):
-            best = target_argmax[t0 + pos]
-            out[b, pos] = best  # accepted (equal), recovered (first mismatch) or bonus (pos == n)
-            if pos < n and draft_token_ids[start + pos] != best:
-                break
-    return out
+    start, num, valid, rows = _layout(cu_num_draft_tokens, max_spec_len)
+    request = torch.arange(num.shape[0], device=num.device)
+    if draft_token_ids.numel() == 0:  # only bonus tokens
+        draft = torch.zeros_like(rows)
+        accepted = valid
+    else:
+        draft = draft_token_ids.long()[rows]  # [B, K]
+        accepted = valid & (draft == target_argmax[rows + request.unsqueeze(1)])
+    num_accepted = _accepted_prefix(accepted)  # [B]
+    # target argmax after the accepted prefix: recovered at a mismatch, bonus after all n_b
+    last = target_argmax[start + request + num_accepted]
+    return _output(draft, num_accepted, last, max_spec_len)
 
 
 def recovered_token(
-    target_row: torch.Tensor,  # [V]
-    draft_row: torch.Tensor | None,  # [V], None = one-hot at draft_token
-    draft_token: int,
-    expo: torch.Tensor,  # [V]
+    target_row: torch.Tensor,  # [..., V]
+    draft_row: torch.Tensor | None,  # [..., V], None = one-hot at draft_token
+    draft_token: torch.Tensor,  # [...] int64
+    expo: torch.Tensor,  # [..., V]
 ) -> torch.Tensor:
+    """argmax(max(p - q, 0) / E), or argmax(p / E) when the residual is all zero (rounding only)."""
     if draft_row is None:
-        residual = target_row.clone()
-        residual[draft_token] = 0.0
+        residual = target_row.scatter(-1, draft_token.unsqueeze(-1), 0.0)
     else:
         residual = (target_row - draft_row).clamp_min(0.0)
-    if not bool((residual > 0).any()):
-        residual = target_row
-    return (residual / expo).argmax()
+    residual = torch.where((residual > 0).any(dim=-1, keepdim=True), residual, target_row)
+    return (residual / expo).argmax(dim=-1)
 
 
 def verify_random(
@@ -77,22 +98,27 @@ def verify_random(
     exponential_draws: torch.Tensor,  # [B, V] float32 > 0
     max_spec_len: int,
 ) -> torch.Tensor:  # [B, max_spec_len + 1]
-    out = _output(cu_num_draft_tokens.shape[0], max_spec_len, target_probs.device)
-    for b, (start, n) in enumerate(_starts(cu_num_draft_tokens)):
-        t0 = start + b
-        for pos in range(n):
-            x = int(draft_token_ids[start + pos])
-            p = target_probs[t0 + pos, x]
-            q = 1.0 if draft_probs is None else draft_probs[start + pos, x]
-            if q > 0 and uniform_draws[start + pos] * q <= p:
-                out[b, pos] = x
-                continue
-            draft_row = None if draft_probs is None else draft_probs[start + pos]
-            out[b, pos] = recovered_token(target_probs[t0 + pos], draft_row, x, exponential_draws[b])
-            break
-        else:
-            out[b, n] = (target_probs[t0 + n] / exponential_draws[b]).argmax()
-    return out
+    start, num, valid, rows = _layout(cu_num_draft_tokens, max_spec_len)
+    request = torch.arange(num.shape[0], device=num.device)
+    if draft_token_ids.numel() == 0:  # only bonus tokens
+        draft = torch.zeros_like(rows)
+        accepted = valid
+    else:
+        draft = draft_token_ids.long()[rows]  # [B, K]
+        p = target_probs[rows + request.unsqueeze(1), draft]  # [B, K] p(x)
+        q = torch.ones_like(p) if draft_probs is None else draft_probs[rows, draft]  # [B, K] q(x)
+        accepted = valid & (q > 0) & (uniform_draws[rows] * q <= p)
+    num_accepted = _accepted_prefix(accepted)  # [B]
+    rejected = num_accepted < num  # [B]
+    target_row = target_probs[start + request + num_accepted]  # [B, V] p at the first rejection or bonus
+    last = (target_row / exponential_draws).argmax(dim=-1)  # bonus
+    if draft_token_ids.numel() and max_spec_len:
+        at = num_accepted.clamp_max(max_spec_len - 1)  # rejected position (clamped where unused)
+        token = draft.gather(1, at.unsqueeze(1)).squeeze(1)
+        draft_row = None if draft_probs is None else draft_probs[rows.gather(1, at.unsqueeze(1)).squeeze(1)]
+        recovered = recovered_token(target_row, draft_row, token, exponential_draws)
+        last = torch.where(rejected, recovered, last)
+    return _output(draft, num_accepted, last, max_spec_len)
 
 
 def num_emitted(output_token_ids: torch.Tensor) -> torch.Tensor:
