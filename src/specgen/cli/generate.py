@@ -27,6 +27,8 @@ def generate(
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
     k: opt.K = None,
+    draft_p_min: opt.DraftPMin = None,
+    adaptive_k: opt.AdaptiveK = None,
     temperature: opt.Temperature = None,
     top_p: opt.TopP = None,
     top_k: opt.TopK = None,

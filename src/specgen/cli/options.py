@@ -15,6 +15,10 @@ Target = Annotated[Optional[str], typer.Option("--target", help="Target checkpoi
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft checkpoint: local folder or cached hub id.")]
 Proposer = Annotated[Optional[str], typer.Option("--proposer", help="draft | ngram | none (target only).")]
 K = Annotated[Optional[int], typer.Option("--k", help="Draft tokens per round (1..32).")]
+DraftPMin = Annotated[Optional[float], typer.Option(
+    "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]
+AdaptiveK = Annotated[Optional[bool], typer.Option(
+    "--adaptive-k/--no-adaptive-k", help="Adapt k per round from recent acceptance (at most --k).")]
 Temperature = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")]
 TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus mass in (0, 1].")]
 TopK = Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens; -1 = off.")]
@@ -38,6 +42,7 @@ def overrides(**options) -> dict:
     """Keyword names as above (snake_case) -> dotted profile keys; None means not given."""
     keys = {
         "target": "target.path", "draft": "draft.path", "proposer": "proposer.kind", "k": "speculation.k",
+        "draft_p_min": "proposer.draft_p_min", "adaptive_k": "proposer.adaptive_k",
         "temperature": "sampling.temperature", "top_p": "sampling.top_p", "top_k": "sampling.top_k",
         "min_p": "sampling.min_p", "repetition_penalty": "sampling.repetition_penalty",
         "presence_penalty": "sampling.presence_penalty", "frequency_penalty": "sampling.frequency_penalty",

@@ -46,6 +46,8 @@ class RoundEvent:
     target_p: list[float] | None = None  # p(x) of each drafted token under the target
     logprobs: list[dict] | None = None
     target_entropy: list[float] | None = None  # insight only: entropy of p at each drafted position (nats)
+    k_used: int = 0  # the round's k: the profile's, cut to fit max_tokens, or the adaptive one
+    early_stop: bool = False  # fewer than k_used drafted (unsure draft, drafted stop token, short n-gram match)
 
 
 @dataclass
@@ -148,8 +150,10 @@ class Decoder:
     def _round(self, index, last, stats, gen, text, spec):
         t0 = time.perf_counter()
         remaining = spec.max_tokens - self.state.generated
-        proposal = self.proposer.propose(min(self.setup.k, remaining - 1), self.state, gen)
+        asked = min(self.setup.k, remaining - 1)
+        proposal = self.proposer.propose(asked, self.state, gen)
         n = len(proposal)
+        k_used = asked if proposal.k is None else proposal.k
         t1 = time.perf_counter()
         feed = torch.cat([torch.tensor([last], device=proposal.token_ids.device), proposal.token_ids])
         logits = self.target.forward(feed)  # [n+1, V]
@@ -173,9 +177,10 @@ class Decoder:
             reason = "stop"
         t4 = time.perf_counter()
         timings = {"draft": t1 - t0, "verify": t2 - t1, "sample": t3 - t2, "other": t4 - t3}
-        stats.add_round(n, kept_accepted, len(emitted), timings, early_stop=n < min(self.setup.k, remaining - 1))
+        early_stop = n < k_used
+        stats.add_round(n, kept_accepted, len(emitted), timings, early_stop=early_stop, k_used=k_used)
         event = RoundEvent(index, emitted, fates, delta, pieces, n, kept_accepted, proposal.token_ids.tolist(), timings,
-                           proposal.token_q, target_p, logprobs)
+                           proposal.token_q, target_p, logprobs, k_used=k_used, early_stop=early_stop)
         if insight is not None:
             event.target_p, event.target_entropy = insight
         return event, reason

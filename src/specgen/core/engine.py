@@ -9,7 +9,7 @@ from specgen.core.errors import UsageError
 from specgen.core.models import LoadedPair, load_pair, logits_width
 from specgen.core.proposers import DraftModelProposer, NoProposer
 from specgen.core.runner import EagerRunner
-from specgen.core.settings import Profile
+from specgen.core.settings import Profile, ProposerSpec
 
 
 def eos_ids(pair: LoadedPair) -> set[int]:
@@ -53,16 +53,16 @@ class Engine:
             return tok(text, add_special_tokens=False)["input_ids"]
         return tok(prompt)["input_ids"]
 
-    def proposer(self, kind: str, sample: bool, stop_ids: set[int]):
+    def proposer(self, kind: str, sample: bool, stop_ids: set[int], spec: ProposerSpec | None = None):
+        spec = spec or self.profile.proposer
         if kind == "none":
             return NoProposer(self.target_runner.device)
         if kind == "draft":
             if self.draft_runner is None:
                 raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
-            return DraftModelProposer(self.draft_runner, sample, stop_ids)
+            return DraftModelProposer(self.draft_runner, sample, stop_ids, spec.draft_p_min, spec.adaptive_k)
         from specgen.core.ngram import NgramProposer  # noqa: PLC0415 (only when asked for)
 
-        spec = self.profile.proposer
         return NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device)
 
     def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None,
@@ -78,7 +78,8 @@ class Engine:
         draft_mode = profile.speculation.draft_sampling
         sample = (not sampling.greedy) if draft_mode == "auto" else draft_mode == "sample"
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_ids)
-        decoder = Decoder(self.target_runner, self.proposer(kind, sample, stop_ids), self.tokenizer, setup, insight=insight)
+        proposer = self.proposer(kind, sample, stop_ids, profile.proposer)
+        decoder = Decoder(self.target_runner, proposer, self.tokenizer, setup, insight=insight)
         return decoder
 
 

@@ -19,7 +19,8 @@ class AcceptanceStats:
     emitted: int = 0
     recovered: int = 0
     bonus: int = 0
-    early_stops: int = 0
+    early_stops: int = 0  # rounds that drafted fewer tokens than their k
+    k_total: int = 0  # sum of the k used per round (adaptive k varies it)
     drafted_at: list[int] = field(default_factory=list)  # [position] rounds that drafted position i
     accepted_at: list[int] = field(default_factory=list)  # [position] rounds that accepted position i
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
@@ -27,8 +28,9 @@ class AcceptanceStats:
     first_token_seconds: float | None = None
 
     def add_round(self, num_drafted: int, num_accepted: int, num_emitted: int, timings: dict[str, float],
-                  early_stop: bool = False) -> None:
+                  early_stop: bool = False, k_used: int = 0) -> None:
         self.rounds += 1
+        self.k_total += k_used
         self.drafted += num_drafted
         self.accepted += num_accepted
         self.emitted += num_emitted
@@ -81,6 +83,10 @@ class AcceptanceStats:
         return self.emitted / self.rounds if self.rounds else 0.0
 
     @property
+    def mean_k(self) -> float:
+        return self.k_total / self.rounds if self.rounds else 0.0
+
+    @property
     def per_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
@@ -98,6 +104,7 @@ class AcceptanceStats:
             "bonus": self.bonus,
             "generated_tokens": self.emitted,
             "early_stops": self.early_stops,
+            "mean_k": self.mean_k,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position,
