@@ -87,9 +87,9 @@ def bench(
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
         sys.stdout.flush()
         if not quiet:
-            show(document, err)
+            show(document, wide(err))
     else:
-        show(document, stdout_console())
+        show(document, wide(Console(highlight=False, no_color=render.no_color())))
 
 
 def parse_list(text: str, kind, option: str) -> tuple:
@@ -136,10 +136,9 @@ def progress_bar(console: Console, enabled: bool):
                     console=console, transient=True, disable=not enabled)
 
 
-def stdout_console() -> Console:
-    console = Console(highlight=False, no_color=render.no_color())
+def wide(console: Console) -> Console:
     if not console.is_terminal:
-        console.width = 200  # a pipe or file gets the whole table, not one wrapped at 80 columns
+        console.width = 200  # a pipe or file gets the whole table, not one squeezed into 80 columns
     return console
 
 

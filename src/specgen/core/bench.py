@@ -1,8 +1,8 @@
 """`specgen bench`: speculative decoding against baselines, in one process, on the same prompts.
 
 For each temperature, every baseline and every k of the sweep generate for every prompt: `warmup`
-untimed runs of the first prompt, then `repeat` timed runs of each prompt, of which the median-time
-run stands for the prompt. Speed is generated tokens / wall seconds of the whole generation
+untimed runs of the first prompt per method, then, prompt by prompt, `repeat` timed runs of each
+method in turn; the median-time run stands for the prompt. Speed is generated tokens / wall seconds of the whole generation
 (prefill included). Ratios are taken per prompt and summarised as medians. Sampled runs are seeded
 per prompt (profile seed, or 0, plus the prompt's index) so every method and repeat draws alike.
 
@@ -14,6 +14,7 @@ Hugging Face's own assisted-generation defaults. The document returned by `Bench
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import time
@@ -77,17 +78,15 @@ class Bench:
 
     @property
     def total_steps(self) -> int:
-        per_method = self.plan.warmup + len(self.prompts) * self.plan.repeat
-        return len(self.plan.temperatures) * (len(self.plan.baselines) + len(self.plan.ks)) * per_method
+        methods = len(self.plan.baselines) + len(self.plan.ks)
+        return len(self.plan.temperatures) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
 
     def run(self) -> dict:
         baselines, results = [], []
         for temperature in self.plan.temperatures:
-            profile = self.settings_for(self.plan.ks[0], temperature)
-            done = {name: self._baseline(name, profile, temperature) for name in self.plan.baselines}
-            baselines += [entry for entry, _ in done.values()]
-            for k in self.plan.ks:
-                results.append(self._speculative(self.settings_for(k, temperature), k, temperature, done))
+            more_baselines, more_results = self._temperature(temperature)
+            baselines += more_baselines
+            results += more_results
         return {
             "schema": SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -103,23 +102,58 @@ class Bench:
 
     # -- measuring -------------------------------------------------------------------------
 
-    def _measure(self, label: str, run_one: Callable[[int], Sample]) -> tuple[list[Sample], int | None]:
+    def _temperature(self, temperature: float) -> tuple[list[dict], list[dict]]:
+        """Every method at one temperature. Methods take turns prompt by prompt, so a machine that
+        speeds up or slows down during the bench shifts all of them alike, not one of them."""
+        profile = self.settings_for(self.plan.ks[0], temperature)
+        methods, unavailable = {}, {}
+        for name in self.plan.baselines:
+            try:
+                methods[name] = self._baseline_runner(name, profile)
+            except Unavailable as exc:
+                unavailable[name] = str(exc)
+                self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, f"T={temperature:g} {name}")
+        for k in self.plan.ks:
+            methods[k] = functools.partial(self._ours, self.settings_for(k, temperature))
+        samples, peaks = self._measure(methods, temperature)
+        base = {name: samples[name] for name in self.plan.baselines if name in samples}
+        baselines = [self._baseline_entry(name, temperature, samples.get(name), peaks.get(name),
+                                          unavailable.get(name)) for name in self.plan.baselines]
+        results = [self._result(k, temperature, samples[k], peaks[k], base) for k in self.plan.ks]
+        return baselines, results
+
+    def _measure(self, methods: dict, temperature: float) -> tuple[dict, dict]:
+        """(samples per method, in prompt order; peak GPU bytes per method or None off CUDA)."""
+        def label(method) -> str:
+            return f"T={temperature:g} " + (f"k={method}" if isinstance(method, int) else method)
+
+        peaks = dict.fromkeys(methods)
+        for method, run_one in methods.items():
+            for _ in range(self.plan.warmup):
+                run_one(0)
+                self.progress(1, label(method) + " (warm-up)")
+        samples = {method: [] for method in methods}
+        for i in range(len(self.prompts)):
+            for method, run_one in methods.items():
+                repeats = []
+                for _ in range(self.plan.repeat):
+                    self._reset_peak()
+                    repeats.append(run_one(i))
+                    peaks[method] = self._peak(peaks[method])
+                    self.progress(1, label(method))
+                repeats.sort(key=lambda s: s.seconds)
+                samples[method].append(repeats[len(repeats) // 2])
+        return samples, peaks
+
+    def _reset_peak(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        for _ in range(self.plan.warmup):
-            run_one(0)
-            self.progress(1, f"{label} (warm-up)")
-        samples = []
-        for i in range(len(self.prompts)):
-            repeats = []
-            for _ in range(self.plan.repeat):
-                repeats.append(run_one(i))
-                self.progress(1, label)
-            repeats.sort(key=lambda s: s.seconds)
-            samples.append(repeats[len(repeats) // 2])
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
-        return samples, peak
+
+    def _peak(self, before: int | None) -> int | None:
+        if self.device.type != "cuda":
+            return None
+        return max(before or 0, torch.cuda.max_memory_allocated(self.device))
 
     def _seeded(self, profile: Profile, index: int) -> Profile:
         seed = (profile.sampling.seed or 0) + index
@@ -151,21 +185,14 @@ class Bench:
         seconds = time.perf_counter() - streamer.start
         return Sample(tokens, seconds, streamer.first)
 
-    def _baseline(self, name: str, profile: Profile, temperature: float) -> tuple[dict, list[Sample] | None]:
-        entry = {"method": name, "temperature": temperature, "available": True, "reason": None,
-                 "tokens_per_second": None, "time_to_first_token_seconds": None, "peak_gpu_memory_bytes": None,
+    def _baseline_entry(self, name: str, temperature: float, samples: list[Sample] | None, peak: int | None,
+                        reason: str | None) -> dict:
+        entry = {"method": name, "temperature": temperature, "available": samples is not None, "reason": reason,
+                 "tokens_per_second": None, "time_to_first_token_seconds": None, "peak_gpu_memory_bytes": peak,
                  "per_prompt": []}
-        label = f"T={temperature:g} {name}"
-        try:
-            run_one = self._baseline_runner(name, profile)
-        except Unavailable as exc:
-            self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, label)
-            entry.update(available=False, reason=str(exc))
-            return entry, None
-        samples, peak = self._measure(label, run_one)
-        entry.update(_speed(samples), peak_gpu_memory_bytes=peak,
-                     per_prompt=[_prompt_row(i, s) for i, s in enumerate(samples)])
-        return entry, samples
+        if samples is not None:
+            entry.update(_speed(samples), per_prompt=[_prompt_row(i, s) for i, s in enumerate(samples)])
+        return entry
 
     def _baseline_runner(self, name: str, profile: Profile) -> Callable[[int], Sample]:
         if name == "target-only":
@@ -179,12 +206,11 @@ class Bench:
             raise Unavailable("needs a draft model (the profile's proposer is not 'draft')")
         return lambda i: self._hf(profile, i, draft)
 
-    def _speculative(self, profile: Profile, k: int, temperature: float, baselines: dict) -> dict:
-        samples, peak = self._measure(f"T={temperature:g} k={k}", lambda i: self._ours(profile, i))
+    def _result(self, k: int, temperature: float, samples: list[Sample], peak: int | None,
+                available: dict[str, list[Sample]]) -> dict:
         stats = AcceptanceStats()
         for sample in samples:
             stats.merge(sample.stats)
-        available = {name: base for name, (_, base) in baselines.items() if base is not None}
         rows = [_prompt_row(i, s) for i, s in enumerate(samples)]
         for i, row in enumerate(rows):
             row["acceptance_rate"] = samples[i].stats.acceptance_rate
@@ -195,7 +221,7 @@ class Bench:
             "temperature": temperature,
             **_speed(samples),
             "speedup": {name: (summarise([r["speedup"][name] for r in rows]) if name in available else None)
-                        for name in baselines},
+                        for name in self.plan.baselines},
             "acceptance_rate": stats.acceptance_rate,
             "mean_accepted_length": stats.mean_accepted_length,
             "per_position_acceptance": stats.per_position,
