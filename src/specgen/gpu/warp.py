@@ -1,0 +1,523 @@
+"""Triton warp chain: logits [N, V] -> (argmax [N], warped probs [N, V]), equal to core/sampling.warp.
+
+Glossary (core/sampling.py defines every step; this file only reproduces it):
+    l        penalised logits: bad mask, repetition / frequency / presence penalties (float32, the
+             reference's operations in its order, round-to-nearest division, no FMA contraction).
+    m        max l of a row; its first index is the argmax (greedy rows stop there).
+    s        (l - m) / T; exp(s) is the unnormalised probability.
+    cut      per-row logit threshold from top-k and top-p: an id is kept iff l >= cut and
+             s >= log(min_p). Top-k keeps ids with fewer than k strictly larger logits; top-p keeps
+             ids whose top-k-softmax mass of strictly larger logits is < top_p. Decided on l, never
+             on rounded probabilities, so the kept set equals the reference's (top-p can differ
+             only where a mass sum lies within float32 rounding of top_p).
+    z        sum of exp(s) over the kept ids: p = exp(s) / z (one normalisation).
+
+Kernels (orchestration first, @triton.jit at the bottom):
+    _warp_stats_kernel  grid (row tiles, segments): l (stored in the probs buffer as scratch) and,
+                        per segment, max / first argmax / sum exp((l - max) / T) / min finite l;
+                        raises bit 1 of the error flag on NaN or +inf logits.
+    _warp_cut_kernel    grid (row tiles,): cut and z for rows that use top-k / top-p / min-p.
+                        Small vocabularies hold the row in registers. Large ones (R = 1 row per
+                        program) bracket the cut with 16 pivots per pass over the row (half spaced
+                        in value, half in float bit patterns so every pass shrinks the bracket)
+                        and compact the <= SEGMENT ids left in it. Either way the cut is then
+                        found by bisecting float bit patterns over the candidates in registers.
+    _warp_probs_kernel  grid (row tiles, segments): argmax, p = exp(s) / z on kept ids, one-hot for
+                        greedy rows; raises bit 2 of the error flag for a row with every id masked.
+
+Vocabularies up to SEGMENT columns run R rows per program in one segment; larger ones run one row
+per program over cdiv(V, SEGMENT) segments. The vocab size is a runtime argument: a kernel compiles
+once per (rows per program, block) bucket and mask/penalty presence, never per N or k.
+The error flag is read by the verify kernels and reported with the round's output (no host sync).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specgen.core.sampling import PenaltyRows, WarpParams
+
+SEGMENT = 4096  # vocab columns per program; also the capacity of the compacted cut candidates
+PIVOTS = 16  # thresholds tested per pass of the cut search
+CUT_BLOCK = 1024  # columns per step of the cut kernel's passes over a long row
+MAX_PASSES = 16  # bit-pattern pivots alone isolate a float32 in 11 passes
+TILE_ELEMENTS = {"cuda": 4096, "cpu": 65536}  # [R, BLOCK_V] elements per program (CPU = interpreter)
+ERROR_BAD_LOGITS = 1
+ERROR_ALL_MASKED = 2
+
+_workspaces: dict[tuple, torch.Tensor] = {}
+
+
+def layout(vocab: int, device: torch.device) -> tuple[int, int, int]:
+    """(rows per program, columns per program, segments per row) for a vocabulary."""
+    if vocab > SEGMENT:
+        return 1, SEGMENT, triton.cdiv(vocab, SEGMENT)
+    block_v = triton.next_power_of_2(vocab)
+    return max(1, TILE_ELEMENTS[device.type] // block_v), block_v, 1
+
+
+def warp(
+    logits: torch.Tensor,  # [N, V] float32 / bfloat16 / float16
+    params: WarpParams,
+    penalties: PenaltyRows | None,
+    bad_mask: torch.Tensor | None,  # [N, V] or [V] bool
+    error: torch.Tensor,  # [1] int32 error flag, OR-ed into
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Same contract as core/sampling.warp, except that errors land in `error` instead of raising."""
+    rows, vocab = logits.shape
+    _check_inputs(logits, params, penalties, bad_mask, error)
+    flags = params.flags
+    block_r, block_v, n_seg = layout(vocab, logits.device)
+    part = _workspace(logits.device, 4 * rows * n_seg + 2 * rows)  # seg max/sum/min/argmax, cut, z
+    probs = None if flags.all_greedy else torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
+    dummy = error  # stands in for absent optional tensors (never dereferenced)
+    counts = penalties.counts if penalties is not None else dummy
+    seen = penalties.seen if penalties is not None else dummy
+    grid = (triton.cdiv(rows, block_r), n_seg)
+    _warp_stats_kernel[grid](
+        logits, probs if probs is not None else dummy, params.temperature,
+        params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
+        counts, seen, bad_mask if bad_mask is not None else dummy,
+        vocab if bad_mask is not None and bad_mask.ndim == 2 else 0,
+        part, error, rows, vocab, n_seg,
+        HAS_PENALTIES=penalties is not None, HAS_BAD_MASK=bad_mask is not None, STORE_L=probs is not None,
+        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=_warps(block_r * block_v), enable_fp_fusion=False,
+    )
+    has_cut = probs is not None and (flags.top_k or flags.top_p or flags.min_p)
+    if has_cut:
+        cand = _workspace(logits.device, rows * SEGMENT, "cand") if n_seg > 1 else dummy
+        _warp_cut_kernel[(triton.cdiv(rows, block_r),)](
+            probs, part, params.temperature, params.top_k, params.top_p, params.log_min_p, cand,
+            rows, vocab, n_seg,
+            BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=triton.next_power_of_2(n_seg), CAP=SEGMENT,
+            PIVOTS=PIVOTS, CUT_BLOCK=CUT_BLOCK, MAX_PASSES=MAX_PASSES, DIRECT=n_seg == 1,
+            num_warps=_warps(block_r * block_v) if n_seg == 1 else 16,
+        )
+    argmax = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    _warp_probs_kernel[grid if probs is not None else (grid[0], 1)](
+        probs if probs is not None else dummy, argmax, params.temperature, params.log_min_p if has_cut else dummy,
+        part, error, rows, vocab, n_seg,
+        HAS_CUT=has_cut, WRITE_PROBS=probs is not None,
+        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=triton.next_power_of_2(n_seg),
+        num_warps=_warps(block_r * block_v),
+    )
+    return argmax, probs
+
+
+def _check_inputs(logits, params, penalties, bad_mask, error) -> None:
+    assert logits.ndim == 2 and logits.is_contiguous(), "logits must be a contiguous [N, V] tensor"
+    assert logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    rows, vocab = logits.shape
+    for name in params.__dataclass_fields__:
+        value = getattr(params, name)
+        assert value.shape == (rows,) and value.is_contiguous() and value.device == logits.device, name
+        assert value.dtype == (torch.int32 if name == "top_k" else torch.float32), name
+    if penalties is not None:
+        assert penalties.counts.shape == (rows, vocab) and penalties.counts.dtype == torch.int32
+        assert penalties.seen.shape == (rows, vocab) and penalties.seen.dtype == torch.bool
+        assert penalties.counts.is_contiguous() and penalties.seen.is_contiguous()
+    if bad_mask is not None:
+        assert bad_mask.dtype == torch.bool and bad_mask.is_contiguous()
+        assert bad_mask.shape in ((rows, vocab), (vocab,)), "bad_mask must be [N, V] or [V]"
+    assert error.shape == (1,) and error.dtype == torch.int32
+
+
+def _workspace(device: torch.device, numel: int, name: str = "part") -> torch.Tensor:
+    """A cached float32 scratch buffer (kernels on one stream use it one after the other)."""
+    key = (device, name)
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(max(numel, 1 << 16), dtype=torch.float32, device=device)
+        _workspaces[key] = buf
+    return buf
+
+
+def _warps(elements: int) -> int:
+    return max(1, min(8, elements // 512))
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+# Partials layout in `part_ptr`: [4, N, S] (0 max, 1 sum exp, 2 min finite, 3 first argmax as
+# float) followed by [2, N] (0 cut, 1 z).
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_seg"])
+def _warp_stats_kernel(
+    logits_ptr,  # [N, V] float
+    l_ptr,  # [N, V] float32 out: penalised logits (the probs buffer, as scratch)
+    temperature_ptr,  # [N] float32
+    repetition_ptr,  # [N] float32
+    presence_ptr,  # [N] float32
+    frequency_ptr,  # [N] float32
+    counts_ptr,  # [N, V] int32
+    seen_ptr,  # [N, V] bool
+    bad_ptr,  # [N, V] or [V] bool
+    bad_row_stride,  # V for [N, V], 0 for [V]
+    part_ptr,  # [4, N, S] float32 out (+ [2, N])
+    error_ptr,  # [1] int32
+    n_rows,
+    vocab,
+    n_seg,
+    HAS_PENALTIES: tl.constexpr,
+    HAS_BAD_MASK: tl.constexpr,
+    STORE_L: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    seg = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
+    cols = seg * BLOCK_V + tl.arange(0, BLOCK_V)  # [C]
+    row_ok = rows < n_rows
+    mask = row_ok[:, None] & (cols < vocab)[None, :]  # [R, C]
+    offs = rows[:, None].to(tl.int64) * vocab + cols[None, :]  # [R, C]
+    x = tl.load(logits_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    broken = tl.max(tl.max(((x != x) | (x == float("inf"))).to(tl.int32), axis=1), axis=0)
+    if broken > 0:
+        tl.atomic_or(error_ptr, 1)  # ERROR_BAD_LOGITS
+    if HAS_BAD_MASK:
+        bad = tl.load(bad_ptr + rows[:, None].to(tl.int64) * bad_row_stride + cols[None, :], mask=mask, other=0)
+        x = tl.where(bad != 0, float("-inf"), x)
+    if HAS_PENALTIES:
+        rep = tl.load(repetition_ptr + rows, mask=row_ok, other=1.0)[:, None]
+        seen = tl.load(seen_ptr + offs, mask=mask, other=0)
+        penalised = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)
+        x = tl.where(seen != 0, penalised, x)
+        count = tl.load(counts_ptr + offs, mask=mask, other=0).to(tl.float32)
+        x = x - tl.load(frequency_ptr + rows, mask=row_ok, other=0.0)[:, None] * count
+        x = x - tl.load(presence_ptr + rows, mask=row_ok, other=0.0)[:, None] * (count > 0).to(tl.float32)
+    if STORE_L:
+        tl.store(l_ptr + offs, x, mask=mask)
+    temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=1.0)
+    temperature = tl.where(temperature > 0, temperature, 1.0)
+    seg_max = tl.max(x, axis=1)  # [R]
+    seg_arg = tl.argmax(x, axis=1, tie_break_left=True) + seg * BLOCK_V
+    shifted = tl.math.div_rn(x - tl.where(seg_max > float("-inf"), seg_max, 0.0)[:, None], temperature[:, None])
+    seg_sum = tl.sum(tl.exp(shifted), axis=1)  # exp(-inf) = 0 for masked ids
+    seg_min = tl.min(tl.where(x > float("-inf"), x, float("inf")), axis=1)
+    at = rows * n_seg + seg
+    plane = n_rows * n_seg
+    tl.store(part_ptr + at, seg_max, mask=row_ok)
+    tl.store(part_ptr + plane + at, seg_sum, mask=row_ok)
+    tl.store(part_ptr + 2 * plane + at, seg_min, mask=row_ok)
+    tl.store(part_ptr + 3 * plane + at, seg_arg.to(tl.float32), mask=row_ok)
+
+
+@triton.jit
+def _row_stats(part_ptr, rows, row_ok, temperature, n_rows, n_seg, BLOCK_S: tl.constexpr):
+    """Combine a row's segment partials: (m, first argmax, sum exp((l - m) / T), min finite l)."""
+    segs = tl.arange(0, BLOCK_S)  # [S]
+    mask = row_ok[:, None] & (segs < n_seg)[None, :]
+    at = rows[:, None] * n_seg + segs[None, :]
+    plane = n_rows * n_seg
+    seg_max = tl.load(part_ptr + at, mask=mask, other=float("-inf"))  # [R, S]
+    seg_sum = tl.load(part_ptr + plane + at, mask=mask, other=0.0)
+    seg_min = tl.load(part_ptr + 2 * plane + at, mask=mask, other=float("inf"))
+    seg_arg = tl.load(part_ptr + 3 * plane + at, mask=mask, other=0.0)
+    m = tl.max(seg_max, axis=1)  # [R]
+    first = tl.min(tl.where(seg_max == m[:, None], segs[None, :], BLOCK_S), axis=1)
+    argmax = tl.sum(tl.where(segs[None, :] == first[:, None], seg_arg, 0.0), axis=1).to(tl.int64)
+    scale = tl.exp(tl.math.div_rn(seg_max - tl.where(m > float("-inf"), m, 0.0)[:, None], temperature[:, None]))
+    z = tl.sum(tl.where(seg_max > float("-inf"), seg_sum * scale, 0.0), axis=1)
+    return m, argmax, z, tl.min(seg_min, axis=1)
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_seg"])
+def _warp_cut_kernel(
+    l_ptr,  # [N, V] float32 penalised logits
+    part_ptr,  # [4, N, S] float32 partials, then [2, N] out: cut, z
+    temperature_ptr,  # [N] float32
+    top_k_ptr,  # [N] int32
+    top_p_ptr,  # [N] float32
+    log_min_p_ptr,  # [N] float32
+    cand_ptr,  # [N, CAP] float32 scratch (segmented rows only)
+    n_rows,
+    vocab,
+    n_seg,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    CAP: tl.constexpr,
+    PIVOTS: tl.constexpr,
+    CUT_BLOCK: tl.constexpr,
+    MAX_PASSES: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
+    row_ok = rows < n_rows
+    temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
+    live = row_ok & (temperature > 0)
+    temperature = tl.where(live, temperature, 1.0)
+    m, argmax, z_all, fmin = _row_stats(part_ptr, rows, row_ok, temperature, n_rows, n_seg, BLOCK_S)
+    live = live & (m > float("-inf"))
+    m = tl.where(live, m, 0.0)
+    k = tl.load(top_k_ptr + rows, mask=row_ok, other=0)
+    top_p = tl.load(top_p_ptr + rows, mask=row_ok, other=1.0)
+    log_min_p = tl.load(log_min_p_ptr + rows, mask=row_ok, other=float("-inf"))
+    k_on = live & (k > 0) & (k < vocab)
+    p_on = live & (top_p < 1.0)
+    bound_p = tl.maximum(top_p, 1.1754943508222875e-38)  # top_p clamped above 0: the max id survives
+    if DIRECT:
+        cols = tl.arange(0, BLOCK_V)
+        mask = row_ok[:, None] & (cols < vocab)[None, :]
+        l = tl.load(l_ptr + rows[:, None].to(tl.int64) * vocab + cols[None, :], mask=mask, other=float("-inf"))
+        cut, z = _cut_full(l, m, temperature, k, k_on, bound_p, p_on, log_min_p,
+                           tl.zeros_like(m) + float("-inf"), z_all, True)
+    else:  # one row per program
+        row = tl.max(rows, axis=0)
+        cut, z = _cut_segmented(
+            l_ptr, cand_ptr, row, vocab, tl.max(m, axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
+            tl.max(fmin, axis=0), tl.max(k, axis=0), tl.max(k_on.to(tl.int32), axis=0) > 0,
+            tl.max(bound_p, axis=0), tl.max(p_on.to(tl.int32), axis=0) > 0, tl.max(log_min_p, axis=0),
+            CAP, PIVOTS, CUT_BLOCK, MAX_PASSES,
+        )
+    plane = 4 * n_rows * n_seg
+    tl.store(part_ptr + plane + rows, cut, mask=row_ok)
+    tl.store(part_ptr + plane + n_rows + rows, z, mask=row_ok)
+
+
+@triton.jit
+def _cut_full(v, m, temperature, k, k_on, bound_p, p_on, log_min_p, k_cut, z_k, FIND_K: tl.constexpr):
+    """cut and z from candidates v [R, C] (-inf padded) that hold every id above the cut.
+
+    With FIND_K, v also holds more than k ids (or the whole row), so counting within v finds the
+    top-k cut; otherwise the top-k cut k_cut and its normaliser z_k are given.
+    """
+    s = tl.math.div_rn(v - m[:, None], temperature[:, None])
+    e = tl.where(v > float("-inf"), tl.exp(s), 0.0)
+    unbounded = tl.zeros_like(m) + float("-inf")
+    if FIND_K:
+        ones = tl.where(v > float("-inf"), 1.0, 0.0)
+        k_cut = tl.where(k_on, _cut(v, ones, 0.0 * m, k.to(tl.float32), unbounded, m), float("-inf"))
+        z_k = tl.sum(tl.where(v >= k_cut[:, None], e, 0.0), axis=1)
+    w = tl.where(v >= k_cut[:, None], tl.math.div_rn(e, tl.where(z_k > 0, z_k, 1.0)[:, None]), 0.0)
+    p_cut = tl.where(p_on, _cut(v, w, 0.0 * m, bound_p, unbounded, m), float("-inf"))
+    cut = tl.maximum(k_cut, p_cut)
+    z = tl.sum(tl.where((v >= cut[:, None]) & (s >= log_min_p[:, None]), e, 0.0), axis=1)
+    return cut, z
+
+
+@triton.jit
+def _cut(v, w, above, bound, lo, hi):
+    """Per row of candidates v [R, C] with weights w: the smallest c such that keeping v >= c keeps
+    exactly the ids whose S = above + (sum of w over candidates with a strictly larger v) < bound.
+
+    Needs S(hi) < bound; where S(lo) < bound too, every id is kept (-inf). Bisects the float bit
+    patterns between lo and hi (<= 32 steps, builtin reductions only) until no float lies between.
+    """
+    lo_s = above + tl.sum(tl.where(v > lo[:, None], w, 0.0), axis=1)
+    key_lo = _key(lo).to(tl.int64)
+    key_hi = _key(hi).to(tl.int64)
+    while tl.max(key_hi - key_lo, axis=0) > 1:
+        mid = (key_lo + key_hi) // 2
+        pivot = _unkey(mid.to(tl.int32))
+        dropped = above + tl.sum(tl.where(v > pivot[:, None], w, 0.0), axis=1) >= bound
+        key_lo = tl.where(dropped, mid, key_lo)
+        key_hi = tl.where(dropped, key_hi, mid)
+    return tl.where(lo_s >= bound, _unkey(key_hi.to(tl.int32)), float("-inf"))
+
+
+@triton.jit
+def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, k_on, bound_p, p_on, log_min_p,
+                   CAP: tl.constexpr, PIVOTS: tl.constexpr, CUT_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
+    """cut and z of one long row: bracket by passes, compact, finish in registers; more passes only
+    where a stage's bracket leaves ids above it uncompacted."""
+    row_off = row.to(tl.int64) * vocab
+    one = tl.zeros([1], dtype=tl.float32)  # lifts scalars to [1] rows for the register finish
+    k_cut = -float("inf") + 0.0 * m
+    z_k = z_all
+    cut = k_cut
+    z = z_all
+    finished = 0
+    pass_z = 0  # z must be summed over the row after the stages
+    if k_on:
+        lo, hi, s_hi, c_lo, c_hi = _bracket(l_ptr, row_off, vocab, m, temperature, 1.0, k_cut, k.to(tl.float32),
+                                            fmin, False, CAP, PIVOTS, CUT_BLOCK, MAX_PASSES)
+        full = c_lo <= CAP  # every id above lo fits: finish top-k, top-p and min-p in registers
+        v = _candidates(l_ptr, cand_ptr, row, row_off, vocab, lo, tl.where(full, float("inf"), hi), CAP, CUT_BLOCK)
+        if full:
+            cut1, z1 = _cut_full(v[None, :], m + one, temperature + one, k + one.to(tl.int32), k_on | (one > 0),
+                                 bound_p + one, p_on | (one > 0), log_min_p + one, one, one, True)
+            cut = tl.max(cut1, axis=0)
+            z = tl.max(z1, axis=0)
+            finished = 1
+        else:  # ids above hi are kept: c_hi of them rank above the bracket's candidates
+            ones = tl.where(v > float("-inf"), 1.0, 0.0)
+            k_cut1 = _cut(v[None, :], ones[None, :], c_hi.to(tl.float32) + one, k.to(tl.float32) + one, lo + one, hi + one)
+            k_cut = tl.max(k_cut1, axis=0)
+            z_k = _exp_sum(l_ptr, row_off, vocab, m, temperature, k_cut, -float("inf"), CUT_BLOCK)
+            cut = k_cut
+            z = z_k
+    if p_on & (finished == 0):
+        lo, hi, s_hi, c_lo, c_hi = _bracket(l_ptr, row_off, vocab, m, temperature, z_k, k_cut, bound_p,
+                                            fmin, True, CAP, PIVOTS, CUT_BLOCK, MAX_PASSES)
+        full = c_lo <= CAP
+        v = _candidates(l_ptr, cand_ptr, row, row_off, vocab, lo, tl.where(full, float("inf"), hi), CAP, CUT_BLOCK)
+        s = tl.math.div_rn(v - m, temperature)
+        e = tl.where(v > float("-inf"), tl.exp(s), 0.0)
+        w = tl.where(v >= k_cut, tl.math.div_rn(e, z_k), 0.0)
+        above = tl.where(full, 0.0, s_hi)
+        p_cut1 = _cut(v[None, :], w[None, :], above + one, bound_p + one, lo + one, hi + one)
+        cut = tl.maximum(k_cut, tl.max(p_cut1, axis=0))
+        if full:
+            z = tl.sum(tl.where((v >= cut) & (s >= log_min_p), e, 0.0), axis=0)
+            finished = 1
+        else:
+            pass_z = 1
+    if (finished == 0) & ((pass_z == 1) | (log_min_p > float("-inf"))):
+        z = _exp_sum(l_ptr, row_off, vocab, m, temperature, cut, log_min_p, CUT_BLOCK)
+    return cut, z
+
+
+@triton.jit
+def _key(x):
+    """float32 -> int32 with the same order (for pivots spaced in bit patterns)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _unkey(key):
+    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pivots(lo, hi, fmin, PIVOTS: tl.constexpr):
+    """[P] thresholds in [lo, hi]: lo, hi, then half spaced in value, half in bit patterns."""
+    j = tl.arange(0, PIVOTS)
+    n_value: tl.constexpr = (PIVOTS - 2) // 2
+    n_bits: tl.constexpr = PIVOTS - 2 - n_value
+    base = tl.where(lo > float("-inf"), lo, fmin)
+    f = (j - 1).to(tl.float32) / (n_value + 1)
+    by_value = base * (1.0 - f) + hi * f
+    key_lo = _key(lo).to(tl.int64)
+    key_hi = _key(hi).to(tl.int64)
+    by_bits = _unkey((key_lo + (key_hi - key_lo) * (j - 1 - n_value) // (n_bits + 1)).to(tl.int32))
+    by_value = tl.minimum(tl.maximum(by_value, lo), hi)
+    return tl.where(j == 0, lo, tl.where(j == 1, hi, tl.where(j <= n_value + 1, by_value, by_bits)))
+
+
+@triton.jit
+def _bracket(l_ptr, row_off, vocab, m, temperature, z_k, floor, bound, fmin, MASS: tl.constexpr,
+             CAP: tl.constexpr, PIVOTS: tl.constexpr, CUT_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
+    """Shrink (lo, hi] around the cut of S(c) = sum over l > c of w(l) < bound, until <= CAP ids remain.
+
+    Invariant: S(lo) >= bound (ids <= lo dropped), S(hi) < bound (ids >= hi kept). w = 1 (top-k,
+    bound k) or w = exp(s) / z_k on l >= floor (top-p, bound top_p). Returns lo, hi, S(hi),
+    C(lo), C(hi) with C(c) = #ids with l > c.
+    """
+    lo = -float("inf") + 0.0 * m
+    hi = m
+    s_hi = 0.0 * m
+    c_lo = vocab + 0 * row_off.to(tl.int32)
+    c_hi = 0 * c_lo
+    passes = 0
+    go = c_lo - c_hi > CAP
+    while go:
+        pivots = _pivots(lo, hi, fmin, PIVOTS)  # [P]
+        sums = tl.zeros([CUT_BLOCK, PIVOTS], dtype=tl.float32)
+        counts = tl.zeros([CUT_BLOCK, PIVOTS], dtype=tl.int32)
+        for start in range(0, vocab, CUT_BLOCK):
+            cols = start + tl.arange(0, CUT_BLOCK)
+            l = tl.load(l_ptr + row_off + cols, mask=cols < vocab, other=float("-inf"))
+            above = l[:, None] > pivots[None, :]  # [B, P]
+            if MASS:
+                w = tl.where(l >= floor, tl.math.div_rn(tl.exp(tl.math.div_rn(l - m, temperature)), z_k), 0.0)
+                sums += tl.where(above, w[:, None], 0.0)
+            counts += above.to(tl.int32)
+        count = tl.sum(counts, axis=0)  # [P] C(pivot)
+        if MASS:
+            mass = tl.sum(sums, axis=0)  # [P] S(pivot)
+        else:
+            mass = count.to(tl.float32)
+        dropped = mass >= bound
+        lo = tl.max(tl.where(dropped, pivots, -float("inf")), axis=0)
+        hi = tl.min(tl.where(dropped, float("inf"), pivots), axis=0)
+        c_lo = tl.max(tl.where(pivots == lo, count, 0), axis=0)
+        c_hi = tl.max(tl.where(pivots == hi, count, 0), axis=0)
+        s_hi = tl.max(tl.where(pivots == hi, mass, 0.0), axis=0)
+        passes += 1
+        between = _unkey(_key(lo) + 1) < hi  # some float lies strictly inside (lo, hi); else only ties at hi
+        go = (c_lo - c_hi > CAP) & between & (passes < MAX_PASSES)
+    return lo, hi, s_hi, c_lo, c_hi
+
+
+@triton.jit
+def _candidates(l_ptr, cand_ptr, row, row_off, vocab, lo, top, CAP: tl.constexpr, CUT_BLOCK: tl.constexpr):
+    """The logits in (lo, top] of one row (at most CAP of them, any order), -inf padded."""
+    base = cand_ptr + row.to(tl.int64) * CAP
+    n = 0
+    for start in range(0, vocab, CUT_BLOCK):
+        cols = start + tl.arange(0, CUT_BLOCK)
+        l = tl.load(l_ptr + row_off + cols, mask=cols < vocab, other=float("-inf"))
+        inside = (l > lo) & (l <= top)
+        at = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        tl.store(base + at, l, mask=inside & (at < CAP))
+        n += tl.sum(inside.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the stores above, from every thread, before the loads below
+    idx = tl.arange(0, CAP)
+    return tl.load(base + idx, mask=idx < n, other=float("-inf"))
+
+
+@triton.jit
+def _exp_sum(l_ptr, row_off, vocab, m, temperature, cut, log_min_p, CUT_BLOCK: tl.constexpr):
+    """sum of exp(s) over one row's ids with l >= cut and s >= log_min_p."""
+    acc = tl.zeros([CUT_BLOCK], dtype=tl.float32)
+    for start in range(0, vocab, CUT_BLOCK):
+        cols = start + tl.arange(0, CUT_BLOCK)
+        l = tl.load(l_ptr + row_off + cols, mask=cols < vocab, other=float("-inf"))
+        s = tl.math.div_rn(l - m, temperature)
+        acc += tl.where((l >= cut) & (s >= log_min_p) & (l > float("-inf")), tl.exp(s), 0.0)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_seg"])
+def _warp_probs_kernel(
+    probs_ptr,  # [N, V] float32: penalised logits in, warped probabilities out
+    argmax_ptr,  # [N] int64 out
+    temperature_ptr,  # [N] float32
+    log_min_p_ptr,  # [N] float32 (HAS_CUT only)
+    part_ptr,  # [4, N, S] float32 partials, then [2, N] cut, z
+    error_ptr,  # [1] int32
+    n_rows,
+    vocab,
+    n_seg,
+    HAS_CUT: tl.constexpr,
+    WRITE_PROBS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    seg = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
+    row_ok = rows < n_rows
+    temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=1.0)
+    greedy = temperature == 0
+    temperature = tl.where(greedy, 1.0, temperature)
+    m, argmax, z, fmin = _row_stats(part_ptr, rows, row_ok, temperature, n_rows, n_seg, BLOCK_S)
+    if seg == 0:
+        tl.store(argmax_ptr + rows, argmax, mask=row_ok)
+        masked = tl.max((row_ok & (m == float("-inf"))).to(tl.int32), axis=0)
+        if masked > 0:
+            tl.atomic_or(error_ptr, 2)  # ERROR_ALL_MASKED
+    if WRITE_PROBS:
+        cut = tl.zeros_like(m) + float("-inf")
+        log_min_p = cut
+        if HAS_CUT:
+            plane = 4 * n_rows * n_seg
+            cut = tl.load(part_ptr + plane + rows, mask=row_ok, other=float("-inf"))
+            z = tl.load(part_ptr + plane + n_rows + rows, mask=row_ok, other=1.0)
+            log_min_p = tl.load(log_min_p_ptr + rows, mask=row_ok, other=float("-inf"))
+        cols = seg * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask = row_ok[:, None] & (cols < vocab)[None, :]
+        offs = rows[:, None].to(tl.int64) * vocab + cols[None, :]
+        l = tl.load(probs_ptr + offs, mask=mask, other=float("-inf"))
+        s = tl.math.div_rn(l - m[:, None], temperature[:, None])
+        keep = (l >= cut[:, None]) & (s >= log_min_p[:, None]) & (l > float("-inf"))
+        p = tl.where(keep, tl.math.div_rn(tl.exp(s), z[:, None]), 0.0)
+        p = tl.where(greedy[:, None], (cols[None, :] == argmax[:, None]).to(tl.float32), p)
+        tl.store(probs_ptr + offs, p, mask=mask)
