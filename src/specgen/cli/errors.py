@@ -7,17 +7,28 @@ Exit codes: 0 success; 1 runtime failure (model loading, generation); 2 usage or
 from __future__ import annotations
 
 import os
+import re
 import sys
 
-import click
+import typer
+import typer.main
+
+try:  # recent Typer carries its own copy of Click; older Typer runs on Click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - exercised with older Typer only
+    from click import exceptions as click_exceptions
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
 
 def _say(message: str, hint: str | None = None) -> None:
-    print(f"specgen: error: {message}", file=sys.stderr)
+    print(f"specgen: error: {_one_line(message)}", file=sys.stderr)
     if hint:
-        print(f"hint: {hint}", file=sys.stderr)
+        print(f"hint: {_one_line(hint)}", file=sys.stderr)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _debug() -> bool:
@@ -25,10 +36,22 @@ def _debug() -> bool:
 
 
 def _quiet_broken_pipe() -> int:
-    """The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining at exit."""
+    """The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining at exit
+    when it flushes what is still buffered for the closed pipe."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (AttributeError, OSError, ValueError):  # not a real file (tests)
+            pass
     return 0
+
+
+def _out_of_memory(exc: BaseException) -> tuple[str, str, int]:
+    size = re.search(r"[Tt]ried to allocate ([\d.]+ [KMGT]i?B)", str(exc))
+    return (f"out of GPU memory{f' (tried to allocate {size.group(1)})' if size else ''}",
+            "reduce --max-tokens, --k or the prompt length, use a smaller draft, or set dtype = \"bfloat16\"",
+            EXIT_RUNTIME)
 
 
 def _known(exc: BaseException) -> tuple[str, str | None, int] | None:
@@ -37,25 +60,26 @@ def _known(exc: BaseException) -> tuple[str, str | None, int] | None:
     if isinstance(exc, SpecgenError):
         return exc.message, exc.hint, exc.exit_code
     if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch
-        return ("out of GPU memory", "reduce --max-tokens or --k, use a smaller draft, or dtype = \"bfloat16\"",
-                EXIT_RUNTIME)
-    if isinstance(exc, click.exceptions.NoSuchOption | click.exceptions.BadParameter | click.exceptions.UsageError):
-        ctx = getattr(exc, "ctx", None)
-        command = ctx.command_path if ctx is not None else "specgen"
+        return _out_of_memory(exc)
+    if isinstance(exc, click_exceptions.UsageError):  # unknown option, bad value, missing argument
+        command = exc.ctx.command_path if exc.ctx is not None else "specgen"
         return exc.format_message(), f"see `{command} --help`", EXIT_USAGE
+    if isinstance(exc, click_exceptions.ClickException):
+        return exc.format_message(), None, exc.exit_code
     return None
 
 
-def run(app) -> int:
-    """Run the Typer app and map every outcome to an exit code."""
+def run(app, args: list[str] | None = None) -> int:
+    """Run the Typer app on `args` (default: sys.argv[1:]) and map every outcome to an exit code.
+
+    The command is driven here, not by Typer's own main(), which would turn Ctrl-C into a silent
+    exit and a broken pipe into exit 1 before this table could see them.
+    """
     try:
-        result = app(standalone_mode=False)
-        return result if isinstance(result, int) else 0
-    except click.exceptions.Exit as exc:
+        return _invoke(app, sys.argv[1:] if args is None else args)
+    except typer.Exit as exc:  # --help, or a command that set its exit code (130 after an interrupt)
         return exc.exit_code
-    except click.exceptions.Abort:
-        return EXIT_INTERRUPT
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         print("specgen: interrupted", file=sys.stderr)
         return EXIT_INTERRUPT
     except BrokenPipeError:
@@ -71,3 +95,16 @@ def run(app) -> int:
         message, hint, code = known
         _say(message, hint)
         return code
+
+
+def _invoke(app, args: list[str]) -> int:
+    command = typer.main.get_command(app)
+    try:
+        with command.make_context("specgen", list(args)) as ctx:
+            result = command.invoke(ctx)
+    except getattr(click_exceptions, "NoArgsIsHelpError", ()) as exc:  # bare `specgen`: help, exit 2
+        if exc.format_message():  # empty when Rich has already printed the help
+            print(exc.format_message(), file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.flush()  # here, so that a reader gone by now is a quiet broken pipe, not noise at exit
+    return result if isinstance(result, int) else 0
