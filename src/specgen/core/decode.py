@@ -104,6 +104,12 @@ class Decoder:
         need = len(prompt_ids) + self.setup.sampling.max_tokens + self.setup.k + 1
         if limit is not None and need > limit:
             room = limit - self.setup.sampling.max_tokens - self.setup.k - 1
+            if room < 1:  # no prompt fits: truncating it cannot help
+                raise UsageError(
+                    f"max_tokens={self.setup.sampling.max_tokens} leaves no room for a prompt in the "
+                    f"model's {limit}-token context (k={self.setup.k} needs {self.setup.k + 1} more)",
+                    hint=f"lower --max-tokens below {limit - self.setup.k - 1}",
+                )
             raise UsageError(
                 f"the prompt has {len(prompt_ids)} tokens but only {max(room, 0)} fit with "
                 f"max_tokens={self.setup.sampling.max_tokens} in the model's {limit}-token context",

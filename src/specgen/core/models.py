@@ -122,7 +122,14 @@ def load_tokenizer(spec: ModelSpec):
     _quiet_transformers()
 
     name, _ = _locate(spec, allow_pickle=True)
+    if os.path.isdir(name) and not any(any(Path(name).glob(pattern)) for pattern in _TOKENIZER_FILES):
+        raise ModelError(f"{spec.path} has no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
+                         hint="copy the tokenizer files of the model into the folder")
     return _from_pretrained(AutoTokenizer, name, spec)
+
+
+# Files one of which every transformers tokenizer needs (tokenizer_config.json alone is not enough).
+_TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.*", "merges.txt", "*.tiktoken")
 
 
 def load_model(spec: ModelSpec, allow_pickle: bool = False) -> torch.nn.Module:
