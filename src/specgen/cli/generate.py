@@ -143,12 +143,15 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     stream = output_format == Format.text and not (show_live and sys.stdout.isatty())
     if stream and separator:
         sys.stdout.write("\n")
+    view = render.LiveView() if show_live else None
     try:
-        finished = _drive(decoder, ids, render.LiveView() if show_live else None, stream, Finished)
+        finished = _drive(decoder, ids, view, stream, Finished)
     except KeyboardInterrupt:
         if stream:
             sys.stdout.write("\n")
             sys.stdout.flush()
+        elif view is not None and output_format == Format.text:
+            _print_text(view.text)  # the live view was transient: keep what was generated
         if not quiet:
             render.summary(decoder.stats)
         raise typer.Exit(130) from None
@@ -177,12 +180,19 @@ def _drive(decoder, ids, view, stream: bool, finished_type):
 
 def _print_final(finished) -> None:
     """After a transient live view on a terminal stdout: the text once, coloured by fate."""
+    from specgen.cli import render
+
+    text = render.coloured(finished.pieces, [f.value for f in finished.fates], len(finished.text))
+    text.append(finished.text[len(text.plain):])  # bytes completed only at the end have no fate of their own
+    _print_text(text)
+
+
+def _print_text(text) -> None:
     from rich.console import Console
 
     from specgen.cli import render
 
-    console = Console(no_color=render.no_color(), highlight=False, soft_wrap=True)
-    console.print(render.coloured(finished.pieces, [f.value for f in finished.fates], len(finished.text)))
+    Console(no_color=render.no_color(), highlight=False, soft_wrap=True).print(text)
 
 
 def emit_json(finished, prompt: str, settings, output_format: Format) -> None:
