@@ -21,7 +21,7 @@ CORPUS = [
 EOS = "<|endoftext|>"
 
 
-def build_tokenizer(folder: Path, vocab_size: int = 320):
+def build_tokenizer(folder: Path, vocab_size: int = 320, corpus: list[str] = CORPUS):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -30,7 +30,7 @@ def build_tokenizer(folder: Path, vocab_size: int = 320):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 20, trainer=trainer)
+    tok.train_from_iterator(corpus * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS)
     fast.save_pretrained(folder)
     return fast

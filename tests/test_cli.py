@@ -1,0 +1,135 @@
+"""`specgen` as a command: results alone on stdout, diagnostics on stderr, formats, stdin, NO_COLOR,
+and a --help that answers without importing torch."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from cli_helpers import assert_error, specgen, subprocess_env
+from tiny_models import build_pair, write_profile
+
+PROMPT = "def add(a, b):"
+SUMMARY = re.compile(r"^\d+ tokens in \d+ rounds, .* tok/s, acceptance .*, mean accepted length .*$")
+SGR = re.compile(r"\x1b\[([0-9;]*)m")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from specgen.core.engine import Engine
+    from specgen.core.profile import load_profile
+
+    root = tmp_path_factory.mktemp("cli")
+    profile = write_profile(root / "tiny.toml", *build_pair(root, noisy=0.1),
+                            sampling={"max_tokens": 12, "ignore_eos": True})
+    engine = Engine(load_profile(str(profile)))
+    *_, finished = engine.decoder().run(engine.encode(PROMPT))
+    return SimpleNamespace(profile=profile, text=finished.text)  # the greedy text, straight from the loop
+
+
+def generate(monkeypatch, tiny, *args, **kwargs):
+    return specgen(monkeypatch, "generate", "-p", tiny.profile, *args, **kwargs)
+
+
+def has_colour(text: str) -> bool:
+    """Whether any SGR sequence sets a foreground or background colour (bold or dim are not colours)."""
+    colour = re.compile(r"3[0-9]|4[0-9]|9[0-7]|10[0-7]")
+    return any(colour.fullmatch(p) for params in SGR.findall(text) for p in params.split(";"))
+
+
+# ---------------------------------------------------------------- the command itself
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from specgen.cli import errors\n"
+        "from specgen.cli.main import app\n"
+        "for args in (['--help'], ['generate', '--help'], ['profiles', '--help']):\n"
+        "    assert errors.run(app, args) == 0\n"
+        "sys.exit(sorted({'torch', 'transformers'} & set(sys.modules)) or None)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "generate" in proc.stdout and "--max-tokens" in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+def test_console_script_and_module_both_run(how):
+    if how == "console script" and shutil.which("specgen") is None:
+        pytest.skip("specgen is not installed on PATH")
+    prefix = ["specgen"] if how == "console script" else [sys.executable, "-m", "specgen.cli.main"]
+    proc = subprocess.run([*prefix, "--help"], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert "Usage" in proc.stdout and "generate" in proc.stdout
+
+
+# ---------------------------------------------------------------- generate: stdout and stderr
+
+
+def test_text_alone_on_stdout_and_one_summary_line_on_stderr(monkeypatch, tiny):
+    result = generate(monkeypatch, tiny, PROMPT)
+    assert result.code == 0
+    assert result.stdout == tiny.text + "\n"
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and SUMMARY.match(lines[0]), result.stderr
+    assert "\x1b" not in result.stdout + result.stderr  # not a terminal: no live view, no styles
+
+
+def test_quiet_prints_nothing_on_stderr(monkeypatch, tiny):
+    result = generate(monkeypatch, tiny, "--quiet", PROMPT)
+    assert result.code == 0 and result.stderr == ""
+    assert result.stdout == tiny.text + "\n"
+
+
+def test_format_json_is_one_object(monkeypatch, tiny):
+    result = generate(monkeypatch, tiny, "--format", "json", PROMPT)
+    assert result.code == 0 and result.stdout.count("\n") == 1
+    record = json.loads(result.stdout)
+    assert record["prompt"] == PROMPT and record["text"] == tiny.text
+    assert record["finish_reason"] == "length" and len(record["token_ids"]) == len(record["fates"]) == 12
+    assert set(record["fates"]) <= {"accepted", "recovered", "bonus"}
+    assert record["stats"]["rounds"] >= 1
+    assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["-"], []], ids=["dash", "piped"])
+def test_prompt_from_stdin(monkeypatch, tiny, args):
+    result = generate(monkeypatch, tiny, *args, "-q", stdin=PROMPT.encode())
+    assert result.code == 0 and result.stdout == tiny.text + "\n"
+
+
+def test_no_color_is_respected_on_a_terminal(monkeypatch, tiny):
+    terminal = {"TERM": "xterm-256color"}
+    coloured = generate(monkeypatch, tiny, PROMPT, tty=True, env=terminal)
+    assert coloured.code == 0
+    assert has_colour(coloured.stdout)  # tokens coloured by fate: the test can see colours
+    plain = generate(monkeypatch, tiny, PROMPT, tty=True, env=terminal | {"NO_COLOR": "1"})
+    assert plain.code == 0
+    assert not has_colour(plain.stdout) and not has_colour(plain.stderr)
+    assert SGR.sub("", plain.stdout) == tiny.text + "\n"
+
+
+# ---------------------------------------------------------------- profiles through the main app
+
+
+def test_profiles_list_and_show_through_the_main_app(monkeypatch, tiny, tmp_path):
+    monkeypatch.setenv("SPECGEN_PROFILE_DIR", str(tmp_path))
+    listed = specgen(monkeypatch, "profiles", "list")
+    assert listed.code == 0 and listed.stderr == ""
+    assert any(line.split()[0] == "demo" for line in listed.stdout.splitlines() if line.strip())
+
+    shown = specgen(monkeypatch, "profiles", "show", tiny.profile, "--format", "json")
+    assert shown.code == 0 and json.loads(shown.stdout)["sampling"]["max_tokens"] == 12
+
+    as_toml = specgen(monkeypatch, "profiles", "show", "demo")
+    assert as_toml.code == 0 and "[speculation]" in as_toml.stdout and as_toml.stderr == ""
+
+    assert_error(specgen(monkeypatch, "profiles", "show", "dmo"), 2, "unknown profile `dmo`")

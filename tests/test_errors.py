@@ -1,0 +1,304 @@
+"""Every known failure of `specgen generate` ends the same way: the documented exit code, nothing on
+stdout, one line on stderr (two with a hint), never a traceback. docs/errors.md lists them.
+
+Profile errors are tested in detail in test_profile.py; here each kind goes once through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cli_helpers import assert_error, specgen, subprocess_env
+from specgen.core.errors import ProfileError
+from tiny_models import build_pair, build_tokenizer, write_profile
+
+MODELS = '[target]\npath = "org/target"\n[draft]\npath = "org/draft"\n'  # lines 1-4; never loaded
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("errors")
+    target, draft = build_pair(root)
+    profile = write_profile(root / "tiny.toml", target, draft, sampling={"max_tokens": 8, "ignore_eos": True})
+    return SimpleNamespace(root=root, target=target, draft=draft, profile=profile)
+
+
+@pytest.fixture(autouse=True)
+def no_user_profiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_PROFILE_DIR", str(tmp_path / "user-profiles"))
+
+
+def run(monkeypatch, tiny, *args, **kwargs):
+    return specgen(monkeypatch, "generate", "-p", tiny.profile, *args, **kwargs)
+
+
+# ---------------------------------------------------------------- profiles (exit 2)
+
+
+def test_missing_profile_file(monkeypatch, tmp_path):
+    result = specgen(monkeypatch, "generate", "-p", tmp_path / "nope.toml", "hi")
+    assert_error(result, 2, "nope.toml not found")
+
+
+def test_unknown_profile_name_suggests_a_close_one(monkeypatch):
+    assert_error(specgen(monkeypatch, "generate", "-p", "dmo", "hi"), 2, "unknown profile `dmo`", "`demo`", "hint: ")
+
+
+def test_unreadable_profile_file(monkeypatch, tmp_path):
+    # Simulated: the tests may run as root, for whom chmod 000 does not stop a read.
+    path = tmp_path / "locked.toml"
+    path.write_text(MODELS)
+    real_read_text = Path.read_text
+
+    def read_text(self, *args, **kwargs):
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert_error(specgen(monkeypatch, "generate", "-p", path, "hi"), 2, "cannot read profile file", "Permission denied")
+
+
+@pytest.mark.parametrize("text, fragments", [
+    pytest.param(MODELS + "[sampling\nk = 1\n", (":5:10: invalid TOML",), id="malformed TOML: line and column"),
+    pytest.param(MODELS + "[sampling]\ntemprature = 0.5\n", (":6:", "`sampling.temperature`"), id="unknown key"),
+    pytest.param(MODELS + "[sampler]\n", (":5:", "unknown table [sampler]"), id="unknown table"),
+    pytest.param(MODELS + '[speculation]\nk = "four"\n', (":6:", "is a string; expected an integer"),
+                 id="wrong type"),
+    pytest.param(MODELS + "[speculation]\nk = 40\n", (":6:", "`speculation.k = 40`", "from 1 to 32"),
+                 id="out of range in the file"),
+])
+def test_profile_file_errors(monkeypatch, tmp_path, text, fragments):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert_error(specgen(monkeypatch, "generate", "-p", path, "hi"), 2, str(path), *fragments)
+
+
+@pytest.mark.parametrize("options, allowed", [
+    (["--k", "0"], "from 1 to 32"),
+    (["--k", "33"], "from 1 to 32"),
+    (["--temperature=-0.5"], ">= 0"),
+    (["--top-p", "0"], "(0, 1]"),
+    (["--top-p", "1.5"], "(0, 1]"),
+    (["--top-k=-2"], "-1 (off) or >= 1"),
+    (["--top-k", "0"], "-1 (off) or >= 1"),
+    (["--min-p=-0.1"], "[0, 1]"),
+    (["--min-p", "1.5"], "[0, 1]"),
+    (["--max-tokens", "0"], ">= 1"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_out_of_range_options(monkeypatch, tiny, options, allowed):
+    option = options[0].split("=")[0]
+    assert_error(run(monkeypatch, tiny, *options, "hi"), 2, f"{option} ", "is not allowed", allowed)
+
+
+def test_min_tokens_above_max_tokens(monkeypatch, tiny):
+    result = run(monkeypatch, tiny, "--min-tokens", "10", "--max-tokens", "5", "hi")
+    assert_error(result, 2, "--min-tokens (10) must be <= --max-tokens (5)")
+
+
+# ---------------------------------------------------------------- command-line usage (exit 2)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["generate", "--bogus", "hi"], ("No such option: --bogus", "hint: see `specgen generate --help`")),
+    (["generate", "--k", "abc", "hi"], ("Invalid value for '--k'", "hint: see `specgen generate --help`")),
+    (["generate", "--format", "xml", "hi"], ("Invalid value for '--format'",)),
+    (["profiles", "show"], ("Missing argument", "hint: see `specgen profiles show --help`")),
+    (["generat", "hi"], ("No such command",)),
+], ids=["unknown option", "bad int", "bad choice", "missing argument", "unknown command"])
+def test_click_usage_errors(monkeypatch, args, fragments):
+    assert_error(specgen(monkeypatch, *args), 2, *fragments)
+
+
+def test_bare_specgen_shows_the_usage_and_exits_2(monkeypatch):
+    result = specgen(monkeypatch)
+    assert result.code == 2
+    assert "Usage" in result.stdout + result.stderr and "error" not in result.stderr
+
+
+# ---------------------------------------------------------------- prompts (exit 2)
+
+
+@pytest.mark.parametrize("args, stdin", [
+    (["hi", "--prompts-file", "p.txt"], b""),
+    (["--format", "jsonl", "hi"], b""),
+], ids=["prompt and --prompts-file", "jsonl without --prompts-file"])
+def test_conflicting_prompt_options(monkeypatch, tiny, args, stdin):
+    assert_error(run(monkeypatch, tiny, *args, stdin=stdin), 2)
+
+
+@pytest.mark.parametrize("args, stdin", [
+    ([""], b""), (["  \n "], b""), (["-"], b""), ([], b"\n\n"),
+], ids=["empty argument", "blank argument", "empty stdin with -", "blank piped stdin"])
+def test_empty_prompt(monkeypatch, tiny, args, stdin):
+    assert_error(run(monkeypatch, tiny, *args, stdin=stdin), 2, "the prompt is empty", "hint: ")
+
+
+def test_non_utf8_stdin(monkeypatch, tiny):
+    result = run(monkeypatch, tiny, "-", stdin="café".encode("latin-1"))
+    assert_error(result, 2, "stdin is not valid UTF-8 (byte 0xe9 at offset 3)", "hint: ")
+
+
+def test_prompts_file_errors(monkeypatch, tiny, tmp_path):
+    assert_error(run(monkeypatch, tiny, "--prompts-file", tmp_path / "none.jsonl"), 2, "cannot read prompts file")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": \n')
+    assert_error(run(monkeypatch, tiny, "--prompts-file", bad, "--format", "jsonl"), 2, f"{bad}:2: invalid JSON")
+    no_field = tmp_path / "nofield.jsonl"
+    no_field.write_text('{"text": "a"}\n')
+    assert_error(run(monkeypatch, tiny, "--prompts-file", no_field), 2, "needs a string field 'prompt'")
+
+
+LONG_PROMPT = " ".join(str(i) for i in range(600))  # well over the tiny models' 512 positions
+
+
+def test_prompt_longer_than_the_context_left(monkeypatch, tiny):
+    result = run(monkeypatch, tiny, LONG_PROMPT)
+    assert_error(result, 2, "tokens but only 499 fit with max_tokens=8 in the model's 512-token context",
+                 "hint: shorten the prompt, lower --max-tokens, or pass --truncate-prompt")
+
+
+def test_truncate_prompt_keeps_the_end(monkeypatch, tiny):
+    result = run(monkeypatch, tiny, "--truncate-prompt", "--quiet", LONG_PROMPT)
+    assert result.code == 0 and result.stderr == ""
+    from specgen.core.engine import Engine
+    from specgen.core.profile import load_profile
+
+    engine = Engine(load_profile(str(tiny.profile)))
+    *_, finished = engine.decoder().run(engine.encode(LONG_PROMPT)[-499:])  # the prompt's last 499 tokens
+    assert result.stdout == finished.text + "\n"
+
+
+def test_max_tokens_that_leave_no_room_for_a_prompt(monkeypatch, tiny):
+    result = run(monkeypatch, tiny, "--max-tokens", "600", "--truncate-prompt", "hi")
+    assert_error(result, 2, "max_tokens=600 leaves no room for a prompt", "hint: lower --max-tokens below 507")
+
+
+# ---------------------------------------------------------------- checkpoints (exit 1)
+
+
+def copy_checkpoint(source: Path, dest: Path, *patterns: str) -> Path:
+    dest.mkdir()
+    for pattern in patterns:
+        for path in source.glob(pattern):
+            shutil.copy(path, dest / path.name)
+    return dest
+
+
+def test_missing_checkpoint_folder(monkeypatch, tiny, tmp_path):
+    result = run(monkeypatch, tiny, "--target", tmp_path / "nowhere", "hi")
+    assert_error(result, 1, f"checkpoint folder {tmp_path / 'nowhere'} not found", "hint: ")
+
+
+@pytest.mark.parametrize("patterns, message", [
+    ((), "has no config.json"),
+    (("*.json",), "contains no model weights"),
+    (("config.json", "generation_config.json", "*.safetensors"), "has no tokenizer files"),
+], ids=["no config", "no weights", "no tokenizer"])
+def test_missing_checkpoint_files(monkeypatch, tiny, tmp_path, patterns, message):
+    folder = copy_checkpoint(tiny.target, tmp_path / "partial", *patterns)
+    assert_error(run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi"), 1, message)
+
+
+def test_hub_id_not_in_the_cache_while_offline(tiny, tmp_path):
+    # A real process: HF_HOME and HF_HUB_OFFLINE are read when huggingface_hub is imported.
+    env = subprocess_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"))
+    args = ["generate", "-p", str(tiny.profile), "--target", "specgen-tests/not-cached", "--proposer", "none", "hi"]
+    proc = subprocess.run([sys.executable, "-m", "specgen.cli.main", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+    from cli_helpers import Result
+
+    assert_error(Result(proc.returncode, proc.stdout, proc.stderr), 1,
+                 "specgen-tests/not-cached is neither a local folder nor in the local Hugging Face cache",
+                 "hint: download it first")
+
+
+def test_draft_with_an_incompatible_tokenizer(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.draft, tmp_path / "other-draft", "config.json", "*.safetensors")
+    build_tokenizer(folder, corpus=["SELECT name FROM users WHERE id = 42;\n", "<p>Hello, <b>world</b></p>\n"])
+    result = run(monkeypatch, tiny, "--draft", folder, "hi")
+    assert_error(result, 1, "draft and target tokenizers differ: id ", "hint: use a draft from the same model family")
+
+
+def test_checkpoint_needing_remote_code_is_refused(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "custom", "*")
+    ran = tmp_path / "custom-code-ran"
+    (folder / "modeling_custom.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"model_type": "specgen-custom", "architectures": ["CustomForCausalLM"],
+               "auto_map": {"AutoConfig": "modeling_custom.CustomConfig",
+                            "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi")
+    assert_error(result, 1, "needs code from the checkpoint to run, and this profile does not allow it",
+                 "hint: only if you trust its author", "--trust-remote-code", "runs with your permissions")
+    assert not ran.exists()
+
+
+@pytest.fixture(scope="module")
+def pickle_only(tiny, tmp_path_factory):
+    from safetensors.torch import load_file
+
+    folder = copy_checkpoint(tiny.target, tmp_path_factory.mktemp("pickle") / "target", "*.json")
+    torch.save(load_file(tiny.target / "model.safetensors"), folder / "pytorch_model.bin")
+    return folder
+
+
+def test_pickle_only_weights_are_refused(monkeypatch, tiny, pickle_only):
+    result = run(monkeypatch, tiny, "--target", pickle_only, "--proposer", "none", "hi")
+    assert_error(result, 1, "has only pickle-based weights (pytorch_model.bin)", "can run arbitrary code",
+                 "hint: convert them to safetensors, or pass --allow-pickle")
+
+
+def test_pickle_only_weights_load_with_allow_pickle(monkeypatch, tiny, pickle_only):
+    allowed = run(monkeypatch, tiny, "--target", pickle_only, "--proposer", "none", "--allow-pickle", "-q", "hi")
+    assert allowed.code == 0 and allowed.stderr == ""
+    reference = run(monkeypatch, tiny, "--proposer", "none", "-q", "hi")  # same weights, from safetensors
+    assert allowed.stdout == reference.stdout and allowed.stdout.strip()
+
+
+# ---------------------------------------------------------------- devices and run time (exit 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_requested_but_unavailable(monkeypatch, tiny):
+    result = run(monkeypatch, tiny, "--device", "cuda", "hi")
+    assert_error(result, 1, "device 'cuda' was requested but CUDA is not available", "hint: use --device cpu")
+
+
+def test_out_of_gpu_memory_during_generation_says_what_to_reduce(monkeypatch, tiny):
+    from specgen.core.runner import EagerRunner
+
+    def forward(self, ids, want_logits=True):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                          "capacity of 79.19 GiB of which 1.06 GiB is free.")
+
+    monkeypatch.setattr(EagerRunner, "forward", forward)
+    result = run(monkeypatch, tiny, "hi")
+    assert_error(result, 1, "out of GPU memory (tried to allocate 2.00 GiB)",
+                 "hint: reduce --max-tokens, --k or the prompt length")
+
+
+def test_an_unexpected_exception_is_one_line_with_a_hint(monkeypatch, tiny):
+    from specgen.core.engine import Engine
+
+    def encode(self, prompt, chat=False):
+        raise RuntimeError("something broke\nwith a second line")
+
+    monkeypatch.setattr(Engine, "encode", encode)
+    result = run(monkeypatch, tiny, "hi")
+    assert_error(result, 1, "unexpected RuntimeError: something broke", "SPECGEN_DEBUG=1")
+    assert "second line" not in result.stderr
+
+
+def test_specgen_debug_shows_the_traceback(monkeypatch, tmp_path):
+    with pytest.raises(ProfileError):  # re-raised: Python prints the traceback
+        specgen(monkeypatch, "generate", "-p", tmp_path / "nope.toml", "hi", env={"SPECGEN_DEBUG": "1"})
