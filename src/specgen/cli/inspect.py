@@ -149,7 +149,7 @@ def show(document: dict, console: Console) -> None:
         text.append_text(render.coloured(run["pieces"], run["fates"], len(run["text"])))
         console.print(text)
     console.print(render.legend())
-    console.print(totals_line(document))
+    console.print(totals_line(document), soft_wrap=True)
     console.print(position_table(document["per_position"]))
     console.print(rejected_table(document))
     if document["entropy"]:
