@@ -152,16 +152,29 @@ def repetitive_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]
 def test_greedy_ngram_equals_greedy_target_only(target):
     engine = Engine(ngram_profile(target))
     assert engine.pair.draft is None  # the n-gram proposer loads no draft model
+    prompts = repetitive_prompts(8, engine.pair.vocab_size)
+    reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in prompts]
     accepted = 0
     for k in (1, 4, 8):
         profile = replace(engine.profile, speculation=SpeculationSpec(k=k))
-        for prompt in repetitive_prompts(8, engine.pair.vocab_size):
+        for prompt, expected in zip(prompts, reference):
             spec = finish(engine.decoder(profile), prompt)
-            base = finish(engine.decoder(target_only(profile)), prompt)
-            assert spec.token_ids == base.token_ids, (k, prompt)
-            assert spec.stats.early_stops <= spec.stats.rounds
+            assert spec.token_ids == expected, (k, prompt)
             accepted += spec.stats.accepted
     assert accepted > 0  # lookups did propose tokens that the target kept
+
+
+def test_rounds_report_k_used_and_early_stops(target):
+    engine = Engine(ngram_profile(target, k=4, max_tokens=30))
+    events = list(engine.decoder().run([5, 6, 7, 8, 5, 6]))
+    rounds, result = events[:-1], events[-1]
+    left = 30
+    for event in rounds:
+        assert event.k_used == min(4, left - 1)  # n-gram lookup has no adaptive k
+        assert event.early_stop == (event.num_drafted < event.k_used)
+        left -= len(event.token_ids)
+    assert result.stats.early_stops == sum(e.early_stop for e in rounds)
+    assert result.stats.mean_k == pytest.approx(sum(e.k_used for e in rounds) / len(rounds))
 
 
 def test_cli_proposer_ngram_equals_proposer_none(target, tmp_path):
