@@ -43,7 +43,8 @@ SEGMENT = 4096  # vocab columns per program; also the capacity of the compacted 
 PIVOTS = 16  # thresholds tested per pass of the cut search
 CUT_BLOCK = 1024  # columns per step of the cut kernel's passes over a long row
 MAX_PASSES = 16  # bit-pattern pivots alone isolate a float32 in 11 passes
-TILE_ELEMENTS = {"cuda": 4096, "cpu": 65536}  # [R, BLOCK_V] elements per program (CPU = interpreter)
+TILE_ELEMENTS = {"cuda": 4096, "cpu": 1 << 19}  # [R, BLOCK_V] per program; the interpreter
+# pays ~ms of Python per reduction whatever its size, so CPU tiles are large
 ERROR_BAD_LOGITS = 1
 ERROR_ALL_MASKED = 2
 
@@ -291,11 +292,14 @@ def _cut_full(v, m, temperature, k, k_on, bound_p, p_on, log_min_p, k_cut, z_k, 
     e = tl.where(v > float("-inf"), tl.exp(s), 0.0)
     unbounded = tl.zeros_like(m) + float("-inf")
     if FIND_K:
-        ones = tl.where(v > float("-inf"), 1.0, 0.0)
-        k_cut = tl.where(k_on, _cut(v, ones, 0.0 * m, k.to(tl.float32), unbounded, m), float("-inf"))
-        z_k = tl.sum(tl.where(v >= k_cut[:, None], e, 0.0), axis=1)
-    w = tl.where(v >= k_cut[:, None], tl.math.div_rn(e, tl.where(z_k > 0, z_k, 1.0)[:, None]), 0.0)
-    p_cut = tl.where(p_on, _cut(v, w, 0.0 * m, bound_p, unbounded, m), float("-inf"))
+        if tl.max(k_on.to(tl.int32), axis=0) > 0:
+            ones = tl.where(v > float("-inf"), 1.0, 0.0)
+            k_cut = tl.where(k_on, _cut(v, ones, 0.0 * m, k.to(tl.float32), unbounded, m), float("-inf"))
+            z_k = tl.sum(tl.where(v >= k_cut[:, None], e, 0.0), axis=1)
+    p_cut = unbounded
+    if tl.max(p_on.to(tl.int32), axis=0) > 0:
+        w = tl.where(v >= k_cut[:, None], tl.math.div_rn(e, tl.where(z_k > 0, z_k, 1.0)[:, None]), 0.0)
+        p_cut = tl.where(p_on, _cut(v, w, 0.0 * m, bound_p, unbounded, m), float("-inf"))
     cut = tl.maximum(k_cut, p_cut)
     z = tl.sum(tl.where((v >= cut[:, None]) & (s >= log_min_p[:, None]), e, 0.0), axis=1)
     return cut, z
@@ -307,14 +311,16 @@ def _cut(v, w, above, bound, lo, hi):
     exactly the ids whose S = above + (sum of w over candidates with a strictly larger v) < bound.
 
     Needs S(hi) < bound; where S(lo) < bound too, every id is kept (-inf). Bisects the float bit
-    patterns between lo and hi (<= 32 steps, builtin reductions only) until no float lies between.
+    patterns between lo and hi: 32 halvings leave no float between them (a step on converged rows
+    changes nothing; a fixed count saves the interpreter a convergence reduction per step).
     """
     lo_s = above + tl.sum(tl.where(v > lo[:, None], w, 0.0), axis=1)
     key_lo = _key(lo).to(tl.int64)
     key_hi = _key(hi).to(tl.int64)
-    while tl.max(key_hi - key_lo, axis=0) > 1:
+    for _ in range(32):
         mid = (key_lo + key_hi) // 2
-        pivot = _unkey(mid.to(tl.int32))
+        key = mid.to(tl.int32)
+        pivot = (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)  # _unkey, inlined (hot loop)
         dropped = above + tl.sum(tl.where(v > pivot[:, None], w, 0.0), axis=1) >= bound
         key_lo = tl.where(dropped, mid, key_lo)
         key_hi = tl.where(dropped, key_hi, mid)
