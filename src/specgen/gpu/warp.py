@@ -338,8 +338,8 @@ def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, 
     z_k = z_all
     cut = k_cut
     z = z_all
-    finished = 0
-    pass_z = 0  # z must be summed over the row after the stages
+    finished = 0 * k  # int32 tensors (not Python ints) so both sides of each `if` agree in type
+    pass_z = 0 * k  # 1: z must be summed over the row after the stages
     if k_on:
         lo, hi, s_hi, c_lo, c_hi = _bracket(l_ptr, row_off, vocab, m, temperature, 1.0, k_cut, k.to(tl.float32),
                                             fmin, False, CAP, PIVOTS, CUT_BLOCK, MAX_PASSES)
@@ -350,7 +350,7 @@ def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, 
                                  bound_p + one, p_on | (one > 0), log_min_p + one, one, one, True)
             cut = tl.max(cut1, axis=0)
             z = tl.max(z1, axis=0)
-            finished = 1
+            finished = 1 + 0 * k
         else:  # ids above hi are kept: c_hi of them rank above the bracket's candidates
             ones = tl.where(v > float("-inf"), 1.0, 0.0)
             k_cut1 = _cut(v[None, :], ones[None, :], c_hi.to(tl.float32) + one, k.to(tl.float32) + one, lo + one, hi + one)
@@ -371,9 +371,9 @@ def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, 
         cut = tl.maximum(k_cut, tl.max(p_cut1, axis=0))
         if full:
             z = tl.sum(tl.where((v >= cut) & (s >= log_min_p), e, 0.0), axis=0)
-            finished = 1
+            finished = 1 + 0 * k
         else:
-            pass_z = 1
+            pass_z = 1 + 0 * k
     if (finished == 0) & ((pass_z == 1) | (log_min_p > float("-inf"))):
         z = _exp_sum(l_ptr, row_off, vocab, m, temperature, cut, log_min_p, CUT_BLOCK)
     return cut, z
@@ -421,7 +421,7 @@ def _bracket(l_ptr, row_off, vocab, m, temperature, z_k, floor, bound, fmin, MAS
     s_hi = 0.0 * m
     c_lo = vocab + 0 * row_off.to(tl.int32)
     c_hi = 0 * c_lo
-    passes = 0
+    passes = 0 * c_lo
     go = c_lo - c_hi > CAP
     while go:
         pivots = _pivots(lo, hi, fmin, PIVOTS)  # [P]
@@ -456,7 +456,7 @@ def _bracket(l_ptr, row_off, vocab, m, temperature, z_k, floor, bound, fmin, MAS
 def _candidates(l_ptr, cand_ptr, row, row_off, vocab, lo, top, CAP: tl.constexpr, CUT_BLOCK: tl.constexpr):
     """The logits in (lo, top] of one row (at most CAP of them, any order), -inf padded."""
     base = cand_ptr + row.to(tl.int64) * CAP
-    n = 0
+    n = 0 * row
     for start in range(0, vocab, CUT_BLOCK):
         cols = start + tl.arange(0, CUT_BLOCK)
         l = tl.load(l_ptr + row_off + cols, mask=cols < vocab, other=float("-inf"))
