@@ -28,13 +28,21 @@ def eos_ids(pair: LoadedPair) -> set[int]:
 class Engine:
     """Holds the loaded models for a profile; hands out decoders for any sampling settings."""
 
-    def __init__(self, profile: Profile, allow_pickle: bool = False):
+    def __init__(self, profile: Profile, allow_pickle: bool = False, progress=None):
+        """progress(done, total, what): start-up steps (CUDA graph capture), for the CLI to show."""
         self.profile = profile
         self.pair = load_pair(profile, allow_pickle)
         self.width = logits_width(self.pair.target)
         self.eos_ids = eos_ids(self.pair)
         self.target_runner = EagerRunner(self.pair.target, self.width)
         self.draft_runner = EagerRunner(self.pair.draft, self.width) if self.pair.draft is not None else None
+        self.fast_path = None  # gpu/loop.py's graph runners, GPU proposer and GPU round
+        if self.pair.device.type == "cuda" and profile.speculation.cuda_graphs:
+            from specgen.gpu import loop  # noqa: PLC0415 (gpu/ only with CUDA)
+
+            self.fast_path = loop.build(self.pair, self.width, profile, progress)
+        if self.fast_path is not None:
+            self.target_runner, self.draft_runner = self.fast_path.target, self.fast_path.draft
         config = self.pair.target.config
         self.max_context = getattr(config, "max_position_embeddings", None)
 
@@ -79,7 +87,10 @@ class Engine:
         sample = (not sampling.greedy) if draft_mode == "auto" else draft_mode == "sample"
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_ids)
         proposer = self.proposer(kind, sample, stop_ids, profile.proposer)
-        decoder = Decoder(self.target_runner, proposer, self.tokenizer, setup, insight=insight)
+        cls = Decoder
+        if self.fast_path is not None and not insight:  # insight reads host values per draft step
+            cls, proposer = self.fast_path.decoder_class, self.fast_path.adopt(proposer)
+        decoder = cls(self.target_runner, proposer, self.tokenizer, setup, insight=insight)
         return decoder
 
 

@@ -73,8 +73,9 @@ class SamplingState:
         mask[:short, self.stop_ids] = True
         return mask
 
-    def commit(self, emitted: list[int]) -> None:
-        ids = torch.tensor(emitted, dtype=torch.long, device=self.device)
+    def commit(self, emitted) -> None:
+        """emitted: a list of ids, or an int64 tensor already on the device (no host-to-device copy)."""
+        ids = torch.as_tensor(emitted, dtype=torch.long, device=self.device)
         self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         self.seen[ids] = True
         self.generated += len(emitted)

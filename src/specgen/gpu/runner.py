@@ -1,0 +1,237 @@
+"""A runner over a static KV cache whose fixed-shape steps replay as CUDA graphs.
+
+Same protocol as core/runner.py's EagerRunner: reset(), forward(ids) -> logits, truncate(n).
+
+Why not transformers' StaticCache as it is: each of its layers keeps its own device counter and
+advances it on every update, graph warm-ups and replays included. Captured steps then write K/V
+where that counter points, not where the sequence is, and attend over stale entries (the probe's
+0.5 logit differences), and warm-ups push the counter past the end (its index_copy_ asserts).
+SlotCache keeps ONE position tensor for all layers, owned by the runner: a forward writes at
+position + arange(n), the model derives position ids and the causal mask from it, and the runner
+advances it after the forward. Rollback is position.fill_(n): no copy, no free, no host sync.
+
+Every static buffer (input ids, logits out, the position) is allocated before capture and held
+by the runner; each graph keeps its own raw output alive, so nothing it writes can be freed.
+Logits returned by forward() are the graph's output buffer: valid until the next forward of the
+same shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+WARMUP_STEPS = 3  # eager runs before capture: cuBLAS handles, lazy allocations, torch.compile
+SLACK = 64  # positions past the longest request: where warm-ups and padded steps may write
+MAX_GRAPH_TOKENS = 64  # longest captured step; longer feeds (prefill) run eagerly
+
+
+def cache_dir() -> Path:
+    """Where torch.compile keeps its kernels between runs (TORCHINDUCTOR_CACHE_DIR wins if set)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specgen" / "inductor"
+    path = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default)))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache
+def _slot_layer_class():
+    from transformers.cache_utils import StaticLayer
+
+    class SlotLayer(StaticLayer):
+        """A StaticLayer that writes at the shared position instead of its own counter."""
+
+        def __init__(self, capacity: int, position: torch.Tensor, steps: torch.Tensor):
+            super().__init__(max_cache_len=capacity)
+            self.position = position  # [] int64, shared by every layer
+            self.steps = steps  # [capacity] int64: 0, 1, 2, ...
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            index = self.steps[: key_states.shape[-2]] + self.position
+            self.keys.index_copy_(2, index, key_states)
+            self.values.index_copy_(2, index, value_states)
+            return self.keys, self.values
+
+        def get_seq_length(self):
+            return self.position
+
+    return SlotLayer
+
+
+def slot_cache(config, capacity: int, position: torch.Tensor, steps: torch.Tensor):
+    """A transformers Cache of full-length SlotLayers (sliding-window layers too: their window is
+    applied by the model's mask on absolute positions, so a full layer is correct, only larger)."""
+    from transformers.cache_utils import Cache
+
+    layer = _slot_layer_class()
+    layers = config.get_text_config(decoder=True).num_hidden_layers
+    return Cache(layers=[layer(capacity, position, steps) for _ in range(layers)])
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # [n, width] float32: written by every replay
+    raw: torch.Tensor  # the model's own output inside the graph's pool, kept alive with it
+
+
+def _fit(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """[n, cols] -> [n, width] float32: cut extra (padding) columns, or pad with -inf."""
+    cols = logits.shape[-1]
+    if cols == width:
+        return logits.float()
+    if cols > width:
+        return logits[:, :width].float()
+    pad = logits.new_full((logits.shape[0], width - cols), float("-inf"), dtype=torch.float32)
+    return torch.cat([logits.float(), pad], dim=-1)
+
+
+class GraphRunner:
+    """forward(ids) feeds tokens after the cached ones; graphs replay the shapes in `shapes`.
+
+    capacity: positions the cache holds (grown by reserve(), which re-captures); compile: also
+    torch.compile the step (kernels cached on disk, see cache_dir); progress(done, total, what):
+    start-up callback; use_graphs=False runs every step eagerly over the same cache (the fallback
+    for models that cannot be captured, and the CPU test path).
+    """
+
+    def __init__(self, model, width: int, capacity: int, shapes=(), compile: bool = False,
+                 progress=None, use_graphs: bool = True, name: str = "model"):
+        self.model = model
+        self.width = width  # logits columns handed out, as in EagerRunner
+        self.device = model.get_output_embeddings().weight.device
+        self.name = name
+        self.progress = progress
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.shapes = sorted(set(shapes))
+        self.graphs: dict[int, _Graph] = {}
+        self.step = self._step
+        if compile:
+            cache_dir()
+            _raise_recompile_limit()
+            self.step = torch.compile(self._step, dynamic=False)
+        self.length = 0
+        self.capacity = 0
+        self.setup_seconds = 0.0
+        self._allocate(capacity)
+
+    # -- protocol -------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.position.fill_(0)
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        if length < self.length:
+            self.position.fill_(length)
+            self.length = length
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, want_logits: bool = True) -> torch.Tensor | None:
+        """ids: [n] int64 -> logits [n, width] float32 (None when want_logits is False)."""
+        n = ids.shape[0]
+        if n == 0:
+            return None
+        graph = self.graphs.get(n) if want_logits else None
+        if graph is None:
+            return self._eager(ids.to(self.device), want_logits)
+        self.ids[:n].copy_(ids, non_blocking=True)
+        graph.graph.replay()
+        self.length += n
+        return graph.logits
+
+    def add_shapes(self, shapes) -> None:
+        """Capture steps of more shapes (a decoder with another k): outside any round."""
+        missing = sorted(set(shapes) - set(self.shapes))
+        if missing:
+            self.shapes = sorted(set(self.shapes) | set(missing))
+            self._capture_all(missing)
+
+    def reserve(self, positions: int) -> None:
+        """Make room for a request that may reach `positions`: re-allocate and re-capture if needed."""
+        if positions + SLACK > self.capacity:
+            self._allocate(_round_up(positions + SLACK, 512))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _allocate(self, capacity: int) -> None:
+        start = time.perf_counter()
+        self.graphs = {}  # old graphs point at the old cache
+        self.capacity = capacity
+        self.position = torch.zeros((), dtype=torch.long, device=self.device)
+        self.steps = torch.arange(capacity, device=self.device)
+        self.ids = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
+        self.cache = slot_cache(self.model.config, capacity, self.position, self.steps)
+        self._eager(self.ids[:1], want_logits=False)  # allocates every layer's K/V before capture
+        self.reset()
+        self.setup_seconds += time.perf_counter() - start
+        self._capture_all(self.shapes)
+
+    def _capture_all(self, shapes) -> None:
+        shapes = [n for n in shapes if n <= MAX_GRAPH_TOKENS] if self.use_graphs else []
+        start = time.perf_counter()
+        for i, n in enumerate(shapes):
+            if self.progress is not None:
+                self.progress(i, len(shapes), f"{self.name}: {n}-token step")
+            self.graphs[n] = self._capture(n)
+        if shapes and self.progress is not None:
+            self.progress(len(shapes), len(shapes), f"{self.name}: ready")
+        self.setup_seconds += time.perf_counter() - start
+
+    @torch.inference_mode()
+    def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
+        out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=0 if want_logits else 1)
+        n = ids.shape[0]
+        self.position.add_(n)
+        self.length += n
+        return _fit(out.logits[0], self.width) if want_logits else None
+
+    def _step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
+        """The captured step: forward at the shared position, logits into the owned buffer, advance."""
+        logits = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True).logits[0]
+        cols = min(logits.shape[-1], self.width)
+        logits_out[:, :cols].copy_(logits[:, :cols])
+        self.position.add_(ids.shape[0])
+        return logits
+
+    @torch.inference_mode()
+    def _capture(self, n: int) -> _Graph:
+        """Warm up and capture the n-token step, writing into the scratch end of the cache."""
+        ids = self.ids[:n]
+        ids.zero_()
+        logits = torch.full((n, self.width), float("-inf"), dtype=torch.float32, device=self.device)
+        scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP_STEPS):
+                self.position.fill_(scratch)
+                self.step(ids, logits)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.position.fill_(scratch)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            raw = self.step(ids, logits)
+        self.position.fill_(self.length)
+        return _Graph(graph, logits, raw)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _raise_recompile_limit() -> None:
+    """One compiled step per (runner, shape): more entries than dynamo's default limit of 8."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))

@@ -1,0 +1,130 @@
+"""The GPU round's logic on CPU: static slot cache, device-side picks, one fetch per round.
+
+gpu/loop.py and gpu/runner.py run here without graphs (use_graphs=False, as for a model that
+cannot be captured), so CI checks everything but the capture itself; tests/test_gpu.py adds that.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specgen.core.decode import Finished
+from specgen.core.engine import Engine, target_only
+from specgen.core.runner import EagerRunner
+from specgen.core.settings import ModelSpec, Profile, SamplingSpec, SpeculationSpec
+from specgen.gpu import loop
+from specgen.gpu.runner import GraphRunner
+from tiny_models import build_pair
+
+
+def make_profile(target, draft, k=3, **sampling) -> Profile:
+    sampling.setdefault("max_tokens", 24)
+    sampling.setdefault("ignore_eos", True)
+    return Profile("test", "<test>", ModelSpec(str(target)), ModelSpec(str(draft)),
+                   speculation=SpeculationSpec(k=k), sampling=SamplingSpec(**sampling))
+
+
+def fast_engine(profile: Profile, capacity: int = 128) -> Engine:
+    """An Engine whose runners, proposer and round are the fast path's, run eagerly on CPU."""
+    engine = Engine(profile)
+    target = GraphRunner(engine.pair.target, engine.width, capacity, use_graphs=False, name="target")
+    draft = GraphRunner(engine.pair.draft, engine.width, capacity, use_graphs=False, name="draft")
+    engine.fast_path = loop.FastPath(target, draft)
+    engine.target_runner, engine.draft_runner = target, draft
+    return engine
+
+
+def finish(decoder, ids) -> Finished:
+    events = list(decoder.run(ids))
+    assert isinstance(events[-1], Finished)
+    return events[-1]
+
+
+def random_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(1, 12))] for _ in range(count)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request, tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp(request.param), family=request.param, noisy=0.1)
+
+
+def test_slot_cache_rollback_matches_a_fresh_forward(pair):
+    engine = Engine(make_profile(*pair))
+    runner = GraphRunner(engine.pair.target, engine.width, 64, use_graphs=False)
+    prompt = torch.tensor([5, 6, 7, 8])
+    runner.reset()
+    runner.forward(prompt[:-1], want_logits=False)
+    runner.forward(torch.tensor([8, 40, 41, 42, 43]))  # a round of 4 drafts
+    runner.truncate(3 + 2)  # keep `8, 40`: two of them were accepted
+    got = runner.forward(torch.tensor([50, 51])).clone()
+    fresh = EagerRunner(engine.pair.target, engine.width)
+    fresh.reset()
+    want = fresh.forward(torch.tensor([5, 6, 7, 8, 40, 50, 51]))[-2:]
+    assert float((got - want).norm() / want.norm()) < 1e-5  # float32 rounding only
+    assert runner.length == 7
+
+
+def test_greedy_fast_loop_equals_target_only(pair):
+    engine = fast_engine(make_profile(*pair))
+    reference_engine = Engine(engine.profile)
+    prompts = random_prompts(engine.pair.vocab_size, 12)
+    reference = [finish(reference_engine.decoder(target_only(engine.profile)), p).token_ids for p in prompts]
+    for k in (1, 3, 8):
+        profile = replace(engine.profile, speculation=SpeculationSpec(k=k))
+        for prompt, expected in zip(prompts, reference):
+            assert finish(engine.decoder(profile), prompt).token_ids == expected, f"k={k} prompt={prompt}"
+        for prompt, expected in zip(prompts[:3], reference):
+            assert finish(engine.decoder(target_only(profile)), prompt).token_ids == expected
+
+
+def test_seeded_sampling_matches_the_core_loop(pair):
+    """Same draws in the same order: the fast round reproduces the core round token for token."""
+    profile = make_profile(*pair, k=4, temperature=0.8, top_p=0.95, seed=3, max_tokens=30)
+    fast, core = fast_engine(profile), Engine(profile)
+    for prompt in random_prompts(fast.pair.vocab_size, 4, seed=5):
+        a, b = finish(fast.decoder(), prompt), finish(core.decoder(), prompt)
+        assert a.token_ids == b.token_ids
+        assert a.stats.accepted == b.stats.accepted and a.stats.rounds == b.stats.rounds
+
+
+def test_counts_and_events_add_up(pair):
+    engine = fast_engine(make_profile(*pair, k=3, max_tokens=30))
+    events = list(engine.decoder().run([1, 2, 3]))
+    result, rounds = events[-1], events[:-1]
+    stats = result.stats
+    assert stats.accepted + stats.recovered + stats.bonus == stats.emitted == len(result.token_ids) == 30
+    for event in rounds:
+        assert len(event.token_ids) == event.num_accepted + 1
+        assert event.drafted_ids[: event.num_accepted] == event.token_ids[: event.num_accepted]
+        assert set(event.timings) == {"draft", "verify", "sample", "other"}
+
+
+def test_max_tokens_and_stop_tokens(pair):
+    engine = fast_engine(make_profile(*pair, max_tokens=40))
+    for k in (1, 5):
+        for max_tokens in (1, 2, 7):
+            profile = replace(engine.profile, speculation=SpeculationSpec(k=k),
+                              sampling=replace(engine.profile.sampling, max_tokens=max_tokens))
+            result = finish(engine.decoder(profile), [3, 4])
+            assert len(result.token_ids) == max_tokens and result.reason == "length"
+    free = finish(engine.decoder(), [9, 10, 11]).token_ids
+    stop_id = free[5]
+    profile = replace(engine.profile, sampling=replace(engine.profile.sampling, stop_token_ids=(stop_id,)))
+    stopped = finish(engine.decoder(profile), [9, 10, 11])
+    assert stopped.reason == "stop_token"
+    assert stopped.token_ids == free[: free.index(stop_id) + 1]
+    assert stopped.stats.drafted == sum(stopped.stats.drafted_at)
+
+
+def test_long_prompt_grows_the_cache(pair):
+    engine = fast_engine(make_profile(*pair, max_tokens=8), capacity=32)
+    prompt = random_prompts(engine.pair.vocab_size, 1, seed=2)[0] * 12
+    expected = finish(Engine(engine.profile).decoder(target_only(engine.profile)), prompt).token_ids
+    assert finish(engine.decoder(), prompt).token_ids == expected
+    assert engine.target_runner.capacity >= len(prompt) + 8
