@@ -44,6 +44,7 @@ def generate(
     ignore_eos: opt.IgnoreEos = None,
     dtype: opt.Dtype = None,
     device: opt.Device = None,
+    compile: opt.Compile = None,
     logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="Report the top-N logprobs per token (JSON).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")] = False,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,
@@ -61,7 +62,7 @@ def generate(
     prompts = read_prompts(prompt, prompts_file, output_format)
     overrides = opt.overrides(**locals())
     settings = load_profile(profile, overrides)
-    engine = Engine(settings, allow_pickle=allow_pickle)
+    engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
     show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
     for index, text in enumerate(prompts):
         ids = engine.encode(text, chat=chat)
@@ -70,6 +71,14 @@ def generate(
             ids = ids[-max(room, 1):]
         result = run_one(engine.decoder(), ids, output_format, show_live, quiet, separator=index > 0)
         emit_json(result, text, settings, output_format)
+
+
+def startup_progress(done: int, total: int, what: str) -> None:
+    """CUDA graph capture (and compilation) at start-up: one line on stderr, rewritten in place."""
+    end = "\n" if done == total else ""
+    sys.stderr.write(f"\r\033[Kcapturing CUDA graphs {done}/{total}: {what}{end}" if sys.stderr.isatty()
+                     else (f"capturing CUDA graphs: {what}\n" if done == total else ""))
+    sys.stderr.flush()
 
 
 def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: Format) -> list[str]:

@@ -34,6 +34,8 @@ StopTokenId = Annotated[Optional[list[int]], typer.Option("--stop-token-id", hel
 IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Keep going past EOS.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (both models).")]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (both models).")]
+Compile = Annotated[Optional[bool], typer.Option(
+    "--compile/--no-compile", help="Also torch.compile the CUDA-graph steps: faster rounds, slower first start.")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
 
@@ -48,7 +50,7 @@ def overrides(**options) -> dict:
         "presence_penalty": "sampling.presence_penalty", "frequency_penalty": "sampling.frequency_penalty",
         "seed": "sampling.seed", "max_tokens": "sampling.max_tokens", "min_tokens": "sampling.min_tokens",
         "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
-        "logprobs": "sampling.logprobs",
+        "logprobs": "sampling.logprobs", "compile": "speculation.compile",
     }
     out = {keys[name]: value for name, value in options.items() if name in keys and value not in (None, [])}
     for name in ("dtype", "device"):
