@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU fast path's runs, as recorded in docs/benchmarks.md ("GPU fast path"). Logs go to $OUT.
+#   bash benchmarks/gpu_fast_path.sh check   # CUDA tests, graph-vs-eager check, random-weight e2e + start-up, 8B shapes
+#   bash benchmarks/gpu_fast_path.sh bench   # train the bench pair, then the end-to-end benchmark on it
+set -u -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-.out}
+mkdir -p "$OUT"
+python3 -c "import pytest" 2>/dev/null || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH="$PYTHONPATH:/tmp/site"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)" | tee -a "$OUT/device.txt"
+
+case "${1:-check}" in
+check)
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_gpu.py 2>&1 | tee "$OUT/pytest.txt" | tail -25
+  timeout 80 python3 benchmarks/gpu_check.py --out "$OUT/check.json" 2>&1 | tail -40
+  timeout 200 python3 benchmarks/bench_e2e.py --random --prompts 4 --hf-prompts 1 --compile \
+    --inductor-cache /tmp/inductor --out "$OUT/e2e_random.json" 2>&1 | tee "$OUT/e2e_random.txt" | tail -30
+  (cd /tmp && tar czf inductor.tgz inductor && ls -la inductor.tgz && [ "$(stat -c %s inductor.tgz)" -lt 15000000 ] \
+    && cp inductor.tgz "$OUT/")
+  timeout 120 python3 benchmarks/bench_shapes.py --out "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.txt" | tail -12
+  ;;
+bench)
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 | tail -5 || exit 1
+  timeout 330 python3 benchmarks/make_pair.py --preset bench --seed 0 --out .pairs/bench --minutes "${MINUTES:-4.5}" \
+    2>&1 | tail -8
+  [ -f .inductor/inductor.tgz ] && tar xzf .inductor/inductor.tgz -C /tmp
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+  timeout 260 python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-8}" \
+    --compile --no-startups --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -40
+  ;;
+esac
