@@ -51,9 +51,13 @@ ERROR_ALL_MASKED = 2
 _workspaces: dict[tuple, torch.Tensor] = {}
 
 
+MAX_SEGMENTS = 64  # vocab <= 262144; one constant, so every large vocabulary shares one compile
+
+
 def layout(vocab: int, device: torch.device) -> tuple[int, int, int]:
     """(rows per program, columns per program, segments per row) for a vocabulary."""
     if vocab > SEGMENT:
+        assert vocab <= SEGMENT * MAX_SEGMENTS, f"vocab {vocab} > {SEGMENT * MAX_SEGMENTS}"
         return 1, SEGMENT, triton.cdiv(vocab, SEGMENT)
     block_v = triton.next_power_of_2(vocab)
     return max(1, TILE_ELEMENTS[device.type] // block_v), block_v, 1
@@ -92,7 +96,7 @@ def warp(
         _warp_cut_kernel[(triton.cdiv(rows, block_r),)](
             probs, part, params.temperature, params.top_k, params.top_p, params.log_min_p, cand,
             rows, vocab, n_seg,
-            BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=triton.next_power_of_2(n_seg), CAP=SEGMENT,
+            BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS, CAP=SEGMENT,
             PIVOTS=PIVOTS, CUT_BLOCK=CUT_BLOCK, MAX_PASSES=MAX_PASSES, DIRECT=n_seg == 1,
             num_warps=_warps(block_r * block_v) if n_seg == 1 else 16,
         )
@@ -101,7 +105,7 @@ def warp(
         probs if probs is not None else dummy, argmax, params.temperature, params.log_min_p if has_cut else dummy,
         part, error, rows, vocab, n_seg,
         HAS_CUT=has_cut, WRITE_PROBS=probs is not None,
-        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=triton.next_power_of_2(n_seg),
+        BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS,
         num_warps=_warps(block_r * block_v),
     )
     return argmax, probs
