@@ -229,7 +229,8 @@ class Bench:
             "peak_gpu_memory_bytes": peak,
             "greedy_agreement": greedy_agreement(samples, available) if temperature == 0 else None,
             "counts": {key: stats.as_dict()[key] for key in
-                       ("rounds", "drafted", "accepted", "recovered", "bonus", "generated_tokens")},
+                       ("rounds", "drafted", "accepted", "recovered", "bonus", "generated_tokens",
+                        "early_stops", "mean_k")},
             "per_prompt": rows,
         }
         if self.plan.records:
