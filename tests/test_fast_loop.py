@@ -6,26 +6,18 @@ cannot be captured), so CI checks everything but the capture itself; tests/test_
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
 import torch
 
-from specgen.core.decode import Finished
 from specgen.core.engine import Engine, target_only
 from specgen.core.runner import EagerRunner
-from specgen.core.settings import ModelSpec, Profile, SamplingSpec, SpeculationSpec
+from specgen.core.settings import Profile, SpeculationSpec
 from specgen.gpu import loop
 from specgen.gpu.runner import GraphRunner
+from test_decode import finish, make_profile, random_prompts
 from tiny_models import build_pair
-
-
-def make_profile(target, draft, k=3, **sampling) -> Profile:
-    sampling.setdefault("max_tokens", 24)
-    sampling.setdefault("ignore_eos", True)
-    return Profile("test", "<test>", ModelSpec(str(target)), ModelSpec(str(draft)),
-                   speculation=SpeculationSpec(k=k), sampling=SamplingSpec(**sampling))
 
 
 def fast_engine(profile: Profile, capacity: int = 128) -> Engine:
@@ -36,17 +28,6 @@ def fast_engine(profile: Profile, capacity: int = 128) -> Engine:
     engine.fast_path = loop.FastPath(target, draft)
     engine.target_runner, engine.draft_runner = target, draft
     return engine
-
-
-def finish(decoder, ids) -> Finished:
-    events = list(decoder.run(ids))
-    assert isinstance(events[-1], Finished)
-    return events[-1]
-
-
-def random_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(rng.randint(1, 12))] for _ in range(count)]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
