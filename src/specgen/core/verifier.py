@@ -22,6 +22,12 @@ from specgen.core import rejection, sampling
 
 _error_flags: dict[torch.device, torch.Tensor] = {}
 
+# gpu/warp.py's cut kernel (top-k / top-p / min-p) passes the interpreter tests and compiles cleanly
+# for sm_90 under Triton 3.6 and 3.9, but has not yet completed a run on a GPU (docs/benchmarks.md,
+# "Verification kernels"); the greedy / temperature warp and the verify kernels have. Until
+# benchmarks/bench_verify.py passes on a GPU, warps that need a cut stay on the torch reference.
+CUT_KERNEL_ON_GPU = False
+
 
 @functools.cache
 def _triton_available() -> bool:
@@ -55,7 +61,9 @@ def warp(
     penalties: sampling.PenaltyRows | None = None,
     bad_mask: torch.Tensor | None = None,  # [N, V] or [V] bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # argmax [N] int64, probs [N, V] float32 | None
-    if not use_triton(logits.device):
+    flags = params.flags
+    needs_cut = not flags.all_greedy and (flags.top_k or flags.top_p or flags.min_p)
+    if not use_triton(logits.device) or (needs_cut and not CUT_KERNEL_ON_GPU):
         return sampling.warp(logits, params, penalties, bad_mask)
     return _gpu()[0].warp(logits.contiguous(), params, penalties, bad_mask, _error_flag(logits.device))
 

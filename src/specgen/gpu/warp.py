@@ -335,9 +335,10 @@ def _cut(v, w, above, bound, lo, hi):
 def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, k_on, bound_p, p_on, log_min_p,
                    CAP: tl.constexpr, PIVOTS: tl.constexpr, CUT_BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
     """cut and z of one long row: bracket by passes, compact, finish in registers; more passes only
-    where a stage's bracket leaves ids above it uncompacted."""
+    where a stage's bracket leaves ids above it uncompacted. Scalars and 1-D [C] blocks only: [1, C]
+    tiles broadcast from [1] vectors get a thread-per-row layout from Triton 3.6 (each thread
+    holding the whole tile)."""
     row_off = row.to(tl.int64) * vocab
-    one = tl.zeros([1], dtype=tl.float32)  # lifts scalars to [1] rows for the register finish
     k_cut = -float("inf") + 0.0 * m
     z_k = z_all
     cut = k_cut
@@ -349,16 +350,21 @@ def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, 
                                             fmin, False, CAP, PIVOTS, CUT_BLOCK, MAX_PASSES)
         full = c_lo <= CAP  # every id above lo fits: finish top-k, top-p and min-p in registers
         v = _candidates(l_ptr, cand_ptr, row, row_off, vocab, lo, tl.where(full, float("inf"), hi), CAP, CUT_BLOCK)
+        ones = tl.where(v > float("-inf"), 1.0, 0.0)
+        # with every id above lo present, counting from -inf is exact; else c_hi ids rank above the bracket
+        k_cut = _cut_1d(v, ones, tl.where(full, 0.0, c_hi.to(tl.float32)), k.to(tl.float32),
+                        tl.where(full, float("-inf"), lo), hi)
         if full:
-            cut1, z1 = _cut_full(v[None, :], m + one, temperature + one, k + one.to(tl.int32), k_on | (one > 0),
-                                 bound_p + one, p_on | (one > 0), log_min_p + one, one, one, True)
-            cut = tl.max(cut1, axis=0)
-            z = tl.max(z1, axis=0)
+            s = tl.math.div_rn(v - m, temperature)
+            e = tl.where(v > float("-inf"), tl.exp(s), 0.0)
+            z_k = tl.sum(tl.where(v >= k_cut, e, 0.0), axis=0)
+            cut = k_cut
+            if p_on:
+                w = tl.where(v >= k_cut, tl.math.div_rn(e, z_k), 0.0)
+                cut = tl.maximum(k_cut, _cut_1d(v, w, 0.0, bound_p, -float("inf") + 0.0 * m, m))
+            z = tl.sum(tl.where((v >= cut) & (s >= log_min_p), e, 0.0), axis=0)
             finished = 1 + 0 * k
-        else:  # ids above hi are kept: c_hi of them rank above the bracket's candidates
-            ones = tl.where(v > float("-inf"), 1.0, 0.0)
-            k_cut1 = _cut(v[None, :], ones[None, :], c_hi.to(tl.float32) + one, k.to(tl.float32) + one, lo + one, hi + one)
-            k_cut = tl.max(k_cut1, axis=0)
+        else:
             z_k = _exp_sum(l_ptr, row_off, vocab, m, temperature, k_cut, -float("inf"), CUT_BLOCK)
             cut = k_cut
             z = z_k
@@ -370,9 +376,7 @@ def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, 
         s = tl.math.div_rn(v - m, temperature)
         e = tl.where(v > float("-inf"), tl.exp(s), 0.0)
         w = tl.where(v >= k_cut, tl.math.div_rn(e, z_k), 0.0)
-        above = tl.where(full, 0.0, s_hi)
-        p_cut1 = _cut(v[None, :], w[None, :], above + one, bound_p + one, lo + one, hi + one)
-        cut = tl.maximum(k_cut, tl.max(p_cut1, axis=0))
+        cut = tl.maximum(k_cut, _cut_1d(v, w, tl.where(full, 0.0, s_hi), bound_p, lo, hi))
         if full:
             z = tl.sum(tl.where((v >= cut) & (s >= log_min_p), e, 0.0), axis=0)
             finished = 1 + 0 * k
@@ -381,6 +385,22 @@ def _cut_segmented(l_ptr, cand_ptr, row, vocab, m, temperature, z_all, fmin, k, 
     if (finished == 0) & ((pass_z == 1) | (log_min_p > float("-inf"))):
         z = _exp_sum(l_ptr, row_off, vocab, m, temperature, cut, log_min_p, CUT_BLOCK)
     return cut, z
+
+
+@triton.jit
+def _cut_1d(v, w, above, bound, lo, hi):
+    """_cut for one row: candidates v [C], weights w [C], scalar above / bound / lo / hi."""
+    lo_s = above + tl.sum(tl.where(v > lo, w, 0.0), axis=0)
+    key_lo = _key(lo).to(tl.int64)
+    key_hi = _key(hi).to(tl.int64)
+    for _ in range(32):
+        mid = (key_lo + key_hi) // 2
+        key = mid.to(tl.int32)
+        pivot = (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)  # _unkey, inlined (hot loop)
+        dropped = above + tl.sum(tl.where(v > pivot, w, 0.0), axis=0) >= bound
+        key_lo = tl.where(dropped, mid, key_lo)
+        key_hi = tl.where(dropped, key_hi, mid)
+    return tl.where(lo_s >= bound, _unkey(key_hi.to(tl.int32)), float("-inf"))
 
 
 @triton.jit
@@ -529,5 +549,11 @@ def _warp_probs_kernel(
         s = tl.math.div_rn(l - m[:, None], temperature[:, None])
         keep = (l >= cut[:, None]) & (s >= log_min_p[:, None]) & (l > float("-inf"))
         p = tl.where(keep, tl.math.div_rn(tl.exp(s), z[:, None]), 0.0)
-        p = tl.where(greedy[:, None], (cols[None, :] == argmax[:, None]).to(tl.float32), p)
+        p = tl.where(greedy[:, None], 0.0, p)
         tl.store(probs_ptr + offs, p, mask=mask)
+        # greedy rows are one-hot: the program holding the argmax column writes its 1 after the zeros
+        # (no [R] -> [R, C] broadcast of the argmax: Triton 3.6 routes integer columns through a
+        # thread-per-row layout, each thread then holding the whole tile)
+        tl.debug_barrier()
+        owner = row_ok & greedy & (argmax // BLOCK_V == seg)
+        tl.store(probs_ptr + rows.to(tl.int64) * vocab + argmax, tl.full([BLOCK_R], 1.0, tl.float32), mask=owner)
