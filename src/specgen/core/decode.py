@@ -213,7 +213,7 @@ class Decoder:
             e = exponentials((1, probs.shape[-1]), gen, logits.device)
             out = verifier.verify_random(proposal.token_ids, cu, proposal.probs, probs, u, e, n)
             target_p = probs[torch.arange(n), proposal.token_ids].tolist() if n else []
-        emitted = [t for t in out[0].tolist() if t >= 0]
+        emitted = verifier.emitted(out)[0]  # the one host read; raises on a kernel error flag
         logprobs = None
         if spec.logprobs is not None:
             logprobs = self._logprobs(logits, rows, emitted, spec.logprobs)
