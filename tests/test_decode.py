@@ -229,3 +229,18 @@ def test_padded_draft_vocab_is_accepted(tmp_path):
     result = finish(engine.decoder(), [1, 2, 3])
     assert all(t < engine.pair.vocab_size for t in result.token_ids)
     assert len(result.token_ids) == 16
+
+
+def test_chat_template_wraps_the_prompt(noisy_pair):
+    from specgen.core.errors import UsageError
+
+    engine = Engine(make_profile(*noisy_pair))
+    with pytest.raises(UsageError, match="no chat template"):
+        engine.encode("hi", chat=True)
+    engine.tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    ids = engine.encode("hi", chat=True)
+    assert engine.tokenizer.decode(ids) == "<user>hi<assistant>"
+    assert engine.encode("hi") != ids
