@@ -91,7 +91,11 @@ def test_counts_add_up(cli, tiny, temperature):
                             temperature, "--seed", "1", "--top", "1000")
     check_counts(document)
     assert document["source"]["temperature"] == float(temperature)
+    assert document["source"]["proposer"] == "draft"
     assert len(document["runs"]) == 2 and document["totals"]["generated_tokens"] == 40
+    rounds_k = [r["k_used"] for run in document["runs"] for r in run["rounds"]]
+    assert document["totals"]["mean_k"] == pytest.approx(sum(rounds_k) / len(rounds_k))
+    assert document["totals"]["early_stops"] == sum(r["early_stop"] for run in document["runs"] for r in run["rounds"])
     assert document["has_probabilities"]
     rounds = [r for run in document["runs"] for r in run["rounds"]]
     rejections = sum(r["num_accepted"] < len(r["drafted_ids"]) and len(r["token_ids"]) > r["num_accepted"]

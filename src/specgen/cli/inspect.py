@@ -123,7 +123,8 @@ def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool
     runs = [insight.record(engine.decoder(insight=True), text, engine.encode(text), engine.tokenizer)
             for text in prompts]
     source = {"kind": "prompts", "file": str(prompts_file) if prompts_file else None, "profile": settings.name,
-              "k": settings.speculation.k, "temperature": settings.sampling.temperature}
+              "proposer": settings.proposer.kind, "k": settings.speculation.k,
+              "temperature": settings.sampling.temperature}
     return source, runs
 
 
@@ -163,7 +164,8 @@ def totals_line(document: dict) -> Text:
         line.append(f"{fates[fate]} {fate}", style=render.FATE_STYLES[fate])
         line.append(" + " if fate != "bonus" else "")
     line.append(f" · {totals['rounds']} rounds · acceptance {totals['acceptance_rate']:.1%}"
-                f" · mean accepted length {totals['mean_accepted_length']:.2f}")
+                f" · mean accepted length {totals['mean_accepted_length']:.2f}"
+                f" · mean k {totals['mean_k']:.2f} · {totals['early_stops']} early stops")
     return line
 
 

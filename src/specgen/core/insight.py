@@ -31,11 +31,13 @@ class RoundRecord:
     target_p: list[float] | None = None  # [drafted] p(x) of each drafted token
     draft_q: list[float] | None = None  # [drafted] q(x) of each drafted token
     target_entropy: list[float] | None = None  # [drafted] entropy of p at each drafted position (nats)
+    k_used: int | None = None  # the k this round asked for (adaptive k, or less near max_tokens)
+    early_stop: bool = False  # drafted fewer than k_used (draft_p_min, a drafted stop, a short n-gram)
 
     @classmethod
     def from_event(cls, event) -> "RoundRecord":
         return cls(event.drafted_ids, event.num_accepted, event.token_ids, event.target_p, event.draft_q,
-                   getattr(event, "target_entropy", None))
+                   getattr(event, "target_entropy", None), event.k_used, event.early_stop)
 
     @property
     def rejected(self) -> bool:
@@ -88,7 +90,9 @@ def stats_of(runs: list[RunRecord]) -> AcceptanceStats:
     stats = AcceptanceStats()
     for run in runs:
         for r in run.rounds:
-            stats.add_round(len(r.drafted_ids), r.num_accepted, len(r.token_ids), {})
+            k_used = len(r.drafted_ids) if r.k_used is None else r.k_used
+            stats.add_round(len(r.drafted_ids), r.num_accepted, len(r.token_ids), {},
+                            early_stop=r.early_stop, k_used=k_used)
     return stats
 
 
@@ -105,6 +109,8 @@ def analyse(runs: list[RunRecord], top: int = 10) -> dict:
             "accepted": stats.accepted,
             "acceptance_rate": stats.acceptance_rate,
             "mean_accepted_length": stats.mean_accepted_length,
+            "mean_k": stats.mean_k,
+            "early_stops": stats.early_stops,
         },
         "fates": fates,
         "per_position": [
