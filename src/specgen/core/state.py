@@ -53,18 +53,19 @@ class SamplingState:
         return RoundRows(self.params.slice(0, n + 1), penalties, self._bad_mask(n + 1))
 
     def last_row(self, drafted: torch.Tensor) -> RoundRows:
-        """Only row n (the draft's next step): the same values as rows(drafted) gives for it."""
-        full = self.rows(drafted)
+        """Only row n (the draft's next step): the values rows(drafted) gives for it, built alone,
+        so a draft step costs one row rather than the whole round so far."""
         n = drafted.shape[0]
-        penalties = full.penalties
-        if penalties is not None:
-            penalties = PenaltyRows(penalties.counts[n:], penalties.seen[n:])
-        bad = full.bad_mask[n:] if full.bad_mask is not None and full.bad_mask.ndim == 2 else full.bad_mask
-        return RoundRows(self.params.slice(n, n + 1), penalties, bad)
+        penalties = None
+        if self.use_penalties:
+            counts = self.counts.index_add(0, drafted, torch.ones_like(drafted, dtype=torch.int32))
+            penalties = PenaltyRows(counts.unsqueeze(0), (self.seen | (counts > self.counts)).unsqueeze(0))
+        return RoundRows(self.params.slice(n, n + 1), penalties, self._bad_mask(1, first=n))
 
-    def _bad_mask(self, rows: int) -> torch.Tensor | None:
-        """EOS and stop ids are masked at rows whose position is still below min_tokens."""
-        short = max(0, min(rows, self.spec.min_tokens - self.generated))
+    def _bad_mask(self, rows: int, first: int = 0) -> torch.Tensor | None:
+        """Rows first..first+rows-1 of a round: EOS and stop ids are masked at positions still below
+        min_tokens."""
+        short = max(0, min(rows, self.spec.min_tokens - self.generated - first))
         if short == 0 or not self.stop_ids:
             return self.padding
         mask = torch.zeros(rows, self.width, dtype=torch.bool, device=self.device)
