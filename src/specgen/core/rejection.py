@@ -44,6 +44,13 @@ def _accepted_prefix(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.int().cumprod(dim=1).sum(dim=1)
 
 
+def _padded_drafts(draft_token_ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """[T] -> [B, K] by the layout's row indices; all zeros when nothing was drafted (bonus only)."""
+    if draft_token_ids.numel() == 0:
+        return torch.zeros_like(rows)
+    return draft_token_ids.long()[rows]
+
+
 def _output(draft: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor, max_spec_len: int):
     """Accepted drafts, then the recovered / bonus token `last`, then PLACEHOLDER."""
     batch = num_accepted.shape[0]
@@ -62,11 +69,9 @@ def verify_greedy(
 ) -> torch.Tensor:  # [B, max_spec_len + 1]
     start, num, valid, rows = _layout(cu_num_draft_tokens, max_spec_len)
     request = torch.arange(num.shape[0], device=num.device)
-    if draft_token_ids.numel() == 0:  # only bonus tokens
-        draft = torch.zeros_like(rows)
-        accepted = valid
-    else:
-        draft = draft_token_ids.long()[rows]  # [B, K]
+    draft = _padded_drafts(draft_token_ids, rows)  # [B, K]
+    accepted = valid
+    if draft_token_ids.numel():
         accepted = valid & (draft == target_argmax[rows + request.unsqueeze(1)])
     num_accepted = _accepted_prefix(accepted)  # [B]
     # target argmax after the accepted prefix: recovered at a mismatch, bonus after all n_b
@@ -100,11 +105,9 @@ def verify_random(
 ) -> torch.Tensor:  # [B, max_spec_len + 1]
     start, num, valid, rows = _layout(cu_num_draft_tokens, max_spec_len)
     request = torch.arange(num.shape[0], device=num.device)
-    if draft_token_ids.numel() == 0:  # only bonus tokens
-        draft = torch.zeros_like(rows)
-        accepted = valid
-    else:
-        draft = draft_token_ids.long()[rows]  # [B, K]
+    draft = _padded_drafts(draft_token_ids, rows)  # [B, K]
+    accepted = valid
+    if draft_token_ids.numel():
         p = target_probs[rows + request.unsqueeze(1), draft]  # [B, K] p(x)
         q = torch.ones_like(p) if draft_probs is None else draft_probs[rows, draft]  # [B, K] q(x)
         accepted = valid & (q > 0) & (uniform_draws[rows] * q <= p)
