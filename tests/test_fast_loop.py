@@ -109,3 +109,76 @@ def test_long_prompt_grows_the_cache(pair):
     expected = finish(Engine(engine.profile).decoder(target_only(engine.profile)), prompt).token_ids
     assert finish(engine.decoder(), prompt).token_ids == expected
     assert engine.target_runner.capacity >= len(prompt) + 8
+
+
+def spy_fused(monkeypatch) -> dict:
+    """Counts fused rounds (gpu/fused.py) as they are launched."""
+    from specgen.gpu import fused
+
+    counts = {"fused": 0}
+    original = fused.FusedRound.launch
+
+    def launch(self, *args):
+        counts["fused"] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(fused.FusedRound, "launch", launch)
+    return counts
+
+
+@pytest.mark.parametrize("settings", [
+    dict(),  # greedy: every round but the last ones is fused
+    dict(temperature=0.8, top_p=0.95, seed=11),  # sampled draft and random verification
+    dict(temperature=0.7, seed=12, min_tokens=9),  # per-phase rounds first (min_tokens mask), then fused
+])
+def test_fused_rounds_match_the_core_loop(pair, monkeypatch, settings):
+    """The one-program round gives the core loop's tokens and counts, hand-overs included."""
+    counts = spy_fused(monkeypatch)
+    profile = make_profile(*pair, k=3, max_tokens=37, **settings)
+    fast, core = fast_engine(profile), Engine(profile)
+    for prompt in random_prompts(fast.pair.vocab_size, 4, seed=8) + [[7]]:  # [7]: a 1-token prompt
+        a, b = finish(fast.decoder(), prompt), finish(core.decoder(), prompt)
+        assert a.token_ids == b.token_ids, f"prompt={prompt}"
+        assert (a.stats.rounds, a.stats.accepted, a.stats.drafted) == (b.stats.rounds, b.stats.accepted, b.stats.drafted)
+        a, b = finish(fast.decoder(target_only(profile)), prompt), finish(core.decoder(target_only(profile)), prompt)
+        assert a.token_ids == b.token_ids
+    assert counts["fused"] > 0.5 * 10 * 37 / 4  # most rounds of the 10 runs were fused
+
+
+def test_penalties_and_ngram_stay_phase_by_phase(pair, monkeypatch):
+    counts = spy_fused(monkeypatch)
+    profile = make_profile(*pair, k=3, max_tokens=20, repetition_penalty=1.3)
+    fast, core = fast_engine(profile), Engine(profile)
+    prompt = [4, 5, 6]
+    assert finish(fast.decoder(), prompt).token_ids == finish(core.decoder(), prompt).token_ids
+    ngram = finish(fast.decoder(proposer_kind="ngram"), prompt).token_ids
+    assert ngram == finish(core.decoder(proposer_kind="ngram"), prompt).token_ids
+    assert counts["fused"] == 0
+
+
+def test_fused_round_starts_from_a_rolled_back_state(pair, monkeypatch):
+    """At the start of every fused round: the target cache holds the committed sequence minus its
+    last token and the draft cache minus two, on the device and in the host counters; `pending`
+    and feed[0] are the committed tail. (The previous round's rollback was done by the program.)"""
+    from specgen.gpu import fused
+
+    engine = fast_engine(make_profile(*pair, k=4, max_tokens=30))
+    decoder = engine.decoder()
+    seen = []
+    original = fused.FusedRound.launch
+
+    def launch(self, *args):
+        committed = self.target.length + 1
+        seen.append((int(self.target.position), self.target.length, int(self.draft.position), self.draft.length,
+                     committed, self.pending.tolist(), int(self.feed[0]), list(decoder.tail)))
+        return original(self, *args)
+
+    monkeypatch.setattr(fused.FusedRound, "launch", launch)
+    result = finish(decoder, [2, 3, 4, 5])
+    assert len(seen) >= 3
+    sequence = [2, 3, 4, 5] + result.token_ids
+    for target_pos, target_len, draft_pos, draft_len, committed, pending, first, tail in seen:
+        assert target_pos == target_len == committed - 1
+        assert draft_pos == draft_len == committed - 2
+        assert pending == tail == sequence[committed - 2 : committed]
+        assert first == tail[-1]

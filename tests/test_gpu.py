@@ -136,3 +136,25 @@ def test_compiled_graphs_match_eager(pair, tmp_path, monkeypatch):
         assert finish(engine.decoder(), prompt).token_ids == finish(plain.decoder(), prompt).token_ids
     profile = replace(engine.profile, sampling=replace(engine.profile.sampling, max_tokens=5))
     assert len(finish(engine.decoder(profile), [1, 2]).token_ids) == 5
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(temperature=0.8, top_p=0.95, seed=5)])
+def test_fused_round_graph_matches_phase_by_phase_rounds(pair, monkeypatch, settings):
+    """The whole round captured as one graph: same tokens as per-phase rounds (same kernels, same
+    draws in the same order), captured once per decoder, and its phases timed from inside."""
+    from specgen.gpu import loop
+
+    engine = Engine(make_profile(*pair, max_tokens=48, **settings))
+    prompts = random_prompts(engine.pair.vocab_size, 4, seed=3)
+    decoder = engine.decoder()
+    fused = [finish(decoder, p) for p in prompts]
+    assert decoder.fused is not None and decoder.fused.graph is not None, "the fused round was not captured"
+    monkeypatch.setattr(loop, "FUSED", False)
+    phased = [finish(engine.decoder(), p) for p in prompts]
+    for a, b in zip(fused, phased):
+        assert a.token_ids == b.token_ids
+        assert a.stats.accepted == b.stats.accepted and a.stats.rounds == b.stats.rounds
+    seconds = fused[-1].stats.seconds
+    assert seconds["verify"] > 0
+    if decoder.fused.events:  # timing events captured inside the graph: a real split
+        assert seconds["draft"] > 0 and seconds["sample"] > 0

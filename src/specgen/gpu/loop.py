@@ -32,6 +32,7 @@ from specgen.core.decode import Decoder, Fate, RoundEvent
 from specgen.core.proposers import DraftModelProposer, Proposal
 from specgen.core.rejection import PLACEHOLDER
 
+FUSED = True  # steady-state rounds as one program (gpu/fused.py); False: always phase by phase
 MAX_K = 32  # the profile's upper bound for speculation.k
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; reserve() grows the caches beyond
 
@@ -115,31 +116,59 @@ class GraphDraftProposer:
 
 
 class RoundClock:
-    """Device phases of a round, timed with CUDA events read after its sync (wall time on CPU)."""
+    """Device phases of a round, timed with CUDA events read after its sync (wall time on CPU).
+
+    Per-phase rounds record events between their launches; a fused round's graph carries its own
+    (captured) events, handed over by start_graph. `finish` marks the end of everything queued for
+    the round, copies to the host included: `wait` is the round's one sync.
+    """
 
     PHASES = ("draft", "verify", "sample")
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
+        self.done = torch.cuda.Event(enable_timing=True) if self.cuda else None
+        self.inner: list = []  # a fused graph's own events (empty: per-phase marks)
         self.marks: list[float] = []
 
     def start(self) -> None:
-        self.marks = []
+        self.begin()
         self.mark()
+
+    def begin(self) -> None:
+        """A round whose phases mark themselves (the fused body run eagerly)."""
+        self.inner = []
+        self.marks = []
+
+    def start_graph(self, events: list) -> None:
+        """A fused round replayed as one graph; without captured events, time the whole replay."""
+        self.begin()
+        self.inner = events
+        if not events:
+            self.mark()
 
     def mark(self) -> None:
         if self.cuda:
             self.events[len(self.marks)].record()
         self.marks.append(time.perf_counter())
 
+    def finish(self) -> None:
+        if self.cuda:
+            self.done.record()
+        self.marks.append(time.perf_counter())
+
     def wait(self) -> None:
         """The round's one device-to-host synchronisation."""
         if self.cuda:
-            self.events[-1].synchronize()
+            self.done.synchronize()
 
     def spans(self) -> dict[str, float]:
-        if self.cuda:
+        if self.inner:
+            spans = [self.inner[i].elapsed_time(self.inner[i + 1]) / 1e3 for i in range(3)]
+        elif self.cuda and len(self.marks) == 2:  # a graph without inner events: one device span
+            spans = [0.0, self.events[0].elapsed_time(self.done) / 1e3, 0.0]
+        elif self.cuda:
             spans = [self.events[i].elapsed_time(self.events[i + 1]) / 1e3 for i in range(3)]
         else:
             spans = [self.marks[i + 1] - self.marks[i] for i in range(3)]
@@ -156,6 +185,7 @@ class _Launched:
     logits: torch.Tensor  # [n+1, V]: the target graph's buffer, valid until the next launch
     rows: object  # the round's RoundRows
     out: torch.Tensor  # [1, n+1] verifier output
+    fused: bool = False  # the whole round was one FusedRound program (it rolled the caches back itself)
 
 
 class GraphDecoder(Decoder):
@@ -186,6 +216,13 @@ class GraphDecoder(Decoder):
         self.clock = RoundClock(device)
         self.launched: _Launched | None = None
         self.round_end = 0.0
+        from specgen.gpu.fused import FusedRound  # noqa: PLC0415
+
+        self.fused = None  # the steady-state round as one program (gpu/fused.py), when it applies
+        if FUSED and FusedRound.supports(self, proposer):
+            self.fused = FusedRound(self, proposer if proposer.kind != "none" else None)
+        self.fused_active = False  # the draft state is the fused round's (see FusedRound.enter)
+        self.tail: list[int] = []  # the committed sequence's last two ids
 
     def run(self, prompt_ids: list[int]):
         self.check_prompt(prompt_ids)
@@ -194,14 +231,29 @@ class GraphDecoder(Decoder):
             if hasattr(runner, "reserve"):
                 runner.reserve(positions)
         self.launched = None
+        self.fused_active = False
+        self.tail = list(prompt_ids[-2:])
         yield from super().run(prompt_ids)
 
     def _launch(self, last: int, gen, spec) -> _Launched:
         """Queue a whole round (draft, target, verify, copies to the host); no sync."""
         clock = self.clock
-        clock.start()
         remaining = spec.max_tokens - self.state.generated
         asked = min(self.setup.k, remaining - 1)
+        fused = self.fused
+        if fused is not None and fused.eligible(asked, self.target.length + 1) and fused.ready():
+            if not self.fused_active:
+                fused.enter(self.tail)
+                self.fused_active = True
+            kept = self.target.length + 1
+            proposal = fused.launch(gen, clock)
+            self._queue_copies(fused.out, proposal, fused.target_p)
+            clock.finish()
+            return _Launched(proposal, fused.k, kept, fused.target_logits, fused.rows, fused.out, fused=True)
+        if self.fused_active:
+            fused.leave()
+            self.fused_active = False
+        clock.start()
         proposal = self.proposer.propose(asked, self.state, gen)
         n = len(proposal)
         clock.mark()
@@ -215,6 +267,7 @@ class GraphDecoder(Decoder):
         out, target_p = self._verify_on_device(logits, rows, proposal, gen)
         self._queue_copies(out, proposal, target_p)
         clock.mark()
+        clock.finish()
         k_used = asked if proposal.k is None else proposal.k
         return _Launched(proposal, k_used, kept, logits, rows, out)
 
@@ -240,8 +293,12 @@ class GraphDecoder(Decoder):
             logprobs = self._logprobs(round_.logits, round_.rows, emitted, spec.logprobs)
         self.state.commit(out[0, : len(emitted)])
         if reason is None:
-            self.target.truncate(round_.kept + num_accepted)
-            self.proposer.commit(num_accepted, emitted[-1])
+            if round_.fused:
+                self.fused.commit(num_accepted + 1)
+            else:
+                self.target.truncate(round_.kept + num_accepted)
+                self.proposer.commit(num_accepted, emitted[-1])
+            self.tail = (self.tail + emitted)[-2:]
             if self.state.generated < spec.max_tokens:
                 self.launched = self._launch(emitted[-1], gen, spec)
         pieces = [text.detok.add([t]) for t in emitted]

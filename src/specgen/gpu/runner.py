@@ -164,6 +164,7 @@ class GraphRunner:
     def _allocate(self, capacity: int) -> None:
         start = time.perf_counter()
         self.graphs = {}  # old graphs point at the old cache
+        self.generation = getattr(self, "generation", 0) + 1  # graphs captured elsewhere check this
         self.capacity = capacity
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
         self.steps = torch.arange(capacity, device=self.device)

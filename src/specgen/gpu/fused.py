@@ -1,0 +1,285 @@
+"""The steady-state round as ONE device program: k draft steps, the target's (k+1)-token step,
+warp, verification and the cache rollback, captured as a single CUDA graph.
+
+GraphDecoder's per-phase round launches every draft step, pick, warp and verify kernel from Python;
+at batch 1 those launches (tens of microseconds each) cost more than the GPU work they start. Here
+the host replays one graph per round and reads its result once.
+
+What makes a whole round static:
+
+- the draft cache always holds the committed sequence minus its LAST TWO tokens, and every round
+  starts with the draft's 2-token step over those two (`pending`). After a round with a rejection
+  the older of the two was already in the draft cache: it is fed again at the same position and
+  its K/V rewritten from the same inputs, so nothing depends on how the previous round ended;
+- drafted ids are picked on the device straight into the target's input buffer `feed`
+  ([last, d0 .. d(k-1)]), and the draft's next step reads them from there;
+- after verification the graph itself rolls both caches back: with m = emitted tokens, both
+  positions move back by k + 1 - m (target: `last` and the m - 1 accepted drafts stay; draft: the
+  new committed sequence minus two), and it writes the next round's `pending` (the new
+  committed[-2:]) and `feed[0]` (the new last token) from the verify output. The host only keeps
+  its own length counters in step;
+- random draws (temperature > 0) are drawn by the host into static buffers before the replay, in
+  exactly the order and shapes of the core loop (one Exp(1) row per draft step, then the
+  uniforms, then the recovery row), so a seed gives the same text on every path.
+
+Rounds that do not fit (penalties, min_tokens masks, the last rounds that draft fewer than k,
+prompts of one token, adaptive k or draft_p_min proposers, n-gram) run GraphDecoder's per-phase
+round; the two hand the draft state over in both directions (enter / leave).
+
+Without CUDA graphs (CPU tests, models that cannot be captured) the same body runs eagerly, so
+CI checks the logic, and tests/test_gpu.py the capture.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from specgen.core import sampling, verifier
+from specgen.core.proposers import Proposal
+from specgen.core.state import RoundRows
+
+WARMUP_ROUNDS = 2  # eager rounds before capture: Triton JIT, cuBLAS, torch.compile guards
+
+
+class FusedRound:
+    """One decoder's fused round. `draft` is a GraphDraftProposer or None (target-only, k = 0)."""
+
+    def __init__(self, decoder, draft):
+        self.decoder = decoder
+        self.target = decoder.target
+        self.proposer = draft
+        self.draft = draft.runner if draft is not None else None
+        self.k = decoder.setup.k if draft is not None else 0
+        state = decoder.state
+        device = self.target.device
+        self.device = device
+        width = decoder.setup.width
+        self.feed = decoder.feed  # [k+1]: last, d0 .. d(k-1) (the graph writes the drafts here)
+        self.drafts = self.feed[1 : self.k + 1]
+        self.pending = torch.zeros(2, dtype=torch.long, device=device)  # committed[-2:]
+        # static rows: no penalties and no min_tokens mask (eligible() keeps such rounds out)
+        self.rows = RoundRows(state.params.slice(0, self.k + 1), None, state.padding)
+        self.draft_row = RoundRows(state.params.slice(0, 1), None, state.padding)
+        self.greedy = self.rows.params.flags.all_greedy
+        self.sample = draft is not None and draft.sample and not self.greedy
+        k = self.k
+        self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, device=device)
+        self.draft_logits = {n: torch.full((n, width), float("-inf"), dtype=torch.float32, device=device)
+                             for n in (1, 2)} if draft is not None else {}
+        if not self.greedy:
+            self.uniform = torch.ones(k, dtype=torch.float32, device=device)
+            self.expo_target = torch.ones(1, width, dtype=torch.float32, device=device)
+        if self.sample:
+            self.expo_draft = torch.ones(k, width, dtype=torch.float32, device=device)
+            self.q = torch.zeros(k, width, dtype=torch.float32, device=device)
+        self.graph = None
+        self.generation = ()
+        self.raws: list = []
+        self.graph_failed = False
+        self.events: list = []  # CUDA timing events captured inside the graph (empty: not split)
+        self.keep: list = []  # tensors the graph reads or writes that nothing else holds
+        self.out = None  # [1, k+1] verify output (the graph's own buffer once captured)
+        self.target_p = None  # [k] p(d_i) (random verification only)
+        self.q_drafted = None  # [k] q(d_i) (sampled drafting only)
+        self.use_graph = getattr(self.target, "use_graphs", False) and (
+            self.draft is None or getattr(self.draft, "use_graphs", False))
+
+    # -- when it applies ------------------------------------------------------------------------
+
+    @staticmethod
+    def supports(decoder, proposer) -> bool:
+        """A decoder and proposer whose rounds can all be the same program."""
+        from specgen.gpu.loop import GraphDraftProposer  # noqa: PLC0415
+
+        if not hasattr(decoder.target, "step"):
+            return False
+        if proposer.kind == "none":
+            return True
+        return isinstance(proposer, GraphDraftProposer) and proposer.adaptive is None and hasattr(proposer.runner, "step")
+
+    def eligible(self, asked: int, committed: int) -> bool:
+        """This round can be the fused one: full k, no penalties, min_tokens satisfied, >= 2 tokens."""
+        state = self.decoder.state
+        if asked != self.k or state.use_penalties or state.spec.min_tokens > state.generated:
+            return False
+        if self.proposer is None:
+            return committed >= 1
+        return committed >= 2 and self.proposer.num_pending <= 2
+
+    # -- hand-over with GraphDraftProposer's bookkeeping ----------------------------------------
+
+    def enter(self, tail: list[int]) -> None:
+        """Set the fused state from the host: tail = the committed sequence's last two ids."""
+        self.feed[0].fill_(tail[-1])
+        if self.proposer is None:
+            return
+        committed = self.target.length + 1
+        self.draft.truncate(committed - 2)  # the cache holds committed[:-num_pending] (num_pending <= 2)
+        self.pending[0].fill_(tail[-2])
+        self.pending[1].fill_(tail[-1])
+
+    def leave(self) -> None:
+        """Back to the per-phase round: the draft cache holds committed[:-2], pending the rest."""
+        if self.proposer is None:
+            return
+        self.proposer.pending[0:2].copy_(self.pending)
+        self.proposer.num_pending = 2
+
+    # -- a round ----------------------------------------------------------------------------------
+
+    def draw(self, gen: torch.Generator) -> None:
+        """The round's random numbers, in the core loop's order and shapes."""
+        if self.greedy:
+            return
+        width = self.target_logits.shape[1]
+        if self.sample:
+            for i in range(self.k):
+                self.expo_draft[i : i + 1].copy_(sampling.exponentials((1, width), gen, self.device))
+        self.uniform.copy_(sampling.uniforms((self.k,), gen, self.device))
+        self.expo_target.copy_(sampling.exponentials((1, width), gen, self.device))
+
+    def ready(self) -> bool:
+        """Captured (or capturable now), or running eagerly by design; False after a failed capture."""
+        if not self.use_graph:
+            return True
+        if self.graph is not None and self.generation != self._generations():
+            self.graph = None  # a runner re-allocated its cache (a longer request): capture again
+        if self.graph is None and not self.graph_failed:
+            self._capture()
+        return self.graph is not None
+
+    def launch(self, gen: torch.Generator, clock) -> Proposal:
+        """Queue one round (no sync). Returns the proposal view the decoder reports from."""
+        self.draw(gen)
+        if self.graph is not None:
+            clock.start_graph(self.events)
+            self.graph.replay()
+        else:
+            clock.begin()
+            with torch.inference_mode():
+                self.out, self.target_p, self.q_drafted = self._body(clock.mark)
+        return Proposal(self.drafts, self.q if self.sample else None, k=self.k)
+
+    def _generations(self) -> tuple:
+        return tuple(getattr(r, "generation", 0) for r in (self.target, self.draft) if r is not None)
+
+    def commit(self, emitted: int) -> None:
+        """Host lengths after a round that emitted `emitted` tokens (the device moved already):
+        the target keeps `last` and the accepted drafts, the draft its committed sequence minus two."""
+        self.target.length += emitted
+        if self.draft is not None:
+            self.draft.length += emitted
+
+    def _body(self, mark):
+        """The round on the device. mark() is called between phases (timing)."""
+        k, feed = self.k, self.feed
+        self.raws = []  # every tensor the round allocates: a captured graph's buffers stay owned
+        mark()
+        ids = self.pending
+        for i in range(k):
+            n = ids.shape[0]
+            self.raws.append(self.draft.step(ids, self.draft_logits[n]))
+            token = feed[1 + i : 2 + i]
+            expo = self.expo_draft[i : i + 1] if self.sample else None
+            probs = _pick(self.draft_logits[n][n - 1 :], self.draft_row, self.sample, token, expo)
+            if probs is not None:
+                self.q[i : i + 1].copy_(probs)
+            ids = token
+        mark()
+        self.raws.append(self.target.step(feed, self.target_logits))
+        mark()
+        argmax, probs = verifier.warp(self.target_logits, self.rows.params, None, self.rows.bad_mask)
+        self.raws += [argmax, probs]
+        cu = self.decoder.cu[k]
+        target_p = q_drafted = None
+        if probs is None:
+            out = verifier.verify_greedy(self.drafts, cu, argmax, k)
+        else:
+            q = self.q if self.sample else None
+            out = verifier.verify_random(self.drafts, cu, q, probs, self.uniform, self.expo_target, k)
+            index = self.decoder.rows_index[:k]
+            target_p = probs[index, self.drafts]
+            q_drafted = self.q[index, self.drafts] if self.sample else None
+        self._roll_back(out)
+        mark()
+        return out, target_p, q_drafted
+
+    def _roll_back(self, out: torch.Tensor) -> None:
+        """Both caches back to the accepted length; the next round's inputs from this one's output."""
+        emitted = (out[0] >= 0).sum()  # m = accepted + 1 (an error sentinel makes it garbage: the host raises)
+        back = (self.k + 1) - emitted
+        self.target.position.sub_(back)
+        last_index = (emitted - 1).clamp(0, self.k).view(1)
+        newest = out[0].index_select(0, last_index)  # the recovered or bonus token
+        if self.draft is not None:
+            self.draft.position.sub_(back)
+            self.pending[0:1].copy_(self.feed.index_select(0, last_index))  # last accepted (or `last`)
+            self.pending[1:2].copy_(newest)
+        self.feed[0:1].copy_(newest)
+
+    def _capture(self) -> None:
+        """Warm up at scratch positions, restore the state, capture with timing events inside
+        (without them if this CUDA/torch cannot); if neither captures, warn once and let the
+        per-phase round run."""
+        runners = [r for r in (self.target, self.draft) if r is not None]
+        saved = [r.position.clone() for r in runners] + [self.feed.clone(), self.pending.clone()]
+        error = None
+        for timed in (True, False):
+            try:
+                self._warm_up(runners)
+                self._restore(runners, saved)
+                events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if timed else []
+                marks = iter(events)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph), torch.inference_mode():
+                    self.out, self.target_p, self.q_drafted = self._body(
+                        (lambda: next(marks).record()) if timed else (lambda: None))
+            except Exception as exc:  # noqa: BLE001 (whatever the capture raises: try without events, then give up)
+                error = exc
+                torch.cuda.synchronize(self.device)
+                self._restore(runners, saved)
+                continue
+            self._restore(runners, saved)
+            self.graph, self.events, self.generation = graph, events, self._generations()
+            from specgen.gpu import verify as gpu_verify  # noqa: PLC0415
+            from specgen.gpu import warp as gpu_warp  # noqa: PLC0415
+
+            # the kernels' cached scratch buffers: held so a later resize cannot free what replays use
+            self.keep = list(gpu_warp._workspaces.values()) + [t for p in gpu_verify._scratch.values() for t in p]
+            return
+        self.graph_failed = True
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        warnings.warn(f"could not capture the fused round ({type(error).__name__}: {first}); "
+                      "rounds run phase by phase", RuntimeWarning, stacklevel=4)
+
+    def _warm_up(self, runners) -> None:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(WARMUP_ROUNDS):
+                for r in runners:
+                    r.position.fill_(r.capacity - (self.k + 3))  # scratch: never a live position
+                self._body(lambda: None)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def _restore(self, runners, saved) -> None:
+        for r, position in zip(runners, saved):
+            r.position.copy_(position)
+        self.feed.copy_(saved[-2])
+        self.pending.copy_(saved[-1])
+
+
+def _pick(logits, row, sample: bool, out: torch.Tensor, expo) -> torch.Tensor | None:
+    """loop.pick with the Exp(1) row given (drawn before the replay) instead of drawn here."""
+    plain = row.penalties is None and row.bad_mask is None
+    if plain and (not sample or row.params.flags.all_greedy):
+        torch.argmax(logits, dim=-1, out=out)
+        return None
+    argmax, probs = verifier.warp(logits, row.params, row.penalties, row.bad_mask)
+    if not sample or probs is None:
+        out.copy_(argmax)
+        return None
+    out.copy_(sampling.sample_race(probs, expo))
+    return probs
