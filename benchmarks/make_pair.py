@@ -4,7 +4,8 @@ No model hub is reachable where specgen is built and benchmarked, so the project
 pairs, reproducibly: the corpus is the running Python's standard library (plus site-packages for
 the `bench` preset), a fixed hash-chosen 1-4% of files is held out for prompts and evaluation, a
 byte-level BPE tokenizer is trained on a sample, and a Llama-architecture target and draft are
-trained together on the same batches. The output folder holds two ordinary Hugging Face
+trained together on the same batches (then, for the preset's `polish` fraction of the steps, the
+draft alone against the frozen target). The output folder holds two ordinary Hugging Face
 checkpoints, prompts.jsonl, pair.toml (a specgen profile) and report.json. docs/models.md has the
 exact commands that made the shipped and benchmark pairs.
 
@@ -64,6 +65,7 @@ class Preset:
     target_lr: float
     draft_lr: float
     distill: float  # weight of KL(target || draft) in the draft's loss; the rest is plain CE
+    polish: float  # last fraction of the steps (budget, with --steps 0): frozen target, draft on KL
     site_packages: bool
     holdout_mod: int  # a file is held out when sha1(path relative to its root) % this == 0
     tokenizer_bytes: int  # size of the tokenizer's training sample
@@ -78,24 +80,24 @@ PRESETS = {
         vocab=512, seq_len=256, batch=8, steps=30, warmup=5,
         target=Arch(layers=2, hidden=64, heads=2, kv_heads=1, mlp=192, tied=True),
         draft=Arch(layers=1, hidden=32, heads=2, kv_heads=1, mlp=96, tied=True),
-        target_lr=3e-3, draft_lr=3e-3, distill=0.5, site_packages=False, holdout_mod=100,
-        tokenizer_bytes=300_000, train_bytes=500_000, eval_tokens=4096,
+        target_lr=3e-3, draft_lr=3e-3, distill=0.5, polish=0.1, site_packages=False,
+        holdout_mod=100, tokenizer_bytes=300_000, train_bytes=500_000, eval_tokens=4096,
         max_prompts=8, log_every=10,
     ),
     "demo": Preset(
         vocab=4096, seq_len=512, batch=128, steps=900, warmup=100,
         target=Arch(layers=12, hidden=256, heads=4, kv_heads=2, mlp=704, tied=True),
         draft=Arch(layers=1, hidden=256, heads=4, kv_heads=2, mlp=704, tied=True),
-        target_lr=1e-3, draft_lr=2e-3, distill=0.5, site_packages=False, holdout_mod=25,
-        tokenizer_bytes=8_000_000, train_bytes=None, eval_tokens=262_144,
+        target_lr=1e-3, draft_lr=2e-3, distill=0.5, polish=0.0, site_packages=False,
+        holdout_mod=25, tokenizer_bytes=8_000_000, train_bytes=None, eval_tokens=262_144,
         max_prompts=40, log_every=100,
     ),
     "bench": Preset(
         vocab=16384, seq_len=1024, batch=32, steps=1500, warmup=200,
         target=Arch(layers=12, hidden=768, heads=12, kv_heads=4, mlp=2048, tied=False),
         draft=Arch(layers=2, hidden=512, heads=8, kv_heads=4, mlp=1408, tied=True),
-        target_lr=4e-4, draft_lr=2e-3, distill=0.5, site_packages=True, holdout_mod=100,
-        tokenizer_bytes=32_000_000, train_bytes=200_000_000, eval_tokens=524_288,
+        target_lr=4e-4, draft_lr=2e-3, distill=0.5, polish=0.2, site_packages=True,
+        holdout_mod=100, tokenizer_bytes=32_000_000, train_bytes=200_000_000, eval_tokens=524_288,
         max_prompts=64, log_every=100,
     ),
 }
@@ -312,19 +314,30 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
+POLISH_PEAK = 0.3  # the polish phase's peak lr, as a fraction of the draft's
+
+
 def train(pair, batches: Batches, heldout: np.ndarray, preset: Preset, args, log: Log) -> dict:
-    """Train target and draft on the same batches; returns step counts and final losses."""
+    """Train target and draft on the same batches, then (preset.polish > 0) the draft alone
+    against the frozen target; returns step counts and final losses."""
     device = batches.device
     peak = [preset.target_lr, preset.draft_lr]
     opts = [make_optimizer(model, lr, device) for model, lr in zip(pair, peak)]
     for model in pair:
         model.train()
     total = args.steps if args.steps is not None else preset.steps
+    calibrating = total == 0
+    assert 0 <= preset.polish < 1, "polish is a fraction of the training"
+    polish_steps = min(round(preset.polish * total), max(0, total - 1))
+    joint = total - polish_steps  # the joint phase's cosine ends here, before the polish
     budget, calibrate_at, t10 = args.minutes * 60, max(20, min(60, preset.warmup)), 0.0
+    # With a polish phase the joint one stops at its share of the time cap, so that a slow
+    # machine still polishes; without one this is the cap itself, as before.
+    joint_cap = budget * (1 - preset.polish)
     sums = torch.zeros(2, device=device)
     recent, step, t0 = [], 0, time.perf_counter()
-    while total == 0 or step < total:
-        factor = lr_factor(step, preset.warmup, max(total, step + 1))
+    while (calibrating and joint == 0) or step < joint:
+        factor = lr_factor(step, preset.warmup, max(joint, step + 1))
         x, y = batches.next()  # [B, T]
         for opt, lr in zip(opts, peak):
             for group in opt.param_groups:
@@ -346,8 +359,12 @@ def train(pair, batches: Batches, heldout: np.ndarray, preset: Preset, args, log
             t10 = synced_clock(device)
         if total == 0 and step == calibrate_at:
             total = calibrated_steps(step, t0, t10, budget, device, log)
-        over_time = time.perf_counter() - t0 > budget
-        if step % preset.log_every == 0 or step == total or over_time:
+            polish_steps = round(preset.polish * total)
+            joint = max(total - polish_steps, step + 1)
+            if polish_steps:
+                log(f"joint phase: {joint} steps, then polish in the rest of the budget")
+        over_time = time.perf_counter() - t0 > joint_cap
+        if step % preset.log_every == 0 or step == joint or over_time:
             recent = (sums / ((step - 1) % preset.log_every + 1)).tolist()
             sums.zero_()
             log(f"step {step}/{total} epoch {batches.epoch} "
@@ -356,12 +373,99 @@ def train(pair, batches: Batches, heldout: np.ndarray, preset: Preset, args, log
         if step % (5 * preset.log_every) == 0:
             probe(pair, heldout, preset, device, log)
         if over_time:
-            log(f"time cap of {args.minutes} min reached at step {step} of {total}")
+            if preset.polish:
+                log(f"joint phase's share of the time cap ({joint_cap:.0f} s of "
+                    f"{args.minutes} min) reached at step {step} of {joint}")
+            else:
+                log(f"time cap of {args.minutes} min reached at step {step} of {total}")
             break
+    joint_steps = step
+    polished = polish(pair, opts[1], batches, heldout, preset, log, step=step,
+                      steps=polish_steps, calibrating=calibrating, t0=t0, budget=budget,
+                      minutes=args.minutes)
+    step += polished["steps"]
     seconds = time.perf_counter() - t0
-    return {"steps": step, "planned_steps": total, "train_seconds": round(seconds, 1),
+    return {"steps": step, "planned_steps": joint + polished["planned_steps"],
+            "train_seconds": round(seconds, 1),
             "tokens_seen": step * preset.batch * preset.seq_len, "epochs": batches.epoch,
-            "train_loss": {"target": round(recent[0], 4), "draft": round(recent[1], 4)}}
+            "train_loss": {"target": round(recent[0], 4), "draft": round(recent[1], 4)},
+            "polish": {"fraction": preset.polish, "after_step": joint_steps, **polished}}
+
+
+def polish(pair, opt, batches: Batches, heldout: np.ndarray, preset: Preset, log: Log, *,
+           step: int, steps: int, calibrating: bool, t0: float, budget: float,
+           minutes: float) -> dict:
+    """The draft alone on KL(p_target || q_draft) against the final, frozen target: in the joint
+    phase it chased a teacher that kept moving, and CE pulled it toward the text as well.
+
+    Its lr restarts: a short warmup to POLISH_PEAK of the draft's peak, then cosine to 10% of
+    that. The joint cosine has left the draft at 10% of its peak, too little to move it to the
+    new optimum (another objective, a teacher that has moved on) in a few hundred steps, while
+    the full peak would undo an annealing that this short phase could not redo.
+    With --steps 0 the phase has the rest of the budget: its steps are recalibrated after a few,
+    since a step without the target's backward is cheaper."""
+    device = batches.device
+    done = {"steps": 0, "planned_steps": steps, "seconds": 0.0}
+    if steps <= 0:
+        return done
+    target, draft = pair
+    target.eval()
+    target.requires_grad_(False)
+    warmup, calibrate_at, t_mark = max(1, steps // 10), 12, 0.0
+    log(f"polish: target frozen after step {step}; the draft alone on KL(target || draft) for "
+        f"{steps} steps, lr restarting at {POLISH_PEAK:g} × {preset.draft_lr:g}")
+    sums, count, recent = torch.zeros(3, device=device), 0, [math.nan] * 3
+    i, t_start = 0, time.perf_counter()
+    while i < steps:
+        settled = not calibrating or i >= calibrate_at  # until then, hold the peak after warmup
+        factor = POLISH_PEAK * lr_factor(i, warmup, steps if settled else 10**9)
+        for group in opt.param_groups:
+            group["lr"] = preset.draft_lr * factor
+        x, y = batches.next()  # [B, T]
+        with torch.no_grad(), autocast(device):
+            teacher = target(input_ids=x, use_cache=False).logits.float()  # [B, T, V]
+        with autocast(device):
+            logits = draft(input_ids=x, use_cache=False).logits.float()  # [B, T, V]
+        kl = kl_to_teacher(logits, teacher)
+        kl.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            sums += torch.stack([F.cross_entropy(teacher.flatten(0, 1), y.flatten()),
+                                 F.cross_entropy(logits.flatten(0, 1), y.flatten()), kl])
+        count, i, step = count + 1, i + 1, step + 1
+        if calibrating and i == 2:
+            t_mark = synced_clock(device)
+        if calibrating and i == calibrate_at:
+            now = synced_clock(device)
+            per_step = (now - t_mark) / (i - 2)
+            steps = max(i + 1, i + int((0.97 * budget - (now - t0)) / per_step))
+            log(f"polish calibrated: {per_step * 1e3:.1f} ms/step -> {steps} polish steps")
+        over_time = time.perf_counter() - t0 > budget
+        if step % preset.log_every == 0 or i == steps or over_time:
+            recent = (sums / count).tolist()
+            sums.zero_()
+            count = 0
+            log(f"polish step {i}/{steps} (step {step}) epoch {batches.epoch} "
+                f"lr×{factor:.3f} KL(target || draft) {recent[2]:.3f}; "
+                f"CE target {recent[0]:.3f} draft {recent[1]:.3f}")
+        if step % (5 * preset.log_every) == 0:
+            probe(pair, heldout, preset, device, log)
+        if over_time:
+            log(f"time cap of {minutes} min reached at polish step {i} of {steps}")
+            break
+    target.requires_grad_(True)
+    return {"steps": i, "planned_steps": steps,
+            "seconds": round(time.perf_counter() - t_start, 1),
+            "train_kl": round(recent[2], 4), "train_loss_draft": round(recent[1], 4)}
+
+
+def kl_to_teacher(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """KL(p || q), the mean over positions; p from the teacher's logits, q from the draft's."""
+    log_q = F.log_softmax(logits.flatten(0, 1), dim=-1)  # [B*T, V]
+    log_p = F.log_softmax(teacher.flatten(0, 1), dim=-1)
+    return F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
 
 
 def distill_loss(ce: torch.Tensor, logits: torch.Tensor, teacher: torch.Tensor, preset: Preset):
@@ -369,9 +473,7 @@ def distill_loss(ce: torch.Tensor, logits: torch.Tensor, teacher: torch.Tensor, 
     speculation needs to match, and KL(p || q) pulls q toward p where p puts its mass."""
     if preset.distill == 0:
         return ce
-    log_q = F.log_softmax(logits.flatten(0, 1), dim=-1)  # [B*T, V]
-    log_p = F.log_softmax(teacher.flatten(0, 1), dim=-1)
-    kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    kl = kl_to_teacher(logits, teacher)
     return (1 - preset.distill) * ce + preset.distill * kl
 
 
@@ -443,13 +545,14 @@ def generated_agreement(pair, prompts: list[np.ndarray], eos_id: int, device) ->
 
 def probe(pair, heldout: np.ndarray, preset: Preset, device, log: Log) -> None:
     """One batch of held-out text, to see overfitting while it happens."""
+    modes = [model.training for model in pair]  # the polish phase keeps the target in eval
     probe_preset = dataclasses.replace(preset, eval_tokens=preset.batch * preset.seq_len)
     scores = evaluate(pair, heldout, probe_preset, device)
     loss = scores["heldout_loss"]
     log(f"  held-out probe: loss target {loss['target']:.3f} draft {loss['draft']:.3f}, "
         f"agreement {scores['greedy_agreement']:.3f}")
-    for model in pair:
-        model.train()
+    for model, mode in zip(pair, modes):
+        model.train(mode)
 
 
 # ---------------------------------------------------------------- output
@@ -513,6 +616,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=5.0, help="training time cap")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps (default: the preset's; 0 = fill --minutes)")
+    parser.add_argument("--polish", type=float, default=None,
+                        help="fraction of the steps for the draft alone against the frozen "
+                             "target (default: the preset's; 0 = none)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--stdlib", type=Path, default=None,
                         help="standard library folder to read instead of the running Python's")
@@ -548,6 +654,8 @@ def prepare_data(preset: Preset, stdlib: Path | None, log: Log):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     preset, device, wall = PRESETS[args.preset], torch.device(args.device), time.perf_counter()
+    if args.polish is not None:
+        preset = dataclasses.replace(preset, polish=args.polish)
     args.out.mkdir(parents=True, exist_ok=True)
     transformers.logging.disable_progress_bar()
     log = Log(args.out / "train.log")

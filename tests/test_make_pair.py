@@ -7,6 +7,7 @@ prompts, profile, report) runs the same code as the GPU presets.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,7 +25,7 @@ DEMO = ROOT / "src" / "specgen" / "builtin" / "demo"
 REPORT_KEYS = {
     "preset", "seed", "command", "python", "device", "corpus", "vocab", "target", "draft",
     "steps", "tokens_seen", "train_seconds", "train_loss", "heldout_loss", "greedy_agreement",
-    "generated_agreement", "prompts", "wall_seconds",
+    "generated_agreement", "prompts", "wall_seconds", "polish",
 }
 
 
@@ -90,7 +92,15 @@ def test_micro_pair_prompts_report_and_profile(micro):
 
     report = json.loads((micro / "report.json").read_text())
     assert REPORT_KEYS <= report.keys()
-    assert report["steps"] == make_pair.PRESETS["micro"].steps
+    micro_preset = make_pair.PRESETS["micro"]
+    assert report["steps"] == micro_preset.steps
+    polish_steps = round(micro_preset.polish * micro_preset.steps)
+    assert polish_steps > 0  # so that this run goes through the polish phase
+    assert report["polish"]["fraction"] == micro_preset.polish
+    assert report["polish"]["steps"] == polish_steps
+    assert report["polish"]["after_step"] == micro_preset.steps - polish_steps
+    log = (micro / "train.log").read_text()
+    assert f"polish step {polish_steps}/{polish_steps}" in log
     assert report["prompts"] == len(prompts)
     assert 0.0 <= report["greedy_agreement"] <= 1.0
     assert report["target"]["params"] > report["draft"]["params"]
@@ -116,3 +126,46 @@ def test_shipped_demo_pair_fits_and_loads():
     assert len(prompts) >= 20
     report = json.loads((DEMO / "report.json").read_text())
     assert report["preset"] == "demo" and report["prompts"] == len(prompts)
+
+
+def test_polish_trains_the_draft_alone(tmp_path):
+    """Steps S with the last P polishing: the target ends exactly as after S - P joint steps
+    (the polish never touches it, and the joint schedule ends where the polish begins), while
+    the draft moves on."""
+    from types import SimpleNamespace
+
+    make_pair = load_make_pair()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        preset = make_pair.PRESETS["micro"]
+        stream = np.random.default_rng(0).integers(1, preset.vocab, 40_000).astype(np.int32)
+        runs = {}
+        for steps, polish in ((10, 0.3), (7, 0.0)):
+            run = dataclasses.replace(preset, polish=polish)
+            pair = [make_pair.build_model(arch, run, 0, i)
+                    for i, arch in enumerate((run.target, run.draft))]
+            batches = make_pair.Batches(stream, run.seq_len, run.batch, 0, torch.device("cpu"))
+            log = make_pair.Log(tmp_path / f"train-{polish}.log")
+            args = SimpleNamespace(steps=steps, minutes=5.0)
+            runs[polish] = pair, make_pair.train(pair, batches, stream, run, args, log)
+    finally:
+        torch.set_num_threads(threads)
+
+    (target, draft), report = runs[0.3]
+    (target_joint, draft_joint), report_joint = runs[0.0]
+    assert report["steps"] == 10 and report_joint["steps"] == 7
+    assert report["polish"] | {"seconds": 0} == {
+        "fraction": 0.3, "after_step": 7, "steps": 3, "planned_steps": 3, "seconds": 0,
+        "train_kl": report["polish"]["train_kl"],
+        "train_loss_draft": report["polish"]["train_loss_draft"]}
+    assert report["polish"]["train_kl"] > 0
+    assert report_joint["polish"]["steps"] == 0
+    assert report["train_loss"] == report_joint["train_loss"]  # the joint phases are the same
+    for mine, joint_only in zip(target.state_dict().values(), target_joint.state_dict().values()):
+        assert torch.equal(mine, joint_only)
+    assert all(p.requires_grad for p in target.parameters())
+    assert not all(torch.equal(a, b) for a, b in
+                   zip(draft.state_dict().values(), draft_joint.state_dict().values()))
+    text = (tmp_path / "train-0.3.log").read_text()
+    assert "polish: target frozen after step 7" in text and "polish step 3/3" in text
