@@ -157,10 +157,26 @@ def contenders(engine: Engine, draft, prompts, args, mode: str, sampling: dict) 
         rows[name]["outputs"] = [ids for ids, _ in results]
         rows[name]["hf_subset_tok_s"] = summary(results[: args.hf_prompts])["tok_s"]
         print(f"[{mode}] {name}: {rows[name]['tok_s']:.0f} tok/s", flush=True)
+    variants = [(f"specgen speculative k={k}", replace(profile, speculation=replace(profile.speculation, k=k)), True)
+                for k in args.extra_k]
+    if args.phased:  # the same round launched phase by phase (gpu/loop.py without gpu/fused.py)
+        variants.append(("specgen speculative, per-phase rounds", profile, False))
+    from specgen.gpu import loop
+
+    for name, prof, fused in variants:
+        stats = []
+        loop.FUSED = fused
+        try:
+            results = timed(specgen_runner(engine, prof, stats), prompts)
+        finally:
+            loop.FUSED = True
+        rows[name] = summary(results, stats[1:])
+        rows[name]["hf_subset_tok_s"] = summary(results[: args.hf_prompts])["tok_s"]
+        print(f"[{mode}] {name}: {rows[name]['tok_s']:.0f} tok/s", flush=True)
     target = engine.pair.target
     hf = {"HF generate (dynamic cache)": {}, "HF generate (static cache)": dict(cache_implementation="static", disable_compile=True),
           "HF assisted (same draft)": dict(assistant_model=draft)}
-    for name, kwargs in hf.items():
+    for name, kwargs in (hf.items() if args.hf else ()):
         results = timed(hf_runner(target, args.max_new, sampling, **kwargs), prompts[: args.hf_prompts + 1])
         rows[name] = summary(results)
         print(f"[{mode}] {name}: {rows[name]['tok_s']:.1f} tok/s", flush=True)
@@ -171,6 +187,8 @@ def ratios(rows: dict) -> dict:
     spec = rows["specgen speculative"]
     out = {"speculative / target-only": spec["tok_s"] / rows["specgen target-only"]["tok_s"]}
     for name in rows:
+        if name.startswith("specgen speculative") and name != "specgen speculative":
+            out[f"{name} / target-only"] = rows[name]["tok_s"] / rows["specgen target-only"]["tok_s"]
         if name.startswith("HF"):
             out[f"speculative / {name}"] = spec["hf_subset_tok_s"] / rows[name]["tok_s"]
     return out
@@ -222,6 +240,10 @@ def parse_args(argv=None):
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--extra-k", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                        help="more speculative rows with these k (comma-separated)")
+    parser.add_argument("--phased", action="store_true", help="also run speculative rounds phase by phase (no fused graph)")
+    parser.add_argument("--hf", type=int, default=1, help="0 skips the Hugging Face contenders")
     parser.add_argument("--no-startups", action="store_true", help="skip the start-up subprocesses")
     parser.add_argument("--startup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)

@@ -2,6 +2,7 @@
 # The GPU fast path's runs, as recorded in docs/benchmarks.md ("GPU fast path"). Logs go to $OUT.
 #   bash benchmarks/gpu_fast_path.sh check   # CUDA tests, graph-vs-eager check, random-weight e2e + start-up, 8B shapes
 #   bash benchmarks/gpu_fast_path.sh bench   # train the bench pair, then the end-to-end benchmark on it
+#   bash benchmarks/gpu_fast_path.sh fused   # fused-round tests, kernel profile, fused vs per-phase (random weights)
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-.out}
@@ -29,5 +30,12 @@ bench)
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
   timeout 260 python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-8}" \
     --compile --no-startups --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -40
+  ;;
+fused)
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
+    | tee "$OUT/pytest.txt" | tail -25
+  timeout 120 python3 benchmarks/profile_steps.py --out "$OUT/profile.txt" 2>&1 | grep -E "^## |Self CUDA time" | head -20
+  timeout 150 python3 benchmarks/bench_e2e.py --random --prompts 8 --hf 0 --no-startups --phased --extra-k 6 \
+    --out "$OUT/e2e_random.json" 2>&1 | tee "$OUT/e2e_random.txt" | tail -16
   ;;
 esac

@@ -93,7 +93,7 @@ PRESETS = {
         max_prompts=40, log_every=100,
     ),
     "bench": Preset(
-        vocab=16384, seq_len=1024, batch=32, steps=1500, warmup=200,
+        vocab=16384, seq_len=1024, batch=32, steps=1875, warmup=200,
         target=Arch(layers=12, hidden=768, heads=12, kv_heads=4, mlp=2048, tied=False),
         draft=Arch(layers=2, hidden=512, heads=8, kv_heads=4, mlp=1408, tied=True),
         target_lr=4e-4, draft_lr=2e-3, distill=0.5, polish=0.2, site_packages=True,
