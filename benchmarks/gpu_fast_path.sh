@@ -23,13 +23,17 @@ check)
   timeout 120 python3 benchmarks/bench_shapes.py --out "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.txt" | tail -12
   ;;
 bench)
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 | tail -5 || exit 1
-  timeout 330 python3 benchmarks/make_pair.py --preset bench --seed 0 --out .pairs/bench --minutes "${MINUTES:-4.5}" \
-    2>&1 | tail -8
-  [ -f .inductor/inductor.tgz ] && tar xzf .inductor/inductor.tgz -C /tmp
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
+    | tee "$OUT/pytest.txt" | tail -3 || exit 1
+  for args in "" "--default-attention" "--temperature 0.8"; do
+    timeout 60 python3 benchmarks/profile_steps.py --rows 12 $args 2>&1 | tee -a "$OUT/profile.txt" \
+      | grep -E "^## " ; done
+  timeout 300 python3 benchmarks/make_pair.py --preset bench --seed 0 --out .pairs/bench --minutes "${MINUTES:-4.4}" \
+    2>&1 | tee "$OUT/train.txt" | tail -4
+  cp .pairs/bench/report.json "$OUT/pair_report.json"
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
-  timeout 260 python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-8}" \
-    --compile --no-startups --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -40
+  timeout 230 python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-4}" \
+    --compile --no-startups --extra-k "${EXTRA_K:-3,6}" --phased --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -24
   ;;
 fused)
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \

@@ -27,10 +27,19 @@ def main(argv=None) -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--temperature", type=float, default=0.0, help="> 0: the fused round samples (top-p 0.95)")
+    parser.add_argument("--default-attention", action="store_true",
+                        help="capture steps with PyTorch's own SDPA backend order (gpu/runner.py STEP_ATTENTION = None)")
+    parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.default_attention:
+        from specgen.gpu import runner
+
+        runner.STEP_ATTENTION = None
     pair = args.pair or random_pair(Path(tempfile.mkdtemp(prefix="specgen-profile-")))
-    engine = Engine(make_profile(pair, args.k, 64, compile=args.compile))
+    sampling = dict(temperature=args.temperature, top_p=0.95) if args.temperature > 0 else {}
+    engine = Engine(make_profile(pair, args.k, 64, compile=args.compile, **sampling))
     decoder = engine.decoder()
     list(decoder.run(list(range(10, 110))))  # captures the fused round
     target = engine.target_runner
@@ -51,7 +60,7 @@ def main(argv=None) -> None:
             for _ in range(args.replays):
                 fn()
             torch.cuda.synchronize()
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70)
         report.append(f"## {name}: {per * 1e3:.1f} us per replay (events)\n{table}\n")
         print(report[-1], flush=True)
 

@@ -38,33 +38,39 @@ import torch
 
 from specgen.core import sampling, verifier
 from specgen.core.proposers import Proposal
+from specgen.core.sampling import WarpParams
 from specgen.core.state import RoundRows
+from specgen.gpu.runner import step_attention
 
 WARMUP_ROUNDS = 2  # eager rounds before capture: Triton JIT, cuBLAS, torch.compile guards
 
 
 class FusedRound:
-    """One decoder's fused round. `draft` is a GraphDraftProposer or None (target-only, k = 0)."""
+    """The fused round for one (runners, k, sampling) combination: built and captured once, then
+    shared by every decoder of the engine with those settings (FusedRound.get). It owns its static
+    buffers; a decoder hands it its proposer's state on enter/leave."""
 
-    def __init__(self, decoder, draft):
-        self.decoder = decoder
-        self.target = decoder.target
-        self.proposer = draft
-        self.draft = draft.runner if draft is not None else None
-        self.k = decoder.setup.k if draft is not None else 0
-        state = decoder.state
-        device = self.target.device
+    def __init__(self, target, draft, k: int, sample: bool, spec, width: int, vocab_size: int):
+        self.target = target
+        self.draft = draft  # the draft's GraphRunner, or None (target-only, k = 0)
+        self.k = k
+        device = target.device
         self.device = device
-        width = decoder.setup.width
-        self.feed = decoder.feed  # [k+1]: last, d0 .. d(k-1) (the graph writes the drafts here)
-        self.drafts = self.feed[1 : self.k + 1]
+        self.feed = torch.zeros(k + 1, dtype=torch.long, device=device)  # last, d0 .. d(k-1)
+        self.drafts = self.feed[1 : k + 1]  # the graph writes the drafts here
         self.pending = torch.zeros(2, dtype=torch.long, device=device)  # committed[-2:]
+        self.cu = torch.tensor([k], dtype=torch.int32, device=device)
+        self.index = torch.arange(k, device=device)
+        params = WarpParams.from_spec(spec, k + 1, device)
+        padding = None
+        if vocab_size < width:  # as SamplingState: columns with no token behind them
+            padding = torch.zeros(width, dtype=torch.bool, device=device)
+            padding[vocab_size:] = True
         # static rows: no penalties and no min_tokens mask (eligible() keeps such rounds out)
-        self.rows = RoundRows(state.params.slice(0, self.k + 1), None, state.padding)
-        self.draft_row = RoundRows(state.params.slice(0, 1), None, state.padding)
-        self.greedy = self.rows.params.flags.all_greedy
-        self.sample = draft is not None and draft.sample and not self.greedy
-        k = self.k
+        self.rows = RoundRows(params.slice(0, k + 1), None, padding)
+        self.draft_row = RoundRows(params.slice(0, 1), None, padding)
+        self.greedy = params.flags.all_greedy
+        self.sample = draft is not None and sample and not self.greedy
         self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, device=device)
         self.draft_logits = {n: torch.full((n, width), float("-inf"), dtype=torch.float32, device=device)
                              for n in (1, 2)} if draft is not None else {}
@@ -82,50 +88,58 @@ class FusedRound:
         self.keep: list = []  # tensors the graph reads or writes that nothing else holds
         self.out = None  # [1, k+1] verify output (the graph's own buffer once captured)
         self.target_p = None  # [k] p(d_i) (random verification only)
-        self.q_drafted = None  # [k] q(d_i) (sampled drafting only)
-        self.use_graph = getattr(self.target, "use_graphs", False) and (
-            self.draft is None or getattr(self.draft, "use_graphs", False))
+        self.use_graph = getattr(target, "use_graphs", False) and (draft is None or getattr(draft, "use_graphs", False))
 
     # -- when it applies ------------------------------------------------------------------------
 
-    @staticmethod
-    def supports(decoder, proposer) -> bool:
-        """A decoder and proposer whose rounds can all be the same program."""
+    @classmethod
+    def get(cls, decoder, proposer) -> "FusedRound | None":
+        """The engine's fused round for this decoder's settings (made on first use), or None when
+        its proposer's rounds cannot all be one program (n-gram, adaptive k, draft_p_min, eager runners)."""
         from specgen.gpu.loop import GraphDraftProposer  # noqa: PLC0415
 
-        if not hasattr(decoder.target, "step"):
-            return False
+        target = decoder.target
+        if not hasattr(target, "step"):
+            return None
         if proposer.kind == "none":
-            return True
-        return isinstance(proposer, GraphDraftProposer) and proposer.adaptive is None and hasattr(proposer.runner, "step")
+            draft, k, sample = None, 0, False
+        elif isinstance(proposer, GraphDraftProposer) and proposer.adaptive is None and hasattr(proposer.runner, "step"):
+            draft, k, sample = proposer.runner, decoder.setup.k, proposer.sample
+        else:
+            return None
+        spec = decoder.setup.sampling
+        key = (id(draft), k, sample, spec.temperature, spec.top_k, spec.top_p, spec.min_p)
+        rounds = target.__dict__.setdefault("fused_rounds", {})
+        if key not in rounds:
+            rounds[key] = cls(target, draft, k, sample, spec, decoder.setup.width, decoder.setup.vocab_size)
+        return rounds[key]
 
-    def eligible(self, asked: int, committed: int) -> bool:
+    def eligible(self, asked: int, committed: int, state, proposer) -> bool:
         """This round can be the fused one: full k, no penalties, min_tokens satisfied, >= 2 tokens."""
-        state = self.decoder.state
         if asked != self.k or state.use_penalties or state.spec.min_tokens > state.generated:
             return False
-        if self.proposer is None:
+        if self.draft is None:
             return committed >= 1
-        return committed >= 2 and self.proposer.num_pending <= 2
+        return committed >= 2 and proposer.num_pending <= 2
 
     # -- hand-over with GraphDraftProposer's bookkeeping ----------------------------------------
 
     def enter(self, tail: list[int]) -> None:
         """Set the fused state from the host: tail = the committed sequence's last two ids."""
         self.feed[0].fill_(tail[-1])
-        if self.proposer is None:
+        if self.draft is None:
             return
         committed = self.target.length + 1
         self.draft.truncate(committed - 2)  # the cache holds committed[:-num_pending] (num_pending <= 2)
         self.pending[0].fill_(tail[-2])
         self.pending[1].fill_(tail[-1])
 
-    def leave(self) -> None:
+    def leave(self, proposer) -> None:
         """Back to the per-phase round: the draft cache holds committed[:-2], pending the rest."""
-        if self.proposer is None:
+        if self.draft is None:
             return
-        self.proposer.pending[0:2].copy_(self.pending)
-        self.proposer.num_pending = 2
+        proposer.pending[0:2].copy_(self.pending)
+        proposer.num_pending = 2
 
     # -- a round ----------------------------------------------------------------------------------
 
@@ -158,7 +172,7 @@ class FusedRound:
             self.graph.replay()
         else:
             clock.begin()
-            with torch.inference_mode():
+            with torch.inference_mode(), step_attention():
                 self.out, self.target_p, self.q_drafted = self._body(clock.mark)
         return Proposal(self.drafts, self.q if self.sample else None, k=self.k)
 
@@ -192,14 +206,14 @@ class FusedRound:
         mark()
         argmax, probs = verifier.warp(self.target_logits, self.rows.params, None, self.rows.bad_mask)
         self.raws += [argmax, probs]
-        cu = self.decoder.cu[k]
+        cu = self.cu
         target_p = q_drafted = None
         if probs is None:
             out = verifier.verify_greedy(self.drafts, cu, argmax, k)
         else:
             q = self.q if self.sample else None
             out = verifier.verify_random(self.drafts, cu, q, probs, self.uniform, self.expo_target, k)
-            index = self.decoder.rows_index[:k]
+            index = self.index
             target_p = probs[index, self.drafts]
             q_drafted = self.q[index, self.drafts] if self.sample else None
         self._roll_back(out)
@@ -233,7 +247,7 @@ class FusedRound:
                 events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if timed else []
                 marks = iter(events)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph), torch.inference_mode():
+                with torch.cuda.graph(graph), torch.inference_mode(), step_attention():
                     self.out, self.target_p, self.q_drafted = self._body(
                         (lambda: next(marks).record()) if timed else (lambda: None))
             except Exception as exc:  # noqa: BLE001 (whatever the capture raises: try without events, then give up)
@@ -257,7 +271,7 @@ class FusedRound:
     def _warm_up(self, runners) -> None:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), torch.inference_mode():
+        with torch.cuda.stream(stream), torch.inference_mode(), step_attention():
             for _ in range(WARMUP_ROUNDS):
                 for r in runners:
                     r.position.fill_(r.capacity - (self.k + 3))  # scratch: never a live position

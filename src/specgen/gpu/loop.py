@@ -218,9 +218,7 @@ class GraphDecoder(Decoder):
         self.round_end = 0.0
         from specgen.gpu.fused import FusedRound  # noqa: PLC0415
 
-        self.fused = None  # the steady-state round as one program (gpu/fused.py), when it applies
-        if FUSED and FusedRound.supports(self, proposer):
-            self.fused = FusedRound(self, proposer if proposer.kind != "none" else None)
+        self.fused = FusedRound.get(self, proposer)  # the steady-state round as one program (gpu/fused.py)
         self.fused_active = False  # the draft state is the fused round's (see FusedRound.enter)
         self.tail: list[int] = []  # the committed sequence's last two ids
 
@@ -241,7 +239,8 @@ class GraphDecoder(Decoder):
         remaining = spec.max_tokens - self.state.generated
         asked = min(self.setup.k, remaining - 1)
         fused = self.fused
-        if fused is not None and fused.eligible(asked, self.target.length + 1) and fused.ready():
+        if FUSED and fused is not None and fused.eligible(asked, self.target.length + 1, self.state, self.proposer) \
+                and fused.ready():
             if not self.fused_active:
                 fused.enter(self.tail)
                 self.fused_active = True
@@ -251,7 +250,7 @@ class GraphDecoder(Decoder):
             clock.finish()
             return _Launched(proposal, fused.k, kept, fused.target_logits, fused.rows, fused.out, fused=True)
         if self.fused_active:
-            fused.leave()
+            fused.leave(self.proposer)
             self.fused_active = False
         clock.start()
         proposal = self.proposer.propose(asked, self.state, gen)

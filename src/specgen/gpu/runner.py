@@ -31,6 +31,29 @@ SLACK = 64  # positions past the longest request: where warm-ups and padded step
 MAX_GRAPH_TOKENS = 64  # longest captured step; longer feeds (prefill) run eagerly
 
 
+# Attention kernels for captured steps. cuDNN's SDPA (PyTorch's first choice on sm90) took 23 us
+# per layer for a 5-token step over a ~1,200-position cache on an H200, against 5 us for 1 token:
+# the whole gap between a verification step and a decode step of the bench pair
+# (benchmarks/profile_steps.py). Steps are captured with the memory-efficient kernel first.
+# None keeps PyTorch's own order.
+STEP_ATTENTION = ("EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH")
+
+
+def step_attention():
+    """The context captured steps run in: STEP_ATTENTION's SDPA backends, in that order."""
+    import contextlib
+
+    if not STEP_ATTENTION:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [getattr(SDPBackend, name) for name in STEP_ATTENTION]
+    try:
+        return sdpa_kernel(backends, set_priority=True)
+    except TypeError:  # older torch: no priority order, only the allowed set
+        return sdpa_kernel(backends)
+
+
 def cache_dir() -> Path:
     """Where torch.compile keeps its kernels between runs (TORCHINDUCTOR_CACHE_DIR wins if set)."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specgen" / "inductor"
@@ -212,14 +235,14 @@ class GraphRunner:
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), step_attention():
             for _ in range(WARMUP_STEPS):
                 self.position.fill_(scratch)
                 self.step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph), step_attention():
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
