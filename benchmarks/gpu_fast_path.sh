@@ -2,6 +2,7 @@
 # The GPU fast path's runs, as recorded in docs/benchmarks.md ("GPU fast path"). Logs go to $OUT.
 #   bash benchmarks/gpu_fast_path.sh check   # CUDA tests, graph-vs-eager check, random-weight e2e + start-up, 8B shapes
 #   bash benchmarks/gpu_fast_path.sh bench   # train the bench pair, then the end-to-end benchmark on it
+#   bash benchmarks/gpu_fast_path.sh attention  # SDPA backend choice per step length; 8B shapes with compile
 #   bash benchmarks/gpu_fast_path.sh fused   # fused-round tests, kernel profile, fused vs per-phase (random weights)
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -34,6 +35,12 @@ bench)
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
   timeout 230 python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-4}" \
     --compile --no-startups --extra-k "${EXTRA_K:-3,6}" --phased --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -24
+  ;;
+attention)  # SDPA backends for 1- and multi-token steps, graphs with and without compile; 8B shapes compiled
+  for c in "" "--compile"; do for a in "--many default" "--many MATH"; do
+    timeout 120 python3 benchmarks/profile_steps.py --rows 8 $a $c 2>&1 | tee -a "$OUT/profile.txt" \
+      | grep -E "^## |^attention" ; done; done
+  timeout 300 python3 benchmarks/bench_shapes.py --compile --out "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.txt" | tail -12
   ;;
 fused)
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \

@@ -28,15 +28,18 @@ def main(argv=None) -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--temperature", type=float, default=0.0, help="> 0: the fused round samples (top-p 0.95)")
-    parser.add_argument("--default-attention", action="store_true",
-                        help="capture steps with PyTorch's own SDPA backend order (gpu/runner.py STEP_ATTENTION = None)")
+    parser.add_argument("--one", help="SDPA backends for 1-token steps, comma-separated SDPBackend names; 'default' = PyTorch's order")
+    parser.add_argument("--many", help="the same for multi-token steps (gpu/runner.py STEP_ATTENTION_*)")
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    if args.default_attention:
-        from specgen.gpu import runner
+    from specgen.gpu import runner
 
-        runner.STEP_ATTENTION = None
+    for name, value in (("STEP_ATTENTION_ONE", args.one), ("STEP_ATTENTION_MANY", args.many)):
+        if value is not None:
+            setattr(runner, name, None if value == "default" else tuple(value.split(",")))
+    print(f"attention: 1 token {runner.STEP_ATTENTION_ONE or 'default'}, more {runner.STEP_ATTENTION_MANY or 'default'}; "
+          f"compile {args.compile}", flush=True)
     pair = args.pair or random_pair(Path(tempfile.mkdtemp(prefix="specgen-profile-")))
     sampling = dict(temperature=args.temperature, top_p=0.95) if args.temperature > 0 else {}
     engine = Engine(make_profile(pair, args.k, 64, compile=args.compile, **sampling))

@@ -172,7 +172,7 @@ class FusedRound:
             self.graph.replay()
         else:
             clock.begin()
-            with torch.inference_mode(), step_attention():
+            with torch.inference_mode():
                 self.out, self.target_p, self.q_drafted = self._body(clock.mark)
         return Proposal(self.drafts, self.q if self.sample else None, k=self.k)
 
@@ -194,7 +194,8 @@ class FusedRound:
         ids = self.pending
         for i in range(k):
             n = ids.shape[0]
-            self.raws.append(self.draft.step(ids, self.draft_logits[n]))
+            with step_attention(n):
+                self.raws.append(self.draft.step(ids, self.draft_logits[n]))
             token = feed[1 + i : 2 + i]
             expo = self.expo_draft[i : i + 1] if self.sample else None
             probs = _pick(self.draft_logits[n][n - 1 :], self.draft_row, self.sample, token, expo)
@@ -202,7 +203,8 @@ class FusedRound:
                 self.q[i : i + 1].copy_(probs)
             ids = token
         mark()
-        self.raws.append(self.target.step(feed, self.target_logits))
+        with step_attention(k + 1):
+            self.raws.append(self.target.step(feed, self.target_logits))
         mark()
         argmax, probs = verifier.warp(self.target_logits, self.rows.params, None, self.rows.bad_mask)
         self.raws += [argmax, probs]
@@ -247,7 +249,7 @@ class FusedRound:
                 events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if timed else []
                 marks = iter(events)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph), torch.inference_mode(), step_attention():
+                with torch.cuda.graph(graph), torch.inference_mode():
                     self.out, self.target_p, self.q_drafted = self._body(
                         (lambda: next(marks).record()) if timed else (lambda: None))
             except Exception as exc:  # noqa: BLE001 (whatever the capture raises: try without events, then give up)
@@ -271,7 +273,7 @@ class FusedRound:
     def _warm_up(self, runners) -> None:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), torch.inference_mode(), step_attention():
+        with torch.cuda.stream(stream), torch.inference_mode():
             for _ in range(WARMUP_ROUNDS):
                 for r in runners:
                     r.position.fill_(r.capacity - (self.k + 3))  # scratch: never a live position

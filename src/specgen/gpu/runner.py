@@ -31,23 +31,25 @@ SLACK = 64  # positions past the longest request: where warm-ups and padded step
 MAX_GRAPH_TOKENS = 64  # longest captured step; longer feeds (prefill) run eagerly
 
 
-# Attention kernels for captured steps. cuDNN's SDPA (PyTorch's first choice on sm90) took 23 us
-# per layer for a 5-token step over a ~1,200-position cache on an H200, against 5 us for 1 token:
-# the whole gap between a verification step and a decode step of the bench pair
-# (benchmarks/profile_steps.py). Steps are captured with the memory-efficient kernel first.
-# None keeps PyTorch's own order.
-STEP_ATTENTION = ("EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH")
+# SDPA backends for captured steps, by step length (None: PyTorch's own order). Measured on an H200
+# (benchmarks/profile_steps.py, bench-shaped target, ~1,200-position static cache, graphs without
+# compile): cuDNN (PyTorch's first choice on sm90) 5 us a layer for 1 token but 23 us for 5
+# tokens, the memory-efficient kernel 34 us for either. Multi-token steps (verification, the
+# draft's catch-up) therefore try the plain math path first.
+STEP_ATTENTION_ONE: tuple[str, ...] | None = None
+STEP_ATTENTION_MANY: tuple[str, ...] | None = ("MATH",)
 
 
-def step_attention():
-    """The context captured steps run in: STEP_ATTENTION's SDPA backends, in that order."""
+def step_attention(tokens: int):
+    """The context a captured step of `tokens` tokens runs in (see STEP_ATTENTION_*)."""
     import contextlib
 
-    if not STEP_ATTENTION:
+    names = STEP_ATTENTION_ONE if tokens == 1 else STEP_ATTENTION_MANY
+    if not names:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backends = [getattr(SDPBackend, name) for name in STEP_ATTENTION]
+    backends = [getattr(SDPBackend, name) for name in names]
     try:
         return sdpa_kernel(backends, set_priority=True)
     except TypeError:  # older torch: no priority order, only the allowed set
@@ -235,14 +237,14 @@ class GraphRunner:
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), step_attention():
+        with torch.cuda.stream(stream), step_attention(n):
             for _ in range(WARMUP_STEPS):
                 self.position.fill_(scratch)
                 self.step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), step_attention():
+        with torch.cuda.graph(graph), step_attention(n):
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
