@@ -32,12 +32,12 @@ MAX_GRAPH_TOKENS = 64  # longest captured step; longer feeds (prefill) run eager
 
 
 # SDPA backends for captured steps, by step length (None: PyTorch's own order). Measured on an H200
-# (benchmarks/profile_steps.py, bench-shaped target, ~1,200-position static cache, graphs without
-# compile): cuDNN (PyTorch's first choice on sm90) 5 us a layer for 1 token but 23 us for 5
-# tokens, the memory-efficient kernel 34 us for either. Multi-token steps (verification, the
-# draft's catch-up) therefore try the plain math path first.
+# (benchmarks/profile_steps.py, bench-shaped target, static cache, docs/benchmarks.md): cuDNN
+# (PyTorch's first choice on sm90) takes 5 us a layer for 1 token but 23 us for 5 tokens, and is
+# still the best of the three: the memory-efficient kernel takes 34 us for either, the math path
+# is slower without torch.compile and the same with it. The switch stays for other GPUs/torch.
 STEP_ATTENTION_ONE: tuple[str, ...] | None = None
-STEP_ATTENTION_MANY: tuple[str, ...] | None = ("MATH",)
+STEP_ATTENTION_MANY: tuple[str, ...] | None = None
 
 
 def step_attention(tokens: int):
