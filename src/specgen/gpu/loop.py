@@ -51,6 +51,37 @@ def pick(logits: torch.Tensor, rows, sample: bool, generator, out: torch.Tensor)
     return probs
 
 
+_warmed: set = set()
+
+
+def warm_kernels(state, k: int, device: torch.device) -> None:
+    """Compile (Triton JIT) the warp and verify kernels for every round size 0..k and for the
+    draft's one-row pick now, once per process and settings, instead of in the first request
+    whose last rounds draft fewer than k (a timed one: ~0.1 s per new kernel shape)."""
+    if device.type != "cuda" or not verifier.use_triton(device):
+        return
+    key = (str(device), k, state.params.flags, state.width, state.use_penalties)
+    if key in _warmed:
+        return
+    _warmed.add(key)
+    width = state.width
+    for n in range(k + 1):
+        drafts = torch.zeros(n, dtype=torch.long, device=device)
+        rows = state.rows(drafts)
+        argmax, probs = verifier.warp(torch.zeros(n + 1, width, device=device), rows.params, rows.penalties,
+                                      rows.bad_mask)
+        cu = torch.tensor([n], dtype=torch.int32, device=device)
+        if probs is None:
+            verifier.verify_greedy(drafts, cu, argmax, n)
+            continue
+        u, e = torch.ones(n, device=device), torch.ones(1, width, device=device)
+        verifier.verify_random(drafts, cu, probs[:n].contiguous(), probs, u, e, n)  # sampled drafts
+        verifier.verify_random(drafts, cu, None, probs, u, e, n)  # one-hot q (argmax drafts, n-gram)
+    row = state.last_row(torch.zeros(0, dtype=torch.long, device=device))
+    verifier.warp(torch.zeros(1, width, device=device), row.params, row.penalties, row.bad_mask)
+    torch.cuda.synchronize(device)
+
+
 class GraphDraftProposer:
     """DraftModelProposer's protocol and cache discipline, with device-side picks and no syncs.
 
@@ -219,6 +250,7 @@ class GraphDecoder(Decoder):
         from specgen.gpu.fused import FusedRound  # noqa: PLC0415
 
         self.fused = FusedRound.get(self, proposer)  # the steady-state round as one program (gpu/fused.py)
+        warm_kernels(self.state, k, device)
         self.fused_active = False  # the draft state is the fused round's (see FusedRound.enter)
         self.tail: list[int] = []  # the committed sequence's last two ids
 
