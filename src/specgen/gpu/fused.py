@@ -40,6 +40,7 @@ from specgen.core import sampling, verifier
 from specgen.core.proposers import Proposal
 from specgen.core.sampling import WarpParams
 from specgen.core.state import RoundRows
+from specgen.gpu.loop import pick
 from specgen.gpu.runner import step_attention
 
 WARMUP_ROUNDS = 2  # eager rounds before capture: Triton JIT, cuBLAS, torch.compile guards
@@ -173,7 +174,7 @@ class FusedRound:
         else:
             clock.begin()
             with torch.inference_mode():
-                self.out, self.target_p, self.q_drafted = self._body(clock.mark)
+                self.out, self.target_p = self._body(clock.mark)
         return Proposal(self.drafts, self.q if self.sample else None, k=self.k)
 
     def _generations(self) -> tuple:
@@ -198,7 +199,7 @@ class FusedRound:
                 self.raws.append(self.draft.step(ids, self.draft_logits[n]))
             token = feed[1 + i : 2 + i]
             expo = self.expo_draft[i : i + 1] if self.sample else None
-            probs = _pick(self.draft_logits[n][n - 1 :], self.draft_row, self.sample, token, expo)
+            probs = pick(self.draft_logits[n][n - 1 :], self.draft_row, self.sample, None, token, expo)
             if probs is not None:
                 self.q[i : i + 1].copy_(probs)
             ids = token
@@ -209,7 +210,7 @@ class FusedRound:
         argmax, probs = verifier.warp(self.target_logits, self.rows.params, None, self.rows.bad_mask)
         self.raws += [argmax, probs]
         cu = self.cu
-        target_p = q_drafted = None
+        target_p = None  # q(d_i) is gathered by the decoder's copies, from self.q
         if probs is None:
             out = verifier.verify_greedy(self.drafts, cu, argmax, k)
         else:
@@ -217,10 +218,9 @@ class FusedRound:
             out = verifier.verify_random(self.drafts, cu, q, probs, self.uniform, self.expo_target, k)
             index = self.index
             target_p = probs[index, self.drafts]
-            q_drafted = self.q[index, self.drafts] if self.sample else None
         self._roll_back(out)
         mark()
-        return out, target_p, q_drafted
+        return out, target_p
 
     def _roll_back(self, out: torch.Tensor) -> None:
         """Both caches back to the accepted length; the next round's inputs from this one's output."""
@@ -250,7 +250,7 @@ class FusedRound:
                 marks = iter(events)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph), torch.inference_mode():
-                    self.out, self.target_p, self.q_drafted = self._body(
+                    self.out, self.target_p = self._body(
                         (lambda: next(marks).record()) if timed else (lambda: None))
             except Exception as exc:  # noqa: BLE001 (whatever the capture raises: try without events, then give up)
                 error = exc
@@ -286,16 +286,3 @@ class FusedRound:
         self.feed.copy_(saved[-2])
         self.pending.copy_(saved[-1])
 
-
-def _pick(logits, row, sample: bool, out: torch.Tensor, expo) -> torch.Tensor | None:
-    """loop.pick with the Exp(1) row given (drawn before the replay) instead of drawn here."""
-    plain = row.penalties is None and row.bad_mask is None
-    if plain and (not sample or row.params.flags.all_greedy):
-        torch.argmax(logits, dim=-1, out=out)
-        return None
-    argmax, probs = verifier.warp(logits, row.params, row.penalties, row.bad_mask)
-    if not sample or probs is None:
-        out.copy_(argmax)
-        return None
-    out.copy_(sampling.sample_race(probs, expo))
-    return probs

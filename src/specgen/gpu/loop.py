@@ -37,8 +37,10 @@ MAX_K = 32  # the profile's upper bound for speculation.k
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; reserve() grows the caches beyond
 
 
-def pick(logits: torch.Tensor, rows, sample: bool, generator, out: torch.Tensor) -> torch.Tensor | None:
-    """The draft's next id into `out` [1]; returns its q row [1, V] when drawn from q, else None."""
+def pick(logits: torch.Tensor, rows, sample: bool, generator, out: torch.Tensor,
+         expo: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The draft's next id into `out` [1]; returns its q row [1, V] when drawn from q, else None.
+    expo: the Exp(1) row for the race, drawn beforehand (a captured round); None draws it here."""
     plain = rows.penalties is None and rows.bad_mask is None
     if plain and (not sample or rows.params.flags.all_greedy):  # the whole warp chain is the argmax
         torch.argmax(logits, dim=-1, out=out)
@@ -47,7 +49,9 @@ def pick(logits: torch.Tensor, rows, sample: bool, generator, out: torch.Tensor)
     if not sample or probs is None:
         out.copy_(argmax)
         return None
-    out.copy_(sampling.sample_race(probs, sampling.exponentials(probs.shape, generator, logits.device)))
+    if expo is None:
+        expo = sampling.exponentials(probs.shape, generator, logits.device)
+    out.copy_(sampling.sample_race(probs, expo))
     return probs
 
 
