@@ -26,3 +26,17 @@ def test_last_row_equals_row_n_of_the_round():
         assert torch.equal(one_bad, full_bad)
         assert bool(one_bad[3]) == (n < 3) and bool(one_bad[55])  # min_tokens stop mask, padding
         assert torch.equal(one.params.temperature, full.params.temperature[n:n + 1])
+
+
+def test_in_place_draws_equal_the_allocating_ones():
+    """The fused round draws into static buffers; a seed must give the core loop's numbers."""
+    from specgen.core import sampling
+
+    a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    expected_u = 1.0 - torch.rand((5,), generator=a)  # the definition: 1 - U[0, 1)
+    expected_e = sampling.exponentials((2, 33), a, "cpu")
+    buffer = torch.full((4, 33), -1.0)
+    assert torch.equal(sampling.uniforms_(torch.empty(5), b), expected_u)
+    sampling.exponentials_(buffer[1:3], b)
+    assert torch.equal(buffer[1:3], expected_e) and bool((buffer[1:3] > 0).all())
+    assert bool((buffer[0] == -1).all()) and bool((buffer[3] == -1).all())

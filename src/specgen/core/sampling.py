@@ -255,14 +255,22 @@ def logprobs_from_logits(logits: torch.Tensor, params: WarpParams, penalties=Non
 
 def exponentials(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     """Exp(1) draws for the exponential race, never exactly zero."""
-    e = torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=generator)
-    return e.clamp_min_(MIN_EXPONENTIAL)
+    return exponentials_(torch.empty(shape, dtype=torch.float32, device=device), generator)
+
+
+def exponentials_(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """exponentials() into an existing float32 buffer (same draws for the same generator state)."""
+    return out.exponential_(generator=generator).clamp_min_(MIN_EXPONENTIAL)
 
 
 def uniforms(shape, generator: torch.Generator | None, device) -> torch.Tensor:
     """Uniform draws in (0, 1]: never 0, so a token with p(x) = 0 is always rejected."""
-    u = torch.rand(shape, dtype=torch.float32, device=device, generator=generator)
-    return 1.0 - u
+    return uniforms_(torch.empty(shape, dtype=torch.float32, device=device), generator)
+
+
+def uniforms_(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """uniforms() into an existing float32 buffer: 1 - U[0, 1), computed as -u + 1 (the same value)."""
+    return out.uniform_(0.0, 1.0, generator=generator).neg_().add_(1.0)
 
 
 def sample_race(probs: torch.Tensor, expo: torch.Tensor) -> torch.Tensor:

@@ -145,15 +145,14 @@ class FusedRound:
     # -- a round ----------------------------------------------------------------------------------
 
     def draw(self, gen: torch.Generator) -> None:
-        """The round's random numbers, in the core loop's order and shapes."""
+        """The round's random numbers, in the core loop's order and shapes, drawn in place."""
         if self.greedy:
             return
-        width = self.target_logits.shape[1]
         if self.sample:
             for i in range(self.k):
-                self.expo_draft[i : i + 1].copy_(sampling.exponentials((1, width), gen, self.device))
-        self.uniform.copy_(sampling.uniforms((self.k,), gen, self.device))
-        self.expo_target.copy_(sampling.exponentials((1, width), gen, self.device))
+                sampling.exponentials_(self.expo_draft[i : i + 1], gen)
+        sampling.uniforms_(self.uniform, gen)
+        sampling.exponentials_(self.expo_target, gen)
 
     def ready(self) -> bool:
         """Captured (or capturable now), or running eagerly by design; False after a failed capture."""
