@@ -244,6 +244,8 @@ def parse_args(argv=None):
                         help="more speculative rows with these k (comma-separated)")
     parser.add_argument("--phased", action="store_true", help="also run speculative rounds phase by phase (no fused graph)")
     parser.add_argument("--hf", type=int, default=1, help="0 skips the Hugging Face contenders")
+    parser.add_argument("--attention", choices=("kernel", "sdpa"), default="kernel",
+                        help="captured steps attend through gpu/attention.py's kernel or through SDPA")
     parser.add_argument("--no-startups", action="store_true", help="skip the start-up subprocesses")
     parser.add_argument("--startup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
@@ -256,6 +258,10 @@ def main(argv=None) -> None:
     global DEVICE
     args = parse_args(argv)
     DEVICE = args.device
+    os.environ["SPECGEN_ATTENTION"] = args.attention  # start-up subprocesses too
+    from specgen.gpu import runner
+
+    runner.DECODE_ATTENTION = args.attention == "kernel"
     if args.startup_only:
         print(json.dumps(startup(args)))
         return

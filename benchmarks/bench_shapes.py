@@ -1,7 +1,11 @@
 """A Llama-3-8B-shaped target (random bf16 weights): one decode step and a 5-token verification
 step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth floor.
 
-    python benchmarks/bench_shapes.py [--compile] [--out shapes.json]
+    python benchmarks/bench_shapes.py [--variants eager,graph-kernel,compile-kernel] [--out shapes.json]
+
+Variants: eager (SDPA), graph-<attention> (CUDA graph), compile-<attention> (torch.compile + CUDA
+graph), where <attention> is kernel (gpu/attention.py, over the live keys) or sdpa (over the whole
+static cache). --compile adds compile-kernel.
 
 floor = weight bytes / device-to-device copy bandwidth measured in the same run (bytes read plus
 bytes written over the time of a 4 GiB copy). Every step runs at position 512 of a 1024-position
@@ -24,6 +28,13 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
                  rope_theta=500000.0, tie_word_embeddings=False)
 POSITION = 512
+VARIANTS = {
+    "eager": dict(use_graphs=False, attention=False),
+    "graph-sdpa": dict(attention=False),
+    "graph-kernel": dict(attention=True),
+    "compile-sdpa": dict(compile=True, attention=False),
+    "compile-kernel": dict(compile=True, attention=True),
+}
 
 
 def copy_bandwidth(gib: int = 4) -> float:
@@ -77,6 +88,7 @@ def step_seconds(runner: GraphRunner, n: int, steps: int = 50, repeats: int = 5)
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--variants", default="eager,graph-sdpa,graph-kernel", help="comma-separated, see above")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -87,9 +99,8 @@ def main() -> None:
               "copy_bandwidth_bytes_per_s": bandwidth, "floor_ms": floor * 1e3, "rows": []}
     print(f"{torch.cuda.get_device_name()}: weights {weight_bytes / 1e9:.2f} GB, copy {bandwidth / 1e12:.2f} TB/s, "
           f"floor {floor * 1e3:.2f} ms", flush=True)
-    variants = [("eager", dict(use_graphs=False)), ("CUDA graph", {})]
-    if args.compile:
-        variants.append(("compile + CUDA graph", dict(compile=True)))
+    names = args.variants.split(",") + (["compile-kernel"] if args.compile else [])
+    variants = [(name, VARIANTS[name]) for name in dict.fromkeys(names)]
     for name, kwargs in variants:
         start = time.perf_counter()
         runner = GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, shapes=(1, 5), **kwargs)

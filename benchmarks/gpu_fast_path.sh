@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_fast_path.sh bench   # train the bench pair, then the end-to-end benchmark on it
 #   bash benchmarks/gpu_fast_path.sh attention  # SDPA backend choice per step length; 8B shapes with compile
 #   bash benchmarks/gpu_fast_path.sh fused   # fused-round tests, kernel profile, fused vs per-phase (random weights)
+#   bash benchmarks/gpu_fast_path.sh kernel  # decode-attention kernel: CUDA tests, step profiles vs SDPA, 8B shapes
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-.out}
@@ -26,7 +27,7 @@ check)
 bench)
   timeout 100 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
     | tee "$OUT/pytest.txt" | tail -3 || exit 1
-  for args in "" "--default-attention" "--temperature 0.8"; do
+  for args in "" "--attention sdpa" "--temperature 0.8"; do
     timeout 60 python3 benchmarks/profile_steps.py --rows 12 $args 2>&1 | tee -a "$OUT/profile.txt" \
       | grep -E "^## " ; done
   timeout 300 python3 benchmarks/make_pair.py --preset bench --seed 0 --out .pairs/bench --minutes "${MINUTES:-4.4}" \
@@ -48,5 +49,15 @@ fused)
   timeout 120 python3 benchmarks/profile_steps.py --out "$OUT/profile.txt" 2>&1 | grep -E "^## |Self CUDA time" | head -20
   timeout 150 python3 benchmarks/bench_e2e.py --random --prompts 8 --hf 0 --no-startups --phased --extra-k 6 \
     --out "$OUT/e2e_random.json" 2>&1 | tee "$OUT/e2e_random.txt" | tail -16
+  ;;
+kernel)
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py 2>&1 | tee "$OUT/pytest.txt" | tail -4
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
+    | tee -a "$OUT/pytest.txt" | tail -6
+  for c in "" "--compile"; do for a in kernel sdpa; do
+    timeout 100 python3 benchmarks/profile_steps.py --rows 10 --attention $a $c 2>&1 | tee -a "$OUT/profile.txt" \
+      | grep -E "^## |^attention" ; done; done
+  timeout 240 python3 benchmarks/bench_shapes.py --variants graph-sdpa,graph-kernel,compile-kernel \
+    --out "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.txt" | tail -12
   ;;
 esac

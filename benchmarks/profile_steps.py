@@ -2,7 +2,7 @@
 steps and of a whole fused round, from torch.profiler over graph replays (bench-shaped random
 weights, or a pair made by make_pair.py).
 
-    python benchmarks/profile_steps.py [--pair .pairs/bench] [--compile] --out profile.txt
+    python benchmarks/profile_steps.py [--pair .pairs/bench] [--compile] [--attention sdpa] --out profile.txt
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def main(argv=None) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="> 0: the fused round samples (top-p 0.95)")
     parser.add_argument("--one", help="SDPA backends for 1-token steps, comma-separated SDPBackend names; 'default' = PyTorch's order")
     parser.add_argument("--many", help="the same for multi-token steps (gpu/runner.py STEP_ATTENTION_*)")
+    parser.add_argument("--attention", choices=("kernel", "sdpa"), default="kernel",
+                        help="steps attend through gpu/attention.py's kernel or through SDPA")
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
@@ -38,7 +40,8 @@ def main(argv=None) -> None:
     for name, value in (("STEP_ATTENTION_ONE", args.one), ("STEP_ATTENTION_MANY", args.many)):
         if value is not None:
             setattr(runner, name, None if value == "default" else tuple(value.split(",")))
-    print(f"attention: 1 token {runner.STEP_ATTENTION_ONE or 'default'}, more {runner.STEP_ATTENTION_MANY or 'default'}; "
+    runner.DECODE_ATTENTION = args.attention == "kernel"
+    print(f"attention {args.attention}: SDPA 1 token {runner.STEP_ATTENTION_ONE or 'default'}, more {runner.STEP_ATTENTION_MANY or 'default'}; "
           f"compile {args.compile}", flush=True)
     pair = args.pair or random_pair(Path(tempfile.mkdtemp(prefix="specgen-profile-")))
     sampling = dict(temperature=args.temperature, top_p=0.95) if args.temperature > 0 else {}

@@ -412,6 +412,7 @@ class FastPath:
 
 def build(pair, width: int, profile, progress=None) -> FastPath | None:
     """Graph runners for a pair on one CUDA device, or None (after one warning) to stay eager."""
+    from specgen.gpu import runner as runner_module
     from specgen.gpu.runner import GraphRunner
 
     if profile.target.device_map is not None or (profile.draft is not None and profile.draft.device_map is not None):
@@ -421,8 +422,9 @@ def build(pair, width: int, profile, progress=None) -> FastPath | None:
     spec = profile.speculation
     capacity = spec.k + 1 + profile.sampling.max_tokens + PROMPT_ROOM
 
-    def runners(use_graphs: bool) -> FastPath:
-        common = dict(compile=spec.compile and use_graphs, progress=progress, use_graphs=use_graphs)
+    def runners(use_graphs: bool, attention: bool | None = None) -> FastPath:
+        common = dict(compile=spec.compile and use_graphs, progress=progress, use_graphs=use_graphs,
+                      attention=attention)
         target = GraphRunner(pair.target, width, capacity, shapes=(1, spec.k + 1), name="target", **common)
         draft = None
         if pair.draft is not None:
@@ -431,11 +433,28 @@ def build(pair, width: int, profile, progress=None) -> FastPath | None:
 
     try:
         return runners(use_graphs=True)
-    except Exception as exc:  # noqa: BLE001 (any model that cannot be captured falls back)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        warnings.warn(f"could not capture CUDA graphs for this model ({type(exc).__name__}: {first}); "
-                      "decoding runs eagerly", RuntimeWarning, stacklevel=3)
+    except Exception as exc:  # noqa: BLE001 (a model that cannot be captured falls back, below)
+        failure = exc
+    if runner_module.use_kernel(pair.target) or (pair.draft is not None and runner_module.use_kernel(pair.draft)):
+        try:  # the attention kernel is an optimisation: captured steps through SDPA are next best
+            fast = runners(use_graphs=True, attention=False)
+        except Exception as exc:  # noqa: BLE001
+            failure = exc
+        else:
+            warnings.warn(f"the decode-attention kernel failed ({_first_line(failure)}); steps use SDPA",
+                          RuntimeWarning, stacklevel=3)
+            return fast
+    return _eager_runners(runners, failure)
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0]
+
+
+def _eager_runners(runners, exc: Exception) -> FastPath | None:
+    warnings.warn(f"could not capture CUDA graphs for this model ({_first_line(exc)}); decoding runs eagerly",
+                  RuntimeWarning, stacklevel=4)
     try:
-        return runners(use_graphs=False)
+        return runners(use_graphs=False, attention=False)
     except Exception:  # noqa: BLE001 (not even a static cache: the core eager path)
         return None

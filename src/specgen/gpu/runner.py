@@ -39,6 +39,10 @@ MAX_GRAPH_TOKENS = 64  # longest captured step; longer feeds (prefill) run eager
 STEP_ATTENTION_ONE: tuple[str, ...] | None = None
 STEP_ATTENTION_MANY: tuple[str, ...] | None = None
 
+# Steps of up to 64 tokens attend through gpu/attention.py's kernel over the live keys only, where
+# the model's attention allows it (attention.supports); SPECGEN_ATTENTION=sdpa turns it off.
+DECODE_ATTENTION = os.environ.get("SPECGEN_ATTENTION", "kernel") != "sdpa"
+
 
 def step_attention(tokens: int):
     """The context a captured step of `tokens` tokens runs in (see STEP_ATTENTION_*)."""
@@ -124,11 +128,12 @@ class GraphRunner:
     capacity: positions the cache holds (grown by reserve(), which re-captures); compile: also
     torch.compile the step (kernels cached on disk, see cache_dir); progress(done, total, what):
     start-up callback; use_graphs=False runs every step eagerly over the same cache (the fallback
-    for models that cannot be captured, and the CPU test path).
+    for models that cannot be captured, and the CPU test path); attention: use gpu/attention.py's
+    kernel for steps (None: on CUDA where the model allows it, see DECODE_ATTENTION).
     """
 
     def __init__(self, model, width: int, capacity: int, shapes=(), compile: bool = False,
-                 progress=None, use_graphs: bool = True, name: str = "model"):
+                 progress=None, use_graphs: bool = True, name: str = "model", attention: bool | None = None):
         self.model = model
         self.width = width  # logits columns handed out, as in EagerRunner
         self.device = model.get_output_embeddings().weight.device
@@ -137,6 +142,9 @@ class GraphRunner:
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.shapes = sorted(set(shapes))
         self.graphs: dict[int, _Graph] = {}
+        self.attention = use_kernel(model) if attention is None else attention
+        if self.attention:
+            _switch_attention(model)
         self.step = self._step
         if compile:
             cache_dir()
@@ -214,7 +222,7 @@ class GraphRunner:
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
         out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=0 if want_logits else 1)
+                         logits_to_keep=0 if want_logits else 1, **self._attention_args())
         n = ids.shape[0]
         self.position.add_(n)
         self.length += n
@@ -222,11 +230,16 @@ class GraphRunner:
 
     def _step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         """The captured step: forward at the shared position, logits into the owned buffer, advance."""
-        logits = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True).logits[0]
+        logits = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
+                            **self._attention_args()).logits[0]
         cols = min(logits.shape[-1], self.width)
         logits_out[:, :cols].copy_(logits[:, :cols])
         self.position.add_(ids.shape[0])
         return logits
+
+    def _attention_args(self) -> dict:
+        """What the model hands on to gpu/attention.py: where the step's first token sits."""
+        return {"specgen_position": self.position} if self.attention else {}
 
     @torch.inference_mode()
     def _capture(self, n: int) -> _Graph:
@@ -248,6 +261,28 @@ class GraphRunner:
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
+
+
+def use_kernel(model) -> bool:
+    """The decode-attention kernel by default: on CUDA, for models whose attention it computes."""
+    if not DECODE_ATTENTION or model.get_output_embeddings().weight.device.type != "cuda":
+        return False
+    from specgen.gpu.attention import supports
+
+    return supports(model.config) is None
+
+
+def _switch_attention(model) -> None:
+    """Make the model call gpu/attention.py (SDPA whenever a call does not pass the position)."""
+    from specgen.gpu.attention import register
+
+    name = register()
+    if model.config._attn_implementation == name:
+        return
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # older transformers: the config attribute is what the attention layers read
+        model.config._attn_implementation = name
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -1,0 +1,153 @@
+"""gpu/attention.py: the decode-attention kernel against its torch reference, and inside models.
+
+Attention is a floating-point reduction whose order differs between the kernel (key blocks, online
+softmax, split merge) and the reference (one softmax over the masked cache), so the two agree to a
+tolerance, not bit for bit: float32 within 2e-6 absolute on unit-scale inputs (observed ~3e-7), 16-bit
+within one output rounding step. Inside a model, runners with the kernel and with SDPA must give the
+same logits (float32, 1e-4) and the same greedy tokens, over prefill, steps of 1 and k+1 tokens, and
+rollbacks: the position the kernel reads is the runner's own.
+On CPU the kernels run in the Triton interpreter (tests/triton_cpu.py).
+"""
+
+from __future__ import annotations
+
+from triton_cpu import DEVICE, INTERPRETED  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import pytest
+import torch
+
+from specgen.gpu import attention
+from specgen.gpu.attention import decode_attention, decode_attention_reference
+
+CASES = [  # batch, heads, kv heads, tokens, head dim, capacity, position, window
+    (1, 12, 4, 5, 64, 640, 300, 0),  # bench-target shape, 3 splits, k = 4 verification
+    (1, 4, 4, 1, 64, 128, 5, 0),  # 1-token step, no GQA, one split
+    (1, 8, 2, 3, 80, 1024, 700, 0),  # head dim not a power of two, 4 splits
+    (1, 8, 2, 9, 64, 600, 250, 100),  # sliding window reaching back into an earlier split
+    (2, 4, 2, 20, 32, 256, 100, 0),  # batch 2, rows over one tile
+    (1, 2, 1, 40, 16, 300, 0, 0),  # first step of a sequence, 40 tokens x 2 heads: two row tiles
+    (1, 8, 2, 5, 64, 512, 508, 7),  # last positions of the cache, tiny window
+]
+
+
+def _inputs(case, dtype, seed=0):
+    batch, heads, kv_heads, tokens, dim, capacity, position, _ = case
+    gen = torch.Generator().manual_seed(seed)
+    # query as the model makes it: [B, q, H, D] transposed, so not contiguous
+    query = torch.randn(batch, tokens, heads, dim, generator=gen).transpose(1, 2)
+    key = torch.randn(batch, kv_heads, capacity, dim, generator=gen)
+    value = torch.randn(batch, kv_heads, capacity, dim, generator=gen)
+    return [t.to(dtype).to(DEVICE) for t in (query, key, value)] + [torch.tensor(position, device=DEVICE)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_reference_float32(case):
+    query, key, value, position = _inputs(case, torch.float32)
+    window = case[-1]
+    scale = query.shape[-1] ** -0.5
+    out = decode_attention(query, key, value, position, scale, window)
+    ref = decode_attention_reference(query, key, value, position, scale, window)
+    assert out.shape == ref.shape == (case[0], case[3], case[1], case[4])
+    assert (out - ref).abs().max().item() < 2e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_matches_reference_16_bit(dtype):
+    case = CASES[0]
+    query, key, value, position = _inputs(case, dtype, seed=1)
+    out = decode_attention(query, key, value, position, 0.125)
+    ref = decode_attention_reference(query, key, value, position, 0.125)
+    assert out.dtype == dtype
+    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10  # one rounding step of values < 2
+    assert (out.float() - ref.float()).abs().max().item() <= 2 * step
+
+
+def test_kernel_ignores_keys_past_each_token():
+    """Garbage after the live keys (stale drafts, unwritten slots) must not leak into the output."""
+    case = CASES[0]
+    query, key, value, position = _inputs(case, torch.float32)
+    before = decode_attention(query, key, value, position, 0.125)
+    live = int(position) + case[3]
+    key[:, :, live:] = 1e4
+    value[:, :, live:] = float("nan")
+    after = decode_attention(query, key, value, position, 0.125)
+    assert torch.equal(before, after)
+
+
+def _tiny(family: str, **extra):
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
+               "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    config_cls, model_cls = classes[family]
+    config = config_cls(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                        initializer_range=0.5, bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
+    torch.manual_seed(3)
+    return model_cls(config).to(DEVICE).eval()
+
+
+def _feed(runner, ids: list[int]) -> torch.Tensor:
+    return runner.forward(torch.tensor(ids, dtype=torch.long, device=DEVICE)).clone()
+
+
+@pytest.mark.parametrize("family,extra", [("llama", {}), ("mistral", {"sliding_window": 24}), ("qwen2", {})])
+def test_runner_with_kernel_equals_sdpa(family, extra, monkeypatch):
+    """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits."""
+    from specgen.gpu.runner import GraphRunner
+
+    calls = []
+    real = attention.decode_attention
+    monkeypatch.setattr(attention, "decode_attention", lambda *a: calls.append(a[0].shape[2]) or real(*a))
+
+    model = _tiny(family, **extra)
+    kernel = GraphRunner(model, 96, 600, use_graphs=False, attention=True)
+    sdpa = GraphRunner(model, 96, 600, use_graphs=False, attention=False)  # same model: no kwarg -> SDPA
+    assert model.config._attn_implementation == attention.NAME
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 96, (30,), generator=gen).tolist()
+    script = [5, 1, -3, 5, 1, 1, -2, 5]  # feed n tokens, or roll back n
+    feeds = [torch.randint(0, 96, (abs(n),), generator=gen).tolist() for n in script]
+    outputs = []
+    for runner in (kernel, sdpa):
+        runner.reset()
+        logits = [_feed(runner, prompt)]
+        for n, ids in zip(script, feeds):
+            if n < 0:
+                runner.truncate(runner.length + n)
+            else:
+                logits.append(_feed(runner, ids))
+        outputs.append(logits)
+    steps = [1, len(prompt)] + [n for n in script if n > 0]  # allocation, prefill (<= 64), steps
+    assert calls == [n for n in steps for _layer in range(2)]  # the kernel runner's, every layer
+    for got, want in zip(*outputs):
+        assert got.shape == want.shape
+        assert (got - want).abs().max().item() < 1e-4
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_supports_refuses_what_it_cannot_compute():
+    from transformers import LlamaConfig
+
+    assert attention.supports(LlamaConfig(hidden_size=64, num_attention_heads=4)) is None
+    assert "head_dim" in attention.supports(LlamaConfig(hidden_size=1024, num_attention_heads=2))
+    gemma2 = LlamaConfig(hidden_size=64, num_attention_heads=4)
+    gemma2.attn_logit_softcapping = 50.0
+    assert "softcapping" in attention.supports(gemma2)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.cuda
+def test_kernel_matches_reference_bf16_on_gpu_graph():
+    """On the GPU, captured in a CUDA graph and replayed at a moved position."""
+    case = (1, 32, 8, 5, 128, 1024, 400, 0)
+    query, key, value, position = _inputs(case, torch.bfloat16)
+    decode_attention(query, key, value, position, 128 ** -0.5)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(query, key, value, position, 128 ** -0.5)
+    for at in (400, 17, 1018):
+        position.fill_(at)
+        graph.replay()
+        ref = decode_attention_reference(query, key, value, position, 128 ** -0.5)
+        assert (out.float() - ref.float()).abs().max().item() <= 2 * 2.0 ** -7
