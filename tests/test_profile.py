@@ -334,7 +334,7 @@ OUT_OF_RANGE = [
     ("target.device", '"gpu"', "must be auto, cpu, cuda or cuda:N"),
     ("draft.device", '"cuda:x"', "must be auto, cpu, cuda or cuda:N"),
     ("target.path", '""', "must not be empty"),
-    ("proposer.kind", '"eagle"', "must be one of draft, ngram, none"),
+    ("proposer.kind", '"eagle"', "must be one of draft, ngram, hybrid, none"),
     ("proposer.ngram_min", "0", "must be >= 1"),
     ("proposer.ngram_max", "33", "must be <= 32"),
     ("proposer.draft_p_min", "1.0", "must be in [0, 1)"),

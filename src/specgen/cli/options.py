@@ -13,7 +13,7 @@ import typer
 Profile = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name or .toml path (default: demo).")]
 Target = Annotated[Optional[str], typer.Option("--target", help="Target checkpoint: local folder or cached hub id.")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft checkpoint: local folder or cached hub id.")]
-Proposer = Annotated[Optional[str], typer.Option("--proposer", help="draft | ngram | none (target only).")]
+Proposer = Annotated[Optional[str], typer.Option("--proposer", help="draft | ngram | hybrid (n-gram, else draft) | none (target only).")]
 K = Annotated[Optional[int], typer.Option("--k", help="Draft tokens per round (1..32).")]
 DraftPMin = Annotated[Optional[float], typer.Option(
     "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]

@@ -70,6 +70,8 @@ def _summary(name: str) -> tuple[str, str]:
         return f"invalid: {error.message}", ""
     if profile.proposer.kind == "draft":
         return profile.target.path, profile.draft.path
+    if profile.proposer.kind == "hybrid":
+        return profile.target.path, f"{profile.draft.path} (hybrid)"
     return profile.target.path, f"({profile.proposer.kind})"
 
 

@@ -65,13 +65,18 @@ class Engine:
         spec = spec or self.profile.proposer
         if kind == "none":
             return NoProposer(self.target_runner.device)
-        if kind == "draft":
-            if self.draft_runner is None:
-                raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
-            return DraftModelProposer(self.draft_runner, sample, stop_ids, spec.draft_p_min, spec.adaptive_k)
         from specgen.core.ngram import NgramProposer  # noqa: PLC0415 (only when asked for)
 
-        return NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device)
+        if kind == "ngram":
+            return NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device)
+        if self.draft_runner is None:
+            raise UsageError(f"the {kind} proposer needs a draft model", hint="add [draft] or use --proposer ngram")
+        draft = DraftModelProposer(self.draft_runner, sample, stop_ids, spec.draft_p_min, spec.adaptive_k)
+        if kind == "draft":
+            return draft
+        from specgen.core.hybrid import HybridProposer  # noqa: PLC0415
+
+        return HybridProposer(NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device), draft)
 
     def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None,
                 insight: bool = False) -> Decoder:

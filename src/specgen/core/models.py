@@ -183,7 +183,7 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = T
     tokenizer = load_tokenizer(profile.target)
     target = load_model(profile.target, allow_pickle)
     draft = None
-    if need_draft and profile.proposer.kind == "draft" and profile.draft is not None:
+    if need_draft and profile.proposer.uses_draft and profile.draft is not None:
         check_tokenizers(tokenizer, load_tokenizer(profile.draft))
         draft = load_model(profile.draft, allow_pickle)
         if logits_width(draft) < len(tokenizer):

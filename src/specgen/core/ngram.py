@@ -41,8 +41,11 @@ class NgramProposer:
         return Proposal(torch.tensor(self.drafted, dtype=torch.long, device=self.device), None, k=k)
 
     def commit(self, num_accepted: int, next_token: int) -> None:
-        self.tokens += self.drafted[:num_accepted]
-        self.tokens.append(next_token)
+        self.follow(self.drafted[:num_accepted] + [next_token])
+
+    def follow(self, committed: list[int]) -> None:
+        """Extend the context with a round's committed tokens, whoever drafted them."""
+        self.tokens += committed
         self._index()
 
     def lookup(self, k: int) -> list[int]:

@@ -319,11 +319,11 @@ def _check_together(profile: Profile, merged: _Merged) -> None:
             f"{origin.name('proposer.ngram_max')} ({proposer.ngram_max}) must be >= "
             f"{origin.name('proposer.ngram_min')} ({proposer.ngram_min})",
         )
-    if proposer.kind == "draft" and profile.draft is None:
+    if proposer.uses_draft and profile.draft is None:
         origin = merged.blame("proposer.kind")
         raise origin.error(
             "proposer.kind",
-            "the draft proposer needs a draft model: add a [draft] table with `path = ...`, "
+            f"the {proposer.kind} proposer needs a draft model: add a [draft] table with `path = ...`, "
             "pass --draft PATH, or use --proposer ngram",
         )
 
@@ -431,7 +431,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     **_for_models("path", (bool, "must not be empty")),
     **_for_models("dtype", _one_of("auto", "float32", "float16", "bfloat16")),
     **_for_models("device", (_DEVICE.fullmatch, "must be auto, cpu, cuda or cuda:N")),
-    "proposer.kind": _one_of("draft", "ngram", "none"),
+    "proposer.kind": _one_of("draft", "ngram", "hybrid", "none"),
     "proposer.ngram_min": (lambda v: v >= 1, "must be >= 1"),
     "proposer.ngram_max": (lambda v: v <= 32, "must be <= 32"),
     "proposer.draft_p_min": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"),

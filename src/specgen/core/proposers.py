@@ -130,6 +130,12 @@ class DraftModelProposer:
         self.runner.truncate(self.base + keep)
         self.pending = self.drafted[keep:num_accepted] + [next_token]
 
+    def follow(self, committed: list[int]) -> None:
+        """A round that another proposer drafted committed these tokens: the draft model did not run,
+        so its cache is as the last commit left it and they wait, after the pending ones, for the
+        next round's first step (one multi-token forward instead of one step per token)."""
+        self.pending = self.pending + committed
+
 
 def _confidence(logits: torch.Tensor, argmax: torch.Tensor, probs: torch.Tensor | None) -> float:
     """The draft's probability of its most likely next token, judged BEFORE any token is drawn.

@@ -23,11 +23,16 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ProposerSpec:
-    kind: str = "draft"  # draft | ngram | none (target-only)
+    kind: str = "draft"  # draft | ngram | hybrid (n-gram where it matches, else draft) | none (target-only)
     ngram_min: int = 1
     ngram_max: int = 4
     draft_p_min: float = 0.0  # adaptive: stop drafting when the draft's own p(next) < this (0 = off)
     adaptive_k: bool = False  # adapt k between rounds from recent acceptance (bounded by k)
+
+    @property
+    def uses_draft(self) -> bool:
+        """Whether this proposer runs the [draft] model (so it must be configured and loaded)."""
+        return self.kind in ("draft", "hybrid")
 
 
 @dataclass(frozen=True)
