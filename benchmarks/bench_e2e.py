@@ -272,6 +272,9 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     engine = Engine(make_profile(args.pair, args.k, args.max_new, compile=args.compile))
     report["startup_seconds_this_process"] = round(time.perf_counter() - start, 2)
+    report["attention_kernel"] = {name: getattr(getattr(engine, f"{name}_runner", None), "attention", False)
+                                  for name in ("target", "draft")}
+    print(f"attention kernel in use: {report['attention_kernel']}", flush=True)
     prompts = load_prompts(args.pair, engine, args.prompts, args.prompt_tokens)
     from transformers import AutoModelForCausalLM
 

@@ -131,6 +131,7 @@ def test_a_model_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
 def test_compiled_graphs_match_eager(pair, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     engine = Engine(make_profile(*pair, compile=True))
+    assert engine.target_runner.attention and engine.draft_runner.attention  # the kernel compiled, no fallback
     plain = Engine(make_profile(*pair, graphs=False))
     for prompt in random_prompts(engine.pair.vocab_size, 3, seed=2):
         assert finish(engine.decoder(), prompt).token_ids == finish(plain.decoder(), prompt).token_ids

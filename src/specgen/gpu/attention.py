@@ -189,7 +189,7 @@ def _split_kernel(
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = s * scale_log2  # [M, N]
+        s = (s * scale_log2).to(tl.float32)  # [M, N]; inductor passes Python floats as fp64
         visible = n_ok[None, :] & (n[None, :] <= at[:, None])
         if WINDOW > 0:
             visible = visible & (n[None, :] > at[:, None] - WINDOW)
