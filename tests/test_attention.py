@@ -151,3 +151,51 @@ def test_kernel_matches_reference_bf16_on_gpu_graph():
         graph.replay()
         ref = decode_attention_reference(query, key, value, position, 128 ** -0.5)
         assert (out.float() - ref.float()).abs().max().item() <= 2 * 2.0 ** -7
+
+
+FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shorter than the sequence
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {"sliding_window": 24}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "gemma": ("GemmaConfig", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 24}),  # soft-capping: SDPA
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"]}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_families_step_like_eager_steps(family):
+    """Each family through a runner as the fast path builds it (captured steps on a GPU, the kernel
+    where attention.supports allows it) against eager steps with the model's own attention (SDPA;
+    eager for Gemma 2) over the same cache, rollbacks included."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from specgen.gpu.runner import GraphRunner
+
+    name, extra = FAMILIES[family]
+    config = getattr(transformers, name)(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.5, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None, **extra)
+    torch.manual_seed(4)
+    model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()  # its default attention
+    expected_kernel = attention.supports(model.config) is None
+    assert expected_kernel == (family != "gemma2")
+    fast = GraphRunner(model, 96, 600, shapes=(1, 5), attention=expected_kernel)
+    reference = GraphRunner(model, 96, 600, use_graphs=False, attention=False)
+    assert bool(fast.graphs) == (torch.device(DEVICE).type == "cuda")
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 96, (30,), generator=gen).tolist()
+    steps = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (5, 1, 5, 1, 5)]
+    results = []
+    for runner in (fast, reference):
+        runner.reset()
+        out = [_feed(runner, prompt)]
+        for ids in steps:
+            out.append(_feed(runner, ids))
+            runner.truncate(runner.length - 2)  # a rejection: roll back over stale K/V
+        results.append(out)
+    for got, want in zip(*results):
+        assert (got - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item())
