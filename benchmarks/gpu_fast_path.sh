@@ -27,7 +27,6 @@ check)
 bench)
   timeout 100 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
     | tee "$OUT/pytest.txt" | tail -3 || exit 1
-  timeout 100 python3 benchmarks/profile_steps.py --rows 12 --compile 2>&1 | tee -a "$OUT/profile.txt" | grep -E "^## "
   timeout 300 python3 benchmarks/make_pair.py --preset bench --seed 0 --out .pairs/bench --minutes "${MINUTES:-4.4}" \
     2>&1 | tee "$OUT/train.txt" | tail -4
   cp .pairs/bench/report.json "$OUT/pair_report.json"

@@ -199,3 +199,42 @@ def test_families_step_like_eager_steps(family):
         results.append(out)
     for got, want in zip(*results):
         assert (got - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item())
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph on CPU: replay() runs the captured step eagerly."""
+
+    def __init__(self, runner, n: int, logits: torch.Tensor):
+        self.runner, self.n, self.logits = runner, n, logits
+
+    def replay(self):
+        with torch.inference_mode():
+            self.runner.step(self.runner.ids[:self.n], self.logits)
+
+
+def test_padded_and_chunked_replays_equal_exact_feeds():
+    """Feeds shorter than a captured shape replay it padded, prompts replay the largest shape chunk
+    by chunk; the real rows' logits, the length and the position match exact eager feeds."""
+    from specgen.gpu.runner import GraphRunner, _Graph
+
+    model = _tiny("llama")
+    replayed = GraphRunner(model, 96, 600, use_graphs=False, attention=True)
+    for n in (1, 5, 16):
+        logits = torch.full((n, 96), float("-inf"), device=DEVICE)
+        replayed.graphs[n] = _Graph(_EagerGraph(replayed, n, logits), logits, None)
+    exact = GraphRunner(model, 96, 600, use_graphs=False, attention=True)
+    gen = torch.Generator().manual_seed(2)
+    script = [30, 3, 1, -2, 5, 2, 40]  # 30: chunks of 16 + 14 (padded); 3, 2: padded into 5
+    feeds = [torch.randint(0, 96, (abs(n),), generator=gen).tolist() for n in script]
+    for runner in (replayed, exact):
+        runner.reset()
+    for n, ids in zip(script, feeds):
+        if n < 0:
+            for runner in (replayed, exact):
+                runner.truncate(runner.length + n)
+            continue
+        got, want = _feed(replayed, ids), _feed(exact, ids)
+        assert got.shape == want.shape == (n, 96)
+        assert (got - want).abs().max().item() < 1e-4
+        assert replayed.length == exact.length and int(replayed.position) == int(exact.position) == exact.length
+    assert replayed._shape_for(16 * 8 + 1) is None  # past MAX_CHUNKS chunks: eager

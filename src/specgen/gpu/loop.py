@@ -413,7 +413,7 @@ class FastPath:
 def build(pair, width: int, profile, progress=None) -> FastPath | None:
     """Graph runners for a pair on one CUDA device, or None (after one warning) to stay eager."""
     from specgen.gpu import runner as runner_module
-    from specgen.gpu.runner import GraphRunner
+    from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
 
     if profile.target.device_map is not None or (profile.draft is not None and profile.draft.device_map is not None):
         warnings.warn("a device_map spreads the model over devices: decoding runs eagerly, without CUDA graphs",
@@ -425,10 +425,10 @@ def build(pair, width: int, profile, progress=None) -> FastPath | None:
     def runners(use_graphs: bool, attention: bool | None = None) -> FastPath:
         common = dict(compile=spec.compile and use_graphs, progress=progress, use_graphs=use_graphs,
                       attention=attention)
-        target = GraphRunner(pair.target, width, capacity, shapes=(1, spec.k + 1), name="target", **common)
+        target = GraphRunner(pair.target, width, capacity, shapes=(1, spec.k + 1, PREFILL_CHUNK), name="target", **common)
         draft = None
         if pair.draft is not None:
-            draft = GraphRunner(pair.draft, width, capacity, shapes=(1, 2), name="draft", **common)
+            draft = GraphRunner(pair.draft, width, capacity, shapes=(1, 2, PREFILL_CHUNK), name="draft", **common)
         return FastPath(target, draft)
 
     try:

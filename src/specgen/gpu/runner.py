@@ -28,7 +28,9 @@ import torch
 
 WARMUP_STEPS = 3  # eager runs before capture: cuBLAS handles, lazy allocations, torch.compile
 SLACK = 64  # positions past the longest request: where warm-ups and padded steps may write
-MAX_GRAPH_TOKENS = 64  # longest captured step; longer feeds (prefill) run eagerly
+MAX_GRAPH_TOKENS = 64  # longest captured step
+PREFILL_CHUNK = 64  # the fast path also captures this shape: prompts replay it chunk by chunk
+MAX_CHUNKS = 8  # longer prompts (more than 512 tokens) prefill eagerly, where compute dominates
 
 
 # SDPA backends for captured steps, by step length (None: PyTorch's own order). Measured on an H200
@@ -168,17 +170,28 @@ class GraphRunner:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, want_logits: bool = True) -> torch.Tensor | None:
-        """ids: [n] int64 -> logits [n, width] float32 (None when want_logits is False)."""
+        """ids: [n] int64 -> logits [n, width] float32 (None when want_logits is False).
+
+        A step replays the smallest captured shape that holds it, padded: the padding tokens sit
+        after the real ones, so no real row sees them, and the position is set back to the real
+        length, so their K/V lies beyond it like a rejected draft's. Longer feeds (prefill) of up
+        to MAX_CHUNKS chunks replay the largest shape chunk by chunk; longer ones run eagerly.
+        """
         n = ids.shape[0]
         if n == 0:
             return None
-        graph = self.graphs.get(n) if want_logits else None
-        if graph is None:
+        shape = self._shape_for(n)
+        if shape is None:
             return self._eager(ids.to(self.device), want_logits)
-        self.ids[:n].copy_(ids, non_blocking=True)
-        graph.graph.replay()
-        self.length += n
-        return graph.logits
+        if n > shape:
+            rows = []  # each replay overwrites the graph's logits: copy them out in between
+            for at in range(0, n, shape):
+                logits = self._replay(ids[at:at + shape], shape)
+                if want_logits:
+                    rows.append(logits.clone())
+            return torch.cat(rows) if want_logits else None
+        logits = self._replay(ids, shape)
+        return logits if want_logits else None
 
     def add_shapes(self, shapes) -> None:
         """Capture steps of more shapes (a decoder with another k): outside any round."""
@@ -193,6 +206,27 @@ class GraphRunner:
             self._allocate(_round_up(positions + SLACK, 512))
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _shape_for(self, n: int) -> int | None:
+        """The captured shape an n-token feed replays (chunked when n is larger), or None: eager."""
+        if not self.graphs:
+            return None
+        fits = [shape for shape in self.graphs if shape >= n]
+        if fits:
+            return min(fits)
+        largest = max(self.graphs)
+        return largest if n <= largest * MAX_CHUNKS else None
+
+    def _replay(self, ids: torch.Tensor, shape: int) -> torch.Tensor:
+        """Run the `shape`-token graph on ids ([n <= shape]) padded with stale ids: logits [n, width]."""
+        n = ids.shape[0]
+        graph = self.graphs[shape]
+        self.ids[:n].copy_(ids, non_blocking=True)
+        graph.graph.replay()  # advances the position by `shape`
+        self.length += n
+        if n < shape:
+            self.position.fill_(self.length)
+        return graph.logits[:n]
 
     def _allocate(self, capacity: int) -> None:
         start = time.perf_counter()
