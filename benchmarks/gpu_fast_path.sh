@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_fast_path.sh attention  # SDPA backend choice per step length; 8B shapes with compile
 #   bash benchmarks/gpu_fast_path.sh fused   # fused-round tests, kernel profile, fused vs per-phase (random weights)
 #   bash benchmarks/gpu_fast_path.sh kernel  # decode-attention kernel: CUDA tests, step profiles vs SDPA, 8B shapes
+#   bash benchmarks/gpu_fast_path.sh final   # every CUDA test (compile too), start-up with/without compile
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-.out}
@@ -25,13 +26,15 @@ check)
   timeout 120 python3 benchmarks/bench_shapes.py --out "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.txt" | tail -12
   ;;
 bench)
-  timeout 100 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
-    | tee "$OUT/pytest.txt" | tail -3 || exit 1
+  if [ "${PYTEST:-1}" = 1 ]; then
+    timeout 100 python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
+      | tee "$OUT/pytest.txt" | tail -3 || exit 1
+  fi
   timeout 300 python3 benchmarks/make_pair.py --preset bench --seed 0 --out .pairs/bench --minutes "${MINUTES:-4.4}" \
     2>&1 | tee "$OUT/train.txt" | tail -4
   cp .pairs/bench/report.json "$OUT/pair_report.json"
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
-  timeout 230 python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-4}" \
+  timeout "${E2E_TIMEOUT:-300}" python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-4}" \
     --compile --no-startups --extra-k "${EXTRA_K:-3,6}" --phased --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -24
   ;;
 attention)  # SDPA backends for 1- and multi-token steps, graphs with and without compile; 8B shapes compiled
@@ -56,5 +59,12 @@ kernel)
       | grep -E "^## |^attention" ; done; done
   timeout 240 python3 benchmarks/bench_shapes.py --variants graph-sdpa,graph-kernel,compile-kernel \
     --out "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.txt" | tail -12
+  ;;
+final)
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py 2>&1 | tee "$OUT/pytest.txt" | tail -3
+  timeout 220 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_gpu.py tests/test_kernels.py 2>&1 \
+    | tee -a "$OUT/pytest.txt" | tail -4
+  timeout 250 python3 benchmarks/bench_e2e.py --random --prompts 4 --hf 0 --compile --inductor-cache /tmp/inductor \
+    --out "$OUT/e2e_random.json" 2>&1 | tee "$OUT/e2e_random.txt" | tail -14
   ;;
 esac
