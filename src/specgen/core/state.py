@@ -41,10 +41,11 @@ class SamplingState:
         self.generated = 0
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.counts.zero_()
-        self.seen.zero_()
-        self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=self.device)] = True
         self.generated = 0
+        if self.use_penalties:  # counts and seen are read by the penalties only
+            self.counts.zero_()
+            self.seen.zero_()
+            self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=self.device)] = True
 
     def rows(self, drafted: torch.Tensor) -> RoundRows:
         """Rows 0..n of a round whose drafted tokens so far are `drafted` [n]."""
@@ -76,7 +77,9 @@ class SamplingState:
 
     def commit(self, emitted) -> None:
         """emitted: a list of ids, or an int64 tensor already on the device (no host-to-device copy)."""
+        self.generated += len(emitted)
+        if not self.use_penalties:  # nothing reads counts and seen: no device work between rounds
+            return
         ids = torch.as_tensor(emitted, dtype=torch.long, device=self.device)
         self.counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         self.seen[ids] = True
-        self.generated += len(emitted)
