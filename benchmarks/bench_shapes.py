@@ -15,6 +15,7 @@ static cache (rolled back after each step), timed with CUDA events over 50 steps
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -34,7 +35,9 @@ VARIANTS = {
     "graph-kernel": dict(attention=True),
     "compile-sdpa": dict(compile=True, attention=False),
     "compile-kernel": dict(compile=True, attention=True),
+    "compile-kernel-tuned": dict(compile=True, attention=True),  # + TUNED inductor settings
 }
+TUNED = {"coordinate_descent_tuning": True, "max_autotune_gemm": True}  # GEMM templates benchmarked
 
 
 def copy_bandwidth(gib: int = 4) -> float:
@@ -85,10 +88,36 @@ def step_seconds(runner: GraphRunner, n: int, steps: int = 50, repeats: int = 5)
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def inductor_settings(settings: dict):
+    import torch._inductor.config as config
+
+    saved = {key: getattr(config, key) for key in settings}
+    for key, value in settings.items():
+        setattr(config, key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
+def kernel_table(runner: GraphRunner, steps: int = 20) -> str:
+    """torch.profiler's CUDA kernel table over `steps` 1-token steps at POSITION."""
+    ids = torch.randint(0, runner.width, (1,), device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.forward(ids)
+            runner.truncate(POSITION)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--variants", default="eager,graph-sdpa,graph-kernel", help="comma-separated, see above")
+    parser.add_argument("--profile", action="store_true", help="kernel table of each variant's 1-token step")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -103,13 +132,16 @@ def main() -> None:
     variants = [(name, VARIANTS[name]) for name in dict.fromkeys(names)]
     for name, kwargs in variants:
         start = time.perf_counter()
-        runner = GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, shapes=(1, 5), **kwargs)
+        with inductor_settings(TUNED if name.endswith("-tuned") else {}):
+            runner = GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, shapes=(1, 5), **kwargs)
         setup = time.perf_counter() - start
         one, five = step_seconds(runner, 1), step_seconds(runner, 5)
         row = {"variant": name, "setup_s": round(setup, 1), "step_1_ms": one * 1e3, "step_5_ms": five * 1e3,
                "step_1_over_floor": one / floor, "step_5_over_step_1": five / one}
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
+        if args.profile:
+            print(kernel_table(runner), flush=True)
         del runner
         torch.cuda.empty_cache()
     if args.out:
