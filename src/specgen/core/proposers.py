@@ -59,7 +59,8 @@ class DraftModelProposer:
 
     The draft cache holds the committed sequence except its last `pending` tokens, which are fed
     at the start of the next round: one token normally, two after a round whose every draft was
-    accepted (the last draft never went through the draft model), so the cache stays whole.
+    accepted (the last draft never went through the draft model), so the cache stays whole; more
+    after rounds that another proposer drafted (follow(), the hybrid proposer's n-gram rounds).
 
     Adaptive speculation (both off by default): p_min ends a round's drafting early when the
     draft is unsure of its next token; adaptive_k drafts at most AdaptiveK's budget per round.
