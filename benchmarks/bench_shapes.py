@@ -5,7 +5,8 @@ step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth flo
 
 Variants: eager (SDPA), graph-<attention> (CUDA graph), compile-<attention> (torch.compile + CUDA
 graph), where <attention> is kernel (gpu/attention.py, over the live keys) or sdpa (over the whole
-static cache). --compile adds compile-kernel.
+static cache); compile-kernel-tuned also autotunes (the runner's `autotune`). --compile adds
+compile-kernel.
 
 floor = weight bytes / device-to-device copy bandwidth measured in the same run (bytes read plus
 bytes written over the time of a 4 GiB copy). Every step runs at position 512 of a 1024-position
@@ -15,7 +16,6 @@ static cache (rolled back after each step), timed with CUDA events over 50 steps
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
@@ -35,9 +35,8 @@ VARIANTS = {
     "graph-kernel": dict(attention=True),
     "compile-sdpa": dict(compile=True, attention=False),
     "compile-kernel": dict(compile=True, attention=True),
-    "compile-kernel-tuned": dict(compile=True, attention=True),  # + TUNED inductor settings
+    "compile-kernel-tuned": dict(compile=True, attention=True, autotune=True),  # runner.AUTOTUNE settings
 }
-TUNED = {"coordinate_descent_tuning": True, "max_autotune_gemm": True}  # GEMM templates benchmarked
 
 
 def copy_bandwidth(gib: int = 4) -> float:
@@ -88,20 +87,6 @@ def step_seconds(runner: GraphRunner, n: int, steps: int = 50, repeats: int = 5)
     return statistics.median(times)
 
 
-@contextlib.contextmanager
-def inductor_settings(settings: dict):
-    import torch._inductor.config as config
-
-    saved = {key: getattr(config, key) for key in settings}
-    for key, value in settings.items():
-        setattr(config, key, value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(config, key, value)
-
-
 def kernel_table(runner: GraphRunner, steps: int = 20) -> str:
     """torch.profiler's CUDA kernel table over `steps` 1-token steps at POSITION."""
     ids = torch.randint(0, runner.width, (1,), device="cuda")
@@ -132,8 +117,7 @@ def main() -> None:
     variants = [(name, VARIANTS[name]) for name in dict.fromkeys(names)]
     for name, kwargs in variants:
         start = time.perf_counter()
-        with inductor_settings(TUNED if name.endswith("-tuned") else {}):
-            runner = GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, shapes=(1, 5), **kwargs)
+        runner = GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, shapes=(1, 5), **kwargs)
         setup = time.perf_counter() - start
         one, five = step_seconds(runner, 1), step_seconds(runner, 5)
         row = {"variant": name, "setup_s": round(setup, 1), "step_1_ms": one * 1e3, "step_5_ms": five * 1e3,

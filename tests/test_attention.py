@@ -238,3 +238,27 @@ def test_padded_and_chunked_replays_equal_exact_feeds():
         assert (got - want).abs().max().item() < 1e-4
         assert replayed.length == exact.length and int(replayed.position) == int(exact.position) == exact.length
     assert replayed._shape_for(16 * 8 + 1) is None  # past MAX_CHUNKS chunks: eager
+
+
+def test_inductor_settings_apply_for_the_duration_and_are_restored():
+    import torch._inductor.config as config
+
+    from specgen.gpu.runner import AUTOTUNE, inductor_settings
+
+    before = {key: getattr(config, key) for key in AUTOTUNE}
+    seen = {}
+    with pytest.raises(RuntimeError):
+        with inductor_settings(AUTOTUNE):
+            seen = {key: getattr(config, key) for key in AUTOTUNE}
+            raise RuntimeError("a failed compile")
+    assert seen == AUTOTUNE
+    assert {key: getattr(config, key) for key in AUTOTUNE} == before
+
+
+def test_autotune_comes_from_the_profile_and_cli(tmp_path):
+    from specgen.cli.options import overrides
+    from specgen.core.profile import load_profile
+
+    assert overrides(autotune=True, compile=True) == {"speculation.autotune": True, "speculation.compile": True}
+    assert load_profile("demo", {"speculation.autotune": True}).speculation.autotune
+    assert not load_profile("demo", {}).speculation.autotune

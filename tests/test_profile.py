@@ -100,6 +100,7 @@ k = 7
 draft_sampling = "sample"
 cuda_graphs = false
 compile = true
+autotune = true
 [sampling]
 temperature = 0.8
 top_k = 50
@@ -123,7 +124,7 @@ logprobs = 5
         target=ModelSpec("org/t", "v2", "bfloat16", "cuda:1", "balanced", True),
         draft=ModelSpec("org/d", dtype="float16", device="cpu"),
         proposer=ProposerSpec("ngram", 2, 5, 0.3, True),
-        speculation=SpeculationSpec(7, "sample", False, True),
+        speculation=SpeculationSpec(7, "sample", False, True, True),
         sampling=SamplingSpec(
             0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5
         ),

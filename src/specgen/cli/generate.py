@@ -45,6 +45,7 @@ def generate(
     dtype: opt.Dtype = None,
     device: opt.Device = None,
     compile: opt.Compile = None,
+    autotune: opt.Autotune = None,
     logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="Report the top-N logprobs per token (JSON).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")] = False,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,

@@ -36,6 +36,8 @@ Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | 
 Device = Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (both models).")]
 Compile = Annotated[Optional[bool], typer.Option(
     "--compile/--no-compile", help="Also torch.compile the CUDA-graph steps: faster rounds, slower first start.")]
+Autotune = Annotated[Optional[bool], typer.Option(
+    "--autotune/--no-autotune", help="With --compile: benchmark GEMM kernels at start-up (much slower first start).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
 
@@ -51,6 +53,7 @@ def overrides(**options) -> dict:
         "seed": "sampling.seed", "max_tokens": "sampling.max_tokens", "min_tokens": "sampling.min_tokens",
         "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
         "logprobs": "sampling.logprobs", "compile": "speculation.compile",
+        "autotune": "speculation.autotune",
     }
     out = {keys[name]: value for name, value in options.items() if name in keys and value not in (None, [])}
     for name in ("dtype", "device"):

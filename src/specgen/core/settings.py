@@ -41,6 +41,7 @@ class SpeculationSpec:
     draft_sampling: str = "auto"  # auto | argmax | sample: how the draft picks its proposals
     cuda_graphs: bool = True
     compile: bool = False
+    autotune: bool = False  # with compile: inductor benchmarks GEMM kernels and tunes reductions
 
 
 @dataclass(frozen=True)

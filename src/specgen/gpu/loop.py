@@ -424,7 +424,7 @@ def build(pair, width: int, profile, progress=None) -> FastPath | None:
 
     def runners(use_graphs: bool, attention: bool | None = None) -> FastPath:
         common = dict(compile=spec.compile and use_graphs, progress=progress, use_graphs=use_graphs,
-                      attention=attention)
+                      attention=attention, autotune=spec.autotune)
         target = GraphRunner(pair.target, width, capacity, shapes=(1, spec.k + 1, PREFILL_CHUNK), name="target", **common)
         draft = None
         if pair.draft is not None:

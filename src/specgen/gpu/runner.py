@@ -18,6 +18,7 @@ same shape.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -48,8 +49,6 @@ DECODE_ATTENTION = os.environ.get("SPECGEN_ATTENTION", "kernel") != "sdpa"
 
 def step_attention(tokens: int):
     """The context a captured step of `tokens` tokens runs in (see STEP_ATTENTION_*)."""
-    import contextlib
-
     names = STEP_ATTENTION_ONE if tokens == 1 else STEP_ATTENTION_MANY
     if not names:
         return contextlib.nullcontext()
@@ -60,6 +59,31 @@ def step_attention(tokens: int):
         return sdpa_kernel(backends, set_priority=True)
     except TypeError:  # older torch: no priority order, only the allowed set
         return sdpa_kernel(backends)
+
+
+# `autotune`: inductor benchmarks Triton GEMM templates against cuBLAS and tunes reduction
+# configurations. Measured on a Llama-3-8B shape on an H200 (docs/benchmarks.md): the 1-token
+# step falls from 5.41 to 4.65 ms (1.44x to 1.23x the bandwidth floor), at 172 s of compile
+# instead of 94 s; the 5-token step stays at 5.5 ms.
+AUTOTUNE = {"coordinate_descent_tuning": True, "max_autotune_gemm": True}
+
+
+@contextlib.contextmanager
+def inductor_settings(settings: dict):
+    """torch._inductor.config values set for the duration (compiles happen lazily, at first call)."""
+    if not settings:
+        yield
+        return
+    import torch._inductor.config as config
+
+    saved = {key: getattr(config, key) for key in settings}
+    try:
+        for key, value in settings.items():
+            setattr(config, key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(config, key, value)
 
 
 def cache_dir() -> Path:
@@ -131,11 +155,13 @@ class GraphRunner:
     torch.compile the step (kernels cached on disk, see cache_dir); progress(done, total, what):
     start-up callback; use_graphs=False runs every step eagerly over the same cache (the fallback
     for models that cannot be captured, and the CPU test path); attention: use gpu/attention.py's
-    kernel for steps (None: on CUDA where the model allows it, see DECODE_ATTENTION).
+    kernel for steps (None: on CUDA where the model allows it, see DECODE_ATTENTION); autotune:
+    compile with AUTOTUNE's inductor settings.
     """
 
     def __init__(self, model, width: int, capacity: int, shapes=(), compile: bool = False,
-                 progress=None, use_graphs: bool = True, name: str = "model", attention: bool | None = None):
+                 progress=None, use_graphs: bool = True, name: str = "model", attention: bool | None = None,
+                 autotune: bool = False):
         self.model = model
         self.width = width  # logits columns handed out, as in EagerRunner
         self.device = model.get_output_embeddings().weight.device
@@ -148,6 +174,7 @@ class GraphRunner:
         if self.attention:
             _switch_attention(model)
         self.step = self._step
+        self.autotune = compile and autotune
         if compile:
             cache_dir()
             _raise_recompile_limit()
@@ -248,7 +275,8 @@ class GraphRunner:
         for i, n in enumerate(shapes):
             if self.progress is not None:
                 self.progress(i, len(shapes), f"{self.name}: {n}-token step")
-            self.graphs[n] = self._capture(n)
+            with inductor_settings(AUTOTUNE if self.autotune else {}):  # a shape compiles in its warm-ups
+                self.graphs[n] = self._capture(n)
         if shapes and self.progress is not None:
             self.progress(len(shapes), len(shapes), f"{self.name}: ready")
         self.setup_seconds += time.perf_counter() - start
