@@ -171,7 +171,8 @@ def test_sampled_hybrid_tokens_follow_the_target_distribution(engine):
     model, vocab = engine.pair.target, engine.pair.vocab_size
     a, b = 7, 8
     with torch.no_grad():
-        p_all = torch.softmax(model(torch.tensor([[a, b, c, a, b] for c in range(vocab)])).logits[:, -1].float(), -1)
+        ids = torch.tensor([[a, b, c, a, b] for c in range(vocab)], device=model.device)
+        p_all = torch.softmax(model(ids).logits[:, -1].float(), -1).cpu()
     mass = p_all[torch.arange(vocab), torch.arange(vocab)]
     c = int(torch.argmin((mass - 0.5).abs()))
     assert 0.2 < float(mass[c]) < 0.8, "no drafted token with a mid-range target probability"
@@ -189,7 +190,7 @@ def test_sampled_hybrid_tokens_follow_the_target_distribution(engine):
     assert draft_rounds > runs * 0.1  # the draft model really drafted second tokens
     x0 = max((x for x in set(firsts) if x != c), key=firsts.count)
     with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([prompt + [x0]])).logits[0, -1].float(), -1)
+        p1 = torch.softmax(model(torch.tensor([prompt + [x0]], device=model.device)).logits[0, -1].float(), -1).cpu()
     follow = [y for x, y in pairs if x == x0]
     assert len(follow) > 100
     assert _chi2_pvalue(follow, p1, chisquare) > 1e-4

@@ -210,9 +210,9 @@ def test_sampled_ngram_tokens_follow_the_target_distribution(target):
     engine = Engine(ngram_profile(target, k=3, ngram_min=2, ngram_max=2, temperature=1.0, max_tokens=3))
     model, vocab = engine.pair.target, engine.pair.vocab_size
     a, b = 7, 8
-    prompts = torch.tensor([[a, b, c, a, b] for c in range(vocab)])
+    prompts = torch.tensor([[a, b, c, a, b] for c in range(vocab)], device=model.device)
     with torch.no_grad():
-        p_all = torch.softmax(model(prompts).logits[:, -1].float(), -1)  # [V, V]
+        p_all = torch.softmax(model(prompts).logits[:, -1].float(), -1).cpu()  # [V, V]
     mass = p_all[torch.arange(vocab), torch.arange(vocab)]
     c = int(torch.argmin((mass - 0.5).abs()))
     assert 0.2 < float(mass[c]) < 0.8, "no drafted token with a mid-range target probability"
@@ -228,7 +228,7 @@ def test_sampled_ngram_tokens_follow_the_target_distribution(target):
     assert drafted >= runs * 2  # the lookup really drafted in (nearly) every run
     assert _chi2_pvalue(firsts, p_all[c], chisquare) > 1e-4
     with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([prompt + [c]])).logits[0, -1].float(), -1)
+        p1 = torch.softmax(model(torch.tensor([prompt + [c]], device=model.device)).logits[0, -1].float(), -1).cpu()
     follow = [y for x, y in seconds if x == c]  # after an accepted c, the draft a was verified
     assert len(follow) > 200
     assert _chi2_pvalue(follow, p1, chisquare) > 1e-4
