@@ -185,8 +185,7 @@ def test_sampled_tokens_follow_the_target_distribution(noisy_pair):
     engine = Engine(make_profile(*noisy_pair, k=3, temperature=1.0, max_tokens=4))
     prompt = [7, 8, 9]
     model = engine.pair.target
-    with torch.no_grad():
-        p0 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    p0 = next_token_probs(model, prompt)
     firsts, seconds = [], []
     for seed in range(runs):
         profile = replace(engine.profile, sampling=replace(engine.profile.sampling, seed=seed))
@@ -195,11 +194,17 @@ def test_sampled_tokens_follow_the_target_distribution(noisy_pair):
         seconds.append(ids[:2])
     assert _chi2_pvalue(firsts, p0, chisquare) > 1e-4
     common = max(set(firsts), key=firsts.count)
-    with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([prompt + [common]])).logits[0, -1].float(), -1)
+    p1 = next_token_probs(model, prompt + [common])
     follow = [b for a, b in seconds if a == common]
     assert len(follow) > 100
     assert _chi2_pvalue(follow, p1, chisquare) > 1e-4
+
+
+def next_token_probs(model, ids: list[int]) -> torch.Tensor:
+    """softmax of the model's last logits for one sequence: [V] float32 on the CPU, wherever the model is."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids], device=model.device)).logits[0, -1]
+    return torch.softmax(logits.float(), -1).cpu()
 
 
 def _chi2_pvalue(samples: list[int], probs: torch.Tensor, chisquare) -> float:

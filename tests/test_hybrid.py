@@ -21,7 +21,7 @@ from specgen.core.hybrid import HybridProposer
 from specgen.core.profile import load_profile
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ModelSpec, Profile, ProposerSpec, SamplingSpec, SpeculationSpec
-from test_decode import _chi2_pvalue, finish
+from test_decode import _chi2_pvalue, finish, next_token_probs
 from tiny_models import build_pair, write_profile
 
 
@@ -189,8 +189,7 @@ def test_sampled_hybrid_tokens_follow_the_target_distribution(engine):
     assert _chi2_pvalue(firsts, p_all[c], chisquare) > 1e-4
     assert draft_rounds > runs * 0.1  # the draft model really drafted second tokens
     x0 = max((x for x in set(firsts) if x != c), key=firsts.count)
-    with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([prompt + [x0]], device=model.device)).logits[0, -1].float(), -1).cpu()
+    p1 = next_token_probs(model, prompt + [x0])
     follow = [y for x, y in pairs if x == x0]
     assert len(follow) > 100
     assert _chi2_pvalue(follow, p1, chisquare) > 1e-4

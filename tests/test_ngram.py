@@ -12,7 +12,7 @@ import torch
 from specgen.core.engine import Engine, target_only
 from specgen.core.ngram import NgramProposer
 from specgen.core.settings import ModelSpec, Profile, ProposerSpec, SamplingSpec, SpeculationSpec
-from test_decode import _chi2_pvalue, finish
+from test_decode import _chi2_pvalue, finish, next_token_probs
 from tiny_models import build_pair, write_profile
 
 
@@ -227,8 +227,7 @@ def test_sampled_ngram_tokens_follow_the_target_distribution(target):
         seconds.append(result.token_ids[:2])
     assert drafted >= runs * 2  # the lookup really drafted in (nearly) every run
     assert _chi2_pvalue(firsts, p_all[c], chisquare) > 1e-4
-    with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([prompt + [c]], device=model.device)).logits[0, -1].float(), -1).cpu()
+    p1 = next_token_probs(model, prompt + [c])
     follow = [y for x, y in seconds if x == c]  # after an accepted c, the draft a was verified
     assert len(follow) > 200
     assert _chi2_pvalue(follow, p1, chisquare) > 1e-4
