@@ -81,10 +81,12 @@ def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows
     return root / "target", root / "draft"
 
 
-def write_profile(path: Path, target: Path, draft: Path | None, **tables) -> Path:
-    lines = [f'[target]\npath = "{target}"\n']
+def write_profile(path: Path, target: Path, draft: Path | None, device: str = "cpu", **tables) -> Path:
+    """A profile for the pair. device "cpu" by default: the CLI tests that use it check the CPU path
+    (stderr lines, eager runners) on any machine, as CI runs them; GPU behaviour has its own tests."""
+    lines = [f'[target]\npath = "{target}"\ndevice = "{device}"\n']
     if draft is not None:
-        lines.append(f'[draft]\npath = "{draft}"\n')
+        lines.append(f'[draft]\npath = "{draft}"\ndevice = "{device}"\n')
     for table, values in tables.items():
         lines.append(f"[{table}]")
         for key, value in values.items():
