@@ -5,8 +5,10 @@ step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth flo
 
 Variants: eager (SDPA), graph-<attention> (CUDA graph), compile-<attention> (torch.compile + CUDA
 graph), where <attention> is kernel (gpu/attention.py, over the live keys) or sdpa (over the whole
-static cache); compile-kernel-tuned also autotunes (the runner's `autotune`). --compile adds
-compile-kernel.
+static cache), all with cuBLAS linears; graph-linear and compile-linear add gpu/linear.py's kernel
+for every projection (the runner's default); -tuned also autotunes (the runner's `autotune`).
+--compile adds compile-kernel. Each row also gives the 5-token step's logits error against an eager
+forward (max |difference| / max |eager logit|).
 
 floor = weight bytes / device-to-device copy bandwidth measured in the same run (bytes read plus
 bytes written over the time of a 4 GiB copy). Every step runs at position 512 of a 1024-position
@@ -30,12 +32,15 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
                  rope_theta=500000.0, tie_word_embeddings=False)
 POSITION = 512
 VARIANTS = {
-    "eager": dict(use_graphs=False, attention=False),
-    "graph-sdpa": dict(attention=False),
-    "graph-kernel": dict(attention=True),
-    "compile-sdpa": dict(compile=True, attention=False),
-    "compile-kernel": dict(compile=True, attention=True),
-    "compile-kernel-tuned": dict(compile=True, attention=True, autotune=True),  # runner.AUTOTUNE settings
+    "eager": dict(use_graphs=False, attention=False, linear=False),
+    "graph-sdpa": dict(attention=False, linear=False),
+    "graph-kernel": dict(attention=True, linear=False),
+    "compile-sdpa": dict(compile=True, attention=False, linear=False),
+    "compile-kernel": dict(compile=True, attention=True, linear=False),
+    "compile-kernel-tuned": dict(compile=True, attention=True, autotune=True, linear=False),  # runner.AUTOTUNE
+    "graph-linear": dict(attention=True, linear=True),  # + gpu/linear.py for every projection
+    "compile-linear": dict(compile=True, attention=True, linear=True),  # the runner's default with compile
+    "compile-linear-tuned": dict(compile=True, attention=True, autotune=True, linear=True),
 }
 
 
@@ -87,6 +92,16 @@ def step_seconds(runner: GraphRunner, n: int, steps: int = 50, repeats: int = 5)
     return statistics.median(times)
 
 
+def step_logits(runner: GraphRunner, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of one 5-token step at POSITION after a fixed random prefix."""
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    runner.reset()
+    runner.forward(torch.randint(0, runner.width, (POSITION,), device="cuda", generator=generator), want_logits=False)
+    logits = runner.forward(ids).clone()
+    runner.truncate(POSITION)
+    return logits
+
+
 def kernel_table(runner: GraphRunner, steps: int = 20) -> str:
     """torch.profiler's CUDA kernel table over `steps` 1-token steps at POSITION."""
     ids = torch.randint(0, runner.width, (1,), device="cuda")
@@ -113,6 +128,8 @@ def main() -> None:
               "copy_bandwidth_bytes_per_s": bandwidth, "floor_ms": floor * 1e3, "rows": []}
     print(f"{torch.cuda.get_device_name()}: weights {weight_bytes / 1e9:.2f} GB, copy {bandwidth / 1e12:.2f} TB/s, "
           f"floor {floor * 1e3:.2f} ms", flush=True)
+    probe = torch.randint(0, LLAMA3_8B["vocab_size"], (5,), device="cuda")
+    reference = step_logits(GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, **VARIANTS["eager"]), probe)
     names = args.variants.split(",") + (["compile-kernel"] if args.compile else [])
     variants = [(name, VARIANTS[name]) for name in dict.fromkeys(names)]
     for name, kwargs in variants:
@@ -120,8 +137,10 @@ def main() -> None:
         runner = GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, shapes=(1, 5), **kwargs)
         setup = time.perf_counter() - start
         one, five = step_seconds(runner, 1), step_seconds(runner, 5)
+        error = (step_logits(runner, probe) - reference).abs().max() / reference.abs().max()
         row = {"variant": name, "setup_s": round(setup, 1), "step_1_ms": one * 1e3, "step_5_ms": five * 1e3,
-               "step_1_over_floor": one / floor, "step_5_over_step_1": five / one}
+               "step_1_over_floor": one / floor, "step_5_over_step_1": five / one,
+               "logits_rel_err": error.item()}
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         if args.profile:
@@ -130,11 +149,11 @@ def main() -> None:
         torch.cuda.empty_cache()
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n| variant | 1-token step ms | 5-token step ms | 1-token / floor | 5-token / 1-token |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"\n| variant | 1-token step ms | 5-token step ms | 1-token / floor | 5-token / 1-token | logits error |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in report["rows"]:
         print(f"| {row['variant']} | {row['step_1_ms']:.2f} | {row['step_5_ms']:.2f} | "
-              f"{row['step_1_over_floor']:.2f} | {row['step_5_over_step_1']:.3f} |")
+              f"{row['step_1_over_floor']:.2f} | {row['step_5_over_step_1']:.3f} | {row['logits_rel_err']:.1e} |")
     print(f"floor {floor * 1e3:.2f} ms = {weight_bytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s")
 
 

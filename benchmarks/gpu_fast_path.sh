@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_fast_path.sh fused   # fused-round tests, kernel profile, fused vs per-phase (random weights)
 #   bash benchmarks/gpu_fast_path.sh kernel  # decode-attention kernel: CUDA tests, step profiles vs SDPA, 8B shapes
 #   bash benchmarks/gpu_fast_path.sh final   # every CUDA test (compile too), start-up with/without compile
+#   bash benchmarks/gpu_fast_path.sh linear  # linear kernel: tests, configurations vs cuBLAS, 8B shapes
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-.out}
@@ -49,6 +50,15 @@ fused)
   timeout 120 python3 benchmarks/profile_steps.py --out "$OUT/profile.txt" 2>&1 | grep -E "^## |Self CUDA time" | head -20
   timeout 150 python3 benchmarks/bench_e2e.py --random --prompts 8 --hf 0 --no-startups --phased --extra-k 6 \
     --out "$OUT/e2e_random.json" 2>&1 | tee "$OUT/e2e_random.txt" | tail -16
+  ;;
+linear)
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_linear.py 2>&1 | tee "$OUT/pytest.txt" | tail -4
+  timeout "${LINEAR_TIMEOUT:-200}" python3 benchmarks/bench_linear.py --rows "${ROWS:-1,5}" --out "$OUT/linear.json" 2>&1 \
+    | tee "$OUT/linear.txt" | grep -v "^{" | tail -16
+  timeout "${SHAPES_TIMEOUT:-240}" python3 benchmarks/bench_shapes.py --variants "${VARIANTS:-graph-kernel,graph-linear,compile-linear}" \
+    --out "$OUT/shapes.json" 2>&1 | tee "$OUT/shapes.txt" | tail -8
+  timeout "${GPU_TESTS_TIMEOUT:-90}" python3 -m pytest -q -x -p no:cacheprovider -m "cuda and not slow" tests/test_gpu.py 2>&1 \
+    | tee -a "$OUT/pytest.txt" | tail -4
   ;;
 kernel)
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py 2>&1 | tee "$OUT/pytest.txt" | tail -4

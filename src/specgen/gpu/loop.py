@@ -422,9 +422,9 @@ def build(pair, width: int, profile, progress=None) -> FastPath | None:
     spec = profile.speculation
     capacity = spec.k + 1 + profile.sampling.max_tokens + PROMPT_ROOM
 
-    def runners(use_graphs: bool, attention: bool | None = None) -> FastPath:
+    def runners(use_graphs: bool, attention: bool | None = None, linear: bool | None = None) -> FastPath:
         common = dict(compile=spec.compile and use_graphs, progress=progress, use_graphs=use_graphs,
-                      attention=attention, autotune=spec.autotune)
+                      attention=attention, autotune=spec.autotune, linear=linear)
         target = GraphRunner(pair.target, width, capacity, shapes=(1, spec.k + 1, PREFILL_CHUNK), name="target", **common)
         draft = None
         if pair.draft is not None:
@@ -435,13 +435,14 @@ def build(pair, width: int, profile, progress=None) -> FastPath | None:
         return runners(use_graphs=True)
     except Exception as exc:  # noqa: BLE001 (a model that cannot be captured falls back, below)
         failure = exc
-    if runner_module.use_kernel(pair.target) or (pair.draft is not None and runner_module.use_kernel(pair.draft)):
-        try:  # the attention kernel is an optimisation: captured steps through SDPA are next best
-            fast = runners(use_graphs=True, attention=False)
+    models = [pair.target] + ([pair.draft] if pair.draft is not None else [])
+    if any(runner_module.use_kernel(m) or runner_module.use_linear(m) for m in models):
+        try:  # the step kernels are an optimisation: captured steps through SDPA and cuBLAS are next best
+            fast = runners(use_graphs=True, attention=False, linear=False)
         except Exception as exc:  # noqa: BLE001
             failure = exc
         else:
-            warnings.warn(f"the decode-attention kernel failed ({_first_line(failure)}); steps use SDPA",
+            warnings.warn(f"the step kernels failed ({_first_line(failure)}); steps use SDPA and cuBLAS",
                           RuntimeWarning, stacklevel=3)
             return fast
     return _eager_runners(runners, failure)
@@ -455,6 +456,6 @@ def _eager_runners(runners, exc: Exception) -> FastPath | None:
     warnings.warn(f"could not capture CUDA graphs for this model ({_first_line(exc)}); decoding runs eagerly",
                   RuntimeWarning, stacklevel=4)
     try:
-        return runners(use_graphs=False, attention=False)
+        return runners(use_graphs=False, attention=False, linear=False)
     except Exception:  # noqa: BLE001 (not even a static cache: the core eager path)
         return None

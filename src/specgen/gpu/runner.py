@@ -45,6 +45,9 @@ STEP_ATTENTION_MANY: tuple[str, ...] | None = None
 # Steps of up to 64 tokens attend through gpu/attention.py's kernel over the live keys only, where
 # the model's attention allows it (attention.supports); SPECGEN_ATTENTION=sdpa turns it off.
 DECODE_ATTENTION = os.environ.get("SPECGEN_ATTENTION", "kernel") != "sdpa"
+# Linear layers of steps (up to gpu/linear.py's MAX_ROWS tokens) run through its weight-streaming
+# kernel on CUDA; SPECGEN_LINEAR=torch keeps F.linear (cuBLAS).
+LINEAR_KERNEL = os.environ.get("SPECGEN_LINEAR", "kernel") != "torch"
 
 
 def step_attention(tokens: int):
@@ -155,13 +158,15 @@ class GraphRunner:
     torch.compile the step (kernels cached on disk, see cache_dir); progress(done, total, what):
     start-up callback; use_graphs=False runs every step eagerly over the same cache (the fallback
     for models that cannot be captured, and the CPU test path); attention: use gpu/attention.py's
-    kernel for steps (None: on CUDA where the model allows it, see DECODE_ATTENTION); autotune:
-    compile with AUTOTUNE's inductor settings.
+    kernel for steps (None: on CUDA where the model allows it, see DECODE_ATTENTION); linear: run
+    linear layers of short steps through gpu/linear.py (None: on CUDA, see LINEAR_KERNEL; only this
+    runner's calls take it, not other users of the same model object); autotune: compile with
+    AUTOTUNE's inductor settings.
     """
 
     def __init__(self, model, width: int, capacity: int, shapes=(), compile: bool = False,
                  progress=None, use_graphs: bool = True, name: str = "model", attention: bool | None = None,
-                 autotune: bool = False):
+                 autotune: bool = False, linear: bool | None = None):
         self.model = model
         self.width = width  # logits columns handed out, as in EagerRunner
         self.device = model.get_output_embeddings().weight.device
@@ -173,6 +178,11 @@ class GraphRunner:
         self.attention = use_kernel(model) if attention is None else attention
         if self.attention:
             _switch_attention(model)
+        self.linear = use_linear(model) if linear is None else linear
+        if self.linear:
+            from specgen.gpu import linear as linear_module
+
+            linear_module.install(model)
         self.step = self._step
         self.autotune = compile and autotune
         if compile:
@@ -281,10 +291,17 @@ class GraphRunner:
             self.progress(len(shapes), len(shapes), f"{self.name}: ready")
         self.setup_seconds += time.perf_counter() - start
 
+    def _linear(self):
+        """The context of this runner's forwards: gpu/linear.py's path on or off."""
+        from specgen.gpu import linear as linear_module
+
+        return linear_module.active(self.linear)
+
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
-        out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=0 if want_logits else 1, **self._attention_args())
+        with self._linear():
+            out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=0 if want_logits else 1, **self._attention_args())
         n = ids.shape[0]
         self.position.add_(n)
         self.length += n
@@ -312,14 +329,14 @@ class GraphRunner:
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), step_attention(n):
+        with torch.cuda.stream(stream), step_attention(n), self._linear():
             for _ in range(WARMUP_STEPS):
                 self.position.fill_(scratch)
                 self.step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), step_attention(n):
+        with torch.cuda.graph(graph), step_attention(n), self._linear():
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
@@ -332,6 +349,12 @@ def use_kernel(model) -> bool:
     from specgen.gpu.attention import supports
 
     return supports(model.config) is None
+
+
+def use_linear(model) -> bool:
+    """gpu/linear.py's kernel by default: on CUDA (see LINEAR_KERNEL)."""
+    weight = model.get_output_embeddings().weight
+    return LINEAR_KERNEL and weight.device.type == "cuda" and weight.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _switch_attention(model) -> None:

@@ -1,0 +1,237 @@
+"""Linear layers for decode and verification steps: a Triton kernel that streams each weight once.
+
+Why: a decode step of a large target reads every weight once, so its floor is weight bytes over
+memory bandwidth. cuBLAS picks different kernels for 1 row and for the 5 rows of a k = 4
+verification, and neither reaches the floor on a Llama-3-8B shape on an H200 (docs/benchmarks.md):
+the 1-token step took 1.44x the floor; inductor's matrix-vector reduction reaches 1.23x for one
+row, but the 5-token step stays on cuBLAS at 1.18x the 1-token step. Here one program owns
+BLOCK_N output columns, walks K once, and multiplies each weight tile by every row (up to
+MAX_ROWS) while it is in registers, so 5 rows cost about what 1 row costs.
+
+`gate_up` fuses the MLP's two input projections and its activation: act(x W_g^T) * (x W_u^T), one
+pass over both weights with no [rows, 2 x intermediate] round trip; the rounding steps of the
+unfused module (each projection, the activation, the product in the model's dtype) are kept.
+
+`install(model)` swaps the classes of a model's nn.Linear and gated-MLP modules for subclasses
+whose forward takes this path for inputs of at most MAX_ROWS rows and is the original otherwise
+(prefill); `uninstall` restores them. Weights are not copied or moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16
+ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) by rows <= 1, <= 4, <= 16; see bench_linear.py
+CONFIGS = {1: (8, 512, 4, 3), 4: (8, 256, 4, 3), 16: (8, 128, 4, 3)}
+
+
+def _config(rows: int):
+    for bound, config in CONFIGS.items():
+        if rows <= bound:
+            return config
+    raise ValueError(f"{rows} rows > MAX_ROWS {MAX_ROWS}")
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           config: tuple | None = None) -> torch.Tensor:
+    """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N]."""
+    return _launch(x, weight, None, bias, 0, config)
+
+
+def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str,
+            config: tuple | None = None) -> torch.Tensor:
+    """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N]."""
+    return _launch(x, gate, up, None, ACTIVATIONS[activation], config)
+
+
+def _launch(x, weight, up, bias, act, config):
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    assert rows <= MAX_ROWS and weight.stride(-1) == 1
+    block_n, block_k, warps, stages = config or _config(rows)
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    second = up if up is not None else weight
+    assert second.shape == weight.shape and second.stride() == weight.stride()
+    _linear_kernel[(triton.cdiv(n, block_n),)](
+        x2, weight, second, bias if bias is not None else weight, out,
+        rows, n, k, x2.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0,
+        BLOCK_M=max(1, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, num_stages=stages,
+    )
+    return out.reshape(*lead, n)
+
+
+def linear_reference(x, weight, bias=None):
+    return F.linear(x, weight, bias)
+
+
+def gate_up_reference(x, gate, up, activation: str):
+    """What the unfused module computes: act(F.linear(x, gate)) * F.linear(x, up) in x's dtype."""
+    g = F.linear(x, gate)
+    act = F.silu(g) if ACTIVATIONS[activation] == 1 else F.gelu(g, approximate="tanh")
+    return act * F.linear(x, up)
+
+
+@triton.jit
+def _act(g, ACT: tl.constexpr):
+    if ACT == 1:  # silu
+        return g / (1.0 + tl.exp(-g))
+    else:  # gelu, tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        return g * (1.0 - 1.0 / (1.0 + tl.exp(2.0 * z)))
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K]
+    u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
+    b_ptr,  # [N] when HAS_BIAS
+    out_ptr,  # [M, N]
+    M, N, K, sxm, swn, som,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
+    col_ok = cols < N
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
+    u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
+    x_base = x_ptr + rows[:, None] * sxm + kk[None, :]
+    for start in range(0, K, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_base + start, mask=col_ok[:, None], other=0.0)
+            x = tl.load(x_base + start, mask=row_ok[:, None], other=0.0)
+        else:
+            k_ok = (start + kk) < K
+            w = tl.load(w_base + start, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_base + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        xf = x.to(tl.float32)[:, None, :]  # [M, 1, K]
+        acc += tl.sum(xf * w.to(tl.float32)[None, :, :], axis=2)
+        if ACT > 0:
+            if EVEN_K:
+                u = tl.load(u_base + start, mask=col_ok[:, None], other=0.0)
+            else:
+                u = tl.load(u_base + start, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            acc_u += tl.sum(xf * u.to(tl.float32)[None, :, :], axis=2)
+    dtype = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc = acc.to(dtype).to(tl.float32) + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if ACT > 0:  # each rounding step of act(gate(x)) * up(x) in the model's dtype
+        g = _act(acc.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
+        acc = g * acc_u.to(dtype).to(tl.float32)
+    tl.store(out_ptr + rows[:, None] * som + cols[None, :], acc.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
+
+
+# -- installing into a model ------------------------------------------------------------------------
+
+
+_ACTIVE = False  # set by a runner around its own forwards (and captures) only
+
+
+@contextlib.contextmanager
+def active(on: bool = True):
+    """Installed modules take the kernel path inside this context (when `on`), F.linear outside:
+    other users of the same model object (Hugging Face's generate in a benchmark) are unaffected."""
+    global _ACTIVE
+    saved, _ACTIVE = _ACTIVE, on
+    try:
+        yield
+    finally:
+        _ACTIVE = saved
+
+
+def _small(x: torch.Tensor) -> bool:
+    return _ACTIVE and 0 < x.numel() and x.numel() // x.shape[-1] <= MAX_ROWS
+
+
+class SkinnyLinear(torch.nn.Linear):
+    """nn.Linear whose forward runs gpu/linear.py's kernel for inputs of at most MAX_ROWS rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _small(x):
+            return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    if _small(x):
+        return self.down_proj(gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act))
+    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+_MLP_CLASSES: dict[type, type] = {}
+
+
+def _activation(module) -> str | None:
+    """The kernel's name for a gated MLP's activation, or None when it is not one the kernel has."""
+    act = getattr(module, "act_fn", None)
+    if isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU"):
+        return "silu"
+    if type(act).__name__ in ("PytorchGELUTanh", "GELUTanh") or (
+            isinstance(act, torch.nn.GELU) and act.approximate == "tanh"):
+        return "gelu_tanh"
+    return None
+
+
+def _gated_mlp(module) -> str | None:
+    parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(p, torch.nn.Linear) and p.bias is None for p in parts):
+        return None
+    if parts[0].weight.shape != parts[1].weight.shape or parts[0].weight.stride() != parts[1].weight.stride():
+        return None
+    return _activation(module)
+
+
+def install(model) -> int:
+    """Route the model's linear layers (and gated MLPs) through the kernel for short inputs.
+    Returns how many modules were switched; idempotent."""
+    switched = 0
+    for module in model.modules():
+        if hasattr(module, "_specgen_class"):
+            continue
+        if type(module) is torch.nn.Linear and module.weight.stride(-1) == 1:
+            module._specgen_class = torch.nn.Linear
+            module.__class__ = SkinnyLinear
+            switched += 1
+            continue
+        act = _gated_mlp(module)
+        if act is not None and "forward" not in vars(module):
+            base = type(module)
+            if base not in _MLP_CLASSES:
+                _MLP_CLASSES[base] = type(f"Skinny{base.__name__}", (base,), {"forward": _mlp_forward})
+            module._specgen_class = base
+            module._specgen_act = act
+            module.__class__ = _MLP_CLASSES[base]
+            switched += 1
+    return switched
+
+
+def uninstall(model) -> None:
+    for module in model.modules():
+        base = module.__dict__.pop("_specgen_class", None)
+        if base is not None:
+            module.__class__ = base
+            module.__dict__.pop("_specgen_act", None)
+
+
+def installed(model) -> bool:
+    return any(hasattr(module, "_specgen_class") for module in model.modules())

@@ -1,0 +1,211 @@
+"""gpu/linear.py: the weight-streaming linear kernel against F.linear, and inside models.
+
+A matrix product is a floating-point reduction whose order differs between the kernel (fp32
+accumulation over K tiles) and the reference, so they agree to a tolerance: float32 within 2e-5
+relative to the output's scale; 16-bit outputs within two rounding steps of it. The fused gate/up
+path keeps the unfused module's rounding steps, so it is held to the same bound as each projection
+(plus one rounding step per step it chains). Inside a model, a runner with the kernel and one
+without must give the same logits (float32, 1e-4 relative) and greedy tokens, and prefill (more than
+MAX_ROWS rows) and calls from outside a runner must not take the kernel at all.
+On CPU the kernel runs in the Triton interpreter (tests/triton_cpu.py).
+"""
+
+from __future__ import annotations
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import pytest
+import torch
+
+from specgen.gpu import linear as L
+
+CASES = [  # rows, N, K, bias
+    (1, 40, 96, False),
+    (1, 96, 1024, True),  # K a multiple of every BLOCK_K: the unmasked loop
+    (5, 33, 200, True),  # odd N, K not a multiple of BLOCK_K
+    (9, 64, 512, False),
+    (16, 17, 70, False),
+]
+
+
+def _data(rows, n, k, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    u = torch.randn(n, k, generator=gen) / k ** 0.5
+    b = torch.randn(n, generator=gen)
+    return [t.to(dtype).to(DEVICE) for t in (x, w, u, b)]
+
+
+def _step(values: torch.Tensor, dtype) -> float:
+    """One rounding step of `dtype` at the scale of the largest value."""
+    bits = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}[dtype]
+    return 2.0 ** (torch.floor(torch.log2(values.float().abs().max())).item() + 1 - bits)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_linear_matches_reference_float32(case):
+    rows, n, k, bias = case
+    x, w, _, b = _data(rows, n, k, torch.float32)
+    out = L.linear(x, w, b if bias else None)
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double() if bias else None)
+    assert out.shape == (rows, n) and out.dtype == torch.float32
+    assert (out - ref).abs().max().item() <= 2e-5 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", CASES[1:3])
+def test_linear_matches_reference_16_bit(case, dtype):
+    rows, n, k, bias = case
+    x, w, _, b = _data(rows, n, k, dtype, seed=1)
+    out = L.linear(x, w, b if bias else None)
+    exact = torch.nn.functional.linear(x.double(), w.double(), b.double() if bias else None)
+    assert out.dtype == dtype
+    assert (out.double() - exact).abs().max().item() <= 2 * _step(exact, dtype)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gate_up_matches_reference(activation, dtype):
+    for rows, n, k, _ in CASES[:4]:
+        x, w, u, _ = _data(rows, n, k, dtype, seed=2)
+        out = L.gate_up(x, w, u, activation)
+        ref = L.gate_up_reference(x.double(), w.double(), u.double(), activation)
+        assert out.shape == (rows, n) and out.dtype == dtype
+        bound = 2e-5 * ref.abs().max().item() if dtype == torch.float32 else 4 * _step(ref, dtype)
+        assert (out.double() - ref).abs().max().item() <= bound, (rows, n, k)
+
+
+def test_leading_dims_and_strided_rows():
+    """[batch, tokens, K] inputs as the model passes them, and rows that are a strided view."""
+    x, w, _, b = _data(6, 24, 80, torch.float32, seed=3)
+    wide = torch.zeros(6, 160, device=DEVICE)
+    wide[:, :80] = x
+    view = wide[:, :80]  # row stride 160
+    assert not view.is_contiguous()
+    ref = torch.nn.functional.linear(x, w, b)
+    assert torch.allclose(L.linear(view, w, b), ref, atol=1e-5, rtol=0)
+    out = L.linear(x.view(2, 3, 80), w, b)
+    assert out.shape == (2, 3, 24)
+    assert torch.allclose(out.view(6, 24), ref, atol=1e-5, rtol=0)
+
+
+def test_too_many_rows_is_refused():
+    x, w, _, _ = _data(L.MAX_ROWS + 1, 8, 16, torch.float32)
+    with pytest.raises(AssertionError):
+        L.linear(x, w)
+
+
+def _tiny(family: str):
+    from transformers import (GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM, {}),
+               "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),  # q/k/v biases
+               "gemma": (GemmaConfig, GemmaForCausalLM, {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 16})}
+    config_cls, model_cls, extra = classes[family]
+    config = config_cls(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                        initializer_range=0.5, bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
+    torch.manual_seed(3)
+    return model_cls(config).to(DEVICE).eval()
+
+
+def _count_launches(monkeypatch) -> list:
+    calls = []
+    real = L._launch
+    monkeypatch.setattr(L, "_launch", lambda x, *a: calls.append(x.numel() // x.shape[-1]) or real(x, *a))
+    return calls
+
+
+@pytest.mark.parametrize("family,act", [("llama", "silu"), ("qwen2", "silu"), ("gemma", "gelu_tanh")])
+def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
+    """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits."""
+    from specgen.gpu.runner import GraphRunner
+
+    model = _tiny(family)
+    calls = _count_launches(monkeypatch)
+    fast = GraphRunner(model, 96, 600, use_graphs=False, attention=False, linear=True)
+    plain = GraphRunner(model, 96, 600, use_graphs=False, attention=False, linear=False)
+    mlps = [m for m in model.modules() if hasattr(m, "_specgen_act")]
+    assert len(mlps) == 2 and {m._specgen_act for m in mlps} == {act}
+    calls.clear()
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 96, (30,), generator=gen)
+    script = [5, 1, -3, 5, 1, -2, 5]  # feed n tokens, or roll back n
+    feeds = [torch.randint(0, 96, (abs(n),), generator=gen) for n in script]
+    outputs = []
+    for runner in (fast, plain):
+        runner.reset()
+        logits = [runner.forward(prompt.to(DEVICE)).clone()]
+        for n, ids in zip(script, feeds):
+            if n < 0:
+                runner.truncate(runner.length + n)
+            else:
+                logits.append(runner.forward(ids.to(DEVICE)).clone())
+        outputs.append(logits)
+    # per layer: q, k, v, o, gate+up, down; then lm_head; only the fast runner's steps, not its prefill
+    steps = [n for n in script if n > 0]
+    assert calls == [n for n in steps for _ in range(2 * 6 + 1)]
+    for got, want in zip(*outputs):
+        assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item())
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_install_changes_nothing_outside_a_runner(monkeypatch):
+    """The same model object used directly (Hugging Face generate in a benchmark) stays on F.linear,
+    bit for bit, and uninstall restores every class."""
+    model = _tiny("llama")
+    ids = torch.randint(0, 96, (1, 4), device=DEVICE)
+    with torch.no_grad():
+        before = model(ids).logits
+        classes = [type(m) for m in model.modules()]
+        switched = L.install(model)
+        assert switched == 2 * 7 + 1 + 2  # 7 linears a layer, lm_head, 2 MLPs
+        assert L.install(model) == 0  # idempotent
+        calls = _count_launches(monkeypatch)
+        assert torch.equal(model(ids).logits, before)
+        assert calls == []
+        with L.active():
+            inside = model(ids).logits
+        assert len(calls) == 2 * 6 + 1
+        assert (inside - before).abs().max().item() < 1e-4
+        L.uninstall(model)
+        assert [type(m) for m in model.modules()] == classes
+        assert not L.installed(model)
+
+
+def test_unknown_activation_keeps_each_projection():
+    """A gated MLP whose activation the kernel lacks keeps its own forward (its linears still switch)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, hidden_act="relu")
+    model = LlamaForCausalLM(config).eval()
+    L.install(model)
+    mlp = model.model.layers[0].mlp
+    assert not hasattr(mlp, "_specgen_act") and type(mlp.gate_proj) is L.SkinnyLinear
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_captured_graphs_with_kernel_match_eager(dtype):
+    """Captured 1- and 5-token steps through the kernel against eager cuBLAS steps."""
+    from specgen.gpu.runner import GraphRunner
+
+    model = _tiny("llama").to(dtype)
+    fast = GraphRunner(model, 96, 600, shapes=(1, 5), linear=True)
+    assert fast.graphs and fast.linear
+    plain = GraphRunner(model, 96, 600, use_graphs=False, attention=False, linear=False)
+    gen = torch.Generator().manual_seed(5)
+    feeds = [torch.randint(0, 96, (n,), generator=gen).cuda() for n in (20, 1, 5, 5, 1, 3)]
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    agree = []
+    for runner in (fast, plain):
+        runner.reset()
+        agree.append([runner.forward(ids).clone() for ids in feeds])
+    for got, want in zip(*agree):
+        assert (got - want).abs().max().item() < tol * max(1.0, want.abs().max().item())
+        if dtype == torch.float32:
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
