@@ -4,9 +4,10 @@ kernel configurations: which configuration each row count wants, and what bandwi
     python benchmarks/bench_linear.py [--rows 1,5] [--out linear.json]
 
 Shapes are Llama-3-8B's (bf16): q/o 4096x4096, k/v 1024x4096, gate+up 2 x 14336x4096 (fused with
-the activation), down 4096x14336, lm_head 128256x4096. Times are triton.testing.do_bench medians
-(L2 flushed between calls, as in a step where every weight is read once); GB/s counts weight bytes.
-Each configuration's output is checked against F.linear before it is timed.
+the activation), down 4096x14336, lm_head 128256x4096. GB/s counts weight bytes.
+Each configuration's output is checked against F.linear before it is timed. Times come from CUDA
+graph replays (as in a step: no launch overhead) of one call per weight copy, with enough copies
+that they do not fit in L2, so every call reads its weight from memory.
 """
 
 from __future__ import annotations
@@ -19,20 +20,45 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
 
 from specgen.gpu import linear as L
 
 SHAPES = {"q_o": (4096, 4096), "k_v": (1024, 4096), "gate_up": (14336, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
-GRID = dict(block_n=(4, 8, 16, 32), block_k=(128, 256, 512, 1024), warps=(4, 8), stages=(1, 3))
+DOT_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stages=(3, 4, 5))
+GEMV_GRID = dict(dot=(False,), block_n=(2, 4, 8), block_k=(1024, 2048), warps=(4, 8), stages=(1,))
+L2_BYTES = 256 * 2**20  # weight copies per timing: more than any L2
 
 
 def configs(rows: int):
-    block_m = triton.next_power_of_2(rows)
-    for block_n, block_k, warps, stages in itertools.product(*GRID.values()):
-        if block_m * block_n * block_k <= 128 * 32 * warps and block_n * block_k >= 32 * warps:
-            yield (block_n, block_k, warps, stages)
+    yield from itertools.product(*DOT_GRID.values())
+    if rows == 1:
+        yield from itertools.product(*GEMV_GRID.values())
+
+
+def graph_us(fn, copies: int, replays: int = 10) -> float:
+    """Microseconds per call: a CUDA graph of `copies` calls (fn(i) uses weight copy i), replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(copies):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / copies)
+    del graph
+    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
@@ -46,46 +72,49 @@ def main() -> None:
               "rows": []}
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-        u = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 if name == "gate_up" else None
-        weight_bytes = w.numel() * 2 * (2 if u is not None else 1)
+        gated = name == "gate_up"
+        weight_bytes = n * k * 2 * (2 if gated else 1)
+        copies = max(2, -(-L2_BYTES // weight_bytes))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
+        us = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)] if gated else None
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            if u is not None:
-                def torch_fn():
-                    return F.silu(F.linear(x, w)) * F.linear(x, u)
-                def kernel_fn(config):
-                    return L.gate_up(x, w, u, "silu", config)
+            if gated:
+                def torch_fn(i):
+                    return F.silu(F.linear(x, ws[i])) * F.linear(x, us[i])
+                def kernel_fn(i, config):
+                    return L.gate_up(x, ws[i], us[i], "silu", config)
             else:
-                def torch_fn():
-                    return F.linear(x, w)
-                def kernel_fn(config):
-                    return L.linear(x, w, None, config)
-            expected = torch_fn().float()
-            torch_ms = do_bench(torch_fn, warmup=10, rep=40)
+                def torch_fn(i):
+                    return F.linear(x, ws[i])
+                def kernel_fn(i, config):
+                    return L.linear(x, ws[i], None, config)
+            expected = torch_fn(0).float()
+            torch_us = graph_us(torch_fn, copies)
             best = None
             for config in configs(rows):
                 try:
-                    got = kernel_fn(config).float()
+                    got = kernel_fn(0, config).float()
                 except Exception as exc:  # noqa: BLE001 (out of resources: skip the configuration)
                     print(f"  {name} rows={rows} {config}: {type(exc).__name__}", flush=True)
                     continue
                 err = ((got - expected).abs().max() / expected.abs().max()).item()
                 if err > 0.02:
                     raise SystemExit(f"{name} rows={rows} {config}: relative error {err:.3g}")
-                ms = do_bench(lambda: kernel_fn(config), warmup=5, rep=20)
-                if best is None or ms < best[0]:
-                    best = (ms, config, err)
-            ms, config, err = best
-            ms = do_bench(lambda: kernel_fn(config), warmup=10, rep=60)
-            row = {"shape": name, "n": n, "k": k, "rows": rows, "config": config, "kernel_us": ms * 1e3,
-                   "torch_us": torch_ms * 1e3, "kernel_gb_s": weight_bytes / ms / 1e6,
-                   "torch_gb_s": weight_bytes / torch_ms / 1e6, "speedup": torch_ms / ms, "rel_err": err}
+                us_ = graph_us(lambda i: kernel_fn(i, config), copies, replays=3)
+                print(f"  {name} rows={rows} {config}: {us_:.1f} us", flush=True)
+                if best is None or us_ < best[0]:
+                    best = (us_, config, err)
+            _, config, err = best
+            kernel_us = graph_us(lambda i: kernel_fn(i, config), copies)
+            row = {"shape": name, "n": n, "k": k, "rows": rows, "config": config, "kernel_us": kernel_us,
+                   "torch_us": torch_us, "kernel_gb_s": weight_bytes / kernel_us / 1e3,
+                   "torch_gb_s": weight_bytes / torch_us / 1e3, "speedup": torch_us / kernel_us, "rel_err": err}
             report["rows"].append(row)
             print(json.dumps(row), flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n| shape | rows | config (BN, BK, warps, stages) | kernel us | GB/s | cuBLAS us | GB/s | speed-up |")
+    print("\n| shape | rows | config (dot, BN, BK, warps, stages) | kernel us | GB/s | cuBLAS us | GB/s | speed-up |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in report["rows"]:
         print(f"| {r['shape']} | {r['rows']} | {tuple(r['config'])} | {r['kernel_us']:.1f} | {r['kernel_gb_s']:.0f} | "

@@ -6,15 +6,21 @@ verification, and neither reaches the floor on a Llama-3-8B shape on an H200 (do
 the 1-token step took 1.44x the floor; inductor's matrix-vector reduction reaches 1.23x for one
 row, but the 5-token step stays on cuBLAS at 1.18x the 1-token step. Here one program owns
 BLOCK_N output columns, walks K once, and multiplies each weight tile by every row (up to
-MAX_ROWS) while it is in registers, so 5 rows cost about what 1 row costs.
+MAX_ROWS, padded to 16 for a tensor-core product) while it is loaded, so 5 rows cost what 1 row
+costs. With one configuration for 1 and for 5 rows (every N > 2048), each row is computed the same
+way whatever the number of rows.
 
 `gate_up` fuses the MLP's two input projections and its activation: act(x W_g^T) * (x W_u^T), one
 pass over both weights with no [rows, 2 x intermediate] round trip; the rounding steps of the
 unfused module (each projection, the activation, the product in the model's dtype) are kept.
 
+The q, k and v projections of an attention module are fused the same way: their weights are
+concatenated once into one buffer (the modules' weights become views of it, so no memory is
+added), the q call computes all three in one pass and the k and v calls return slices of it.
+
 `install(model)` swaps the classes of a model's nn.Linear and gated-MLP modules for subclasses
-whose forward takes this path for inputs of at most MAX_ROWS rows and is the original otherwise
-(prefill); `uninstall` restores them. Weights are not copied or moved.
+whose forward takes this path for inputs of at most MAX_ROWS rows, inside `active()` only, and is
+the original otherwise (prefill, other users of the model object); `uninstall` restores them.
 """
 
 from __future__ import annotations
@@ -30,15 +36,23 @@ import triton.language as tl
 MAX_ROWS = 16
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-# (BLOCK_N, BLOCK_K, num_warps, num_stages) by rows <= 1, <= 4, <= 16; see bench_linear.py
-CONFIGS = {1: (8, 512, 4, 3), 4: (8, 256, 4, 3), 16: (8, 128, 4, 3)}
+# (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages), measured with bench_linear.py on an H200 over
+# Llama-3-8B's projections (docs/benchmarks.md): one tensor-core configuration is within 5% of the
+# best for 1 and for 5 rows on every shape with N > 2048; narrower outputs (k/v projections that
+# could not be fused) want narrower tiles, and a single row there the register path.
+WIDE = (True, 32, 256, 4, 4)
+NARROW = (True, 16, 256, 4, 4)
+NARROW_ONE_ROW = (False, 2, 2048, 4, 1)
 
 
-def _config(rows: int):
-    for bound, config in CONFIGS.items():
-        if rows <= bound:
-            return config
-    raise ValueError(f"{rows} rows > MAX_ROWS {MAX_ROWS}")
+def _config(rows: int, n: int, k: int):
+    if rows > MAX_ROWS:
+        raise ValueError(f"{rows} rows > MAX_ROWS {MAX_ROWS}")
+    if n > 2048:
+        return WIDE
+    if rows == 1:
+        return NARROW_ONE_ROW[:2] + (min(NARROW_ONE_ROW[2], triton.next_power_of_2(k)),) + NARROW_ONE_ROW[3:]
+    return NARROW
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -61,15 +75,16 @@ def _launch(x, weight, up, bias, act, config):
         x2 = x2.contiguous()
     rows = x2.shape[0]
     assert rows <= MAX_ROWS and weight.stride(-1) == 1
-    block_n, block_k, warps, stages = config or _config(rows)
+    dot, block_n, block_k, warps, stages = config or _config(rows, n, k)
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
     _linear_kernel[(triton.cdiv(n, block_n),)](
         x2, weight, second, bias if bias is not None else weight, out,
         rows, n, k, x2.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0,
-        BLOCK_M=max(1, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot,
+        F32_DOT=x.dtype == torch.float32 or _INTERPRETED,
+        BLOCK_M=16 if dot else triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )
     return out.reshape(*lead, n)
@@ -103,9 +118,12 @@ def _linear_kernel(
     b_ptr,  # [N] when HAS_BIAS
     out_ptr,  # [M, N]
     M, N, K, sxm, swn, som,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """Program p computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] over the whole of K, one weight
+    tile at a time: a tensor-core product with the rows padded to BLOCK_M = 16 (DOT), or products
+    summed along K in registers (one row: a matrix-vector product)."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
     col_ok = cols < N
     rows = tl.arange(0, BLOCK_M)
@@ -118,20 +136,18 @@ def _linear_kernel(
     x_base = x_ptr + rows[:, None] * sxm + kk[None, :]
     for start in range(0, K, BLOCK_K):
         if EVEN_K:
-            w = tl.load(w_base + start, mask=col_ok[:, None], other=0.0)
-            x = tl.load(x_base + start, mask=row_ok[:, None], other=0.0)
+            w_mask = col_ok[:, None]
+            x_mask = row_ok[:, None]
         else:
             k_ok = (start + kk) < K
-            w = tl.load(w_base + start, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_base + start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        xf = x.to(tl.float32)[:, None, :]  # [M, 1, K]
-        acc += tl.sum(xf * w.to(tl.float32)[None, :, :], axis=2)
+            w_mask = col_ok[:, None] & k_ok[None, :]
+            x_mask = row_ok[:, None] & k_ok[None, :]
+        x = tl.load(x_base + start, mask=x_mask, other=0.0)
+        w = tl.load(w_base + start, mask=w_mask, other=0.0)
+        acc = _accumulate(acc, x, w, DOT, F32_DOT)
         if ACT > 0:
-            if EVEN_K:
-                u = tl.load(u_base + start, mask=col_ok[:, None], other=0.0)
-            else:
-                u = tl.load(u_base + start, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            acc_u += tl.sum(xf * u.to(tl.float32)[None, :, :], axis=2)
+            u = tl.load(u_base + start, mask=w_mask, other=0.0)
+            acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
     dtype = out_ptr.dtype.element_ty
     if HAS_BIAS:
         acc = acc.to(dtype).to(tl.float32) + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -139,6 +155,16 @@ def _linear_kernel(
         g = _act(acc.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
         acc = g * acc_u.to(dtype).to(tl.float32)
     tl.store(out_ptr + rows[:, None] * som + cols[None, :], acc.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _accumulate(acc, x, w, DOT: tl.constexpr, F32_DOT: tl.constexpr):
+    """acc [M, N] + x [M, K] @ w [N, K]^T in float32."""
+    if DOT:
+        if F32_DOT:
+            return acc + tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        return acc + tl.dot(x, tl.trans(w))
+    return acc + tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
 
 
 # -- installing into a model ------------------------------------------------------------------------
@@ -172,6 +198,46 @@ class SkinnyLinear(torch.nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+class _Fused:
+    """The q, k and v projections of one attention module, concatenated: one weight [Nq + Nk + Nv, K]
+    whose row blocks are the three modules' weights (views, no copy kept)."""
+
+    def __init__(self, parts):
+        self.weight = torch.cat([p.weight.detach() for p in parts])
+        self.bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+        self.bounds = []
+        at = 0
+        for part in parts:
+            rows = part.weight.shape[0]
+            self.bounds.append((at, at + rows))
+            part.weight = torch.nn.Parameter(self.weight[at:at + rows], requires_grad=False)
+            if self.bias is not None:
+                part.bias = torch.nn.Parameter(self.bias[at:at + rows], requires_grad=False)
+            at += rows
+        self.pending = None  # (input, fused output) between the q call and the v call
+
+
+class SkinnyQKV(SkinnyLinear):
+    """q_proj / k_proj / v_proj of one attention module. The q call computes all three outputs in
+    one pass over the fused weight; the k and v calls on the same input return their slices."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _small(x):
+            return F.linear(x, self.weight, self.bias)
+        fused, role = self._specgen_fused, self._specgen_role
+        lo, hi = fused.bounds[role]
+        if role == 0:
+            y = linear(x, fused.weight, fused.bias)
+            fused.pending = (x, y)
+            return y[..., lo:hi]
+        pending = fused.pending
+        if pending is not None and pending[0] is x:
+            if role == len(fused.bounds) - 1:
+                fused.pending = None
+            return pending[1][..., lo:hi]
+        return linear(x, self.weight, self.bias)
+
+
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     if _small(x):
         return self.down_proj(gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act))
@@ -201,10 +267,32 @@ def _gated_mlp(module) -> str | None:
     return _activation(module)
 
 
+def _qkv(module) -> list | None:
+    parts = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    if not all(type(p) is torch.nn.Linear for p in parts):
+        return None
+    first = parts[0].weight
+    if any(p.weight.shape[1] != first.shape[1] or p.weight.dtype != first.dtype or p.weight.device != first.device
+           or (p.bias is None) != (parts[0].bias is None) for p in parts):
+        return None
+    return parts
+
+
 def install(model) -> int:
-    """Route the model's linear layers (and gated MLPs) through the kernel for short inputs.
-    Returns how many modules were switched; idempotent."""
+    """Route the model's linear layers (and gated MLPs) through the kernel for short inputs; fuse
+    each attention module's q/k/v weights into one. Returns how many modules were switched;
+    idempotent."""
     switched = 0
+    for module in list(model.modules()):
+        parts = _qkv(module)
+        if parts is not None:
+            fused = _Fused(parts)
+            for role, part in enumerate(parts):
+                part._specgen_class = torch.nn.Linear
+                part._specgen_fused = fused
+                part._specgen_role = role
+                part.__class__ = SkinnyQKV
+            switched += 3
     for module in model.modules():
         if hasattr(module, "_specgen_class"):
             continue
@@ -228,9 +316,10 @@ def install(model) -> int:
 def uninstall(model) -> None:
     for module in model.modules():
         base = module.__dict__.pop("_specgen_class", None)
-        if base is not None:
+        if base is not None:  # fused q/k/v weights stay views of one buffer: same values
             module.__class__ = base
-            module.__dict__.pop("_specgen_act", None)
+            for key in ("_specgen_act", "_specgen_fused", "_specgen_role"):
+                module.__dict__.pop(key, None)
 
 
 def installed(model) -> bool:
