@@ -3,7 +3,7 @@ kernel configurations: which configuration each row count wants, and what bandwi
 
     python benchmarks/bench_linear.py [--rows 1,5] [--out linear.json]
 
-Shapes are Llama-3-8B's (bf16): q/o 4096x4096, k/v 1024x4096, gate+up 2 x 14336x4096 (fused with
+Shapes are Llama-3-8B's (bf16): q/o 4096x4096, k/v 1024x4096, fused q+k+v 6144x4096, gate+up 2 x 14336x4096 (fused with
 the activation), down 4096x14336, lm_head 128256x4096. GB/s counts weight bytes.
 Each configuration's output is checked against F.linear before it is timed. Times come from CUDA
 graph replays (as in a step: no launch overhead) of one call per weight copy, with enough copies
@@ -23,14 +23,18 @@ import triton
 
 from specgen.gpu import linear as L
 
-SHAPES = {"q_o": (4096, 4096), "k_v": (1024, 4096), "gate_up": (14336, 4096), "down": (4096, 14336),
+SHAPES = {"q_o": (4096, 4096), "k_v": (1024, 4096), "qkv": (6144, 4096), "gate_up": (14336, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
 DOT_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stages=(3, 4, 5))
+DEEP_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(256, 512), warps=(4, 8), stages=(4, 5, 6, 8))
 GEMV_GRID = dict(dot=(False,), block_n=(2, 4, 8), block_k=(1024, 2048), warps=(4, 8), stages=(1,))
 L2_BYTES = 256 * 2**20  # weight copies per timing: more than any L2
 
 
-def configs(rows: int):
+def configs(rows: int, deep: bool = False):
+    if deep:  # deeper pipelines and longer K tiles (more bytes in flight per SM)
+        yield from itertools.product(*DEEP_GRID.values())
+        return
     yield from itertools.product(*DOT_GRID.values())
     if rows == 1:
         yield from itertools.product(*GEMV_GRID.values())
@@ -65,6 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1,5")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--deep", action="store_true", help="sweep DEEP_GRID instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -92,7 +97,7 @@ def main() -> None:
             expected = torch_fn(0).float()
             torch_us = graph_us(torch_fn, copies)
             best = None
-            for config in configs(rows):
+            for config in configs(rows, args.deep):
                 try:
                     got = kernel_fn(0, config).float()
                 except Exception as exc:  # noqa: BLE001 (out of resources: skip the configuration)

@@ -20,9 +20,10 @@ from specgen.gpu import attention
 from specgen.gpu.attention import decode_attention, decode_attention_reference
 
 CASES = [  # batch, heads, kv heads, tokens, head dim, capacity, position, window
-    (1, 12, 4, 5, 64, 640, 300, 0),  # bench-target shape, 3 splits, k = 4 verification
-    (1, 4, 4, 1, 64, 128, 5, 0),  # 1-token step, no GQA, one split
-    (1, 8, 2, 3, 80, 1024, 700, 0),  # head dim not a power of two, 4 splits
+    (1, 12, 4, 5, 64, 640, 300, 0),  # bench-target shape, 10 splits, k = 4 verification
+    (1, 4, 4, 1, 64, 64, 5, 0),  # 1-token step, no GQA, one split
+    (1, 8, 2, 3, 80, 1024, 700, 0),  # head dim not a power of two, 16 splits
+    (1, 4, 1, 2, 32, 8192, 5000, 0),  # a long cache: 64 splits of 128 keys
     (1, 8, 2, 9, 64, 600, 250, 100),  # sliding window reaching back into an earlier split
     (2, 4, 2, 20, 32, 256, 100, 0),  # batch 2, rows over one tile
     (1, 2, 1, 40, 16, 300, 0, 0),  # first step of a sequence, 40 tokens x 2 heads: two row tiles

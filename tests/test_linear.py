@@ -206,22 +206,32 @@ def test_qkv_fusion_keeps_weights_and_memory():
 
 
 def test_fused_paths_trace_without_graph_breaks(monkeypatch):
-    """The q/k/v hand-over and the MLP path compile into one graph (dynamo, fullgraph): what
-    torch.compile sees in a captured step. The kernel is swapped for its torch reference here, as
-    the CPU interpreter cannot run inside a trace."""
+    """The q/k/v hand-over and the MLP path compile into one graph (dynamo, fullgraph) that makes
+    the same kernel calls as eager: the fusion survives what torch.compile sees in a captured step.
+    The kernel is swapped for its torch reference here, as the CPU interpreter cannot run inside a
+    trace."""
     import torch._dynamo
 
     model = _tiny("llama")
     L.install(model)
-    monkeypatch.setattr(L, "linear", lambda x, w, b=None, config=None: torch.nn.functional.linear(x, w, b))
+    calls = []
+
+    def fake_linear(x, w, b=None, config=None):
+        calls.append(tuple(w.shape))
+        return torch.nn.functional.linear(x, w, b)
+
+    monkeypatch.setattr(L, "linear", fake_linear)
     monkeypatch.setattr(L, "gate_up", lambda x, g, u, act, config=None: L.gate_up_reference(x, g, u, act))
     ids = torch.randint(0, 96, (1, 5), device=DEVICE)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     with torch.no_grad(), L.active():
         want = model(ids).logits
+        eager_calls, calls[:] = list(calls), []
         got = compiled(ids).logits
-    assert torch.equal(got, want)
+    assert eager_calls == [(128, 64), (64, 64), (64, 128)] * 2 + [(96, 64)]  # q+k+v, o, down; lm_head
+    assert calls == eager_calls
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
     assert all(m._specgen_fused.pending is None for m in model.modules() if hasattr(m, "_specgen_fused"))
 
 
