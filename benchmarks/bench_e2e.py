@@ -246,6 +246,8 @@ def parse_args(argv=None):
     parser.add_argument("--hf", type=int, default=1, help="0 skips the Hugging Face contenders")
     parser.add_argument("--attention", choices=("kernel", "sdpa"), default="kernel",
                         help="captured steps attend through gpu/attention.py's kernel or through SDPA")
+    parser.add_argument("--linear", choices=("kernel", "torch"), default="kernel",
+                        help="linear layers of steps through gpu/linear.py's kernel or F.linear (cuBLAS)")
     parser.add_argument("--no-startups", action="store_true", help="skip the start-up subprocesses")
     parser.add_argument("--startup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
@@ -259,9 +261,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     DEVICE = args.device
     os.environ["SPECGEN_ATTENTION"] = args.attention  # start-up subprocesses too
+    os.environ["SPECGEN_LINEAR"] = args.linear
     from specgen.gpu import runner
 
     runner.DECODE_ATTENTION = args.attention == "kernel"
+    runner.LINEAR_KERNEL = args.linear == "kernel"
     if args.startup_only:
         print(json.dumps(startup(args)))
         return
@@ -274,7 +278,9 @@ def main(argv=None) -> None:
     report["startup_seconds_this_process"] = round(time.perf_counter() - start, 2)
     report["attention_kernel"] = {name: getattr(getattr(engine, f"{name}_runner", None), "attention", False)
                                   for name in ("target", "draft")}
-    print(f"attention kernel in use: {report['attention_kernel']}", flush=True)
+    report["linear_kernel"] = {name: getattr(getattr(engine, f"{name}_runner", None), "linear", False)
+                               for name in ("target", "draft")}
+    print(f"attention kernel in use: {report['attention_kernel']}; linear kernel: {report['linear_kernel']}", flush=True)
     prompts = load_prompts(args.pair, engine, args.prompts, args.prompt_tokens)
     from transformers import AutoModelForCausalLM
 
