@@ -142,14 +142,27 @@ def test_compiled_graphs_match_eager(pair, tmp_path, monkeypatch):
 @pytest.mark.parametrize("settings", [dict(), dict(temperature=0.8, top_p=0.95, seed=5)])
 def test_fused_round_graph_matches_phase_by_phase_rounds(pair, monkeypatch, settings):
     """The whole round captured as one graph: same tokens as per-phase rounds (same kernels, same
-    draws in the same order), captured once per decoder, and its phases timed from inside."""
-    from specgen.gpu import loop
+    draws in the same order), captured once per decoder, and its phases timed from inside. Its
+    steps take gpu/linear.py's kernel like the runners' own captures."""
+    from specgen.gpu import fused as fused_module
+    from specgen.gpu import linear, loop
 
+    launches, in_capture = [], []
+    real_launch, real_capture = linear._launch, fused_module.FusedRound._capture
+    monkeypatch.setattr(linear, "_launch", lambda *a: launches.append(1) or real_launch(*a))
+
+    def counted_capture(self):
+        before = len(launches)
+        real_capture(self)
+        in_capture.append(len(launches) - before)
+
+    monkeypatch.setattr(fused_module.FusedRound, "_capture", counted_capture)
     engine = Engine(make_profile(*pair, max_tokens=48, **settings))
     prompts = random_prompts(engine.pair.vocab_size, 4, seed=3)
     decoder = engine.decoder()
     fused = [finish(decoder, p) for p in prompts]
     assert decoder.fused is not None and decoder.fused.graph is not None, "the fused round was not captured"
+    assert in_capture and all(n > 0 for n in in_capture), "the fused round's steps did not take the linear kernel"
     monkeypatch.setattr(loop, "FUSED", False)
     phased = [finish(engine.decoder(), p) for p in prompts]
     for a, b in zip(fused, phased):

@@ -194,7 +194,7 @@ class FusedRound:
         ids = self.pending
         for i in range(k):
             n = ids.shape[0]
-            with step_attention(n):
+            with step_attention(n), self.draft.linear_context():
                 self.raws.append(self.draft.step(ids, self.draft_logits[n]))
             token = feed[1 + i : 2 + i]
             expo = self.expo_draft[i : i + 1] if self.sample else None
@@ -203,7 +203,7 @@ class FusedRound:
                 self.q[i : i + 1].copy_(probs)
             ids = token
         mark()
-        with step_attention(k + 1):
+        with step_attention(k + 1), self.target.linear_context():
             self.raws.append(self.target.step(feed, self.target_logits))
         mark()
         argmax, probs = verifier.warp(self.target_logits, self.rows.params, None, self.rows.bad_mask)

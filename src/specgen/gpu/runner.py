@@ -291,15 +291,16 @@ class GraphRunner:
             self.progress(len(shapes), len(shapes), f"{self.name}: ready")
         self.setup_seconds += time.perf_counter() - start
 
-    def _linear(self):
-        """The context of this runner's forwards: gpu/linear.py's path on or off."""
+    def linear_context(self):
+        """The context every forward and capture of this runner's steps runs in (a fused round's
+        too): gpu/linear.py's path on or off."""
         from specgen.gpu import linear as linear_module
 
         return linear_module.active(self.linear)
 
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
-        with self._linear():
+        with self.linear_context():
             out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
                              logits_to_keep=0 if want_logits else 1, **self._attention_args())
         n = ids.shape[0]
@@ -329,14 +330,14 @@ class GraphRunner:
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), step_attention(n), self._linear():
+        with torch.cuda.stream(stream), step_attention(n), self.linear_context():
             for _ in range(WARMUP_STEPS):
                 self.position.fill_(scratch)
                 self.step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), step_attention(n), self._linear():
+        with torch.cuda.graph(graph), step_attention(n), self.linear_context():
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
