@@ -24,11 +24,17 @@ import triton
 from specgen.gpu import linear as L
 
 SHAPES = {"q_o": (4096, 4096), "k_v": (1024, 4096), "qkv": (6144, 4096), "gate_up": (14336, 4096), "down": (4096, 14336),
-          "lm_head": (128256, 4096)}
+          "lm_head": (128256, 4096),
+          # the bench pair's 100M target (make_pair.py --preset bench): hidden 768, MLP 2048, vocab 16384
+          "bench_qkv": (1280, 768), "bench_o": (768, 768), "bench_gate_up": (2048, 768), "bench_down": (768, 2048),
+          "bench_lm_head": (16384, 768)}
 DOT_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stages=(3, 4, 5))
 DEEP_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(256, 512), warps=(4, 8), stages=(4, 5, 6, 8))
 GEMV_GRID = dict(dot=(False,), block_n=(2, 4, 8), block_k=(1024, 2048), warps=(4, 8), stages=(1,))
 L2_BYTES = 256 * 2**20  # weight copies per timing: more than any L2
+
+
+SMALL_ROWS_GEMV_GRID = dict(dot=(False,), block_n=(1, 2, 4), block_k=(64, 128, 256), warps=(2, 4), stages=(1,))
 
 
 def configs(rows: int, deep: bool = False):
@@ -38,6 +44,8 @@ def configs(rows: int, deep: bool = False):
     yield from itertools.product(*DOT_GRID.values())
     if rows == 1:
         yield from itertools.product(*GEMV_GRID.values())
+    elif rows <= 8:  # the register path with every row: small tiles keep rows x N x K in registers
+        yield from itertools.product(*SMALL_ROWS_GEMV_GRID.values())
 
 
 def graph_us(fn, copies: int, replays: int = 10) -> float:
