@@ -41,7 +41,6 @@ from specgen.core.proposers import Proposal
 from specgen.core.sampling import WarpParams
 from specgen.core.state import RoundRows
 from specgen.gpu.loop import pick
-from specgen.gpu.runner import step_attention
 
 WARMUP_ROUNDS = 2  # eager rounds before capture: Triton JIT, cuBLAS, torch.compile guards
 
@@ -194,7 +193,7 @@ class FusedRound:
         ids = self.pending
         for i in range(k):
             n = ids.shape[0]
-            with step_attention(n), self.draft.linear_context():
+            with self.draft.step_context(n):
                 self.raws.append(self.draft.step(ids, self.draft_logits[n]))
             token = feed[1 + i : 2 + i]
             expo = self.expo_draft[i : i + 1] if self.sample else None
@@ -203,7 +202,7 @@ class FusedRound:
                 self.q[i : i + 1].copy_(probs)
             ids = token
         mark()
-        with step_attention(k + 1), self.target.linear_context():
+        with self.target.step_context(k + 1):
             self.raws.append(self.target.step(feed, self.target_logits))
         mark()
         argmax, probs = verifier.warp(self.target_logits, self.rows.params, None, self.rows.bad_mask)

@@ -292,11 +292,17 @@ class GraphRunner:
         self.setup_seconds += time.perf_counter() - start
 
     def linear_context(self):
-        """The context every forward and capture of this runner's steps runs in (a fused round's
-        too): gpu/linear.py's path on or off."""
+        """gpu/linear.py's path on or off for this runner's forwards."""
         from specgen.gpu import linear as linear_module
 
         return linear_module.active(self.linear)
+
+    @contextlib.contextmanager
+    def step_context(self, tokens: int):
+        """What every warm-up and capture of an n-token step runs in, this runner's own and a
+        fused round's: the SDPA backend choice and the linear kernel switch."""
+        with step_attention(tokens), self.linear_context():
+            yield
 
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
@@ -330,14 +336,14 @@ class GraphRunner:
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), step_attention(n), self.linear_context():
+        with torch.cuda.stream(stream), self.step_context(n):
             for _ in range(WARMUP_STEPS):
                 self.position.fill_(scratch)
                 self.step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), step_attention(n), self.linear_context():
+        with torch.cuda.graph(graph), self.step_context(n):
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
