@@ -189,6 +189,65 @@ def test_warp_cut_search_over_several_passes(values):
     assert_warp_equal(logits, params, None, None, gen)
 
 
+@pytest.mark.parametrize("vocab", [8193, 32000])
+@pytest.mark.parametrize(
+    "values, scale, ties",
+    [
+        (dict(temperature=0.8, top_p=[0.95, 0.5, 0.99]), 3.0, False),
+        (dict(temperature=0.8, top_p=[0.95, 0.9, 0.7]), 0.5, False),  # flat rows: hundreds of ids in the bracket
+        (dict(temperature=1.0, top_k=[1, 50, 256]), 3.0, False),
+        (dict(temperature=0.7, top_k=[40, 200, 5], top_p=[0.9, 0.6, 0.99]), 2.0, False),
+        (dict(temperature=1.0, top_k=[7, 40, 100], top_p=[0.8, 1.0, 0.5]), 3.0, True),  # cuts inside tie groups
+        (dict(temperature=1.0, top_p=[0.3, 0.8, 0.9]), 3.0, True),
+    ],
+)
+def test_warp_parallel_cut_search(vocab, values, scale, ties):
+    """Long top-k / top-p rows: the parallel search finishes every row (gpu_warp.fast_rows) and
+    matches the reference as the one-program search does."""
+    gen = torch.Generator().manual_seed(vocab + len(values))
+    logits = make_logits(3, vocab, gen, scale=scale, ties=ties)
+    params = make_params(3, **values)
+    if params.flags.top_p:
+        params = settle_top_p(logits, params)
+    assert_warp_equal(logits, params, None, None, gen)
+    assert gpu_warp.fast_rows(3, DEVICE) == [True] * 3
+
+
+def test_warp_parallel_cut_search_hands_rows_over():
+    """Rows the parallel search does not take (min-p, k above FAST_TOP_K, greedy, no cut) or cannot
+    narrow to FAST_CAP candidates (a tie group of 6000 at the cut) go through the one-program search
+    in the same launch, and every row still matches the reference."""
+    gen = torch.Generator().manual_seed(4)
+    logits = make_logits(6, 8193, gen)
+    logits[5] = logits[5] * 0.01 - 1.0
+    logits[5, 1000:7000] = 0.0  # 6000 equal logits between 50 larger ones and the rest: the top-p
+    logits[5, :50] = 2.0  # cut of row 5 lands inside the tie group
+    params = make_params(6, temperature=[0.8, 1.0, 0.0, 1.0, 0.9, 1.0],
+                         top_k=[-1, gpu_warp.FAST_TOP_K + 1, -1, -1, 30, -1],
+                         top_p=[0.9, 1.0, 1.0, 1.0, 0.8, 0.5], min_p=[0.05, 0.0, 0.0, 0.0, 0.0, 0.0])
+    params = settle_top_p(logits, params)
+    assert_warp_equal(logits, params, None, None, gen)
+    assert gpu_warp.fast_rows(6, DEVICE) == [False, False, False, False, True, False]
+
+
+def test_warp_parallel_cut_search_equals_one_program_search(monkeypatch):
+    """Both searches give the same kept sets and the same sampled ids on the same draws."""
+    gen = torch.Generator().manual_seed(8)
+    logits = make_logits(4, 32000, gen, scale=2.0)
+    params = settle_top_p(logits, make_params(4, temperature=[0.8, 1.0, 0.6, 1.2], top_k=[-1, 100, -1, 20],
+                                              top_p=[0.95, 0.9, 0.8, 1.0]))
+    error = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    _, fast = gpu_warp.warp(logits, params, None, None, error)
+    assert gpu_warp.fast_rows(4, DEVICE) == [True] * 4
+    monkeypatch.setattr(gpu_warp, "FAST_CUT", False)
+    _, slow = gpu_warp.warp(logits, params, None, None, error)
+    assert int(error) == 0
+    assert torch.equal(fast > 0, slow > 0)
+    torch.testing.assert_close(fast, slow, rtol=1e-6, atol=1e-9)
+    expo = sampling.exponentials(fast.shape, gen, "cpu").to(DEVICE)
+    assert torch.equal(sampling.sample_race(fast, expo), sampling.sample_race(slow, expo))
+
+
 def test_warp_bfloat16_logits():
     gen = torch.Generator().manual_seed(2)
     logits = make_logits(3, 100, gen).to(torch.bfloat16)

@@ -50,6 +50,22 @@ ERROR_ALL_MASKED = 2
 
 _workspaces: dict[tuple, torch.Tensor] = {}
 
+# The parallel cut search for long rows (vocab > SEGMENT) whose cut is top-k (k <= FAST_TOP_K) and/or
+# top-p, without min-p: FAST_PASSES bracket passes over every (row, chunk) at once, each testing
+# FAST_PIVOTS thresholds and writing per-chunk counts and masses (summed in chunk order by the next
+# launch: deterministic, no atomics); then a compaction of the <= FAST_CAP ids left in the bracket
+# at offsets from those counts; then _warp_cut_kernel finishes from the candidates in one pass
+# (the mass above each candidate from a [block, FAST_CAP] comparison). A row that does not qualify
+# or whose bracket still holds more than FAST_CAP ids goes through the one-program search.
+FAST_CUT = True
+FAST_PIVOTS = 32
+FAST_CAP = 512
+FAST_TOP_K = 256  # top-k rows need every id above the bracket (>= k of them) among the candidates
+FAST_BLOCK = 32  # candidates per step of the finish's [FAST_BLOCK, FAST_CAP] comparison
+FAST_CHUNK = {"cuda": 1024, "cpu": 8192}  # columns per pass program (H200 sweep: 1024 x 8 warps x 32 pivots)
+FAST_WARPS = 8  # per pass program
+FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
+
 
 MAX_SEGMENTS = 64  # vocab <= 262144; one constant, so every large vocabulary shares one compile
 
@@ -93,11 +109,15 @@ def warp(
     has_cut = probs is not None and (flags.top_k or flags.top_p or flags.min_p)
     if has_cut:
         cand = _workspace(logits.device, rows * SEGMENT, "cand") if n_seg > 1 else dummy
+        fast = dummy
+        if n_seg > 1 and FAST_CUT and (flags.top_k or flags.top_p):
+            fast = _fast_cut_search(probs, part, params, cand, rows, vocab, n_seg)
         _warp_cut_kernel[(triton.cdiv(rows, block_r),)](
-            probs, part, params.temperature, params.top_k, params.top_p, params.log_min_p, cand,
+            probs, part, params.temperature, params.top_k, params.top_p, params.log_min_p, cand, fast,
             rows, vocab, n_seg,
             BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS, CAP=SEGMENT,
             PIVOTS=PIVOTS, CUT_BLOCK=CUT_BLOCK, MAX_PASSES=MAX_PASSES, DIRECT=n_seg == 1,
+            FAST=fast is not dummy, FAST_CAP=FAST_CAP, FAST_BLOCK=FAST_BLOCK,
             num_warps=_warps(block_r * block_v) if n_seg == 1 else 16,
         )
     argmax = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -109,6 +129,45 @@ def warp(
         num_warps=_warps(block_r * block_v),
     )
     return argmax, probs
+
+
+def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int) -> torch.Tensor:
+    """The parallel cut search of long rows (see FAST_CUT): bracket passes and the compaction of the
+    candidates, each over every chunk of every row at once. Returns the per-row state buffer that
+    _warp_cut_kernel reads ([N, STATE] float32: status 1 = candidates ready, else the row's cut is
+    searched there the one-program way)."""
+    chunk = FAST_CHUNK[l.device.type]
+    block_c = triton.next_power_of_2(triton.cdiv(SEGMENT * MAX_SEGMENTS, chunk))  # one compile for every vocab
+    n_chunks = triton.cdiv(vocab, chunk)
+    passes = fast_passes(vocab)
+    piv = _workspace(l.device, passes * rows * FAST_PIVOTS, "fast_piv")
+    sums = _workspace(l.device, (2 * passes + 1) * rows * n_chunks * FAST_PIVOTS, "fast_sums")
+    state = _workspace(l.device, rows * FAST_STATE, "fast_state")
+    common = (l, part, params.temperature, params.top_k, params.top_p, params.log_min_p, piv, sums, state, cand)
+    for index in range(passes + 1):  # the passes, then the compaction
+        _warp_fast_pass_kernel[(rows, n_chunks)](
+            *common, rows, vocab, n_seg, n_chunks, index, passes,
+            FIRST=index == 0, COMPACT=index == passes, BLOCK_S=MAX_SEGMENTS, BLOCK_C=block_c,
+            CHUNK=chunk, P=FAST_PIVOTS, CAP=FAST_CAP, KFAST=FAST_TOP_K, STRIDE=SEGMENT, num_warps=FAST_WARPS,
+        )
+    return state
+
+
+def fast_passes(vocab: int) -> int:
+    """Bracket passes before the compaction: each narrows a row's bracket by up to FAST_PIVOTS - 1 pivots."""
+    return 2 if vocab <= 32768 else 3
+
+
+def fast_rows(rows: int, device) -> list[bool]:
+    """Which rows of the last segmented warp on `device` had their cut finished by the parallel search
+    (tests and benchmarks: the rest went through the one-program search)."""
+    device = torch.device(device)
+    states = [buf for (dev, name), buf in _workspaces.items()
+              if name == "fast_state" and dev.type == device.type and (dev.index or 0) == (device.index or 0)]
+    if not states:
+        return [False] * rows
+    state = states[0]
+    return [bool(v == 1) for v in state[: rows * FAST_STATE].view(rows, FAST_STATE)[:, 0].tolist()]
 
 
 def _check_inputs(logits, params, penalties, bad_mask, error) -> None:
@@ -240,6 +299,7 @@ def _warp_cut_kernel(
     top_p_ptr,  # [N] float32
     log_min_p_ptr,  # [N] float32
     cand_ptr,  # [N, CAP] float32 scratch (segmented rows only)
+    fast_ptr,  # [N, FAST_STATE] float32 state of the parallel search (FAST only)
     n_rows,
     vocab,
     n_seg,
@@ -251,6 +311,9 @@ def _warp_cut_kernel(
     CUT_BLOCK: tl.constexpr,
     MAX_PASSES: tl.constexpr,
     DIRECT: tl.constexpr,
+    FAST: tl.constexpr,
+    FAST_CAP: tl.constexpr,
+    FAST_BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
     row_ok = rows < n_rows
@@ -274,15 +337,218 @@ def _warp_cut_kernel(
                            tl.zeros_like(m) + float("-inf"), z_all, True)
     else:  # one row per program
         row = tl.max(rows, axis=0)
-        cut, z = _cut_segmented(
-            l_ptr, cand_ptr, row, vocab, tl.max(m, axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
-            tl.max(fmin, axis=0), tl.max(k, axis=0), tl.max(k_on.to(tl.int32), axis=0) > 0,
-            tl.max(bound_p, axis=0), tl.max(p_on.to(tl.int32), axis=0) > 0, tl.max(log_min_p, axis=0),
-            CAP, PIVOTS, CUT_BLOCK, MAX_PASSES,
-        )
+        status = 0.0 * tl.max(m, axis=0)
+        if FAST:
+            status = tl.load(fast_ptr + row * 8)
+        if status == 1.0:  # the parallel search left the candidates
+            cut, z = _cut_from_candidates(
+                fast_ptr, cand_ptr, row, tl.max(m, axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
+                tl.max(k, axis=0), tl.max(k_on.to(tl.int32), axis=0) > 0, tl.max(bound_p, axis=0),
+                tl.max(p_on.to(tl.int32), axis=0) > 0, CAP, FAST_CAP, FAST_BLOCK,
+            )
+        else:
+            cut, z = _cut_segmented(
+                l_ptr, cand_ptr, row, vocab, tl.max(m, axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
+                tl.max(fmin, axis=0), tl.max(k, axis=0), tl.max(k_on.to(tl.int32), axis=0) > 0,
+                tl.max(bound_p, axis=0), tl.max(p_on.to(tl.int32), axis=0) > 0, tl.max(log_min_p, axis=0),
+                CAP, PIVOTS, CUT_BLOCK, MAX_PASSES,
+            )
     plane = 4 * n_rows * n_seg
     tl.store(part_ptr + plane + rows, cut, mask=row_ok)
     tl.store(part_ptr + plane + n_rows + rows, z, mask=row_ok)
+
+
+# -- the parallel search (FAST_CUT) ------------------------------------------------------------
+# Scratch: piv [passes, N, P] pivots; sums [2 passes + 1, N, chunks, P]: per chunk, the count of ids
+# above each pivot (pass i), their mass w = exp(s) / z (plane passes + i; top-p rows) and, for the
+# last pass, their unnormalised mass exp(s) (plane 2 passes). State [N, 8]: status (1 = candidates
+# ready), total, lo, hi, S(hi), E(hi), S(lo).
+
+
+@triton.jit
+def _fast_row(part_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, row, n_rows, vocab, n_seg,
+              BLOCK_S: tl.constexpr, KFAST: tl.constexpr):
+    """One row's scalars: (fast, by_count, m, temperature, z, fmin, bound). fast: the row's cut is
+    top-k (k <= KFAST) and/or top-p without min-p; by_count: it has top-k, and the passes bracket
+    the k-th largest logit (bound k), else the top-p cut (bound top_p)."""
+    rows = row + tl.arange(0, 1)
+    row_ok = rows < n_rows
+    temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
+    live = row_ok & (temperature > 0)
+    temperature = tl.where(live, temperature, 1.0)
+    m, argmax, z_all, fmin = _row_stats(part_ptr, rows, row_ok, temperature, n_rows, n_seg, BLOCK_S)
+    live = live & (m > float("-inf"))
+    k = tl.load(top_k_ptr + rows, mask=row_ok, other=0)
+    top_p = tl.load(top_p_ptr + rows, mask=row_ok, other=1.0)
+    log_min_p = tl.load(log_min_p_ptr + rows, mask=row_ok, other=float("-inf"))
+    k_on = live & (k > 0) & (k < vocab)
+    p_on = live & (top_p < 1.0)
+    fast = live & (k_on | p_on) & (log_min_p == float("-inf")) & ((k <= KFAST) | (k_on == 0))
+    bound = tl.where(k_on, k.to(tl.float32), tl.maximum(top_p, 1.1754943508222875e-38))
+    return (tl.max(fast.to(tl.int32), axis=0) > 0, tl.max(k_on.to(tl.int32), axis=0) > 0,
+            tl.max(tl.where(live, m, 0.0), axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
+            tl.max(fmin, axis=0), tl.max(bound, axis=0))
+
+
+@triton.jit
+def _fast_bracket(piv_ptr, sums_ptr, row, n_rows, n_chunks, index, passes, by_count, bound,
+                  BLOCK_C: tl.constexpr, P: tl.constexpr):
+    """The bracket after pass `index`: its per-chunk sums added in chunk order, then as _bracket's
+    update. Returns lo, hi, S(hi), E(hi) (last pass only), S(lo), C(lo), C(hi), and lo's and hi's
+    pivot indices."""
+    j = tl.arange(0, P)
+    c = tl.arange(0, BLOCK_C)
+    piv = tl.load(piv_ptr + (index * n_rows + row) * P + j)
+    plane = n_rows * n_chunks * P
+    at = ((index * n_rows + row) * n_chunks + c[:, None]) * P + j[None, :]
+    mask = (c[:, None] < n_chunks) & (j[None, :] < P)
+    count = tl.sum(tl.load(sums_ptr + at, mask=mask, other=0.0), axis=0)  # [P] C(pivot)
+    mass = count
+    e_mass = 0.0 * count
+    if by_count == 0:
+        mass = tl.sum(tl.load(sums_ptr + passes * plane + at, mask=mask, other=0.0), axis=0)  # [P] S(pivot)
+        if index == passes - 1:
+            e_at = (row * n_chunks + c[:, None]) * P + j[None, :]
+            e_mass = tl.sum(tl.load(sums_ptr + 2 * passes * plane + e_at, mask=mask, other=0.0), axis=0)
+    dropped = mass >= bound
+    lo = tl.max(tl.where(dropped, piv, -float("inf")), axis=0)
+    hi = tl.min(tl.where(dropped, float("inf"), piv), axis=0)
+    at_lo = piv == lo
+    at_hi = piv == hi
+    return (lo, hi, tl.max(tl.where(at_hi, mass, 0.0), axis=0), tl.max(tl.where(at_hi, e_mass, 0.0), axis=0),
+            tl.max(tl.where(at_lo, mass, 0.0), axis=0), tl.max(tl.where(at_lo, count, 0.0), axis=0),
+            tl.max(tl.where(at_hi, count, 0.0), axis=0), tl.min(tl.where(at_lo, j, P), axis=0),
+            tl.min(tl.where(at_hi, j, P), axis=0))
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_seg", "n_chunks", "index", "passes"])
+def _warp_fast_pass_kernel(
+    l_ptr,  # [N, V] float32 penalised logits
+    part_ptr,  # [4, N, S] float32 segment partials
+    temperature_ptr,  # [N] float32
+    top_k_ptr,  # [N] int32
+    top_p_ptr,  # [N] float32
+    log_min_p_ptr,  # [N] float32
+    piv_ptr,  # [passes, N, P] float32
+    sums_ptr,  # [2 passes + 1, N, chunks, P] float32
+    state_ptr,  # [N, 8] float32 out (compaction)
+    cand_ptr,  # [N, STRIDE] float32 out (compaction)
+    n_rows,
+    vocab,
+    n_seg,
+    n_chunks,
+    index,  # this pass (the compaction: index == passes)
+    passes,
+    FIRST: tl.constexpr,
+    COMPACT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHUNK: tl.constexpr,
+    P: tl.constexpr,
+    CAP: tl.constexpr,
+    KFAST: tl.constexpr,
+    STRIDE: tl.constexpr,
+):
+    """Grid (rows, chunks). A pass: the bracket from the previous pass's sums, P pivots in it, and this
+    chunk's count / mass above each pivot. The compaction: the final bracket, and this chunk's ids in
+    it stored at an offset counted from the last pass's per-chunk counts (the row's ids in column
+    order). Chunk 0 of each row writes the pivots (passes) or the row's state (compaction)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    fast, by_count, m, temperature, z_all, fmin, bound = _fast_row(
+        part_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, row, n_rows, vocab, n_seg, BLOCK_S, KFAST)
+    if COMPACT:
+        if (chunk == 0) & (fast == 0):
+            tl.store(state_ptr + row * 8, 0.0)
+    if fast:
+        cols = chunk * CHUNK + tl.arange(0, CHUNK)
+        l = tl.load(l_ptr + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf"))
+        if FIRST:
+            lo = -float("inf") + 0.0 * m
+            hi = m
+        else:
+            lo, hi, s_hi, e_hi, s_lo, c_lo, c_hi, j_lo, j_hi = _fast_bracket(
+                piv_ptr, sums_ptr, row, n_rows, n_chunks, index - 1, passes, by_count, bound, BLOCK_C, P)
+        if COMPACT:
+            top = tl.where(by_count, float("inf"), hi)  # top-k: every id above lo; top-p: those in (lo, hi]
+            total = tl.where(by_count, c_lo, c_lo - c_hi)
+            c = tl.arange(0, BLOCK_C)
+            base = sums_ptr + ((index - 1) * n_rows + row) * n_chunks * P
+            per = tl.load(base + c * P + j_lo, mask=c < n_chunks, other=0.0)
+            per -= tl.where(by_count, 0.0, tl.load(base + c * P + j_hi, mask=c < n_chunks, other=0.0))
+            offset = tl.sum(tl.where(c < chunk, per, 0.0), axis=0).to(tl.int32)
+            if total <= CAP:
+                inside = (l > lo) & (l <= top)
+                at = offset + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+                tl.store(cand_ptr + row.to(tl.int64) * STRIDE + at, l, mask=inside)
+            if chunk == 0:
+                state = state_ptr + row * 8
+                tl.store(state, tl.where(total <= CAP, 1.0, 0.0))
+                tl.store(state + 1, total)
+                tl.store(state + 2, lo)
+                tl.store(state + 3, hi)
+                tl.store(state + 4, s_hi)
+                tl.store(state + 5, e_hi)
+                tl.store(state + 6, s_lo)
+        else:
+            piv = _pivots(lo, hi, fmin, P)  # [P]
+            if chunk == 0:
+                tl.store(piv_ptr + (index * n_rows + row) * P + tl.arange(0, P), piv)
+            above = l[:, None] > piv[None, :]  # [CHUNK, P]
+            plane = n_rows * n_chunks * P
+            at = ((index * n_rows + row) * n_chunks + chunk) * P + tl.arange(0, P)
+            tl.store(sums_ptr + at, tl.sum(above.to(tl.int32), axis=0).to(tl.float32))
+            if by_count == 0:
+                e = tl.exp(tl.math.div_rn(l - m, temperature))
+                w = tl.math.div_rn(e, z_all)
+                tl.store(sums_ptr + passes * plane + at, tl.sum(tl.where(above, w[:, None], 0.0), axis=0))
+                if index == passes - 1:
+                    e_at = (row * n_chunks + chunk) * P + tl.arange(0, P)
+                    tl.store(sums_ptr + 2 * passes * plane + e_at, tl.sum(tl.where(above, e[:, None], 0.0), axis=0))
+
+
+@triton.jit
+def _smallest_kept(cbase, v, w, above, bound, total, BLOCK: tl.constexpr):
+    """The smallest candidate whose mass above (above + the sum of w over strictly larger candidates)
+    is < bound, +inf if none: one [BLOCK, C] comparison per BLOCK candidates."""
+    best = float("inf") + 0.0 * above
+    for start in range(0, total, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        vi = tl.load(cbase + i, mask=i < total, other=float("-inf"))
+        s = above + tl.sum(tl.where(v[None, :] > vi[:, None], w[None, :], 0.0), axis=1)
+        best = tl.minimum(best, tl.min(tl.where((s < bound) & (vi > float("-inf")), vi, float("inf")), axis=0))
+    return best
+
+
+@triton.jit
+def _cut_from_candidates(state_ptr, cand_ptr, row, m, temperature, z_all, k, k_on, bound_p, p_on,
+                         STRIDE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    """cut and z of one row from the parallel search's candidates (see _warp_fast_pass_kernel)."""
+    state = state_ptr + row * 8
+    total = tl.load(state + 1).to(tl.int32)
+    hi = tl.load(state + 3)
+    s_hi = tl.load(state + 4)
+    e_hi = tl.load(state + 5)
+    s_lo = tl.load(state + 6)
+    cbase = cand_ptr + row.to(tl.int64) * STRIDE
+    idx = tl.arange(0, CAP)
+    v = tl.load(cbase + idx, mask=idx < total, other=float("-inf"))
+    e = tl.where(v > float("-inf"), tl.exp(tl.math.div_rn(v - m, temperature)), 0.0)
+    if k_on:  # every id above the bracket is a candidate: top-k, then top-p inside it, in registers
+        k_cut = _smallest_kept(cbase, v, tl.where(v > float("-inf"), 1.0, 0.0), 0.0 * m, k.to(tl.float32), total,
+                               BLOCK)
+        z_k = tl.sum(tl.where(v >= k_cut, e, 0.0), axis=0)
+        cut = k_cut
+        if p_on:
+            w = tl.where(v >= k_cut, tl.math.div_rn(e, z_k), 0.0)
+            cut = tl.maximum(k_cut, _smallest_kept(cbase, v, w, 0.0 * m, bound_p, total, BLOCK))
+        z = tl.sum(tl.where(v >= cut, e, 0.0), axis=0)
+    else:  # top-p: the candidates are the ids in (lo, hi]; S(hi) and E(hi) come from the passes
+        cut = _smallest_kept(cbase, v, tl.math.div_rn(e, z_all), s_hi, bound_p, total, BLOCK)
+        cut = tl.where(cut == float("inf"), hi, cut)  # no candidate kept: exactly the ids above hi
+        cut = tl.where(s_lo < bound_p, -float("inf"), cut)  # the bracket never dropped anything
+        z = tl.where(cut == -float("inf"), z_all, e_hi + tl.sum(tl.where(v >= cut, e, 0.0), axis=0))
+    return cut, z
 
 
 @triton.jit
