@@ -159,6 +159,10 @@ def contenders(engine: Engine, draft, prompts, args, mode: str, sampling: dict) 
         print(f"[{mode}] {name}: {rows[name]['tok_s']:.0f} tok/s", flush=True)
     variants = [(f"specgen speculative k={k}", replace(profile, speculation=replace(profile.speculation, k=k)), True)
                 for k in args.extra_k]
+    if args.argmax_drafts and sampling.get("temperature", 0) > 0:  # drafts = the draft's argmax, q one-hot
+        for k in [args.k] + args.extra_k:
+            variants.append((f"specgen speculative k={k}, argmax drafts",
+                             replace(profile, speculation=replace(profile.speculation, k=k, draft_sampling="argmax")), True))
     if args.phased:  # the same round launched phase by phase (gpu/loop.py without gpu/fused.py)
         variants.append(("specgen speculative, per-phase rounds", profile, False))
     from specgen.gpu import loop
@@ -244,6 +248,8 @@ def parse_args(argv=None):
                         help="more speculative rows with these k (comma-separated)")
     parser.add_argument("--phased", action="store_true", help="also run speculative rounds phase by phase (no fused graph)")
     parser.add_argument("--hf", type=int, default=1, help="0 skips the Hugging Face contenders")
+    parser.add_argument("--argmax-drafts", action="store_true",
+                        help="sampled modes: also draft with the draft's argmax (speculation.draft_sampling = argmax)")
     parser.add_argument("--attention", choices=("kernel", "sdpa"), default="kernel",
                         help="captured steps attend through gpu/attention.py's kernel or through SDPA")
     parser.add_argument("--linear", choices=("kernel", "torch"), default="kernel",

@@ -36,7 +36,7 @@ bench)
   cp .pairs/bench/report.json "$OUT/pair_report.json"
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
   timeout "${E2E_TIMEOUT:-300}" python3 benchmarks/bench_e2e.py --pair .pairs/bench --prompts 20 --hf-prompts "${HF_PROMPTS:-4}" \
-    --compile --no-startups --extra-k "${EXTRA_K:-3,6}" --phased --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -24
+    --compile --no-startups --extra-k "${EXTRA_K:-3,6}" ${E2E_FLAGS---phased} --out "$OUT/e2e.json" 2>&1 | tee "$OUT/e2e.txt" | tail -24
   ;;
 attention)  # SDPA backends for 1- and multi-token steps, graphs with and without compile; 8B shapes compiled
   for c in "" "--compile"; do for a in "--many default" "--many MATH"; do

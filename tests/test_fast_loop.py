@@ -118,9 +118,9 @@ def spy_fused(monkeypatch) -> dict:
     counts = {"fused": 0}
     original = fused.FusedRound.launch
 
-    def launch(self, *args):
+    def launch(self, *args, **kwargs):
         counts["fused"] += 1
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(fused.FusedRound, "launch", launch)
     return counts
@@ -167,11 +167,11 @@ def test_fused_round_starts_from_a_rolled_back_state(pair, monkeypatch):
     seen = []
     original = fused.FusedRound.launch
 
-    def launch(self, *args):
+    def launch(self, *args, **kwargs):
         committed = self.target.length + 1
         seen.append((int(self.target.position), self.target.length, int(self.draft.position), self.draft.length,
                      committed, self.pending.tolist(), int(self.feed[0]), list(decoder.tail)))
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(fused.FusedRound, "launch", launch)
     result = finish(decoder, [2, 3, 4, 5])

@@ -18,9 +18,12 @@ What makes a whole round static:
   new committed sequence minus two), and it writes the next round's `pending` (the new
   committed[-2:]) and `feed[0]` (the new last token) from the verify output. The host only keeps
   its own length counters in step;
-- random draws (temperature > 0) are drawn by the host into static buffers before the replay, in
-  exactly the order and shapes of the core loop (one Exp(1) row per draft step, then the
-  uniforms, then the recovery row), so a seed gives the same text on every path.
+- random draws (temperature > 0) are drawn by the host into static buffers in exactly the order
+  and shapes of the core loop (one Exp(1) row per draft step, then the uniforms, then the recovery
+  row), so a seed gives the same text on every path. After a fused round's replay the decoder
+  draws the next round's numbers (predraw), queued behind the replay, so their launches overlap
+  the round on the device; if the next round turns out not to be fused, the generator goes back
+  to its state before those draws.
 
 Rounds that do not fit (penalties, min_tokens masks, the last rounds that draft fewer than k,
 prompts of one token, adaptive k or draft_p_min proposers, n-gram) run GraphDecoder's per-phase
@@ -163,9 +166,11 @@ class FusedRound:
             self._capture()
         return self.graph is not None
 
-    def launch(self, gen: torch.Generator, clock) -> Proposal:
-        """Queue one round (no sync). Returns the proposal view the decoder reports from."""
-        self.draw(gen)
+    def launch(self, gen: torch.Generator, clock, drawn: bool = False) -> Proposal:
+        """Queue one round (no sync). Returns the proposal view the decoder reports from.
+        drawn: this round's random numbers are in the buffers already (predraw)."""
+        if not drawn:
+            self.draw(gen)
         if self.graph is not None:
             clock.start_graph(self.events)
             self.graph.replay()
@@ -174,6 +179,18 @@ class FusedRound:
             with torch.inference_mode():
                 self.out, self.target_p = self._body(clock.mark)
         return Proposal(self.drafts, self.q if self.sample else None, k=self.k)
+
+    def predraw(self, gen: torch.Generator):
+        """Draw the NEXT round's random numbers now, queued behind this round's replay (which has
+        read the buffers by then): the host launches them while the device runs the round, instead
+        of between the round's sync and the next replay. Returns the generator's state before the
+        draws (None when greedy: nothing drawn), for the decoder to restore if the next round is
+        not a fused one, so a seed gives the same draws in the same order on every path."""
+        if self.greedy:
+            return None
+        state = gen.get_state()
+        self.draw(gen)
+        return state
 
     def _generations(self) -> tuple:
         return tuple(getattr(r, "generation", 0) for r in (self.target, self.draft) if r is not None)

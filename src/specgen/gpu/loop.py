@@ -33,6 +33,7 @@ from specgen.core.proposers import DraftModelProposer, Proposal
 from specgen.core.rejection import PLACEHOLDER
 
 FUSED = True  # steady-state rounds as one program (gpu/fused.py); False: always phase by phase
+PREDRAW = True  # draw a fused round's random numbers behind the previous round (FusedRound.predraw)
 MAX_K = 32  # the profile's upper bound for speculation.k
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; reserve() grows the caches beyond
 
@@ -256,6 +257,7 @@ class GraphDecoder(Decoder):
         self.fused = FusedRound.get(self, proposer)  # the steady-state round as one program (gpu/fused.py)
         warm_kernels(self.state, k, device)
         self.fused_active = False  # the draft state is the fused round's (see FusedRound.enter)
+        self.predrawn = None  # generator state before the next fused round's draws (FusedRound.predraw)
         self.tail: list[int] = []  # the committed sequence's last two ids
 
     def run(self, prompt_ids: list[int]):
@@ -266,6 +268,7 @@ class GraphDecoder(Decoder):
                 runner.reserve(positions)
         self.launched = None
         self.fused_active = False
+        self.predrawn = None
         self.tail = list(prompt_ids[-2:])
         yield from super().run(prompt_ids)
 
@@ -281,10 +284,14 @@ class GraphDecoder(Decoder):
                 fused.enter(self.tail)
                 self.fused_active = True
             kept = self.target.length + 1
-            proposal = fused.launch(gen, clock)
+            proposal = fused.launch(gen, clock, drawn=self.predrawn is not None)
             self._queue_copies(fused.out, proposal, fused.target_p)
             clock.finish()
+            self.predrawn = fused.predraw(gen) if PREDRAW else None  # the next round's draws, behind this one
             return _Launched(proposal, fused.k, kept, fused.target_logits, fused.rows, fused.out, fused=True)
+        if self.predrawn is not None:  # drawn for a fused round that is not coming: undo the draws
+            gen.set_state(self.predrawn)
+            self.predrawn = None
         if self.fused_active:
             fused.leave(self.proposer)
             self.fused_active = False
