@@ -248,6 +248,7 @@ def parse_args(argv=None):
                         help="more speculative rows with these k (comma-separated)")
     parser.add_argument("--phased", action="store_true", help="also run speculative rounds phase by phase (no fused graph)")
     parser.add_argument("--hf", type=int, default=1, help="0 skips the Hugging Face contenders")
+    parser.add_argument("--t1", action="store_true", help="also a temperature 1.0 mode (no top-p)")
     parser.add_argument("--argmax-drafts", action="store_true",
                         help="sampled modes: also draft with the draft's argmax (speculation.draft_sampling = argmax)")
     parser.add_argument("--attention", choices=("kernel", "sdpa"), default="kernel",
@@ -292,7 +293,8 @@ def main(argv=None) -> None:
 
     draft = AutoModelForCausalLM.from_pretrained(args.pair / "draft", dtype=torch.bfloat16).to(DEVICE).eval()
     report["modes"] = {}
-    for mode, sampling in MODES.items():
+    modes = dict(MODES, **({"t1.0": dict(temperature=1.0)} if args.t1 else {}))
+    for mode, sampling in modes.items():
         rows = contenders(engine, draft, prompts, args, mode, sampling)
         report["modes"][mode] = {"rows": rows, "ratios": ratios(rows)}
     greedy = report["modes"]["greedy"]["rows"]

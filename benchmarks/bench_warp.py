@@ -132,9 +132,8 @@ def main(argv=None) -> int:
                     def warp_only():
                         verifier.warp(logits, params)
 
-                    def pick():
-                        _, probs = verifier.warp(logits, params)
-                        out.copy_(sampling.sample_race(probs, expo))
+                    def pick():  # as gpu/loop.py's captured pick: warp and race into the draft's buffer
+                        verifier.warp_and_race(logits, params, expo, out)
 
                     row["parallel_rows"] = sum(gpu_warp.fast_rows(rows, "cuda"))
                     for search in ("parallel", "one-program"):

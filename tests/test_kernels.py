@@ -248,6 +248,44 @@ def test_warp_parallel_cut_search_equals_one_program_search(monkeypatch):
     assert torch.equal(sampling.sample_race(fast, expo), sampling.sample_race(slow, expo))
 
 
+@pytest.mark.parametrize("vocab", [100, 8193, 70000])
+def test_warp_with_race_matches_sample_race(vocab):
+    """warp(..., expo, race_out): the probs kernel's race gives sampling.sample_race's ids for the same
+    draws (zero-probability ids, a greedy row and an exact tie of p / E, where the first id wins,
+    included), the same probabilities as warp alone, and again on a second call (the arrival
+    counters reset themselves)."""
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 4
+    logits = make_logits(rows, vocab, gen)
+    logits[3, [5, vocab // 2, vocab - 1]] = 50.0  # three equal top logits ...
+    params = make_params(rows, temperature=[1.0, 0.7, 0.0, 1.0], top_p=[0.9, 0.5, 1.0, 0.999999])
+    expo = sampling.exponentials((rows, vocab), gen, "cpu").to(DEVICE)
+    expo[3, [5, vocab // 2, vocab - 1]] = 1.0  # ... and equal draws: an exact tie of p / E
+    error = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    _, alone = gpu_warp.warp(logits, params, None, None, error)
+    for _ in range(2):
+        out = torch.full((rows,), -1, dtype=torch.int64, device=DEVICE)
+        argmax, probs = gpu_warp.warp(logits, params, None, None, error, expo, out)
+        assert torch.equal(probs, alone)
+        assert out.tolist() == sampling.sample_race(probs, expo).tolist()
+    assert int(out[2]) == int(argmax[2])  # the greedy row races to its argmax
+    assert int(out[3]) == 5
+    assert int(error) == 0
+
+
+def test_warp_and_race_dispatch_matches_the_reference():
+    """verifier.warp_and_race (the captured pick): same ids and probabilities as sampling's warp and race."""
+    gen = torch.Generator().manual_seed(3)
+    logits = make_logits(1, 8193, gen)
+    params = make_params(1, temperature=0.8, top_p=0.95)
+    expo = sampling.exponentials((1, 8193), gen, "cpu").to(DEVICE)
+    out = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    probs = verifier.warp_and_race(logits, params, expo, out)
+    _, ref = sampling.warp(logits, params)
+    assert torch.equal(probs > 0, ref > 0)
+    assert out.tolist() == sampling.sample_race(ref, expo).tolist()
+
+
 def test_warp_bfloat16_logits():
     gen = torch.Generator().manual_seed(2)
     logits = make_logits(3, 100, gen).to(torch.bfloat16)

@@ -67,6 +67,24 @@ def warp(
     return _gpu()[0].warp(logits.contiguous(), params, penalties, bad_mask, _error_flag(logits.device))
 
 
+def warp_and_race(
+    logits: torch.Tensor,  # [N, V]
+    params: sampling.WarpParams,
+    expo: torch.Tensor,  # [N, V] float32 Exp(1) draws
+    out: torch.Tensor,  # [N] int64: sampling.sample_race(probs, expo)
+) -> torch.Tensor | None:  # probs [N, V] float32, None when every row is greedy (out = argmax then)
+    """warp() without penalties or a bad mask, then the exponential race into `out`: on CUDA one
+    launch less, the race done by the warp's last kernel."""
+    flags = params.flags
+    needs_cut = not flags.all_greedy and (flags.top_k or flags.top_p or flags.min_p)
+    if not use_triton(logits.device) or (needs_cut and not CUT_KERNEL_ON_GPU):
+        argmax, probs = sampling.warp(logits, params)
+        out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
+        return probs
+    _, probs = _gpu()[0].warp(logits.contiguous(), params, None, None, _error_flag(logits.device), expo, out)
+    return probs
+
+
 def verify_greedy(
     draft_token_ids: torch.Tensor,  # [T] int64
     cu_num_draft_tokens: torch.Tensor,  # [B] int32

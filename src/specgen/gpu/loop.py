@@ -46,6 +46,8 @@ def pick(logits: torch.Tensor, rows, sample: bool, generator, out: torch.Tensor,
     if plain and (not sample or rows.params.flags.all_greedy):  # the whole warp chain is the argmax
         torch.argmax(logits, dim=-1, out=out)
         return None
+    if plain and sample and expo is not None:  # a captured round: warp and race in one go
+        return verifier.warp_and_race(logits, rows.params, expo, out)
     argmax, probs = verifier.warp(logits, rows.params, rows.penalties, rows.bad_mask)
     if not sample or probs is None:
         out.copy_(argmax)

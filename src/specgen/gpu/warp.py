@@ -85,8 +85,12 @@ def warp(
     penalties: PenaltyRows | None,
     bad_mask: torch.Tensor | None,  # [N, V] or [V] bool
     error: torch.Tensor,  # [1] int32 error flag, OR-ed into
+    expo: torch.Tensor | None = None,  # [N, V] float32 Exp(1) draws: also run the race (sample_race)
+    race_out: torch.Tensor | None = None,  # [N] int64: where the race's ids go (with expo)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Same contract as core/sampling.warp, except that errors land in `error` instead of raising."""
+    """Same contract as core/sampling.warp, except that errors land in `error` instead of raising.
+    With expo, the probs kernel also writes sampling.sample_race(probs, expo) into race_out: each
+    program races its segment and the last of a row's programs to finish picks the winner."""
     rows, vocab = logits.shape
     _check_inputs(logits, params, penalties, bad_mask, error)
     flags = params.flags
@@ -121,14 +125,33 @@ def warp(
             num_warps=_warps(block_r * block_v) if n_seg == 1 else 16,
         )
     argmax = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    race = expo is not None and probs is not None
+    if race:
+        assert expo.shape == logits.shape and expo.dtype == torch.float32 and expo.is_contiguous()
+        assert race_out.shape == (rows,) and race_out.dtype == torch.int64
+        race_part = _workspace(logits.device, 2 * rows * n_seg, "race")
+        counter = _counter(logits.device, rows)
     _warp_probs_kernel[grid if probs is not None else (grid[0], 1)](
         probs if probs is not None else dummy, argmax, params.temperature, params.log_min_p if has_cut else dummy,
-        part, error, rows, vocab, n_seg,
-        HAS_CUT=has_cut, WRITE_PROBS=probs is not None,
+        part, error, expo if race else dummy, race_out if race else dummy, race_part if race else dummy,
+        counter if race else dummy, rows, vocab, n_seg,
+        HAS_CUT=has_cut, WRITE_PROBS=probs is not None, RACE=race,
         BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS,
         num_warps=_warps(block_r * block_v),
     )
+    if expo is not None and probs is None:  # every row greedy: the race of one-hot rows is the argmax
+        race_out.copy_(argmax)
     return argmax, probs
+
+
+def _counter(device: torch.device, rows: int) -> torch.Tensor:
+    """Per-row int32 arrival counters of the race, zero between calls (the last program resets its row's)."""
+    key = (device, "race_counter")
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < rows:
+        buf = torch.zeros(max(rows, 1024), dtype=torch.int32, device=device)
+        _workspaces[key] = buf
+    return buf
 
 
 def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int) -> torch.Tensor:
@@ -137,8 +160,9 @@ def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int) -
     _warp_cut_kernel reads ([N, STATE] float32: status 1 = candidates ready, else the row's cut is
     searched there the one-program way)."""
     chunk = FAST_CHUNK[l.device.type]
-    block_c = triton.next_power_of_2(triton.cdiv(SEGMENT * MAX_SEGMENTS, chunk))  # one compile for every vocab
     n_chunks = triton.cdiv(vocab, chunk)
+    # two compiles at most: vocabularies up to 32 chunks, and every larger one
+    block_c = 32 if n_chunks <= 32 else triton.next_power_of_2(triton.cdiv(SEGMENT * MAX_SEGMENTS, chunk))
     passes = fast_passes(vocab)
     piv = _workspace(l.device, passes * rows * FAST_PIVOTS, "fast_piv")
     sums = _workspace(l.device, (2 * passes + 1) * rows * n_chunks * FAST_PIVOTS, "fast_sums")
@@ -779,11 +803,16 @@ def _warp_probs_kernel(
     log_min_p_ptr,  # [N] float32 (HAS_CUT only)
     part_ptr,  # [4, N, S] float32 partials, then [2, N] cut, z
     error_ptr,  # [1] int32
+    expo_ptr,  # [N, V] float32 Exp(1) draws (RACE)
+    race_ptr,  # [N] int64 out: the race's ids (RACE)
+    race_part_ptr,  # [2, N, S] float32 scratch: each segment's best p / E and its id (RACE)
+    counter_ptr,  # [N] int32 arrivals per row, zero between calls (RACE)
     n_rows,
     vocab,
     n_seg,
     HAS_CUT: tl.constexpr,
     WRITE_PROBS: tl.constexpr,
+    RACE: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -817,9 +846,44 @@ def _warp_probs_kernel(
         p = tl.where(keep, tl.math.div_rn(tl.exp(s), z[:, None]), 0.0)
         p = tl.where(greedy[:, None], 0.0, p)
         tl.store(probs_ptr + offs, p, mask=mask)
+        if RACE:
+            _race_segment(p, expo_ptr, offs, mask, cols, rows, row_ok, greedy, argmax, seg, n_rows, n_seg,
+                          race_ptr, race_part_ptr, counter_ptr, BLOCK_S)
         # greedy rows are one-hot: the program holding the argmax column writes its 1 after the zeros
         # (no [R] -> [R, C] broadcast of the argmax: Triton 3.6 routes integer columns through a
         # thread-per-row layout, each thread then holding the whole tile)
         tl.debug_barrier()
         owner = row_ok & greedy & (argmax // BLOCK_V == seg)
         tl.store(probs_ptr + rows.to(tl.int64) * vocab + argmax, tl.full([BLOCK_R], 1.0, tl.float32), mask=owner)
+
+
+
+@triton.jit
+def _race_segment(p, expo_ptr, offs, mask, cols, rows, row_ok, greedy, argmax, seg, n_rows, n_seg,
+                  race_ptr, race_part_ptr, counter_ptr, BLOCK_S: tl.constexpr):
+    """sample_race inside the probs kernel: this segment's best p / E (IEEE division, first id among
+    equal values) goes to the scratch; the row's last program to arrive (an acq_rel counter) picks
+    the best segment, the first one among equal values, and resets the counter. Greedy rows (one-hot
+    probs) race to their argmax."""
+    e = tl.load(expo_ptr + offs, mask=mask, other=1.0)
+    r = tl.where(mask, tl.math.div_rn(p, e), -1.0)  # [R, C]
+    best = tl.max(r, axis=1)  # [R]
+    first = tl.min(tl.where(r == best[:, None], cols[None, :], 2147483647), axis=1)
+    at = rows * n_seg + seg
+    plane = n_rows * n_seg
+    tl.store(race_part_ptr + at, best, mask=row_ok)
+    tl.store(race_part_ptr + plane + at, first.to(tl.float32), mask=row_ok)
+    tl.debug_barrier()  # every thread's stores before the release (threadfence-reduction pattern)
+    arrived = tl.atomic_add(counter_ptr + rows, 1, mask=row_ok, sem="acq_rel")  # [R]
+    last = row_ok & (arrived == n_seg - 1)
+    tl.debug_barrier()  # the acquire before any thread of the last program reads the scratch
+    if tl.max(last.to(tl.int32), axis=0) > 0:
+        segs = tl.arange(0, BLOCK_S)
+        smask = last[:, None] & (segs < n_seg)[None, :]
+        sat = rows[:, None] * n_seg + segs[None, :]
+        values = tl.load(race_part_ptr + sat, mask=smask, other=-2.0, cache_modifier=".cg")  # [R, S]
+        ids = tl.load(race_part_ptr + plane + sat, mask=smask, other=0.0, cache_modifier=".cg")
+        top = tl.max(values, axis=1)
+        won = tl.min(tl.where(values == top[:, None], ids, 3.0e38), axis=1).to(tl.int64)
+        tl.store(race_ptr + rows, tl.where(greedy, argmax, won), mask=last)
+        tl.store(counter_ptr + rows, tl.zeros_like(arrived), mask=last)
