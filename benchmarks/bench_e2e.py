@@ -87,7 +87,7 @@ def specgen_runner(engine: Engine, profile: Profile, keep: list):
 def hf_runner(model, max_new: int, sampling: dict, **kwargs):
     def run(prompt):
         ids = torch.tensor([prompt], device=DEVICE)
-        options = dict(do_sample=True, temperature=sampling["temperature"], top_p=sampling["top_p"]) \
+        options = dict(do_sample=True, temperature=sampling["temperature"], top_p=sampling.get("top_p", 1.0)) \
             if sampling.get("temperature") else dict(do_sample=False)
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, min_new_tokens=max_new,
                              pad_token_id=0, **options, **kwargs)
