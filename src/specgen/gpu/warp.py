@@ -22,8 +22,15 @@ Kernels (orchestration first, @triton.jit at the bottom):
                         in value, half in float bit patterns so every pass shrinks the bracket)
                         and compact the <= SEGMENT ids left in it. Either way the cut is then
                         found by bisecting float bit patterns over the candidates in registers.
+                        Rows the parallel search finished (below) take their cut and z from its
+                        candidates instead.
+    _warp_fast_pass_kernel  grid (rows, chunks), launched fast_passes(V) + 1 times before the cut
+                        kernel for long top-k / top-p rows (FAST_CUT): bracket passes, each
+                        testing FAST_PIVOTS thresholds over every chunk at once, then the
+                        compaction of the <= FAST_CAP ids left in the bracket.
     _warp_probs_kernel  grid (row tiles, segments): argmax, p = exp(s) / z on kept ids, one-hot for
                         greedy rows; raises bit 2 of the error flag for a row with every id masked.
+                        With Exp(1) draws it also runs the exponential race (sample_race).
 
 Vocabularies up to SEGMENT columns run R rows per program in one segment; larger ones run one row
 per program over cdiv(V, SEGMENT) segments. The vocab size is a runtime argument: a kernel compiles
@@ -341,17 +348,8 @@ def _warp_cut_kernel(
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
     row_ok = rows < n_rows
-    temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
-    live = row_ok & (temperature > 0)
-    temperature = tl.where(live, temperature, 1.0)
-    m, argmax, z_all, fmin = _row_stats(part_ptr, rows, row_ok, temperature, n_rows, n_seg, BLOCK_S)
-    live = live & (m > float("-inf"))
-    m = tl.where(live, m, 0.0)
-    k = tl.load(top_k_ptr + rows, mask=row_ok, other=0)
-    top_p = tl.load(top_p_ptr + rows, mask=row_ok, other=1.0)
-    log_min_p = tl.load(log_min_p_ptr + rows, mask=row_ok, other=float("-inf"))
-    k_on = live & (k > 0) & (k < vocab)
-    p_on = live & (top_p < 1.0)
+    live, m, temperature, z_all, fmin, k, k_on, top_p, p_on, log_min_p = _cut_params(
+        part_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, rows, row_ok, n_rows, vocab, n_seg, BLOCK_S)
     bound_p = tl.maximum(top_p, 1.1754943508222875e-38)  # top_p clamped above 0: the max id survives
     if DIRECT:
         cols = tl.arange(0, BLOCK_V)
@@ -397,21 +395,32 @@ def _fast_row(part_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, ro
     the k-th largest logit (bound k), else the top-p cut (bound top_p)."""
     rows = row + tl.arange(0, 1)
     row_ok = rows < n_rows
+    live, m, temperature, z_all, fmin, k, k_on, top_p, p_on, log_min_p = _cut_params(
+        part_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, rows, row_ok, n_rows, vocab, n_seg, BLOCK_S)
+    fast = live & (k_on | p_on) & (log_min_p == float("-inf")) & ((k <= KFAST) | (k_on == 0))
+    bound = tl.where(k_on, k.to(tl.float32), tl.maximum(top_p, 1.1754943508222875e-38))
+    return (tl.max(fast.to(tl.int32), axis=0) > 0, tl.max(k_on.to(tl.int32), axis=0) > 0,
+            tl.max(m, axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
+            tl.max(fmin, axis=0), tl.max(bound, axis=0))
+
+
+@triton.jit
+def _cut_params(part_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, rows, row_ok, n_rows, vocab, n_seg,
+                BLOCK_S: tl.constexpr):
+    """Per row of [R] rows: live (sampled, some id unmasked), m (0 where not live), temperature (1
+    where not live), z, min finite l, top-k and whether it cuts, top-p and whether it cuts, log min-p."""
     temperature = tl.load(temperature_ptr + rows, mask=row_ok, other=0.0)
     live = row_ok & (temperature > 0)
     temperature = tl.where(live, temperature, 1.0)
     m, argmax, z_all, fmin = _row_stats(part_ptr, rows, row_ok, temperature, n_rows, n_seg, BLOCK_S)
     live = live & (m > float("-inf"))
+    m = tl.where(live, m, 0.0)
     k = tl.load(top_k_ptr + rows, mask=row_ok, other=0)
     top_p = tl.load(top_p_ptr + rows, mask=row_ok, other=1.0)
     log_min_p = tl.load(log_min_p_ptr + rows, mask=row_ok, other=float("-inf"))
     k_on = live & (k > 0) & (k < vocab)
     p_on = live & (top_p < 1.0)
-    fast = live & (k_on | p_on) & (log_min_p == float("-inf")) & ((k <= KFAST) | (k_on == 0))
-    bound = tl.where(k_on, k.to(tl.float32), tl.maximum(top_p, 1.1754943508222875e-38))
-    return (tl.max(fast.to(tl.int32), axis=0) > 0, tl.max(k_on.to(tl.int32), axis=0) > 0,
-            tl.max(tl.where(live, m, 0.0), axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
-            tl.max(fmin, axis=0), tl.max(bound, axis=0))
+    return live, m, temperature, z_all, fmin, k, k_on, top_p, p_on, log_min_p
 
 
 @triton.jit
