@@ -60,11 +60,16 @@ def warp(
     penalties: sampling.PenaltyRows | None = None,
     bad_mask: torch.Tensor | None = None,  # [N, V] or [V] bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # argmax [N] int64, probs [N, V] float32 | None
-    flags = params.flags
-    needs_cut = not flags.all_greedy and (flags.top_k or flags.top_p or flags.min_p)
-    if not use_triton(logits.device) or (needs_cut and not CUT_KERNEL_ON_GPU):
+    if _warp_by_reference(logits, params):
         return sampling.warp(logits, params, penalties, bad_mask)
     return _gpu()[0].warp(logits.contiguous(), params, penalties, bad_mask, _error_flag(logits.device))
+
+
+def _warp_by_reference(logits: torch.Tensor, params: sampling.WarpParams) -> bool:
+    """The torch reference warps these logits: off CUDA, or a cut while the cut kernel is switched off."""
+    flags = params.flags
+    needs_cut = not flags.all_greedy and (flags.top_k or flags.top_p or flags.min_p)
+    return not use_triton(logits.device) or (needs_cut and not CUT_KERNEL_ON_GPU)
 
 
 def warp_and_race(
@@ -75,9 +80,7 @@ def warp_and_race(
 ) -> torch.Tensor | None:  # probs [N, V] float32, None when every row is greedy (out = argmax then)
     """warp() without penalties or a bad mask, then the exponential race into `out`: on CUDA one
     launch less, the race done by the warp's last kernel."""
-    flags = params.flags
-    needs_cut = not flags.all_greedy and (flags.top_k or flags.top_p or flags.min_p)
-    if not use_triton(logits.device) or (needs_cut and not CUT_KERNEL_ON_GPU):
+    if _warp_by_reference(logits, params):
         argmax, probs = sampling.warp(logits, params)
         out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
         return probs
