@@ -78,12 +78,8 @@ def main() -> None:
     parser.add_argument("--rows", default="1,5")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--deep", action="store_true", help="sweep DEEP_GRID instead")
-    parser.add_argument("--pdl", action="store_true",
-                        help="the default configuration only, with and without programmatic dependent launch")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.pdl:
-        return pdl_main(args)
     torch.manual_seed(0)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rows": []}
@@ -136,41 +132,6 @@ def main() -> None:
     for r in report["rows"]:
         print(f"| {r['shape']} | {r['rows']} | {tuple(r['config'])} | {r['kernel_us']:.1f} | {r['kernel_gb_s']:.0f} | "
               f"{r['torch_us']:.1f} | {r['torch_gb_s']:.0f} | {r['speedup']:.2f} |")
-
-
-def pdl_main(args) -> None:
-    """Each shape's default configuration in a graph of back-to-back calls, launched without and
-    with programmatic dependent launch (L.PDL): what overlapping a call's start with the previous
-    call's end saves per call."""
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "rows": []}
-    for name in args.shapes.split(","):
-        n, k = SHAPES[name]
-        gated = name == "gate_up"
-        weight_bytes = n * k * 2 * (2 if gated else 1)
-        copies = max(8, -(-L2_BYTES // weight_bytes))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
-        us = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)] if gated else None
-        for rows in map(int, args.rows.split(",")):
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-
-            def fn(i):
-                return L.gate_up(x, ws[i], us[i], "silu") if gated else L.linear(x, ws[i])
-
-            row = {"shape": name, "n": n, "k": k, "rows": rows}
-            outs = {}
-            for on in (False, True):
-                L.PDL = on
-                outs[on] = fn(0)
-                row["pdl_us" if on else "plain_us"] = graph_us(fn, copies)
-            L.PDL = None
-            row["equal"] = bool(torch.equal(outs[False], outs[True]))
-            row["saved_us"] = row["plain_us"] - row["pdl_us"]
-            row["pdl_gb_s"] = weight_bytes / row["pdl_us"] / 1e3
-            report["rows"].append(row)
-            print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

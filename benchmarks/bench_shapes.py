@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from specgen.gpu import linear as linear_kernel
 from specgen.gpu.runner import GraphRunner
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
@@ -42,9 +41,6 @@ VARIANTS = {
     "graph-linear": dict(attention=True, linear=True),  # + gpu/linear.py for every projection
     "compile-linear": dict(compile=True, attention=True, linear=True),  # the runner's default with compile
     "compile-linear-tuned": dict(compile=True, attention=True, autotune=True, linear=True),
-    # the linear kernel without programmatic dependent launch (gpu/linear.py PDL, on by default on sm_90+)
-    "graph-linear-nopdl": dict(attention=True, linear=True, pdl=False),
-    "compile-linear-nopdl": dict(compile=True, attention=True, linear=True, pdl=False),
 }
 
 
@@ -137,8 +133,6 @@ def main() -> None:
     names = args.variants.split(",") + (["compile-kernel"] if args.compile else [])
     variants = [(name, VARIANTS[name]) for name in dict.fromkeys(names)]
     for name, kwargs in variants:
-        kwargs = dict(kwargs)
-        linear_kernel.PDL = kwargs.pop("pdl", None)
         torch._dynamo.reset()  # every compiled variant traces afresh (no reuse of another's code)
         start = time.perf_counter()
         runner = GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, shapes=(1, 5), **kwargs)

@@ -33,11 +33,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-try:  # grid dependency control (programmatic dependent launch, sm_90+); absent from old Triton
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover
-    gdc_launch_dependents = gdc_wait = None
-
 MAX_ROWS = 16
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -48,20 +43,6 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 WIDE = (True, 32, 256, 4, 4)
 NARROW = (True, 16, 256, 4, 4)
 NARROW_ONE_ROW = (False, 2, 2048, 4, 1)
-# Programmatic dependent launch: a kernel launched with it may start while the kernel before it
-# still runs; it fetches its first weight tile (weights never depend on an earlier kernel), then
-# waits for that kernel (gdc_wait) before it reads x. None = on for CUDA devices of compute
-# capability 9.0+ unless SPECGEN_PDL=0.
-PDL: bool | None = None
-
-
-def pdl(device: torch.device) -> bool:
-    """Whether launches on `device` use programmatic dependent launch."""
-    if PDL is not None:
-        return PDL and device.type == "cuda"
-    if device.type != "cuda" or gdc_wait is None or os.environ.get("SPECGEN_PDL", "1") == "0":
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _config(rows: int, n: int, k: int):
@@ -98,15 +79,13 @@ def _launch(x, weight, up, bias, act, config):
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
-    dependent = pdl(x.device)
-    launch = {"launch_pdl": True} if dependent else {}
     _linear_kernel[(triton.cdiv(n, block_n),)](
         x2, weight, second, bias if bias is not None else weight, out,
         rows, n, k, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot,
         F32_DOT=x.dtype == torch.float32 or _INTERPRETED,
         BLOCK_M=16 if dot else triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k,
-        PDL=dependent, num_warps=warps, num_stages=stages, **launch,
+        num_warps=warps, num_stages=stages,
     )
     return out.reshape(*lead, n)
 
@@ -140,7 +119,7 @@ def _linear_kernel(
     out_ptr,  # [M, N]
     M, N, K, sxm, swn, som,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program p computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] over the whole of K, one weight
     tile at a time: a tensor-core product with the rows padded to BLOCK_M = 16 (DOT), or products
@@ -155,25 +134,7 @@ def _linear_kernel(
     w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     x_base = x_ptr + rows[:, None] * sxm + kk[None, :]
-    first = 0
-    if PDL:  # launched while the previous kernel runs: take the first weight tile, then wait for it
-        gdc_launch_dependents()
-        if EVEN_K:
-            w_mask = col_ok[:, None]
-            x_mask = row_ok[:, None]
-        else:
-            w_mask = col_ok[:, None] & (kk < K)[None, :]
-            x_mask = row_ok[:, None] & (kk < K)[None, :]
-        w = tl.load(w_base, mask=w_mask, other=0.0)
-        if ACT > 0:
-            u = tl.load(u_base, mask=w_mask, other=0.0)
-        gdc_wait()
-        x = tl.load(x_base, mask=x_mask, other=0.0)
-        acc = _accumulate(acc, x, w, DOT, F32_DOT)
-        if ACT > 0:
-            acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
-        first = BLOCK_K
-    for start in range(first, K, BLOCK_K):
+    for start in range(0, K, BLOCK_K):
         if EVEN_K:
             w_mask = col_ok[:, None]
             x_mask = row_ok[:, None]
