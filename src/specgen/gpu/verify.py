@@ -13,7 +13,7 @@ Layout as in the reference: request b owns draft rows [cu[b-1], cu[b]) and targe
 b (n_b + 1 per request, the last for the bonus); one exponential row [V] per request and round.
 
 Kernels (orchestration first, @triton.jit at the bottom):
-    _verify_greedy_kernel  grid (request tiles,): a scalar walk over positions, R requests per program.
+    _verify_greedy_kernel  grid (request tiles,): the walk over positions, R requests per program.
     _verify_random_kernel  grid (request tiles, segments): every program repeats the cheap walk over
                            positions, then races its segment of the recovered / bonus row. Long
                            rows are split over segments whose bests meet in per-request int64
@@ -24,6 +24,11 @@ Kernels (orchestration first, @triton.jit at the bottom):
 Errors: a non-zero error flag (written by gpu/warp.py: 1 NaN/+inf logits, 2 every id masked) turns
 the first output token of every request into ERROR_BAD_LOGITS / ERROR_ALL_MASKED, so the caller
 finds it in the same copy that brings the accepted count to the host (no extra sync).
+
+The walk loads every position's draft id, probabilities and uniform at once ([R, SPEC_BLOCK]
+tiles, SPEC_BLOCK >= max_spec_len): the accepted count is the first failing position, not a chain
+of dependent loads, one per position. max_spec_len stays a runtime value (one compile for every
+k up to SPEC_BLOCK).
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ from specgen.gpu.warp import layout
 ERROR_BAD_LOGITS = -2  # output sentinel for error flag bit 1
 ERROR_ALL_MASKED = -3  # output sentinel for error flag bit 2
 _GREEDY_TILE = 128  # requests per program of the greedy kernel
+
+
+def _spec_block(max_spec_len: int) -> int:
+    return max(32, triton.next_power_of_2(max_spec_len))
 
 _scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -56,7 +65,7 @@ def verify_greedy(
     out = torch.empty(batch, max_spec_len + 1, dtype=torch.int64, device=target_argmax.device)
     _verify_greedy_kernel[(triton.cdiv(batch, _GREEDY_TILE),)](
         out, cu_num_draft_tokens, draft_token_ids, target_argmax, error, batch, max_spec_len,
-        BLOCK_R=_GREEDY_TILE, num_warps=4,
+        BLOCK_R=_GREEDY_TILE, SPEC_BLOCK=_spec_block(max_spec_len), num_warps=4,
     )
     return out
 
@@ -90,7 +99,8 @@ def verify_random(
         target_probs, uniform_draws, exponential_draws, best, arrived, error,
         batch, vocab, max_spec_len,
         NO_DRAFT_PROBS=draft_probs is None, SEGMENTED=n_seg > 1,
-        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=max(1, min(8, block_r * block_v // 512)),
+        BLOCK_R=block_r, BLOCK_V=block_v, SPEC_BLOCK=_spec_block(max_spec_len),
+        num_warps=max(1, min(8, block_r * block_v // 512)),
     )
     return out
 
@@ -147,22 +157,16 @@ def _verify_greedy_kernel(
     n_req,
     max_spec_len,
     BLOCK_R: tl.constexpr,
+    SPEC_BLOCK: tl.constexpr,
 ):
     req, ok, start, num = _requests(cu_ptr, n_req, BLOCK_R)
-    row = out_ptr + req.to(tl.int64) * (max_spec_len + 1)
-    tl.store(row + max_spec_len, tl.full([BLOCK_R], -1, tl.int64), mask=ok)  # PLACEHOLDER
-    num_accepted = tl.zeros([BLOCK_R], dtype=tl.int32)
-    going = ok
-    for pos in range(0, max_spec_len):
-        live = going & (pos < num)
-        draft = tl.load(draft_ptr + start + pos, mask=live, other=-1)
-        best = tl.load(argmax_ptr + start + req + pos, mask=live, other=-2)
-        going = live & (draft == best)
-        num_accepted += going.to(tl.int32)
-        tl.store(row + pos, tl.where(going, draft, -1), mask=ok)
+    pos = tl.arange(0, SPEC_BLOCK)[None, :]  # [1, P]
+    live = ok[:, None] & (pos < num[:, None])  # [R, P]
+    drafts = tl.load(draft_ptr + start[:, None] + pos, mask=live, other=-1)
+    best = tl.load(argmax_ptr + (start + req)[:, None] + pos, mask=live, other=-2)
+    num_accepted = _first_failure(live & (drafts == best), num, SPEC_BLOCK)
     last = tl.load(argmax_ptr + start + req + num_accepted, mask=ok, other=0)  # recovered or bonus
-    tl.store(row + num_accepted, last, mask=ok)
-    _error_sentinel(out_ptr, req, ok, max_spec_len + 1, error_ptr)
+    _write_rows(out_ptr, req, ok, drafts, num_accepted, last, max_spec_len, error_ptr, SPEC_BLOCK)
 
 
 @triton.jit(do_not_specialize=["n_req", "max_spec_len"])
@@ -184,22 +188,21 @@ def _verify_random_kernel(
     SEGMENTED: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    SPEC_BLOCK: tl.constexpr,
 ):
     req, ok, start, num = _requests(cu_ptr, n_req, BLOCK_R)
     # accepted prefix: u * q(x) <= p(x) with q(x) > 0, up to the first failure
-    num_accepted = tl.zeros([BLOCK_R], dtype=tl.int32)
-    going = ok
-    for pos in range(0, max_spec_len):
-        live = going & (pos < num)
-        draft = tl.load(draft_ptr + start + pos, mask=live, other=0)
-        p = tl.load(target_probs_ptr + (start + req + pos).to(tl.int64) * vocab + draft, mask=live, other=0.0)
-        if NO_DRAFT_PROBS:
-            q = tl.where(live, 1.0, 0.0)
-        else:
-            q = tl.load(draft_probs_ptr + (start + pos).to(tl.int64) * vocab + draft, mask=live, other=0.0)
-        u = tl.load(uniform_ptr + start + pos, mask=live, other=1.0)
-        going = live & (q > 0) & (u * q <= p)
-        num_accepted += going.to(tl.int32)
+    pos = tl.arange(0, SPEC_BLOCK)[None, :]  # [1, P]
+    live = ok[:, None] & (pos < num[:, None])  # [R, P]
+    drafts = tl.load(draft_ptr + start[:, None] + pos, mask=live, other=0)
+    target_rows = (start + req)[:, None].to(tl.int64) + pos
+    p = tl.load(target_probs_ptr + target_rows * vocab + drafts, mask=live, other=0.0)
+    if NO_DRAFT_PROBS:
+        q = tl.where(live, 1.0, 0.0)
+    else:
+        q = tl.load(draft_probs_ptr + (start[:, None].to(tl.int64) + pos) * vocab + drafts, mask=live, other=0.0)
+    u = tl.load(uniform_ptr + start[:, None] + pos, mask=live, other=1.0)
+    num_accepted = _first_failure(live & (q > 0) & (u * q <= p), num, SPEC_BLOCK)
     rejected = ok & (num_accepted < num)
     rejected_id = tl.load(draft_ptr + start + num_accepted, mask=rejected, other=-1)
     # race over this segment of the row at the first rejection (residual) or after the last draft (bonus)
@@ -220,28 +223,46 @@ def _verify_random_kernel(
     any_residual = tl.max((residual > 0).to(tl.int64), axis=1)
     last = ok
     if SEGMENTED:
+        # relaxed slot updates, ordered by the counter's release / acquire (threadfence-reduction
+        # pattern): one fenced atomic per program instead of eight
         slot = best_ptr + req.to(tl.int64) * 3
-        tl.atomic_max(slot, best_residual, mask=ok)
-        tl.atomic_max(slot + 1, best_p, mask=ok)
-        tl.atomic_max(slot + 2, any_residual, mask=ok)
+        tl.atomic_max(slot, best_residual, mask=ok, sem="relaxed")
+        tl.atomic_max(slot + 1, best_p, mask=ok, sem="relaxed")
+        tl.atomic_max(slot + 2, any_residual, mask=ok, sem="relaxed")
         tl.debug_barrier()
-        done = tl.atomic_add(arrived_ptr + req, 1, mask=ok)
+        done = tl.atomic_add(arrived_ptr + req, 1, mask=ok, sem="acq_rel")
         last = ok & (done == tl.num_programs(1) - 1)
-        best_residual = tl.atomic_xchg(slot, 0, mask=last)
-        best_p = tl.atomic_xchg(slot + 1, 0, mask=last)
-        any_residual = tl.atomic_xchg(slot + 2, 0, mask=last)
-        tl.atomic_xchg(arrived_ptr + req, 0, mask=last)
+        tl.debug_barrier()
+        best_residual = tl.atomic_xchg(slot, 0, mask=last, sem="relaxed")
+        best_p = tl.atomic_xchg(slot + 1, 0, mask=last, sem="relaxed")
+        any_residual = tl.atomic_xchg(slot + 2, 0, mask=last, sem="relaxed")
+        tl.atomic_xchg(arrived_ptr + req, 0, mask=last, sem="relaxed")
     recovered = 0x7FFFFFFF - (best_residual & 0xFFFFFFFF)
     bonus = 0x7FFFFFFF - (best_p & 0xFFFFFFFF)
     token = tl.where(rejected & (any_residual > 0), recovered, bonus)
     # the last segment to finish writes the row: accepted drafts, the token, placeholders
+    _write_rows(out_ptr, req, last, drafts, num_accepted, token, max_spec_len, error_ptr, SPEC_BLOCK)
+
+
+@triton.jit
+def _first_failure(good, num, SPEC_BLOCK: tl.constexpr):
+    """Per request: the accepted count, the first position whose test failed (good [R, P] is False
+    at every position >= num), at most num."""
+    pos = tl.arange(0, SPEC_BLOCK)[None, :]
+    return tl.minimum(tl.min(tl.where(good, SPEC_BLOCK, pos), axis=1), num).to(tl.int32)
+
+
+@triton.jit
+def _write_rows(out_ptr, req, mask, drafts, num_accepted, token, max_spec_len, error_ptr, SPEC_BLOCK: tl.constexpr):
+    """Each request's output row: the accepted drafts, the token, then PLACEHOLDER (-1)."""
+    pos = tl.arange(0, SPEC_BLOCK)[None, :]
     row = out_ptr + req.to(tl.int64) * (max_spec_len + 1)
-    tl.store(row + max_spec_len, tl.full([BLOCK_R], -1, tl.int64), mask=last)
-    for pos in range(0, max_spec_len):
-        draft = tl.load(draft_ptr + start + pos, mask=last & (pos < num_accepted), other=-1)
-        tl.store(row + pos, draft, mask=last)
-    tl.store(row + num_accepted, token, mask=last)
-    _error_sentinel(out_ptr, req, last, max_spec_len + 1, error_ptr)
+    at = num_accepted[:, None]
+    values = tl.where(pos < at, drafts, tl.where(pos == at, token[:, None].to(tl.int64), -1))
+    tl.store(row[:, None] + pos, values, mask=mask[:, None] & (pos < max_spec_len))
+    tl.store(row + max_spec_len, tl.where(num_accepted == max_spec_len, token.to(tl.int64), -1), mask=mask)
+    tl.debug_barrier()  # the sentinel overwrites position 0, which another thread may have written
+    _error_sentinel(out_ptr, req, mask, max_spec_len + 1, error_ptr)
 
 
 @triton.jit

@@ -61,14 +61,13 @@ _workspaces: dict[tuple, torch.Tensor] = {}
 # top-p, without min-p: FAST_PASSES bracket passes over every (row, chunk) at once, each testing
 # FAST_PIVOTS thresholds and writing per-chunk counts and masses (summed in chunk order by the next
 # launch: deterministic, no atomics); then a compaction of the <= FAST_CAP ids left in the bracket
-# at offsets from those counts; then _warp_cut_kernel finishes from the candidates in one pass
-# (the mass above each candidate from a [block, FAST_CAP] comparison). A row that does not qualify
+# at offsets from those counts; then _warp_cut_kernel finishes from the candidates: it sorts them
+# once, and each cut is a prefix of that order (a cumulative sum of masses). A row that does not qualify
 # or whose bracket still holds more than FAST_CAP ids goes through the one-program search.
 FAST_CUT = True
 FAST_PIVOTS = 32
 FAST_CAP = 512
 FAST_TOP_K = 256  # top-k rows need every id above the bracket (>= k of them) among the candidates
-FAST_BLOCK = 32  # candidates per step of the finish's [FAST_BLOCK, FAST_CAP] comparison
 FAST_CHUNK = {"cuda": 1024, "cpu": 8192}  # columns per pass program (H200 sweep: 1024 x 8 warps x 32 pivots)
 FAST_WARPS = 8  # per pass program
 FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
@@ -128,7 +127,7 @@ def warp(
             rows, vocab, n_seg,
             BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS, CAP=SEGMENT,
             PIVOTS=PIVOTS, CUT_BLOCK=CUT_BLOCK, MAX_PASSES=MAX_PASSES, DIRECT=n_seg == 1,
-            FAST=fast is not dummy, FAST_CAP=FAST_CAP, FAST_BLOCK=FAST_BLOCK,
+            FAST=fast is not dummy, FAST_CAP=FAST_CAP,
             num_warps=_warps(block_r * block_v) if n_seg == 1 else 16,
         )
     argmax = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -344,7 +343,6 @@ def _warp_cut_kernel(
     DIRECT: tl.constexpr,
     FAST: tl.constexpr,
     FAST_CAP: tl.constexpr,
-    FAST_BLOCK: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
     row_ok = rows < n_rows
@@ -366,7 +364,7 @@ def _warp_cut_kernel(
             cut, z = _cut_from_candidates(
                 fast_ptr, cand_ptr, row, tl.max(m, axis=0), tl.max(temperature, axis=0), tl.max(z_all, axis=0),
                 tl.max(k, axis=0), tl.max(k_on.to(tl.int32), axis=0) > 0, tl.max(bound_p, axis=0),
-                tl.max(p_on.to(tl.int32), axis=0) > 0, CAP, FAST_CAP, FAST_BLOCK,
+                tl.max(p_on.to(tl.int32), axis=0) > 0, CAP, FAST_CAP,
             )
         else:
             cut, z = _cut_segmented(
@@ -541,22 +539,29 @@ def _warp_fast_pass_kernel(
 
 
 @triton.jit
-def _smallest_kept(cbase, v, w, above, bound, total, BLOCK: tl.constexpr):
-    """The smallest candidate whose mass above (above + the sum of w over strictly larger candidates)
-    is < bound, +inf if none: one [BLOCK, C] comparison per BLOCK candidates."""
-    best = float("inf") + 0.0 * above
-    for start in range(0, total, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        vi = tl.load(cbase + i, mask=i < total, other=float("-inf"))
-        s = above + tl.sum(tl.where(v[None, :] > vi[:, None], w[None, :], 0.0), axis=1)
-        best = tl.minimum(best, tl.min(tl.where((s < bound) & (vi > float("-inf")), vi, float("inf")), axis=0))
-    return best
+def _prefix_kept(vs, ws, above, bound, total):
+    """How many of the candidates vs (sorted in descending order, -inf padded) are kept: candidate i
+    is kept when above + (the sum of ws over positions before i) < bound. Sums are non-decreasing
+    along the sorted order, so the kept candidates are a prefix. Ties need no care: an equal value
+    earlier in the order adds to the sum, but the first of a tie group decides for the group
+    (every id >= the cut is kept), and it sees exactly the mass of strictly larger values."""
+    before = tl.cumsum(ws, axis=0)  # before[i] = the sum over positions 0..i
+    n = tl.where(above < bound, 1, 0) + tl.sum(((above + before < bound) & (tl.arange(0, vs.shape[0]) < total - 1))
+                                               .to(tl.int32), axis=0)
+    return tl.where(above < bound, n, 0)
+
+
+@triton.jit
+def _nth_largest(vs, n):
+    """vs[n - 1] of candidates sorted in descending order; +inf for n = 0."""
+    return tl.min(tl.where(tl.arange(0, vs.shape[0]) < n, vs, float("inf")), axis=0)
 
 
 @triton.jit
 def _cut_from_candidates(state_ptr, cand_ptr, row, m, temperature, z_all, k, k_on, bound_p, p_on,
-                         STRIDE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
-    """cut and z of one row from the parallel search's candidates (see _warp_fast_pass_kernel)."""
+                         STRIDE: tl.constexpr, CAP: tl.constexpr):
+    """cut and z of one row from the parallel search's candidates (see _warp_fast_pass_kernel): the
+    candidates sorted once, then each cut is a prefix of the sorted order (_prefix_kept)."""
     state = state_ptr + row * 8
     total = tl.load(state + 1).to(tl.int32)
     hi = tl.load(state + 3)
@@ -567,17 +572,18 @@ def _cut_from_candidates(state_ptr, cand_ptr, row, m, temperature, z_all, k, k_o
     idx = tl.arange(0, CAP)
     v = tl.load(cbase + idx, mask=idx < total, other=float("-inf"))
     e = tl.where(v > float("-inf"), tl.exp(tl.math.div_rn(v - m, temperature)), 0.0)
+    vs = tl.sort(v, descending=True)
+    es = tl.where(vs > float("-inf"), tl.exp(tl.math.div_rn(vs - m, temperature)), 0.0)
     if k_on:  # every id above the bracket is a candidate: top-k, then top-p inside it, in registers
-        k_cut = _smallest_kept(cbase, v, tl.where(v > float("-inf"), 1.0, 0.0), 0.0 * m, k.to(tl.float32), total,
-                               BLOCK)
+        k_cut = _nth_largest(vs, tl.minimum(k, total))
         z_k = tl.sum(tl.where(v >= k_cut, e, 0.0), axis=0)
         cut = k_cut
         if p_on:
-            w = tl.where(v >= k_cut, tl.math.div_rn(e, z_k), 0.0)
-            cut = tl.maximum(k_cut, _smallest_kept(cbase, v, w, 0.0 * m, bound_p, total, BLOCK))
+            ws = tl.where(vs >= k_cut, tl.math.div_rn(es, z_k), 0.0)
+            cut = tl.maximum(k_cut, _nth_largest(vs, _prefix_kept(vs, ws, 0.0 * m, bound_p, total)))
         z = tl.sum(tl.where(v >= cut, e, 0.0), axis=0)
     else:  # top-p: the candidates are the ids in (lo, hi]; S(hi) and E(hi) come from the passes
-        cut = _smallest_kept(cbase, v, tl.math.div_rn(e, z_all), s_hi, bound_p, total, BLOCK)
+        cut = _nth_largest(vs, _prefix_kept(vs, tl.math.div_rn(es, z_all), s_hi, bound_p, total))
         cut = tl.where(cut == float("inf"), hi, cut)  # no candidate kept: exactly the ids above hi
         cut = tl.where(s_lo < bound_p, -float("inf"), cut)  # the bracket never dropped anything
         z = tl.where(cut == -float("inf"), z_all, e_hi + tl.sum(tl.where(v >= cut, e, 0.0), axis=0))
