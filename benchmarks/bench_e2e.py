@@ -163,6 +163,11 @@ def contenders(engine: Engine, draft, prompts, args, mode: str, sampling: dict) 
         for k in [args.k] + args.extra_k:
             variants.append((f"specgen speculative k={k}, argmax drafts",
                              replace(profile, speculation=replace(profile.speculation, k=k, draft_sampling="argmax")), True))
+    if args.temperature_drafts and sampling.get("temperature", 0) > 0 and (
+            sampling.get("top_p", 1.0) < 1.0 or sampling.get("top_k", -1) > 0):  # q without the cut
+        for k in [args.k] + args.extra_k:
+            variants.append((f"specgen speculative k={k}, temperature drafts", replace(
+                profile, speculation=replace(profile.speculation, k=k, draft_sampling="temperature")), True))
     if args.phased:  # the same round launched phase by phase (gpu/loop.py without gpu/fused.py)
         variants.append(("specgen speculative, per-phase rounds", profile, False))
     from specgen.gpu import loop
@@ -251,6 +256,8 @@ def parse_args(argv=None):
     parser.add_argument("--t1", action="store_true", help="also a temperature 1.0 mode (no top-p)")
     parser.add_argument("--argmax-drafts", action="store_true",
                         help="sampled modes: also draft with the draft's argmax (speculation.draft_sampling = argmax)")
+    parser.add_argument("--temperature-drafts", action="store_true",
+                        help="modes with top-p / top-k: also draft without them (speculation.draft_sampling = temperature)")
     parser.add_argument("--attention", choices=("kernel", "sdpa"), default="kernel",
                         help="captured steps attend through gpu/attention.py's kernel or through SDPA")
     parser.add_argument("--linear", choices=("kernel", "torch"), default="kernel",

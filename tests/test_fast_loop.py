@@ -137,7 +137,8 @@ def spy_fused(monkeypatch) -> dict:
 
 @pytest.mark.parametrize("settings", [
     dict(),  # greedy: every round but the last ones is fused
-    dict(temperature=0.8, top_p=0.95, seed=11),  # sampled draft and random verification
+    dict(temperature=0.8, top_p=0.95, seed=11),  # sampled draft (temperature only) and random verification
+    dict(temperature=0.8, top_k=20, top_p=0.9, seed=13),  # sampled draft with the request's cut
     dict(temperature=0.7, seed=12, min_tokens=9),  # per-phase rounds first (min_tokens mask), then fused
 ])
 def test_fused_rounds_match_the_core_loop(pair, monkeypatch, settings):
@@ -152,6 +153,55 @@ def test_fused_rounds_match_the_core_loop(pair, monkeypatch, settings):
         a, b = finish(fast.decoder(target_only(profile)), prompt), finish(core.decoder(target_only(profile)), prompt)
         assert a.token_ids == b.token_ids
     assert counts["fused"] > 0.5 * 10 * 37 / 4  # most rounds of the 10 runs were fused
+
+
+def test_temperature_drafts_skip_the_cut_on_every_path(pair, monkeypatch):
+    """speculation.draft_sampling = "temperature": q is the draft's softmax at the request's
+    temperature, without its top-p (so q is positive where p is 0); the fast path (fused rounds
+    included) and the core loop still agree token for token."""
+    from specgen.core.proposers import DraftModelProposer
+
+    counts = spy_fused(monkeypatch)
+    widths = {True: [], False: []}  # cut -> ids with q > 0, per drafted row
+    original = DraftModelProposer.propose
+
+    def propose(self, *args, **kwargs):
+        proposal = original(self, *args, **kwargs)
+        if proposal.probs is not None:
+            widths[self.cut] += (proposal.probs > 0).sum(dim=1).tolist()
+        return proposal
+
+    monkeypatch.setattr(DraftModelProposer, "propose", propose)
+    profile = make_profile(*pair, k=3, temperature=0.8, top_p=0.3, seed=14, max_tokens=37)
+    cut = replace(profile, speculation=replace(profile.speculation, draft_sampling="sample"))
+    uncut = replace(profile, speculation=replace(profile.speculation, draft_sampling="temperature"))
+    fast, core = fast_engine(uncut), Engine(uncut)
+    for prompt in random_prompts(fast.pair.vocab_size, 3, seed=9):
+        a, b = finish(fast.decoder(), prompt), finish(core.decoder(), prompt)
+        assert a.token_ids == b.token_ids, f"prompt={prompt}"
+        assert (a.stats.rounds, a.stats.accepted) == (b.stats.rounds, b.stats.accepted)
+        finish(Engine(cut).decoder(), prompt)
+    assert counts["fused"] > 0
+    assert widths[False] and widths[True]
+    assert min(widths[False]) == fast.pair.vocab_size  # every id of the vocabulary is a candidate
+    assert max(widths[True]) < fast.pair.vocab_size // 2  # top-p 0.3 of the request keeps few
+
+
+@pytest.mark.parametrize(("mode", "sampling", "expected"), [
+    ("auto", dict(), (False, True)),  # greedy: the argmax
+    ("auto", dict(temperature=0.8, top_p=0.95), (True, False)),  # top-p alone: temperature-only drafts
+    ("auto", dict(temperature=1.0), (True, True)),  # nothing to cut
+    ("auto", dict(temperature=0.8, top_k=50, top_p=0.9), (True, True)),
+    ("auto", dict(temperature=0.8, top_p=0.9, min_p=0.05), (True, True)),
+    ("sample", dict(temperature=0.8, top_p=0.95), (True, True)),
+    ("temperature", dict(temperature=0.8, top_k=50), (True, False)),
+    ("argmax", dict(temperature=0.8, top_p=0.95), (False, True)),
+])
+def test_draft_picking_follows_draft_sampling(mode, sampling, expected):
+    from specgen.core.engine import draft_picking
+    from specgen.core.settings import SamplingSpec
+
+    assert draft_picking(mode, SamplingSpec(**sampling)) == expected
 
 
 def test_penalties_and_ngram_stay_phase_by_phase(pair, monkeypatch):

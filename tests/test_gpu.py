@@ -139,7 +139,11 @@ def test_compiled_graphs_match_eager(pair, tmp_path, monkeypatch):
     assert len(finish(engine.decoder(profile), [1, 2]).token_ids) == 5
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(temperature=0.8, top_p=0.95, seed=5)])
+@pytest.mark.parametrize("settings", [
+    dict(),
+    dict(temperature=0.8, top_p=0.95, seed=5),  # top-p alone: drafts at temperature only (auto)
+    dict(temperature=0.8, top_k=20, top_p=0.9, seed=6),  # drafts warped with the request's cut
+])
 def test_fused_round_graph_matches_phase_by_phase_rounds(pair, monkeypatch, settings):
     """The whole round captured as one graph: same tokens as per-phase rounds (same kernels, same
     draws in the same order), captured once per decoder, and its phases timed from inside. Its

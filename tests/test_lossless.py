@@ -50,8 +50,9 @@ COMBOS = {
                 frequency_penalty=0.2),
 }
 ONE_HOT = ["t1"]  # argmax drafting: q one-hot, no draft probabilities
+UNCUT = ["top_p", "all"]  # draft_sampling = "temperature": q without the request's top-k / top-p / min-p
 ROUNDS = {"reference": 100_000, "kernels": 20_000}
-COMPARISONS = (K + 1) * 2 * (len(COMBOS) + len(ONE_HOT))
+COMPARISONS = (K + 1) * 2 * (len(COMBOS) + len(ONE_HOT) + len(UNCUT))
 ALPHA = 1e-6 / COMPARISONS
 DEFAULTS = dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                 frequency_penalty=0.0)
@@ -121,15 +122,18 @@ def last_position(penalties: sampling.PenaltyRows, rounds: int) -> sampling.Pena
     return sampling.PenaltyRows(last(penalties.counts), last(penalties.seen))
 
 
-def run_rounds(path, combo_name: str, rounds: int, seed: int, one_hot: bool = False, wrong_q: bool = False):
-    """(output [R, K+1], the reference's warped target rows [R, K+1, V]) for R rounds."""
+def run_rounds(path, combo_name: str, rounds: int, seed: int, one_hot: bool = False, wrong_q: bool = False,
+               uncut: bool = False):
+    """(output [R, K+1], the reference's warped target rows [R, K+1, V]) for R rounds. uncut: the
+    draft warps with the combo's temperature and penalties only (state.draft_spec)."""
     combo = COMBOS[combo_name]
     penalised = "repetition_penalty" in combo
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     target_logits, draft_logits = fixed_logits(seed)
     if "top_p" in combo:  # keep top_p off float32 ties with a mass sum (see core/sampling.py)
         combo = {**combo, "top_p": _settled_top_p(target_logits, combo)}
-    draft_params = params_for(rounds, combo)
+    draft_params = params_for(rounds, {key: value for key, value in combo.items()
+                                       if not (uncut and key in ("top_k", "top_p", "min_p"))})
     drafted = torch.zeros(rounds, 0, dtype=torch.int64, device=DEVICE)
     q_rows, wrong_rows = [], []
     for i in range(K):
@@ -202,6 +206,16 @@ def chi2_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> float:
 @pytest.mark.parametrize("combo", list(COMBOS))
 def test_emitted_tokens_follow_the_warped_target(combo, path):
     out, expected = run_rounds(PATHS[path], combo, ROUNDS[path], seed=len(combo))
+    assert (rejection.num_emitted(out) == K + 1).any(), "no round accepted every draft"
+    pvalues = position_pvalues(out, expected)
+    assert min(pvalues) > ALPHA, pvalues
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("combo", UNCUT)
+def test_drafts_without_the_cut_are_lossless(combo, path):
+    """q wider than p (ids the target's cut removes can be drafted, and are always rejected)."""
+    out, expected = run_rounds(PATHS[path], combo, ROUNDS[path], seed=5, uncut=True)
     assert (rejection.num_emitted(out) == K + 1).any(), "no round accepted every draft"
     pvalues = position_pvalues(out, expected)
     assert min(pvalues) > ALPHA, pvalues

@@ -340,7 +340,7 @@ OUT_OF_RANGE = [
     ("proposer.ngram_max", "33", "must be <= 32"),
     ("proposer.draft_p_min", "1.0", "must be in [0, 1)"),
     ("proposer.draft_p_min", "-0.1", "must be in [0, 1)"),
-    ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample"),
+    ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample, temperature"),
 ]
 
 

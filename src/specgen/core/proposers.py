@@ -70,9 +70,11 @@ class DraftModelProposer:
     kind = "draft"
     insight = False  # set by the decoder: q(x) also for argmax drafts, for acceptance insight
 
-    def __init__(self, runner, sample: bool, stop_ids: set[int], p_min: float = 0.0, adaptive_k: bool = False):
+    def __init__(self, runner, sample: bool, stop_ids: set[int], p_min: float = 0.0, adaptive_k: bool = False,
+                 cut: bool = True):
         self.runner = runner
         self.sample = sample  # draw from q (True) or take its argmax (False, q treated one-hot)
+        self.cut = cut  # q with the request's top-k / top-p / min-p (True) or temperature only (state.draft_spec)
         self.stop_ids = stop_ids  # a drafted stop token ends the proposal: nothing after it can count
         self.p_min = p_min  # early stop: below this confidence (see _confidence) the round ends; 0 = off
         self.adaptive = AdaptiveK() if adaptive_k else None
@@ -98,7 +100,7 @@ class DraftModelProposer:
         q_rows, token_q = [], []
         for _ in range(k):
             logits = self.runner.forward(feed)[-1:]  # [1, V]
-            rows = state.last_row(drafted)
+            rows = state.last_row(drafted, self.cut)
             argmax, probs = verifier.warp(logits, rows.params, rows.penalties, rows.bad_mask)
             if self.p_min > 0 and _confidence(logits, argmax, probs) < self.p_min:
                 break

@@ -38,7 +38,7 @@ class ProposerSpec:
 @dataclass(frozen=True)
 class SpeculationSpec:
     k: int = 4  # draft tokens per round, 1..32
-    draft_sampling: str = "auto"  # auto | argmax | sample: how the draft picks its proposals
+    draft_sampling: str = "auto"  # auto | argmax | sample | temperature: how the draft picks its proposals
     cuda_graphs: bool = True
     compile: bool = False
     autotune: bool = False  # with compile: inductor benchmarks GEMM kernels and tunes reductions

@@ -6,12 +6,19 @@ the target see the same penalties, masks and parameters at every position.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from specgen.core.sampling import PenaltyRows, WarpParams, penalty_rows
 from specgen.core.settings import SamplingSpec
+
+
+def draft_spec(spec: SamplingSpec, cut: bool) -> SamplingSpec:
+    """What the draft warps its logits with: the request's own settings (cut), or its temperature and
+    penalties without top-k / top-p / min-p (speculation.draft_sampling = "temperature": a cheaper
+    pick, q wider than p). Any q keeps the output lossless, as long as the draft samples from it."""
+    return spec if cut else replace(spec, top_k=-1, top_p=1.0, min_p=0.0)
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class SamplingState:
         self.stop_ids = sorted(i for i in stop_ids if i < width)
         self.device = device
         self.params = WarpParams.from_spec(spec, max_rows, device)
+        self.uncut_params = WarpParams.from_spec(draft_spec(spec, False), max_rows, device)
         self.use_penalties = (
             spec.repetition_penalty != 1.0 or spec.presence_penalty != 0.0 or spec.frequency_penalty != 0.0
         )
@@ -53,15 +61,17 @@ class SamplingState:
         penalties = penalty_rows(self.counts, self.seen, drafted) if self.use_penalties else None
         return RoundRows(self.params.slice(0, n + 1), penalties, self._bad_mask(n + 1))
 
-    def last_row(self, drafted: torch.Tensor) -> RoundRows:
+    def last_row(self, drafted: torch.Tensor, cut: bool = True) -> RoundRows:
         """Only row n (the draft's next step): the values rows(drafted) gives for it, built alone,
-        so a draft step costs one row rather than the whole round so far."""
+        so a draft step costs one row rather than the whole round so far. cut=False: the draft's
+        temperature-only parameters (draft_spec)."""
         n = drafted.shape[0]
         penalties = None
         if self.use_penalties:
             counts = self.counts.index_add(0, drafted, torch.ones_like(drafted, dtype=torch.int32))
             penalties = PenaltyRows(counts.unsqueeze(0), (self.seen | (counts > self.counts)).unsqueeze(0))
-        return RoundRows(self.params.slice(n, n + 1), penalties, self._bad_mask(1, first=n))
+        params = self.params if cut else self.uncut_params
+        return RoundRows(params.slice(n, n + 1), penalties, self._bad_mask(1, first=n))
 
     def _bad_mask(self, rows: int, first: int = 0) -> torch.Tensor | None:
         """Rows first..first+rows-1 of a round: EOS and stop ids are masked at positions still below

@@ -42,7 +42,7 @@ import torch
 from specgen.core import sampling, verifier
 from specgen.core.proposers import Proposal
 from specgen.core.sampling import WarpParams
-from specgen.core.state import RoundRows
+from specgen.core.state import RoundRows, draft_spec
 from specgen.gpu.loop import pick
 
 WARMUP_ROUNDS = 2  # eager rounds before capture: Triton JIT, cuBLAS, torch.compile guards
@@ -53,7 +53,7 @@ class FusedRound:
     shared by every decoder of the engine with those settings (FusedRound.get). It owns its static
     buffers; a decoder hands it its proposer's state on enter/leave."""
 
-    def __init__(self, target, draft, k: int, sample: bool, spec, width: int, vocab_size: int):
+    def __init__(self, target, draft, k: int, sample: bool, spec, width: int, vocab_size: int, cut: bool = True):
         self.target = target
         self.draft = draft  # the draft's GraphRunner, or None (target-only, k = 0)
         self.k = k
@@ -71,7 +71,8 @@ class FusedRound:
             padding[vocab_size:] = True
         # static rows: no penalties and no min_tokens mask (eligible() keeps such rounds out)
         self.rows = RoundRows(params.slice(0, k + 1), None, padding)
-        self.draft_row = RoundRows(params.slice(0, 1), None, padding)
+        self.draft_row = RoundRows(params.slice(0, 1) if cut else WarpParams.from_spec(draft_spec(spec, False), 1, device),
+                                   None, padding)
         self.greedy = params.flags.all_greedy
         self.sample = draft is not None and sample and not self.greedy
         self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, device=device)
@@ -104,17 +105,18 @@ class FusedRound:
         target = decoder.target
         if not hasattr(target, "step"):
             return None
+        cut = True
         if proposer.kind == "none":
             draft, k, sample = None, 0, False
         elif isinstance(proposer, GraphDraftProposer) and proposer.adaptive is None and hasattr(proposer.runner, "step"):
-            draft, k, sample = proposer.runner, decoder.setup.k, proposer.sample
+            draft, k, sample, cut = proposer.runner, decoder.setup.k, proposer.sample, proposer.cut
         else:
             return None
         spec = decoder.setup.sampling
-        key = (id(draft), k, sample, spec.temperature, spec.top_k, spec.top_p, spec.min_p)
+        key = (id(draft), k, sample, cut, spec.temperature, spec.top_k, spec.top_p, spec.min_p)
         rounds = target.__dict__.setdefault("fused_rounds", {})
         if key not in rounds:
-            rounds[key] = cls(target, draft, k, sample, spec, decoder.setup.width, decoder.setup.vocab_size)
+            rounds[key] = cls(target, draft, k, sample, spec, decoder.setup.width, decoder.setup.vocab_size, cut)
         return rounds[key]
 
     def eligible(self, asked: int, committed: int, state, proposer) -> bool:

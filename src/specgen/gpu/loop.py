@@ -84,8 +84,9 @@ def warm_kernels(state, k: int, device: torch.device) -> None:
         u, e = torch.ones(n, device=device), torch.ones(1, width, device=device)
         verifier.verify_random(drafts, cu, probs[:n].contiguous(), probs, u, e, n)  # sampled drafts
         verifier.verify_random(drafts, cu, None, probs, u, e, n)  # one-hot q (argmax drafts, n-gram)
-    row = state.last_row(torch.zeros(0, dtype=torch.long, device=device))
-    verifier.warp(torch.zeros(1, width, device=device), row.params, row.penalties, row.bad_mask)
+    for cut in (True, False):  # the draft's pick, with and without the request's cut (draft_spec)
+        row = state.last_row(torch.zeros(0, dtype=torch.long, device=device), cut)
+        verifier.warp(torch.zeros(1, width, device=device), row.params, row.penalties, row.bad_mask)
     torch.cuda.synchronize(device)
 
 
@@ -99,11 +100,12 @@ class GraphDraftProposer:
 
     kind = "draft"
 
-    def __init__(self, runner, sample: bool, stop_ids: set[int], adaptive_k: bool = False):
+    def __init__(self, runner, sample: bool, stop_ids: set[int], adaptive_k: bool = False, cut: bool = True):
         from specgen.core.proposers import AdaptiveK  # noqa: PLC0415
 
         self.runner = runner
         self.sample = sample
+        self.cut = cut  # as DraftModelProposer.cut
         self.stop_ids = stop_ids  # checked by the decoder after the round's sync
         self.adaptive = AdaptiveK() if adaptive_k else None
         device = runner.device
@@ -125,11 +127,11 @@ class GraphDraftProposer:
         feed = self.pending[: self.num_pending]
         q_rows = []
         same = not state.use_penalties and state.spec.min_tokens <= state.generated  # every step's row alike
-        row = state.last_row(self.tokens[:0]) if same else None
+        row = state.last_row(self.tokens[:0], self.cut) if same else None
         for i in range(k):
             logits = self.runner.forward(feed)[-1:]  # [1, V]
             token = self.tokens[i : i + 1]
-            probs = pick(logits, row or state.last_row(self.tokens[:i]), self.sample, generator, token)
+            probs = pick(logits, row or state.last_row(self.tokens[:i], self.cut), self.sample, generator, token)
             if probs is not None:
                 q_rows.append(probs)
             feed = token
@@ -415,7 +417,7 @@ class FastPath:
         host decision per draft step, so that one stays the core proposer, over the same runner)."""
         if isinstance(proposer, DraftModelProposer) and not proposer.p_min > 0:
             return GraphDraftProposer(proposer.runner, proposer.sample, proposer.stop_ids,
-                                      adaptive_k=proposer.adaptive is not None)
+                                      adaptive_k=proposer.adaptive is not None, cut=proposer.cut)
         return proposer
 
 
