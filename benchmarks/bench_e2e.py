@@ -168,6 +168,10 @@ def contenders(engine: Engine, draft, prompts, args, mode: str, sampling: dict) 
         for k in [args.k] + args.extra_k:
             variants.append((f"specgen speculative k={k}, temperature drafts", replace(
                 profile, speculation=replace(profile.speculation, k=k, draft_sampling="temperature")), True))
+    if args.sample_drafts and sampling.get("temperature", 0) > 0:  # q with the request's cut
+        for k in [args.k] + args.extra_k:
+            variants.append((f"specgen speculative k={k}, sampled drafts with the cut", replace(
+                profile, speculation=replace(profile.speculation, k=k, draft_sampling="sample")), True))
     if args.phased:  # the same round launched phase by phase (gpu/loop.py without gpu/fused.py)
         variants.append(("specgen speculative, per-phase rounds", profile, False))
     from specgen.gpu import loop
@@ -258,6 +262,8 @@ def parse_args(argv=None):
                         help="sampled modes: also draft with the draft's argmax (speculation.draft_sampling = argmax)")
     parser.add_argument("--temperature-drafts", action="store_true",
                         help="modes with top-p / top-k: also draft without them (speculation.draft_sampling = temperature)")
+    parser.add_argument("--sample-drafts", action="store_true",
+                        help="sampled modes: also draft from q with the request's cut (speculation.draft_sampling = sample)")
     parser.add_argument("--attention", choices=("kernel", "sdpa"), default="kernel",
                         help="captured steps attend through gpu/attention.py's kernel or through SDPA")
     parser.add_argument("--linear", choices=("kernel", "torch"), default="kernel",
