@@ -545,10 +545,9 @@ def _prefix_kept(vs, ws, above, bound, total):
     along the sorted order, so the kept candidates are a prefix. Ties need no care: an equal value
     earlier in the order adds to the sum, but the first of a tie group decides for the group
     (every id >= the cut is kept), and it sees exactly the mass of strictly larger values."""
-    before = tl.cumsum(ws, axis=0)  # before[i] = the sum over positions 0..i
-    n = tl.where(above < bound, 1, 0) + tl.sum(((above + before < bound) & (tl.arange(0, vs.shape[0]) < total - 1))
-                                               .to(tl.int32), axis=0)
-    return tl.where(above < bound, n, 0)
+    before = tl.cumsum(ws, axis=0)  # before[i] = the sum over positions 0..i (so position i + 1 is kept)
+    later = (above + before < bound) & (tl.arange(0, vs.shape[0]) < total - 1)  # none when above >= bound
+    return tl.where(above < bound, 1, 0) + tl.sum(later.to(tl.int32), axis=0)
 
 
 @triton.jit
