@@ -2,7 +2,6 @@
 kernel configurations: which configuration each row count wants, and what bandwidth it reaches.
 
     python benchmarks/bench_linear.py [--rows 1,5] [--out linear.json]
-    python benchmarks/bench_linear.py --fusions [--rows 1,5]   # the decoder-layer fusions' cost
 
 Shapes are Llama-3-8B's (bf16): q/o 4096x4096, k/v 1024x4096, fused q+k+v 6144x4096, gate+up 2 x 14336x4096 (fused with
 the activation), down 4096x14336, lm_head 128256x4096. GB/s counts weight bytes.
@@ -74,51 +73,14 @@ def graph_us(fn, copies: int, replays: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def fusions(rows_list) -> list:
-    """The default configuration with and without the decoder-layer fusions (the RMSNorm folded into
-    the walk; the residual added to the output), µs per call on Llama-3-8B's shapes."""
-    results = []
-    g = (1.0 + 0.1 * torch.randn(4096, device="cuda")).to(torch.bfloat16)
-    norm = (g, 1e-5, "llama")
-    for name in ("qkv", "q_o", "gate_up", "down"):
-        n, k = SHAPES[name]
-        gated = name == "gate_up"
-        weight_bytes = n * k * 2 * (2 if gated else 1)
-        copies = max(2, -(-L2_BYTES // weight_bytes))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
-        us = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)] if gated else None
-        for rows in rows_list:
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-            if name == "qkv":
-                cases = {"plain": lambda i: L.linear(x, ws[i]), "norm": lambda i: L.linear(x, ws[i], norm=norm)}
-            elif gated:
-                cases = {"plain": lambda i: L.gate_up(x, ws[i], us[i], "silu"),
-                         "norm": lambda i: L.gate_up(x, ws[i], us[i], "silu", norm=norm)}
-            else:
-                cases = {"plain": lambda i: L.linear(x, ws[i]), "add": lambda i: L.linear(x, ws[i], add_to_output=res)}
-            for case, fn in cases.items():
-                row = {"shape": name, "rows": rows, "case": case, "us": graph_us(fn, copies)}
-                row["gb_s"] = weight_bytes / row["us"] / 1e3
-                print(json.dumps(row), flush=True)
-                results.append(row)
-    return results
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fusions", action="store_true", help="time the decoder-layer fusions instead")
     parser.add_argument("--rows", default="1,5")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--deep", action="store_true", help="sweep DEEP_GRID instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
-    if args.fusions:
-        results = fusions(list(map(int, args.rows.split(","))))
-        if args.out:
-            args.out.write_text(json.dumps(results, indent=2) + "\n")
-        return
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rows": []}
     for name in args.shapes.split(","):

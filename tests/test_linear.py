@@ -121,20 +121,29 @@ def test_linear_with_norm_and_residual(kind, dtype, path):
 @pytest.mark.parametrize("kind", ["llama", "gemma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("path", ["dot", "gemv"])
-def test_gate_up_with_norm(kind, dtype, path):
-    """gate_up through the norm against the unfused module (norm, both projections, activation):
-    float32 within 2e-5 of the output scale, bf16 within six rounding steps."""
+def test_gate_up_with_residual_sum_and_norm(kind, dtype, path):
+    """gate_up on x + residual through the norm: the sum it returns is torch's sum in the model's
+    dtype, bit for bit (a decoder layer's residual stream; within one unit in the last place in the
+    CPU interpreter, whose casts to bf16 truncate), and the output is the unfused module's
+    within float32's 2e-5 / bf16's six rounding steps."""
     for rows, n, k, _ in CASES[:4]:
         x, w, u, _ = _data(rows, n, k, dtype, seed=7)
-        x = x * 3.0 - 0.5
+        residual = _data(rows, n, k, dtype, seed=8)[0] * 2
         norm = _norm(k, kind, dtype, seed=9)
-        out = L.gate_up(x, w, u, "silu", PATHS[path] if path == "dot" or rows == 1 else None, norm=norm)
-        ref = L.gate_up_reference(x.double(), w.double(), u.double(), "silu", _double(norm))
-        assert out.shape == (rows, n) and out.dtype == dtype
+        config = PATHS[path] if path == "dot" or rows == 1 else None
+        out, total = L.gate_up(x, w, u, "silu", config, norm=norm, add_to_input=residual)
+        want = residual + x
+        assert total.dtype == dtype
+        if L._INTERPRETED and dtype != torch.float32:  # the interpreter truncates to bf16: one ulp
+            assert ((total.double() - want.double()).abs() <= want.double().abs() * 2.0 ** -7).all()
+        else:
+            assert torch.equal(total, want)
+        ref, _ = L.gate_up_reference(x.double(), w.double(), u.double(), "silu", _double(norm), residual.double())
         bound = 2e-5 * ref.abs().max().item() if dtype == torch.float32 else 6 * _step(ref, dtype)
         assert (out.double() - ref).abs().max().item() <= bound, (rows, n, k)
-        plain = L.gate_up_reference(x.double(), w.double(), u.double(), "silu")
-        assert (plain - ref).abs().max().item() > 10 * bound
+        alone = L.gate_up(x, w, u, "silu", config, norm=norm)  # no residual: the output alone
+        ref_alone = L.gate_up_reference(x.double(), w.double(), u.double(), "silu", _double(norm))
+        assert (alone.double() - ref_alone).abs().max().item() <= 6 * _step(ref_alone, dtype)
 
 
 def test_leading_dims_and_strided_rows():
@@ -180,13 +189,13 @@ def _count_launches(monkeypatch) -> list:
 
 
 def _count_fused_launches(monkeypatch) -> list:
-    """(rows, with a norm, with a residual added to the output) per kernel call."""
+    """(rows, with a norm, with a residual sum in, with a residual added out) per kernel call."""
     calls = []
     real = L._launch
 
-    def launch(x, weight, up, bias, act, config, norm=None, add_out=None):
-        calls.append((x.numel() // x.shape[-1], norm is not None, add_out is not None))
-        return real(x, weight, up, bias, act, config, norm, add_out)
+    def launch(x, weight, up, bias, act, config, norm=None, add_in=None, add_out=None):
+        calls.append((x.numel() // x.shape[-1], norm is not None, add_in is not None, add_out is not None))
+        return real(x, weight, up, bias, act, config, norm, add_in, add_out)
 
     monkeypatch.setattr(L, "_launch", launch)
     return calls
@@ -219,11 +228,11 @@ def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
             else:
                 logits.append(runner.forward(ids.to(DEVICE)).clone())
         outputs.append(logits)
-    # per layer: q+k+v (input norm), o (residual add), gate+up (norm), down (residual add); then
+    # per layer: q+k+v (input norm), o, gate+up (residual sum, norm), down (residual add); then
     # lm_head; only the fast runner's steps, not its prefill
     steps = [n for n in script if n > 0]
-    layer = [(True, False), (False, True), (True, False), (False, True)]
-    assert calls == [(n,) + flags for n in steps for flags in layer * 2 + [(False, False)]]
+    layer = [(True, False, False), (False, False, False), (True, True, False), (False, False, True)]
+    assert calls == [(n,) + flags for n in steps for flags in layer * 2 + [(False, False, False)]]
     for got, want in zip(*outputs):
         assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item())
         assert torch.equal(got.argmax(-1), want.argmax(-1))
@@ -290,9 +299,9 @@ def test_fused_paths_trace_without_graph_breaks(monkeypatch):
         calls.append((tuple(w.shape), norm is not None, add_to_output is not None))
         return L.linear_reference(x, w, b, norm, add_to_output)
 
-    def fake_gate_up(x, g, u, act, config=None, norm=None):
-        calls.append((tuple(g.shape), norm is not None, False))
-        return L.gate_up_reference(x, g, u, act, norm)
+    def fake_gate_up(x, g, u, act, config=None, norm=None, add_to_input=None):
+        calls.append((tuple(g.shape), norm is not None, add_to_input is not None))
+        return L.gate_up_reference(x, g, u, act, norm, add_to_input)
 
     monkeypatch.setattr(L, "linear", fake_linear)
     monkeypatch.setattr(L, "gate_up", fake_gate_up)
@@ -303,13 +312,13 @@ def test_fused_paths_trace_without_graph_breaks(monkeypatch):
         want = model(ids).logits
         eager_calls, calls[:] = list(calls), []
         got = compiled(ids).logits
-    # q+k+v with the input norm, o with the residual add, gate+up with the norm, down with the
-    # residual add; lm_head
-    layer = [((128, 64), True, False), ((64, 64), False, True), ((128, 64), True, False), ((64, 128), False, True)]
+    # q+k+v with the input norm, o, gate+up with the residual sum and norm, down with the residual
+    # add; lm_head
+    layer = [((128, 64), True, False), ((64, 64), False, False), ((128, 64), True, True), ((64, 128), False, True)]
     assert eager_calls == layer * 2 + [((96, 64), False, False)]
     assert calls == eager_calls
     assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
-    assert all(m._specgen_fused.pending is None and m._specgen_fused.raw is None and m._specgen_fused.residual is None
+    assert all(m._specgen_fused.pending is None and m._specgen_fused.raw is None
                for m in model.modules() if hasattr(m, "_specgen_fused"))
 
 

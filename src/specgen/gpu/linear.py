@@ -19,9 +19,9 @@ concatenated once into one buffer (the modules' weights become views of it, so n
 added), the q call computes all three in one pass and the k and v calls return slices of it.
 
 Pre-norm decoder layers (Llama, Mistral, Qwen2, Qwen3, Gemma) lose their own norm and residual
-kernels in steps: the q/k/v call applies the layer's input RMSNorm, the o call adds the attention
-output to the residual stream, the gate/up call applies the second RMSNorm, and the down call adds
-the MLP's output (`_decoder_forward`). A norm is one scale per row, r = rsqrt(mean(x^2) + eps), so
+kernels in steps: the q/k/v call applies the layer's input RMSNorm, the gate/up call adds the
+attention output to the residual stream and applies the second RMSNorm, and the down call adds the
+MLP's output (`_decoder_forward`). A norm is one scale per row, r = rsqrt(mean(x^2) + eps), so
 norm(x) W^T = r * ((x * g) W^T): each program sums x^2 over the x tiles it loads anyway and scales
 its accumulators at the end, with no extra pass before the first weight tile. That removes two
 kernels per layer from a step (64 on Llama-3-8B). `SPECGEN_FUSE_NORMS=0` keeps the norms apart.
@@ -74,17 +74,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     norm = (weight [K], eps, kind) applies an RMSNorm of that kind (NORMS) to x first, inside the
     kernel; add_to_output [..., N] is added to the result (a residual connection), rounded like
     torch's `residual + y` in the model's dtype."""
-    return _launch(x, weight, None, bias, 0, config, norm, add_to_output)
+    return _launch(x, weight, None, bias, 0, config, norm, None, add_to_output)[0]
 
 
 def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str,
-            config: tuple | None = None, norm: tuple | None = None) -> torch.Tensor:
-    """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N];
-    norm as in `linear`."""
-    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, norm, None)
+            config: tuple | None = None, norm: tuple | None = None,
+            add_to_input: torch.Tensor | None = None):
+    """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N].
+
+    With add_to_input, x is first replaced by s = x + add_to_input (in the model's dtype) and the
+    result is (output, s): a decoder layer's residual sum, computed while the weights stream. norm
+    as in `linear`, applied to x (or s)."""
+    out, total = _launch(x, gate, up, None, ACTIVATIONS[activation], config, norm, add_to_input, None)
+    return out if add_to_input is None else (out, total)
 
 
-def _launch(x, weight, up, bias, act, config, norm=None, add_out=None):
+def _launch(x, weight, up, bias, act, config, norm=None, add_in=None, add_out=None):
     n, k = weight.shape
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -96,6 +101,11 @@ def _launch(x, weight, up, bias, act, config, norm=None, add_out=None):
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
+    total = None
+    if add_in is not None:
+        add_in = add_in.reshape(rows, k).contiguous()
+        x2 = x2.contiguous()
+        total = torch.empty(rows, k, dtype=x.dtype, device=x.device)
     if add_out is not None:
         add_out = add_out.reshape(rows, n).contiguous()
     norm_weight, eps, kind = norm if norm is not None else (weight, 0.0, None)
@@ -103,15 +113,16 @@ def _launch(x, weight, up, bias, act, config, norm=None, add_out=None):
         assert norm_weight.shape == (k,) and norm_weight.is_contiguous()
     _linear_kernel[(triton.cdiv(n, block_n),)](
         x2, weight, second, bias if bias is not None else weight, out,
+        add_in if add_in is not None else x2, total if total is not None else x2,
         norm_weight, add_out if add_out is not None else out,
         rows, n, k, x2.stride(0), weight.stride(0), out.stride(0), float(eps),
         HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot,
         F32_DOT=x.dtype == torch.float32 or _INTERPRETED,
-        NORM=NORMS[kind] if kind is not None else 0, ADD_OUT=add_out is not None,
+        NORM=NORMS[kind] if kind is not None else 0, ADD_IN=add_in is not None, ADD_OUT=add_out is not None,
         BLOCK_M=16 if dot else triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )
-    return out.reshape(*lead, n)
+    return out.reshape(*lead, n), (total.reshape(*lead, k) if total is not None else None)
 
 
 def rms_norm_reference(x, weight, eps: float, kind: str):
@@ -131,14 +142,15 @@ def linear_reference(x, weight, bias=None, norm=None, add_to_output=None):
     return y if add_to_output is None else add_to_output + y
 
 
-def gate_up_reference(x, gate, up, activation: str, norm=None):
+def gate_up_reference(x, gate, up, activation: str, norm=None, add_to_input=None):
     """What the unfused module computes: act(F.linear(x, gate)) * F.linear(x, up) in x's dtype
-    (after the norm when given)."""
-    if norm is not None:
-        x = rms_norm_reference(x, *norm)
-    g = F.linear(x, gate)
+    (after the residual sum and the norm when given: then (output, sum))."""
+    total = x if add_to_input is None else add_to_input + x
+    h = total if norm is None else rms_norm_reference(total, *norm)
+    g = F.linear(h, gate)
     act = F.silu(g) if ACTIVATIONS[activation] == 1 else F.gelu(g, approximate="tanh")
-    return act * F.linear(x, up)
+    out = act * F.linear(h, up)
+    return out if add_to_input is None else (out, total)
 
 
 @triton.jit
@@ -157,11 +169,13 @@ def _linear_kernel(
     u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
     b_ptr,  # [N] when HAS_BIAS
     out_ptr,  # [M, N]
+    a_ptr,  # [M, K] added to x first when ADD_IN (contiguous, like x then)
+    s_ptr,  # [M, K] x + a, written by program 0 when ADD_IN
     g_ptr,  # [K] the RMSNorm's weight when NORM > 0
     r_ptr,  # [M, N] added to the output when ADD_OUT (contiguous)
     M, N, K, sxm, swn, som, eps,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
-    NORM: tl.constexpr, ADD_OUT: tl.constexpr,
+    NORM: tl.constexpr, ADD_IN: tl.constexpr, ADD_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program p computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] over the whole of K, one weight
@@ -170,9 +184,7 @@ def _linear_kernel(
 
     The RMSNorm (NORM) is folded into the walk: norm(x) W^T = r * ((x * g) W^T) with one scale r per
     row, so each program sums x^2 over the tiles it loads anyway and scales its accumulators at the
-    end; no pass over x comes before the first weight tile. On the tensor-core path the sum is one
-    more small product (x^2 rounded to the model's dtype, summed in float32): summing the squares in
-    registers instead made the 6144 x 4096 q/k/v call 16 -> 48 us on an H200 (Triton 3.6)."""
+    end; no pass over x comes before the first weight tile."""
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
     col_ok = cols < N
@@ -182,10 +194,12 @@ def _linear_kernel(
     dtype = out_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    squares = tl.zeros([BLOCK_M, 16 if DOT else BLOCK_K], tl.float32)
+    squares = tl.zeros([BLOCK_M], tl.float32)
     w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     x_base = x_ptr + rows[:, None] * sxm + kk[None, :]
+    a_base = a_ptr + rows[:, None] * K + kk[None, :]
+    s_base = s_ptr + rows[:, None] * K + kk[None, :]
     for start in range(0, K, BLOCK_K):
         if EVEN_K:
             k_ok = kk < BLOCK_K
@@ -197,13 +211,13 @@ def _linear_kernel(
             x_mask = row_ok[:, None] & k_ok[None, :]
         x = tl.load(x_base + start, mask=x_mask, other=0.0)
         w = tl.load(w_base + start, mask=w_mask, other=0.0)
+        if ADD_IN:  # the residual sum, rounded like torch's in the model's dtype
+            x = (x.to(tl.float32) + tl.load(a_base + start, mask=x_mask, other=0.0).to(tl.float32)).to(dtype)
+            if pid == 0:
+                tl.store(s_base + start, x, mask=x_mask)
         if NORM > 0:
             xf = x.to(tl.float32)
-            if DOT:  # sum of squares on the tensor cores: x^2 [M, K] @ ones [K, 16], every column the same
-                squares = _accumulate(squares, (xf * xf).to(x.dtype), tl.full([16, BLOCK_K], 1.0, x.dtype), True,
-                                      F32_DOT)
-            else:
-                squares += xf * xf
+            squares += tl.sum(xf * xf, axis=1)
             g = tl.load(g_ptr + start + kk, mask=k_ok, other=0.0).to(tl.float32)
             if NORM == 2:
                 g = 1.0 + g
@@ -213,8 +227,7 @@ def _linear_kernel(
             u = tl.load(u_base + start, mask=w_mask, other=0.0)
             acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
     if NORM > 0:
-        total = tl.max(squares, axis=1) if DOT else tl.sum(squares, axis=1)
-        scale = 1.0 / tl.sqrt(total / K + eps)
+        scale = 1.0 / tl.sqrt(squares / K + eps)
         acc = acc * scale[:, None]
         acc_u = acc_u * scale[:, None]
     if HAS_BIAS:
@@ -289,7 +302,6 @@ class _Fused:
         self.pending = None  # (input, fused output) between the q call and the v call
         self.norm = None  # (weight, eps, kind): the decoder layer's input RMSNorm, when it is fused
         self.raw = None  # the un-normalised input the fused decoder layer passes, during its call
-        self.residual = None  # what the layer's o_proj adds to its output, until it does
 
 
 class SkinnyQKV(SkinnyLinear):
@@ -316,25 +328,13 @@ class SkinnyQKV(SkinnyLinear):
         return linear(x, self.weight, self.bias, norm=norm)
 
 
-class SkinnyResidualOut(SkinnyLinear):
-    """The o_proj of a fused decoder layer: adds the layer's residual stream to its output in the
-    kernel, once, when the layer handed one over (`_Fused.residual`)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        layer = self._specgen_layer
-        residual = layer.residual
-        if residual is not None and _small(x):
-            layer.residual = None
-            return linear(x, self.weight, self.bias, add_to_output=residual)
-        return super().forward(x)
-
-
 def _mlp_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """With `residual` (from a fused decoder layer only): residual + mlp(norm(x)), the norm and the
-    add inside the two kernels."""
+    """With `residual` (from a fused decoder layer only): residual + mlp(norm(residual + x)), the
+    sum, the norm and the final add inside the two kernels."""
     if residual is not None:
-        hidden = gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act, norm=self._specgen_norm)
-        return linear(hidden, self.down_proj.weight, add_to_output=residual)
+        hidden, total = gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act,
+                                norm=self._specgen_norm, add_to_input=residual)
+        return linear(hidden, self.down_proj.weight, add_to_output=total)
     if _small(x):
         return self.down_proj(gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act))
     return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
@@ -344,22 +344,19 @@ def _decoder_forward(self, hidden_states: torch.Tensor, attention_mask=None, pos
                      past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
     """A pre-norm decoder layer (Llama, Mistral, Qwen2, Qwen3, Gemma) for steps of at most MAX_ROWS
     rows, with no norm or residual kernels of its own: the q/k/v kernel applies the input norm, the
-    o kernel adds the attention output to the residual stream, the gate/up kernel applies the second
-    norm and the down kernel adds the MLP's output. The module's own forward otherwise."""
+    gate/up kernel adds the attention output to the residual stream and applies the second norm, the
+    down kernel adds the MLP's output. The module's own forward otherwise."""
     if not _small(hidden_states):
         return self._specgen_class.forward(self, hidden_states, attention_mask=attention_mask,
                                            position_ids=position_ids, past_key_values=past_key_values,
                                            use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     fused = self.self_attn.q_proj._specgen_fused
-    fused.raw = fused.residual = hidden_states
+    fused.raw = hidden_states
     attended, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
                                  position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
                                  position_embeddings=position_embeddings, **kwargs)
     fused.raw = None
-    if fused.residual is not None:  # o_proj did not take it (an attention that never calls it)
-        fused.residual = None
-        attended = hidden_states + attended
-    return self.mlp(attended, residual=attended)
+    return self.mlp(attended, residual=hidden_states)
 
 
 # Decoder layers whose forward is residual + attn(norm(x)), then residual + mlp(norm(.)), and nothing
@@ -390,8 +387,6 @@ def _fusable_decoder(module) -> tuple | None:
                                                          "post_attention_layernorm", "mlp"}:
         return None
     if not isinstance(getattr(module.self_attn, "q_proj", None), SkinnyQKV) or not hasattr(module.mlp, "_specgen_act"):
-        return None
-    if type(getattr(module.self_attn, "o_proj", None)) is not SkinnyLinear:
         return None
     norms = (_norm_spec(module.input_layernorm, kind), _norm_spec(module.post_attention_layernorm, kind))
     if None in norms or module.self_attn.q_proj.weight.dtype != module.mlp.gate_proj.weight.dtype:
@@ -482,10 +477,7 @@ def install(model) -> int:
             base = type(module)
             if base not in _DECODER_CLASSES:
                 _DECODER_CLASSES[base] = type(f"Skinny{base.__name__}", (base,), {"forward": _decoder_forward})
-            fused = module.self_attn.q_proj._specgen_fused
-            fused.norm = norms[0]
-            module.self_attn.o_proj._specgen_layer = fused
-            module.self_attn.o_proj.__class__ = SkinnyResidualOut
+            module.self_attn.q_proj._specgen_fused.norm = norms[0]
             module.mlp._specgen_norm = norms[1]
             module._specgen_class = base
             module.__class__ = _DECODER_CLASSES[base]
@@ -498,7 +490,7 @@ def uninstall(model) -> None:
         base = module.__dict__.pop("_specgen_class", None)
         if base is not None:  # fused q/k/v weights stay views of one buffer: same values
             module.__class__ = base
-            for key in ("_specgen_act", "_specgen_fused", "_specgen_role", "_specgen_norm", "_specgen_layer"):
+            for key in ("_specgen_act", "_specgen_fused", "_specgen_role", "_specgen_norm"):
                 module.__dict__.pop(key, None)
 
 
