@@ -18,14 +18,6 @@ The q, k and v projections of an attention module are fused the same way: their 
 concatenated once into one buffer (the modules' weights become views of it, so no memory is
 added), the q call computes all three in one pass and the k and v calls return slices of it.
 
-Pre-norm decoder layers (Llama, Mistral, Qwen2, Qwen3, Gemma) lose their own norm and residual
-kernels in steps: the q/k/v call applies the layer's input RMSNorm, the gate/up call adds the
-attention output to the residual stream and applies the second RMSNorm, and the down call adds the
-MLP's output (`_decoder_forward`). A norm is one scale per row, r = rsqrt(mean(x^2) + eps), so
-norm(x) W^T = r * ((x * g) W^T): each program sums x^2 over the x tiles it loads anyway and scales
-its accumulators at the end, with no extra pass before the first weight tile. That removes two
-kernels per layer from a step (64 on Llama-3-8B). `SPECGEN_FUSE_NORMS=0` keeps the norms apart.
-
 `install(model)` swaps the classes of a model's nn.Linear and gated-MLP modules for subclasses
 whose forward takes this path for inputs of at most MAX_ROWS rows, inside `active()` only, and is
 the original otherwise (prefill, other users of the model object); `uninstall` restores them.
@@ -63,33 +55,19 @@ def _config(rows: int, n: int, k: int):
     return NARROW
 
 
-NORMS = {"llama": 1, "gemma": 2}  # RMSNorm kinds: weight * x_normed (rounded first) / x_normed * (1 + weight)
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           config: tuple | None = None, norm: tuple | None = None,
-           add_to_output: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N].
-
-    norm = (weight [K], eps, kind) applies an RMSNorm of that kind (NORMS) to x first, inside the
-    kernel; add_to_output [..., N] is added to the result (a residual connection), rounded like
-    torch's `residual + y` in the model's dtype."""
-    return _launch(x, weight, None, bias, 0, config, norm, None, add_to_output)[0]
+           config: tuple | None = None) -> torch.Tensor:
+    """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N]."""
+    return _launch(x, weight, None, bias, 0, config)
 
 
 def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str,
-            config: tuple | None = None, norm: tuple | None = None,
-            add_to_input: torch.Tensor | None = None):
-    """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N].
-
-    With add_to_input, x is first replaced by s = x + add_to_input (in the model's dtype) and the
-    result is (output, s): a decoder layer's residual sum, computed while the weights stream. norm
-    as in `linear`, applied to x (or s)."""
-    out, total = _launch(x, gate, up, None, ACTIVATIONS[activation], config, norm, add_to_input, None)
-    return out if add_to_input is None else (out, total)
+            config: tuple | None = None) -> torch.Tensor:
+    """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N]."""
+    return _launch(x, gate, up, None, ACTIVATIONS[activation], config)
 
 
-def _launch(x, weight, up, bias, act, config, norm=None, add_in=None, add_out=None):
+def _launch(x, weight, up, bias, act, config):
     n, k = weight.shape
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
@@ -101,56 +79,26 @@ def _launch(x, weight, up, bias, act, config, norm=None, add_in=None, add_out=No
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
-    total = None
-    if add_in is not None:
-        add_in = add_in.reshape(rows, k).contiguous()
-        x2 = x2.contiguous()
-        total = torch.empty(rows, k, dtype=x.dtype, device=x.device)
-    if add_out is not None:
-        add_out = add_out.reshape(rows, n).contiguous()
-    norm_weight, eps, kind = norm if norm is not None else (weight, 0.0, None)
-    if norm is not None:
-        assert norm_weight.shape == (k,) and norm_weight.is_contiguous()
     _linear_kernel[(triton.cdiv(n, block_n),)](
         x2, weight, second, bias if bias is not None else weight, out,
-        add_in if add_in is not None else x2, total if total is not None else x2,
-        norm_weight, add_out if add_out is not None else out,
-        rows, n, k, x2.stride(0), weight.stride(0), out.stride(0), float(eps),
+        rows, n, k, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot,
         F32_DOT=x.dtype == torch.float32 or _INTERPRETED,
-        NORM=NORMS[kind] if kind is not None else 0, ADD_IN=add_in is not None, ADD_OUT=add_out is not None,
         BLOCK_M=16 if dot else triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )
-    return out.reshape(*lead, n), (total.reshape(*lead, k) if total is not None else None)
+    return out.reshape(*lead, n)
 
 
-def rms_norm_reference(x, weight, eps: float, kind: str):
-    """What Hugging Face's RMSNorm modules compute: LlamaRMSNorm (and Mistral's, Qwen2's, Qwen3's)
-    for "llama", GemmaRMSNorm for "gemma"."""
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if NORMS[kind] == 1:
-        return weight * normed.to(x.dtype)
-    return (normed * (1.0 + weight.float())).type_as(x)
+def linear_reference(x, weight, bias=None):
+    return F.linear(x, weight, bias)
 
 
-def linear_reference(x, weight, bias=None, norm=None, add_to_output=None):
-    if norm is not None:
-        x = rms_norm_reference(x, *norm)
-    y = F.linear(x, weight, bias)
-    return y if add_to_output is None else add_to_output + y
-
-
-def gate_up_reference(x, gate, up, activation: str, norm=None, add_to_input=None):
-    """What the unfused module computes: act(F.linear(x, gate)) * F.linear(x, up) in x's dtype
-    (after the residual sum and the norm when given: then (output, sum))."""
-    total = x if add_to_input is None else add_to_input + x
-    h = total if norm is None else rms_norm_reference(total, *norm)
-    g = F.linear(h, gate)
+def gate_up_reference(x, gate, up, activation: str):
+    """What the unfused module computes: act(F.linear(x, gate)) * F.linear(x, up) in x's dtype."""
+    g = F.linear(x, gate)
     act = F.silu(g) if ACTIVATIONS[activation] == 1 else F.gelu(g, approximate="tanh")
-    out = act * F.linear(h, up)
-    return out if add_to_input is None else (out, total)
+    return act * F.linear(x, up)
 
 
 @triton.jit
@@ -169,40 +117,25 @@ def _linear_kernel(
     u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
     b_ptr,  # [N] when HAS_BIAS
     out_ptr,  # [M, N]
-    a_ptr,  # [M, K] added to x first when ADD_IN (contiguous, like x then)
-    s_ptr,  # [M, K] x + a, written by program 0 when ADD_IN
-    g_ptr,  # [K] the RMSNorm's weight when NORM > 0
-    r_ptr,  # [M, N] added to the output when ADD_OUT (contiguous)
-    M, N, K, sxm, swn, som, eps,
+    M, N, K, sxm, swn, som,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
-    NORM: tl.constexpr, ADD_IN: tl.constexpr, ADD_OUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program p computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] over the whole of K, one weight
     tile at a time: a tensor-core product with the rows padded to BLOCK_M = 16 (DOT), or products
-    summed along K in registers (one row: a matrix-vector product).
-
-    The RMSNorm (NORM) is folded into the walk: norm(x) W^T = r * ((x * g) W^T) with one scale r per
-    row, so each program sums x^2 over the tiles it loads anyway and scales its accumulators at the
-    end; no pass over x comes before the first weight tile."""
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
+    summed along K in registers (one row: a matrix-vector product)."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
     col_ok = cols < N
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     kk = tl.arange(0, BLOCK_K)
-    dtype = out_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    squares = tl.zeros([BLOCK_M], tl.float32)
     w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     x_base = x_ptr + rows[:, None] * sxm + kk[None, :]
-    a_base = a_ptr + rows[:, None] * K + kk[None, :]
-    s_base = s_ptr + rows[:, None] * K + kk[None, :]
     for start in range(0, K, BLOCK_K):
         if EVEN_K:
-            k_ok = kk < BLOCK_K
             w_mask = col_ok[:, None]
             x_mask = row_ok[:, None]
         else:
@@ -211,35 +144,17 @@ def _linear_kernel(
             x_mask = row_ok[:, None] & k_ok[None, :]
         x = tl.load(x_base + start, mask=x_mask, other=0.0)
         w = tl.load(w_base + start, mask=w_mask, other=0.0)
-        if ADD_IN:  # the residual sum, rounded like torch's in the model's dtype
-            x = (x.to(tl.float32) + tl.load(a_base + start, mask=x_mask, other=0.0).to(tl.float32)).to(dtype)
-            if pid == 0:
-                tl.store(s_base + start, x, mask=x_mask)
-        if NORM > 0:
-            xf = x.to(tl.float32)
-            squares += tl.sum(xf * xf, axis=1)
-            g = tl.load(g_ptr + start + kk, mask=k_ok, other=0.0).to(tl.float32)
-            if NORM == 2:
-                g = 1.0 + g
-            x = (xf * g[None, :]).to(x.dtype)
         acc = _accumulate(acc, x, w, DOT, F32_DOT)
         if ACT > 0:
             u = tl.load(u_base + start, mask=w_mask, other=0.0)
             acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
-    if NORM > 0:
-        scale = 1.0 / tl.sqrt(squares / K + eps)
-        acc = acc * scale[:, None]
-        acc_u = acc_u * scale[:, None]
+    dtype = out_ptr.dtype.element_ty
     if HAS_BIAS:
         acc = acc.to(dtype).to(tl.float32) + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if ACT > 0:  # each rounding step of act(gate(x)) * up(x) in the model's dtype
         g = _act(acc.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
         acc = g * acc_u.to(dtype).to(tl.float32)
-    out_mask = row_ok[:, None] & col_ok[None, :]
-    if ADD_OUT:  # residual + y, y rounded first
-        acc = acc.to(dtype).to(tl.float32) + tl.load(r_ptr + rows[:, None] * N + cols[None, :], mask=out_mask,
-                                                     other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * som + cols[None, :], acc.to(dtype), mask=out_mask)
+    tl.store(out_ptr + rows[:, None] * som + cols[None, :], acc.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -300,24 +215,19 @@ class _Fused:
                 part.bias = torch.nn.Parameter(self.bias[at:at + rows], requires_grad=False)
             at += rows
         self.pending = None  # (input, fused output) between the q call and the v call
-        self.norm = None  # (weight, eps, kind): the decoder layer's input RMSNorm, when it is fused
-        self.raw = None  # the un-normalised input the fused decoder layer passes, during its call
 
 
 class SkinnyQKV(SkinnyLinear):
     """q_proj / k_proj / v_proj of one attention module. The q call computes all three outputs in
-    one pass over the fused weight; the k and v calls on the same input return their slices. Given
-    the raw input of a fused decoder layer (`_Fused.raw`), the layer's input RMSNorm is applied in
-    the kernel."""
+    one pass over the fused weight; the k and v calls on the same input return their slices."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _small(x):
             return F.linear(x, self.weight, self.bias)
         fused, role = self._specgen_fused, self._specgen_role
         lo, hi = fused.bounds[role]
-        norm = fused.norm if fused.raw is x else None
         if role == 0:
-            y = linear(x, fused.weight, fused.bias, norm=norm)
+            y = linear(x, fused.weight, fused.bias)
             fused.pending = (x, y)
             return y[..., lo:hi]
         pending = fused.pending
@@ -325,84 +235,15 @@ class SkinnyQKV(SkinnyLinear):
             if role == len(fused.bounds) - 1:
                 fused.pending = None
             return pending[1][..., lo:hi]
-        return linear(x, self.weight, self.bias, norm=norm)
+        return linear(x, self.weight, self.bias)
 
 
-def _mlp_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """With `residual` (from a fused decoder layer only): residual + mlp(norm(residual + x)), the
-    sum, the norm and the final add inside the two kernels."""
-    if residual is not None:
-        hidden, total = gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act,
-                                norm=self._specgen_norm, add_to_input=residual)
-        return linear(hidden, self.down_proj.weight, add_to_output=total)
+def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     if _small(x):
         return self.down_proj(gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act))
     return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _decoder_forward(self, hidden_states: torch.Tensor, attention_mask=None, position_ids=None,
-                     past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
-    """A pre-norm decoder layer (Llama, Mistral, Qwen2, Qwen3, Gemma) for steps of at most MAX_ROWS
-    rows, with no norm or residual kernels of its own: the q/k/v kernel applies the input norm, the
-    gate/up kernel adds the attention output to the residual stream and applies the second norm, the
-    down kernel adds the MLP's output. The module's own forward otherwise."""
-    if not _small(hidden_states):
-        return self._specgen_class.forward(self, hidden_states, attention_mask=attention_mask,
-                                           position_ids=position_ids, past_key_values=past_key_values,
-                                           use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
-    fused = self.self_attn.q_proj._specgen_fused
-    fused.raw = hidden_states
-    attended, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                 position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
-                                 position_embeddings=position_embeddings, **kwargs)
-    fused.raw = None
-    return self.mlp(attended, residual=hidden_states)
-
-
-# Decoder layers whose forward is residual + attn(norm(x)), then residual + mlp(norm(.)), and nothing
-# else (transformers 5's interface), with the RMSNorm kind of their norms.
-_DECODERS = {"LlamaDecoderLayer": "llama", "MistralDecoderLayer": "llama", "Qwen2DecoderLayer": "llama",
-             "Qwen3DecoderLayer": "llama", "GemmaDecoderLayer": "gemma"}
-_NORM_CLASSES = {"llama": ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"),
-                 "gemma": ("GemmaRMSNorm",)}
-_DECODER_CLASSES: dict[type, type] = {}
-
-
-def _norm_spec(module, kind: str) -> tuple | None:
-    if type(module).__name__ not in _NORM_CLASSES[kind] or "forward" in vars(module):
-        return None
-    weight = getattr(module, "weight", None)
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not weight.is_contiguous() or eps is None:
-        return None
-    return weight, float(eps), kind
-
-
-def _fusable_decoder(module) -> tuple | None:
-    """(input norm, post-attention norm) of a decoder layer that can run fused, else None."""
-    kind = _DECODERS.get(type(module).__name__)
-    if kind is None or "forward" in vars(module) or _TRANSFORMERS_MAJOR < 5:
-        return None
-    if {name for name, _ in module.named_children()} != {"input_layernorm", "self_attn",
-                                                         "post_attention_layernorm", "mlp"}:
-        return None
-    if not isinstance(getattr(module.self_attn, "q_proj", None), SkinnyQKV) or not hasattr(module.mlp, "_specgen_act"):
-        return None
-    norms = (_norm_spec(module.input_layernorm, kind), _norm_spec(module.post_attention_layernorm, kind))
-    if None in norms or module.self_attn.q_proj.weight.dtype != module.mlp.gate_proj.weight.dtype:
-        return None
-    return norms
-
-
-def _transformers_major() -> int:
-    try:
-        import transformers
-        return int(transformers.__version__.split(".")[0])
-    except Exception:  # noqa: BLE001 - no transformers: nothing to fuse
-        return 0
-
-
-_TRANSFORMERS_MAJOR = _transformers_major()
 _MLP_CLASSES: dict[type, type] = {}
 
 
@@ -469,19 +310,6 @@ def install(model) -> int:
             module._specgen_act = act
             module.__class__ = _MLP_CLASSES[base]
             switched += 1
-    if os.environ.get("SPECGEN_FUSE_NORMS", "1") != "0":
-        for module in model.modules():
-            norms = None if hasattr(module, "_specgen_class") else _fusable_decoder(module)
-            if norms is None:
-                continue
-            base = type(module)
-            if base not in _DECODER_CLASSES:
-                _DECODER_CLASSES[base] = type(f"Skinny{base.__name__}", (base,), {"forward": _decoder_forward})
-            module.self_attn.q_proj._specgen_fused.norm = norms[0]
-            module.mlp._specgen_norm = norms[1]
-            module._specgen_class = base
-            module.__class__ = _DECODER_CLASSES[base]
-            switched += 1
     return switched
 
 
@@ -490,7 +318,7 @@ def uninstall(model) -> None:
         base = module.__dict__.pop("_specgen_class", None)
         if base is not None:  # fused q/k/v weights stay views of one buffer: same values
             module.__class__ = base
-            for key in ("_specgen_act", "_specgen_fused", "_specgen_role", "_specgen_norm"):
+            for key in ("_specgen_act", "_specgen_fused", "_specgen_role"):
                 module.__dict__.pop(key, None)
 
 
