@@ -2,6 +2,7 @@
 kernel configurations: which configuration each row count wants, and what bandwidth it reaches.
 
     python benchmarks/bench_linear.py [--rows 1,5] [--out linear.json]
+    python benchmarks/bench_linear.py --wide-k --rows 5 --shapes bench_down,...   # other tile shapes
 
 Shapes are Llama-3-8B's (bf16): q/o 4096x4096, k/v 1024x4096, fused q+k+v 6144x4096, gate+up 2 x 14336x4096 (fused with
 the activation), down 4096x14336, lm_head 128256x4096. GB/s counts weight bytes.
@@ -30,6 +31,10 @@ SHAPES = {"q_o": (4096, 4096), "k_v": (1024, 4096), "qkv": (6144, 4096), "gate_u
           "bench_lm_head": (16384, 768)}
 DOT_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4,), stages=(3, 4, 5))
 DEEP_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(256, 512), warps=(4, 8), stages=(4, 5, 6, 8))
+# one or two K tiles per program: every weight load in flight at once (the bench pair's narrow layers, K <= 2048)
+WIDE_K_GRID = dict(dot=(True,), block_n=(16, 32), block_k=(512, 1024, 2048), warps=(4, 8), stages=(1, 2))
+# the register path with every row and a software-pipelined K walk
+PIPELINED_GEMV_GRID = dict(dot=(False,), block_n=(2, 4), block_k=(128, 256, 512), warps=(4,), stages=(2, 3, 4))
 GEMV_GRID = dict(dot=(False,), block_n=(2, 4, 8), block_k=(1024, 2048), warps=(4, 8), stages=(1,))
 L2_BYTES = 256 * 2**20  # weight copies per timing: more than any L2
 
@@ -37,9 +42,15 @@ L2_BYTES = 256 * 2**20  # weight copies per timing: more than any L2
 SMALL_ROWS_GEMV_GRID = dict(dot=(False,), block_n=(1, 2, 4), block_k=(64, 128, 256), warps=(2, 4), stages=(1,))
 
 
-def configs(rows: int, deep: bool = False):
+def configs(rows: int, deep: bool = False, wide_k: bool = False):
     if deep:  # deeper pipelines and longer K tiles (more bytes in flight per SM)
         yield from itertools.product(*DEEP_GRID.values())
+        return
+    if wide_k:  # and the default configurations, for comparison
+        yield from itertools.product(*WIDE_K_GRID.values())
+        yield from itertools.product(*PIPELINED_GEMV_GRID.values())
+        yield L.NARROW
+        yield L.WIDE
         return
     yield from itertools.product(*DOT_GRID.values())
     if rows == 1:
@@ -78,6 +89,8 @@ def main() -> None:
     parser.add_argument("--rows", default="1,5")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--deep", action="store_true", help="sweep DEEP_GRID instead")
+    parser.add_argument("--wide-k", action="store_true",
+                        help="sweep WIDE_K_GRID and PIPELINED_GEMV_GRID (and the defaults) instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -105,7 +118,7 @@ def main() -> None:
             expected = torch_fn(0).float()
             torch_us = graph_us(torch_fn, copies)
             best = None
-            for config in configs(rows, args.deep):
+            for config in configs(rows, args.deep, args.wide_k):
                 try:
                     got = kernel_fn(0, config).float()
                 except Exception as exc:  # noqa: BLE001 (out of resources: skip the configuration)
