@@ -103,7 +103,7 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
     """(sample, cut) for speculation.draft_sampling: whether the draft draws from q (else its argmax,
     q one-hot), and whether q has the request's top-k / top-p / min-p (else temperature only).
     auto: greedy requests take the argmax; sampled ones draw, and a request cut by top-p alone
-    drafts without the cut. On the bench pair at t 0.8 / top-p 0.95 and k = 4 that was 1.26-1.33x
+    drafts without the cut. On the bench pair at t 0.8 / top-p 0.95 and k = 4 that was 1.24-1.33x
     target-only against 1.17-1.20x with the cut, at the same acceptance (docs/benchmarks.md,
     "Temperature drafts");
     with top-k or min-p too, the wider q costs more acceptance, so those keep the cut."""
