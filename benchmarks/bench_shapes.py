@@ -2,6 +2,7 @@
 step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth floor.
 
     python benchmarks/bench_shapes.py [--variants eager,graph-kernel,compile-kernel] [--out shapes.json]
+        [--inductor 'default;triton.multi_kernel=2']  (compiled variants: one row per inductor set)
 
 Variants: eager (SDPA), graph-<attention> (CUDA graph), compile-<attention> (torch.compile + CUDA
 graph), where <attention> is kernel (gpu/attention.py, over the live keys) or sdpa (over the whole
@@ -113,12 +114,31 @@ def kernel_table(runner: GraphRunner, steps: int = 20) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
 
 
+def inductor_set(text: str) -> dict:
+    """'a.b=2,c=True' -> {"a.b": 2, "c": True}; '' or 'default' -> {}."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if item == "default":
+            continue
+        key, _, value = item.partition("=")
+        out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), None)
+        if out[key.strip()] is None:
+            try:
+                out[key.strip()] = int(value)
+            except ValueError:
+                out[key.strip()] = float(value) if value.replace(".", "", 1).isdigit() else value.strip()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--variants", default="eager,graph-sdpa,graph-kernel", help="comma-separated, see above")
     parser.add_argument("--profile", action="store_true", help="kernel table of each variant's 1-token step")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--inductor", default="",
+                        help="torch._inductor.config sets for the compiled variants, `;` between sets, `,` within "
+                             "one: 'default;triton.multi_kernel=2;combo_kernels=True' (each set is a row per variant)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     model = random_model(LLAMA3_8B)
@@ -131,7 +151,12 @@ def main() -> None:
     probe = torch.randint(0, LLAMA3_8B["vocab_size"], (5,), device="cuda")
     reference = step_logits(GraphRunner(model, LLAMA3_8B["vocab_size"], 1024, **VARIANTS["eager"]), probe)
     names = args.variants.split(",") + (["compile-kernel"] if args.compile else [])
-    variants = [(name, VARIANTS[name]) for name in dict.fromkeys(names)]
+    variants = []
+    for name in dict.fromkeys(names):
+        sets = [inductor_set(text) for text in args.inductor.split(";")] if VARIANTS[name].get("compile") else [{}]
+        for settings in sets:
+            label = name + "".join(f" {key}={value}" for key, value in settings.items())
+            variants.append((label, {**VARIANTS[name], **({"inductor": settings} if settings else {})}))
     for name, kwargs in variants:
         torch._dynamo.reset()  # every compiled variant traces afresh (no reuse of another's code)
         start = time.perf_counter()

@@ -80,10 +80,17 @@ class FusedRound:
                              for n in (1, 2)} if draft is not None else {}
         if not self.greedy:
             self.uniform = torch.ones(k, dtype=torch.float32, device=device)
-            self.expo_target = torch.ones(1, width, dtype=torch.float32, device=device)
+            # Exp(1) rows: one per draft step (sampled drafts), then the target's recovery row, in
+            # one buffer so that a single clamp covers them all (draw())
+            self.noise = torch.ones(k * self.sample + 1, width, dtype=torch.float32, device=device)
+            self.expo_target = self.noise[-1:]
+            self.expo_draft = self.noise[:-1]
         if self.sample:
-            self.expo_draft = torch.ones(k, width, dtype=torch.float32, device=device)
             self.q = torch.zeros(k, width, dtype=torch.float32, device=device)
+        # what the host reads after a round, staged inside the graph so that it takes one copy per
+        # dtype: [verify output (k+1) | drafts (k)] and [p(d_i) (k) | q(d_i) (k, sampled drafts)]
+        self.stage_ids = torch.zeros(2 * k + 1, dtype=torch.long, device=device)
+        self.stage_p = None if self.greedy else torch.zeros(k * (1 + self.sample), dtype=torch.float32, device=device)
         self.graph = None
         self.generation = ()
         self.raws: list = []
@@ -149,14 +156,17 @@ class FusedRound:
     # -- a round ----------------------------------------------------------------------------------
 
     def draw(self, gen: torch.Generator) -> None:
-        """The round's random numbers, in the core loop's order and shapes, drawn in place."""
+        """The round's random numbers, in the core loop's order and shapes, drawn in place: the
+        values of sampling.exponentials_ per row, with its clamp done once for all rows (the clamp
+        draws nothing, so the generator moves exactly as in the core loop)."""
         if self.greedy:
             return
         if self.sample:
             for i in range(self.k):
-                sampling.exponentials_(self.expo_draft[i : i + 1], gen)
+                self.expo_draft[i : i + 1].exponential_(generator=gen)
         sampling.uniforms_(self.uniform, gen)
-        sampling.exponentials_(self.expo_target, gen)
+        self.expo_target.exponential_(generator=gen)
+        self.noise.clamp_min_(sampling.MIN_EXPONENTIAL)
 
     def ready(self) -> bool:
         """Captured (or capturable now), or running eagerly by design; False after a failed capture."""
@@ -193,6 +203,13 @@ class FusedRound:
         state = gen.get_state()
         self.draw(gen)
         return state
+
+    def queue_copies(self, host_ids: torch.Tensor, host_probs: torch.Tensor) -> None:
+        """The round's results into the decoder's pinned buffers, in GraphDecoder._fetch's layout
+        (non-blocking; the round's timing events are recorded after these)."""
+        host_ids[: self.stage_ids.numel()].copy_(self.stage_ids, non_blocking=True)
+        if self.stage_p is not None and self.stage_p.numel():
+            host_probs[: self.stage_p.numel()].copy_(self.stage_p, non_blocking=True)
 
     def _generations(self) -> tuple:
         return tuple(getattr(r, "generation", 0) for r in (self.target, self.draft) if r is not None)
@@ -235,6 +252,10 @@ class FusedRound:
             out = verifier.verify_random(self.drafts, cu, q, probs, self.uniform, self.expo_target, k)
             index = self.index
             target_p = probs[index, self.drafts]
+            picked = [target_p, self.q[index, self.drafts]] if self.sample else [target_p]
+            self.raws += picked
+            torch.cat(picked, out=self.stage_p)
+        torch.cat([out[0], self.drafts], out=self.stage_ids)  # before the rollback rewrites feed[0]
         self._roll_back(out)
         mark()
         return out, target_p

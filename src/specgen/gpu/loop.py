@@ -289,7 +289,7 @@ class GraphDecoder(Decoder):
                 self.fused_active = True
             kept = self.target.length + 1
             proposal = fused.launch(gen, clock, drawn=self.predrawn is not None)
-            self._queue_copies(fused.out, proposal, fused.target_p)
+            fused.queue_copies(self.host_ids, self.host_probs)
             clock.finish()
             self.predrawn = fused.predraw(gen) if PREDRAW else None  # the next round's draws, behind this one
             return _Launched(proposal, fused.k, kept, fused.target_logits, fused.rows, fused.out, fused=True)

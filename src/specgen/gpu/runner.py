@@ -71,22 +71,53 @@ def step_attention(tokens: int):
 AUTOTUNE = {"coordinate_descent_tuning": True, "max_autotune_gemm": True}
 
 
+PERSISTENT = "specgen.persistent_reductions"  # an inductor_settings key of our own, see below
+
+
 @contextlib.contextmanager
 def inductor_settings(settings: dict):
-    """torch._inductor.config values set for the duration (compiles happen lazily, at first call)."""
+    """torch._inductor.config values set for the duration (compiles happen lazily, at first call).
+    The key PERSISTENT (an int) makes inductor keep rows of up to that many elements in registers
+    (one pass) for reductions it would otherwise loop over, see persistent_reductions()."""
     if not settings:
         yield
         return
     import torch._inductor.config as config
 
-    saved = {key: getattr(config, key) for key in settings}
-    try:
-        for key, value in settings.items():
-            setattr(config, key, value)
+    settings = dict(settings)
+    limit = settings.pop(PERSISTENT, 0)
+    with config.patch(settings), persistent_reductions(limit):  # dotted names too ("triton.multi_kernel")
         yield
-    finally:
-        for key, value in saved.items():
-            setattr(config, key, value)
+
+
+@contextlib.contextmanager
+def persistent_reductions(limit: int):
+    """Inductor's choice between a persistent reduction (the whole row in registers, one pass) and
+    a looped one, widened to rows of up to `limit` elements. Its own threshold is 1024 for inner
+    reductions: a Llama-3-8B decode step's residual add + RMSNorm over 4096 values is then a
+    looped kernel that reads its row twice. Installed as inductor's choices handler."""
+    if not limit:
+        yield
+        return
+    from torch._inductor.virtualized import V
+
+    base = type(V.choices)
+
+    class Wider(base):
+        @staticmethod
+        def should_use_persistent_reduction(*args, **kwargs) -> bool:
+            if base.should_use_persistent_reduction(*args, **kwargs):
+                return True
+            features = kwargs["features"] if "features" in kwargs else args[0]
+            cooperative = kwargs.get("cooperative_reduction", args[1] if len(args) > 1 else False)
+            import torch._inductor.config as config
+
+            if cooperative or not config.triton.persistent_reductions:
+                return False
+            return V.graph.sizevars.statically_known_leq(features.reduction_numel, limit)
+
+    with V.set_choices_handler(Wider()):
+        yield
 
 
 def cache_dir() -> Path:
@@ -161,12 +192,13 @@ class GraphRunner:
     kernel for steps (None: on CUDA where the model allows it, see DECODE_ATTENTION); linear: run
     linear layers of short steps through gpu/linear.py (None: on CUDA, see LINEAR_KERNEL; only this
     runner's calls take it, not other users of the same model object); autotune: compile with
-    AUTOTUNE's inductor settings.
+    AUTOTUNE's inductor settings; inductor: more torch._inductor.config values for its compiles
+    (benchmarks/bench_shapes.py --inductor).
     """
 
     def __init__(self, model, width: int, capacity: int, shapes=(), compile: bool = False,
                  progress=None, use_graphs: bool = True, name: str = "model", attention: bool | None = None,
-                 autotune: bool = False, linear: bool | None = None):
+                 autotune: bool = False, linear: bool | None = None, inductor: dict | None = None):
         self.model = model
         self.width = width  # logits columns handed out, as in EagerRunner
         self.device = model.get_output_embeddings().weight.device
@@ -185,6 +217,7 @@ class GraphRunner:
             linear_module.install(model)
         self.step = self._step
         self.autotune = compile and autotune
+        self.inductor = {**(AUTOTUNE if self.autotune else {}), **(inductor or {})} if compile else {}
         if compile:
             cache_dir()
             _raise_recompile_limit()
@@ -285,7 +318,7 @@ class GraphRunner:
         for i, n in enumerate(shapes):
             if self.progress is not None:
                 self.progress(i, len(shapes), f"{self.name}: {n}-token step")
-            with inductor_settings(AUTOTUNE if self.autotune else {}):  # a shape compiles in its warm-ups
+            with inductor_settings(self.inductor):  # a shape compiles in its warm-ups
                 self.graphs[n] = self._capture(n)
         if shapes and self.progress is not None:
             self.progress(len(shapes), len(shapes), f"{self.name}: ready")
