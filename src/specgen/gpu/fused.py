@@ -23,7 +23,9 @@ What makes a whole round static:
   row), so a seed gives the same text on every path. After a fused round's replay the decoder
   draws the next round's numbers (predraw), queued behind the replay, so their launches overlap
   the round on the device; if the next round turns out not to be fused, the generator goes back
-  to its state before those draws.
+  to its state before those draws. The round's Exp(1) rows share one buffer and one clamp;
+- what the host reads (verify output, drafts, p(d_i), q(d_i)) is staged by the graph into two
+  static buffers, so a round ends with one device-to-host copy per dtype and no host-side gather.
 
 Rounds that do not fit (penalties, min_tokens masks, the last rounds that draft fewer than k,
 prompts of one token, adaptive k or draft_p_min proposers, n-gram) run GraphDecoder's per-phase
