@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_fast_path.sh kernel  # decode-attention kernel: CUDA tests, step profiles vs SDPA, 8B shapes
 #   bash benchmarks/gpu_fast_path.sh final   # every CUDA test (compile too), start-up with/without compile
 #   bash benchmarks/gpu_fast_path.sh linear  # linear kernel: tests, configurations vs cuBLAS, 8B shapes
+#   bash benchmarks/gpu_fast_path.sh rope    # rotary inside the attention kernel: its tests in full, 8B shapes both ways
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-.out}
@@ -17,6 +18,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)" | tee -a "$OUT/device.txt"
 
 case "${1:-check}" in
+rope)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=long tests/test_attention.py 2>&1 \
+    | tee "$OUT/pytest_attention.txt" | tail -80
+  for r in kernel torch; do
+    SPECGEN_ROPE=$r timeout 190 python3 benchmarks/bench_shapes.py --variants compile-linear --profile \
+      --out "$OUT/shapes_rope_$r.json" 2>&1 | grep -v -i warn | tee "$OUT/shapes_rope_$r.txt" | grep -E "^\{|floor"
+  done
+  ;;
 check)
   timeout 170 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_gpu.py 2>&1 | tee "$OUT/pytest.txt" | tail -25
   timeout 80 python3 benchmarks/gpu_check.py --out "$OUT/check.json" 2>&1 | tail -40

@@ -76,10 +76,11 @@ def test_kernel_ignores_keys_past_each_token():
 
 
 def _tiny(family: str, **extra):
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     classes = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig, MistralForCausalLM),
-               "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+               "qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
     config_cls, model_cls = classes[family]
     config = config_cls(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -92,14 +93,22 @@ def _feed(runner, ids: list[int]) -> torch.Tensor:
     return runner.forward(torch.tensor(ids, dtype=torch.long, device=DEVICE)).clone()
 
 
-@pytest.mark.parametrize("family,extra", [("llama", {}), ("mistral", {"sliding_window": 24}), ("qwen2", {})])
-def test_runner_with_kernel_equals_sdpa(family, extra, monkeypatch):
-    """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits."""
+@pytest.mark.parametrize("rope", [False, True], ids=["model-rotary", "kernel-rotary"])
+@pytest.mark.parametrize("family,extra", [("llama", {}), ("mistral", {"sliding_window": 24}), ("qwen2", {}),
+                                          ("qwen3", {"head_dim": 16})])
+def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
+    """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits, with
+    the model's own rotary + cache update or with both inside the kernel (SPECGEN_ROPE=kernel)."""
+    from specgen.gpu import runner as runner_module
     from specgen.gpu.runner import GraphRunner
+
+    monkeypatch.setattr(runner_module, "ROPE_IN_KERNEL", rope)
 
     calls = []
     real = attention.decode_attention
-    monkeypatch.setattr(attention, "decode_attention", lambda *a: calls.append(a[0].shape[2]) or real(*a))
+    rotated = []
+    monkeypatch.setattr(attention, "decode_attention",
+                        lambda *a: calls.append(a[0].shape[2]) or rotated.append(len(a) > 6) or real(*a))
 
     model = _tiny(family, **extra)
     kernel = GraphRunner(model, 96, 600, use_graphs=False, attention=True)
@@ -121,6 +130,9 @@ def test_runner_with_kernel_equals_sdpa(family, extra, monkeypatch):
         outputs.append(logits)
     steps = [1, len(prompt)] + [n for n in script if n > 0]  # allocation, prefill (<= 64), steps
     assert calls == [n for n in steps for _layer in range(2)]  # the kernel runner's, every layer
+    # the first call allocates the cache through the model's own forward; after it, the kernel
+    # rotates and writes the new keys itself (runner.ROPE_IN_KERNEL, attention.install_rope)
+    assert rotated == [False] * 2 + [rope] * (len(calls) - 2)
     for got, want in zip(*outputs):
         assert got.shape == want.shape
         assert (got - want).abs().max().item() < 1e-4
@@ -263,3 +275,64 @@ def test_autotune_comes_from_the_profile_and_cli(tmp_path):
     assert overrides(autotune=True, compile=True) == {"speculation.autotune": True, "speculation.compile": True}
     assert load_profile("demo", {"speculation.autotune": True}).speculation.autotune
     assert not load_profile("demo", {}).speculation.autotune
+
+
+ROPE_CASES = [  # batch, heads, kv heads, tokens, head dim, capacity, position, window
+    (1, 12, 4, 5, 64, 640, 300, 0),  # k = 4 verification, 10 splits
+    (1, 4, 4, 1, 64, 64, 5, 0),  # 1-token step, one split
+    (1, 8, 2, 5, 32, 512, 62, 0),  # the 5 new keys straddle two 64-key splits
+    (1, 8, 2, 9, 64, 600, 250, 100),  # sliding window
+    (2, 4, 2, 3, 16, 256, 100, 0),  # batch 2 with per-sequence cos/sin
+]
+
+
+def _rope_inputs(case, dtype, seed=0):
+    batch, heads, kv_heads, tokens, dim, capacity, position, _ = case
+    query, key, value, position_t = _inputs(case, dtype, seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    # new keys/values as the projections make them: [B, q, KVH, D] transposed
+    k_new = torch.randn(batch, tokens, kv_heads, dim, generator=gen).transpose(1, 2).to(dtype).to(DEVICE)
+    v_new = torch.randn(batch, tokens, kv_heads, dim, generator=gen).transpose(1, 2).to(dtype).to(DEVICE)
+    angles = (position + torch.arange(tokens))[:, None] * 10000.0 ** (-torch.arange(dim // 2) / (dim // 2))
+    angles = torch.cat([angles, angles], dim=-1)[None].expand(batch, tokens, dim)
+    angles = angles + 0.1 * torch.arange(batch)[:, None, None]  # a different embedding per sequence
+    cos, sin = (f(angles).to(dtype).contiguous().to(DEVICE) for f in (torch.cos, torch.sin))
+    return query, key, value, position_t, k_new, v_new, cos, sin
+
+
+@pytest.mark.parametrize("case", ROPE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_kernel_rotates_writes_the_cache_and_attends(case, dtype):
+    """The kernel's rotary embedding and cache write against the reference: the cache after the
+    call holds the rotated new keys and the new values at position + t (bit for bit in float32 up
+    to the rotation's rounding), nothing else changes, and the output matches."""
+    query, key, value, position, k_new, v_new, cos, sin = _rope_inputs(case, dtype)
+    window, scale = case[-1], case[4] ** -0.5
+    ref, ref_key, ref_value = attention.rope_attention_reference(query, k_new, v_new, cos, sin, key, value,
+                                                                 position, scale, window)
+    out = decode_attention(query, key, value, position, scale, window, (k_new, v_new, cos, sin))
+    assert torch.equal(value, ref_value)  # values are copied as they are
+    step = 2e-6 if dtype == torch.float32 else 2.0 ** -7
+    scale_of = ref_key.float().abs().amax().item()
+    assert (key.float() - ref_key.float()).abs().max().item() <= step * max(1.0, scale_of)
+    if dtype == torch.float32:
+        assert (key - ref_key).abs().max().item() < 1e-5
+    assert out.shape == ref.shape
+    tol = 2e-5 if dtype == torch.float32 else 4 * 2.0 ** -7
+    assert (out.float() - ref.float()).abs().max().item() < tol
+
+
+def test_rope_kernel_equals_rotating_first():
+    """Rotating inside the kernel equals rotating with the reference, writing the cache, then the
+    plain kernel (float32)."""
+    case = ROPE_CASES[2]
+    query, key, value, position, k_new, v_new, cos, sin = _rope_inputs(case, torch.float32, seed=3)
+    scale = case[4] ** -0.5
+    fused_key, fused_value = key.clone(), value.clone()
+    fused = decode_attention(query, fused_key, fused_value, position, scale, 0, (k_new, v_new, cos, sin))
+    at = int(position) + torch.arange(case[3], device=DEVICE)
+    key[:, :, at] = attention.rotate_reference(k_new, cos, sin)
+    value[:, :, at] = v_new
+    plain = decode_attention(attention.rotate_reference(query, cos, sin), key, value, position, scale)
+    assert (fused_key - key).abs().max().item() < 1e-5 and torch.equal(fused_value, value)
+    assert (fused - plain).abs().max().item() < 1e-5

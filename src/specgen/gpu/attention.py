@@ -15,6 +15,10 @@ several write normalised partial outputs and their log-sum-exp, and _combine_ker
 Query token t sits at position + t and sees keys n with n <= position + t (and, with a sliding
 window w, n > position + t - w, the mask transformers applies).
 
+With rope (install_rope, runner.ROPE_IN_KERNEL, SPECGEN_ROPE=kernel; off by default), the query and
+the step's new keys arrive before their rotary embedding: the kernel rotates them, and each split
+writes the new keys and values that fall in its key range into the cache before reading it.
+
 Hooked into transformers as the attention implementation "specgen" (AttentionInterface). The
 runner passes `specgen_position` to the model; without it (prefill, Hugging Face's own calls on
 the same model object) the function is plain SDPA with the SDPA mask, which is also what the
@@ -81,6 +85,82 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     return decode_attention(query, key, value, specgen_position, scale, sliding_window or 0), None
 
 
+# -- rotary embedding and the cache write inside the kernel ---------------------------------------
+
+# Attention modules whose forward is q/k/v projections -> (Qwen3: per-head q/k RMSNorm) -> rotate-half
+# rotary embedding -> cache update -> attention -> o_proj, which _rope_forward reproduces.
+ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
+_ROPE_TYPES: dict[type, type] = {}
+
+
+def install_rope(model) -> int:
+    """Give the model's attention modules a forward that, in a runner's step (specgen_position
+    passed), hands the un-rotated query, new keys and values to the kernel, which rotates them and
+    writes the cache itself: two fewer kernels a layer (the rotary and cache-update kernels) under
+    torch.compile. Other calls, and modules of other classes, keep their own forward. Returns how
+    many modules were switched; idempotent."""
+    switched = 0
+    for module in model.modules():
+        base = type(module)
+        if base.__name__ not in ROPE_CLASSES or "_specgen_rope_base" in vars(module):
+            continue
+        if not all(hasattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_idx")):
+            continue
+        if base not in _ROPE_TYPES:
+            _ROPE_TYPES[base] = type(f"Rope{base.__name__}", (base,), {"forward": _rope_forward})
+        module._specgen_rope_base = base
+        module.__class__ = _ROPE_TYPES[base]
+        switched += 1
+    return switched
+
+
+def uninstall_rope(model) -> None:
+    for module in model.modules():
+        base = module.__dict__.pop("_specgen_rope_base", None)
+        if base is not None:
+            module.__class__ = base
+
+
+@functools.cache
+def _positional_names(base: type) -> tuple:
+    """The names of base.forward's parameters after hidden_states that a caller may pass by position."""
+    import inspect
+
+    params = list(inspect.signature(base.forward).parameters.values())[2:]  # after self, hidden_states
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in params if p.kind in kinds)
+
+
+def _rope_forward(self, hidden_states, *args, **kwargs):
+    base = self._specgen_rope_base
+    if args:  # the model's own forward takes them as they came; ours reads them by name
+        return base.forward(self, hidden_states, *args, **kwargs) if len(args) > len(_positional_names(base)) \
+            else _rope_forward(self, hidden_states, **dict(zip(_positional_names(base), args)), **kwargs)
+    position = kwargs.get("specgen_position")
+    embeddings = kwargs.get("position_embeddings")
+    cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
+    layers = getattr(cache, "layers", None)
+    layer = layers[self.layer_idx] if layers is not None and self.layer_idx < len(layers) else None
+    tokens = hidden_states.shape[1]
+    if (position is None or embeddings is None or layer is None or not getattr(layer, "is_initialized", False)
+            or tokens > MAX_GRAPH_QUERY or embeddings[0].shape[-1] != self.head_dim
+            or kwargs.get("s_aux") is not None):
+        return base.forward(self, hidden_states, **kwargs)
+    batch, dim = hidden_states.shape[0], self.head_dim
+    query = self.q_proj(hidden_states).view(batch, tokens, -1, dim)
+    key = self.k_proj(hidden_states).view(batch, tokens, -1, dim)
+    value = self.v_proj(hidden_states).view(batch, tokens, -1, dim)
+    if hasattr(self, "q_norm"):  # Qwen3: RMSNorm over each head, before the rotary embedding
+        query, key = self.q_norm(query), self.k_norm(key)
+    cos, sin = embeddings
+    window = getattr(self, "sliding_window", None)
+    if window is None and base.__name__ == "MistralAttention":  # it passes the config's window per call
+        window = getattr(self.config, "sliding_window", None)
+    out = decode_attention(query.transpose(1, 2), layer.keys, layer.values, position, self.scaling, window or 0,
+                           (key.transpose(1, 2), value.transpose(1, 2), cos, sin))
+    return self.o_proj(out.reshape(batch, tokens, -1)), None
+
+
 def decode_attention(
     query: torch.Tensor,  # [B, H, q, D]
     key: torch.Tensor,  # [B, KVH, C, D]
@@ -88,7 +168,12 @@ def decode_attention(
     position: torch.Tensor,  # [] int64: where query token 0 sits
     scale: float,
     window: int = 0,  # sliding window (0: none)
+    rope: tuple | None = None,  # (new keys, new values, cos, sin): see below
 ) -> torch.Tensor:  # [B, q, H, D]
+    """With rope = (k_new [B, KVH, q, D], v_new [B, KVH, q, D], cos [B, q, D], sin [B, q, D]): the
+    query and the new keys come before their rotary embedding, and the kernel rotates them
+    (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
+    position + t before attending. Otherwise the cache holds them already and the query is rotated."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0
@@ -108,12 +193,22 @@ def decode_attention(
         part = torch.empty(batch, heads, tokens, splits, dim, dtype=torch.float32, device=query.device)
         lse = torch.empty(batch, heads, tokens, splits, dtype=torch.float32, device=query.device)
     grid = (batch * kv_heads, triton.cdiv(rows, block_m), splits)
+    if rope is None:
+        k_new = v_new = cos = sin = query  # unused
+        new_strides = (0,) * 8
+    else:
+        k_new, v_new, cos, sin = rope
+        assert k_new.shape == v_new.shape == (batch, kv_heads, tokens, dim) and dim % 2 == 0
+        assert cos.shape == sin.shape == (cos.shape[0], tokens, dim) and cos.stride() == sin.stride()
+        assert k_new.stride(-1) == v_new.stride(-1) == cos.stride(-1) == 1
+        new_strides = (*k_new.stride()[:3], *v_new.stride()[:3], 0 if cos.shape[0] == 1 else cos.stride(0), cos.stride(1))
     _split_kernel[grid](
-        query, key, value, position, out, part, lse,
-        *query.stride()[:3], *key.stride()[:3], *value.stride()[:3],
+        query, key, value, position, out, part, lse, k_new, v_new, cos, sin,
+        *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides,
         kv_heads, group, tokens, dim, capacity, scale * 1.4426950408889634,
         WINDOW=window, SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        F32_DOT=query.dtype == torch.float32 or _INTERPRETED, num_warps=4,
+        F32_DOT=query.dtype == torch.float32 or _INTERPRETED, ROPE=rope is not None,
+        BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
     )
     if splits > 1:
         _combine_kernel[(batch * heads * tokens,)](
@@ -141,6 +236,24 @@ def decode_attention_reference(query, key, value, position, scale, window: int =
     return out.transpose(1, 2).to(query.dtype)  # [B, q, H, D]
 
 
+def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, N, q, D] * cos + rotate_half(x) * sin (cos, sin [B, q, D]) in float32, one rounding."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos.float()[:, None] + rotated * sin.float()[:, None]).to(x.dtype)
+
+
+def rope_attention_reference(query, k_new, v_new, cos, sin, key, value, position, scale, window: int = 0):
+    """decode_attention with rope, in plain torch on copies of the cache: (out, key, value)."""
+    key, value = key.clone(), value.clone()
+    at = int(position) + torch.arange(query.shape[2], device=query.device)
+    key[:, :, at] = rotate_reference(k_new, cos, sin)
+    value[:, :, at] = v_new
+    out = decode_attention_reference(rotate_reference(query, cos, sin), key, value, position, scale, window)
+    return out, key, value
+
+
 # -- kernels ----------------------------------------------------------------------------------------
 
 
@@ -153,12 +266,19 @@ def _split_kernel(
     out_ptr,  # [B, q, H, D] contiguous (SPLITS == 1)
     part_ptr,  # [B, H, q, SPLITS, D] float32 (SPLITS > 1)
     lse_ptr,  # [B, H, q, SPLITS] float32, base 2 (SPLITS > 1)
+    kn_ptr,  # [B, KVH, q, D] new keys before rotary (ROPE)
+    vn_ptr,  # [B, KVH, q, D] new values (ROPE)
+    cos_ptr,  # [B or 1, q, D] (ROPE)
+    sin_ptr,  # [B or 1, q, D] (ROPE)
     sqb, sqh, sqt,
     skb, skh, skn,
     svb, svh, svn,
+    snkb, snkh, snkt,
+    snvb, snvh, snvt,
+    scb, sct,
     kv_heads, group, tokens, dim, capacity, scale_log2,
     WINDOW: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, ROPE: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     bkv = tl.program_id(0)
     b = bkv // kv_heads
@@ -174,6 +294,36 @@ def _split_kernel(
     at = position + t  # [M] each row's own position
     q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
+    if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
+        half = dim // 2
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + partner[None, :],
+                            mask=q_mask, other=0.0)
+        trig = b * scb + t[:, None] * sct + d[None, :]
+        cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
+        # the new keys and values whose positions fall in this split: rotated, into the cache
+        j = tl.arange(0, BLOCK_T)
+        at_new = position + j
+        first_key = split * SPLIT_KEYS
+        mine = (j < tokens) & (at_new >= first_key) & (at_new < first_key + SPLIT_KEYS) & (at_new < capacity)
+        new_mask = mine[:, None] & d_ok[None, :]
+        kn_base = kn_ptr + b * snkb + kvh * snkh + j[:, None] * snkt
+        kn = tl.load(kn_base + d[None, :], mask=new_mask, other=0.0).to(tl.float32)
+        kn_partner = tl.load(kn_base + partner[None, :], mask=new_mask, other=0.0).to(tl.float32)
+        trig = b * scb + j[:, None] * sct + d[None, :]
+        cos = tl.load(cos_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
+        kr = kn * cos + sign[None, :] * kn_partner * sin
+        tl.store(k_ptr + b * skb + kvh * skh + at_new[:, None] * skn + d[None, :], kr.to(k_ptr.dtype.element_ty),
+                 mask=new_mask)
+        vn = tl.load(vn_ptr + b * snvb + kvh * snvh + j[:, None] * snvt + d[None, :], mask=new_mask, other=0.0)
+        tl.store(v_ptr + b * svb + kvh * svh + at_new[:, None] * svn + d[None, :], vn.to(v_ptr.dtype.element_ty),
+                 mask=new_mask)
+        tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
 
     lo = (split * SPLIT_KEYS).to(tl.int64)
     hi = tl.minimum(lo + SPLIT_KEYS, position + tokens)
