@@ -19,6 +19,7 @@ static cache (rolled back after each step), timed with CUDA events over 50 steps
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import statistics
 import time
@@ -121,12 +122,11 @@ def inductor_set(text: str) -> dict:
         if item == "default":
             continue
         key, _, value = item.partition("=")
-        out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), None)
-        if out[key.strip()] is None:
-            try:
-                out[key.strip()] = int(value)
-            except ValueError:
-                out[key.strip()] = float(value) if value.replace(".", "", 1).isdigit() else value.strip()
+        value = value.strip()
+        try:
+            out[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value
     return out
 
 

@@ -133,9 +133,11 @@ def _positional_names(base: type) -> tuple:
 
 def _rope_forward(self, hidden_states, *args, **kwargs):
     base = self._specgen_rope_base
-    if args:  # the model's own forward takes them as they came; ours reads them by name
-        return base.forward(self, hidden_states, *args, **kwargs) if len(args) > len(_positional_names(base)) \
-            else _rope_forward(self, hidden_states, **dict(zip(_positional_names(base), args)), **kwargs)
+    if args:  # read them by name, as the model's own forward would
+        names = _positional_names(base)
+        if len(args) > len(names):
+            return base.forward(self, hidden_states, *args, **kwargs)
+        kwargs = {**dict(zip(names, args)), **kwargs}
     position = kwargs.get("specgen_position")
     embeddings = kwargs.get("position_embeddings")
     cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
