@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_fast_path.sh kernel  # decode-attention kernel: CUDA tests, step profiles vs SDPA, 8B shapes
 #   bash benchmarks/gpu_fast_path.sh final   # every CUDA test (compile too), start-up with/without compile
 #   bash benchmarks/gpu_fast_path.sh linear  # linear kernel: tests, configurations vs cuBLAS, 8B shapes
-#   bash benchmarks/gpu_fast_path.sh rope    # rotary inside the attention kernel: its tests in full, 8B shapes both ways
+#   bash benchmarks/gpu_fast_path.sh rope    # rotary inside the attention kernel: logit diffs, its tests in full, 8B shapes both ways
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-.out}
@@ -19,6 +19,7 @@ python3 -c "import torch, transformers, triton; print(torch.__version__, transfo
 
 case "${1:-check}" in
 rope)
+  timeout 100 python3 benchmarks/rope_diffs.py 2>&1 | grep -v -i warn | tee "$OUT/rope_diffs.txt"
   timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=long tests/test_attention.py 2>&1 \
     | tee "$OUT/pytest_attention.txt" | tail -80
   for r in kernel torch; do

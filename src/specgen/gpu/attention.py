@@ -15,7 +15,7 @@ several write normalised partial outputs and their log-sum-exp, and _combine_ker
 Query token t sits at position + t and sees keys n with n <= position + t (and, with a sliding
 window w, n > position + t - w, the mask transformers applies).
 
-With rope (install_rope, runner.ROPE_IN_KERNEL, SPECGEN_ROPE=kernel; off by default), the query and
+With rope (install_rope, runner.ROPE_IN_KERNEL; SPECGEN_ROPE=torch turns it off), the query and
 the step's new keys arrive before their rotary embedding: the kernel rotates them, and each split
 writes the new keys and values that fall in its key range into the cache before reading it.
 

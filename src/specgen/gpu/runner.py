@@ -48,13 +48,12 @@ DECODE_ATTENTION = os.environ.get("SPECGEN_ATTENTION", "kernel") != "sdpa"
 # Linear layers of steps (up to gpu/linear.py's MAX_ROWS tokens) run through its weight-streaming
 # kernel on CUDA; SPECGEN_LINEAR=torch keeps F.linear (cuBLAS).
 LINEAR_KERNEL = os.environ.get("SPECGEN_LINEAR", "kernel") != "torch"
-# SPECGEN_ROPE=kernel: with the attention kernel, Llama / Mistral / Qwen2 / Qwen3 steps also hand it
-# the query and new keys before their rotary embedding, and it rotates them and writes the cache
-# (attention.install_rope): two fewer kernels a layer. Off by default: on the H200 it took a
-# Llama-3-8B step from 4.637 to 4.564 ms, but tests/test_attention.py's Mistral (sliding window)
-# runner test failed there once, cause not yet seen (docs/benchmarks.md, "Rotary embedding and
-# cache write inside the attention kernel").
-ROPE_IN_KERNEL = os.environ.get("SPECGEN_ROPE", "torch") == "kernel"
+# With the attention kernel, Llama / Mistral / Qwen2 / Qwen3 steps also hand it the query and new keys
+# before their rotary embedding, and it rotates them and writes the cache (attention.install_rope):
+# two fewer kernels a layer. On the H200 it took a Llama-3-8B step from 4.594 to 4.510 ms (1.215x to
+# 1.182x the bandwidth floor; docs/benchmarks.md, "Rotary embedding and cache write inside the
+# attention kernel"). SPECGEN_ROPE=torch keeps the model's own rotary and cache update.
+ROPE_IN_KERNEL = os.environ.get("SPECGEN_ROPE", "kernel") != "torch"
 
 
 def step_attention(tokens: int):
