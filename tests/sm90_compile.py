@@ -1,0 +1,400 @@
+"""Compile every Triton kernel that specgen's GPU wrappers launch for an H100/H200 (sm_90), on a CPU.
+
+Why: CI has no GPU, so there the kernels only run in the Triton interpreter (tests/triton_cpu.py),
+which does not type-check. A kernel whose loop-carried variable changes type ("Loop-carried variable
+x has initial type int32 but is re-assigned to int64 in loop") or shape passes every CPU test and
+fails on its first GPU launch. This script calls the wrappers (gpu/attention.py, linear.py,
+verify.py, warp.py) with CPU tensors, but with JITFunction.run replaced: each launch is specialised
+as Triton specialises a GPU launch (its own binder: an int argument equal to 1 becomes a constant,
+pointer alignment becomes a divisibility attribute), compiled for GPUTarget("cuda", 90, 32) up to
+STAGE, and not run. Outputs are garbage (torch.empty), which nothing reads.
+
+STAGE (SPECGEN_SM90_STAGE, default ttir): the errors above come from the front end (AST -> Triton
+IR): about 0.1 s a variant, 7 s for the ~80 variants below on a 2-core CPU (11 s with the imports).
+"ttgir" adds the sm_90 layout, matmul and pipelining passes (up to 4 s a variant, ~30 s in all);
+"llir" adds the lowering to LLVM IR (108 s in all); "ptx" and "cubin" add LLVM and ptxas (cubin:
+triton.compile itself, tens of seconds a variant). The stages are the nvidia backend's own
+(backend.add_stages), run in triton.compile's order; when this Triton's internals differ from
+3.9's, the script reports a skip with the reason.
+
+The GPU code path: TRITON_INTERPRET is removed from the environment before Triton is imported, so
+@triton.jit makes JITFunction objects and attention._INTERPRETED / linear._INTERPRETED are False
+(the bf16 tl.dot paths compile, F32_DOT = False); warp.py sizes its tiles by device type (large
+tiles for the interpreter), so the CUDA sizes are copied into the "cpu" entries.
+
+Run by tests/test_sm90_compile.py; by hand: `python tests/sm90_compile.py`. Prints one JSON object,
+the last line of stdout: {"triton", "stage", "skip" (null or why), "kernels" (every top-level
+*_kernel JITFunction of the four modules), "variants" (one per distinct compile: kernel,
+constexprs, specialized (runtime arguments Triton made constants), options, scenario, status,
+error, seconds), "scenario_errors", "selfcheck", "seconds"}.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+
+os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: JITFunction, not the interpreter
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+START = time.perf_counter()
+STAGE = os.environ.get("SPECGEN_SM90_STAGE", "ttir")
+ERROR_CHARS = 3000  # of each error message kept in the report
+
+
+# -- the compile harness --------------------------------------------------------------------------
+
+
+class Harness:
+    """Replaces JITFunction.run: specialise the launch as on a GPU, compile it up to STAGE for sm_90,
+    record the outcome once per distinct variant, launch nothing."""
+
+    def __init__(self):
+        # Triton internals (3.9); a missing name or another signature raises here -> skip, with the reason
+        from triton import knobs
+        from triton.backends.compiler import GPUTarget, Language
+        from triton.compiler.compiler import ASTSource, make_backend
+        from triton.runtime.jit import create_function_from_signature
+        from triton._C.libtriton import ir
+
+        self.target = GPUTarget("cuda", 90, 32)
+        self.backend = make_backend(self.target)
+        self.ASTSource, self.ir, self.knobs = ASTSource, ir, knobs
+        self.make_binder = create_function_from_signature  # (signature, params, backend) -> binder
+        self.pack_args = JITFunction._pack_args  # (fn, backend, kwargs, bound, specialization, options)
+        make_ir = list(inspect.signature(ASTSource.make_ir).parameters)
+        if make_ir != ["self", "target", "options", "codegen_fns", "module_map", "context"]:
+            raise TypeError(f"ASTSource.make_ir{tuple(make_ir[1:])}")
+        stages = {}
+        self.backend.add_stages(stages, self.backend.parse_options({}), Language.TRITON)
+        if STAGE not in stages:
+            raise ValueError(f"SPECGEN_SM90_STAGE={STAGE!r} is none of the nvidia backend's stages {list(stages)}")
+        self.binders = {}  # JITFunction -> Triton's argument binder for it
+        self.variants = {}  # key -> record
+        self.scenario = None  # label of the wrapper call in progress
+
+    def launch(self, fn, args, kwargs):
+        kwargs = dict(kwargs, debug=kwargs.get("debug", fn.debug) or self.knobs.runtime.debug)  # as JITFunction.run
+        if fn not in self.binders:
+            self.binders[fn] = self.make_binder(fn.signature, fn.params, self.backend)
+        bound, specialization, launch_options = self.binders[fn](*args, **kwargs)
+        options, signature, constexprs, attrs = self.pack_args(fn, self.backend, kwargs, bound, specialization,
+                                                               launch_options)
+        key = (fn.fn.__module__, fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
+               repr(sorted(attrs.items())), repr(options))
+        if key in self.variants:
+            return
+        declared = {p.name for p in fn.params if p.is_constexpr}
+        named = {fn.params[path[0]].name if len(path) == 1 else repr(path): value for path, value in constexprs.items()}
+        record = {
+            "kernel": f"{fn.fn.__module__}.{fn.__name__}",
+            "constexprs": {k: _plain(v) for k, v in named.items() if k in declared},
+            "specialized": {k: _plain(v) for k, v in named.items() if k not in declared},
+            "signature": {k: v for k, v in signature.items() if v != "constexpr"},
+            "options": {k: getattr(options, k) for k in ("num_warps", "num_stages", "num_ctas")},
+            "scenario": self.scenario,
+        }
+        begin = time.perf_counter()
+        try:
+            self.compile(fn, options, signature, constexprs, attrs)
+            record.update(status="ok", error=None)
+        except Exception as error:  # noqa: BLE001  (every compile error is a result)
+            record.update(status="error", error=_error_text(error))
+        record["seconds"] = round(time.perf_counter() - begin, 3)
+        self.variants[key] = record
+
+    def compile(self, fn, options, signature, constexprs, attrs):
+        """triton.compile's pipeline for an AST source, without its cache, stopping after STAGE."""
+        src = self.ASTSource(fn, signature, constexprs, attrs)
+        if STAGE == "cubin":  # everything: the real thing (its cache included)
+            triton.compile(src, target=self.target, options=options.__dict__)
+            return
+        context = self.ir.context()
+        self.ir.load_dialects(context)
+        self.backend.load_dialects(context)
+        module = src.make_ir(self.target, options, self.backend.get_codegen_implementation(options),
+                             self.backend.get_module_map(), context)
+        stages = {}
+        self.backend.add_stages(stages, options, src.language)
+        metadata = {"target": self.target, **options.__dict__}
+        for name, stage in stages.items():  # ttir, ttgir, llir, ptx, cubin
+            module = stage(module, metadata)
+            if name == STAGE:
+                return
+
+
+def _error_text(error: BaseException) -> str:
+    """The error and its causes, outermost first: an error inside a @triton.jit helper is raised
+    as a CompilationError at the call site whose cause holds the helper's own line and message."""
+    parts = []
+    while error is not None and len(parts) < 8:
+        parts.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return "\n-- caused by --\n".join(parts)[-ERROR_CHARS:]
+
+
+def _plain(value):
+    return value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
+
+
+HARNESS = None
+
+
+def _run(self, *args, grid, warmup=False, **kwargs):  # JITFunction.run
+    HARNESS.launch(self, args, kwargs)
+
+
+# -- self-check: the harness reports the bug class it exists for ----------------------------------
+
+
+@triton.jit
+def _selfcheck_int64_loop_kernel(ptr, n):
+    total = 0  # int32 ...
+    for i in range(n):
+        total += tl.load(ptr + i)  # ... re-assigned to int64 (ptr is int64): a GPU compile error
+    tl.store(ptr, total)
+
+
+@triton.jit
+def _selfcheck_shape_loop_kernel(ptr, n):
+    total = tl.load(ptr)  # a scalar ...
+    for i in range(n):
+        total += tl.load(ptr + tl.arange(0, 16))  # ... re-assigned to a [16] block
+    tl.store(ptr + tl.arange(0, 16), total)
+
+
+@triton.jit
+def _selfcheck_ok_kernel(ptr, n):
+    total = tl.zeros([], tl.int64)  # the fixed form of the first: compiles
+    for i in range(n):
+        total += tl.load(ptr + i)
+    tl.store(ptr, total)
+
+
+SELFCHECK = {  # kernel -> whether it must compile
+    _selfcheck_int64_loop_kernel: False,
+    _selfcheck_shape_loop_kernel: False,
+    _selfcheck_ok_kernel: True,
+}
+
+
+def selfcheck() -> dict:
+    """{name: {expect, status, error}} of the kernels above, launched as the wrappers' kernels are."""
+    out = {}
+    for kernel, compiles in SELFCHECK.items():
+        HARNESS.scenario = "selfcheck"
+        kernel[(1,)](torch.zeros(16, dtype=torch.int64), 16)
+        record = [r for r in HARNESS.variants.values() if r["kernel"].endswith("." + kernel.__name__)][-1]
+        out[kernel.__name__] = {"expect": "ok" if compiles else "error", "status": record["status"],
+                                "error": record["error"]}
+    for key in [k for k, r in HARNESS.variants.items() if r["scenario"] == "selfcheck"]:
+        del HARNESS.variants[key]
+    return out
+
+
+# -- the wrappers' launches: realistic shapes and every compile-time branch -----------------------
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+def attention_scenarios(attention):
+    """decode_attention as a Llama-3-8B layer calls it (32 heads, 8 KV heads, dim 128, batch 1):
+    1-token steps and k = 4 verifications (5 tokens), a cache of one 64-key split and one of 4
+    splits (merged by _combine_kernel), with the rotary embedding and cache write in the kernel or
+    not; then a sliding window (Mistral), float16,
+    and the block sizes of other shapes."""
+    batch = 1
+
+    def call(dtype, tokens, capacity, rope, window=0, heads=32, kv_heads=8, dim=128):
+        # query and new keys as the model makes them: [B, q, H, D] transposed, not contiguous
+        query = torch.empty(batch, tokens, heads, dim, dtype=dtype).transpose(1, 2)
+        key = torch.empty(batch, kv_heads, capacity, dim, dtype=dtype)
+        value = torch.empty_like(key)
+        position = torch.tensor(capacity - tokens)  # int64, the last positions of the cache
+        new = None
+        if rope:
+            k_new = torch.empty(batch, tokens, kv_heads, dim, dtype=dtype).transpose(1, 2)
+            v_new = torch.empty(batch, tokens, kv_heads, dim, dtype=dtype).transpose(1, 2)
+            cos = torch.empty(1, tokens, dim, dtype=dtype)
+            new = (k_new, v_new, cos, torch.empty_like(cos))
+        attention.decode_attention(query, key, value, position, dim ** -0.5, window, new)
+
+    for dtype in (BF16, F32):
+        for tokens in (1, 5):
+            for capacity, splits in ((64, 1), (256, 4)):  # SPLIT_KEYS = 64 keys a split
+                for rope in (False, True):
+                    label = f"attention {str(dtype)[6:]} tokens={tokens} splits={splits} rope={rope}"
+                    yield label, lambda a=(dtype, tokens, capacity, rope): call(*a)
+    yield "attention bfloat16 tokens=5 splits=4 rope=True window=4096", lambda: call(BF16, 5, 256, True, window=4096)
+    yield "attention float16 tokens=5 splits=4 rope=True", lambda: call(torch.float16, 5, 256, True)
+    for heads, kv_heads, dim, model in ((28, 4, 128, "Qwen2-7B: 35 rows, BLOCK_M 64"),
+                                        (8, 1, 256, "head dim 256: BLOCK_N 32"), (32, 8, 64, "Llama-3.2-1B")):
+        yield (f"attention bfloat16 tokens=5 splits=4 rope=True {model}",
+               lambda a=(heads, kv_heads, dim): call(BF16, 5, 256, True, heads=a[0], kv_heads=a[1], dim=a[2]))
+
+
+def linear_scenarios(linear):
+    """linear / gate_up in each configuration _config picks: WIDE (N > 2048), NARROW (N <= 2048,
+    several rows), NARROW_ONE_ROW (its register path); K a multiple of BLOCK_K or not (EVEN_K);
+    with a bias (Qwen2's q/k/v); gate_up with silu and gelu_tanh; bf16 and float32."""
+    cases = [  # rows, N, K, bias
+        (1, 4096, 256, False),  # WIDE, EVEN_K
+        (5, 4096, 200, True),  # WIDE, K not a multiple of BLOCK_K, bias
+        (1, 1024, 256, True),  # NARROW_ONE_ROW, bias
+        (1, 1024, 200, False),  # NARROW_ONE_ROW, not EVEN_K
+        (5, 1024, 256, False),  # NARROW
+        (5, 1024, 200, True),  # NARROW, not EVEN_K, bias
+    ]
+    for dtype in (BF16, F32):
+        name = str(dtype)[6:]
+        for rows, n, k, bias in cases:
+            def call(rows=rows, n=n, k=k, bias=bias, dtype=dtype):
+                weight = torch.empty(n, k, dtype=dtype)
+                b = torch.empty(n, dtype=dtype) if bias else None
+                linear.linear(torch.empty(rows, k, dtype=dtype), weight, b)
+
+            yield f"linear {name} rows={rows} N={n} K={k} bias={bias}", call
+        for activation, (rows, n, k) in [("silu", (1, 4096, 256)), ("silu", (5, 4096, 200)),
+                                          ("gelu_tanh", (5, 4096, 256)), ("gelu_tanh", (1, 1024, 200))]:
+            def call(rows=rows, n=n, k=k, activation=activation, dtype=dtype):
+                x = torch.empty(1, rows, k, dtype=dtype)  # [B, q, hidden] as the MLP gets it
+                linear.gate_up(x, torch.empty(n, k, dtype=dtype), torch.empty(n, k, dtype=dtype), activation)
+
+            yield f"gate_up {name} {activation} rows={rows} N={n} K={k}", call
+        for split, (rows, n, k) in [(2, (1, 4096, 512)), (3, (5, 4096, 700))]:  # K in chunks (split-K)
+            config = (*linear.WIDE, split)
+
+            def call(rows=rows, n=n, k=k, dtype=dtype, config=config):
+                x = torch.empty(rows, k, dtype=dtype)
+                linear.linear(x, torch.empty(n, k, dtype=dtype), torch.empty(n, dtype=dtype), config)
+                linear.gate_up(x, torch.empty(n, k, dtype=dtype), torch.empty(n, k, dtype=dtype), "silu", config)
+
+            yield f"linear and gate_up {name} split_k={split} rows={rows} N={n} K={k}", call
+
+
+def verify_scenarios(verify):
+    """Greedy and random verification of a k = 4 proposal: a vocabulary in one segment (100) and one
+    in 38 segments (Qwen2's 151936, SEGMENTED), with draft probabilities or without (n-gram drafts)."""
+    k, batch = 4, 1
+
+    def common():
+        draft = torch.zeros(k, dtype=torch.int64)
+        cu = torch.tensor([k], dtype=torch.int32)
+        return draft, cu, torch.zeros(1, dtype=torch.int32)
+
+    def greedy():
+        draft, cu, error = common()
+        verify.verify_greedy(draft, cu, torch.zeros(k + batch, dtype=torch.int64), k, error)
+
+    yield "verify_greedy k=4", greedy
+    for vocab in (100, 151936):
+        for with_q in (True, False):
+            def call(vocab=vocab, with_q=with_q):
+                draft, cu, error = common()
+                q = torch.empty(k, vocab) if with_q else None
+                verify.verify_random(draft, cu, q, torch.empty(k + batch, vocab), torch.empty(k),
+                                     torch.empty(batch, vocab), k, error)
+
+            yield f"verify_random vocab={vocab} draft_probs={with_q}", call
+
+
+def warp_scenarios(warp):
+    """warp over the 5 rows of a k = 4 verification: greedy, temperature only, top-k / top-p through
+    the parallel cut search (FAST_CUT: one compile for <= 32 chunks, one for more), min-p through the
+    one-program search, penalties and bad masks ([V] and [N, V]), the race (expo), bf16 and float32
+    logits, and small vocabularies in one register tile (tiny models)."""
+    from specgen.core.sampling import PenaltyRows, WarpParams
+
+    rows = 5
+    defaults = dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
+                    presence_penalty=0.0, frequency_penalty=0.0)
+
+    def call(vocab, dtype, penalties=False, bad_mask=None, race=False, **values):
+        def column(name):
+            value = values.get(name, defaults[name])
+            value = value if isinstance(value, list) else [value]
+            return torch.tensor([value[i % len(value)] for i in range(rows)],
+                                dtype=torch.int32 if name == "top_k" else torch.float32)
+
+        params = WarpParams(**{name: column(name) for name in defaults})
+        penalty = None
+        if penalties:
+            penalty = PenaltyRows(torch.zeros(rows, vocab, dtype=torch.int32),
+                                  torch.zeros(rows, vocab, dtype=torch.bool))
+        mask = None
+        if bad_mask is not None:  # "vocab": [V], "rows": [N, V]
+            mask = torch.zeros(*([rows] if bad_mask == "rows" else []), vocab, dtype=torch.bool)
+        expo = torch.empty(rows, vocab) if race else None
+        race_out = torch.empty(rows, dtype=torch.int64) if race else None
+        warp.warp(torch.empty(rows, vocab, dtype=dtype), params, penalty, mask, torch.zeros(1, dtype=torch.int32),
+                  expo, race_out)
+
+    yield "warp 151936 bf16 greedy race", lambda: call(151936, BF16, race=True, temperature=0.0)
+    yield "warp 151936 f32 temperature race", lambda: call(151936, F32, race=True, temperature=0.8)
+    yield ("warp 151936 bf16 top_k+top_p penalties bad_mask[V] race",
+           lambda: call(151936, BF16, penalties=True, bad_mask="vocab", race=True, temperature=0.7, top_k=50,
+                        top_p=0.9, repetition_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.2))
+    yield "warp 32000 f32 top_p", lambda: call(32000, F32, temperature=0.8, top_p=0.95)
+    yield "warp 128256 bf16 min_p (one-program cut)", lambda: call(128256, BF16, temperature=1.0, min_p=0.05)
+    yield ("warp 100 f32 all options bad_mask[N,V] race",
+           lambda: call(100, F32, penalties=True, bad_mask="rows", race=True, temperature=[0.7, 1.3], top_k=[40, 3],
+                        top_p=[0.9, 0.6], min_p=[0.05, 0.01], repetition_penalty=1.2))
+    yield ("warp 4096 bf16 mixed greedy/sampled rows",
+           lambda: call(4096, BF16, temperature=[0.0, 0.9, 1.2], top_k=[-1, 30, -1], top_p=[1.0, 0.9, 0.5]))
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def kernels(modules) -> list[str]:
+    """Every top-level @triton.jit kernel (name ending in _kernel) of the modules."""
+    return sorted(f"{m.__name__}.{name}" for m in modules for name, obj in vars(m).items()
+                  if isinstance(obj, JITFunction) and name.endswith("_kernel"))
+
+
+def main() -> dict:
+    global HARNESS
+    report = {"triton": triton.__version__, "stage": STAGE, "skip": None}
+    try:
+        HARNESS = Harness()
+    except Exception as error:  # noqa: BLE001
+        report["skip"] = f"no sm_90 compile harness with triton {triton.__version__}: {type(error).__name__}: {error}"
+        return report
+    JITFunction.run = _run
+
+    from specgen.gpu import attention, linear, verify, warp
+
+    # the code path an H100 takes (see the module docstring)
+    assert not attention._INTERPRETED and not linear._INTERPRETED, "TRITON_INTERPRET leaked into specgen.gpu"
+    warp.TILE_ELEMENTS["cpu"] = warp.TILE_ELEMENTS["cuda"]
+    warp.FAST_CHUNK["cpu"] = warp.FAST_CHUNK["cuda"]
+
+    report["selfcheck"] = selfcheck()
+    scenario_errors = {}
+    for scenarios in (attention_scenarios(attention), linear_scenarios(linear), verify_scenarios(verify),
+                      warp_scenarios(warp)):
+        for label, call in scenarios:
+            HARNESS.scenario = label
+            try:
+                call()
+            except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
+                scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
+    report["kernels"] = kernels((attention, linear, verify, warp))
+    report["variants"] = list(HARNESS.variants.values())
+    report["scenario_errors"] = scenario_errors
+    return report
+
+
+if __name__ == "__main__":
+    result = main()
+    result["seconds"] = round(time.perf_counter() - START, 2)
+    sys.stdout.flush()
+    print(json.dumps(result))
