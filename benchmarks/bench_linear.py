@@ -3,6 +3,7 @@ kernel configurations: which configuration each row count wants, and what bandwi
 
     python benchmarks/bench_linear.py [--rows 1,5] [--out linear.json]
     python benchmarks/bench_linear.py --wide-k --rows 5 --shapes bench_down,...   # other tile shapes
+    python benchmarks/bench_linear.py --split-k --shapes q_o,qkv,gate_up,down      # K split over programs
 
 Shapes are Llama-3-8B's (bf16): q/o 4096x4096, k/v 1024x4096, fused q+k+v 6144x4096, gate+up 2 x 14336x4096 (fused with
 the activation), down 4096x14336, lm_head 128256x4096. GB/s counts weight bytes.
@@ -35,6 +36,8 @@ DEEP_GRID = dict(dot=(True,), block_n=(16, 32, 64), block_k=(256, 512), warps=(4
 WIDE_K_GRID = dict(dot=(True,), block_n=(16, 32), block_k=(512, 1024, 2048), warps=(4, 8), stages=(1, 2))
 # the register path with every row and a software-pipelined K walk
 PIPELINED_GEMV_GRID = dict(dot=(False,), block_n=(2, 4), block_k=(128, 256, 512), warps=(4,), stages=(2, 3, 4))
+# split-K: (dot, BN, BK, warps, stages, chunks of K); several programs per column block
+SPLIT_K_GRID = dict(dot=(True,), block_n=(32,), block_k=(128, 256), warps=(4,), stages=(3, 4, 5), split=(2, 3, 4))
 GEMV_GRID = dict(dot=(False,), block_n=(2, 4, 8), block_k=(1024, 2048), warps=(4, 8), stages=(1,))
 L2_BYTES = 256 * 2**20  # weight copies per timing: more than any L2
 
@@ -42,7 +45,11 @@ L2_BYTES = 256 * 2**20  # weight copies per timing: more than any L2
 SMALL_ROWS_GEMV_GRID = dict(dot=(False,), block_n=(1, 2, 4), block_k=(64, 128, 256), warps=(2, 4), stages=(1,))
 
 
-def configs(rows: int, deep: bool = False, wide_k: bool = False):
+def configs(rows: int, deep: bool = False, wide_k: bool = False, split_k: bool = False):
+    if split_k:  # and the default, for comparison
+        yield L.WIDE
+        yield from itertools.product(*SPLIT_K_GRID.values())
+        return
     if deep:  # deeper pipelines and longer K tiles (more bytes in flight per SM)
         yield from itertools.product(*DEEP_GRID.values())
         return
@@ -91,6 +98,7 @@ def main() -> None:
     parser.add_argument("--deep", action="store_true", help="sweep DEEP_GRID instead")
     parser.add_argument("--wide-k", action="store_true",
                         help="sweep WIDE_K_GRID and PIPELINED_GEMV_GRID (and the defaults) instead")
+    parser.add_argument("--split-k", action="store_true", help="sweep SPLIT_K_GRID (and the default) instead")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -118,7 +126,7 @@ def main() -> None:
             expected = torch_fn(0).float()
             torch_us = graph_us(torch_fn, copies)
             best = None
-            for config in configs(rows, args.deep, args.wide_k):
+            for config in configs(rows, args.deep, args.wide_k, args.split_k):
                 try:
                     got = kernel_fn(0, config).float()
                 except Exception as exc:  # noqa: BLE001 (out of resources: skip the configuration)
@@ -140,7 +148,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n| shape | rows | config (dot, BN, BK, warps, stages) | kernel us | GB/s | cuBLAS us | GB/s | speed-up |")
+    print("\n| shape | rows | config (dot, BN, BK, warps, stages[, K chunks]) | kernel us | GB/s | cuBLAS us | GB/s | speed-up |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in report["rows"]:
         print(f"| {r['shape']} | {r['rows']} | {tuple(r['config'])} | {r['kernel_us']:.1f} | {r['kernel_gb_s']:.0f} | "

@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_fast_path.sh kernel  # decode-attention kernel: CUDA tests, step profiles vs SDPA, 8B shapes
 #   bash benchmarks/gpu_fast_path.sh final   # every CUDA test (compile too), start-up with/without compile
 #   bash benchmarks/gpu_fast_path.sh linear  # linear kernel: tests, configurations vs cuBLAS, 8B shapes
+#   bash benchmarks/gpu_fast_path.sh splitk  # linear tests, split-K configurations vs the default on 8B shapes
 #   bash benchmarks/gpu_fast_path.sh rope    # rotary inside the attention kernel: logit diffs, its tests in full, 8B shapes both ways
 set -u -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -18,6 +19,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, transformers, triton; print(torch.__version__, transformers.__version__, triton.__version__)" | tee -a "$OUT/device.txt"
 
 case "${1:-check}" in
+splitk)  # linear tests; split-K configurations against the default on Llama-3-8B's projections
+  timeout 150 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_linear.py 2>&1 \
+    | tee "$OUT/pytest_linear.txt" | tail -5
+  timeout 400 python3 benchmarks/bench_linear.py --split-k --shapes "${SHAPES:-q_o,qkv,down,gate_up}" \
+    --out "$OUT/bench_linear_split_k.json" 2>&1 | grep -v -i warn | tee "$OUT/bench_linear_split_k.txt" | grep -E "^\||Error"
+  ;;
 rope)
   timeout 100 python3 benchmarks/rope_diffs.py 2>&1 | grep -v -i warn | tee "$OUT/rope_diffs.txt"
   timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=long tests/test_attention.py 2>&1 \

@@ -83,6 +83,51 @@ def test_gate_up_matches_reference(activation, dtype, path):
         assert (out.double() - ref).abs().max().item() <= bound, (rows, n, k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [(1, 96, 512, True), (5, 70, 300, False)])
+def test_split_k_sums_the_chunks_as_one_program_does(case, dtype):
+    """K in 2 or 3 chunks (the last one short when K is not a multiple of the tile): the last
+    program of each column block sums the partials in chunk order. Same bound as one program per
+    block against the reference, bitwise the same on a repeat (whichever program arrives last),
+    and the arrival counters are back at zero for the next call (a graph replays the same buffer)."""
+    rows, n, k, bias = case
+    x, w, u, b = _data(rows, n, k, dtype, seed=5)
+    exact = torch.nn.functional.linear(x.double(), w.double(), b.double() if bias else None)
+    gated = L.gate_up_reference(x.double(), w.double(), u.double(), "silu")
+    bound = 2e-5 * exact.abs().max().item() if dtype == torch.float32 else 2 * _step(exact, dtype)
+    gated_bound = 2e-5 * gated.abs().max().item() if dtype == torch.float32 else 4 * _step(gated, dtype)
+    for split in (2, 3):
+        config = (True, 32, 64, 4, 2, split)
+        outs = [L.linear(x, w, b if bias else None, config) for _ in range(2)]
+        gates = [L.gate_up(x, w, u, "silu", config) for _ in range(2)]
+        assert int(L.counters(x.device).abs().sum()) == 0
+        assert torch.equal(outs[0], outs[1]) and torch.equal(gates[0], gates[1])
+        assert (outs[0].double() - exact).abs().max().item() <= bound
+        assert (gates[0].double() - gated).abs().max().item() <= gated_bound
+
+
+def test_split_k_is_chosen_by_shape_not_rows(monkeypatch):
+    """Llama-3-8B's shapes: the long-K down projection, gate/up and 4096-wide projections split K;
+    q+k+v (6144 wide), the lm_head and narrow layers do not; 1 and 5 rows alike; off (SPLIT_K_ON
+    False: another GPU than those of SPLIT_K_GPUS, or SPECGEN_SPLIT_K=0), none of them splits."""
+    shapes = {(4096, 14336, False): L.SPLIT_LONG_K, (14336, 4096, True): L.SPLIT_GATED,
+              (4096, 4096, False): L.SPLIT_FEW_COLUMNS, (6144, 4096, False): L.WIDE,
+              (128256, 4096, False): L.WIDE, (1024, 4096, False): None}
+    monkeypatch.setattr(L, "SPLIT_K_ON", True)
+    for (n, k, gated), expected in shapes.items():
+        picked = {L._config(rows, n, k, gated) for rows in (1, 5)}
+        assert picked == ({expected} if expected else {L.NARROW, L._config(1, n, k)}), (n, k, gated)
+    monkeypatch.setattr(L, "SPLIT_K_ON", False)
+    assert {L._config(rows, n, k, g) for rows in (1, 5) for (n, k, g) in list(shapes)[:3]} == {L.WIDE}
+
+
+def test_split_k_follows_the_device_and_the_switch(monkeypatch):
+    monkeypatch.setattr(L, "SPLIT_K_ON", False)
+    for switch, on in (("1", False), ("0", False), ("all", True)):  # no H200 here: only "all" splits
+        monkeypatch.setattr(L, "SPLIT_K", switch)
+        assert L.tune(torch.device("cpu")) is on and L.SPLIT_K_ON is on
+
+
 def test_leading_dims_and_strided_rows():
     """[batch, tokens, K] inputs as the model passes them, and rows that are a strided view."""
     x, w, _, b = _data(6, 24, 80, torch.float32, seed=3)
@@ -249,11 +294,16 @@ def test_unknown_activation_keeps_each_projection():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("split_k", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_captured_graphs_with_kernel_match_eager(dtype):
-    """Captured 1- and 5-token steps through the kernel against eager cuBLAS steps."""
+def test_captured_graphs_with_kernel_match_eager(dtype, split_k, monkeypatch):
+    """Captured 1- and 5-token steps through the kernel against eager cuBLAS steps; with split_k,
+    every projection in two K chunks (the tiny model's shapes never pick it): graph replays reuse
+    the arrival counters, which each call must leave at zero."""
     from specgen.gpu.runner import GraphRunner
 
+    if split_k:
+        monkeypatch.setattr(L, "_config", lambda rows, n, k, gated=False: (True, 32, 16, 4, 2, 2))
     model = _tiny("llama").to(dtype)
     fast = GraphRunner(model, 96, 600, shapes=(1, 5), linear=True)
     assert fast.graphs and fast.linear
@@ -269,3 +319,5 @@ def test_captured_graphs_with_kernel_match_eager(dtype):
         assert (got - want).abs().max().item() < tol * max(1.0, want.abs().max().item())
         if dtype == torch.float32:
             assert torch.equal(got.argmax(-1), want.argmax(-1))
+    if split_k:
+        assert int(L.counters(torch.device("cuda")).abs().sum()) == 0

@@ -10,6 +10,12 @@ MAX_ROWS, padded to 16 for a tensor-core product) while it is loaded, so 5 rows 
 costs. With one configuration for 1 and for 5 rows (every N > 2048), each row is computed the same
 way whatever the number of rows.
 
+Split-K (a configuration's 6th entry, picked by shape): K in chunks, one program per chunk and
+column block, each storing a float32 partial; the last program of a column block to finish (an
+arrival counter per block, reset by that program) sums the partials in chunk order and applies the
+epilogue. More programs in flight per column for the shapes whose column blocks barely fill the
+GPU (docs/benchmarks.md, "Split-K").
+
 `gate_up` fuses the MLP's two input projections and its activation: act(x W_g^T) * (x W_u^T), one
 pass over both weights with no [rows, 2 x intermediate] round trip; the rounding steps of the
 unfused module (each projection, the activation, the product in the model's dtype) are kept.
@@ -36,6 +42,11 @@ import triton.language as tl
 MAX_ROWS = 16
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Split-K where it was measured to gain (an H200; on an H100 the same configurations cost 35 us a
+# step): SPECGEN_SPLIT_K=0 never, =all on every GPU. Set per device by tune(), which runners call.
+SPLIT_K = os.environ.get("SPECGEN_SPLIT_K", "1")
+SPLIT_K_GPUS = ("H200",)
+SPLIT_K_ON = False
 # (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages), measured with bench_linear.py on an H200 over
 # Llama-3-8B's projections (docs/benchmarks.md): one tensor-core configuration is within 5% of the
 # best for 1 and for 5 rows on every shape with N > 2048; narrower outputs (k/v projections that
@@ -43,12 +54,53 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 WIDE = (True, 32, 256, 4, 4)
 NARROW = (True, 16, 256, 4, 4)
 NARROW_ONE_ROW = (False, 2, 2048, 4, 1)
+# Split-K, a 6th entry: K in that many chunks, one program each per column block, the last to finish
+# sums them. Measured with bench_linear.py --split-k on an H200 (docs/benchmarks.md, "Split-K"): the
+# long-K down projection (4096 x 14336: 128 column blocks), the gate/up pair and a 4096-wide
+# projection with 128 column blocks gain; q+k+v fused (6144 wide) does not.
+SPLIT_LONG_K = (True, 32, 128, 4, 4, 3)  # K >= 3 N
+SPLIT_GATED = (True, 32, 128, 4, 3, 4)  # gate_up
+SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32
+
+COUNTER_SLOTS = 1 << 16  # split-K arrival counters per device: column blocks of one call at most
+_COUNTERS: dict[tuple, torch.Tensor] = {}  # by (device type, index)
 
 
-def _config(rows: int, n: int, k: int):
+def counters(device: torch.device) -> torch.Tensor:
+    """The device's split-K arrival counters (int32, zero between calls: the last program of each
+    column block resets its own). Runners create them before capture and compile, so graphs and
+    compiled steps hold one buffer; calls on a device run in stream order, so one serves them all."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share one buffer
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (device.type, device.index)
+    buffer = _COUNTERS.get(key)
+    if buffer is None:
+        buffer = _COUNTERS[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return buffer
+
+
+def tune(device: torch.device) -> bool:
+    """Choose split-K for this device's calls (see SPLIT_K): whether it is on."""
+    global SPLIT_K_ON
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    SPLIT_K_ON = SPLIT_K == "all" or (SPLIT_K != "0" and any(gpu in name for gpu in SPLIT_K_GPUS))
+    return SPLIT_K_ON
+
+
+def _config(rows: int, n: int, k: int, gated: bool = False):
+    """By shape only where N > 2048, so one row is computed the same way whatever the row count."""
     if rows > MAX_ROWS:
         raise ValueError(f"{rows} rows > MAX_ROWS {MAX_ROWS}")
     if n > 2048:
+        if SPLIT_K_ON and k >= 2048:
+            if gated:
+                return SPLIT_GATED
+            if k >= 3 * n:
+                return SPLIT_LONG_K
+            if n <= 128 * 32:
+                return SPLIT_FEW_COLUMNS
         return WIDE
     if rows == 1:
         return NARROW_ONE_ROW[:2] + (min(NARROW_ONE_ROW[2], triton.next_power_of_2(k)),) + NARROW_ONE_ROW[3:]
@@ -75,16 +127,26 @@ def _launch(x, weight, up, bias, act, config):
         x2 = x2.contiguous()
     rows = x2.shape[0]
     assert rows <= MAX_ROWS and weight.stride(-1) == 1
-    dot, block_n, block_k, warps, stages = config or _config(rows, n, k)
+    dot, block_n, block_k, warps, stages, *rest = config or _config(rows, n, k, act > 0)
+    block_m = 16 if dot else triton.next_power_of_2(rows)
+    columns = triton.cdiv(n, block_n)
+    k_chunk = block_k * triton.cdiv(triton.cdiv(k, rest[0] if rest else 1), block_k)
+    split_k = triton.cdiv(k, k_chunk)  # chunks of whole tiles: every chunk has columns of K
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
-    _linear_kernel[(triton.cdiv(n, block_n),)](
-        x2, weight, second, bias if bias is not None else weight, out,
-        rows, n, k, x2.stride(0), weight.stride(0), out.stride(0),
+    if split_k > 1:
+        assert columns <= COUNTER_SLOTS
+        part = torch.empty(2 if act else 1, split_k, block_m, n, dtype=torch.float32, device=x.device)
+        count = counters(x.device)
+    else:
+        part = count = out  # unused
+    _linear_kernel[(columns, split_k)](
+        x2, weight, second, bias if bias is not None else weight, out, part, count,
+        rows, n, k, k_chunk, x2.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot,
         F32_DOT=x.dtype == torch.float32 or _INTERPRETED,
-        BLOCK_M=16 if dot else triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
         num_warps=warps, num_stages=stages,
     )
     return out.reshape(*lead, n)
@@ -117,13 +179,17 @@ def _linear_kernel(
     u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
     b_ptr,  # [N] when HAS_BIAS
     out_ptr,  # [M, N]
-    M, N, K, sxm, swn, som,
+    part_ptr,  # [2 if ACT else 1, SPLIT_K, BLOCK_M, N] float32 partial sums (SPLIT_K > 1)
+    count_ptr,  # [>= column blocks] int32 arrivals, zero on entry and on exit (SPLIT_K > 1)
+    M, N, K, k_chunk, sxm, swn, som,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """Program p computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] over the whole of K, one weight
-    tile at a time: a tensor-core product with the rows padded to BLOCK_M = 16 (DOT), or products
-    summed along K in registers (one row: a matrix-vector product)."""
+    """Program (p, s) computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] over K (SPLIT_K == 1) or
+    over its s-th chunk of k_chunk columns of K, one weight tile at a time: a tensor-core product
+    with the rows padded to BLOCK_M = 16 (DOT), or products summed along K in registers (one row:
+    a matrix-vector product). With SPLIT_K > 1 the last program of a column block to finish sums
+    the chunks' partials in chunk order (the same sum whichever arrives last) and stores."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
     col_ok = cols < N
     rows = tl.arange(0, BLOCK_M)
@@ -134,7 +200,13 @@ def _linear_kernel(
     w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     x_base = x_ptr + rows[:, None] * sxm + kk[None, :]
-    for start in range(0, K, BLOCK_K):
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_lo = tl.program_id(1) * k_chunk
+        k_hi = tl.minimum(k_lo + k_chunk, K)
+    for start in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             w_mask = col_ok[:, None]
             x_mask = row_ok[:, None]
@@ -148,6 +220,36 @@ def _linear_kernel(
         if ACT > 0:
             u = tl.load(u_base + start, mask=w_mask, other=0.0)
             acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
+    if SPLIT_K == 1:
+        _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS, ACT)
+    else:
+        tile = rows[:, None] * N + cols[None, :]  # [M, N] in one [BLOCK_M, N] slab
+        tile_ok = row_ok[:, None] & col_ok[None, :]
+        slab = BLOCK_M * N
+        tl.store(part_ptr + tl.program_id(1) * slab + tile, acc, mask=tile_ok)
+        if ACT > 0:
+            tl.store(part_ptr + (SPLIT_K + tl.program_id(1)) * slab + tile, acc_u, mask=tile_ok)
+        # Every thread's stores come before the barrier; the gpu-scope release of the atomic
+        # publishes them; the last program to arrive acquires all chunks' stores. Its loads skip
+        # L1 (.cg): the other programs' stores are in L2.
+        tl.debug_barrier()
+        slot = count_ptr + tl.program_id(0)
+        arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            tl.store(slot, 0)  # ready for the next call; no other program touches it in this one
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for chunk in tl.static_range(SPLIT_K):
+                acc += tl.load(part_ptr + chunk * slab + tile, mask=tile_ok, other=0.0, cache_modifier=".cg")
+                if ACT > 0:
+                    acc_u += tl.load(part_ptr + (SPLIT_K + chunk) * slab + tile, mask=tile_ok, other=0.0,
+                                     cache_modifier=".cg")
+            _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS, ACT)
+
+
+@triton.jit
+def _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    """The epilogue: bias, activation and product in the model's dtype, then the store."""
     dtype = out_ptr.dtype.element_ty
     if HAS_BIAS:
         acc = acc.to(dtype).to(tl.float32) + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]

@@ -227,6 +227,8 @@ class GraphRunner:
             from specgen.gpu import linear as linear_module
 
             linear_module.install(model)
+            linear_module.tune(self.device)
+            linear_module.counters(self.device)  # split-K's: before any capture or compile holds them
         self.step = self._step
         self.autotune = compile and autotune
         self.inductor = {**(AUTOTUNE if self.autotune else {}), **(inductor or {})} if compile else {}
