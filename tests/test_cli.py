@@ -165,9 +165,10 @@ def test_threads_option_sets_torch_threads_before_the_run(monkeypatch, tiny):
 @pytest.mark.parametrize("args", [
     ["generate", "--top-p", "5", PROMPT],
     ["generate", "--seed", "-1", PROMPT],
+    ["generate", "--seed", str(2**64), PROMPT],
     ["generate", "--profile", "no-such-profile", PROMPT],
     ["generate", "--format", "jsonl", PROMPT],
-], ids=["option", "seed", "profile", "format"])
+], ids=["option", "seed", "huge-seed", "profile", "format"])
 def test_usage_errors_are_found_before_torch_is_imported(args):
     """Importing torch and transformers takes seconds: a typo must not wait for them."""
     code = (
