@@ -46,33 +46,45 @@ def generate(
     device: opt.Device = None,
     compile: opt.Compile = None,
     autotune: opt.Autotune = None,
-    threads: opt.Threads = None,
-    logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="Report the top-N logprobs per token (JSON).")] = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")] = False,
+    logprobs: opt.Logprobs = None,
+    chat: opt.Chat = False,
+    system: opt.System = None,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,
-    prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="One prompt per line, or JSONL with a 'prompt' field.")] = None,
-    truncate_prompt: Annotated[bool, typer.Option("--truncate-prompt", help="Keep the end of a prompt that is too long.")] = False,
+    prompts_file: opt.PromptsFile = None,
+    prompts: opt.PromptsAlias = None,
+    truncate_prompt: opt.TruncatePrompt = False,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
+    quiet: opt.Quiet = False,
+    threads: opt.Threads = None,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
     """Generate text; stdout gets only the text (or JSON), stderr the live view and statistics."""
     from specgen.core.profile import load_profile
 
-    prompts = read_prompts(prompt, prompts_file, output_format)
+    texts = read_prompts(prompt, opt.prompts_path(prompts_file, prompts), output_format)
     settings = load_profile(profile, opt.overrides(**locals()))
+    opt.warn_settings(settings, quiet)
     from specgen.core.engine import Engine  # torch and transformers (seconds): only for valid input
 
     engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
     show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
-    for index, text in enumerate(prompts):
-        ids = engine.encode(text, chat=chat)
+    for index, text in enumerate(texts):
+        ids = encode(engine, text, chat, system)
         if truncate_prompt and engine.max_context:
             room = engine.max_context - settings.sampling.max_tokens - settings.speculation.k - 1
             ids = ids[-max(room, 1):]
         result = run_one(engine.decoder(), ids, output_format, show_live, quiet, separator=index > 0)
         emit_json(result, text, settings, output_format)
+
+
+def encode(engine, text: str, chat: bool, system: str | None) -> list[int]:
+    """A prompt's ids: plain, or in the chat template (--system implies --chat)."""
+    from specgen.core.chat import chat_ids
+
+    if chat or system is not None:
+        return chat_ids(engine.tokenizer, text, system)
+    return engine.encode(text)
 
 
 def startup_progress(done: int, total: int, what: str) -> None:
