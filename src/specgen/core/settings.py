@@ -62,6 +62,7 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    logprobs_mode: str = "warped"  # warped (the distribution tokens are drawn from) | raw (the model's)
 
     @property
     def greedy(self) -> bool:
