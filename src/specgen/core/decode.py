@@ -18,7 +18,7 @@ from enum import Enum
 import torch
 
 from specgen.core.backend import Program, RoundClock
-from specgen.core.detok import IncrementalDetokenizer
+from specgen.core.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.errors import UsageError
 from specgen.core.ngram import NgramProposer
 from specgen.core.proposers import AdaptiveK
@@ -141,7 +141,7 @@ class Decoder:
         if self.lookup is not None:
             self.lookup.start(prompt_ids)
         stats.prefill_seconds = time.perf_counter() - start
-        text = _TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop)
+        text = TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop)
         out = _Output(spec.logprobs is not None)
         rnd.draw(gen)
         launched = self._launch(0, spec)
@@ -308,39 +308,36 @@ def _starts(offset: int, pieces: list[str]) -> list[int]:
     return starts
 
 
-class _TextTracker:
-    """Detokenized output with stop strings: text is released only once no stop string can start in it."""
+class _Output:
+    """Everything a run emitted so far, for Finished."""
 
-    def __init__(self, detok: IncrementalDetokenizer, stops: tuple[str, ...]):
-        self.detok = detok
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""
-        self.released = ""
+    def __init__(self, logprobs: bool):
+        self.ids: list[int] = []
+        self.fates: list[Fate] = []
+        self.pieces: list[str] = []
+        self.logprobs: list[dict] | None = [] if logprobs else None
+        self.starts: list[int] = []  # where each token's text starts in the output text
 
-    def add(self, new_text: str) -> tuple[str, bool]:
-        self.text += new_text
-        cut = self._stop_at()
-        if cut is not None:
-            self.text = self.text[:cut]
-            return self._release(len(self.text)), True
-        return self._release(len(self.text) - self.hold), False
+    def add(self, event: RoundEvent, starts: list[int]) -> None:
+        self.starts += starts
+        self.ids += event.token_ids
+        self.fates += event.fates
+        self.pieces += event.pieces
+        if self.logprobs is not None:
+            self.logprobs += event.logprobs or []
 
-    def _stop_at(self) -> int | None:
-        start = max(0, len(self.released) - self.hold)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops if s) if i >= 0]
-        return min(hits) if hits else None
+    def trim(self, length: int) -> None:
+        """Drop the tokens whose text starts at or after `length` (a stop string cut the text there)."""
+        keep = sum(1 for at in self.starts if at < length)
+        self.ids, self.fates, self.pieces, self.starts = (
+            self.ids[:keep], self.fates[:keep], self.pieces[:keep], self.starts[:keep])
+        if self.logprobs is not None:
+            self.logprobs = self.logprobs[:keep]
 
-    def _release(self, upto: int) -> str:
-        upto = max(upto, len(self.released))
-        delta = self.text[len(self.released):upto]
-        self.released = self.text[:upto]
-        return delta
 
-    def finish(self, stopped: bool) -> str:
-        if not stopped:
-            self.text += self.detok.flush()
-            cut = self._stop_at()
-            if cut is not None:
-                self.text = self.text[:cut]
-        return self._release(len(self.text))
+def _starts(offset: int, pieces: list[str]) -> list[int]:
+    starts = []
+    for piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    return starts
