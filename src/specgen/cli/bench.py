@@ -55,6 +55,7 @@ def bench(
         "--ignore-eos/--no-ignore-eos", help="Generate max-tokens for every prompt (default) or stop at EOS.")] = True,
     dtype: opt.Dtype = None,
     device: opt.Device = None,
+    compile: opt.Compile = None,
     fp32_check: Annotated[Optional[bool], typer.Option(
         "--fp32-check/--no-fp32-check",
         help="After timing, compare greedy speculative with target-only output in float32 "

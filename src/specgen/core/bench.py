@@ -327,7 +327,8 @@ class Bench:
                 "proposer": profile.proposer.kind}
 
     def _settings(self) -> dict:
-        sampling = self.settings_for(self.plan.ks[0], self.plan.temperatures[0]).sampling
+        profile = self.settings_for(self.plan.ks[0], self.plan.temperatures[0])
+        sampling = profile.sampling
         return {
             "k": list(self.plan.ks),
             "temperatures": list(self.plan.temperatures),
@@ -340,6 +341,7 @@ class Bench:
             "min_p": sampling.min_p,
             "repeat": self.plan.repeat,
             "warmup": self.plan.warmup,
+            "compile": profile.speculation.compile,
         }
 
 
