@@ -133,3 +133,21 @@ def visible_text(text: str) -> str:
     text shown by a terminal and the same text written to a pipe compare equal."""
     text = TERMINAL_CONTROL.sub("", text)
     return "".join(c for c in text if not c.isspace() and unicodedata.category(c) != "Cc")
+
+
+def count_forwards(monkeypatch, interrupt_at: int | None = None) -> list:
+    """Counts the forwards of every Llama model (target and draft) in the returned list; with
+    interrupt_at, forward number interrupt_at raises KeyboardInterrupt: Ctrl-C, simulated, wherever
+    the loop happens to be."""
+    from transformers import LlamaForCausalLM
+
+    real_forward, calls = LlamaForCausalLM.forward, []
+
+    def forward(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", forward)
+    return calls
