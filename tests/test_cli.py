@@ -133,3 +133,27 @@ def test_profiles_list_and_show_through_the_main_app(monkeypatch, tiny, tmp_path
     assert as_toml.code == 0 and "[speculation]" in as_toml.stdout and as_toml.stderr == ""
 
     assert_error(specgen(monkeypatch, "profiles", "show", "dmo"), 2, "unknown profile `dmo`")
+
+
+# ---------------------------------------------------------------- threads
+
+
+def test_auto_threads_leave_half_the_cpus_to_other_processes():
+    from specgen.core.models import cpu_threads
+    from specgen.core.settings import RuntimeSpec
+
+    assert [cpu_threads(RuntimeSpec(), cpus=n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert cpu_threads(RuntimeSpec(threads=3), cpus=2) == 3
+
+
+def test_threads_option_sets_torch_threads_before_the_run(monkeypatch, tiny):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        result = generate(monkeypatch, tiny, "--threads", "2", "-q", PROMPT)
+        assert result.code == 0 and result.stdout == tiny.text + "\n"
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

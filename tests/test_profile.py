@@ -24,6 +24,7 @@ from specgen.core.settings import (
     ModelSpec,
     Profile,
     ProposerSpec,
+    RuntimeSpec,
     SamplingSpec,
     SpeculationSpec,
 )
@@ -71,6 +72,7 @@ def test_missing_keys_take_the_dataclass_defaults(tmp_path):
     assert profile.proposer == ProposerSpec()
     assert profile.speculation == SpeculationSpec()
     assert profile.sampling == SamplingSpec()
+    assert profile.runtime == RuntimeSpec(threads=0)  # 0 = auto
     assert profile.name == "p"  # the file name when the profile has no `name`
 
 
@@ -116,6 +118,8 @@ stop = ["\\n\\n", "END"]
 stop_token_ids = [2, 3]
 ignore_eos = true
 logprobs = 5
+[runtime]
+threads = 3
 """
     path = write(tmp_path, text)
     assert load_profile(path) == Profile(
@@ -128,6 +132,7 @@ logprobs = 5
         sampling=SamplingSpec(
             0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5
         ),
+        runtime=RuntimeSpec(threads=3),
     )
 
 
@@ -341,6 +346,7 @@ OUT_OF_RANGE = [
     ("proposer.draft_p_min", "1.0", "must be in [0, 1)"),
     ("proposer.draft_p_min", "-0.1", "must be in [0, 1)"),
     ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample, temperature"),
+    ("runtime.threads", "-1", "must be from 0 (auto) to 1024"),
 ]
 
 
@@ -373,6 +379,8 @@ def test_out_of_range_values_say_what_is_allowed(tmp_path, key, literal, allowed
         ("proposer.kind", '"none"'),
         ("proposer.ngram_max", "32"),
         ("proposer.draft_p_min", "0.99"),
+        ("runtime.threads", "0"),
+        ("runtime.threads", "1"),
     ],
 )
 def test_boundary_values_are_accepted(tmp_path, key, literal):
@@ -416,6 +424,12 @@ def test_missing_target_is_an_error(tmp_path):
 
 
 # ---------------------------------------------------------------- overrides
+
+
+def test_threads_option_overrides_the_runtime_table(tmp_path):
+    assert load_with(tmp_path, {"runtime.threads": "4"}, {"runtime.threads": 1}).runtime.threads == 1
+    with pytest.raises(UsageError, match="--threads -2 is not allowed"):
+        load_with(tmp_path, {}, {"runtime.threads": -2})
 
 
 def test_overrides_win_over_the_file_and_none_means_not_given(tmp_path):
@@ -537,6 +551,7 @@ def test_profile_as_dict_is_plain_and_json_ready(tmp_path):
         proposer=ProposerSpec(**data["proposer"]),
         speculation=SpeculationSpec(**data["speculation"]),
         sampling=SamplingSpec(**data["sampling"]),
+        runtime=RuntimeSpec(**data["runtime"]),
     )
     assert rebuilt == profile
 

@@ -48,6 +48,7 @@ def generate(
     device: opt.Device = None,
     compile: opt.Compile = None,
     autotune: opt.Autotune = None,
+    threads: opt.Threads = None,
     logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="Report the top-N logprobs per token (JSON).")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")] = False,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,

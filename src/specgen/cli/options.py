@@ -38,6 +38,8 @@ Compile = Annotated[Optional[bool], typer.Option(
     "--compile/--no-compile", help="Also torch.compile the CUDA-graph steps: faster rounds, slower first start.")]
 Autotune = Annotated[Optional[bool], typer.Option(
     "--autotune/--no-autotune", help="With --compile: benchmark GEMM kernels at start-up (much slower first start).")]
+Threads = Annotated[Optional[int], typer.Option(
+    "--threads", help="CPU threads for torch; 0 = auto (half the CPUs, at least 1).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
 
@@ -53,7 +55,7 @@ def overrides(**options) -> dict:
         "seed": "sampling.seed", "max_tokens": "sampling.max_tokens", "min_tokens": "sampling.min_tokens",
         "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
         "logprobs": "sampling.logprobs", "compile": "speculation.compile",
-        "autotune": "speculation.autotune",
+        "autotune": "speculation.autotune", "threads": "runtime.threads",
     }
     out = {keys[name]: value for name, value in options.items() if name in keys and value not in (None, [])}
     for name in ("dtype", "device"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from specgen.core.errors import ModelError
-from specgen.core.settings import ModelSpec, Profile
+from specgen.core.settings import ModelSpec, Profile, RuntimeSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -25,6 +25,19 @@ class LoadedPair:
     tokenizer: object  # a transformers tokenizer shared by both models
     vocab_size: int  # number of real token ids (len(tokenizer)); logits columns past it are padding
     device: torch.device  # where the target's logits come out
+    threads: int  # torch's CPU threads for this run ([runtime] threads, auto resolved)
+
+
+def cpu_threads(spec: RuntimeSpec, cpus: int | None = None) -> int:
+    """[runtime] threads, with 0 (auto) resolved to half the CPUs this process may use, at least 1.
+
+    Half, so that another process on the machine can take a core without every op waiting for a
+    descheduled thread; `cpus` is for tests (default: this process's CPU affinity)."""
+    if spec.threads:
+        return spec.threads
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // 2)
 
 
 def resolve_device(spec: ModelSpec) -> torch.device:
@@ -180,6 +193,8 @@ def logits_width(model: torch.nn.Module) -> int:
 
 
 def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = True) -> LoadedPair:
+    threads = cpu_threads(profile.runtime)
+    torch.set_num_threads(threads)  # before any model runs
     tokenizer = load_tokenizer(profile.target)
     target = load_model(profile.target, allow_pickle)
     draft = None
@@ -195,4 +210,5 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = T
             f"the target has {logits_width(target)} output rows but the tokenizer has {len(tokenizer)} tokens"
         )
     device = target.get_output_embeddings().weight.device
-    return LoadedPair(target=target, draft=draft, tokenizer=tokenizer, vocab_size=len(tokenizer), device=device)
+    return LoadedPair(target=target, draft=draft, tokenizer=tokenizer, vocab_size=len(tokenizer), device=device,
+                      threads=threads)

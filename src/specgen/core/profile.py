@@ -29,6 +29,7 @@ from specgen.core.settings import (
     ModelSpec,
     Profile,
     ProposerSpec,
+    RuntimeSpec,
     SamplingSpec,
     SpeculationSpec,
 )
@@ -42,6 +43,7 @@ _TABLES = {
     "proposer": ProposerSpec,
     "speculation": SpeculationSpec,
     "sampling": SamplingSpec,
+    "runtime": RuntimeSpec,
 }
 _TOP_LEVEL = ("name", "description")
 # settings.py uses postponed annotations, so each field's type is its annotation string.
@@ -284,6 +286,7 @@ def _build(merged: _Merged, name: str) -> Profile:
         proposer=ProposerSpec(**merged.table("proposer")),
         speculation=SpeculationSpec(**merged.table("speculation")),
         sampling=SamplingSpec(**merged.table("sampling")),
+        runtime=RuntimeSpec(**merged.table("runtime")),
     )
 
 
@@ -450,6 +453,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling.stop": (all, "must not contain an empty string"),  # "" would stop at once
     "sampling.stop_token_ids": (lambda v: all(i >= 0 for i in v), "must be token ids >= 0"),
     "sampling.logprobs": (lambda v: 0 <= v <= 20, "must be from 0 to 20"),
+    "runtime.threads": (lambda v: 0 <= v <= 1024, "must be from 0 (auto) to 1024"),
 }
 
 

@@ -70,6 +70,16 @@ class SamplingSpec:
 
 
 @dataclass(frozen=True)
+class RuntimeSpec:
+    """How this process runs, whatever the models."""
+
+    # CPU threads for torch's ops; 0 = auto: half the CPUs this process may use, at least 1.
+    # Not torch's default (every core): its threads wait for each other at every op, so one
+    # busy core elsewhere slows every round to the pace of the slowest thread.
+    threads: int = 0
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     source: str  # file the profile came from ("<built-in>" style names for packaged ones)
@@ -78,3 +88,4 @@ class Profile:
     proposer: ProposerSpec = field(default_factory=ProposerSpec)
     speculation: SpeculationSpec = field(default_factory=SpeculationSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
