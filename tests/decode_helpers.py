@@ -80,7 +80,8 @@ def draft_follows(engine, decoder, prompt: list[int], token_ids: list[int]) -> N
     """After a finished run (no round in flight): the target cache holds the committed sequence but
     its last id (feed[0, 0]); the draft cache all but its last two (rnd.pending), and feeding those
     gives the logits a fresh StaticRunner gives for the whole sequence (float32 rounding only).
-    Call it only after runs that stopped on length or a stop id: a stop string abandons a round."""
+    Call it only after runs that stopped on length: a round cut by a stop id or a stop string
+    committed the whole round on the device, and a stop string may leave the next round queued."""
     rnd = decoder.round
     committed = list(prompt) + list(token_ids)
     assert int(rnd.target.position) == len(committed) - 1, "target cache is not the committed sequence minus one"
