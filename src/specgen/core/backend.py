@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 import torch
 
 from specgen.core import rejection, sampling
-from specgen.core.runner import Runner, StaticRunner
+from specgen.core.runner import EagerRunner, Runner
 
 
 class Program(Protocol):
@@ -109,7 +109,7 @@ class TorchBackend:
         self.device = device
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = ()) -> Runner:
-        return StaticRunner(model, width, capacity)
+        return EagerRunner(model, width, capacity)
 
     def warp(self, logits, params, penalties=None, bad_mask=None):
         return sampling.warp(logits, params, penalties, bad_mask)
