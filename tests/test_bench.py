@@ -398,3 +398,18 @@ def test_progress_shows_an_eta_on_a_terminal(tiny, monkeypatch):
     assert "ETA" in err
     code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "2", "--num-prompts", "1")
     assert "ETA" not in err and err == ""
+
+
+def test_help_shows_every_option_name_whole_at_80_columns(monkeypatch):
+    import typer.main
+
+    from specgen.cli.main import app
+
+    code, out, err = bench_cli(monkeypatch, "bench", "--help")
+    assert code == 0, err
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    command = typer.main.get_command(app).commands["bench"]
+    names = [name for param in command.params for name in (*param.opts, *param.secondary_opts) if name.startswith("--")]
+    assert len(names) > 25
+    for name in names:
+        assert name in out, name
