@@ -31,39 +31,49 @@ class Format(str, enum.Enum):
     json = "json"
 
 
+def _sweep(*names: str, **kwargs):
+    """An option of bench's own, in the help's "Sweep" panel: panels are separate tables, so long
+    option names elsewhere do not squeeze these (or theirs) at 80 columns."""
+    return typer.Option(*names, rich_help_panel="Sweep", **kwargs)
+
+
+def _output(*names: str, **kwargs):
+    return typer.Option(*names, rich_help_panel="Output", **kwargs)
+
+
 def bench(
     profile: opt.Profile = None,
     target: opt.Target = None,
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
-    ks: Annotated[str, typer.Option("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
-    temperatures: Annotated[str, typer.Option("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
-    baselines: Annotated[str, typer.Option(
+    ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
+    temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
+    baselines: Annotated[str, _sweep(
         "--baseline", help="Comma list of target-only, hf, hf-static, hf-assisted.")] = "target-only",
-    prompts_file: Annotated[Optional[Path], typer.Option(
+    prompts_file: Annotated[Optional[Path], _sweep(
         "--prompts", help="Text lines or JSONL with 'prompt' (default: the pair's prompts.jsonl).")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", min=1, help="Use the first N prompts.")] = None,
+    num_prompts: Annotated[Optional[int], _sweep("--num-prompts", min=1, help="Use the first N prompts.")] = None,
     max_tokens: opt.MaxTokens = None,
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per prompt; the median counts.")] = 1,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before each method.")] = 1,
+    repeat: Annotated[int, _sweep("--repeat", min=1, help="Timed runs per prompt; the median counts.")] = 1,
+    warmup: Annotated[int, _sweep("--warmup", min=0, help="Untimed runs before each method.")] = 1,
     top_p: opt.TopP = None,
     top_k: opt.TopK = None,
     min_p: opt.MinP = None,
     repetition_penalty: opt.RepetitionPenalty = None,
     seed: opt.Seed = None,
-    ignore_eos: Annotated[bool, typer.Option(
+    ignore_eos: Annotated[bool, _sweep(
         "--ignore-eos/--no-ignore-eos", help="Generate max-tokens for every prompt (default) or stop at EOS.")] = True,
     dtype: opt.Dtype = None,
     device: opt.Device = None,
     compile: opt.Compile = None,
-    fp32_check: Annotated[Optional[bool], typer.Option(
+    fp32_check: Annotated[Optional[bool], _sweep(
         "--fp32-check/--no-fp32-check",
         help="After timing, compare greedy speculative with target-only output in float32 "
              "(default: when the sweep has temperature 0 and the models are not float32).")] = None,
-    records: Annotated[bool, typer.Option(
+    records: Annotated[bool, _output(
         "--records", help="Keep per-round records in the JSON (for inspect-acceptance --bench).")] = False,
-    output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json.")] = Format.text,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
+    output_format: Annotated[Format, _output("--format", "-f", help="text | json.")] = Format.text,
+    quiet: Annotated[bool, _output("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
