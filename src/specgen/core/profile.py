@@ -26,6 +26,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 from specgen.core.errors import ProfileError, SpecgenError, UsageError
 from specgen.core.settings import (
+    KernelSpec,
     ModelSpec,
     Profile,
     ProposerSpec,
@@ -42,6 +43,7 @@ _TABLES = {
     "proposer": ProposerSpec,
     "speculation": SpeculationSpec,
     "sampling": SamplingSpec,
+    "kernels": KernelSpec,
 }
 _TOP_LEVEL = ("name", "description")
 # settings.py uses postponed annotations, so each field's type is its annotation string.
@@ -284,6 +286,7 @@ def _build(merged: _Merged, name: str) -> Profile:
         proposer=ProposerSpec(**merged.table("proposer")),
         speculation=SpeculationSpec(**merged.table("speculation")),
         sampling=SamplingSpec(**merged.table("sampling")),
+        kernels=KernelSpec(**merged.table("kernels")),
     )
 
 
@@ -450,6 +453,11 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling.stop": (all, "must not contain an empty string"),  # "" would stop at once
     "sampling.stop_token_ids": (lambda v: all(i >= 0 for i in v), "must be token ids >= 0"),
     "sampling.logprobs": (lambda v: 0 <= v <= 20, "must be from 0 to 20"),
+    "kernels.attention": _one_of("auto", "kernel", "sdpa"),
+    "kernels.linear": _one_of("auto", "kernel", "torch"),
+    "kernels.rope": _one_of("auto", "kernel", "model"),
+    "kernels.split_k": _one_of("auto", "on", "off"),
+    "kernels.warp": _one_of("auto", "kernel", "torch"),
 }
 
 
