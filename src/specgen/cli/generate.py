@@ -58,6 +58,7 @@ def generate(
         "--skip-long-prompts", help="Leave out prompts of the file that do not fit the context (a warning names each).")] = False,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print the resolved backend and kernels on stderr.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
@@ -69,6 +70,8 @@ def generate(
     overrides = opt.overrides(**locals())
     settings = load_profile(profile, overrides)
     engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
+    if verbose and not quiet:
+        warn(describe(engine.describe()))
     show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
     jobs = fitting(prompts, lambda text: encode(engine, settings, text, chat, truncate_prompt),
                    engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
@@ -85,6 +88,17 @@ def encode(engine, settings, text: str, chat: bool, truncate: bool) -> list[int]
         room = engine.max_context - settings.sampling.max_tokens - settings.speculation.k - 1
         ids = ids[-max(room, 1):]
     return ids
+
+
+def describe(resolved: dict) -> str:
+    """The resolved run settings as `key: value` lines (nested tables flattened with dots)."""
+    lines = []
+    for key, value in resolved.items():
+        if isinstance(value, dict):
+            lines += [f"{key}.{sub}" for sub in describe(value).splitlines()]
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
 
 
 def warn(line: str) -> None:

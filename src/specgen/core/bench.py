@@ -318,6 +318,7 @@ class Bench:
             "device_name": name or platform.machine(),
             "dtype": str(self.engine.pair.target.dtype).removeprefix("torch."),
             "cpu_threads": torch.get_num_threads(),
+            "resolved": self.engine.describe(),  # backend, graphs, compile, kernels as resolved
         }
 
     def _profile_info(self) -> dict:

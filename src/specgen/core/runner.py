@@ -54,8 +54,8 @@ class EagerRunner:
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
         self.capacity = capacity  # not a limit here: the cache grows as needed
         self.generation = 0
-        self.cache = None
         self.length = 0  # tokens in the cache (may run ahead of position until the next step)
+        self.reset()
 
     def reset(self) -> None:
         from transformers import DynamicCache
