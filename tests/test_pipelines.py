@@ -84,6 +84,33 @@ def test_ctrl_c_on_a_terminal_keeps_the_text_the_live_view_showed(monkeypatch, t
     assert summary and 0 < int(summary.group(1)) < 100
 
 
+# Ctrl-C at the moment a module starts importing, in a real `specgen` process: an import hook sends
+# the process SIGINT, as a terminal would.
+INTERRUPT_AT_IMPORT = """
+import os, signal, sys
+
+MODULE = sys.argv.pop(1)
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+from specgen.cli.main import main
+main()
+"""
+
+
+@pytest.mark.parametrize("module", ["typer", "rich.console", "specgen.cli.errors", "torch", "transformers"])
+def test_ctrl_c_during_start_up_says_interrupted_and_exits_130(tiny, module):
+    """From the Typer import (the first ~0.2 s) to torch and transformers (loading): never a traceback."""
+    args = [sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "generate", "-p", str(tiny.profile), "def f():"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "specgen: interrupted\n")
+
+
 def test_ctrl_c_while_loading_says_interrupted(monkeypatch, tiny):
     from specgen.core import engine
 
