@@ -157,3 +157,28 @@ def test_threads_option_sets_torch_threads_before_the_run(monkeypatch, tiny):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- start-up
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--top-p", "5", PROMPT],
+    ["generate", "--seed", "-1", PROMPT],
+    ["generate", "--seed", str(2**64), PROMPT],
+    ["generate", "--profile", "no-such-profile", PROMPT],
+    ["generate", "--format", "jsonl", PROMPT],
+], ids=["option", "seed", "huge-seed", "profile", "format"])
+def test_usage_errors_are_found_before_torch_is_imported(args):
+    """Importing torch and transformers takes seconds: a typo must not wait for them."""
+    code = (
+        "import sys\n"
+        "from specgen.cli import errors\n"
+        "from specgen.cli.main import app\n"
+        "assert errors.run(app, sys.argv[1:]) == 2\n"
+        "sys.exit(sorted({'torch', 'transformers'} & set(sys.modules)) or None)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("specgen: error: ")

@@ -341,7 +341,10 @@ OUT_OF_RANGE = [
     ("sampling.min_tokens", "-1", "must be >= 0"),
     ("sampling.logprobs", "-1", "must be from 0 to 20"),
     ("sampling.logprobs", "21", "must be from 0 to 20"),
-    ("sampling.seed", "-1", "must be >= 0"),
+    ("sampling.seed", "-1", "must be from 0 to 2**64 - 1"),
+    ("sampling.seed", "18446744073709551616", "must be from 0 to 2**64 - 1"),
+    ("target.device_map", '"bogus"', "must be auto, balanced, balanced_low_0, sequential, cpu, cuda"),
+    ("draft.device_map", '"cuda:"', "must be auto, balanced, balanced_low_0, sequential, cpu, cuda"),
     ("sampling.stop", '["a", ""]', "must not contain an empty string"),
     ("sampling.stop_token_ids", "[-1]", "must be token ids >= 0"),
     ("target.dtype", '"fp16"', "must be one of auto, float32, float16, bfloat16"),
@@ -404,6 +407,9 @@ def test_out_of_range_values_say_what_is_allowed(tmp_path, key, literal, allowed
         ("sampling.logprobs", "0"),
         ("sampling.logprobs", "20"),
         ("sampling.seed", "0"),
+        ("sampling.seed", "18446744073709551615"),
+        ("target.device_map", '"balanced_low_0"'),
+        ("draft.device_map", '"cuda:1"'),
         ("sampling.max_tokens", "1"),
         ("target.device", '"cuda:3"'),
         ("draft.device", '"cuda"'),
@@ -421,6 +427,12 @@ def test_boundary_values_are_accepted(tmp_path, key, literal):
     profile = load_with(tmp_path, {key: literal})
     table, _, name = key.partition(".")
     assert getattr(getattr(profile, table), name) == json.loads(literal)
+
+
+def test_a_bad_device_map_names_file_and_line(tmp_path):
+    path = write(tmp_path, '[target]\npath = "t"\ndevice_map = "bogus"\n[proposer]\nkind = "none"\n')
+    with pytest.raises(ProfileError, match=rf"^{path}:3: `target.device_map = \"bogus\"` is not allowed"):
+        load_profile(path)
 
 
 def test_min_tokens_must_not_exceed_max_tokens(tmp_path):
@@ -479,6 +491,7 @@ def test_overrides_win_over_the_file_and_none_means_not_given(tmp_path):
     ("key", "value", "message"),
     [
         ("speculation.k", 0, "--k 0 is not allowed: must be from 1 to 32"),
+        ("sampling.seed", 2**64, f"--seed {2**64} is not allowed: must be from 0 to 2**64 - 1"),
         ("sampling.top_p", 0, "--top-p 0 is not allowed: must be in (0, 1]"),
         ("sampling.min_p", 2.0, "--min-p 2.0 is not allowed: must be in [0, 1]"),
         ("sampling.temperature", "hot", "--temperature hot is a string; expected a finite number"),

@@ -63,12 +63,12 @@ def generate(
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
     """Generate text; stdout gets only the text (or JSON), stderr the live view and statistics."""
-    from specgen.core.engine import Engine
     from specgen.core.profile import load_profile
 
     prompts = read_prompts(prompt, prompts_file, output_format)
-    overrides = opt.overrides(**locals())
-    settings = load_profile(profile, overrides)
+    settings = load_profile(profile, opt.overrides(**locals()))
+    from specgen.core.engine import Engine  # torch and transformers (seconds): only for valid input
+
     engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
     if verbose and not quiet:
         warn(describe(engine.describe()))

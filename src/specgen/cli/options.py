@@ -26,7 +26,8 @@ MinP = Annotated[Optional[float], typer.Option("--min-p", help="Drop tokens belo
 RepetitionPenalty = Annotated[Optional[float], typer.Option("--repetition-penalty", help="> 1 discourages repeats.")]
 PresencePenalty = Annotated[Optional[float], typer.Option("--presence-penalty", help="In [-2, 2].")]
 FrequencyPenalty = Annotated[Optional[float], typer.Option("--frequency-penalty", help="In [-2, 2].")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Same seed, same text on the same device.")]
+Seed = Annotated[Optional[int], typer.Option(
+    "--seed", help="0 to 2**64-1. Same seed, same settings (k and proposer too), same text on the same device.")]
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens to generate at most.")]
 MinTokens = Annotated[Optional[int], typer.Option("--min-tokens", help="No EOS/stop id before this many tokens.")]
 Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); not included in the output.")]

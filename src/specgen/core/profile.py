@@ -431,12 +431,16 @@ def _for_models(field: str, rule: tuple[Callable[[object], bool], str]) -> dict:
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+# accelerate's named strategies, or one device for the whole model
+_DEVICE_MAP = re.compile(r"auto|balanced|balanced_low_0|sequential|cpu|cuda(:\d+)?")
 
 # dotted key -> (check, what is allowed); types are already checked when these run.
 _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     **_for_models("path", (bool, "must not be empty")),
     **_for_models("dtype", _one_of("auto", "float32", "float16", "bfloat16")),
     **_for_models("device", (_DEVICE.fullmatch, "must be auto, cpu, cuda or cuda:N")),
+    **_for_models("device_map", (_DEVICE_MAP.fullmatch,
+                                 "must be auto, balanced, balanced_low_0, sequential, cpu, cuda or cuda:N")),
     "proposer.kind": _one_of("draft", "ngram", "hybrid", "none"),
     "proposer.ngram_min": (lambda v: v >= 1, "must be >= 1"),
     "proposer.ngram_max": (lambda v: v <= 32, "must be <= 32"),
@@ -450,7 +454,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling.repetition_penalty": (lambda v: v > 0, "must be > 0 (1 = off)"),
     "sampling.presence_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
     "sampling.frequency_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
-    "sampling.seed": (lambda v: v >= 0, "must be >= 0"),
+    "sampling.seed": (lambda v: 0 <= v < 2**64, "must be from 0 to 2**64 - 1"),  # torch's seed range
     "sampling.max_tokens": (lambda v: v >= 1, "must be >= 1"),
     "sampling.min_tokens": (lambda v: v >= 0, "must be >= 0"),
     "sampling.stop": (all, "must not contain an empty string"),  # "" would stop at once
