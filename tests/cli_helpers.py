@@ -6,10 +6,19 @@ the real ones. The streams can claim to be terminals, which capsys cannot.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import pty
+import re
+import select
+import struct
+import subprocess
 import sys
+import termios
+import time
+import unicodedata
 from dataclasses import dataclass
 
 # Variables that change what specgen prints; each test starts without them.
@@ -77,3 +86,68 @@ def subprocess_env(**extra: str) -> dict:
     as in a real pipe (so specgen's own flushing is what the test sees), one torch thread."""
     env = {k: v for k, v in os.environ.items() if k not in (*OUTPUT_ENV, "PYTHONUNBUFFERED")}
     return env | {"OMP_NUM_THREADS": "1"} | extra
+
+
+def run_on_terminals(args: list[str], *, stdout_tty: bool, stderr_tty: bool, env: dict,
+                     timeout: float = 300) -> tuple[int, bytes, bytes]:
+    """Run a real process with stdout and stderr each on its own 100x24 pseudo-terminal or on a pipe,
+    as chosen; returns (exit code, stdout bytes, stderr bytes). A terminal's bytes are as the terminal
+    got them (CR LF line ends, escape sequences)."""
+    ends = {}
+    for name, tty in (("stdout", stdout_tty), ("stderr", stderr_tty)):
+        if tty:
+            leader, follower = pty.openpty()
+            fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+        else:
+            leader, follower = os.pipe()
+        ends[name] = (leader, follower)
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=ends["stdout"][1], stderr=ends["stderr"][1],
+                            env=env)
+    for _, follower in ends.values():
+        os.close(follower)
+    data, reading = {"stdout": b"", "stderr": b""}, {leader: name for name, (leader, _) in ends.items()}
+    deadline = time.monotonic() + timeout
+    while reading:
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"{args} ran past {timeout} s")
+        ready, _, _ = select.select(list(reading), [], [], 0.1)
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the process closed its side of the terminal
+                chunk = b""
+            if chunk:
+                data[reading[fd]] += chunk
+            else:
+                os.close(fd)
+                del reading[fd]
+    return proc.wait(timeout=60), data["stdout"], data["stderr"]
+
+
+TERMINAL_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")  # styles, cursor moves, titles
+
+
+def visible_text(text: str) -> str:
+    """What a reader sees of some text: no escape sequences, control characters or white space, so that
+    text shown by a terminal and the same text written to a pipe compare equal."""
+    text = TERMINAL_CONTROL.sub("", text)
+    return "".join(c for c in text if not c.isspace() and unicodedata.category(c) != "Cc")
+
+
+def count_forwards(monkeypatch, interrupt_at: int | None = None) -> list:
+    """Counts the forwards of every Llama model (target and draft) in the returned list; with
+    interrupt_at, forward number interrupt_at raises KeyboardInterrupt: Ctrl-C, simulated, wherever
+    the loop happens to be."""
+    from transformers import LlamaForCausalLM
+
+    real_forward, calls = LlamaForCausalLM.forward, []
+
+    def forward(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", forward)
+    return calls

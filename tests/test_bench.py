@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from specgen.core.bench import Unavailable, first_divergence, hf_generation_config, percentile, recommend
+from specgen.core.bench import Bench, Unavailable, first_divergence, hf_generation_config, notes, percentile, recommend
 from specgen.core.settings import SamplingSpec
+from cli_helpers import specgen
 from tiny_models import build_pair, write_profile
 
 SCHEMA_DOC = Path(__file__).resolve().parents[1] / "docs" / "bench-schema.md"
 PROMPTS = ["def add(a, b):", "class Point:"]
 KS = (1, 3)
+BASELINES = ("target-only", "hf", "hf-static", "hf-assisted")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def sweep(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("out") / "bench.json"
     argv = sys.argv
     sys.argv = ["specgen", "bench", "-p", str(tiny), "--k", ",".join(map(str, KS)), "-t", "0,0.8",
-                "--baseline", "target-only,hf,hf-assisted", "-n", "8", "--warmup", "1", "--records",
+                "--baseline", ",".join(BASELINES), "-n", "8", "--warmup", "1", "--records",
                 "--format", "json", "-q"]
     stdout = sys.stdout
     try:
@@ -101,7 +103,7 @@ def test_bench_values_are_sane(sweep):
         assert result["tokens_per_second"]["median"] > 0
         assert result["tokens_per_second"]["min"] <= result["tokens_per_second"]["median"] <= result[
             "tokens_per_second"]["max"]
-        for name in ("target-only", "hf", "hf-assisted"):
+        for name in BASELINES:
             assert result["speedup"][name]["median"] > 0
             assert all(row["speedup"][name] > 0 for row in result["per_prompt"])
         assert all(v >= 0 for v in result["round_ms"].values())
@@ -113,7 +115,7 @@ def test_bench_values_are_sane(sweep):
         assert 0 < result["time_to_first_token_seconds"]["median"]
         if result["temperature"] == 0:
             agreement = result["greedy_agreement"]
-            assert set(agreement) == {"target-only", "hf", "hf-assisted"}
+            assert set(agreement) == set(BASELINES)
             assert agreement["target-only"]["identical_fraction"] == 1.0  # lossless greedy, float32
             assert agreement["target-only"]["first_divergence"] == [None] * len(PROMPTS)
             assert all(0.0 <= a["identical_fraction"] <= 1.0 for a in agreement.values())
@@ -130,14 +132,18 @@ def test_k_sweep_runs_each_k_at_each_temperature(sweep):
         assert counts["drafted"] <= result["k"] * counts["rounds"]
         assert max(len(r["rounds"][0]["drafted_ids"]) for r in result["records"]) == result["k"]
     assert [(b["temperature"], b["method"]) for b in document["baselines"]] == [
-        (t, m) for t in (0.0, 0.8) for m in ("target-only", "hf", "hf-assisted")]
+        (t, m) for t in (0.0, 0.8) for m in BASELINES]
     recommended = document["recommendation"]
     assert [r["temperature"] for r in recommended] == [0.0, 0.8]
-    for rec in recommended:
+    for rec in recommended:  # chosen by the statistic the × column shows
         best = max((r for r in document["results"] if r["temperature"] == rec["temperature"]),
-                   key=lambda r: r["tokens_per_second"]["median"])
-        assert rec["k"] == best["k"]
+                   key=lambda r: r["speedup"]["target-only"]["median"])
+        assert rec["k"] == best["k"] and rec["by"] == "speedup.target-only"
+        assert rec["speedup"] == rec["speedup_vs_target_only"] == best["speedup"]["target-only"]["median"]
         assert rec["faster_than_target_only"] == (rec["speedup_vs_target_only"] > 1)
+    assert document["incomplete"] is False and document["skipped_prompts"] == []
+    assert document["fp32_check"] is None  # float32 models: the run itself is the float32 check
+    assert document["startup_seconds"] > 0 and document["settings"]["compile"] is False
 
 
 def test_json_alone_on_stdout_in_a_real_process(tiny, tmp_path):
@@ -198,8 +204,42 @@ def test_summaries_and_divergence():
     assert percentile([7.0], 0.25) == 7.0
     rows = [{"temperature": 0.0, "k": k, "tokens_per_second": {"median": tps}, "speedup": {"target-only": {"median": s}}}
             for k, tps, s in ((1, 10.0, 0.9), (2, 12.0, 0.95))]
-    assert recommend(rows) == [{"temperature": 0.0, "k": 2, "tokens_per_second": 12.0,
-                                "speedup_vs_target_only": 0.95, "faster_than_target_only": False}]
+    assert recommend(rows) == [{"temperature": 0.0, "k": 2, "by": "speedup.target-only", "tokens_per_second": 12.0,
+                                "speedup": 0.95, "speedup_vs_target_only": 0.95, "faster_than_target_only": False}]
+
+
+def test_recommendation_and_the_speedup_column_use_one_statistic():
+    """Median tok/s and the median of per-prompt ratios can rank two k differently (here k=2 has the
+    higher median tok/s, k=1 the higher median ratio): the pick follows the ratio the table shows."""
+    rows = [{"temperature": 0.0, "k": k, "tokens_per_second": {"median": tps},
+             "speedup": {"target-only": {"median": s}, "hf": {"median": 3 * s}}}
+            for k, tps, s in ((1, 10.0, 1.3), (2, 12.0, 1.2))]
+    assert recommend(rows)[0]["k"] == 1
+    assert recommend(rows, ("hf", "target-only"))[0]["by"] == "speedup.hf"
+    no_baseline = [dict(r, speedup={"target-only": None}) for r in rows]
+    assert recommend(no_baseline)[0] | {"tokens_per_second": None} == {
+        "temperature": 0.0, "k": 2, "by": "tokens_per_second", "tokens_per_second": None, "speedup": None,
+        "speedup_vs_target_only": None, "faster_than_target_only": None}
+
+
+def test_a_note_when_plain_hf_beats_target_only():
+    def base(method, tps, temperature=0.0, available=True):
+        return {"method": method, "temperature": temperature, "available": available,
+                "tokens_per_second": {"median": tps} if available else None}
+
+    said = notes([base("target-only", 64.8), base("hf", 75.2), base("hf-static", 60.0), base("hf-assisted", 90.0),
+                  base("target-only", 80.0, 0.8), base("hf", 75.0, 0.8)])
+    assert said == ["hf is faster than target-only at temperature 0 (75.2 vs 64.8 tok/s): speedups against "
+                    "target-only overstate the gain over plain Hugging Face generate here"]
+    assert notes([base("target-only", 64.8), base("hf", None, available=False)]) == []
+
+    from rich.console import Console
+
+    from specgen.cli.bench import show
+
+    console = Console(width=200, record=True, highlight=False)
+    show(_document(["target-only"], cuda=False) | {"notes": said}, console)
+    assert "note: hf is faster than target-only at temperature 0 (75.2 vs 64.8 tok/s)" in console.export_text()
 
 
 def test_hf_baselines_refuse_what_transformers_cannot_do():
@@ -209,3 +249,175 @@ def test_hf_baselines_refuse_what_transformers_cannot_do():
         hf_generation_config(SamplingSpec(stop=("\n",)), {0})
     config = hf_generation_config(SamplingSpec(temperature=0.8, top_k=-1, ignore_eos=True), {0})
     assert config.do_sample and config.top_k == 0 and config.eos_token_id is None
+
+
+def test_hf_static_baseline_uses_a_static_cache_without_compile():
+    config = hf_generation_config(SamplingSpec(), {0}, static=True)
+    assert config.cache_implementation == "static" and config.disable_compile
+    assert hf_generation_config(SamplingSpec(), {0}).cache_implementation is None
+
+
+def test_every_contender_is_warmed_up_before_its_first_timed_run(tiny, monkeypatch):
+    """Each method's first generation is an untimed run of prompt 0; its timed runs follow, prompt by
+    prompt (a contender timed cold once read 0.76x target-only where warm runs read 1.9x)."""
+    calls = []
+    ours, hf = Bench._ours, Bench._hf
+    monkeypatch.setattr(Bench, "_ours", lambda self, profile, i: calls.append((
+        profile.proposer.kind, profile.speculation.k, i)) or ours(self, profile, i))
+    monkeypatch.setattr(Bench, "_hf", lambda self, profile, i, assistant, static=False: calls.append((
+        "hf", assistant is not None, static, i)) or hf(self, profile, i, assistant, static))
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1,2", "-n", "3", "--baseline",
+                             ",".join(BASELINES), "--format", "json")
+    assert code == 0, err
+    methods = dict.fromkeys(call[:-1] for call in calls)
+    assert len(methods) == 6  # target-only, hf, hf-static, hf-assisted, k=1, k=2
+    for method in methods:
+        assert [call[-1] for call in calls if call[:-1] == method] == [0, 0, 1], method
+    first_timed = len(methods)  # every warm-up comes before any timed run
+    assert all(call[-1] == 0 for call in calls[:first_timed])
+
+
+def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1,2", "-n", "6", "--dtype", "bfloat16",
+                             "-t", "0", "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["environment"]["dtype"] == "bfloat16"
+    check = document["fp32_check"]
+    assert check["dtype"] == "float32" and [r["k"] for r in check["results"]] == [1, 2]
+    for row in check["results"]:  # lossless greedy in float32: identical, prompt by prompt
+        assert row["identical_fraction"] == 1.0 and row["first_divergence"] == [None] * len(PROMPTS)
+    assert "greedy same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
+    code, out, _ = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "4", "--dtype", "bfloat16",
+                           "-t", "0", "--no-fp32-check", "--format", "json", "-q")
+    assert code == 0 and json.loads(out)["fp32_check"] is None
+
+
+def test_ctrl_c_keeps_what_finished(tiny, tmp_path, monkeypatch):
+    """Ctrl-C in the third prompt: the first two, finished by every method, are printed (JSON marked
+    incomplete) and the exit code is 130."""
+    import transformers
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nclass Point:\nimport os\n")
+    forward = transformers.LlamaForCausalLM.forward
+    seen = []
+
+    def counting(self, *args, **kwargs):
+        seen.append(1)
+        if limit is not None and len(seen) == limit:
+            raise KeyboardInterrupt
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "forward", counting)
+    starts = []  # forward calls made before each generation began
+    ours = Bench._ours
+    monkeypatch.setattr(Bench, "_ours", lambda self, profile, i: starts.append(len(seen)) or ours(self, profile, i))
+    argv = ("bench", "-p", tiny, "--prompts", prompts, "--k", "2", "-n", "4", "-t", "0", "--format", "json")
+    limit = None
+    code, _, err = bench_cli(monkeypatch, *argv)
+    assert code == 0, err
+    assert len(starts) == 8  # target-only and k=2: a warm-up each, then 3 prompts each, in turns
+    limit = starts[6] + 2  # two forwards into the third prompt's first run
+    seen.clear()
+    code, out, err = bench_cli(monkeypatch, *argv)
+    assert code == 130
+    document = json.loads(out)
+    assert document["incomplete"] is True
+    assert [r["prompt"] for r in document["results"][0]["per_prompt"]] == [0, 1]
+    assert [r["prompt"] for r in document["baselines"][0]["per_prompt"]] == [0, 1]
+    assert document["recommendation"][0]["k"] == 2
+    assert "INCOMPLETE" in err and "interrupted: the table holds only" in err
+    assert err.rstrip().endswith("specgen: interrupted")
+
+
+def test_a_too_long_prompt_is_skipped_not_fatal(tiny, tmp_path, monkeypatch):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\n" + " ".join(str(i) for i in range(600)) + "\nclass Point:\n")
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--prompts", prompts, "--k", "2", "-n", "4",
+                             "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert [p["index"] for p in document["prompts"]] == [0, 2]
+    assert [r["prompt"] for r in document["results"][0]["per_prompt"]] == [0, 2]
+    (skipped,) = document["skipped_prompts"]
+    assert skipped["index"] == 1 and skipped["tokens"] > 512 and "context" in skipped["reason"]
+    assert "specgen: warning: skipping prompt 2 of 3: the prompt has" in err
+    prompts.write_text(" ".join(str(i) for i in range(600)) + "\n")
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--prompts", prompts, "--k", "2", "-n", "4")
+    assert code == 2 and out == "" and "no prompt fits" in err
+
+
+def bench_cli(monkeypatch, *args, **kwargs) -> tuple[int, str, str]:
+    result = specgen(monkeypatch, *args, **kwargs)
+    return result.code, result.stdout, result.stderr
+
+
+def _document(names: list[str], cuda: bool) -> dict:
+    """A bench document with wide numbers, for rendering tests."""
+    tps = {"median": 12345.6, "p25": 10234.5, "p75": 15432.1, "min": 1.0, "max": 2.0}
+    peak = 123456789012 if cuda else None
+    base = [{"method": n, "temperature": 0.0, "available": True, "reason": None, "tokens_per_second": tps,
+             "time_to_first_token_seconds": {"median": 1.2345}, "peak_gpu_memory_bytes": peak} for n in names]
+    result = {"k": 8, "temperature": 0.0, "tokens_per_second": tps,
+              "speedup": {n: {"median": 123.45} for n in names}, "acceptance_rate": 0.8765,
+              "mean_accepted_length": 7.65, "per_position_acceptance": [0.9] * 8,
+              "round_ms": {"draft": 10.25, "verify": 20.5, "sample": 30.75, "other": 40.5},
+              "time_to_first_token_seconds": {"median": 1.2345}, "peak_gpu_memory_bytes": peak,
+              "greedy_agreement": {"target-only": {"identical_fraction": 0.95, "first_divergence": [None, 103]}}}
+    return {"settings": {"baselines": names, "temperatures": [0.0], "max_tokens": 128},
+            "environment": {"device": "cuda:0", "device_name": "NVIDIA H200"}, "profile": {"name": "bench"},
+            "prompts": [{}] * 20, "baselines": base, "results": [result], "incomplete": False,
+            "recommendation": [], "notes": [], "fp32_check": None, "skipped_prompts": []}
+
+
+@pytest.mark.parametrize("width, names", [(120, BASELINES), (80, ("target-only",)), (100, ("target-only", "hf"))])
+def test_table_never_truncates_numbers(width, names):
+    """Where the numbers fit (on one table, or split into speed and acceptance tables), each is whole."""
+    from rich.console import Console
+
+    from specgen.cli.bench import show
+
+    console = Console(width=width, record=True, highlight=False)
+    show(_document(list(names), cuda=True), console)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    for number in ("12345.6", "10234.5–15432.1", "123.45×", "87.6%", "7.65", "10.2/20.5/30.8/40.5", "1234.5",
+                   "117738"):
+        assert number in text, (number, text)
+
+
+def test_a_table_too_wide_for_the_console_wraps_numbers_instead_of_cutting_them():
+    from rich.console import Console
+
+    from specgen.cli.bench import show
+
+    console = Console(width=60, record=True, highlight=False)
+    show(_document(list(BASELINES), cuda=True), console)
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 60
+    assert "".join(text.split()).count("k=8") == 2  # both tables' rows are there
+
+
+def test_progress_shows_an_eta_on_a_terminal(tiny, monkeypatch):
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "2", "--num-prompts", "1",
+                             tty=True)
+    assert code == 0, err
+    assert "ETA" in err
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "2", "--num-prompts", "1")
+    assert "ETA" not in err and err == ""
+
+
+def test_help_shows_every_option_name_whole_at_80_columns(monkeypatch):
+    import typer.main
+
+    from specgen.cli.main import app
+
+    code, out, err = bench_cli(monkeypatch, "bench", "--help")
+    assert code == 0, err
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    command = typer.main.get_command(app).commands["bench"]
+    names = [name for param in command.params for name in (*param.opts, *param.secondary_opts) if name.startswith("--")]
+    assert len(names) > 25
+    for name in names:
+        assert name in out, name

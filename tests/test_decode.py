@@ -1,35 +1,21 @@
-"""The decode loop end to end on CPU, through the real loader, with tiny random-weight models."""
+"""The decode loop end to end through the real loader, with tiny random-weight models.
+
+Greedy identity and the χ² lossless tests run on every backend that can run here (BACKENDS: the
+torch backend on the CPU, the CUDA backend where a GPU exists); the loop's own behaviour (stops,
+counts, logprobs, text) is backend-independent and runs on the torch backend.
+"""
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
-import torch
 
-from specgen.core.decode import Fate, Finished
+from decode_helpers import BACKENDS, _chi2_pvalue, draft_follows, finish, make_profile, next_token_probs, random_prompts
+from specgen.core.decode import Fate
 from specgen.core.engine import Engine, target_only
-from specgen.core.settings import ModelSpec, Profile, SamplingSpec, SpeculationSpec
+from specgen.core.settings import SpeculationSpec
 from tiny_models import build_pair
-
-
-def make_profile(target, draft, k=3, **sampling) -> Profile:
-    sampling.setdefault("max_tokens", 24)
-    sampling.setdefault("ignore_eos", True)
-    return Profile("test", "<test>", ModelSpec(str(target)), ModelSpec(str(draft)),
-                   speculation=SpeculationSpec(k=k), sampling=SamplingSpec(**sampling))
-
-
-def finish(decoder, ids) -> Finished:
-    events = list(decoder.run(ids))
-    assert isinstance(events[-1], Finished)
-    return events[-1]
-
-
-def random_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(rng.randint(1, 12))] for _ in range(count)]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -43,20 +29,27 @@ def noisy_pair(tmp_path_factory):
     return build_pair(tmp_path_factory.mktemp("noisy"), noisy=0.1)
 
 
-def test_greedy_speculative_equals_greedy_target_only(pair):
-    engine = Engine(make_profile(*pair))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_speculative_equals_greedy_target_only(pair, backend):
+    """k in 1, 3, 8 on Llama and Qwen2; after every run both caches follow the committed sequence."""
+    engine = Engine(make_profile(*pair, backend=backend))
+    assert engine.backend.name == backend
     vocab = engine.pair.vocab_size
     prompts = random_prompts(vocab, 20)
+    assert any(len(p) == 1 for p in prompts)  # the one-token start is covered
     reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in prompts]
     for k in (1, 3, 8):
         profile = replace(engine.profile, speculation=SpeculationSpec(k=k))
         for prompt, expected in zip(prompts, reference):
-            got = finish(engine.decoder(profile), prompt).token_ids
+            decoder = engine.decoder(profile)
+            got = finish(decoder, prompt).token_ids
             assert got == expected, f"k={k} prompt={prompt}"
+            draft_follows(engine, decoder, prompt, got)
 
 
-def test_noisy_draft_greedy_equal_and_partly_accepted(noisy_pair):
-    engine = Engine(make_profile(*noisy_pair, k=4, max_tokens=40))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_noisy_draft_greedy_equal_and_partly_accepted(noisy_pair, backend):
+    engine = Engine(make_profile(*noisy_pair, k=4, max_tokens=40, backend=backend))
     rates = []
     for prompt in random_prompts(engine.pair.vocab_size, 10, seed=1):
         spec = finish(engine.decoder(), prompt)
@@ -94,14 +87,18 @@ def test_counts_add_up(noisy_pair):
     assert 1.0 <= stats.mean_accepted_length <= 4.0
 
 
-def test_max_tokens_exact_for_every_k(noisy_pair):
-    engine = Engine(make_profile(*noisy_pair))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_tokens_exact_for_every_k(noisy_pair, backend):
+    engine = Engine(make_profile(*noisy_pair, backend=backend))
     for k in (1, 2, 5, 8):
         for max_tokens in (1, 2, 7):
             profile = replace(engine.profile, speculation=SpeculationSpec(k=k),
                               sampling=replace(engine.profile.sampling, max_tokens=max_tokens))
-            result = finish(engine.decoder(profile), [3, 4])
+            decoder = engine.decoder(profile)
+            result = finish(decoder, [3, 4])
             assert len(result.token_ids) == max_tokens and result.reason == "length"
+            assert result.stats.emitted == max_tokens
+            draft_follows(engine, decoder, [3, 4], result.token_ids)
 
 
 def test_stop_token_ids_and_min_tokens(noisy_pair):
@@ -113,6 +110,7 @@ def test_stop_token_ids_and_min_tokens(noisy_pair):
     stopped = finish(engine.decoder(profile), [9, 10, 11])
     assert stopped.reason == "stop_token"
     assert stopped.token_ids == free[: first + 1]
+    assert stopped.stats.emitted == len(stopped.token_ids) and stopped.stats.drafted == sum(stopped.stats.drafted_at)
     # min_tokens masks the stop id until enough tokens exist, so it cannot end the output early.
     profile = replace(profile, sampling=replace(profile.sampling, min_tokens=first + 3))
     later = finish(engine.decoder(profile), [9, 10, 11])
@@ -148,6 +146,50 @@ def test_stop_strings_are_cut_from_the_text(noisy_pair):
     assert result.text == free[: free.index(stop)]
     streamed = "".join(e.text for e in events[:-1]) + result.tail
     assert streamed == result.text
+    assert_ids_end_where_the_text_ends(engine, result, free_ids=finish(engine.decoder(), [20, 21]).token_ids)
+
+
+def assert_ids_end_where_the_text_ends(engine, result, free_ids):
+    """token_ids, fates, pieces and counts of a stop-string run: the tokens whose text starts before
+    the cut, nothing after it, the first ids of the free run."""
+    n = len(result.token_ids)
+    assert n == len(result.fates) == len(result.pieces) and n > 0
+    assert result.token_ids == free_ids[:n]
+    text = "".join(result.pieces)
+    assert text.startswith(result.text)
+    assert len("".join(result.pieces[:-1])) < len(result.text) or result.text == "", "a token after the cut was kept"
+    assert len(text) >= len(result.text), "a token the text needs was cut"
+    assert result.stats.emitted == n, f"stats count {result.stats.emitted} emitted tokens, token_ids has {n}"
+    assert result.stats.accepted + result.stats.recovered + result.stats.bonus == n
+
+
+def test_stop_string_across_rounds_cuts_token_ids(noisy_pair):
+    """A stop string that starts in one round's text and ends in the next one's: Finished.token_ids
+    (and fates, pieces, stats) end with the last token whose text starts before the cut, even when
+    that token belongs to the earlier round."""
+    engine = Engine(make_profile(*noisy_pair, k=1, max_tokens=40))
+    prompt = [20, 21]
+    events = list(engine.decoder().run(prompt))
+    free, rounds = events[-1], events[:-1]
+    cases = 0
+    offset = 0
+    for event, following in zip(rounds, rounds[1:]):
+        offset += len("".join(event.pieces))
+        last, first = event.pieces[-1] if event.pieces else "", "".join(following.pieces)[:1]
+        if not last or not first:
+            continue
+        stop = last[-1] + first  # from the last character of this round to the first of the next
+        begin = free.text.find(stop)
+        if begin < 0 or begin != offset - 1:
+            continue  # the same characters occur earlier: not this boundary
+        profile = replace(engine.profile, sampling=replace(engine.profile.sampling, stop=(stop,)))
+        result = finish(engine.decoder(profile), prompt)
+        assert result.reason == "stop" and result.text == free.text[:begin]
+        assert_ids_end_where_the_text_ends(engine, result, free.token_ids)
+        cases += 1
+        if cases == 3:
+            break
+    assert cases > 0, "no round boundary to put a stop string across"
 
 
 def test_seeded_sampling_is_reproducible(noisy_pair):
@@ -173,7 +215,9 @@ def test_logprobs_match_target_only(noisy_pair):
         assert a["logprob"] <= 0.0
 
 
-def test_sampled_tokens_follow_the_target_distribution(noisy_pair):
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampled_tokens_follow_the_target_distribution(noisy_pair, backend):
     """χ² test of the first two emitted tokens (same round, k = 3) against the target's exact p.
 
     Bins with expected count < 5 are pooled. α = 1e-4 per χ² test (2 tests): the false-failure
@@ -182,7 +226,7 @@ def test_sampled_tokens_follow_the_target_distribution(noisy_pair):
     from scipy.stats import chisquare
 
     runs = 1500
-    engine = Engine(make_profile(*noisy_pair, k=3, temperature=1.0, max_tokens=4))
+    engine = Engine(make_profile(*noisy_pair, k=3, temperature=1.0, max_tokens=4, backend=backend))
     prompt = [7, 8, 9]
     model = engine.pair.target
     p0 = next_token_probs(model, prompt)
@@ -200,28 +244,11 @@ def test_sampled_tokens_follow_the_target_distribution(noisy_pair):
     assert _chi2_pvalue(follow, p1, chisquare) > 1e-4
 
 
-def next_token_probs(model, ids: list[int]) -> torch.Tensor:
-    """softmax of the model's last logits for one sequence: [V] float32 on the CPU, wherever the model is."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids], device=model.device)).logits[0, -1]
-    return torch.softmax(logits.float(), -1).cpu()
-
-
-def _chi2_pvalue(samples: list[int], probs: torch.Tensor, chisquare) -> float:
-    n = len(samples)
-    counts = torch.bincount(torch.tensor(samples), minlength=probs.shape[0]).double()
-    expected = probs.double() * n
-    big = expected >= 5
-    observed = torch.cat([counts[big], counts[~big].sum().unsqueeze(0)])
-    wanted = torch.cat([expected[big], expected[~big].sum().unsqueeze(0)])
-    wanted = wanted * observed.sum() / wanted.sum()
-    return float(chisquare(observed.numpy(), wanted.numpy()).pvalue)
-
-
-def test_unrelated_draft_still_lossless(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unrelated_draft_still_lossless(tmp_path, backend):
     """A draft that is a different random model: nearly everything is recovered, output unchanged."""
     target, draft = build_pair(tmp_path)
-    engine = Engine(make_profile(target, draft, k=3, max_tokens=16))
+    engine = Engine(make_profile(target, draft, k=3, max_tokens=16, backend=backend))
     for prompt in random_prompts(engine.pair.vocab_size, 5, seed=9):
         spec = finish(engine.decoder(), prompt)
         assert spec.token_ids == finish(engine.decoder(target_only(engine.profile)), prompt).token_ids

@@ -166,6 +166,18 @@ def test_prompt_longer_than_the_context_left(monkeypatch, tiny):
                  "hint: shorten the prompt, lower --max-tokens, or pass --truncate-prompt")
 
 
+def test_a_long_prompt_in_a_prompts_file_stops_before_anything_runs_or_is_skipped(monkeypatch, tiny, tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def f():", LONG_PROMPT, "import os"]))
+    result = run(monkeypatch, tiny, "--prompts-file", source, "--format", "jsonl")
+    assert_error(result, 2, f"{source}:2: the prompt has ", "--truncate-prompt", "--skip-long-prompts")
+    skipped = run(monkeypatch, tiny, "--prompts-file", source, "--format", "jsonl", "--skip-long-prompts")
+    assert skipped.code == 0
+    assert [r["prompt"] for r in skipped.json_lines()] == ["def f():", "import os"]
+    warning, *summaries = skipped.stderr.splitlines()
+    assert warning.startswith(f"specgen: warning: skipped {source}:2: the prompt has ") and len(summaries) == 2
+
+
 def test_truncate_prompt_keeps_the_end(monkeypatch, tiny):
     result = run(monkeypatch, tiny, "--truncate-prompt", "--quiet", LONG_PROMPT)
     assert result.code == 0 and result.stderr == ""

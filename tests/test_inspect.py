@@ -214,3 +214,121 @@ def test_from_bench_records(cli, tiny, tmp_path):
     bench.write_text(out)
     code, _, err = cli("inspect-acceptance", "--bench", bench)
     assert code == 2 and "--records" in err
+
+
+# ---------------------------------------------------------------- exports that cannot be written
+
+
+@pytest.fixture
+def unloadable(tmp_path):
+    """A profile whose target does not exist: loading it fails with exit 1 and 'not found', so an error
+    about --export proves the destination was checked before any model loads."""
+    return write_profile(tmp_path / "unloadable.toml", tmp_path / "no-target", None)
+
+
+def _cannot_create_in(folder):
+    import tempfile
+
+    real = tempfile.TemporaryFile
+
+    def temporary_file(*args, dir=None, **kwargs):
+        if dir is not None and str(dir) == str(folder):
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    return temporary_file
+
+
+@pytest.mark.parametrize("case", ["missing directory", "a directory", "not a regular file", "parent is a file",
+                                  "read-only directory", "png without matplotlib"])
+def test_export_destination_is_checked_before_loading(cli, unloadable, tmp_path, monkeypatch, case):
+    import os
+    import tempfile
+
+    path, code, fragment = tmp_path / "report.html", 2, None
+    if case == "missing directory":
+        path, fragment = tmp_path / "nowhere" / "report.html", "does not exist"
+    elif case == "a directory":
+        path.mkdir()
+        fragment = "is a directory"
+    elif case == "not a regular file":  # like /dev/full: writes would fail only at the end
+        os.mkfifo(path)
+        fragment = "is not a regular file"
+    elif case == "parent is a file":
+        (tmp_path / "file").write_text("")
+        path, fragment = tmp_path / "file" / "report.html", "is not a directory"
+    elif case == "read-only directory":  # simulated: the tests may run as root, whom permissions do not stop
+        monkeypatch.setattr(tempfile, "TemporaryFile", _cannot_create_in(tmp_path))
+        fragment = "cannot create a file in"
+    else:
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+        path, code, fragment = tmp_path / "plot.png", 1, "pip install 'specgen[plot]'"
+    out_code, out, err = cli("inspect-acceptance", "-p", unloadable, "--export", path, "def f():")
+    assert (out_code, out) == (code, ""), err
+    assert err.startswith("specgen: error: ") and fragment in err and "not found" not in err
+    assert "Traceback" not in err and len(err.splitlines()) <= 2
+
+
+@pytest.mark.parametrize("output_format", ["text", "json"])
+def test_export_failing_at_write_time_keeps_the_report_on_stdout(cli, tiny, tmp_path, monkeypatch, output_format):
+    from pathlib import Path
+
+    path = tmp_path / "report.html"
+    path.write_text("an earlier report")
+    real_write_text = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.parent == tmp_path:
+            real_write_text(self, "half a rep")  # the disk fills up midway
+            raise OSError(28, "No space left on device")
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "8", "--export", path, "--format", output_format,
+                         "def f():")
+    assert code == 1
+    assert err.splitlines() == [f"specgen: error: cannot write --export {path}: No space left on device",
+                                "hint: free some space or choose another --export path; the report is on stdout"]
+    if output_format == "json":
+        check_counts(json.loads(out))
+    else:
+        assert "Per-position acceptance" in out and "8 tokens = " in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no half-written file left
+    assert path.read_text() == "an earlier report"
+
+
+# ---------------------------------------------------------------- prompts that do not fit
+
+
+LONG = " ".join(str(i) for i in range(600))  # over the tiny models' 512 positions
+
+
+def test_a_long_prompt_in_the_file_names_its_line_before_anything_runs(cli, tiny, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(f"def add(a, b):\n\n{LONG}\nimport os\n")
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "8", "--prompts", prompts, "--format", "json")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"specgen: error: {prompts}:3: the prompt has ") and "--skip-long-prompts" in err
+    document = inspect_json(cli, "-p", tiny, "-n", "8", "--prompts", prompts, "--skip-long-prompts")
+    assert [run["prompt"] for run in document["runs"]] == ["def add(a, b):", "import os"]
+    check_counts(document)
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_reports_what_finished_marked_incomplete(cli, tiny, monkeypatch):
+    from cli_helpers import count_forwards
+
+    with monkeypatch.context() as patch:  # how many forwards the first prompt takes
+        calls = count_forwards(patch)
+        inspect_json(cli, "-p", tiny, "-n", "20", PROMPTS[0])
+    count_forwards(monkeypatch, interrupt_at=len(calls) + 8)  # a few rounds into the second prompt
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "20", "--prompts", tiny.parent / "prompts.txt",
+                         "--format", "json")
+    assert code == 130, err
+    document = json.loads(out)
+    assert document["incomplete"] is True
+    assert document["runs"][0]["prompt"] == PROMPTS[0] and len(document["runs"][0]["token_ids"]) == 20
+    assert len(document["runs"]) == 2 and 0 < len(document["runs"][1]["token_ids"]) < 20
+    check_counts(document)

@@ -5,17 +5,13 @@ The terminal is a pseudo-terminal (the pty module), so no tmux or `script` is ne
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import select
-import struct
+import json
 import subprocess
 import sys
-import termios
 
 import pytest
 
+from cli_helpers import run_on_terminals, subprocess_env, visible_text
 from specgen.cli import render
 from specgen.core.stats import AcceptanceStats
 from tiny_models import build_pair, write_profile
@@ -32,38 +28,19 @@ def command(tmp_path_factory):
 
 
 def environment() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "SPECGEN_DEBUG")}
-    return env | {"TERM": "xterm-256color", "OMP_NUM_THREADS": "1"}
+    return subprocess_env(TERM="xterm-256color")
 
 
-def run_with_terminal_stderr(args: list[str]) -> tuple[int, bytes, bytes]:
-    """stderr on a 100x24 pseudo-terminal, stdout on a pipe."""
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower,
-                            env=environment())
-    os.close(follower)
-    err = b""
-    while True:
-        ready, _, _ = select.select([leader], [], [], 0.1)
-        if ready:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            err += chunk
-        elif proc.poll() is not None:
-            break
-    out = proc.stdout.read()
-    proc.wait(timeout=120)
-    os.close(leader)
-    return proc.returncode, out, err
+@pytest.fixture(scope="module")
+def reference(command):
+    """The greedy text of `command`, from --format json with both streams on pipes."""
+    proc = subprocess.run([*command, "--format", "json", "-q"], capture_output=True, env=environment(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["text"]
 
 
 def test_live_view_on_a_terminal(command):
-    code, out, err = run_with_terminal_stderr(command)
+    code, out, err = run_on_terminals(command, stdout_tty=False, stderr_tty=True, env=environment())
     assert code == 0, err.decode(errors="replace")
     text = err.decode("utf-8", errors="replace")
     assert "\x1b[32m" in text  # green: accepted tokens (and the legend)
@@ -75,13 +52,23 @@ def test_live_view_on_a_terminal(command):
     assert out.strip()
 
 
-def test_no_live_view_when_stderr_is_piped(command):
-    proc = subprocess.run(command, capture_output=True, env=environment(), timeout=120)
-    assert proc.returncode == 0
-    err = proc.stderr.decode()
-    assert "\x1b[" not in err and b"\x1b[" not in proc.stdout
-    assert "per position" not in err and "■" not in err
-    assert err.strip().startswith("40 tokens in ") and err.count("\n") == 1  # only the summary line
+@pytest.mark.parametrize("stdout_tty, stderr_tty", [(True, True), (False, True), (True, False), (False, False)],
+                         ids=["both terminals", "stdout piped", "stderr piped", "both piped"])
+def test_stdout_gets_the_whole_text_whichever_stream_is_a_terminal(command, reference, stdout_tty, stderr_tty):
+    """`specgen generate > out.txt` from a terminal: the live view on stderr must not take stdout's text."""
+    code, out, err = run_on_terminals(command, stdout_tty=stdout_tty, stderr_tty=stderr_tty, env=environment())
+    assert code == 0, err.decode(errors="replace")
+    out_text, err_text = out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
+    if stdout_tty:
+        assert visible_text(out_text) == visible_text(reference)
+    else:  # a pipe gets the exact text, plain, and one newline
+        assert out_text == reference + "\n"
+    assert "\x1b[" not in err_text or stderr_tty
+    if stderr_tty:
+        assert "■ accepted" in err_text and "per position" in err_text  # the live view ran
+    else:
+        assert err_text.startswith("40 tokens in ") and err_text.count("\n") == 1  # only the summary line
+        assert "■" not in err_text
 
 
 def test_footer_content():

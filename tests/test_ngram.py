@@ -9,17 +9,18 @@ from dataclasses import replace
 import pytest
 import torch
 
+from decode_helpers import BACKENDS, _chi2_pvalue, finish, model_spec, next_token_probs
 from specgen.core.engine import Engine, target_only
 from specgen.core.ngram import NgramProposer
-from specgen.core.settings import ModelSpec, Profile, ProposerSpec, SamplingSpec, SpeculationSpec
-from test_decode import _chi2_pvalue, finish, next_token_probs
+from specgen.core.round import Mode
+from specgen.core.settings import Profile, ProposerSpec, SamplingSpec, SpeculationSpec
 from tiny_models import build_pair, write_profile
 
 
 def lookup(context: list[int], k: int, ngram_min: int = 1, ngram_max: int = 4) -> list[int]:
     proposer = NgramProposer(ngram_min, ngram_max)
     proposer.start(context)
-    return proposer.propose(k).token_ids.tolist()
+    return proposer.lookup(k)
 
 
 # ---------------------------------------------------------------- lookup on hand-built contexts
@@ -63,15 +64,15 @@ def test_k_zero_and_context_shorter_than_ngram_min():
     assert lookup([1, 1], k=2, ngram_min=3, ngram_max=4) == []
 
 
-def test_commit_extends_the_context_with_accepted_and_next_token():
+def test_follow_extends_the_context_with_the_committed_tokens():
     proposer = NgramProposer(1, 2)
     proposer.start([1, 2, 3, 1, 2])
-    assert proposer.propose(3).token_ids.tolist() == [3, 1, 2]
-    proposer.commit(1, 7)  # context: 1 2 3 1 2 3 7
+    assert proposer.lookup(3) == [3, 1, 2]
+    proposer.follow([3, 7])  # one accepted, then 7: context 1 2 3 1 2 3 7
     assert proposer.tokens == [1, 2, 3, 1, 2, 3, 7]
-    assert proposer.propose(3).token_ids.tolist() == []
-    proposer.commit(0, 1)  # ... 7 1: the latest 1 was followed by 2 3 7
-    assert proposer.propose(3).token_ids.tolist() == [2, 3, 7]
+    assert proposer.lookup(3) == []
+    proposer.follow([1])  # ... 7 1: the latest 1 was followed by 2 3 7
+    assert proposer.lookup(3) == [2, 3, 7]
 
 
 def brute_force(context: list[int], k: int, ngram_min: int, ngram_max: int) -> list[int]:
@@ -95,12 +96,11 @@ def test_incremental_index_equals_brute_force(alphabet, ngram_min, ngram_max):
         proposer.start(context)
         for _ in range(40):
             k = rng.randint(0, 6)
-            drafted = proposer.propose(k).token_ids.tolist()
+            drafted = proposer.lookup(k)
             assert drafted == brute_force(context, k, ngram_min, ngram_max), (context, k)
-            accepted = rng.randint(0, len(drafted))
-            next_token = rng.randrange(alphabet)
-            proposer.commit(accepted, next_token)
-            context = context + drafted[:accepted] + [next_token]
+            committed = drafted[: rng.randint(0, len(drafted))] + [rng.randrange(alphabet)]
+            proposer.follow(committed)
+            context = context + committed
         assert proposer.tokens == context
 
 
@@ -118,19 +118,19 @@ def test_a_round_indexes_only_the_new_tokens():
     proposer = NgramProposer(1, 4)
     proposer.start(list(range(5000)) * 2)
     proposer.tables = {n: CountingTable(table) for n, table in proposer.tables.items()}
-    assert proposer.propose(8).token_ids.tolist() == list(range(8))
-    proposer.commit(8, 12345)  # 9 new tokens: 9 new n-gram ends per n
-    assert proposer.propose(8).token_ids.tolist() == []
+    assert proposer.lookup(8) == list(range(8))
+    proposer.follow(list(range(8)) + [12345])  # 9 new tokens: 9 new n-gram ends per n
+    assert proposer.lookup(8) == []
     assert [table.added for table in proposer.tables.values()] == [9, 9, 9, 9]
 
 
 # ---------------------------------------------------------------- decoding with tiny models
 
 
-def ngram_profile(target, k=4, ngram_min=1, ngram_max=3, **sampling) -> Profile:
+def ngram_profile(target, k=4, ngram_min=1, ngram_max=3, backend="torch", **sampling) -> Profile:
     sampling.setdefault("max_tokens", 40)
     sampling.setdefault("ignore_eos", True)
-    return Profile("test", "<test>", ModelSpec(str(target)), None,
+    return Profile("test", "<test>", model_spec(target, backend), None,
                    proposer=ProposerSpec(kind="ngram", ngram_min=ngram_min, ngram_max=ngram_max),
                    speculation=SpeculationSpec(k=k), sampling=SamplingSpec(**sampling))
 
@@ -149,8 +149,9 @@ def repetitive_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]
     return prompts
 
 
-def test_greedy_ngram_equals_greedy_target_only(target):
-    engine = Engine(ngram_profile(target))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_ngram_equals_greedy_target_only(target, backend):
+    engine = Engine(ngram_profile(target, backend=backend))
     assert engine.pair.draft is None  # the n-gram proposer loads no draft model
     prompts = repetitive_prompts(8, engine.pair.vocab_size)
     reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in prompts]
@@ -158,8 +159,11 @@ def test_greedy_ngram_equals_greedy_target_only(target):
     for k in (1, 4, 8):
         profile = replace(engine.profile, speculation=SpeculationSpec(k=k))
         for prompt, expected in zip(prompts, reference):
-            spec = finish(engine.decoder(profile), prompt)
+            decoder = engine.decoder(profile)
+            assert set(decoder.programs) == {Mode.HOST} and decoder.lookup is not None
+            spec = finish(decoder, prompt)
             assert spec.token_ids == expected, (k, prompt)
+            assert decoder.proposer_rounds == {"ngram": spec.stats.rounds, "draft": 0}
             accepted += spec.stats.accepted
     assert accepted > 0  # lookups did propose tokens that the target kept
 
@@ -196,7 +200,8 @@ def test_cli_proposer_ngram_equals_proposer_none(target, tmp_path):
 
 
 @pytest.mark.slow
-def test_sampled_ngram_tokens_follow_the_target_distribution(target):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampled_ngram_tokens_follow_the_target_distribution(target, backend):
     """χ² test of the first two emitted tokens against the target's exact p, at temperature 1.
 
     The prompt ends in (a, b), which occurred earlier followed by (c, a, b): every run drafts
@@ -207,7 +212,8 @@ def test_sampled_ngram_tokens_follow_the_target_distribution(target):
     from scipy.stats import chisquare
 
     runs = 1000
-    engine = Engine(ngram_profile(target, k=3, ngram_min=2, ngram_max=2, temperature=1.0, max_tokens=3))
+    engine = Engine(ngram_profile(target, k=3, ngram_min=2, ngram_max=2, temperature=1.0, max_tokens=3,
+                                  backend=backend))
     model, vocab = engine.pair.target, engine.pair.vocab_size
     a, b = 7, 8
     prompts = torch.tensor([[a, b, c, a, b] for c in range(vocab)], device=model.device)

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cli_helpers import Stream, specgen, subprocess_env
+from cli_helpers import Stream, count_forwards, specgen, subprocess_env
 from tiny_models import build_pair, write_profile
 
 CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # styles and cursor moves of a terminal
@@ -74,29 +74,41 @@ def test_ctrl_c_flushes_the_text_prints_partial_stats_and_exits_130(tiny):
     assert tokens and 0 < int(tokens.group(1)) < 480, lines
 
 
-def interrupt_after(monkeypatch, forwards: int) -> None:
-    """Ctrl-C, simulated: the target's forward number `forwards` raises KeyboardInterrupt."""
-    from specgen.core.runner import EagerRunner
-
-    real_forward, calls = EagerRunner.forward, []
-
-    def forward(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == forwards:
-            raise KeyboardInterrupt
-        return real_forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(EagerRunner, "forward", forward)
-
-
 def test_ctrl_c_on_a_terminal_keeps_the_text_the_live_view_showed(monkeypatch, tiny):
-    interrupt_after(monkeypatch, 30)
+    count_forwards(monkeypatch, interrupt_at=30)
     result = specgen(monkeypatch, "generate", "-p", tiny.profile, "-n", "100", "def add(a, b):", tty=True,
                      env={"TERM": "xterm-256color", "NO_COLOR": "1"})
     assert result.code == 130
     assert result.stdout.strip()  # printed once the transient view is gone
     summary = SUMMARY.match(CONTROL.sub("", result.stderr).splitlines()[-1])
     assert summary and 0 < int(summary.group(1)) < 100
+
+
+# Ctrl-C at the moment a module starts importing, in a real `specgen` process: an import hook sends
+# the process SIGINT, as a terminal would.
+INTERRUPT_AT_IMPORT = """
+import os, signal, sys
+
+MODULE = sys.argv.pop(1)
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+from specgen.cli.main import main
+main()
+"""
+
+
+@pytest.mark.parametrize("module", ["typer", "rich.console", "specgen.cli.errors", "torch", "transformers"])
+def test_ctrl_c_during_start_up_says_interrupted_and_exits_130(tiny, module):
+    """From the Typer import (the first ~0.2 s) to torch and transformers (loading): never a traceback."""
+    args = [sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "generate", "-p", str(tiny.profile), "def f():"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "specgen: interrupted\n")
 
 
 def test_ctrl_c_while_loading_says_interrupted(monkeypatch, tiny):
@@ -108,6 +120,25 @@ def test_ctrl_c_while_loading_says_interrupted(monkeypatch, tiny):
     monkeypatch.setattr(engine, "load_pair", load_pair)
     result = specgen(monkeypatch, "generate", "-p", tiny.profile, "def add(a, b):")
     assert (result.code, result.stdout, result.stderr) == (130, "", "specgen: interrupted\n")
+
+
+@pytest.mark.parametrize("output_format", ["json", "jsonl"])
+def test_ctrl_c_writes_the_json_of_what_was_generated_marked_incomplete(monkeypatch, tiny, tmp_path, output_format):
+    source = tmp_path / "prompts.txt"
+    source.write_text("def add(a, b):\n")
+    args = ["--prompts-file", source] if output_format == "jsonl" else ["def add(a, b):"]
+    full = specgen(monkeypatch, "generate", "-p", tiny.profile, "-n", "100", "--format", output_format, "-q", *args)
+    count_forwards(monkeypatch, interrupt_at=30)
+    result = specgen(monkeypatch, "generate", "-p", tiny.profile, "-n", "100", "--format", output_format, *args)
+    assert result.code == 130
+    [record] = result.json_lines()
+    [reference] = full.json_lines()
+    assert record["incomplete"] is True and record["finish_reason"] == "interrupted" and "incomplete" not in reference
+    assert 0 < len(record["token_ids"]) < 100 and record["token_ids"] == reference["token_ids"][:len(record["token_ids"])]
+    assert reference["text"].startswith(record["text"]) and record["text"]
+    assert len(record["fates"]) == len(record["token_ids"]) == record["stats"]["generated_tokens"]
+    summary = SUMMARY.match(result.stderr.splitlines()[-1])
+    assert summary and int(summary.group(1)) == len(record["token_ids"])
 
 
 # ---------------------------------------------------------------- JSONL

@@ -21,6 +21,7 @@ from specgen.core.profile import (
     user_profile_dir,
 )
 from specgen.core.settings import (
+    KernelSpec,
     ModelSpec,
     Profile,
     ProposerSpec,
@@ -73,6 +74,7 @@ def test_missing_keys_take_the_dataclass_defaults(tmp_path):
     assert profile.speculation == SpeculationSpec()
     assert profile.sampling == SamplingSpec()
     assert profile.runtime == RuntimeSpec(threads=0)  # 0 = auto
+    assert profile.kernels == KernelSpec()
     assert profile.name == "p"  # the file name when the profile has no `name`
 
 
@@ -120,6 +122,12 @@ ignore_eos = true
 logprobs = 5
 [runtime]
 threads = 3
+[kernels]
+attention = "sdpa"
+linear = "torch"
+rope = "model"
+split_k = "on"
+warp = "kernel"
 """
     path = write(tmp_path, text)
     assert load_profile(path) == Profile(
@@ -133,6 +141,7 @@ threads = 3
             0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5
         ),
         runtime=RuntimeSpec(threads=3),
+        kernels=KernelSpec("sdpa", "torch", "model", "on", "kernel"),
     )
 
 
@@ -350,7 +359,29 @@ OUT_OF_RANGE = [
     ("proposer.draft_p_min", "-0.1", "must be in [0, 1)"),
     ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample, temperature"),
     ("runtime.threads", "-1", "must be from 0 (auto) to 1024"),
+    ("kernels.attention", '"flash"', "must be one of auto, kernel, sdpa"),
+    ("kernels.linear", '"cublas"', "must be one of auto, kernel, torch"),
+    ("kernels.rope", '"torch"', "must be one of auto, kernel, model"),
+    ("kernels.split_k", '"all"', "must be one of auto, on, off"),
+    ("kernels.warp", '"triton"', "must be one of auto, kernel, torch"),
 ]
+
+
+def test_kernel_settings_are_validated_with_file_and_line(tmp_path):
+    """[kernels] takes the same line-precise checks as every table: a bad value, a wrong type and an
+    unknown key each name the file and the line, and the CLI exits 2 on them."""
+    models = '[target]\npath = "t"\n[draft]\npath = "d"\n'
+    cases = [
+        ('[kernels]\nlinear = "kernel"\nattention = "flash"\n', 7, "`kernels.attention = \"flash\"` is not allowed"),
+        ("[kernels]\nsplit_k = true\n", 6, "`kernels.split_k = true` is a boolean; expected a string"),
+        ('[kernels]\nsplitk = "on"\n', 6, "unknown key `kernels.splitk`; did you mean `kernels.split_k`?"),
+    ]
+    for text, line, message in cases:
+        path = write(tmp_path, models + text)
+        with pytest.raises(ProfileError) as caught:
+            load_profile(path)
+        assert caught.value.message.startswith(f"{path}:{line}: {message}"), caught.value.message
+    assert ProfileError.exit_code == 2
 
 
 @pytest.mark.parametrize(("key", "literal", "allowed"), OUT_OF_RANGE)
@@ -387,6 +418,9 @@ def test_out_of_range_values_say_what_is_allowed(tmp_path, key, literal, allowed
         ("proposer.draft_p_min", "0.99"),
         ("runtime.threads", "0"),
         ("runtime.threads", "1"),
+        ("kernels.attention", '"kernel"'),
+        ("kernels.split_k", '"off"'),
+        ("kernels.warp", '"auto"'),
     ],
 )
 def test_boundary_values_are_accepted(tmp_path, key, literal):
@@ -565,6 +599,7 @@ def test_profile_as_dict_is_plain_and_json_ready(tmp_path):
         speculation=SpeculationSpec(**data["speculation"]),
         sampling=SamplingSpec(**data["sampling"]),
         runtime=RuntimeSpec(**data["runtime"]),
+        kernels=KernelSpec(**data["kernels"]),
     )
     assert rebuilt == profile
 

@@ -1,8 +1,9 @@
 """`specgen bench`: speed and acceptance of a pair over a k x temperature sweep, against baselines.
 
-The measuring is core/bench.py; this module parses, runs and renders. The progress bar goes to
-stderr (only on a terminal). The result goes to stdout: a table, or one JSON document with
---format json (docs/bench-schema.md), in which case the table goes to stderr unless --quiet.
+The measuring is core/bench.py; this module parses, runs and renders. The progress bar (with an
+ETA) goes to stderr, only on a terminal. The result goes to stdout: a table, or one JSON document
+with --format json (docs/bench-schema.md), in which case the table goes to stderr unless --quiet.
+After Ctrl-C the same is printed for what finished (JSON: "incomplete": true) and the exit code is 130.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import enum
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -28,40 +31,54 @@ class Format(str, enum.Enum):
     json = "json"
 
 
+def _sweep(*names: str, **kwargs):
+    """An option of bench's own, in the help's "Sweep" panel: panels are separate tables, so long
+    option names elsewhere do not squeeze these (or theirs) at 80 columns."""
+    return typer.Option(*names, rich_help_panel="Sweep", **kwargs)
+
+
+def _output(*names: str, **kwargs):
+    return typer.Option(*names, rich_help_panel="Output", **kwargs)
+
+
 def bench(
     profile: opt.Profile = None,
     target: opt.Target = None,
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
-    ks: Annotated[str, typer.Option("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
-    temperatures: Annotated[str, typer.Option("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
-    baselines: Annotated[str, typer.Option(
-        "--baseline", help="Comma list of target-only, hf, hf-assisted.")] = "target-only",
-    prompts_file: Annotated[Optional[Path], typer.Option(
+    ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
+    temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
+    baselines: Annotated[str, _sweep(
+        "--baseline", help="Comma list of target-only, hf, hf-static, hf-assisted.")] = "target-only",
+    prompts_file: Annotated[Optional[Path], _sweep(
         "--prompts", help="Text lines or JSONL with 'prompt' (default: the pair's prompts.jsonl).")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", min=1, help="Use the first N prompts.")] = None,
+    num_prompts: Annotated[Optional[int], _sweep("--num-prompts", min=1, help="Use the first N prompts.")] = None,
     max_tokens: opt.MaxTokens = None,
-    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Timed runs per prompt; the median counts.")] = 1,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before each method.")] = 1,
+    repeat: Annotated[int, _sweep("--repeat", min=1, help="Timed runs per prompt; the median counts.")] = 1,
+    warmup: Annotated[int, _sweep("--warmup", min=0, help="Untimed runs before each method.")] = 1,
     top_p: opt.TopP = None,
     top_k: opt.TopK = None,
     min_p: opt.MinP = None,
     repetition_penalty: opt.RepetitionPenalty = None,
     seed: opt.Seed = None,
-    ignore_eos: Annotated[bool, typer.Option(
+    ignore_eos: Annotated[bool, _sweep(
         "--ignore-eos/--no-ignore-eos", help="Generate max-tokens for every prompt (default) or stop at EOS.")] = True,
     dtype: opt.Dtype = None,
     device: opt.Device = None,
-    records: Annotated[bool, typer.Option(
+    compile: opt.Compile = None,
+    fp32_check: Annotated[Optional[bool], _sweep(
+        "--fp32-check/--no-fp32-check",
+        help="After timing, compare greedy speculative with target-only output in float32 "
+             "(default: when the sweep has temperature 0 and the models are not float32).")] = None,
+    records: Annotated[bool, _output(
         "--records", help="Keep per-round records in the JSON (for inspect-acceptance --bench).")] = False,
-    output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json.")] = Format.text,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
+    output_format: Annotated[Format, _output("--format", "-f", help="text | json.")] = Format.text,
+    quiet: Annotated[bool, _output("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
     """Benchmark speculative decoding against baselines; stdout gets the table (or JSON)."""
-    from specgen.core.bench import Bench, Plan
-    from specgen.core.engine import Engine
+    from specgen.core.bench import Plan
     from specgen.core.profile import load_profile
 
     plan = Plan(ks=parse_list(ks, int, "--k"), temperatures=parse_list(temperatures, float, "--temperature"),
@@ -76,20 +93,74 @@ def bench(
         for temperature in plan.temperatures:
             settings_for(k, temperature)
     prompts = bench_prompts(prompts_file, settings, num_prompts)
-    engine = Engine(settings, allow_pickle=allow_pickle)
-    err = render.stderr_console()
-    with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
-        runner = Bench(engine, prompts, settings_for, plan)
-        task = bar.add_task("bench", total=runner.total_steps)
-        runner.progress = lambda steps, label: bar.update(task, advance=steps, description=label)
-        document = runner.run()
+    document = measure(settings_for, prompts, plan, allow_pickle, quiet)
+    if not document["incomplete"] and wants_fp32_check(fp32_check, plan, document):
+        measured = [p["text"] for p in document["prompts"]]
+        document["fp32_check"] = run_fp32_check(profile, overrides, measured, plan, allow_pickle, quiet)
+        document["incomplete"] = document["fp32_check"] is None
     if output_format == Format.json:
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
         sys.stdout.flush()
         if not quiet:
-            show(document, wide(err))
+            show(document, wide(render.stderr_console()))
     else:
         show(document, wide(Console(highlight=False, no_color=render.no_color())))
+    if document["incomplete"]:
+        print("specgen: interrupted", file=sys.stderr)
+        raise typer.Exit(130)
+
+
+def measure(settings_for, prompts: list[str], plan, allow_pickle: bool, quiet: bool) -> dict:
+    """Load the pair (timed: the document's startup_seconds) and run the sweep; the engine is
+    released on return, before a float32 check loads a second copy."""
+    from specgen.core.bench import Bench
+    from specgen.core.engine import Engine
+
+    start = time.perf_counter()
+    engine = Engine(settings_for(plan.ks[0], plan.temperatures[0]), allow_pickle=allow_pickle)
+    startup = time.perf_counter() - start
+    warn = (lambda message: None) if quiet else (lambda message: print(f"specgen: warning: {message}", file=sys.stderr))
+    runner = Bench(engine, prompts, settings_for, plan, warn=warn, startup_seconds=startup)
+    with progress_bar(render.stderr_console(), enabled=not quiet and sys.stderr.isatty()) as bar:
+        task = bar.add_task("bench", total=runner.total_steps)
+        runner.progress = lambda steps, label: bar.update(task, advance=steps, description=label)
+        return runner.run()
+
+
+def wants_fp32_check(option: bool | None, plan, document: dict) -> bool:
+    """--fp32-check, or by default: greedy is in the sweep and the models ran in another dtype."""
+    if option is not None:
+        return option
+    return 0.0 in plan.temperatures and document["environment"]["dtype"] != "float32"
+
+
+def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, allow_pickle: bool, quiet: bool):
+    """The float32 check on a second load of the pair (no compile: it is not timed); None after Ctrl-C."""
+    import gc
+
+    import torch
+
+    from specgen.core.bench import fp32_check
+    from specgen.core.engine import Engine
+    from specgen.core.profile import load_profile
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    fp32 = {**overrides, "target.dtype": "float32", "draft.dtype": "float32", "speculation.compile": False}
+
+    def settings_for(k: int, temperature: float):
+        return load_profile(profile, {**fp32, "speculation.k": k, "sampling.temperature": temperature})
+
+    err = render.stderr_console()
+    try:
+        engine = Engine(settings_for(plan.ks[0], 0.0), allow_pickle=allow_pickle)
+        with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
+            task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1))
+            return fp32_check(engine, prompts, settings_for, plan.ks,
+                              progress=lambda steps, label: bar.update(task, advance=steps, description=label))
+    except KeyboardInterrupt:
+        return None
 
 
 def parse_list(text: str, kind, option: str) -> tuple:
@@ -130,10 +201,11 @@ def bench_prompts(path: Path | None, settings, limit: int | None) -> list[str]:
 
 
 def progress_bar(console: Console, enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     return Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True, disable=not enabled)
+                    TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True, disable=not enabled)
 
 
 def wide(console: Console) -> Console:
@@ -146,55 +218,91 @@ def wide(console: Console) -> Console:
 
 
 def show(document: dict, console: Console) -> None:
-    console.print(table(document))
-    for line in recommendation_lines(document):
+    for grid in tables(document, console):
+        console.print(grid)
+    for line in (*recommendation_lines(document), *footer_lines(document)):
         console.print(line)
 
 
-def table(document: dict) -> Table:
+SPEED = ("tok/s", "p25–p75")  # then one × column per baseline, TTFT and (CUDA) peak memory
+ACCEPTANCE = ("accept", "mean len", "per position", "round ms d/v/s/o", "greedy same")
+TEXT_COLUMNS = ("method", "per position", "greedy same")
+
+
+def tables(document: dict, console: Console) -> list[Table]:
+    """One table, or two (speed; acceptance) where one would not fit the console. Numbers are never
+    cut: columns keep their widest cell's width where the table fits, and wrap where it cannot."""
     names = document["settings"]["baselines"]
     cuda = any(r["peak_gpu_memory_bytes"] is not None for r in document["results"])
+    speed = ("T", "method", *SPEED[:2], *(f"× {n}" for n in names), "TTFT ms", *(["peak MiB"] if cuda else []))
+    rows = []
+    for temperature in document["settings"]["temperatures"]:
+        block = [_baseline_row(b) for b in document["baselines"] if b["temperature"] == temperature]
+        block += [_result_row(r, names) for r in document["results"] if r["temperature"] == temperature]
+        rows += [(row, i == len(block) - 1) for i, row in enumerate(block)]
     env = document["environment"]
     title = (f"{document['profile']['name']} · {len(document['prompts'])} prompts × "
-             f"{document['settings']['max_tokens']} tokens · {env['device']} ({env['device_name']})")
+             f"{document['settings']['max_tokens']} tokens · {env['device']} ({env['device_name']})"
+             + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""))
+    for headers in ("whole", "wrapped"):
+        whole = _grid(title, (*speed, *ACCEPTANCE), rows, headers)
+        if _fits(whole, console):
+            return [whole]
+    return [_fitted(title, speed, rows, console), _fitted(None, ("T", "method", *ACCEPTANCE), rows, console)]
+
+
+def _fitted(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bool]], console: Console) -> Table:
+    for headers in ("whole", "wrapped"):
+        grid = _grid(title, columns, rows, headers)
+        if _fits(grid, console):
+            return grid
+    return _grid(title, columns, rows, None)
+
+
+def _fits(grid: Table, console: Console) -> bool:
+    return Measurement.get(console, console.options.update_width(100_000), grid).minimum <= console.width
+
+
+def _grid(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bool]], headers: str | None) -> Table:
+    """Numeric columns get a fixed width, their widest cell's (and the header's, or its longest word's
+    with headers="wrapped"); text columns wrap between words. headers=None: nothing fits, so every
+    column folds (numbers wrap onto a second line, never cut)."""
     grid = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left")
-    for column in ("T", "method", "tok/s", "p25–p75", *(f"× {n}" for n in names), "accept", "mean len",
-                   "per position", "round ms d/v/s/o", "TTFT ms", *(["peak MiB"] if cuda else []), "greedy same"):
-        grid.add_column(column, justify="left" if column in ("method", "per position") else "right")
-    for temperature in document["settings"]["temperatures"]:
-        rows = [_baseline_row(b, names, cuda) for b in document["baselines"] if b["temperature"] == temperature]
-        rows += [_result_row(r, names, cuda) for r in document["results"] if r["temperature"] == temperature]
-        for i, row in enumerate(rows):
-            grid.add_row(*row, end_section=i == len(rows) - 1)
+    for column in columns:
+        width = None
+        if headers is not None and column not in TEXT_COLUMNS:
+            head = len(column) if headers == "whole" else max(len(word) for word in column.split())
+            width = max(head, *(len(str(row.get(column, ""))) for row, _ in rows))
+        grid.add_column(column, justify="left" if column in TEXT_COLUMNS else "right", overflow="fold", width=width)
+    for row, last in rows:
+        grid.add_row(*(row.get(column, "") for column in columns), end_section=last)
     return grid
 
 
-def _baseline_row(base: dict, names: list[str], cuda: bool) -> list:
+def _baseline_row(base: dict) -> dict:
+    row = {"T": f"{base['temperature']:g}"}
     if not base["available"]:
-        return [f"{base['temperature']:g}", base["method"], Text(f"n/a: {base['reason']}", style="dim"),
-                *[""] * (len(names) + 6 + cuda)]
-    return [f"{base['temperature']:g}", Text(base["method"], style="dim"), *_speed_cells(base),
-            *["" for _ in names], "", "", "", "", _ms(base["time_to_first_token_seconds"]),
-            *([_mib(base["peak_gpu_memory_bytes"])] if cuda else []), ""]
+        return row | {"method": Text(f"{base['method']} n/a: {base['reason']}", style="dim")}
+    return row | {"method": Text(base["method"], style="dim"), **_speed_cells(base),
+                  "TTFT ms": _ms(base["time_to_first_token_seconds"]), "peak MiB": _mib(base["peak_gpu_memory_bytes"])}
 
 
-def _result_row(result: dict, names: list[str], cuda: bool) -> list:
-    speedups = [f"{s['median']:.2f}×" if s else "–" for s in (result["speedup"][n] for n in names)]
+def _result_row(result: dict, names: list[str]) -> dict:
     split = result["round_ms"]
-    return [
-        f"{result['temperature']:g}", f"k={result['k']}", *_speed_cells(result), *speedups,
-        f"{result['acceptance_rate']:.1%}", f"{result['mean_accepted_length']:.2f}",
-        render.position_bars(result["per_position_acceptance"]),
-        "/".join(f"{split[p]:.1f}" for p in ("draft", "verify", "sample", "other")),
-        _ms(result["time_to_first_token_seconds"]),
-        *([_mib(result["peak_gpu_memory_bytes"])] if cuda else []),
-        _agreement(result["greedy_agreement"]),
-    ]
+    return {
+        "T": f"{result['temperature']:g}", "method": f"k={result['k']}", **_speed_cells(result),
+        **{f"× {n}": f"{s['median']:.2f}×" if s else "–" for n, s in ((n, result["speedup"][n]) for n in names)},
+        "TTFT ms": _ms(result["time_to_first_token_seconds"]), "peak MiB": _mib(result["peak_gpu_memory_bytes"]),
+        "accept": f"{result['acceptance_rate']:.1%}", "mean len": f"{result['mean_accepted_length']:.2f}",
+        "per position": render.position_bars(result["per_position_acceptance"]),
+        "round ms d/v/s/o": "/".join(f"{split[p]:.1f}" for p in ("draft", "verify", "sample", "other")),
+        "greedy same": _agreement(result["greedy_agreement"]),
+    }
 
 
-def _speed_cells(entry: dict) -> list[str]:
+def _speed_cells(entry: dict) -> dict[str, str]:
     tps = entry["tokens_per_second"]
-    return [f"{tps['median']:.1f}", f"{tps['p25']:.1f}–{tps['p75']:.1f}"]
+    return {"tok/s": f"{tps['median']:.1f}", "p25–p75": f"{tps['p25']:.1f}–{tps['p75']:.1f}"}
 
 
 def _ms(summary: dict | None) -> str:
@@ -206,10 +314,11 @@ def _mib(value: int | None) -> str:
 
 
 def _agreement(agreement: dict | None) -> str:
-    """Identical fraction against the first greedy baseline, and the earliest divergence."""
+    """Identical fraction against target-only (else the first greedy baseline), and the earliest divergence."""
     if not agreement:
         return "–"
-    name, entry = next(iter(agreement.items()))
+    name = "target-only" if "target-only" in agreement else next(iter(agreement))
+    entry = agreement[name]
     cut = [d for d in entry["first_divergence"] if d is not None]
     tail = f" (from tok {min(cut)})" if cut else ""
     return f"{entry['identical_fraction']:.0%} vs {name}{tail}"
@@ -221,10 +330,27 @@ def recommendation_lines(document: dict) -> list[Text]:
         line = Text(f"recommended k at temperature {rec['temperature']:g}: ", style="bold")
         line.append(f"{rec['k']}", style="bold green" if rec["faster_than_target_only"] is not False else "bold red")
         line.append(f"  ({rec['tokens_per_second']:.1f} tok/s")
-        if rec["speedup_vs_target_only"] is not None:
-            line.append(f", {rec['speedup_vs_target_only']:.2f}× target-only")
-            if not rec["faster_than_target_only"]:
-                line.append("; speculation does not pay off here")
+        if rec["speedup"] is not None:
+            line.append(f", median {rec['speedup']:.2f}× {rec['by'].removeprefix('speedup.')}")
+        if rec["faster_than_target_only"] is False:
+            line.append("; speculation does not pay off here")
         line.append(")")
         lines.append(line)
+    return lines
+
+
+def footer_lines(document: dict) -> list[Text]:
+    """Notes, the float32 check, skipped prompts and an interruption, one line each."""
+    lines = [Text(f"note: {note}", style="yellow") for note in document["notes"]]
+    check = document["fp32_check"]
+    if check is not None:
+        parts = []
+        for row in check["results"]:
+            cut = [d for d in row["first_divergence"] if d is not None]
+            parts.append(f"k={row['k']} {row['identical_fraction']:.0%}" + (f" (from tok {min(cut)})" if cut else ""))
+        lines.append(Text(f"greedy same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
+    for skipped in document["skipped_prompts"]:
+        lines.append(Text(f"skipped prompt {skipped['index'] + 1}: {skipped['reason']}", style="dim"))
+    if document["incomplete"]:
+        lines.append(Text("interrupted: the table holds only the prompts every method finished", style="bold red"))
     return lines

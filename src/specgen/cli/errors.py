@@ -80,8 +80,7 @@ def run(app, args: list[str] | None = None) -> int:
     except typer.Exit as exc:  # --help, or a command that set its exit code (130 after an interrupt)
         return exc.exit_code
     except (KeyboardInterrupt, typer.Abort):
-        print("specgen: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPT
+        return interrupted()
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except Exception as exc:  # noqa: BLE001 - the one place that turns failures into messages
@@ -95,6 +94,11 @@ def run(app, args: list[str] | None = None) -> int:
         message, hint, code = known
         _say(message, hint)
         return code
+
+
+def interrupted() -> int:
+    print("specgen: interrupted", file=sys.stderr)
+    return EXIT_INTERRUPT
 
 
 def _invoke(app, args: list[str]) -> int:

@@ -6,12 +6,14 @@ import contextlib
 import enum
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from specgen.cli import options as opt
+from specgen.cli.prompts import Prompt, fitting, read
 
 
 class Format(str, enum.Enum):
@@ -53,9 +55,12 @@ def generate(
     prompts_file: opt.PromptsFile = None,
     prompts: opt.PromptsAlias = None,
     truncate_prompt: opt.TruncatePrompt = False,
+    skip_long_prompts: Annotated[bool, typer.Option(
+        "--skip-long-prompts", help="Leave out prompts of the file that do not fit the context (a warning names each).")] = False,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
     quiet: opt.Quiet = False,
     threads: opt.Threads = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print the resolved backend and kernels on stderr.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
@@ -68,23 +73,42 @@ def generate(
     from specgen.core.engine import Engine  # torch and transformers (seconds): only for valid input
 
     engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
+    if verbose and not quiet:
+        warn(describe(engine.describe()))
     show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
-    for index, text in enumerate(texts):
-        ids = encode(engine, text, chat, system)
-        if truncate_prompt and engine.max_context:
-            room = engine.max_context - settings.sampling.max_tokens - settings.speculation.k - 1
-            ids = ids[-max(room, 1):]
+    jobs = fitting(texts, lambda text: encode(engine, settings, text, chat, system, truncate_prompt),
+                   engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
+    for index, (item, ids) in enumerate(jobs):
         result = run_one(engine.decoder(), ids, output_format, show_live, quiet, separator=index > 0)
-        emit_json(result, text, settings, output_format)
+        emit_json(result, item.text, settings, output_format)
+        if result.reason == INTERRUPTED:
+            raise typer.Exit(130)
 
 
-def encode(engine, text: str, chat: bool, system: str | None) -> list[int]:
+def encode(engine, settings, text: str, chat: bool, system: str | None, truncate: bool) -> list[int]:
     """A prompt's ids: plain, or in the chat template (--system implies --chat)."""
     from specgen.core.chat import chat_ids
 
-    if chat or system is not None:
-        return chat_ids(engine.tokenizer, text, system)
-    return engine.encode(text)
+    ids = chat_ids(engine.tokenizer, text, system) if chat or system is not None else engine.encode(text)
+    if truncate and engine.max_context:
+        room = engine.max_context - settings.sampling.max_tokens - settings.speculation.k - 1
+        ids = ids[-max(room, 1):]
+    return ids
+
+
+def describe(resolved: dict) -> str:
+    """The resolved run settings as `key: value` lines (nested tables flattened with dots)."""
+    lines = []
+    for key, value in resolved.items():
+        if isinstance(value, dict):
+            lines += [f"{key}.{sub}" for sub in describe(value).splitlines()]
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def startup_progress(done: int, total: int, what: str) -> None:
@@ -95,71 +119,49 @@ def startup_progress(done: int, total: int, what: str) -> None:
     sys.stderr.flush()
 
 
-def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: Format) -> list[str]:
+def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: Format) -> list[Prompt]:
     from specgen.core.errors import UsageError
 
-    if prompts_file is not None:
-        if prompt is not None:
-            raise UsageError("give a prompt or --prompts-file, not both")
-        prompts = _read_prompts_file(prompts_file)
-    else:
-        if output_format == Format.jsonl:
-            raise UsageError("--format jsonl needs --prompts-file", hint="use --format json for a single prompt")
-        prompts = [_read_stdin() if prompt in (None, "-") else prompt]
-    for i, text in enumerate(prompts):
-        if not text.strip():
-            where = f" (line {i + 1} of {prompts_file})" if prompts_file else ""
-            raise UsageError(f"the prompt is empty{where}", hint="give a prompt as an argument or on stdin")
+    if prompts_file is None and output_format == Format.jsonl:
+        raise UsageError("--format jsonl needs --prompts-file", hint="use --format json for a single prompt")
+    prompts = read(prompt, prompts_file)
     if output_format == Format.json and len(prompts) > 1:
         raise UsageError("--format json takes one prompt", hint="use --format jsonl with --prompts-file")
     return prompts
 
 
-def _read_stdin() -> str:
-    from specgen.core.errors import UsageError
-
-    if sys.stdin is None or sys.stdin.isatty():
-        raise UsageError("no prompt given", hint='pass one as an argument (specgen generate "def f():") or on stdin')
-    data = sys.stdin.buffer.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"stdin is not valid UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})",
-                         hint="convert the prompt to UTF-8, e.g. with iconv") from None
-
-
 def _read_prompts_file(path: Path) -> list[str]:
-    from specgen.core.errors import UsageError
+    """The texts of a prompts file (for `specgen bench`)."""
+    from specgen.cli.prompts import read_file
 
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read prompts file {path}: {exc.strerror}") from None
-    try:
-        lines = raw.decode("utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"prompts file {path} is not valid UTF-8 (offset {exc.start})") from None
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise UsageError(f"{path}:{number}: a JSON line needs a string field 'prompt'")
-            prompts.append(record["prompt"])
-        else:
-            prompts.append(line)
-    if not prompts:
-        raise UsageError(f"prompts file {path} has no prompts")
-    return prompts
+    return [p.text for p in read_file(path)]
+
+
+INTERRUPTED = "interrupted"
+
+
+@dataclass
+class Partial:
+    """What an interrupted generation produced, shaped like the loop's Finished for the output code."""
+
+    text: str
+    token_ids: list[int]
+    fates: list
+    stats: object
+    logprobs: list[dict] | None
+    pieces: list[str]
+    reason: str = INTERRUPTED
+
+    @classmethod
+    def of(cls, events: list, stats) -> "Partial":
+        logprobs = [lp for e in events for lp in (e.logprobs or [])] if any(e.logprobs for e in events) else None
+        return cls("".join(e.text for e in events), [t for e in events for t in e.token_ids],
+                   [f for e in events for f in e.fates], stats, logprobs, [p for e in events for p in e.pieces])
 
 
 def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, separator: bool):
-    """Run one generation, streaming as the format allows; returns the Finished event."""
+    """Run one generation, streaming as the format allows; returns the Finished event, or a Partial
+    one after Ctrl-C (what was generated is shown or written either way)."""
     from specgen.cli import render
     from specgen.core.decode import Finished
 
@@ -167,8 +169,9 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     if stream and separator:
         sys.stdout.write("\n")
     view = render.LiveView() if show_live else None
+    events: list = []
     try:
-        finished = _drive(decoder, ids, view, stream, Finished)
+        finished = _drive(decoder, ids, view, stream, Finished, events)
     except KeyboardInterrupt:
         if stream:
             sys.stdout.write("\n")
@@ -177,7 +180,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
             _print_text(view.text)  # the live view was transient: keep what was generated
         if not quiet:
             render.summary(decoder.stats)
-        raise typer.Exit(130) from None
+        return Partial.of(events, decoder.stats)
     if stream:
         sys.stdout.write(finished.tail + "\n")
         sys.stdout.flush()
@@ -188,11 +191,12 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     return finished
 
 
-def _drive(decoder, ids, view, stream: bool, finished_type):
+def _drive(decoder, ids, view, stream: bool, finished_type, events: list):
     with view if view is not None else contextlib.nullcontext():
         for event in decoder.run(ids):
             if isinstance(event, finished_type):
                 return event
+            events.append(event)
             if view is not None:
                 view.update(event, decoder.stats)
             if stream and event.text:
@@ -232,5 +236,7 @@ def emit_json(finished, prompt: str, settings, output_format: Format) -> None:
     }
     if finished.logprobs is not None:
         record["logprobs"] = finished.logprobs
+    if finished.reason == INTERRUPTED:
+        record["incomplete"] = True  # Ctrl-C: what was generated until then
     sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     sys.stdout.flush()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -60,6 +62,8 @@ def inspect_acceptance(
     device: opt.Device = None,
     top: Annotated[int, typer.Option("--top", min=1, help="How many of the most rejected tokens to list.")] = 10,
     export: Annotated[Optional[Path], typer.Option("--export", help="Also write FILE.json, FILE.html or FILE.png.")] = None,
+    skip_long_prompts: Annotated[bool, typer.Option(
+        "--skip-long-prompts", help="Leave out prompts of the file that do not fit the context (a warning names each).")] = False,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json.")] = Format.text,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
@@ -68,6 +72,7 @@ def inspect_acceptance(
     from specgen.core import insight
 
     check_export(export)
+    complete = True
     if bench_file is not None:
         if prompt is not None or prompts_file is not None:
             from specgen.core.errors import UsageError
@@ -75,23 +80,56 @@ def inspect_acceptance(
             raise UsageError("give a prompt, --prompts or --bench, not several")
         source, runs = _from_bench(bench_file, k, temperature)
     else:
-        source, runs = _generate(prompt, prompts_file, opt.overrides(**locals()), profile, allow_pickle)
+        source, runs, complete = _generate(prompt, prompts_file, opt.overrides(**locals()), profile, allow_pickle,
+                                           skip_long_prompts)
     document = {"schema": SCHEMA, "source": source, **insight.analyse(runs, top),
                 "runs": [run.as_dict() for run in runs]}
-    if export is not None:
-        write_export(document, export)
-    if output_format == Format.json:
+    if not complete:
+        document["incomplete"] = True  # Ctrl-C: the prompts finished until then, and the interrupted one's rounds
+    failure = write_export(document, export) if export is not None else None
+    if output_format == Format.json:  # the report reaches stdout even when the export could not be written
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
         sys.stdout.flush()
     else:
         show(document, Console(highlight=False, no_color=render.no_color()))
+    if failure is not None:
+        raise failure
+    if not complete:
+        raise typer.Exit(130)
 
 
 def check_export(path: Path | None) -> None:
+    """Before any model loads: the export can be written where it is asked to go."""
+    from specgen.cli import inspect_export
     from specgen.core.errors import UsageError
 
-    if path is not None and path.suffix.lower() not in EXPORTS:
+    if path is None:
+        return
+    if path.suffix.lower() not in EXPORTS:
         raise UsageError(f"--export takes a .json, .html or .png file, not {path.name!r}")
+    problem = _destination_problem(path)
+    if problem:
+        raise UsageError(f"--export {path}: {problem}", hint="choose another --export path")
+    if path.suffix.lower() == ".png":
+        inspect_export.require_matplotlib()
+
+
+def _destination_problem(path: Path) -> str | None:
+    folder = path.parent
+    if path.is_dir():
+        return "is a directory"
+    if path.exists() and not path.is_file():  # a device such as /dev/full, a pipe, a socket
+        return "is not a regular file"
+    if not folder.exists():
+        return f"directory {folder} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    try:  # the way the export is written: a new file in that directory, renamed over the destination
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"cannot create a file in {folder} ({exc.strerror})"
+    return None
 
 
 def _from_bench(path: Path, k: int | None, temperature: float | None):
@@ -110,34 +148,68 @@ def _from_bench(path: Path, k: int | None, temperature: float | None):
     return source, runs
 
 
-def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool):
-    from specgen.cli.generate import Format as GenerateFormat
-    from specgen.cli.generate import read_prompts
-    from specgen.core import insight
+def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool, skip_long: bool):
+    """(source, runs, complete): complete is False after Ctrl-C, with the runs recorded until then."""
+    from specgen.cli.prompts import fitting, read
     from specgen.core.engine import Engine
     from specgen.core.profile import load_profile
 
-    prompts = read_prompts(prompt, prompts_file, GenerateFormat.text)
+    prompts = read(prompt, prompts_file)
     settings = load_profile(profile, overrides)
     engine = Engine(settings, allow_pickle=allow_pickle)
-    runs = [insight.record(engine.decoder(insight=True), text, engine.encode(text), engine.tokenizer)
-            for text in prompts]
+    jobs = fitting(prompts, engine.encode, engine.decoder().check_prompt, skip_long=skip_long,
+                   warn=lambda line: print(line, file=sys.stderr))
+    runs, complete = [], True
+    for item, ids in jobs:
+        run, complete = _record(engine.decoder(insight=True), item.text, ids, engine.tokenizer)
+        runs += [run] if run is not None else []
+        if not complete:
+            break
+    if not runs:  # interrupted before a single round: nothing to report
+        raise KeyboardInterrupt
     source = {"kind": "prompts", "file": str(prompts_file) if prompts_file else None, "profile": settings.name,
               "proposer": settings.proposer.kind, "k": settings.speculation.k,
               "temperature": settings.sampling.temperature}
-    return source, runs
+    return source, runs, complete
 
 
-def write_export(document: dict, path: Path) -> None:
+def _record(decoder, prompt: str, ids: list[int], tokenizer):
+    """(the run's record, True), or after Ctrl-C (the record of its rounds so far or None, False)."""
+    from specgen.cli.generate import Partial
+    from specgen.core.insight import RunRecord
+
+    events = []
+    try:
+        for event in decoder.run(ids):
+            events.append(event)
+    except KeyboardInterrupt:
+        partial = Partial.of(events, decoder.stats)
+        return (RunRecord.build(prompt, partial, events, tokenizer) if events else None), False
+    return RunRecord.build(prompt, events[-1], events[:-1], tokenizer), True
+
+
+def write_export(document: dict, path: Path):
+    """Write the export; returns the error to raise once the report is on stdout, or None."""
     from specgen.cli import inspect_export
+    from specgen.core.errors import SpecgenError
 
     suffix = path.suffix.lower()
-    if suffix == ".json":
-        path.write_text(json.dumps(document, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    elif suffix == ".html":
-        path.write_text(inspect_export.html_page(document), encoding="utf-8")
-    else:
-        inspect_export.png_plot(document, path)
+    # A new file renamed over the destination: a failure leaves no half-written report (and any
+    # earlier one stays as it was).
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if suffix == ".json":
+            temporary.write_text(json.dumps(document, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        elif suffix == ".html":
+            temporary.write_text(inspect_export.html_page(document), encoding="utf-8")
+        else:
+            inspect_export.png_plot(document, temporary)
+        os.replace(temporary, path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        return SpecgenError(f"cannot write --export {path}: {exc.strerror or exc}",
+                            hint="free some space or choose another --export path; the report is on stdout")
+    return None
 
 
 # -- text report -----------------------------------------------------------------------------

@@ -114,12 +114,16 @@ def _range(b: dict) -> str:
     return f"[{b['lower']:g}, {'∞' if b['upper'] is None else format(b['upper'], 'g')})"
 
 
-def png_plot(document: dict, path: Path) -> None:
+def require_matplotlib():
     try:
         import matplotlib
     except ImportError:
         raise SpecgenError("PNG export needs matplotlib, which is not installed: pip install 'specgen[plot]'") from None
-    matplotlib.use("Agg")  # no display needed
+    return matplotlib
+
+
+def png_plot(document: dict, path: Path) -> None:
+    require_matplotlib().use("Agg")  # no display needed
     from matplotlib import pyplot as plt
 
     panels = 3 if document["entropy"] else 2
@@ -138,5 +142,7 @@ def png_plot(document: dict, path: Path) -> None:
         axes[2].tick_params(axis="x", labelrotation=45)
     source = document["source"]
     fig.suptitle(f"{source['profile']} · k={source['k']} · T={source['temperature']:g}")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120, format="png")  # the path may end in .tmp
+    finally:
+        plt.close(fig)

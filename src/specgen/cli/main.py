@@ -1,38 +1,51 @@
-"""The `specgen` command. Command modules import torch lazily, so --help answers at once."""
+"""The `specgen` command's entry point.
+
+Ctrl-C must end specgen with "specgen: interrupted" and exit 130 at any moment, also in the first
+second while Python imports Typer, Rich and torch. So this module imports nothing heavy: main()
+takes over SIGINT first, then imports the app (cli/app.py) and runs it through cli/errors.py.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
-import typer
-
-from specgen.cli import bench, errors, generate, inspect, profiles
-from specgen.cli import options as opt
-
-app = typer.Typer(
-    name="specgen",
-    help="Lossless speculative generation: a draft proposes, the target verifies, the output is the target's.",
-    no_args_is_help=True,
-    cls=opt.Group,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-app.command("generate", cls=opt.Command)(generate.generate)
-app.command("bench", cls=opt.Command)(bench.bench)
-app.command("inspect-acceptance", cls=opt.Command)(inspect.inspect_acceptance)
-app.add_typer(profiles.app, name="profiles")
-
-
-@app.callback()
-def root(version: opt.Version = False) -> None:
-    """Lossless speculative generation: a draft proposes, the target verifies, the output is the target's."""
+EXIT_INTERRUPT = 130
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, _stop_now)  # while modules import: nothing to save yet
+    from specgen.cli import errors
+    from specgen.cli.app import app
+
+    # From here Ctrl-C is a KeyboardInterrupt, which errors.run and the commands handle (the text
+    # generated so far is written, the partial statistics printed).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if "_SPECGEN_COMPLETE" in os.environ:  # a shell asking for completions (see --install-completion)
-        app(prog_name="specgen")
-    sys.exit(errors.run(app))
+        app(prog_name="specgen")  # Typer's own main answers them and exits
+    try:
+        code = errors.run(app)
+    except KeyboardInterrupt:  # in the instant before run() or after it
+        code = errors.interrupted()
+    signal.signal(signal.SIGINT, _stop_now)  # while Python shuts down
+    sys.exit(code)
+
+
+def _stop_now(signum, frame) -> None:
+    try:
+        os.write(2, b"specgen: interrupted\n")
+    except OSError:  # stderr closed or failing: the exit code still says it
+        pass
+    os._exit(EXIT_INTERRUPT)
+
+
+def __getattr__(name: str):
+    if name == "app":  # `from specgen.cli.main import app`, without importing Typer when main() starts
+        from specgen.cli.app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

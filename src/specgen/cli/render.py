@@ -65,7 +65,11 @@ class LiveView:
     def __init__(self):
         self.console = stderr_console()
         self.text = Text()
-        self.live = Live(console=self.console, transient=True, refresh_per_second=12, auto_refresh=True)
+        # Live would take sys.stdout over by default and show what is written there on the terminal:
+        # with stdout on a pipe or a file (`specgen generate > out.txt` from a terminal) the text
+        # would land on the terminal instead. stdout stays the results' own stream.
+        self.live = Live(console=self.console, transient=True, refresh_per_second=12, auto_refresh=True,
+                         redirect_stdout=False)
 
     def __enter__(self):
         self.live.__enter__()

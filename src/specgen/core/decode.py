@@ -1,9 +1,10 @@
-"""The speculative decode loop, one round at a time, as a generator of events.
+"""The decode loop: prefill, then one round at a time, as a generator of events.
 
-A round: the proposer drafts up to k tokens; the target scores [last, d0 .. d(n-1)] in ONE
-forward (n + 1 rows of p); the verifier keeps an accepted prefix and adds a recovered or bonus
-token; both KV caches roll back to the accepted length. Caches always hold the committed
-sequence minus its last token, which is the first input of the next round.
+Per round the loop chooses who drafts (the draft model on the device, or the host's n-gram
+lookup), launches the round (core/round.py) and reads its staged results once. Rounds are
+pipelined one deep: as soon as a round's results are on the host the next round is queued, and
+fates, stop ids and strings, detokenizing, statistics and the event are done while it runs. A
+round queued before a stop string is found is abandoned (the next run starts afresh).
 
 The loop knows nothing about terminals: it yields RoundEvent per round and a final Finished.
 """
@@ -16,12 +17,14 @@ from enum import Enum
 
 import torch
 
-from specgen.core import verifier
-from specgen.core.detok import IncrementalDetokenizer
+from specgen.core.backend import Program, RoundClock
+from specgen.core.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.errors import UsageError
-from specgen.core.sampling import exponentials, logprobs_from_logits, uniforms
+from specgen.core.ngram import NgramProposer
+from specgen.core.proposers import AdaptiveK
+from specgen.core.round import Mode, Round
+from specgen.core.sampling import logprobs_from_logits
 from specgen.core.settings import SamplingSpec
-from specgen.core.state import SamplingState
 from specgen.core.stats import AcceptanceStats
 
 
@@ -64,35 +67,44 @@ class Finished:
 
 @dataclass
 class DecodeSetup:
-    """What the loop needs besides the models: built once per run by the caller."""
+    """What the loop needs besides the round: built once per run by the caller."""
 
     sampling: SamplingSpec
     k: int
     eos_ids: set[int]
-    vocab_size: int
-    width: int
     max_context: int | None = None  # positions the target supports; None = unbounded
-    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Launched:
+    """A round queued on the device, waiting for its one sync."""
+
+    mode: Mode
+    k_used: int  # the round's budget: the profile's k, cut near max_tokens or by adaptive k
+    host: list[int] | None  # the host's drafts (n-gram rounds)
 
 
 class Decoder:
-    def __init__(self, target_runner, proposer, tokenizer, setup: DecodeSetup, insight: bool = False):
-        self.target = target_runner
-        self.proposer = proposer
-        self.tokenizer = tokenizer
-        self.setup = setup
+    """Runs requests through one Round. lookup: the n-gram proposer (ngram and hybrid): a round
+    whose context matches drafts on the host, others on the draft model (if there is one)."""
+
+    def __init__(self, rnd: Round, programs: dict[Mode, Program], tokenizer, setup: DecodeSetup,
+                 lookup: NgramProposer | None = None, adaptive_k: bool = False, backend=None):
+        self.round, self.programs, self.tokenizer, self.setup = rnd, programs, tokenizer, setup
+        self.lookup = lookup
+        self.adaptive_k = adaptive_k
+        self.backend = backend if backend is not None else rnd.backend
         spec = setup.sampling
         self.stop_ids = set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(setup.eos_ids))
-        self.state = SamplingState(spec, setup.width, setup.vocab_size, self.stop_ids, setup.k + 1,
-                                   target_runner.device)
+        self.clock = RoundClock(rnd.device)
+        pin = rnd.device.type == "cuda"
+        self.host_ids = torch.zeros(rnd.stage_ids.numel(), dtype=torch.long, pin_memory=pin)
+        self.host_f = torch.zeros(rnd.stage_f.numel(), dtype=torch.float32, pin_memory=pin)
         self.stats = AcceptanceStats()  # of the current (or last) run, live while it goes
-        # insight: p(x), q(x) and the target's entropy for every drafted token, in greedy mode too
-        # (a softmax per round and per draft step); off, the loop computes none of it.
-        self.insight = insight
-        self.proposer.insight = insight
+        self.proposer_rounds = {"ngram": 0, "draft": 0}  # rounds each proposer drafted (this run)
 
     def _generator(self) -> torch.Generator:
-        gen = torch.Generator(device=self.target.device)
+        gen = torch.Generator(device=self.round.device)
         seed = self.setup.sampling.seed
         gen.manual_seed(seed if seed is not None else int(torch.seed()) % (2**63))
         return gen
@@ -118,112 +130,125 @@ class Decoder:
 
     def run(self, prompt_ids: list[int]):
         self.check_prompt(prompt_ids)
-        spec = self.setup.sampling
+        spec, rnd = self.setup.sampling, self.round
         stats = self.stats = AcceptanceStats()
+        self.proposer_rounds = dict.fromkeys(self.proposer_rounds, 0)
+        self.adaptive = AdaptiveK() if self.adaptive_k else None
         gen = self._generator()
         start = time.perf_counter()
-        self.target.reset()
-        self.target.forward(torch.tensor(prompt_ids[:-1], dtype=torch.long), want_logits=False)
-        self.proposer.start(prompt_ids)
-        self.state.start(prompt_ids)
+        rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2)
+        rnd.start(prompt_ids)
+        if self.lookup is not None:
+            self.lookup.start(prompt_ids)
         stats.prefill_seconds = time.perf_counter() - start
-        text = _TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop)
-        last = prompt_ids[-1]
-        out_ids: list[int] = []
-        out_fates: list[Fate] = []
-        out_pieces: list[str] = []
-        out_logprobs: list[dict] | None = [] if spec.logprobs is not None else None
+        text = TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop)
+        out = _Output(spec.logprobs is not None)
+        rnd.draw(gen)
+        launched = self._launch(0, spec)
+        rnd.draw(gen)  # the next round's numbers, queued behind this round
+        round_end = time.perf_counter()
         index = 0
         while True:
-            event, reason = self._round(index, last, stats, gen, text, spec)
+            ids, drafted, n, p, q, entropy = self._fetch(launched)
+            spans = self.clock.spans()
+            self.backend.check(ids[0])
+            emitted = [t for t in ids if t >= 0]
+            num_accepted = len(emitted) - 1
+            drafted = self._cut_at_stop(drafted[:n])
+            fates = [Fate.ACCEPTED] * num_accepted + [Fate.BONUS if num_accepted == n else Fate.RECOVERED]
+            reason, emitted, fates = self._stop_tokens(emitted, fates)
+            logprobs = self._logprobs(emitted, spec) if spec.logprobs is not None else None
+            generated = len(out.ids) + len(emitted)
+            self._follow(launched, emitted, num_accepted)
+            queued = None
+            if reason is None and generated < spec.max_tokens:
+                queued = self._launch(generated, spec)
+                rnd.draw(gen)
+            pieces = [text.detok.add([t]) for t in emitted]
+            before = len(text.text)
+            delta, stop_hit = text.add("".join(pieces))
+            starts = _starts(before, pieces)
+            if stop_hit and reason is None:  # the ids end where the text ends, in this round and before
+                reason = "stop"
+                keep = sum(1 for at in starts if at < len(text.text))
+                emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
+                logprobs = logprobs and logprobs[:keep]
+                out.trim(len(text.text))
             if stats.first_token_seconds is None:
                 stats.first_token_seconds = time.perf_counter() - start
-            out_ids += event.token_ids
-            out_fates += event.fates
-            out_pieces += event.pieces
-            if out_logprobs is not None:
-                out_logprobs += event.logprobs or []
+            now = time.perf_counter()
+            timings = {**spans, "other": max(0.0, now - round_end - sum(spans.values()))}
+            round_end = now
+            used, kept_accepted = len(drafted), min(num_accepted, len(emitted))
+            early_stop = used < launched.k_used
+            stats.add_round(used, kept_accepted, len(emitted), timings, early_stop=early_stop, k_used=launched.k_used)
+            event = RoundEvent(index, emitted, fates, delta, pieces, used, kept_accepted, drafted, timings,
+                               q and q[:used], p and p[:used], logprobs, k_used=launched.k_used,
+                               early_stop=early_stop)
+            event.target_entropy = entropy and entropy[:used]
+            out.add(event, starts)
             yield event
-            if reason is None and len(out_ids) >= spec.max_tokens:
+            if reason is None and len(out.ids) >= spec.max_tokens:
                 reason = "length"
             if reason is not None:
                 tail = text.finish(reason == "stop")
-                yield Finished(reason, text.released, out_ids, out_fates, stats, out_pieces, tail, out_logprobs)
+                yield Finished(reason, text.released, out.ids, out.fates, stats, out.pieces, tail, out.logprobs)
                 return
-            last = event.token_ids[-1]
-            index += 1
+            launched, index = queued, index + 1
 
-    def _round(self, index, last, stats, gen, text, spec):
-        t0 = time.perf_counter()
-        remaining = spec.max_tokens - self.state.generated
-        asked = min(self.setup.k, remaining - 1)
-        proposal = self.proposer.propose(asked, self.state, gen)
-        n = len(proposal)
-        k_used = asked if proposal.k is None else proposal.k
-        t1 = time.perf_counter()
-        feed = torch.cat([torch.tensor([last], device=proposal.token_ids.device), proposal.token_ids])
-        logits = self.target.forward(feed)  # [n+1, V]
-        t2 = time.perf_counter()
-        emitted, target_p, logprobs = self._verify(logits, proposal, gen, spec)
-        t3 = time.perf_counter()
-        insight = self._insight(logits, proposal) if self.insight else None  # before commit moves the state
-        num_accepted = len(emitted) - 1
-        fates = [Fate.ACCEPTED] * num_accepted + [Fate.BONUS if num_accepted == n else Fate.RECOVERED]
-        reason, emitted, fates = self._stop_tokens(emitted, fates)
-        kept_accepted = min(num_accepted, len(emitted))
-        if logprobs is not None:
-            logprobs = logprobs[: len(emitted)]
-        self.state.commit(emitted)
-        if reason is None:
-            self.target.truncate(self.target.length - n + num_accepted)
-            self.proposer.commit(num_accepted, emitted[-1])
-        pieces = [text.detok.add([t]) for t in emitted]
-        delta, stop_hit = text.add("".join(pieces))
-        if stop_hit and reason is None:
-            reason = "stop"
-        t4 = time.perf_counter()
-        timings = {"draft": t1 - t0, "verify": t2 - t1, "sample": t3 - t2, "other": t4 - t3}
-        early_stop = n < k_used
-        stats.add_round(n, kept_accepted, len(emitted), timings, early_stop=early_stop, k_used=k_used)
-        event = RoundEvent(index, emitted, fates, delta, pieces, n, kept_accepted, proposal.token_ids.tolist(), timings,
-                           proposal.token_q, target_p, logprobs, k_used=k_used, early_stop=early_stop)
-        if insight is not None:
-            event.target_p, event.target_entropy = insight
-        return event, reason
-
-    def _insight(self, logits, proposal) -> tuple[list[float], list[float]]:
-        """p(x) of each drafted token and the entropy of p at its position. p is the warped target
-        distribution; for greedy rows, the softmax of the penalised logits (as for logprobs)."""
-        n = len(proposal)
-        rows = self.state.rows(proposal.token_ids)
-        p = logprobs_from_logits(logits, rows.params, rows.penalties, rows.bad_mask)[:n].exp()  # [n, V]
-        entropy = torch.special.entr(p).sum(dim=-1)  # entr(0) = 0
-        return p[torch.arange(n, device=p.device), proposal.token_ids].tolist(), entropy.tolist()
-
-    def _verify(self, logits, proposal, gen, spec):
-        n = len(proposal)
-        rows = self.state.rows(proposal.token_ids)
-        argmax, probs = verifier.warp(logits, rows.params, rows.penalties, rows.bad_mask)
-        cu = torch.tensor([n], dtype=torch.int32, device=logits.device)
-        if probs is None:
-            out = verifier.verify_greedy(proposal.token_ids, cu, argmax, n)
-            target_p = None
+    def _launch(self, generated: int, spec: SamplingSpec) -> _Launched:
+        """Choose who drafts, queue the round and the copy of its results (no sync)."""
+        rnd = self.round
+        budget = min(self.setup.k, spec.max_tokens - generated - 1)
+        if self.adaptive is not None:
+            budget = self.adaptive.budget(budget)
+        mode = Mode.MODEL if Mode.MODEL in self.programs else Mode.HOST
+        host = None
+        if self.lookup is not None:
+            host = self.lookup.lookup(budget)
+            if host or mode is Mode.HOST:
+                mode = Mode.HOST
+        if mode is Mode.HOST:
+            rnd.set_host_drafts(host or [])
         else:
-            u = uniforms((n,), gen, logits.device)
-            e = exponentials((1, probs.shape[-1]), gen, logits.device)
-            out = verifier.verify_random(proposal.token_ids, cu, proposal.probs, probs, u, e, n)
-            target_p = probs[torch.arange(n), proposal.token_ids].tolist() if n else []
-        emitted = verifier.emitted(out)[0]  # the one host read; raises on a kernel error flag
-        logprobs = None
-        if spec.logprobs is not None:
-            logprobs = self._logprobs(logits, rows, emitted, spec.logprobs)
-        return emitted, target_p, logprobs
+            rnd.set_budget(budget)
+        self.proposer_rounds["ngram" if mode is Mode.HOST else "draft"] += 1
+        self.programs[mode].launch(self.clock)
+        self.host_ids.copy_(rnd.stage_ids, non_blocking=True)
+        if rnd.floats:
+            self.host_f.copy_(rnd.stage_f, non_blocking=True)
+        self.clock.finish()
+        return _Launched(mode, budget, host)
 
-    def _logprobs(self, logits, rows, emitted, top_n):
-        logp = logprobs_from_logits(logits, rows.params, rows.penalties, rows.bad_mask)[: len(emitted)]
-        chosen = logp[torch.arange(len(emitted)), torch.tensor(emitted)].tolist()
+    def _fetch(self, launched: _Launched):
+        """The round's one sync, then plain host reads of its staged results."""
+        self.clock.wait()
+        k, rnd = self.setup.k, self.round
+        values = self.host_ids.tolist()
+        floats = self.host_f.tolist()
+        p = floats[:k] if rnd.has_p else None
+        q = floats[k : 2 * k] if rnd.has_q(launched.mode) else None
+        entropy = floats[2 * k : 3 * k] if rnd.shape.insight else None
+        return values[: k + 1], values[k + 1 : 2 * k + 1], values[2 * k + 1], p, q, entropy
+
+    def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int) -> None:
+        """Host proposers and adaptive k learn the round's verdict before the next round."""
+        if self.lookup is not None:
+            self.lookup.follow(emitted)
+        if self.adaptive is not None and launched.k_used > 0:
+            self.adaptive.update(num_accepted)
+
+    def _logprobs(self, emitted: list[int], spec: SamplingSpec) -> list[dict]:
+        """Log-probabilities of the emitted ids (read before the next launch rewrites the logits)."""
+        logits = self.round.target_logits[: len(emitted)]
+        if spec.logprobs_mode == "raw":
+            logp = torch.log_softmax(logits, dim=-1)
+        else:
+            params, penalties, bad = self.round.rows
+            logp = logprobs_from_logits(self.round.target_logits, params, penalties, bad)[: len(emitted)]
+        chosen = logp[torch.arange(len(emitted)), torch.tensor(emitted, device=logp.device)].tolist()
+        top = logp.topk(spec.logprobs, dim=-1) if spec.logprobs > 0 else None
         entries = []
-        top = logp.topk(top_n, dim=-1) if top_n > 0 else None
         for i, token in enumerate(emitted):
             entry = {"token_id": token, "logprob": chosen[i]}
             if top is not None:
@@ -231,6 +256,13 @@ class Decoder:
                                 for v, t in zip(top.values[i].tolist(), top.indices[i].tolist())]
             entries.append(entry)
         return entries
+
+    def _cut_at_stop(self, drafted: list[int]) -> list[int]:
+        """Drafts after a drafted stop id were never meant to be proposed."""
+        for i, token in enumerate(drafted):
+            if token in self.stop_ids:
+                return drafted[: i + 1]
+        return drafted
 
     def _stop_tokens(self, emitted, fates):
         """Cut the round after the first stop token (EOS unless ignore_eos, or a stop_token_id)."""
@@ -241,39 +273,71 @@ class Decoder:
         return None, emitted, fates
 
 
-class _TextTracker:
-    """Detokenized output with stop strings: text is released only once no stop string can start in it."""
+class _Output:
+    """Everything a run emitted so far, for Finished."""
 
-    def __init__(self, detok: IncrementalDetokenizer, stops: tuple[str, ...]):
-        self.detok = detok
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""
-        self.released = ""
+    def __init__(self, logprobs: bool):
+        self.ids: list[int] = []
+        self.fates: list[Fate] = []
+        self.pieces: list[str] = []
+        self.logprobs: list[dict] | None = [] if logprobs else None
+        self.starts: list[int] = []  # where each token's text starts in the output text
 
-    def add(self, new_text: str) -> tuple[str, bool]:
-        self.text += new_text
-        cut = self._stop_at()
-        if cut is not None:
-            self.text = self.text[:cut]
-            return self._release(len(self.text)), True
-        return self._release(len(self.text) - self.hold), False
+    def add(self, event: RoundEvent, starts: list[int]) -> None:
+        self.starts += starts
+        self.ids += event.token_ids
+        self.fates += event.fates
+        self.pieces += event.pieces
+        if self.logprobs is not None:
+            self.logprobs += event.logprobs or []
 
-    def _stop_at(self) -> int | None:
-        start = max(0, len(self.released) - self.hold)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops if s) if i >= 0]
-        return min(hits) if hits else None
+    def trim(self, length: int) -> None:
+        """Drop the tokens whose text starts at or after `length` (a stop string cut the text there)."""
+        keep = sum(1 for at in self.starts if at < length)
+        self.ids, self.fates, self.pieces, self.starts = (
+            self.ids[:keep], self.fates[:keep], self.pieces[:keep], self.starts[:keep])
+        if self.logprobs is not None:
+            self.logprobs = self.logprobs[:keep]
 
-    def _release(self, upto: int) -> str:
-        upto = max(upto, len(self.released))
-        delta = self.text[len(self.released):upto]
-        self.released = self.text[:upto]
-        return delta
 
-    def finish(self, stopped: bool) -> str:
-        if not stopped:
-            self.text += self.detok.flush()
-            cut = self._stop_at()
-            if cut is not None:
-                self.text = self.text[:cut]
-        return self._release(len(self.text))
+def _starts(offset: int, pieces: list[str]) -> list[int]:
+    starts = []
+    for piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    return starts
+
+
+class _Output:
+    """Everything a run emitted so far, for Finished."""
+
+    def __init__(self, logprobs: bool):
+        self.ids: list[int] = []
+        self.fates: list[Fate] = []
+        self.pieces: list[str] = []
+        self.logprobs: list[dict] | None = [] if logprobs else None
+        self.starts: list[int] = []  # where each token's text starts in the output text
+
+    def add(self, event: RoundEvent, starts: list[int]) -> None:
+        self.starts += starts
+        self.ids += event.token_ids
+        self.fates += event.fates
+        self.pieces += event.pieces
+        if self.logprobs is not None:
+            self.logprobs += event.logprobs or []
+
+    def trim(self, length: int) -> None:
+        """Drop the tokens whose text starts at or after `length` (a stop string cut the text there)."""
+        keep = sum(1 for at in self.starts if at < length)
+        self.ids, self.fates, self.pieces, self.starts = (
+            self.ids[:keep], self.fates[:keep], self.pieces[:keep], self.starts[:keep])
+        if self.logprobs is not None:
+            self.logprobs = self.logprobs[:keep]
+
+
+def _starts(offset: int, pieces: list[str]) -> list[int]:
+    starts = []
+    for piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    return starts

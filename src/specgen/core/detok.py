@@ -35,3 +35,41 @@ class IncrementalDetokenizer:
         text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
         return text[len(prefix):] if len(text) > len(prefix) else ""
+
+
+class TextTracker:
+    """Detokenized output with stop strings: text is released only once no stop string can start in it."""
+
+    def __init__(self, detok: IncrementalDetokenizer, stops: tuple[str, ...]):
+        self.detok = detok
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""
+        self.released = ""
+
+    def add(self, new_text: str) -> tuple[str, bool]:
+        self.text += new_text
+        cut = self._stop_at()
+        if cut is not None:
+            self.text = self.text[:cut]
+            return self._release(len(self.text)), True
+        return self._release(len(self.text) - self.hold), False
+
+    def _stop_at(self) -> int | None:
+        start = max(0, len(self.released) - self.hold)
+        hits = [i for i in (self.text.find(s, start) for s in self.stops if s) if i >= 0]
+        return min(hits) if hits else None
+
+    def _release(self, upto: int) -> str:
+        upto = max(upto, len(self.released))
+        delta = self.text[len(self.released):upto]
+        self.released = self.text[:upto]
+        return delta
+
+    def finish(self, stopped: bool) -> str:
+        if not stopped:
+            self.text += self.detok.flush()
+            cut = self._stop_at()
+            if cut is not None:
+                self.text = self.text[:cut]
+        return self._release(len(self.text))

@@ -1,15 +1,18 @@
-"""From a resolved Profile to a ready decoder: load the pair, build runners and the proposer."""
+"""From a resolved Profile to a ready decoder: load the pair, pick the backend, build rounds."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from specgen.core.backend import make_backend
 from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
 from specgen.core.models import LoadedPair, load_pair, logits_width
-from specgen.core.proposers import DraftModelProposer, NoProposer
-from specgen.core.runner import EagerRunner
-from specgen.core.settings import Profile, ProposerSpec
+from specgen.core.ngram import NgramProposer
+from specgen.core.round import Mode, Round, RoundShape
+from specgen.core.settings import Profile
+
+PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
 
 def eos_ids(pair: LoadedPair) -> set[int]:
@@ -26,7 +29,8 @@ def eos_ids(pair: LoadedPair) -> set[int]:
 
 
 class Engine:
-    """Holds the loaded models for a profile; hands out decoders for any sampling settings."""
+    """Holds the loaded models, the backend and its runners; hands out decoders for any settings.
+    Rounds (their static buffers and captured programs) are built once per shape and shared."""
 
     def __init__(self, profile: Profile, allow_pickle: bool = False, progress=None):
         """progress(done, total, what): start-up steps (CUDA graph capture), for the CLI to show."""
@@ -34,17 +38,14 @@ class Engine:
         self.pair = load_pair(profile, allow_pickle)
         self.width = logits_width(self.pair.target)
         self.eos_ids = eos_ids(self.pair)
-        self.target_runner = EagerRunner(self.pair.target, self.width)
-        self.draft_runner = EagerRunner(self.pair.draft, self.width) if self.pair.draft is not None else None
-        self.fast_path = None  # gpu/loop.py's graph runners, GPU proposer and GPU round
-        if self.pair.device.type == "cuda" and profile.speculation.cuda_graphs:
-            from specgen.gpu import loop  # noqa: PLC0415 (gpu/ only with CUDA)
-
-            self.fast_path = loop.build(self.pair, self.width, profile, progress)
-        if self.fast_path is not None:
-            self.target_runner, self.draft_runner = self.fast_path.target, self.fast_path.draft
-        config = self.pair.target.config
-        self.max_context = getattr(config, "max_position_embeddings", None)
+        self.max_context = getattr(self.pair.target.config, "max_position_embeddings", None)
+        self.backend = make_backend(self.pair.device, profile, progress)
+        capacity = profile.speculation.k + 2 + profile.sampling.max_tokens + PROMPT_ROOM
+        self.target_runner = self.backend.runner(self.pair.target, self.width, capacity, "target")
+        self.draft_runner = None
+        if self.pair.draft is not None:
+            self.draft_runner = self.backend.runner(self.pair.draft, self.width, capacity, "draft")
+        self._rounds: dict[tuple, tuple[Round, dict]] = {}
 
     @property
     def tokenizer(self):
@@ -61,52 +62,56 @@ class Engine:
             return tok(text, add_special_tokens=False)["input_ids"]
         return tok(prompt)["input_ids"]
 
-    def proposer(self, kind: str, sample: bool, stop_ids: set[int], spec: ProposerSpec | None = None,
-                 cut: bool = True):
-        spec = spec or self.profile.proposer
-        if kind == "none":
-            return NoProposer(self.target_runner.device)
-        from specgen.core.ngram import NgramProposer  # noqa: PLC0415 (only when asked for)
-
-        if kind == "ngram":
-            return NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device)
-        if self.draft_runner is None:
-            raise UsageError(f"the {kind} proposer needs a draft model", hint="add [draft] or use --proposer ngram")
-        draft = DraftModelProposer(self.draft_runner, sample, stop_ids, spec.draft_p_min, spec.adaptive_k, cut)
-        if kind == "draft":
-            return draft
-        from specgen.core.hybrid import HybridProposer  # noqa: PLC0415
-
-        return HybridProposer(NgramProposer(spec.ngram_min, spec.ngram_max, self.target_runner.device), draft)
-
     def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None,
                 insight: bool = False) -> Decoder:
         """A decoder for `profile`'s settings (default: the engine's), optionally another proposer kind;
         insight=True makes its round events carry p(x), q(x) and entropy (inspect-acceptance)."""
         profile = profile or self.profile
         kind = proposer_kind or profile.proposer.kind
-        sampling = profile.sampling
+        spec, sampling = profile.proposer, profile.sampling
+        uses_model = kind in ("draft", "hybrid")
+        if uses_model and self.draft_runner is None:
+            raise UsageError(f"the {kind} proposer needs a draft model", hint="add [draft] or use --proposer ngram")
         k = profile.speculation.k if kind != "none" else 0
-        setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, vocab_size=self.pair.vocab_size,
-                            width=self.width, max_context=self.max_context)
         sample, cut = draft_picking(profile.speculation.draft_sampling, sampling)
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_ids)
-        proposer = self.proposer(kind, sample, stop_ids, profile.proposer, cut=cut)
-        cls = Decoder
-        if self.fast_path is not None and not insight:  # insight reads host values per draft step
-            cls, proposer = self.fast_path.decoder_class, self.fast_path.adopt(proposer)
-        decoder = cls(self.target_runner, proposer, self.tokenizer, setup, insight=insight)
-        return decoder
+        penalties = (sampling.repetition_penalty != 1.0 or sampling.presence_penalty != 0.0
+                     or sampling.frequency_penalty != 0.0)
+        shape = RoundShape(k=k, width=self.width, vocab_size=self.pair.vocab_size, has_draft=uses_model,
+                           sample_draft=uses_model and sample, cut=cut, penalties=penalties,
+                           min_tokens=sampling.min_tokens > 0, p_min=spec.draft_p_min if uses_model else 0.0,
+                           insight=insight)
+        modes = {"none": [Mode.MODEL], "draft": [Mode.MODEL], "ngram": [Mode.HOST],
+                 "hybrid": [Mode.MODEL, Mode.HOST]}[kind]
+        rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
+        lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
+        setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context)
+        return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
+
+    def _round(self, shape: RoundShape, sampling, stop_ids: list[int], modes: list[Mode]):
+        """The round for these settings and its programs, built (and captured) on first use."""
+        warp = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.repetition_penalty,
+                sampling.presence_penalty, sampling.frequency_penalty, sampling.min_tokens)
+        key = (shape, warp, tuple(stop_ids), tuple(modes))
+        if key not in self._rounds:
+            draft = self.draft_runner if shape.has_draft else None
+            rnd = Round(shape, sampling, self.backend, self.target_runner, draft, stop_ids)
+            programs = {mode: self.backend.program(rnd, mode) for mode in modes}
+            self._rounds[key] = (rnd, programs)
+        return self._rounds[key]
+
+    def describe(self) -> dict:
+        """The resolved settings of this engine's backend, for reports (bench JSON, generate -v)."""
+        return self.backend.describe()
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
     """(sample, cut) for speculation.draft_sampling: whether the draft draws from q (else its argmax,
     q one-hot), and whether q has the request's top-k / top-p / min-p (else temperature only).
     auto: greedy requests take the argmax; sampled ones draw, and a request cut by top-p alone
-    drafts without the cut. On the bench pair at t 0.8 / top-p 0.95 and k = 4 that was 1.24-1.33x
-    target-only against 1.17-1.20x with the cut, at the same acceptance (docs/benchmarks.md,
-    "Temperature drafts");
-    with top-k or min-p too, the wider q costs more acceptance, so those keep the cut."""
+    drafts without the cut: the draft skips the cut's work at about the same acceptance
+    (docs/benchmarks.md, "Temperature drafts"); with top-k or min-p too, the wider q costs more
+    acceptance, so those keep the cut."""
     if mode == "auto":
         sample = not sampling.greedy
         top_p_only = sampling.top_p < 1.0 and sampling.top_k <= 0 and sampling.min_p == 0.0

@@ -8,40 +8,27 @@ followed the most recent such occurrence (fewer when it sits near the end of the
 One table per n maps an n-gram to the end of its latest occurrence. It is filled once for the
 prompt and then only for the committed tokens of each round, so a round costs O(k + new tokens)
 lookups and the prompt is read once, by zip() in C rather than by a Python loop per token.
-Proposals are deterministic: q is one-hot (Proposal.probs is None), lossless at any temperature.
+Proposals are deterministic: q is one-hot, lossless at any temperature.
 """
 
 from __future__ import annotations
 
-import torch
-
-from specgen.core.proposers import Proposal
 
 
 class NgramProposer:
     kind = "ngram"
 
-    def __init__(self, ngram_min: int, ngram_max: int, device: torch.device | str = "cpu"):
+    def __init__(self, ngram_min: int, ngram_max: int):
         self.sizes = range(ngram_max, ngram_min - 1, -1)  # longest first
-        self.device = device
         self.tokens: list[int] = []
         self.tables: dict[int, dict[tuple[int, ...], int]] = {}
         self.indexed = 0  # n-grams ending before this position are in the tables
-        self.drafted: list[int] = []
 
     def start(self, prompt_ids: list[int]) -> None:
         self.tokens = list(prompt_ids)
         self.tables = {n: {} for n in self.sizes}
         self.indexed = 0
         self._index()
-        self.drafted = []
-
-    def propose(self, k: int, state=None, generator=None) -> Proposal:
-        self.drafted = self.lookup(k)
-        return Proposal(torch.tensor(self.drafted, dtype=torch.long, device=self.device), None, k=k)
-
-    def commit(self, num_accepted: int, next_token: int) -> None:
-        self.follow(self.drafted[:num_accepted] + [next_token])
 
     def follow(self, committed: list[int]) -> None:
         """Extend the context with a round's committed tokens, whoever drafted them."""

@@ -26,6 +26,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 from specgen.core.errors import ProfileError, SpecgenError, UsageError
 from specgen.core.settings import (
+    KernelSpec,
     ModelSpec,
     Profile,
     ProposerSpec,
@@ -44,6 +45,7 @@ _TABLES = {
     "speculation": SpeculationSpec,
     "sampling": SamplingSpec,
     "runtime": RuntimeSpec,
+    "kernels": KernelSpec,
 }
 _TOP_LEVEL = ("name", "description")
 # settings.py uses postponed annotations, so each field's type is its annotation string.
@@ -287,6 +289,7 @@ def _build(merged: _Merged, name: str) -> Profile:
         speculation=SpeculationSpec(**merged.table("speculation")),
         sampling=SamplingSpec(**merged.table("sampling")),
         runtime=RuntimeSpec(**merged.table("runtime")),
+        kernels=KernelSpec(**merged.table("kernels")),
     )
 
 
@@ -458,6 +461,11 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling.stop_token_ids": (lambda v: all(i >= 0 for i in v), "must be token ids >= 0"),
     "sampling.logprobs": (lambda v: 0 <= v <= 20, "must be from 0 to 20"),
     "runtime.threads": (lambda v: 0 <= v <= 1024, "must be from 0 (auto) to 1024"),
+    "kernels.attention": _one_of("auto", "kernel", "sdpa"),
+    "kernels.linear": _one_of("auto", "kernel", "torch"),
+    "kernels.rope": _one_of("auto", "kernel", "model"),
+    "kernels.split_k": _one_of("auto", "on", "off"),
+    "kernels.warp": _one_of("auto", "kernel", "torch"),
 }
 
 

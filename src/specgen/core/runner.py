@@ -1,60 +1,98 @@
-"""Running a causal LM step by step over a KV cache that can roll back.
+"""Running a causal LM over a KV cache whose rollback is moving one position.
 
-`EagerRunner` is the CPU (and fallback) path: a Hugging Face DynamicCache, rolled back with crop().
-gpu/ provides a runner with the same three methods over static caches and CUDA graphs.
+Every runner owns one position tensor: a step writes at it and advances it, and a round rolls
+back by moving it (`position.sub_(n)`), on the device, without a host sync. EagerRunner (the
+torch backend) keeps a DynamicCache cropped to that position; gpu/runner.py's GraphRunner keeps a
+static slot cache whose layers all write at it, so its steps can be captured as CUDA graphs.
 """
 
 from __future__ import annotations
 
+import contextlib
+from typing import ContextManager, Protocol
+
 import torch
+
+class Runner(Protocol):
+    """What a round needs of a model: a static cache, a device position and fixed-shape steps."""
+
+    device: torch.device
+    position: torch.Tensor  # [] int64: where the next step writes
+    capacity: int
+    generation: int  # bumped when the cache is re-allocated (captured rounds must re-capture)
+
+    def reset(self) -> None: ...
+
+    def forward(self, ids: torch.Tensor, want_logits: bool = True) -> torch.Tensor | None: ...
+
+    def step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor: ...
+
+    def step_context(self, tokens: int) -> ContextManager: ...
+
+    def reserve(self, positions: int) -> None: ...
+
+
+def fit_logits(logits: torch.Tensor, width: int) -> torch.Tensor:
+    """[n, cols] -> [n, width] float32: cut extra (padding) columns, or pad with -inf."""
+    cols = logits.shape[-1]
+    if cols >= width:
+        return logits[:, :width].float()
+    pad = logits.new_full((logits.shape[0], width - cols), float("-inf"), dtype=torch.float32)
+    return torch.cat([logits.float(), pad], dim=-1)
 
 
 class EagerRunner:
-    """forward(ids) feeds tokens after the cached ones; truncate(n) keeps the first n cached tokens."""
+    """The torch backend's runner: eager steps over a transformers DynamicCache. Its `position`
+    is the Runner protocol's (a round moves it back to roll back); the cache is cropped to it
+    before the next step. On a CPU that read costs nothing, and attention covers only the live
+    keys, where a static cache would attend (and build a mask) over its whole length each step."""
 
-    def __init__(self, model: torch.nn.Module, width: int):
+    def __init__(self, model, width: int, capacity: int = 0):
         self.model = model
         self.width = width  # logits columns handed out: padded with -inf or cut to the target's width
         self.device = model.get_output_embeddings().weight.device
-        self.cache = None
-        self.length = 0
+        self.position = torch.zeros((), dtype=torch.long, device=self.device)
+        self.capacity = capacity  # not a limit here: the cache grows as needed
+        self.generation = 0
+        self.length = 0  # tokens in the cache (may run ahead of position until the next step)
+        self.reset()
 
     def reset(self) -> None:
         from transformers import DynamicCache
 
         self.cache = DynamicCache()
         self.length = 0
+        self.position.zero_()
+
+    def reserve(self, positions: int) -> None:
+        self.capacity = max(self.capacity, positions)
+
+    def step_context(self, tokens: int) -> ContextManager:
+        return contextlib.nullcontext()
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, want_logits: bool = True) -> torch.Tensor | None:
         """ids: [n] int64 -> logits [n, width] float32 (None when want_logits is False)."""
+        if ids.shape[0] == 0:
+            return None
+        logits = self._run(ids.to(self.device), n_logits=ids.shape[0] if want_logits else 1)
+        return fit_logits(logits, self.width) if want_logits else None
+
+    def step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
+        """A round's step: forward at the position, logits into logits_out [n, width], advance."""
+        logits = self._run(ids, n_logits=ids.shape[0])
+        cols = min(logits.shape[-1], self.width)
+        logits_out[:, :cols].copy_(logits[:, :cols])
+        return logits
+
+    def _run(self, ids: torch.Tensor, n_logits: int) -> torch.Tensor:
+        start = int(self.position)
+        if self.length > start:  # a round moved the position back: drop what it rejected
+            self.cache.crop(start - self.length)  # negative: drop that many (works across versions)
         n = ids.shape[0]
-        if n == 0:
-            return None
-        positions = torch.arange(self.length, self.length + n, device=self.device)
-        out = self.model(
-            input_ids=ids.to(self.device).unsqueeze(0),
-            past_key_values=self.cache,
-            position_ids=positions.unsqueeze(0),
-            cache_position=positions,
-            use_cache=True,
-            logits_to_keep=n if want_logits else 1,
-        )
-        self.length += n
-        if not want_logits:
-            return None
-        return self._fit(out.logits[0].float())
-
-    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        cols = logits.shape[-1]
-        if cols == self.width:
-            return logits
-        if cols > self.width:
-            return logits[:, : self.width]
-        pad = logits.new_full((logits.shape[0], self.width - cols), float("-inf"))
-        return torch.cat([logits, pad], dim=-1)
-
-    def truncate(self, length: int) -> None:
-        if length < self.length:
-            self.cache.crop(length - self.length)  # negative: drop that many (works across versions)
-            self.length = length
+        positions = torch.arange(start, start + n, device=self.device)
+        out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, position_ids=positions.unsqueeze(0),
+                         cache_position=positions, use_cache=True, logits_to_keep=n_logits)
+        self.length = start + n
+        self.position.add_(n)
+        return out.logits[0]

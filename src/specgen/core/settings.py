@@ -45,6 +45,17 @@ class SpeculationSpec:
 
 
 @dataclass(frozen=True)
+class KernelSpec:
+    """Which GPU kernels a run uses; `auto` is resolved from the device and model (gpu/kernels.py)."""
+
+    attention: str = "auto"  # auto | kernel | sdpa
+    linear: str = "auto"  # auto | kernel | torch
+    rope: str = "auto"  # auto | kernel | model   (rotary + KV write inside the attention kernel)
+    split_k: str = "auto"  # auto | on | off
+    warp: str = "auto"  # auto | kernel | torch   (warp/cut Triton kernels on CUDA, else core/sampling.py)
+
+
+@dataclass(frozen=True)
 class SamplingSpec:
     """vLLM SamplingParams meanings; temperature 0 is greedy."""
 
@@ -62,6 +73,7 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    logprobs_mode: str = "warped"  # warped (the distribution tokens are drawn from) | raw (the model's)
 
     @property
     def greedy(self) -> bool:
@@ -88,3 +100,4 @@ class Profile:
     speculation: SpeculationSpec = field(default_factory=SpeculationSpec)
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    kernels: KernelSpec = field(default_factory=KernelSpec)

@@ -1,0 +1,146 @@
+"""Backends: what the one round (core/round.py) runs on.
+
+A backend supplies the round's kernels (warp, verify), its model runners and its capture. The
+torch backend runs everywhere: the references of core/sampling.py and core/rejection.py, eager
+runners over a static cache, and "capture" that runs the body as it is. gpu/backend.py's CUDA
+backend supplies Triton kernels, CUDA-graph runners and capture as a CUDA graph of the same body.
+`make_backend` is the one place core reaches gpu/, and only for a CUDA device.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol
+
+import torch
+
+from specgen.core import rejection, sampling
+from specgen.core.runner import EagerRunner, Runner
+
+
+class Program(Protocol):
+    """One round of a given mode, ready to queue: launch() runs it or replays its capture."""
+
+    def launch(self, clock: "RoundClock") -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+    device: torch.device
+
+    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...]) -> Runner: ...
+
+    def warp(self, logits, params, penalties=None, bad_mask=None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def warp_and_race(self, logits, params, expo, out) -> torch.Tensor | None: ...
+
+    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len: int) -> torch.Tensor: ...
+
+    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len: int) -> torch.Tensor: ...
+
+    def program(self, rnd, mode) -> Program: ...
+
+    def check(self, first_id: int) -> None: ...
+
+    def describe(self) -> dict: ...
+
+
+class RoundClock:
+    """Device phases of a round (draft, verify, sample): CUDA events read after the round's sync,
+    or wall time on the CPU. A captured round carries its own events (`inner`)."""
+
+    PHASES = ("draft", "verify", "sample")
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if self.cuda else []
+        self.done = torch.cuda.Event(enable_timing=True) if self.cuda else None
+        self.inner: list = []
+        self.marks: list[float] = []
+
+    def begin(self, inner: list | None = None) -> None:
+        self.inner = inner or []
+        self.marks = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            self.events[len(self.marks)].record()
+        self.marks.append(time.perf_counter())
+
+    def finish(self) -> None:
+        if self.cuda:
+            self.done.record()
+
+    def wait(self) -> None:
+        """The round's one device-to-host synchronisation."""
+        if self.cuda:
+            self.done.synchronize()
+
+    def spans(self) -> dict[str, float]:
+        if self.inner:
+            spans = [self.inner[i].elapsed_time(self.inner[i + 1]) / 1e3 for i in range(3)]
+        elif len(self.marks) < 4:  # a captured round without events: one span for the whole replay
+            spans = [0.0, self.events[0].elapsed_time(self.done) / 1e3 if self.cuda else 0.0, 0.0]
+        elif self.cuda:
+            spans = [self.events[i].elapsed_time(self.events[i + 1]) / 1e3 for i in range(3)]
+        else:
+            spans = [self.marks[i + 1] - self.marks[i] for i in range(3)]
+        return dict(zip(self.PHASES, spans))
+
+
+class EagerProgram:
+    """The body run as it is, every launch."""
+
+    def __init__(self, body: Callable[[Callable[[], None]], None]):
+        self.body = body
+
+    def launch(self, clock: RoundClock) -> None:
+        clock.begin()
+        with torch.inference_mode():
+            self.body(clock.mark)
+
+
+class TorchBackend:
+    """The torch references and eager runners: CPU, or any device without the CUDA backend."""
+
+    name = "torch"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = ()) -> Runner:
+        return EagerRunner(model, width, capacity)
+
+    def warp(self, logits, params, penalties=None, bad_mask=None):
+        return sampling.warp(logits, params, penalties, bad_mask)
+
+    def warp_and_race(self, logits, params, expo, out):
+        argmax, probs = sampling.warp(logits, params)
+        out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
+        return probs
+
+    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
+        return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)
+
+    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
+        return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
+
+    def program(self, rnd, mode) -> Program:
+        return EagerProgram(lambda mark: rnd.body(mode, mark))
+
+    def check(self, first_id: int) -> None:
+        """The references raise inside warp: nothing is left to report after the round."""
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "device": str(self.device)}
+
+
+def make_backend(device: torch.device, profile, progress=None) -> Backend:
+    """The CUDA backend on one CUDA device with CUDA graphs on (gpu/ imported only then), else torch.
+    A device_map spreads a model over devices: no static graphs there, the torch backend runs it."""
+    spread = any(spec is not None and spec.device_map is not None for spec in (profile.target, profile.draft))
+    if device.type == "cuda" and profile.speculation.cuda_graphs and not spread:
+        from specgen.gpu.backend import CudaBackend  # noqa: PLC0415 (gpu/ only with CUDA)
+
+        return CudaBackend(device, profile, progress)
+    return TorchBackend(device)

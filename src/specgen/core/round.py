@@ -1,0 +1,312 @@
+"""The speculation round, written once: the device program every backend runs or captures.
+
+One round, from static buffers sized once for k:
+
+    draft    MODEL rounds: the draft steps over `pending` (the committed sequence's last two ids),
+             then k - 1 single steps; each id is picked on the device straight into `feed`.
+             HOST rounds: the host wrote the drafts (n-gram lookup) into `feed`; a draft model, if
+             there is one, steps once over [committed[-2], feed] so its cache keeps following.
+    target   one forward over feed = [last, d0 .. d(k-1)]  ->  k + 1 rows of logits
+    warp     p for those rows (penalties and min_tokens masks built on the device)
+    verify   accepted prefix, then the recovered or bonus token (greedy or rejection sampling)
+    stage    everything the host reads, gathered into two buffers: one copy per dtype
+    commit   both caches roll back by moving their position; the next round's `last` and
+             `pending` are written from this round's output
+
+The draft cache always holds the committed sequence minus its last two ids, the target cache all
+but the last: with m tokens emitted, both positions move back by the rows they ran beyond that.
+Rounds that draft fewer than k (the last ones, adaptive k, host proposals, an unsure draft) run
+the same shapes; the verifier reads how many drafts count from `num_drafts`, and rows past them
+are overwritten by the next round.
+
+Randomness is drawn by the host into `uniform` and `noise` before the round (in the same order
+and shapes every round, so a seed reproduces the text on every backend); the body draws nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from specgen.core.sampling import MIN_EXPONENTIAL, PenaltyRows, WarpParams, logprobs_from_logits
+from specgen.core.settings import SamplingSpec
+
+
+def draft_spec(spec: SamplingSpec, cut: bool) -> SamplingSpec:
+    """What the draft warps its logits with: the request's own settings (cut), or its temperature and
+    penalties without top-k / top-p / min-p (speculation.draft_sampling = "temperature": a cheaper
+    pick, q wider than p). Any q keeps the output lossless, as long as the draft samples from it."""
+    return spec if cut else replace(spec, top_k=-1, top_p=1.0, min_p=0.0)
+
+
+class Mode(enum.Enum):
+    MODEL = "model"  # the draft model drafts on the device
+    HOST = "host"  # the host wrote the drafts (n-gram); q is one-hot
+
+
+@dataclass(frozen=True)
+class RoundShape:
+    """What fixes a round's program: captured once per shape and reused by every request."""
+
+    k: int
+    width: int  # logits columns
+    vocab_size: int  # ids with a token behind them (< width: padding columns are masked)
+    has_draft: bool  # a draft model runs (MODEL rounds, and follows HOST rounds)
+    sample_draft: bool  # the draft draws from q (else its argmax, q one-hot)
+    cut: bool  # q carries the request's top-k / top-p / min-p
+    penalties: bool  # repetition / presence / frequency penalties: rows built from counts
+    min_tokens: bool  # stop ids masked while fewer than min_tokens exist
+    p_min: float  # drafting stops at the first step whose confidence is below this (0 = off)
+    insight: bool  # stage p(x), q(x) and the entropy of p for every drafted token
+
+
+class Round:
+    """Static buffers and the round's body. `body(mode, mark)` is the algorithm; a backend runs it
+    eagerly or replays its captured form (see core/backend.py)."""
+
+    def __init__(self, shape: RoundShape, spec: SamplingSpec, backend, target, draft, stop_ids: list[int]):
+        self.shape, self.backend, self.target, self.draft = shape, backend, target, draft
+        k, width, device = shape.k, shape.width, target.device
+        self.device = device
+        self.greedy = spec.greedy
+        z = dict(device=device)
+        self.feed = torch.zeros(1, k + 1, dtype=torch.long, **z)  # [B, k+1] last, d0 .. d(k-1)
+        self.drafts = self.feed[0, 1:]  # [k]
+        self.pending = torch.zeros(1, 2, dtype=torch.long, **z)  # [B, 2] committed[-2:]
+        self.follow = torch.zeros(k + 2, dtype=torch.long, **z)  # committed[-2], last, drafts
+        self.budget = torch.zeros(1, dtype=torch.int32, **z)  # [B] drafts the host allows
+        self.num_drafts = torch.zeros(1, dtype=torch.int32, **z)  # [B] drafts that count (cu, B = 1)
+        self.generated = torch.zeros((), dtype=torch.long, **z)  # tokens emitted so far
+        self.params = WarpParams.from_spec(spec, k + 1, device)
+        self.draft_params = WarpParams.from_spec(draft_spec(spec, shape.cut), 1, device)
+        self.padding = None
+        if shape.vocab_size < width:  # logits columns with no token behind them can never be produced
+            self.padding = torch.zeros(width, dtype=torch.bool, **z)
+            self.padding[shape.vocab_size:] = True
+        self.stop_cols = torch.zeros(width, dtype=torch.bool, **z)
+        self.stop_cols[[i for i in stop_ids if i < width]] = True
+        self.min_tokens = spec.min_tokens
+        self.steps = torch.arange(k + 1, **z)
+        self.counts = torch.zeros(width, dtype=torch.int32, **z)  # output counts (penalties)
+        self.seen = torch.zeros(width, dtype=torch.bool, **z)  # prompt or output ids (penalties)
+        self.draft_counts = torch.zeros_like(self.counts)
+        self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, **z)
+        self.draft_logits = {n: torch.full((n, width), float("-inf"), dtype=torch.float32, **z)
+                             for n in (1, 2, k + 2)} if shape.has_draft else {}
+        sampled = not self.greedy
+        draft_rows = k if shape.sample_draft and sampled else 0
+        # Exp(1) rows, one per sampled draft step then the target's, and the uniforms: one buffer
+        # each, so one clamp covers all rows (draw()).
+        self.noise = torch.ones(draft_rows + 1, width, dtype=torch.float32, **z) if sampled else None
+        self.uniform = torch.ones(k, dtype=torch.float32, **z) if sampled else None
+        self.q = torch.zeros(k, width, dtype=torch.float32, **z) if draft_rows else None
+        self.q_token = torch.zeros(k, dtype=torch.float32, **z)  # q(d_i) (sampled or insight)
+        self.confident = torch.ones(k, dtype=torch.bool, **z)  # per step: confidence >= p_min
+        self.rows: tuple = ()  # the target rows' (params, penalties, bad_mask) of the last round
+        floats = 3 * k if shape.insight else (2 * k if sampled else 0)
+        self.stage_ids = torch.zeros(2 * k + 2, dtype=torch.long, **z)  # [out (k+1) | drafts (k) | n]
+        self.stage_f = torch.zeros(max(floats, 1), dtype=torch.float32, **z)  # [p(d) | q(d) | H(p)]
+        self.out = torch.zeros(1, k + 1, dtype=torch.long, **z)
+
+    # -- host side, before a round ----------------------------------------------------------------
+
+    @property
+    def runners(self) -> list:
+        return [r for r in (self.target, self.draft) if r is not None]
+
+    @property
+    def floats(self) -> bool:
+        """Whether the round stages float results (p(d), q(d), entropy) for the host."""
+        return self.shape.k > 0 and (self.shape.insight or not self.greedy)
+
+    @property
+    def has_p(self) -> bool:
+        return self.floats
+
+    def has_q(self, mode: Mode) -> bool:
+        """q(d_i) is staged: drafts drawn from q, or insight (q of argmax drafts); n-gram q is one-hot."""
+        return self.floats and mode is Mode.MODEL and (self.shape.insight or self.q is not None)
+
+    def state(self) -> list[torch.Tensor]:
+        """The buffers a round reads and writes that outlive it (a capture's warm-up restores them)."""
+        return [self.feed, self.pending, self.budget, self.num_drafts, self.generated, self.counts, self.seen,
+                self.draft_counts, self.confident]
+
+    def reserve(self, positions: int) -> None:
+        """Room in both caches for a request that may reach `positions`."""
+        for runner in self.runners:
+            runner.reserve(positions)
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """Prefill both caches (target: all but the last id; draft: all but the last two) and set the
+        first round's inputs. A one-token prompt: the draft sees that id twice (its cache needs two
+        committed ids to start from); only its first guesses can change, never the output."""
+        ids = list(prompt_ids)
+        self.target.reset()
+        self.target.forward(torch.tensor(ids[:-1], dtype=torch.long), want_logits=False)
+        if self.draft is not None:
+            self.draft.reset()
+            self.draft.forward(torch.tensor(ids[:-2], dtype=torch.long), want_logits=False)
+        self.feed[0, 0].fill_(ids[-1])
+        self.pending[0].copy_(torch.tensor((ids * 2)[-2:], device=self.device))
+        self.generated.zero_()
+        if self.shape.penalties:
+            self.counts.zero_()
+            self.seen.zero_()
+            self.seen[torch.tensor(ids, dtype=torch.long, device=self.device)] = True
+
+    def set_host_drafts(self, tokens: list[int]) -> None:
+        if tokens:
+            self.drafts[: len(tokens)].copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=True)
+        self.budget.fill_(len(tokens))
+
+    def set_budget(self, n: int) -> None:
+        self.budget.fill_(n)
+
+    def draw(self, generator: torch.Generator) -> None:
+        """The next round's random numbers, in place: Exp(1) rows for sampled draft steps, the
+        uniforms, then the target's recovery row (greedy rounds draw nothing)."""
+        if self.noise is None:
+            return
+        rows = self.noise.shape[0]
+        for i in range(rows - 1):
+            self.noise[i : i + 1].exponential_(generator=generator)
+        self.uniform.uniform_(0.0, 1.0, generator=generator).neg_().add_(1.0)  # (0, 1]: never 0
+        self.noise[rows - 1 :].exponential_(generator=generator)
+        self.noise.clamp_min_(MIN_EXPONENTIAL)
+
+    # -- the device program -----------------------------------------------------------------------
+
+    def body(self, mode: Mode, mark: Callable[[], None]) -> None:
+        """One round on the device, no host sync. mark() is called between the phases (timing)."""
+        mark()
+        self._draft(mode)
+        mark()
+        with self.target.step_context(self.shape.k + 1):
+            self.target.step(self.feed[0], self.target_logits)
+        mark()
+        self._verify(mode)
+        self._commit(mode)
+        mark()
+
+    def _draft(self, mode: Mode) -> None:
+        shape, k = self.shape, self.shape.k
+        if shape.penalties:
+            self.draft_counts.copy_(self.counts)
+        if mode is Mode.HOST:
+            self.num_drafts.copy_(self.budget)
+            if self.draft is not None:  # keep the draft cache following the committed sequence
+                self.follow[:1].copy_(self.pending[0, :1])
+                self.follow[1:].copy_(self.feed[0])
+                with self.draft.step_context(k + 2):
+                    self.draft.step(self.follow, self.draft_logits[k + 2])
+            return
+        if k == 0:  # target-only: a bonus token per round
+            self.num_drafts.zero_()
+            return
+        ids = self.pending[0]
+        for i in range(k):
+            n = ids.shape[0]
+            with self.draft.step_context(n):
+                self.draft.step(ids, self.draft_logits[n])
+            self._pick(i, self.draft_logits[n][n - 1 :])
+            ids = self.drafts[i : i + 1]
+        stop = self.confident.logical_not().int().argmax().int()  # first unsure step (0 if none)
+        first_unsure = torch.where(self.confident.all(), k, stop)
+        torch.minimum(self.budget, first_unsure.view(1), out=self.num_drafts)
+
+    def _pick(self, i: int, logits: torch.Tensor) -> None:
+        """Draft step i's id into drafts[i] (and q, its confidence and q(d_i) where needed)."""
+        shape, out = self.shape, self.drafts[i : i + 1]
+        params, penalties, bad = self.draft_params, None, self._bad_mask(1, i)
+        if shape.penalties:
+            penalties = PenaltyRows(self.draft_counts.unsqueeze(0), (self.seen | (self.draft_counts > 0)).unsqueeze(0))
+        plain = penalties is None and bad is None
+        sample = shape.sample_draft and self.q is not None
+        need_q = shape.p_min > 0 or shape.insight
+        if plain and not sample and not need_q:
+            torch.argmax(logits, dim=-1, out=out)
+        elif plain and sample and not need_q:
+            self.q[i : i + 1].copy_(self.backend.warp_and_race(logits, params, self.noise[i : i + 1], out))
+        else:
+            argmax, probs = self.backend.warp(logits, params, penalties, bad)
+            if sample:
+                self.q[i : i + 1].copy_(probs)
+                out.copy_((probs / self.noise[i : i + 1]).argmax(dim=-1))
+            else:
+                out.copy_(argmax)
+            if need_q:
+                q = probs if probs is not None else logprobs_from_logits(logits, params, penalties, bad).exp()
+                self.q_token[i : i + 1].copy_(q[0, out])
+                self.confident[i : i + 1].copy_(q.max(dim=-1).values >= shape.p_min)
+        if shape.penalties:
+            self.draft_counts.index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
+
+    def _bad_mask(self, rows: int, first: int = 0) -> torch.Tensor | None:
+        """Rows first .. first+rows-1: padding columns, and stop ids while below min_tokens."""
+        if not self.shape.min_tokens:
+            return self.padding
+        short = (self.generated + self.steps[first : first + rows]) < self.min_tokens  # [rows]
+        mask = short.unsqueeze(1) & self.stop_cols  # [rows, V]
+        return mask if self.padding is None else mask | self.padding
+
+    def _verify(self, mode: Mode) -> None:
+        k, shape = self.shape.k, self.shape
+        penalties = None
+        if shape.penalties:
+            step = torch.zeros(k + 1, shape.width, dtype=torch.int32, device=self.device)
+            step[self.steps[1:], self.drafts] = 1
+            cum = step.cumsum(0, dtype=torch.int32)  # row i also counts drafts[:i]
+            penalties = PenaltyRows(self.counts + cum, self.seen | (cum > 0))
+        bad = self._bad_mask(k + 1)
+        self.rows = (self.params, penalties, bad)
+        argmax, probs = self.backend.warp(self.target_logits, self.params, penalties, bad)
+        q = self.q if mode is Mode.MODEL and self.q is not None else None
+        if probs is None:
+            out = self.backend.verify_greedy(self.drafts, self.num_drafts, argmax, k)
+        else:
+            out = self.backend.verify_random(self.drafts, self.num_drafts, q, probs, self.uniform,
+                                             self.noise[-1:], k)
+        self.out.copy_(out)
+        self._stage(mode, probs, q)
+
+    def _stage(self, mode: Mode, probs, q) -> None:
+        """What the host reads, into two buffers (before commit rewrites feed[0])."""
+        k = self.shape.k
+        torch.cat([self.out[0], self.drafts, self.num_drafts.long()], out=self.stage_ids)
+        if k == 0 or (not self.shape.insight and probs is None):
+            return
+        index = self.steps[:k]
+        if probs is None:  # greedy insight: p is the softmax of the penalised logits
+            params, penalties, bad = self.rows
+            probs = logprobs_from_logits(self.target_logits, params, penalties, bad).exp()
+        p_token = probs[index, self.drafts]
+        q_token = q[index, self.drafts] if q is not None else self.q_token
+        if mode is Mode.HOST:
+            q_token = torch.ones_like(p_token)  # one-hot q
+        parts = [p_token, q_token]
+        if self.shape.insight:
+            parts.append(torch.special.entr(probs[:k]).sum(dim=-1))
+        torch.cat(parts, out=self.stage_f)
+
+    def _commit(self, mode: Mode) -> None:
+        """Both caches back to the accepted length; the next round's inputs from this one's output."""
+        k, row = self.shape.k, self.out[0]
+        emitted = (row >= 0).sum()  # m = accepted + 1 (an error sentinel makes it garbage: the host raises)
+        last = (emitted - 1).clamp(0, k).view(1)
+        newest = row.index_select(0, last)  # the recovered or bonus token
+        self.target.position.sub_(k + 1 - emitted)
+        if self.draft is not None:
+            ran = k + 2 if mode is Mode.HOST else k + 1  # rows the draft ran past committed[:-2], less one
+            self.draft.position.sub_(ran - emitted)
+            self.pending[0, :1].copy_(self.feed[0].index_select(0, last))  # the last accepted (or `last`)
+            self.pending[0, 1:].copy_(newest)
+        self.feed[0, :1].copy_(newest)
+        if self.shape.penalties:
+            valid = row >= 0
+            self.counts.index_add_(0, row.clamp_min(0), valid.int())
+            self.seen |= self.counts > 0
+        self.generated.add_(emitted)

@@ -1,0 +1,196 @@
+"""The CUDA backend: Triton kernels, CUDA-graph runners, and the round captured as one CUDA graph.
+
+At batch 1 a round's launches (tens of microseconds each from Python) cost more than the GPU work
+they start, so the whole round (k draft steps, the target's step, warp, verify, staging and the
+cache rollback: core/round.py's body) is captured once per mode and replayed: one replay and one
+host read per round. The body is the same function the torch backend runs eagerly.
+
+If a round cannot be captured (a model whose step breaks capture), it runs eagerly with the same
+kernels, after one warning; if the runners cannot be captured with the step kernels, they are
+captured without them (SDPA, cuBLAS), and if not even that works, they run eagerly.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from specgen.core import rejection, sampling
+from specgen.core.backend import EagerProgram, RoundClock
+from specgen.core.round import Mode, Round
+from specgen.gpu import verify as gpu_verify
+from specgen.gpu import warp as gpu_warp
+from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
+from specgen.gpu.workspace import Workspace
+
+WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, torch.compile
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, device: torch.device, profile, progress=None):
+        self.device = device
+        self.speculation = profile.speculation
+        self.kernel_spec = profile.kernels
+        self.progress = progress
+        self.workspace = Workspace(device)
+        self.kernels: dict[str, ResolvedKernels] = {}  # by runner name, as resolved
+        self.warp_kernels = True  # the target's resolution decides (set by runner("target"))
+        self.notes: list[str] = []  # fallbacks taken, for describe()
+
+    # -- runners ----------------------------------------------------------------------------------
+
+    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = ()):
+        kernels = resolve(self.kernel_spec, self.device, model)
+        if name == "target":
+            self.warp_kernels = kernels.warp
+        common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
+                      compile=self.speculation.compile, autotune=self.speculation.autotune)
+        try:
+            runner = GraphRunner(model, width, capacity, kernels=kernels, **common)
+        except Exception as exc:  # noqa: BLE001 (the step kernels are an optimisation: fall back, below)
+            plain = ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=kernels.warp)
+            runner = self._fallback(model, width, capacity, plain, common, exc, name)
+            kernels = plain
+        self.kernels[name] = kernels
+        return runner
+
+    def _fallback(self, model, width, capacity, plain, common, failure: Exception, name: str):
+        try:
+            runner = GraphRunner(model, width, capacity, kernels=plain, **common)
+            self._warn(f"{name}: the step kernels failed ({_first_line(failure)}); steps use SDPA and cuBLAS")
+            return runner
+        except Exception as exc:  # noqa: BLE001
+            self._warn(f"{name}: could not capture CUDA graphs ({_first_line(exc)}); steps run eagerly")
+            return GraphRunner(model, width, capacity, kernels=plain, **(common | dict(use_graphs=False, compile=False)))
+
+    def _warn(self, message: str) -> None:
+        self.notes.append(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    # -- kernels ----------------------------------------------------------------------------------
+
+    def warp(self, logits, params, penalties=None, bad_mask=None):
+        if not self.warp_kernels:
+            return sampling.warp(logits, params, penalties, bad_mask)
+        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace)
+
+    def warp_and_race(self, logits, params, expo, out):
+        if not self.warp_kernels:
+            argmax, probs = sampling.warp(logits, params)
+            out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
+            return probs
+        return gpu_warp.warp(logits.contiguous(), params, None, None, self.workspace, expo, out)[1]
+
+    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
+        if not self.warp_kernels:
+            return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)
+        return gpu_verify.verify_greedy(drafts, cu, target_argmax, max_spec_len, self.workspace)
+
+    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
+        if not self.warp_kernels:
+            return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
+        return gpu_verify.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len,
+                                        self.workspace)
+
+    def check(self, first_id: int) -> None:
+        """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
+        if first_id >= rejection.PLACEHOLDER:
+            return
+        self.workspace.clear_error()
+        if first_id == gpu_verify.ERROR_BAD_LOGITS:
+            raise sampling.bad_logits_error()
+        raise sampling.all_masked_error()
+
+    # -- capture ----------------------------------------------------------------------------------
+
+    def program(self, rnd: Round, mode: Mode):
+        runners = rnd.runners
+        if not self.warp_kernels or not all(r.use_graphs for r in runners):
+            return EagerProgram(lambda mark: rnd.body(mode, mark))  # the references sync: no capture
+        return GraphProgram(rnd, mode, self)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "device": torch.cuda.get_device_name(self.device),
+                "cuda_graphs": True, "compile": self.speculation.compile, "autotune": self.speculation.autotune,
+                "kernels": {name: k.as_dict() for name, k in self.kernels.items()}, "fallbacks": self.notes}
+
+
+class GraphProgram:
+    """rnd.body(mode) captured as one CUDA graph (re-captured when a runner re-allocates its cache)."""
+
+    def __init__(self, rnd: Round, mode: Mode, backend: CudaBackend):
+        self.rnd, self.mode, self.backend = rnd, mode, backend
+        self.graph = None
+        self.events: list = []
+        self.generation = ()
+        self.eager = None  # set when capture failed: the body runs eagerly
+        self._capture()
+
+    def launch(self, clock: RoundClock) -> None:
+        if self.eager is not None:
+            return self.eager.launch(clock)
+        if self.generation != self._generations():
+            self._capture()
+            return self.launch(clock)
+        clock.begin(self.events)
+        if not self.events:
+            clock.mark()
+        self.graph.replay()
+
+    def _generations(self) -> tuple:
+        return tuple(r.generation for r in self.rnd.runners)
+
+    def _capture(self) -> None:
+        """Warm up at scratch positions, restore the state, capture with timing events inside
+        (without them where this CUDA/torch cannot); if neither captures, warn once and run eagerly."""
+        rnd, device = self.rnd, self.rnd.device
+        saved = [t.clone() for t in self._state()]
+        error = None
+        for timed in (True, False):
+            try:
+                self._warm_up()
+                self._restore(saved)
+                events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if timed else []
+                marks = iter(events)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph), torch.inference_mode():
+                    rnd.body(self.mode, (lambda: next(marks).record()) if timed else (lambda: None))
+            except Exception as exc:  # noqa: BLE001 (whatever capture raises: without events, then eager)
+                error = exc
+                torch.cuda.synchronize(device)
+                self._restore(saved)
+                continue
+            self._restore(saved)
+            self.graph, self.events, self.generation = graph, events, self._generations()
+            return
+        self.eager = EagerProgram(lambda mark: rnd.body(self.mode, mark))
+        self.backend._warn(f"could not capture the round ({_first_line(error)}); rounds run eagerly")
+
+    def _state(self) -> list[torch.Tensor]:
+        rnd = self.rnd
+        return [r.position for r in rnd.runners] + rnd.state()
+
+    def _warm_up(self) -> None:
+        rnd = self.rnd
+        stream = torch.cuda.Stream(rnd.device)
+        stream.wait_stream(torch.cuda.current_stream(rnd.device))
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(WARMUP_ROUNDS):
+                for r in rnd.runners:
+                    r.position.fill_(r.capacity - (rnd.shape.k + 3))  # scratch: never a live position
+                rnd.body(self.mode, lambda: None)
+        torch.cuda.current_stream(rnd.device).wait_stream(stream)
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for tensor, value in zip(self._state(), saved):
+            tensor.copy_(value)
+
+
+def _first_line(exc: Exception | None) -> str:
+    if exc is None:
+        return "unknown"
+    return f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0]

@@ -1,0 +1,175 @@
+"""Which kernels a run uses: the profile's [kernels] settings resolved for one device and model.
+
+`resolve(spec, device, model)` turns core/settings.py's KernelSpec (strings, `auto` by default)
+into ResolvedKernels (booleans). An explicit value wins; one the device or model cannot take is a
+UsageError that says what to set instead. `auto` is decided from facts about the device and the
+model, never from the GPU's name. On CPU every `auto` resolves off (the Triton interpreter is for
+tests, which ask for kernels explicitly).
+
+This module also holds those facts about models (which attention the kernel computes, which
+modules take the rotary path), so it imports torch only: resolving needs no Triton.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from specgen.core.errors import UsageError
+from specgen.core.settings import KernelSpec
+
+LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Attention modules whose forward is q/k/v projections -> (Qwen3: per-head q/k RMSNorm) ->
+# rotate-half rotary embedding -> cache update -> attention -> o_proj, which gpu/rewire.py's
+# rotary path reproduces inside the kernel.
+ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
+ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_idx")
+# Split-K's threshold on peak memory bandwidth, see split_k_pays().
+SPLIT_K_BANDWIDTH = 4.0e12  # bytes/s
+SPLIT_K_MEMORY = 100 * 2**30  # bytes, when torch does not report the memory clock and bus width
+
+
+@dataclass(frozen=True)
+class ResolvedKernels:
+    """The kernels one runner (and the round around it) uses."""
+
+    attention: bool  # gpu/attention.py for steps of up to 64 tokens, else SDPA
+    linear: bool  # gpu/linear.py for steps of up to 16 tokens, else F.linear
+    rope: bool  # rotary embedding and cache write inside the attention kernel
+    split_k: bool  # the linear kernel splits K for the shapes that gain from it
+    warp: bool  # gpu/warp.py and gpu/verify.py, else core/sampling.py and core/rejection.py
+
+    def as_dict(self) -> dict[str, str]:
+        """The resolved values in the profile's words, for reports (`bench --format json`, `-v`)."""
+        return {
+            "attention": "kernel" if self.attention else "sdpa",
+            "linear": "kernel" if self.linear else "torch",
+            "rope": "kernel" if self.rope else "model",
+            "split_k": "on" if self.split_k else "off",
+            "warp": "kernel" if self.warp else "torch",
+        }
+
+
+def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
+    """spec's values for `model` on `device`; raises UsageError for a value they cannot take."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    attention = _attention(spec.attention, cuda, model)
+    linear = _linear(spec.linear, cuda, model)
+    return ResolvedKernels(
+        attention=attention,
+        linear=linear,
+        rope=_rope(spec.rope, attention, model),
+        split_k=_split_k(spec.split_k, linear, device),
+        warp=_warp(spec.warp, cuda),
+    )
+
+
+def _attention(value: str, cuda: bool, model) -> bool:
+    if value == "sdpa":
+        return False
+    reason = attention_unsupported(model.config)
+    if value == "kernel" and reason is not None:
+        raise UsageError(f"[kernels] attention = \"kernel\": the attention kernel cannot compute this model's "
+                         f"attention ({reason})", hint='Set attention = "auto" or "sdpa" in [kernels].')
+    return value == "kernel" or (cuda and reason is None)
+
+
+def _linear(value: str, cuda: bool, model) -> bool:
+    if value == "torch":
+        return False
+    dtype = model.get_output_embeddings().weight.dtype
+    if value == "kernel" and dtype not in LINEAR_DTYPES:
+        raise UsageError(f"[kernels] linear = \"kernel\": the linear kernel does not take {dtype} weights",
+                         hint='Set linear = "auto" or "torch" in [kernels], or load the model in bfloat16.')
+    return value == "kernel" or (cuda and dtype in LINEAR_DTYPES)
+
+
+def _rope(value: str, attention: bool, model) -> bool:
+    if value == "model":
+        return False
+    capable = attention and rope_modules(model) > 0
+    if value == "kernel" and not capable:
+        why = "it needs the attention kernel" if not attention else \
+            f"the model has no attention module of {', '.join(ROPE_CLASSES)}"
+        raise UsageError(f"[kernels] rope = \"kernel\": {why}", hint='Set rope = "auto" or "model" in [kernels].')
+    return capable
+
+
+def _split_k(value: str, linear: bool, device: torch.device) -> bool:
+    if value == "off":
+        return False
+    if value == "on" and not linear:
+        raise UsageError('[kernels] split_k = "on" needs the linear kernel, which this run does not use',
+                         hint='Set split_k = "auto" or "off", or linear = "kernel", in [kernels].')
+    return value == "on" or (linear and device.type == "cuda" and split_k_pays(_properties(device)))
+
+
+def _warp(value: str, cuda: bool) -> bool:
+    if value == "torch":
+        return False
+    if value == "kernel" and not triton_available():
+        raise UsageError('[kernels] warp = "kernel" needs Triton, which is not installed',
+                         hint='Set warp = "auto" or "torch" in [kernels], or install triton.')
+    return value == "kernel" or (cuda and triton_available())
+
+
+def split_k_pays(props) -> bool:
+    """Whether split-K is on under `auto` for a GPU with these torch.cuda device properties.
+
+    Measured (docs/benchmarks.md, "Split-K"): faster on an H200 (141 GB of HBM3e, 4.8 TB/s) and
+    slower on an H100 80GB (HBM3, 3.35 TB/s), the same sm_90 chip with the same 132 SMs. Split-K
+    puts more programs in flight per output column block; that pays only where each SM has more
+    bandwidth to fill than one program per block can draw, so the fact that decides is peak memory
+    bandwidth, taken from the memory clock and bus width where torch reports them, else from the
+    memory size (on sm_90, more than 100 GiB means HBM3e). Other architectures were not measured:
+    off.
+    """
+    if (props.major, props.minor) != (9, 0):
+        return False
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    if clock_khz and bus_bits:
+        return 2 * clock_khz * 1e3 * bus_bits / 8 >= SPLIT_K_BANDWIDTH  # double data rate
+    return props.total_memory > SPLIT_K_MEMORY
+
+
+def _properties(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index)
+
+
+def attention_unsupported(config) -> str | None:
+    """None when the attention kernel computes this model's attention exactly, else why not."""
+    text = config.get_text_config(decoder=True)
+    for key in ("attn_logit_softcapping", "attention_chunk_size"):
+        if getattr(text, key, None):
+            return f"{key} is set"
+    if getattr(text, "use_bidirectional_attention", False):
+        return "bidirectional attention"
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if head_dim > 256:
+        return f"head_dim {head_dim} > 256"
+    return None
+
+
+def rope_capable(module) -> bool:
+    """An attention module whose forward gpu/rewire.py's rotary path reproduces (its own class,
+    before rewiring, is one of ROPE_CLASSES: a subclass may change what the forward does)."""
+    base = vars(module).get("_specgen_rope_base", type(module))
+    return base.__name__ in ROPE_CLASSES and all(hasattr(module, name) for name in ROPE_ATTRIBUTES)
+
+
+def rope_modules(model) -> int:
+    return sum(rope_capable(module) for module in model.modules())
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
