@@ -255,3 +255,44 @@ def test_system_prompt_goes_into_the_chat_template(tmp_path):
 def test_system_implies_chat(monkeypatch, tiny):
     # The tiny tokenizer has no chat template: the error shows that --system alone asked for one.
     assert_error(generate(monkeypatch, tiny, "--system", "be brief", PROMPT), 2, "no chat template")
+
+
+# ---------------------------------------------------------------- output shape
+
+
+def test_several_prompts_in_text_are_headed_and_their_summaries_named(monkeypatch, tiny, tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text(f"{PROMPT}\n\n{PROMPT}\n")
+    result = generate(monkeypatch, tiny, "--prompts-file", path)
+    assert result.code == 0, result
+    assert result.stdout == f"==> {path}:1 <==\n{tiny.text}\n==> {path}:3 <==\n{tiny.text}\n"
+    lines = result.stderr.splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == [f"{path}:1", f"{path}:3"]
+    assert all(SUMMARY.match(line.split(": ", 1)[1]) for line in lines)
+    single = generate(monkeypatch, tiny, PROMPT)  # one prompt: no header, no label
+    assert single.stdout == tiny.text + "\n" and SUMMARY.match(single.stderr.strip())
+
+
+def test_logprobs_in_text_format_are_a_usage_error(monkeypatch, tiny):
+    assert_error(generate(monkeypatch, tiny, "--logprobs", "2", PROMPT), 2, "--logprobs needs --format json")
+
+
+def test_json_logprobs_carry_the_token_text(monkeypatch, tiny):
+    from transformers import PreTrainedTokenizerFast
+
+    from specgen.core.profile import load_profile
+
+    tok = PreTrainedTokenizerFast.from_pretrained(load_profile(str(tiny.profile)).target.path)
+    result = generate(monkeypatch, tiny, "--logprobs", "2", "--format", "json", PROMPT)
+    record = json.loads(result.stdout)
+    assert [e["token_id"] for e in record["logprobs"]] == record["token_ids"]
+    for entry in record["logprobs"]:
+        assert entry["token"] == tok.decode([entry["token_id"]])
+        assert len(entry["top"]) == 2
+        assert all(alt["token"] == tok.decode([alt["token_id"]]) for alt in entry["top"])
+
+
+def test_target_only_says_acceptance_is_not_applicable(monkeypatch, tiny):
+    result = generate(monkeypatch, tiny, "--proposer", "none", PROMPT)
+    assert result.code == 0 and result.stdout == tiny.text + "\n"
+    assert ", acceptance n/a, " in result.stderr and "0.0%" not in result.stderr

@@ -68,6 +68,11 @@ def generate(
     from specgen.core.profile import load_profile
 
     texts = read_prompts(prompt, opt.prompts_path(prompts_file, prompts), output_format)
+    if logprobs is not None and output_format == Format.text:
+        from specgen.core.errors import UsageError
+
+        raise UsageError("--logprobs needs --format json or jsonl: text output has no place for them",
+                         hint="add --format json (one prompt) or --format jsonl (--prompts-file)")
     settings = load_profile(profile, opt.overrides(**locals()))
     opt.warn_settings(settings, quiet)
     from specgen.core.engine import Engine  # torch and transformers (seconds): only for valid input
@@ -78,9 +83,11 @@ def generate(
     show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
     jobs = fitting(texts, lambda text: encode(engine, settings, text, chat, system, truncate_prompt),
                    engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
-    for index, (item, ids) in enumerate(jobs):
-        result = run_one(engine.decoder(), ids, output_format, show_live, quiet, separator=index > 0)
-        emit_json(result, item.text, settings, output_format)
+    several = len(texts) > 1
+    for item, ids in jobs:
+        label = (item.source or "prompt") if several else None
+        result = run_one(engine.decoder(), ids, output_format, show_live, quiet, label)
+        emit_json(result, item.text, settings, output_format, engine.tokenizer)
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
 
@@ -159,15 +166,19 @@ class Partial:
                    [f for e in events for f in e.fates], stats, logprobs, [p for e in events for p in e.pieces])
 
 
-def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, separator: bool):
+def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, label: str | None):
     """Run one generation, streaming as the format allows; returns the Finished event, or a Partial
-    one after Ctrl-C (what was generated is shown or written either way)."""
+    one after Ctrl-C (what was generated is shown or written either way).
+
+    label names the prompt when there are several (FILE:LINE): in text format a `==> label <==`
+    line goes before its output, as `head` does for several files, and its summary line starts
+    with it, so that outputs and statistics can be told apart."""
     from specgen.cli import render
     from specgen.core.decode import Finished
 
     stream = output_format == Format.text and not (show_live and sys.stdout.isatty())
-    if stream and separator:
-        sys.stdout.write("\n")
+    if label is not None and output_format == Format.text:
+        sys.stdout.write(f"==> {label} <==\n")
     view = render.LiveView() if show_live else None
     events: list = []
     try:
@@ -179,7 +190,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
         elif view is not None and output_format == Format.text:
             _print_text(view.text)  # the live view was transient: keep what was generated
         if not quiet:
-            render.summary(decoder.stats)
+            render.summary(decoder.stats, label=label)
         return Partial.of(events, decoder.stats)
     if stream:
         sys.stdout.write(finished.tail + "\n")
@@ -187,7 +198,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     elif output_format == Format.text:
         _print_final(finished)
     if not quiet:
-        render.summary(finished.stats)
+        render.summary(finished.stats, label=label)
     return finished
 
 
@@ -222,7 +233,7 @@ def _print_text(text) -> None:
     Console(no_color=render.no_color(), highlight=False, soft_wrap=True).print(text)
 
 
-def emit_json(finished, prompt: str, settings, output_format: Format) -> None:
+def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer) -> None:
     if output_format == Format.text:
         return
     record = {
@@ -235,8 +246,20 @@ def emit_json(finished, prompt: str, settings, output_format: Format) -> None:
         "stats": finished.stats.as_dict(),
     }
     if finished.logprobs is not None:
-        record["logprobs"] = finished.logprobs
+        record["logprobs"] = with_token_text(finished.logprobs, tokenizer)
     if finished.reason == INTERRUPTED:
         record["incomplete"] = True  # Ctrl-C: what was generated until then
     sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def with_token_text(logprobs: list[dict], tokenizer) -> list[dict]:
+    """Each logprob entry (and each of its `top` alternatives) with its token's text beside its id.
+    A token that holds part of a multi-byte character decodes to U+FFFD on its own."""
+    def named(entry: dict) -> dict:
+        out = {"token": tokenizer.decode([entry["token_id"]]), **entry}
+        if "top" in entry:
+            out["top"] = [named(alt) for alt in entry["top"]]
+        return out
+
+    return [named(entry) for entry in logprobs]
