@@ -97,9 +97,10 @@ def encode(engine, settings, text: str, chat: bool, system: str | None, truncate
     from specgen.core.chat import chat_ids
 
     ids = chat_ids(engine.tokenizer, text, system) if chat or system is not None else engine.encode(text)
-    if truncate and engine.max_context:
-        room = engine.max_context - settings.sampling.max_tokens - settings.speculation.k - 1
-        ids = ids[-max(room, 1):]
+    if truncate:
+        from specgen.core.context import keep_end
+
+        ids = keep_end(ids, settings.sampling.max_tokens, settings.speculation.k, engine.max_context)
     return ids
 
 
