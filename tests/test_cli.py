@@ -296,3 +296,43 @@ def test_target_only_says_acceptance_is_not_applicable(monkeypatch, tiny):
     result = generate(monkeypatch, tiny, "--proposer", "none", PROMPT)
     assert result.code == 0 and result.stdout == tiny.text + "\n"
     assert ", acceptance n/a, " in result.stderr and "0.0%" not in result.stderr
+
+
+# ---------------------------------------------------------------- the network
+
+
+def _cache_repo(cache, repo: str, folder) -> None:
+    """`folder` as the main snapshot of hub repo `repo` in a Hugging Face cache, as `hf download` leaves it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(folder, repo_dir / "snapshots" / commit)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+
+
+def test_cached_hub_ids_load_without_any_network_access(tmp_path):
+    target, draft = build_pair(tmp_path / "pair", noisy=0.1)
+    cache = tmp_path / "hub"
+    _cache_repo(cache, "org/tiny-target", target)
+    _cache_repo(cache, "org/tiny-draft", draft)
+    profile = write_profile(tmp_path / "hub.toml", "org/tiny-target", "org/tiny-draft", sampling={"max_tokens": 4})
+    code = (
+        "import socket, sys\n"
+        "def refuse(*args, **kwargs):\n"
+        "    sys.stderr.write(f'NETWORK {args[:2]}\\n')\n"
+        "    raise OSError('no network in this test')\n"
+        "socket.getaddrinfo = socket.socket.connect = refuse\n"
+        "from specgen.cli import errors\n"
+        "from specgen.cli.main import app\n"
+        "sys.exit(errors.run(app, sys.argv[1:]))\n"
+    )
+    env = {k: v for k, v in subprocess_env(HF_HUB_CACHE=str(cache)).items() if k != "HF_HUB_OFFLINE"}
+    args = ["generate", "-p", str(profile), "-q", PROMPT]
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "NETWORK" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip()
+    missing = subprocess.run([sys.executable, "-c", code, *args, "--target", "org/not-cached"], capture_output=True,
+                             text=True, env=env, timeout=300)
+    assert missing.returncode == 1 and "NETWORK" not in missing.stderr, missing.stderr
+    assert "org/not-cached is neither a local folder nor in the local Hugging Face cache" in missing.stderr
+    assert "--download" in missing.stderr

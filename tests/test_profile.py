@@ -73,7 +73,7 @@ def test_missing_keys_take_the_dataclass_defaults(tmp_path):
     assert profile.proposer == ProposerSpec()
     assert profile.speculation == SpeculationSpec()
     assert profile.sampling == SamplingSpec()
-    assert profile.runtime == RuntimeSpec(threads=0)  # 0 = auto
+    assert profile.runtime == RuntimeSpec(threads=0, download=False)  # auto threads, no network
     assert profile.kernels == KernelSpec()
     assert profile.name == "p"  # the file name when the profile has no `name`
 
@@ -122,6 +122,7 @@ ignore_eos = true
 logprobs = 5
 [runtime]
 threads = 3
+download = true
 [kernels]
 attention = "sdpa"
 linear = "torch"
@@ -140,7 +141,7 @@ warp = "kernel"
         sampling=SamplingSpec(
             0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5
         ),
-        runtime=RuntimeSpec(threads=3),
+        runtime=RuntimeSpec(threads=3, download=True),
         kernels=KernelSpec("sdpa", "torch", "model", "on", "kernel"),
     )
 

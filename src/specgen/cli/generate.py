@@ -60,6 +60,7 @@ def generate(
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
     quiet: opt.Quiet = False,
     threads: opt.Threads = None,
+    download: opt.Download = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print the resolved backend and kernels on stderr.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,

@@ -56,6 +56,8 @@ PromptsFile = Annotated[Optional[Path], typer.Option(
 PromptsAlias = Annotated[Optional[Path], typer.Option("--prompts", hidden=True)]
 TruncatePrompt = Annotated[bool, typer.Option(
     "--truncate-prompt", help="Keep the end of a prompt that is too long for the context.")]
+Download = Annotated[Optional[bool], typer.Option(
+    "--download/--no-download", help="Fetch a hub id missing from the local cache (default: never use the network).")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
 
@@ -124,6 +126,7 @@ def overrides(**options) -> dict:
         "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
         "logprobs": "sampling.logprobs", "compile": "speculation.compile",
         "autotune": "speculation.autotune", "threads": "runtime.threads",
+        "download": "runtime.download",
     }
     out = {keys[name]: value for name, value in options.items() if name in keys and value not in (None, [])}
     for name in ("dtype", "device"):

@@ -1,6 +1,7 @@
 """Loading target and draft checkpoints with transformers, and checking that they fit together.
 
-specgen never downloads: a `path` is a local folder or a hub id already in the local cache.
+A `path` is a local folder or a hub id, which specgen finds in the local Hugging Face cache without
+any network access; only [runtime] download = true (--download) fetches what the cache lacks.
 Weights load from safetensors; pickle-based weights (.bin, .pt) only with allow_pickle.
 """
 
@@ -80,17 +81,39 @@ def _check_weights(folder: Path, allow_pickle: bool) -> bool:
     return False
 
 
-def _locate(spec: ModelSpec, allow_pickle: bool) -> tuple[str, bool]:
-    """Returns (path or hub id, use_safetensors)."""
+def _locate(spec: ModelSpec, allow_pickle: bool, download: bool) -> tuple[str, bool]:
+    """Returns (checkpoint folder, use_safetensors); a hub id becomes its snapshot folder in the cache."""
     path = os.path.expanduser(spec.path)
-    if _is_local_path(path):
-        folder = Path(path)
-        if not folder.is_dir():
-            raise ModelError(f"checkpoint folder {spec.path} not found", hint="check the profile's path")
-        if not (folder / "config.json").is_file():
-            raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder")
-        return str(folder), _check_weights(folder, allow_pickle)
-    return spec.path, not allow_pickle
+    if not _is_local_path(path):
+        path = _hub_snapshot(spec, allow_pickle, download)
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ModelError(f"checkpoint folder {spec.path} not found", hint="check the profile's path")
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder")
+    return str(folder), _check_weights(folder, allow_pickle)
+
+
+def _hub_snapshot(spec: ModelSpec, allow_pickle: bool, download: bool) -> str:
+    """A hub id's folder in the local Hugging Face cache, found by specgen itself: transformers,
+    given the hub id, would contact the hub on every run even with local_files_only."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "merges.txt", "vocab.*", "*.jinja"]
+    patterns += ["*.bin", "*.pt"] if allow_pickle else []
+    patterns += ["*.py"] if spec.trust_remote_code else []
+    try:
+        return snapshot_download(spec.path, revision=spec.revision, local_files_only=not download,
+                                 allow_patterns=patterns)
+    except LocalEntryNotFoundError:
+        revision = f" at revision {spec.revision}" if spec.revision else ""
+        raise ModelError(f"{spec.path}{revision} is neither a local folder nor in the local Hugging Face cache",
+                         hint=f"download it first (`hf download {spec.path}`), pass --download to let specgen "
+                         "fetch it, or point path at a local folder") from None
+    except (OSError, ValueError) as exc:  # a malformed hub id, or the network when downloading
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"could not {'download' if download else 'find'} {spec.path}: {first_line}") from None
 
 
 def _from_pretrained(loader, name: str, spec: ModelSpec, **kwargs):
@@ -111,12 +134,6 @@ def _model_error(name: str, spec: ModelSpec, exc: Exception) -> ModelError:
             hint="only if you trust its author: set trust_remote_code = true in the profile "
             "(or pass --trust-remote-code); that code runs with your permissions",
         )
-    if not _is_local_path(name) and ("local_files_only" in text or "cache" in text or "offline" in text
-                                     or "not found" in text.lower() or "couldn't" in text.lower()):
-        return ModelError(
-            f"{name} is neither a local folder nor in the local Hugging Face cache (specgen never downloads)",
-            hint=f"download it first (e.g. `hf download {name}`) or point path at a local folder",
-        )
     first_line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return ModelError(f"could not load {name}: {first_line}")
 
@@ -129,12 +146,12 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def load_tokenizer(spec: ModelSpec):
+def load_tokenizer(spec: ModelSpec, allow_pickle: bool = False, download: bool = False):
     from transformers import AutoTokenizer
 
     _quiet_transformers()
 
-    name, _ = _locate(spec, allow_pickle=True)
+    name, _ = _locate(spec, allow_pickle, download)
     if os.path.isdir(name) and not any(any(Path(name).glob(pattern)) for pattern in _TOKENIZER_FILES):
         raise ModelError(f"{spec.path} has no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
                          hint="copy the tokenizer files of the model into the folder")
@@ -145,10 +162,10 @@ def load_tokenizer(spec: ModelSpec):
 _TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.*", "merges.txt", "*.tiktoken")
 
 
-def load_model(spec: ModelSpec, allow_pickle: bool = False) -> torch.nn.Module:
+def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = False) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    name, use_safetensors = _locate(spec, allow_pickle)
+    name, use_safetensors = _locate(spec, allow_pickle, download)
     device = resolve_device(spec)
     kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None}
     if spec.device_map is not None:
@@ -195,12 +212,13 @@ def logits_width(model: torch.nn.Module) -> int:
 def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = True) -> LoadedPair:
     threads = cpu_threads(profile.runtime)
     torch.set_num_threads(threads)  # before any model runs
-    tokenizer = load_tokenizer(profile.target)
-    target = load_model(profile.target, allow_pickle)
+    download = profile.runtime.download
+    tokenizer = load_tokenizer(profile.target, allow_pickle, download)
+    target = load_model(profile.target, allow_pickle, download)
     draft = None
     if need_draft and profile.proposer.uses_draft and profile.draft is not None:
-        check_tokenizers(tokenizer, load_tokenizer(profile.draft))
-        draft = load_model(profile.draft, allow_pickle)
+        check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download))
+        draft = load_model(profile.draft, allow_pickle, download)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(
                 f"the draft has {logits_width(draft)} output rows but the tokenizer has {len(tokenizer)} tokens"

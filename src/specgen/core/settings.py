@@ -88,6 +88,9 @@ class RuntimeSpec:
     # Not torch's default (every core): its threads wait for each other at every op, so one
     # busy core elsewhere slows every round to the pace of the slowest thread.
     threads: int = 0
+    # Fetch a hub id that is not in the local cache. Off: specgen never opens a network connection
+    # (not even the metadata requests huggingface_hub makes for cached files).
+    download: bool = False
 
 
 @dataclass(frozen=True)
