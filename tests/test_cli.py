@@ -336,3 +336,17 @@ def test_cached_hub_ids_load_without_any_network_access(tmp_path):
     assert missing.returncode == 1 and "NETWORK" not in missing.stderr, missing.stderr
     assert "org/not-cached is neither a local folder nor in the local Hugging Face cache" in missing.stderr
     assert "--download" in missing.stderr
+
+
+def test_logprobs_mode_raw_reports_the_models_own_distribution(monkeypatch, tiny):
+    def logprobs(*mode):
+        result = generate(monkeypatch, tiny, "-t", "0.5", "--seed", "3", "--logprobs", "1", "--format", "json",
+                          *mode, PROMPT)
+        assert result.code == 0, result
+        return json.loads(result.stdout)
+
+    warped, raw = logprobs(), logprobs("--logprobs-mode", "raw")
+    assert warped["token_ids"] == raw["token_ids"]  # the mode changes what is reported, not the text
+    pairs = [(w["logprob"], r["logprob"]) for w, r in zip(warped["logprobs"], raw["logprobs"])]
+    assert all(r <= 0 for _, r in pairs) and any(abs(w - r) > 1e-3 for w, r in pairs)
+    assert_error(generate(monkeypatch, tiny, "--logprobs-mode", "logits", PROMPT), 2, "must be one of warped, raw")

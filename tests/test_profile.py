@@ -120,6 +120,7 @@ stop = ["\\n\\n", "END"]
 stop_token_ids = [2, 3]
 ignore_eos = true
 logprobs = 5
+logprobs_mode = "raw"
 [runtime]
 threads = 3
 download = true
@@ -139,7 +140,7 @@ warp = "kernel"
         proposer=ProposerSpec("ngram", 2, 5, 0.3, True),
         speculation=SpeculationSpec(7, "sample", False, True, True),
         sampling=SamplingSpec(
-            0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5
+            0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5, "raw"
         ),
         runtime=RuntimeSpec(threads=3, download=True),
         kernels=KernelSpec("sdpa", "torch", "model", "on", "kernel"),
@@ -342,6 +343,7 @@ OUT_OF_RANGE = [
     ("sampling.min_tokens", "-1", "must be >= 0"),
     ("sampling.logprobs", "-1", "must be from 0 to 20"),
     ("sampling.logprobs", "21", "must be from 0 to 20"),
+    ("sampling.logprobs_mode", '"processed"', "must be one of warped, raw"),
     ("sampling.seed", "-1", "must be from 0 to 2**64 - 1"),
     ("sampling.seed", "18446744073709551616", "must be from 0 to 2**64 - 1"),
     ("target.device_map", '"bogus"', "must be auto, balanced, balanced_low_0, sequential, cpu, cuda"),
@@ -407,6 +409,8 @@ def test_out_of_range_values_say_what_is_allowed(tmp_path, key, literal, allowed
         ("sampling.frequency_penalty", "2"),
         ("sampling.logprobs", "0"),
         ("sampling.logprobs", "20"),
+        ("sampling.logprobs_mode", '"warped"'),
+        ("sampling.logprobs_mode", '"raw"'),
         ("sampling.seed", "0"),
         ("sampling.seed", "18446744073709551615"),
         ("target.device_map", '"balanced_low_0"'),
@@ -492,6 +496,7 @@ def test_overrides_win_over_the_file_and_none_means_not_given(tmp_path):
     ("key", "value", "message"),
     [
         ("speculation.k", 0, "--k 0 is not allowed: must be from 1 to 32"),
+        ("sampling.logprobs_mode", "logits", "--logprobs-mode logits is not allowed: must be one of warped, raw"),
         ("sampling.seed", 2**64, f"--seed {2**64} is not allowed: must be from 0 to 2**64 - 1"),
         ("sampling.top_p", 0, "--top-p 0 is not allowed: must be in (0, 1]"),
         ("sampling.min_p", 2.0, "--min-p 2.0 is not allowed: must be in [0, 1]"),

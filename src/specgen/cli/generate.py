@@ -49,6 +49,7 @@ def generate(
     compile: opt.Compile = None,
     autotune: opt.Autotune = None,
     logprobs: opt.Logprobs = None,
+    logprobs_mode: opt.LogprobsMode = None,
     chat: opt.Chat = False,
     system: opt.System = None,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,

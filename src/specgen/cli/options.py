@@ -47,6 +47,8 @@ Threads = Annotated[Optional[int], typer.Option(
     "--threads", help="CPU threads for torch; 0 = auto (half the CPUs, at least 1).")]
 Logprobs = Annotated[Optional[int], typer.Option(
     "--logprobs", help="Also report the N most likely tokens' logprobs per token (0..20).")]
+LogprobsMode = Annotated[Optional[str], typer.Option(
+    "--logprobs-mode", help="warped (default: the distribution tokens are drawn from) | raw (the model's own).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")]
 Chat = Annotated[bool, typer.Option("--chat", help="Wrap each prompt in the model's chat template.")]
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template (implies --chat).")]
@@ -124,9 +126,9 @@ def overrides(**options) -> dict:
         "presence_penalty": "sampling.presence_penalty", "frequency_penalty": "sampling.frequency_penalty",
         "seed": "sampling.seed", "max_tokens": "sampling.max_tokens", "min_tokens": "sampling.min_tokens",
         "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
-        "logprobs": "sampling.logprobs", "compile": "speculation.compile",
-        "autotune": "speculation.autotune", "threads": "runtime.threads",
-        "download": "runtime.download",
+        "logprobs": "sampling.logprobs", "logprobs_mode": "sampling.logprobs_mode",
+        "compile": "speculation.compile", "autotune": "speculation.autotune",
+        "threads": "runtime.threads", "download": "runtime.download",
     }
     out = {keys[name]: value for name, value in options.items() if name in keys and value not in (None, [])}
     for name in ("dtype", "device"):
