@@ -84,6 +84,9 @@ def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows
 def write_profile(path: Path, target: Path, draft: Path | None, device: str = "cpu", **tables) -> Path:
     """A profile for the pair. device "cpu" by default: the CLI tests that use it check the CPU path
     (stderr lines, eager runners) on any machine, as CI runs them; GPU behaviour has its own tests."""
+    # One torch thread, as conftest.py sets: [runtime] threads auto would take half of a CI
+    # machine's cores for the rest of the session, and 64-wide matrices only wait on more threads.
+    tables.setdefault("runtime", {"threads": 1})
     lines = [f'[target]\npath = "{target}"\ndevice = "{device}"\n']
     if draft is not None:
         lines.append(f'[draft]\npath = "{draft}"\ndevice = "{device}"\n')
