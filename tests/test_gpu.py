@@ -19,7 +19,7 @@ from decode_helpers import CUDA, finish, make_profile, random_prompts, relative_
 from specgen.core.backend import EagerProgram
 from specgen.core.engine import Engine, target_only
 from specgen.core.round import Mode
-from specgen.core.runner import StaticRunner
+from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
 from tiny_models import build_pair
 
@@ -102,10 +102,10 @@ def test_captured_round_equals_the_torch_backend_on_the_gpu(pair):
 @pytest.mark.parametrize("dtype, bound", [("float32", 3e-4), ("bfloat16", 2e-2)])
 def test_runner_steps_and_rollback_match_eager_forwards(pair, dtype, bound):
     """The CUDA backend's target runner: verification steps at a moving position, rolled back by
-    moving it, against transformers' eager forward over a static cache (core/runner.StaticRunner)."""
+    moving it, against transformers' eager forward over a static cache (core/runner.EagerRunner)."""
     engine = Engine(cuda_profile(*pair, dtype=dtype))
     runner = engine.target_runner
-    eager = StaticRunner(engine.pair.target, engine.width, runner.capacity)
+    eager = EagerRunner(engine.pair.target, engine.width, runner.capacity)
     prompt = torch.tensor([3, 4, 5, 6, 7, 8, 9], device="cuda")
     for r in (runner, eager):
         r.reset()
