@@ -29,6 +29,7 @@ ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_id
 # Split-K's threshold on peak memory bandwidth, see split_k_pays().
 SPLIT_K_BANDWIDTH = 4.0e12  # bytes/s
 SPLIT_K_MEMORY = 100 * 2**30  # bytes, when torch does not report the memory clock and bus width
+SPLIT_K_PLAUSIBLE = 1.0e12  # bytes/s: every sm_90 part has more; a smaller product is not a bandwidth
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,12 @@ def split_k_pays(props) -> bool:
     """
     if (props.major, props.minor) != (9, 0):
         return False
-    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0  # CUDA's memoryClockRate, kHz
     bus_bits = getattr(props, "memory_bus_width", 0) or 0
-    if clock_khz and bus_bits:
-        return 2 * clock_khz * 1e3 * bus_bits / 8 >= SPLIT_K_BANDWIDTH  # double data rate
+    bandwidth = 2 * clock_khz * 1e3 * bus_bits / 8  # double data rate, bytes/s
+    if bandwidth > SPLIT_K_PLAUSIBLE:
+        return bandwidth >= SPLIT_K_BANDWIDTH
+    # not reported (CUDA 13 dropped the field from cudaDeviceProp), or in other units
     return props.total_memory > SPLIT_K_MEMORY
 
 
