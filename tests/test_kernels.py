@@ -142,6 +142,7 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
     assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(False, True, False, False, True)
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
-    assert not resolve(spec, cuda, _tiny()).warp
-    with pytest.raises(UsageError, match="needs Triton"):
-        resolve(KernelSpec(warp="kernel"), CPU, _tiny())
+    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(False, False, False, False, False)
+    for key in ("attention", "linear", "warp"):
+        with pytest.raises(UsageError, match=f'{key} = "kernel" needs Triton'):
+            resolve(KernelSpec(**{key: "kernel"}), CPU, _tiny())

@@ -75,7 +75,7 @@ def _attention(value: str, cuda: bool, model) -> bool:
     if value == "kernel" and reason is not None:
         raise UsageError(f"[kernels] attention = \"kernel\": the attention kernel cannot compute this model's "
                          f"attention ({reason})", hint='Set attention = "auto" or "sdpa" in [kernels].')
-    return value == "kernel" or (cuda and reason is None)
+    return _triton("attention", value, "sdpa") or (cuda and reason is None and triton_available())
 
 
 def _linear(value: str, cuda: bool, model) -> bool:
@@ -85,7 +85,7 @@ def _linear(value: str, cuda: bool, model) -> bool:
     if value == "kernel" and dtype not in LINEAR_DTYPES:
         raise UsageError(f"[kernels] linear = \"kernel\": the linear kernel does not take {dtype} weights",
                          hint='Set linear = "auto" or "torch" in [kernels], or load the model in bfloat16.')
-    return value == "kernel" or (cuda and dtype in LINEAR_DTYPES)
+    return _triton("linear", value, "torch") or (cuda and dtype in LINEAR_DTYPES and triton_available())
 
 
 def _rope(value: str, attention: bool, model) -> bool:
@@ -111,10 +111,15 @@ def _split_k(value: str, linear: bool, device: torch.device) -> bool:
 def _warp(value: str, cuda: bool) -> bool:
     if value == "torch":
         return False
+    return _triton("warp", value, "torch") or (cuda and triton_available())
+
+
+def _triton(key: str, value: str, other: str) -> bool:
+    """Whether `value` asks for the kernel explicitly; UsageError when Triton is not installed."""
     if value == "kernel" and not triton_available():
-        raise UsageError('[kernels] warp = "kernel" needs Triton, which is not installed',
-                         hint='Set warp = "auto" or "torch" in [kernels], or install triton.')
-    return value == "kernel" or (cuda and triton_available())
+        raise UsageError(f'[kernels] {key} = "kernel" needs Triton, which is not installed',
+                         hint=f'Set {key} = "auto" or "{other}" in [kernels], or install triton.')
+    return value == "kernel"
 
 
 def split_k_pays(props) -> bool:
