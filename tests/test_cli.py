@@ -182,3 +182,117 @@ def test_usage_errors_are_found_before_torch_is_imported(args):
                           env=subprocess_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("specgen: error: ")
+
+
+# ---------------------------------------------------------------- one set of options
+
+
+@pytest.mark.parametrize("command", [[], ["generate"], ["bench"], ["inspect-acceptance"], ["profiles", "show"]])
+def test_switches_show_no_value_placeholder_in_help(monkeypatch, command):
+    result = specgen(monkeypatch, *command, "--help", env={"COLUMNS": "200"})
+    assert result.code == 0 and "--help" in result.stdout
+    assert "<bool>" not in result.stdout
+
+
+def test_version(monkeypatch):
+    from specgen import __version__
+
+    for flag in ("--version", "-V"):
+        result = specgen(monkeypatch, flag)
+        assert (result.code, result.stdout, result.stderr) == (0, f"specgen {__version__}\n", "")
+
+
+def test_shell_completion_answers_through_the_console_script():
+    env = subprocess_env(_SPECGEN_COMPLETE="complete_bash", COMP_WORDS="specgen generate --thr", COMP_CWORD="2")
+    proc = subprocess.run([sys.executable, "-m", "specgen.cli.main"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["--threads"], proc
+
+
+def test_show_completion_prints_a_script(monkeypatch):
+    with pytest.raises(SystemExit) as done:  # Typer's callback exits by itself
+        specgen(monkeypatch, "--show-completion", "bash")
+    assert done.value.code == 0
+
+
+def test_prompts_is_a_hidden_alias_of_prompts_file(monkeypatch, tiny, tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text(PROMPT + "\n")
+    for name in ("--prompts-file", "--prompts"):
+        result = generate(monkeypatch, tiny, name, path, "-q")
+        assert result.code == 0 and result.stdout == tiny.text + "\n"
+    assert_error(generate(monkeypatch, tiny, "--prompts-file", path, "--prompts", path), 2, "--prompts-file once")
+    assert "--prompts " not in specgen(monkeypatch, "generate", "--help", env={"COLUMNS": "200"}).stdout
+
+
+def test_a_high_temperature_warns_that_t_is_not_threads(monkeypatch, tiny):
+    result = generate(monkeypatch, tiny, "-t", "8", "--seed", "1", "-n", "2", PROMPT)
+    assert result.code == 0
+    assert result.stderr.splitlines()[0] == ("specgen: warning: temperature 8 is above 2, close to uniform "
+                                             "sampling; -t is --temperature in specgen (CPU threads: --threads)")
+    assert "warning" not in generate(monkeypatch, tiny, "-t", "2", "--seed", "1", "-n", "2", PROMPT).stderr
+    assert generate(monkeypatch, tiny, "-t", "8", "-q", "-n", "2", PROMPT).stderr == ""
+
+
+def test_system_prompt_goes_into_the_chat_template(tmp_path):
+    from specgen.core.chat import chat_ids
+    from specgen.core.errors import UsageError
+    from tiny_models import build_tokenizer
+
+    tok = build_tokenizer(tmp_path)
+    with pytest.raises(UsageError, match="no chat template"):
+        chat_ids(tok, "hi", system="be brief")
+    tok.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert tok.decode(chat_ids(tok, "hi", "be brief")) == "<system>be brief\n<user>hi\n<assistant>"
+    assert tok.decode(chat_ids(tok, "hi")) == "<user>hi\n<assistant>"
+    tok.chat_template = "{{ raise_exception('System role not supported') if messages[0].role == 'system' }}x"
+    with pytest.raises(UsageError, match="refused the prompt: System role not supported") as refused:
+        chat_ids(tok, "hi", "be brief")
+    assert "drop --system" in refused.value.hint
+
+
+def test_system_implies_chat(monkeypatch, tiny):
+    # The tiny tokenizer has no chat template: the error shows that --system alone asked for one.
+    assert_error(generate(monkeypatch, tiny, "--system", "be brief", PROMPT), 2, "no chat template")
+
+
+# ---------------------------------------------------------------- output shape
+
+
+def test_several_prompts_in_text_are_headed_and_their_summaries_named(monkeypatch, tiny, tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text(f"{PROMPT}\n\n{PROMPT}\n")
+    result = generate(monkeypatch, tiny, "--prompts-file", path)
+    assert result.code == 0, result
+    assert result.stdout == f"==> {path}:1 <==\n{tiny.text}\n==> {path}:3 <==\n{tiny.text}\n"
+    lines = result.stderr.splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == [f"{path}:1", f"{path}:3"]
+    assert all(SUMMARY.match(line.split(": ", 1)[1]) for line in lines)
+    single = generate(monkeypatch, tiny, PROMPT)  # one prompt: no header, no label
+    assert single.stdout == tiny.text + "\n" and SUMMARY.match(single.stderr.strip())
+
+
+def test_logprobs_in_text_format_are_a_usage_error(monkeypatch, tiny):
+    assert_error(generate(monkeypatch, tiny, "--logprobs", "2", PROMPT), 2, "--logprobs needs --format json")
+
+
+def test_json_logprobs_carry_the_token_text(monkeypatch, tiny):
+    from transformers import PreTrainedTokenizerFast
+
+    from specgen.core.profile import load_profile
+
+    tok = PreTrainedTokenizerFast.from_pretrained(load_profile(str(tiny.profile)).target.path)
+    result = generate(monkeypatch, tiny, "--logprobs", "2", "--format", "json", PROMPT)
+    record = json.loads(result.stdout)
+    assert [e["token_id"] for e in record["logprobs"]] == record["token_ids"]
+    for entry in record["logprobs"]:
+        assert entry["token"] == tok.decode([entry["token_id"]])
+        assert len(entry["top"]) == 2
+        assert all(alt["token"] == tok.decode([alt["token_id"]]) for alt in entry["top"])
+
+
+def test_target_only_says_acceptance_is_not_applicable(monkeypatch, tiny):
+    result = generate(monkeypatch, tiny, "--proposer", "none", PROMPT)
+    assert result.code == 0 and result.stdout == tiny.text + "\n"
+    assert ", acceptance n/a, " in result.stderr and "0.0%" not in result.stderr

@@ -8,17 +8,23 @@ from __future__ import annotations
 import typer
 
 from specgen.cli import bench, generate, inspect, profiles
+from specgen.cli import options as opt
 
 app = typer.Typer(
     name="specgen",
     help="Lossless speculative generation: a draft proposes, the target verifies, the output is the target's.",
     no_args_is_help=True,
-    add_completion=False,
+    cls=opt.Group,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command("generate")(generate.generate)
-app.command("bench")(bench.bench)
-app.command("inspect-acceptance")(inspect.inspect_acceptance)
+app.command("generate", cls=opt.Command)(generate.generate)
+app.command("bench", cls=opt.Command)(bench.bench)
+app.command("inspect-acceptance", cls=opt.Command)(inspect.inspect_acceptance)
 app.add_typer(profiles.app, name="profiles")
+
+
+@app.callback()
+def root(version: opt.Version = False) -> None:
+    """Lossless speculative generation: a draft proposes, the target verifies, the output is the target's."""
 

@@ -48,16 +48,18 @@ def generate(
     device: opt.Device = None,
     compile: opt.Compile = None,
     autotune: opt.Autotune = None,
-    threads: opt.Threads = None,
-    logprobs: Annotated[Optional[int], typer.Option("--logprobs", help="Report the top-N logprobs per token (JSON).")] = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the model's chat template.")] = False,
+    logprobs: opt.Logprobs = None,
+    chat: opt.Chat = False,
+    system: opt.System = None,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,
-    prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="One prompt per line, or JSONL with a 'prompt' field.")] = None,
-    truncate_prompt: Annotated[bool, typer.Option("--truncate-prompt", help="Keep the end of a prompt that is too long.")] = False,
+    prompts_file: opt.PromptsFile = None,
+    prompts: opt.PromptsAlias = None,
+    truncate_prompt: opt.TruncatePrompt = False,
     skip_long_prompts: Annotated[bool, typer.Option(
         "--skip-long-prompts", help="Leave out prompts of the file that do not fit the context (a warning names each).")] = False,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
+    quiet: opt.Quiet = False,
+    threads: opt.Threads = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print the resolved backend and kernels on stderr.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
@@ -65,28 +67,40 @@ def generate(
     """Generate text; stdout gets only the text (or JSON), stderr the live view and statistics."""
     from specgen.core.profile import load_profile
 
-    prompts = read_prompts(prompt, prompts_file, output_format)
+    texts = read_prompts(prompt, opt.prompts_path(prompts_file, prompts), output_format)
+    if logprobs is not None and output_format == Format.text:
+        from specgen.core.errors import UsageError
+
+        raise UsageError("--logprobs needs --format json or jsonl: text output has no place for them",
+                         hint="add --format json (one prompt) or --format jsonl (--prompts-file)")
     settings = load_profile(profile, opt.overrides(**locals()))
+    opt.warn_settings(settings, quiet)
     from specgen.core.engine import Engine  # torch and transformers (seconds): only for valid input
 
     engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
     if verbose and not quiet:
         warn(describe(engine.describe()))
     show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
-    jobs = fitting(prompts, lambda text: encode(engine, settings, text, chat, truncate_prompt),
+    jobs = fitting(texts, lambda text: encode(engine, settings, text, chat, system, truncate_prompt),
                    engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
-    for index, (item, ids) in enumerate(jobs):
-        result = run_one(engine.decoder(), ids, output_format, show_live, quiet, separator=index > 0)
-        emit_json(result, item.text, settings, output_format)
+    several = len(texts) > 1
+    for item, ids in jobs:
+        label = (item.source or "prompt") if several else None
+        result = run_one(engine.decoder(), ids, output_format, show_live, quiet, label)
+        emit_json(result, item.text, settings, output_format, engine.tokenizer)
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
 
 
-def encode(engine, settings, text: str, chat: bool, truncate: bool) -> list[int]:
-    ids = engine.encode(text, chat=chat)
-    if truncate and engine.max_context:
-        room = engine.max_context - settings.sampling.max_tokens - settings.speculation.k - 1
-        ids = ids[-max(room, 1):]
+def encode(engine, settings, text: str, chat: bool, system: str | None, truncate: bool) -> list[int]:
+    """A prompt's ids: plain, or in the chat template (--system implies --chat)."""
+    from specgen.core.chat import chat_ids
+
+    ids = chat_ids(engine.tokenizer, text, system) if chat or system is not None else engine.encode(text)
+    if truncate:
+        from specgen.core.context import keep_end
+
+        ids = keep_end(ids, settings.sampling.max_tokens, settings.speculation.k, engine.max_context)
     return ids
 
 
@@ -153,15 +167,19 @@ class Partial:
                    [f for e in events for f in e.fates], stats, logprobs, [p for e in events for p in e.pieces])
 
 
-def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, separator: bool):
+def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, label: str | None):
     """Run one generation, streaming as the format allows; returns the Finished event, or a Partial
-    one after Ctrl-C (what was generated is shown or written either way)."""
+    one after Ctrl-C (what was generated is shown or written either way).
+
+    label names the prompt when there are several (FILE:LINE): in text format a `==> label <==`
+    line goes before its output, as `head` does for several files, and its summary line starts
+    with it, so that outputs and statistics can be told apart."""
     from specgen.cli import render
     from specgen.core.decode import Finished
 
     stream = output_format == Format.text and not (show_live and sys.stdout.isatty())
-    if stream and separator:
-        sys.stdout.write("\n")
+    if label is not None and output_format == Format.text:
+        sys.stdout.write(f"==> {label} <==\n")
     view = render.LiveView() if show_live else None
     events: list = []
     try:
@@ -173,7 +191,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
         elif view is not None and output_format == Format.text:
             _print_text(view.text)  # the live view was transient: keep what was generated
         if not quiet:
-            render.summary(decoder.stats)
+            render.summary(decoder.stats, label=label)
         return Partial.of(events, decoder.stats)
     if stream:
         sys.stdout.write(finished.tail + "\n")
@@ -181,7 +199,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     elif output_format == Format.text:
         _print_final(finished)
     if not quiet:
-        render.summary(finished.stats)
+        render.summary(finished.stats, label=label)
     return finished
 
 
@@ -216,7 +234,7 @@ def _print_text(text) -> None:
     Console(no_color=render.no_color(), highlight=False, soft_wrap=True).print(text)
 
 
-def emit_json(finished, prompt: str, settings, output_format: Format) -> None:
+def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer) -> None:
     if output_format == Format.text:
         return
     record = {
@@ -229,8 +247,20 @@ def emit_json(finished, prompt: str, settings, output_format: Format) -> None:
         "stats": finished.stats.as_dict(),
     }
     if finished.logprobs is not None:
-        record["logprobs"] = finished.logprobs
+        record["logprobs"] = with_token_text(finished.logprobs, tokenizer)
     if finished.reason == INTERRUPTED:
         record["incomplete"] = True  # Ctrl-C: what was generated until then
     sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def with_token_text(logprobs: list[dict], tokenizer) -> list[dict]:
+    """Each logprob entry (and each of its `top` alternatives) with its token's text beside its id.
+    A token that holds part of a multi-byte character decodes to U+FFFD on its own."""
+    def named(entry: dict) -> dict:
+        out = {"token": tokenizer.decode([entry["token_id"]]), **entry}
+        if "top" in entry:
+            out["top"] = [named(alt) for alt in entry["top"]]
+        return out
+
+    return [named(entry) for entry in logprobs]

@@ -22,6 +22,8 @@ def main() -> None:
     # From here Ctrl-C is a KeyboardInterrupt, which errors.run and the commands handle (the text
     # generated so far is written, the partial statistics printed).
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if "_SPECGEN_COMPLETE" in os.environ:  # a shell asking for completions (see --install-completion)
+        app(prog_name="specgen")  # Typer's own main answers them and exits
     try:
         code = errors.run(app)
     except KeyboardInterrupt:  # in the instant before run() or after it

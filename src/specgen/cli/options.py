@@ -6,9 +6,12 @@ so every CLI option overrides the profile and goes through the profile's validat
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 Profile = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name or .toml path (default: demo).")]
 Target = Annotated[Optional[str], typer.Option("--target", help="Target checkpoint: local folder or cached hub id.")]
@@ -19,7 +22,8 @@ DraftPMin = Annotated[Optional[float], typer.Option(
     "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]
 AdaptiveK = Annotated[Optional[bool], typer.Option(
     "--adaptive-k/--no-adaptive-k", help="Adapt k per round from recent acceptance (at most --k).")]
-Temperature = Annotated[Optional[float], typer.Option("--temperature", "-t", help="0 = greedy.")]
+Temperature = Annotated[Optional[float], typer.Option(
+    "--temperature", "-t", help="0 = greedy; a warning above 2 (-t is not threads here: see --threads).")]
 TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus mass in (0, 1].")]
 TopK = Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens; -1 = off.")]
 MinP = Annotated[Optional[float], typer.Option("--min-p", help="Drop tokens below min_p * max p.")]
@@ -41,8 +45,71 @@ Autotune = Annotated[Optional[bool], typer.Option(
     "--autotune/--no-autotune", help="With --compile: benchmark GEMM kernels at start-up (much slower first start).")]
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", help="CPU threads for torch; 0 = auto (half the CPUs, at least 1).")]
+Logprobs = Annotated[Optional[int], typer.Option(
+    "--logprobs", help="Also report the N most likely tokens' logprobs per token (0..20).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")]
+Chat = Annotated[bool, typer.Option("--chat", help="Wrap each prompt in the model's chat template.")]
+System = Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template (implies --chat).")]
+PromptsFile = Annotated[Optional[Path], typer.Option(
+    "--prompts-file", help="One prompt per line, or JSONL with a 'prompt' field.")]
+# The name bench and inspect-acceptance had: still accepted, no longer shown.
+PromptsAlias = Annotated[Optional[Path], typer.Option("--prompts", hidden=True)]
+TruncatePrompt = Annotated[bool, typer.Option(
+    "--truncate-prompt", help="Keep the end of a prompt that is too long for the context.")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from specgen import __version__
+
+        print(f"specgen {__version__}")
+        raise typer.Exit()
+
+
+Version = Annotated[bool, typer.Option(
+    "--version", "-V", is_eager=True, callback=_print_version, help="Print the version and exit.")]
+
+
+class _Switches:
+    """Switches (--quiet, --chat/--no-chat, -h/--help) shown as the switches they are: Typer would
+    print a `<bool>` value placeholder after each, as if they took one."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_Switches, TyperCommand):
+    pass
+
+
+class Group(_Switches, TyperGroup):
+    pass
+
+
+def prompts_path(prompts_file: Path | None, prompts: Path | None) -> Path | None:
+    """--prompts-file, or its older name --prompts; not both."""
+    from specgen.core.errors import UsageError
+
+    if prompts_file is not None and prompts is not None:
+        raise UsageError("give --prompts-file once (--prompts is its old name)")
+    return prompts_file if prompts_file is not None else prompts
+
+
+HIGH_TEMPERATURE = 2.0
+
+
+def warn_settings(settings, quiet: bool) -> None:
+    """Settings that are valid but most likely a typo: a warning line on stderr, unless --quiet."""
+    temperature = settings.sampling.temperature
+    if temperature > HIGH_TEMPERATURE and not quiet:
+        print(f"specgen: warning: temperature {temperature:g} is above {HIGH_TEMPERATURE:g}, close to uniform "
+              "sampling; -t is --temperature in specgen (CPU threads: --threads)", file=sys.stderr)
 
 
 def overrides(**options) -> dict:

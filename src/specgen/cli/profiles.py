@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specgen.cli.options import Command, Group
 from specgen.core.errors import SpecgenError
 from specgen.core.profile import (
     list_profiles,
@@ -26,7 +27,7 @@ from specgen.core.profile import (
 )
 
 app = typer.Typer(
-    help="List profiles and show the settings a profile resolves to.", no_args_is_help=True
+    help="List profiles and show the settings a profile resolves to.", no_args_is_help=True, cls=Group
 )
 
 
@@ -35,7 +36,7 @@ class OutputFormat(str, enum.Enum):
     json = "json"
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 def list_command() -> None:
     """List built-in profiles and those in the user profile folder."""
     columns = ("name", "source", "target", "draft / proposer")
@@ -47,7 +48,7 @@ def list_command() -> None:
     _stdout().print(table)
 
 
-@app.command()
+@app.command(cls=Command)
 def show(
     name: Annotated[str, typer.Argument(help="Profile name, or path to a .toml file.")],
     output_format: Annotated[

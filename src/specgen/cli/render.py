@@ -38,7 +38,7 @@ def position_bars(rates: list[float]) -> str:
 
 def footer(stats) -> Text:
     line = (
-        f"{stats.tokens_per_second:7.1f} tok/s · {stats.rounds} rounds · acceptance {stats.acceptance_rate:5.1%}"
+        f"{stats.tokens_per_second:7.1f} tok/s · {stats.rounds} rounds · acceptance {stats.acceptance_text:>5}"
         f" · mean accepted length {stats.mean_accepted_length:.2f}"
     )
     text = Text(line, style="bold")
@@ -88,6 +88,8 @@ class LiveView:
         return Text("\n").join(lines[-room:])
 
 
-def summary(stats, console: Console | None = None) -> None:
-    """One line on stderr at the end (off a terminal, or after the live view)."""
-    (console or stderr_console()).print(stats.summary_line(), style="dim", highlight=False)
+def summary(stats, console: Console | None = None, label: str | None = None) -> None:
+    """One line on stderr at the end (off a terminal, or after the live view); label names the
+    prompt when there are several."""
+    line = f"{label}: {stats.summary_line()}" if label else stats.summary_line()
+    (console or stderr_console()).print(line, style="dim", highlight=False, markup=False)

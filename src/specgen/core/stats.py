@@ -91,6 +91,12 @@ class AcceptanceStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def acceptance_text(self) -> str:
+        """The acceptance rate for people: n/a when nothing was drafted (target only, or an n-gram
+        proposer that never matched), where 0.0% would read as a draft that always lost."""
+        return f"{self.acceptance_rate:.1%}" if self.drafted else "n/a"
+
+    @property
     def mean_accepted_length(self) -> float:
         return self.emitted / self.rounds if self.rounds else 0.0
 
@@ -129,5 +135,5 @@ class AcceptanceStats:
     def summary_line(self) -> str:
         return (
             f"{self.emitted} tokens in {self.rounds} rounds, {self.tokens_per_second:.1f} tok/s, "
-            f"acceptance {self.acceptance_rate:.1%}, mean accepted length {self.mean_accepted_length:.2f}"
+            f"acceptance {self.acceptance_text}, mean accepted length {self.mean_accepted_length:.2f}"
         )
