@@ -157,6 +157,29 @@ def test_prompts_file_errors(monkeypatch, tiny, tmp_path):
     assert_error(run(monkeypatch, tiny, "--prompts-file", no_field), 2, "needs a string field 'prompt'")
 
 
+def test_an_empty_prompt_of_a_file_is_reported_at_its_own_line(monkeypatch, tiny, tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text('{"prompt": "a"}\n\n\n{"prompt": ""}\n')
+    assert_error(run(monkeypatch, tiny, "--prompts-file", source), 2, f"the prompt is empty (line 4 of {source})")
+
+
+def test_prompts_files_split_on_newlines_only(tmp_path):
+    """A form feed, U+0085, U+2028 or U+2029 is part of a prompt (json.dumps writes the last three raw)."""
+    from specgen.cli.prompts import Prompt, read_file
+
+    source = tmp_path / "prompts.txt"
+    source.write_text('page\x0cbreak\r\n{"prompt": "a\u2028b\u2029c\x85d"}\n\nlast', encoding="utf-8")
+    assert read_file(source) == [Prompt("page\x0cbreak", f"{source}:1"), Prompt("a\u2028b\u2029c\x85d", f"{source}:2"),
+                                 Prompt("last", f"{source}:4")]
+
+
+def test_stdin_is_bounded(monkeypatch, tiny):
+    from specgen.cli.prompts import STDIN_LIMIT
+
+    result = run(monkeypatch, tiny, "-", stdin=b"0" * (STDIN_LIMIT + 1))
+    assert_error(result, 2, f"stdin holds more than {STDIN_LIMIT // 2**20} MiB", "hint: ")
+
+
 LONG_PROMPT = " ".join(str(i) for i in range(600))  # well over the tiny models' 512 positions
 
 

@@ -183,7 +183,7 @@ def test_ctrl_c_writes_the_json_of_what_was_generated_marked_incomplete(monkeypa
 
 def test_jsonl_round_trip(monkeypatch, tiny, tmp_path):
     """JSONL in, JSONL out, one record per prompt in order; the output is itself a valid prompts file."""
-    prompts = ["def add(a, b):", "class Point:", "héllo wörld ✓", "import os"]
+    prompts = ["def add(a, b):", "class Point:", "héllo wörld ✓", "import os", "a\u2028b\x85c\x0cd"]
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(prompts)))
     first = specgen(monkeypatch, "generate", "-p", tiny.profile, "--prompts-file", source, "--format", "jsonl")
