@@ -82,6 +82,16 @@ def test_profile_file_errors(monkeypatch, tmp_path, text, fragments):
     assert_error(specgen(monkeypatch, "generate", "-p", path, "hi"), 2, str(path), *fragments)
 
 
+def test_profile_with_a_byte_order_mark(monkeypatch, tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + (MODELS + "[sampling]\ntemprature = 0.5\n").encode())
+    assert_error(specgen(monkeypatch, "generate", "-p", path, "hi"), 2, f"{path}:6:", "`sampling.temperature`")
+
+
+def test_profile_path_that_is_a_directory(monkeypatch, tmp_path):
+    assert_error(specgen(monkeypatch, "generate", "-p", tmp_path, "hi"), 2, f"profile {tmp_path} is a directory")
+
+
 @pytest.mark.parametrize("options, allowed", [
     (["--k", "0"], "from 1 to 32"),
     (["--k", "33"], "from 1 to 32"),
@@ -241,6 +251,31 @@ def test_missing_checkpoint_folder(monkeypatch, tiny, tmp_path):
 def test_missing_checkpoint_files(monkeypatch, tiny, tmp_path, patterns, message):
     folder = copy_checkpoint(tiny.target, tmp_path / "partial", *patterns)
     assert_error(run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi"), 1, message)
+
+
+def test_truncated_weights_name_the_file(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "cut", "*")
+    weights = folder / "model.safetensors"
+    with weights.open("r+b") as file:  # an interrupted copy
+        file.truncate(weights.stat().st_size // 2)
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi")
+    assert_error(result, 1, f"{weights}: damaged or incomplete weights", "hint: copy or download the checkpoint again")
+
+
+def test_invalid_config_json_gives_line_and_column(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "bad-config", "*")
+    (folder / "config.json").write_text('{\n  "model_type": "llama",\n}\n')
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi")
+    assert_error(result, 1, f"{folder / 'config.json'}:3:1: invalid JSON")
+
+
+def test_chat_template_refused_by_the_sandbox(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "unsafe-template", "*")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ ''.__class__.__subclasses__() }}"  # Jinja's sandbox refuses this
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "--chat", "hi")
+    assert_error(result, 1, f"the chat template of {folder} failed: SecurityError", "hint: fix the template")
 
 
 def test_hub_id_not_in_the_cache_while_offline(tiny, tmp_path):

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.cli import options as opt
-from specgen.cli.prompts import Prompt, fitting, read
+from specgen.cli.prompts import Prompt, encode_prompt, fitting, read
 
 
 class Format(str, enum.Enum):
@@ -79,7 +79,7 @@ def generate(
 
 
 def encode(engine, settings, text: str, chat: bool, truncate: bool) -> list[int]:
-    ids = engine.encode(text, chat=chat)
+    ids = encode_prompt(engine, text, chat)
     if truncate and engine.max_context:
         room = engine.max_context - settings.sampling.max_tokens - settings.speculation.k - 1
         ids = ids[-max(room, 1):]
