@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.cli import options as opt
-from specgen.cli.prompts import Prompt, fitting, read
+from specgen.cli.prompts import Prompt, encode_prompt, fitting, read
 
 
 class Format(str, enum.Enum):
