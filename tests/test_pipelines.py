@@ -235,7 +235,8 @@ def test_jsonl_streams_each_result_as_it_completes(monkeypatch, tiny, tmp_path):
                      "-q", stdout=Recording(log))
     assert result.code == 0 and len(result.json_lines()) == 3
     pending, flushed, started = "", "", 0
-    for what, text in log:
+    assert log[0] == ("next prompt", None)  # the decoder that checks every prompt's length first
+    for what, text in log[1:]:
         if what == "write":
             pending += text
         elif what == "flush":
