@@ -47,7 +47,7 @@ class Result:
     stderr: str
 
     def json_lines(self) -> list[dict]:
-        return [json.loads(line) for line in self.stdout.splitlines()]
+        return [json.loads(line) for line in self.stdout.split("\n") if line]  # JSON lines end at "\n" only
 
 
 def specgen(monkeypatch, *args, stdin: bytes = b"", tty: bool = False, env: dict | None = None,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specgen.core.decode import Finished
-from specgen.core.runner import StaticRunner
+from specgen.core.runner import EagerRunner
 from specgen.core.settings import ModelSpec, Profile, ProposerSpec, SamplingSpec, SpeculationSpec
 
 CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -79,7 +79,7 @@ def draft_sequence(prompt: list[int], token_ids: list[int]) -> list[int]:
 def draft_follows(engine, decoder, prompt: list[int], token_ids: list[int]) -> None:
     """After a finished run (no round in flight): the target cache holds the committed sequence but
     its last id (feed[0, 0]); the draft cache all but its last two (rnd.pending), and feeding those
-    gives the logits a fresh StaticRunner gives for the whole sequence (float32 rounding only).
+    gives the logits a fresh EagerRunner gives for the whole sequence (float32 rounding only).
     Call it only after runs that stopped on length: a round cut by a stop id or a stop string
     committed the whole round on the device, and a stop string may leave the next round queued."""
     rnd = decoder.round
@@ -91,6 +91,6 @@ def draft_follows(engine, decoder, prompt: list[int], token_ids: list[int]) -> N
         f"draft position {int(rnd.draft.position)}, committed {len(committed)} (prompt {len(prompt)})")
     assert rnd.pending[0].tolist() == seen[-2:]
     got = rnd.draft.forward(rnd.pending[0].clone())[-1]
-    fresh = StaticRunner(engine.pair.draft, engine.width, len(seen) + 8)
+    fresh = EagerRunner(engine.pair.draft, engine.width, len(seen) + 8)
     want = fresh.forward(torch.tensor(seen, dtype=torch.long))[-1]
     assert relative_error(got, want) < 1e-4, "the draft's logits after the run are not a fresh forward's"

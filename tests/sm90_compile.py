@@ -18,9 +18,8 @@ triton.compile itself, tens of seconds a variant). The stages are the nvidia bac
 3.9's, the script reports a skip with the reason.
 
 The GPU code path: TRITON_INTERPRET is removed from the environment before Triton is imported, so
-@triton.jit makes JITFunction objects and attention._INTERPRETED / linear._INTERPRETED are False
-(the bf16 tl.dot paths compile, F32_DOT = False); warp.py sizes its tiles by device type (large
-tiles for the interpreter), so the CUDA sizes are copied into the "cpu" entries.
+@triton.jit makes JITFunction objects and each kernel module's INTERPRETED is False: the bf16
+tl.dot paths compile (F32_DOT = False) and warp.py picks the tile sizes of compiled kernels.
 
 Run by tests/test_sm90_compile.py; by hand: `python tests/sm90_compile.py`. Prints one JSON object,
 the last line of stdout: {"triton", "stage", "skip" (null or why), "kernels" (every top-level
@@ -44,6 +43,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
+
+from specgen.gpu.workspace import Workspace  # noqa: E402  (torch only)
 
 START = time.perf_counter()
 STAGE = os.environ.get("SPECGEN_SM90_STAGE", "ttir")
@@ -273,8 +274,10 @@ def linear_scenarios(linear):
 
             def call(rows=rows, n=n, k=k, dtype=dtype, config=config):
                 x = torch.empty(rows, k, dtype=dtype)
-                linear.linear(x, torch.empty(n, k, dtype=dtype), torch.empty(n, dtype=dtype), config)
-                linear.gate_up(x, torch.empty(n, k, dtype=dtype), torch.empty(n, k, dtype=dtype), "silu", config)
+                counters = linear.split_k_counters(Workspace("cpu"))
+                linear.linear(x, torch.empty(n, k, dtype=dtype), torch.empty(n, dtype=dtype), config, counters=counters)
+                linear.gate_up(x, torch.empty(n, k, dtype=dtype), torch.empty(n, k, dtype=dtype), "silu", config,
+                               counters=counters)
 
             yield f"linear and gate_up {name} split_k={split} rows={rows} N={n} K={k}", call
 
@@ -287,27 +290,27 @@ def verify_scenarios(verify):
     def common():
         draft = torch.zeros(k, dtype=torch.int64)
         cu = torch.tensor([k], dtype=torch.int32)
-        return draft, cu, torch.zeros(1, dtype=torch.int32)
+        return draft, cu, Workspace("cpu")
 
     def greedy():
-        draft, cu, error = common()
-        verify.verify_greedy(draft, cu, torch.zeros(k + batch, dtype=torch.int64), k, error)
+        draft, cu, workspace = common()
+        verify.verify_greedy(draft, cu, torch.zeros(k + batch, dtype=torch.int64), k, workspace)
 
     yield "verify_greedy k=4", greedy
     for vocab in (100, 151936):
         for with_q in (True, False):
             def call(vocab=vocab, with_q=with_q):
-                draft, cu, error = common()
+                draft, cu, workspace = common()
                 q = torch.empty(k, vocab) if with_q else None
                 verify.verify_random(draft, cu, q, torch.empty(k + batch, vocab), torch.empty(k),
-                                     torch.empty(batch, vocab), k, error)
+                                     torch.empty(batch, vocab), k, workspace)
 
             yield f"verify_random vocab={vocab} draft_probs={with_q}", call
 
 
 def warp_scenarios(warp):
     """warp over the 5 rows of a k = 4 verification: greedy, temperature only, top-k / top-p through
-    the parallel cut search (FAST_CUT: one compile for <= 32 chunks, one for more), min-p through the
+    the parallel cut search (parallel_cut: one compile for <= 32 chunks, one for more), min-p through the
     one-program search, penalties and bad masks ([V] and [N, V]), the race (expo), bf16 and float32
     logits, and small vocabularies in one register tile (tiny models)."""
     from specgen.core.sampling import PenaltyRows, WarpParams
@@ -333,8 +336,7 @@ def warp_scenarios(warp):
             mask = torch.zeros(*([rows] if bad_mask == "rows" else []), vocab, dtype=torch.bool)
         expo = torch.empty(rows, vocab) if race else None
         race_out = torch.empty(rows, dtype=torch.int64) if race else None
-        warp.warp(torch.empty(rows, vocab, dtype=dtype), params, penalty, mask, torch.zeros(1, dtype=torch.int32),
-                  expo, race_out)
+        warp.warp(torch.empty(rows, vocab, dtype=dtype), params, penalty, mask, Workspace("cpu"), expo, race_out)
 
     yield "warp 151936 bf16 greedy race", lambda: call(151936, BF16, race=True, temperature=0.0)
     yield "warp 151936 f32 temperature race", lambda: call(151936, F32, race=True, temperature=0.8)
@@ -370,11 +372,8 @@ def main() -> dict:
     JITFunction.run = _run
 
     from specgen.gpu import attention, linear, verify, warp
-
     # the code path an H100 takes (see the module docstring)
-    assert not attention._INTERPRETED and not linear._INTERPRETED, "TRITON_INTERPRET leaked into specgen.gpu"
-    warp.TILE_ELEMENTS["cpu"] = warp.TILE_ELEMENTS["cuda"]
-    warp.FAST_CHUNK["cpu"] = warp.FAST_CHUNK["cuda"]
+    assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 
     report["selfcheck"] = selfcheck()
     scenario_errors = {}

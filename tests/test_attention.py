@@ -1,4 +1,5 @@
-"""gpu/attention.py: the decode-attention kernel against its torch reference, and inside models.
+"""gpu/attention.py: the decode-attention kernel against its torch reference, and inside models
+through gpu/rewire.py's attention and rotary rewiring.
 
 Attention is a floating-point reduction whose order differs between the kernel (key blocks, online
 softmax, split merge) and the reference (one softmax over the masked cache), so the two agree to a
@@ -11,13 +12,19 @@ On CPU the kernels run in the Triton interpreter (tests/triton_cpu.py).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from triton_cpu import DEVICE, INTERPRETED  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
 import pytest
 import torch
 
-from specgen.gpu import attention
-from specgen.gpu.attention import decode_attention, decode_attention_reference
+from gpu_helpers import kernels, resolved, runner
+from specgen.gpu import attention, rewire
+from specgen.gpu.attention import decode_attention
+from specgen.gpu.kernels import attention_unsupported
+from specgen.gpu.reference import decode_attention_reference, rope_attention_reference, rotate_reference
 
 CASES = [  # batch, heads, kv heads, tokens, head dim, capacity, position, window
     (1, 12, 4, 5, 64, 640, 300, 0),  # bench-target shape, 10 splits, k = 4 verification
@@ -77,7 +84,7 @@ def test_kernel_ignores_keys_past_each_token():
 
 # Max logit difference between a kernel runner and an SDPA runner on the tiny models below (logits up
 # to ~15, weights at initializer_range 0.5, so rounding grows through the layers). Observed
-# (benchmarks/rope_diffs.py): up to 3.2e-5 in the CPU interpreter; on an H200 up to 8.7e-5 with the
+# (benchmarks/bench_kernels.py attention --runner): up to 3.2e-5 in the CPU interpreter; on an H200 up to 8.7e-5 with the
 # model's rotary and 1.1e-4 with the kernel's, whose rotation rounds once (FMA) where PyTorch's
 # rounds three times (kernel-rotary vs model-rotary: up to 3.9e-5 there, 0 in the interpreter).
 # A fault (a stale or missing key, a window off by one) moves these logits by 1e-2 or more.
@@ -125,12 +132,7 @@ def _run_script(runner) -> list[torch.Tensor]:
                                           ("qwen3", {"head_dim": 16})])
 def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
     """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits, with
-    the model's own rotary + cache update or with both inside the kernel (SPECGEN_ROPE=kernel)."""
-    from specgen.gpu import runner as runner_module
-    from specgen.gpu.runner import GraphRunner
-
-    monkeypatch.setattr(runner_module, "ROPE_IN_KERNEL", rope)
-
+    the model's own rotary + cache update or with both inside the kernel ([kernels] rope)."""
     calls = []
     real = attention.decode_attention
     rotated = []
@@ -138,14 +140,14 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
                         lambda *a: calls.append(a[0].shape[2]) or rotated.append(len(a) > 6) or real(*a))
 
     model = _tiny(family, **extra)
-    kernel = GraphRunner(model, 96, 600, use_graphs=False, attention=True)
-    sdpa = GraphRunner(model, 96, 600, use_graphs=False, attention=False)  # same model: no kwarg -> SDPA
-    assert model.config._attn_implementation == attention.NAME
+    kernel = runner(model, kernels=kernels(attention=True, rope=rope))
+    sdpa = runner(model, kernels=kernels())  # same model: no kwarg -> SDPA
+    assert model.config._attn_implementation == rewire.NAME
     outputs = [_run_script(kernel), _run_script(sdpa)]
     steps = [1, 30] + [n for n in SCRIPT if n > 0]  # allocation, prefill (<= 64), steps
     assert calls == [n for n in steps for _layer in range(2)]  # the kernel runner's, every layer
     # the first call allocates the cache through the model's own forward; after it, the kernel
-    # rotates and writes the new keys itself (runner.ROPE_IN_KERNEL, attention.install_rope)
+    # rotates and writes the new keys itself (kernels.rope, rewire.install_rope)
     assert rotated == [False] * 2 + [rope] * (len(calls) - 2)
     for feed, (got, want) in enumerate(zip(*outputs)):
         assert got.shape == want.shape
@@ -157,25 +159,23 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
 def test_runner_comparison_catches_a_window_off_by_one(monkeypatch):
     """RUNNER_TOLERANCE is loose enough for rounding, tight enough for a fault: a kernel whose sliding
     window is one key short (Mistral, window 24) lands far outside it."""
-    from specgen.gpu.runner import GraphRunner
-
     real = attention.decode_attention
     monkeypatch.setattr(attention, "decode_attention",
                         lambda q, k, v, position, scale, window=0, *rest: real(q, k, v, position, scale, window - 1, *rest))
     model = _tiny("mistral", sliding_window=24)
-    faulty = _run_script(GraphRunner(model, 96, 600, use_graphs=False, attention=True))
-    right = _run_script(GraphRunner(model, 96, 600, use_graphs=False, attention=False))
+    faulty = _run_script(runner(model, kernels=kernels(attention=True, rope=True)))
+    right = _run_script(runner(model, kernels=kernels()))
     assert (faulty[0] - right[0]).abs().max().item() > 100 * RUNNER_TOLERANCE  # the prompt: 30 > 24 keys
 
 
-def test_supports_refuses_what_it_cannot_compute():
+def test_unsupported_attention_is_refused_with_the_reason():
     from transformers import LlamaConfig
 
-    assert attention.supports(LlamaConfig(hidden_size=64, num_attention_heads=4)) is None
-    assert "head_dim" in attention.supports(LlamaConfig(hidden_size=1024, num_attention_heads=2))
+    assert attention_unsupported(LlamaConfig(hidden_size=64, num_attention_heads=4)) is None
+    assert "head_dim" in attention_unsupported(LlamaConfig(hidden_size=1024, num_attention_heads=2))
     gemma2 = LlamaConfig(hidden_size=64, num_attention_heads=4)
     gemma2.attn_logit_softcapping = 50.0
-    assert "softcapping" in attention.supports(gemma2)
+    assert "softcapping" in attention_unsupported(gemma2)
 
 
 @pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
@@ -209,12 +209,11 @@ FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shor
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_families_step_like_eager_steps(family):
     """Each family through a runner as the fast path builds it (captured steps on a GPU, the kernel
-    where attention.supports allows it) against eager steps with the model's own attention (SDPA;
-    eager for Gemma 2) over the same cache, rollbacks included."""
+    where attention_unsupported allows it, the other kernels as `auto` resolves them) against eager
+    steps with the model's own attention (SDPA; eager for Gemma 2) over the same cache, rollbacks
+    included."""
     import transformers
     from transformers import AutoModelForCausalLM
-
-    from specgen.gpu.runner import GraphRunner
 
     name, extra = FAMILIES[family]
     config = getattr(transformers, name)(
@@ -223,21 +222,23 @@ def test_families_step_like_eager_steps(family):
         eos_token_id=None, pad_token_id=None, **extra)
     torch.manual_seed(4)
     model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()  # its default attention
-    expected_kernel = attention.supports(model.config) is None
+    expected_kernel = attention_unsupported(model.config) is None
     assert expected_kernel == (family != "gemma2")
-    fast = GraphRunner(model, 96, 600, shapes=(1, 5), attention=expected_kernel)
-    reference = GraphRunner(model, 96, 600, use_graphs=False, attention=False)
+    fast = runner(model, kernels=resolved(model, attention="kernel" if expected_kernel else "sdpa"), shapes=(1, 5),
+                  use_graphs=True)
+    assert fast.kernels.rope == (family in ("llama", "mistral", "qwen2", "qwen3"))
+    reference = runner(model, kernels=kernels())
     assert bool(fast.graphs) == (torch.device(DEVICE).type == "cuda")
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 96, (30,), generator=gen).tolist()
     steps = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (5, 1, 5, 1, 5)]
     results = []
-    for runner in (fast, reference):
-        runner.reset()
-        out = [_feed(runner, prompt)]
+    for each in (fast, reference):
+        each.reset()
+        out = [_feed(each, prompt)]
         for ids in steps:
-            out.append(_feed(runner, ids))
-            runner.truncate(runner.length - 2)  # a rejection: roll back over stale K/V
+            out.append(_feed(each, ids))
+            each.truncate(each.length - 2)  # a rejection: roll back over stale K/V
         results.append(out)
     for got, want in zip(*results):
         assert (got - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item())
@@ -257,23 +258,23 @@ class _EagerGraph:
 def test_padded_and_chunked_replays_equal_exact_feeds():
     """Feeds shorter than a captured shape replay it padded, prompts replay the largest shape chunk
     by chunk; the real rows' logits, the length and the position match exact eager feeds."""
-    from specgen.gpu.runner import GraphRunner, _Graph
+    from specgen.gpu.runner import _Graph
 
     model = _tiny("llama")
-    replayed = GraphRunner(model, 96, 600, use_graphs=False, attention=True)
+    replayed = runner(model, kernels=kernels(attention=True, rope=True))
     for n in (1, 5, 16):
         logits = torch.full((n, 96), float("-inf"), device=DEVICE)
         replayed.graphs[n] = _Graph(_EagerGraph(replayed, n, logits), logits, None)
-    exact = GraphRunner(model, 96, 600, use_graphs=False, attention=True)
+    exact = runner(model, kernels=kernels(attention=True, rope=True))
     gen = torch.Generator().manual_seed(2)
     script = [30, 3, 1, -2, 5, 2, 40]  # 30: chunks of 16 + 14 (padded); 3, 2: padded into 5
     feeds = [torch.randint(0, 96, (abs(n),), generator=gen).tolist() for n in script]
-    for runner in (replayed, exact):
-        runner.reset()
+    for each in (replayed, exact):
+        each.reset()
     for n, ids in zip(script, feeds):
         if n < 0:
-            for runner in (replayed, exact):
-                runner.truncate(runner.length + n)
+            for each in (replayed, exact):
+                each.truncate(each.length + n)
             continue
         got, want = _feed(replayed, ids), _feed(exact, ids)
         assert got.shape == want.shape == (n, 96)
@@ -295,6 +296,29 @@ def test_inductor_settings_apply_for_the_duration_and_are_restored():
             raise RuntimeError("a failed compile")
     assert seen == AUTOTUNE
     assert {key: getattr(config, key) for key in AUTOTUNE} == before
+
+
+@pytest.mark.parametrize("user_value", [None, "mine"])
+def test_compile_cache_leaves_the_environment_as_it_was(tmp_path, monkeypatch, user_value):
+    """The runner's compile cache folder is inductor's only inside step_context (where compiles
+    happen); building a compiling runner and leaving the context restore the user's environment,
+    variable unset included. A user's own folder wins inside too."""
+    from specgen.gpu import runner as runner_module
+
+    model = _tiny("llama")  # (importing transformers' models writes inductor's default into os.environ)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    if user_value is None:
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / user_value))
+    compiling = runner(model, kernels=kernels(), compile=True)
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == (user_value and str(tmp_path / user_value))
+    with compiling.step_context(1):
+        inside = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/elsewhere"  # as inductor's own cache_dir() may write it
+    assert inside == str(tmp_path / (user_value or "specgen/inductor"))
+    assert runner_module.cache_dir() == Path(inside) and Path(inside).is_dir()
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == (user_value and str(tmp_path / user_value))
 
 
 def test_autotune_comes_from_the_profile_and_cli(tmp_path):
@@ -337,7 +361,7 @@ def test_rope_kernel_rotates_writes_the_cache_and_attends(case, dtype):
     to the rotation's rounding), nothing else changes, and the output matches."""
     query, key, value, position, k_new, v_new, cos, sin = _rope_inputs(case, dtype)
     window, scale = case[-1], case[4] ** -0.5
-    ref, ref_key, ref_value = attention.rope_attention_reference(query, k_new, v_new, cos, sin, key, value,
+    ref, ref_key, ref_value = rope_attention_reference(query, k_new, v_new, cos, sin, key, value,
                                                                  position, scale, window)
     out = decode_attention(query, key, value, position, scale, window, (k_new, v_new, cos, sin))
     assert torch.equal(value, ref_value)  # values are copied as they are
@@ -360,8 +384,8 @@ def test_rope_kernel_equals_rotating_first():
     fused_key, fused_value = key.clone(), value.clone()
     fused = decode_attention(query, fused_key, fused_value, position, scale, 0, (k_new, v_new, cos, sin))
     at = int(position) + torch.arange(case[3], device=DEVICE)
-    key[:, :, at] = attention.rotate_reference(k_new, cos, sin)
+    key[:, :, at] = rotate_reference(k_new, cos, sin)
     value[:, :, at] = v_new
-    plain = decode_attention(attention.rotate_reference(query, cos, sin), key, value, position, scale)
+    plain = decode_attention(rotate_reference(query, cos, sin), key, value, position, scale)
     assert (fused_key - key).abs().max().item() < 1e-5 and torch.equal(fused_value, value)
     assert (fused - plain).abs().max().item() < 1e-5

@@ -82,6 +82,16 @@ def test_profile_file_errors(monkeypatch, tmp_path, text, fragments):
     assert_error(specgen(monkeypatch, "generate", "-p", path, "hi"), 2, str(path), *fragments)
 
 
+def test_profile_with_a_byte_order_mark(monkeypatch, tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + (MODELS + "[sampling]\ntemprature = 0.5\n").encode())
+    assert_error(specgen(monkeypatch, "generate", "-p", path, "hi"), 2, f"{path}:6:", "`sampling.temperature`")
+
+
+def test_profile_path_that_is_a_directory(monkeypatch, tmp_path):
+    assert_error(specgen(monkeypatch, "generate", "-p", tmp_path, "hi"), 2, f"profile {tmp_path} is a directory")
+
+
 @pytest.mark.parametrize("options, allowed", [
     (["--k", "0"], "from 1 to 32"),
     (["--k", "33"], "from 1 to 32"),
@@ -157,6 +167,29 @@ def test_prompts_file_errors(monkeypatch, tiny, tmp_path):
     assert_error(run(monkeypatch, tiny, "--prompts-file", no_field), 2, "needs a string field 'prompt'")
 
 
+def test_an_empty_prompt_of_a_file_is_reported_at_its_own_line(monkeypatch, tiny, tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text('{"prompt": "a"}\n\n\n{"prompt": ""}\n')
+    assert_error(run(monkeypatch, tiny, "--prompts-file", source), 2, f"the prompt is empty (line 4 of {source})")
+
+
+def test_prompts_files_split_on_newlines_only(tmp_path):
+    """A form feed, U+0085, U+2028 or U+2029 is part of a prompt (json.dumps writes the last three raw)."""
+    from specgen.cli.prompts import Prompt, read_file
+
+    source = tmp_path / "prompts.txt"
+    source.write_text('page\x0cbreak\r\n{"prompt": "a\u2028b\u2029c\x85d"}\n\nlast', encoding="utf-8")
+    assert read_file(source) == [Prompt("page\x0cbreak", f"{source}:1"), Prompt("a\u2028b\u2029c\x85d", f"{source}:2"),
+                                 Prompt("last", f"{source}:4")]
+
+
+def test_stdin_is_bounded(monkeypatch, tiny):
+    from specgen.cli.prompts import STDIN_LIMIT
+
+    result = run(monkeypatch, tiny, "-", stdin=b"0" * (STDIN_LIMIT + 1))
+    assert_error(result, 2, f"stdin holds more than {STDIN_LIMIT // 2**20} MiB", "hint: ")
+
+
 LONG_PROMPT = " ".join(str(i) for i in range(600))  # well over the tiny models' 512 positions
 
 
@@ -218,6 +251,31 @@ def test_missing_checkpoint_folder(monkeypatch, tiny, tmp_path):
 def test_missing_checkpoint_files(monkeypatch, tiny, tmp_path, patterns, message):
     folder = copy_checkpoint(tiny.target, tmp_path / "partial", *patterns)
     assert_error(run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi"), 1, message)
+
+
+def test_truncated_weights_name_the_file(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "cut", "*")
+    weights = folder / "model.safetensors"
+    with weights.open("r+b") as file:  # an interrupted copy
+        file.truncate(weights.stat().st_size // 2)
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi")
+    assert_error(result, 1, f"{weights}: damaged or incomplete weights", "hint: copy or download the checkpoint again")
+
+
+def test_invalid_config_json_gives_line_and_column(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "bad-config", "*")
+    (folder / "config.json").write_text('{\n  "model_type": "llama",\n}\n')
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "hi")
+    assert_error(result, 1, f"{folder / 'config.json'}:3:1: invalid JSON")
+
+
+def test_chat_template_refused_by_the_sandbox(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "unsafe-template", "*")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ ''.__class__.__subclasses__() }}"  # Jinja's sandbox refuses this
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "--chat", "hi")
+    assert_error(result, 1, f"the chat template of {folder} failed: SecurityError", "hint: fix the template")
 
 
 def test_hub_id_not_in_the_cache_while_offline(tiny, tmp_path):

@@ -4,7 +4,8 @@ identity through the backend, runners against eager forwards, fallback when capt
 Skipped without CUDA. The backend-independent greedy-identity and χ² tests live in test_decode,
 test_hybrid, test_ngram and test_adaptive, parametrized over BACKENDS. Thresholds: float32 steps
 with the Triton step kernels differ from transformers' eager forward by rounding only (relative
-error < 3e-4, the bound tests/test_attention.py's rotary checks use); bfloat16 < 2e-2.
+error < 3e-4, the bound tests/test_attention.py's rotary checks use); bfloat16 < 6e-2 (the step kernels sum in another order than cuBLAS and SDPA; random weights
+make large logits).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from decode_helpers import CUDA, finish, make_profile, random_prompts, relative_
 from specgen.core.backend import EagerProgram
 from specgen.core.engine import Engine, target_only
 from specgen.core.round import Mode
-from specgen.core.runner import StaticRunner
+from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
 from tiny_models import build_pair
 
@@ -99,13 +100,13 @@ def test_captured_round_equals_the_torch_backend_on_the_gpu(pair):
         assert finish(fast.decoder(), prompt).token_ids == finish(slow.decoder(), prompt).token_ids
 
 
-@pytest.mark.parametrize("dtype, bound", [("float32", 3e-4), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("dtype, bound", [("float32", 3e-4), ("bfloat16", 6e-2)])
 def test_runner_steps_and_rollback_match_eager_forwards(pair, dtype, bound):
     """The CUDA backend's target runner: verification steps at a moving position, rolled back by
-    moving it, against transformers' eager forward over a static cache (core/runner.StaticRunner)."""
+    moving it, against transformers' eager forward over a static cache (core/runner.EagerRunner)."""
     engine = Engine(cuda_profile(*pair, dtype=dtype))
     runner = engine.target_runner
-    eager = StaticRunner(engine.pair.target, engine.width, runner.capacity)
+    eager = EagerRunner(engine.pair.target, engine.width, runner.capacity)
     prompt = torch.tensor([3, 4, 5, 6, 7, 8, 9], device="cuda")
     for r in (runner, eager):
         r.reset()
@@ -153,7 +154,7 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         decoder = engine.decoder(profile)
-    messages = [str(w.message) for w in caught if "captur" in str(w.message)]
+    messages = [str(w.message) for w in caught if "could not capture" in str(w.message)]
     assert len(messages) == 1 and "round" in messages[0], messages
     assert all(isinstance(p, EagerProgram) or getattr(p, "eager", None) is not None for p in decoder.programs.values())
     assert finish(decoder, [4, 5, 6]).token_ids == reference

@@ -91,6 +91,8 @@ def test_split_k_auto_follows_bandwidth_not_the_name():
     assert not split_k_pays(renamed)  # the name plays no part
     unreported = [SimpleNamespace(**{**vars(gpu), "memory_clock_rate": 0, "memory_bus_width": 0}) for gpu in (H100, H200)]
     assert [split_k_pays(gpu) for gpu in unreported] == [False, True]
+    in_mhz = [SimpleNamespace(**{**vars(gpu), "memory_clock_rate": gpu.memory_clock_rate // 1000}) for gpu in (H100, H200)]
+    assert [split_k_pays(gpu) for gpu in in_mhz] == [False, True]  # implausible: the memory size decides
     a100 = SimpleNamespace(major=8, minor=0, total_memory=80 * 2**30, memory_clock_rate=1_593_000, memory_bus_width=5120)
     blackwell = SimpleNamespace(**{**vars(H200), "major": 10})
     assert not split_k_pays(a100) and not split_k_pays(blackwell)
@@ -123,7 +125,7 @@ def test_resolving_and_references_need_no_triton():
     resolves settings and the CPU tests use the references); so do core's modules."""
     code = ("import sys; sys.modules['triton'] = None; "
             "import specgen.gpu.kernels, specgen.gpu.workspace, specgen.gpu.reference, specgen.gpu.runner; "
-            "import specgen.core.verifier, specgen.core.decode; "
+            "import specgen.core.backend, specgen.core.decode, specgen.core.engine; "
             "from specgen.core.settings import KernelSpec; from specgen.gpu.kernels import triton_available; "
             "assert not triton_available()")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -140,6 +142,7 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
     assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(False, True, False, False, True)
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
-    assert not resolve(spec, cuda, _tiny()).warp
-    with pytest.raises(UsageError, match="needs Triton"):
-        resolve(KernelSpec(warp="kernel"), CPU, _tiny())
+    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(False, False, False, False, False)
+    for key in ("attention", "linear", "warp"):
+        with pytest.raises(UsageError, match=f'{key} = "kernel" needs Triton'):
+            resolve(KernelSpec(**{key: "kernel"}), CPU, _tiny())

@@ -1,4 +1,5 @@
-"""gpu/linear.py: the weight-streaming linear kernel against F.linear, and inside models.
+"""gpu/linear.py: the weight-streaming linear kernel against F.linear, and inside models through
+gpu/rewire.py's linear rewiring.
 
 A matrix product is a floating-point reduction whose order differs between the kernel (fp32
 accumulation over K tiles) and the reference, so they agree to a tolerance: float32 within 2e-5
@@ -17,7 +18,11 @@ from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET witho
 import pytest
 import torch
 
+from gpu_helpers import kernels, resolved, runner
 from specgen.gpu import linear as L
+from specgen.gpu import rewire
+from specgen.gpu.reference import gate_up_reference
+from specgen.gpu.workspace import Workspace
 
 CASES = [  # rows, N, K, bias
     (1, 40, 96, False),
@@ -77,7 +82,7 @@ def test_gate_up_matches_reference(activation, dtype, path):
     for rows, n, k, _ in CASES[:4]:
         x, w, u, _ = _data(rows, n, k, dtype, seed=2)
         out = L.gate_up(x, w, u, activation, PATHS[path] if path == "dot" or rows == 1 else None)
-        ref = L.gate_up_reference(x.double(), w.double(), u.double(), activation)
+        ref = gate_up_reference(x.double(), w.double(), u.double(), activation)
         assert out.shape == (rows, n) and out.dtype == dtype
         bound = 2e-5 * ref.abs().max().item() if dtype == torch.float32 else 4 * _step(ref, dtype)
         assert (out.double() - ref).abs().max().item() <= bound, (rows, n, k)
@@ -93,39 +98,37 @@ def test_split_k_sums_the_chunks_as_one_program_does(case, dtype):
     rows, n, k, bias = case
     x, w, u, b = _data(rows, n, k, dtype, seed=5)
     exact = torch.nn.functional.linear(x.double(), w.double(), b.double() if bias else None)
-    gated = L.gate_up_reference(x.double(), w.double(), u.double(), "silu")
+    gated = gate_up_reference(x.double(), w.double(), u.double(), "silu")
     bound = 2e-5 * exact.abs().max().item() if dtype == torch.float32 else 2 * _step(exact, dtype)
     gated_bound = 2e-5 * gated.abs().max().item() if dtype == torch.float32 else 4 * _step(gated, dtype)
+    counters = L.split_k_counters(Workspace(DEVICE))
     for split in (2, 3):
         config = (True, 32, 64, 4, 2, split)
-        outs = [L.linear(x, w, b if bias else None, config) for _ in range(2)]
-        gates = [L.gate_up(x, w, u, "silu", config) for _ in range(2)]
-        assert int(L.counters(x.device).abs().sum()) == 0
+        outs = [L.linear(x, w, b if bias else None, config, counters=counters) for _ in range(2)]
+        gates = [L.gate_up(x, w, u, "silu", config, counters=counters) for _ in range(2)]
+        assert int(counters.abs().sum()) == 0
         assert torch.equal(outs[0], outs[1]) and torch.equal(gates[0], gates[1])
         assert (outs[0].double() - exact).abs().max().item() <= bound
         assert (gates[0].double() - gated).abs().max().item() <= gated_bound
 
 
-def test_split_k_is_chosen_by_shape_not_rows(monkeypatch):
+def test_split_k_is_chosen_by_shape_not_rows():
     """Llama-3-8B's shapes: the long-K down projection, gate/up and 4096-wide projections split K;
-    q+k+v (6144 wide), the lm_head and narrow layers do not; 1 and 5 rows alike; off (SPLIT_K_ON
-    False: another GPU than those of SPLIT_K_GPUS, or SPECGEN_SPLIT_K=0), none of them splits."""
+    q+k+v (6144 wide), the lm_head and narrow layers do not; 1 and 5 rows alike; with split_k off
+    (gpu/kernels.py resolves it per device), none of them splits."""
     shapes = {(4096, 14336, False): L.SPLIT_LONG_K, (14336, 4096, True): L.SPLIT_GATED,
               (4096, 4096, False): L.SPLIT_FEW_COLUMNS, (6144, 4096, False): L.WIDE,
               (128256, 4096, False): L.WIDE, (1024, 4096, False): None}
-    monkeypatch.setattr(L, "SPLIT_K_ON", True)
     for (n, k, gated), expected in shapes.items():
-        picked = {L._config(rows, n, k, gated) for rows in (1, 5)}
+        picked = {L._config(rows, n, k, gated, split_k=True) for rows in (1, 5)}
         assert picked == ({expected} if expected else {L.NARROW, L._config(1, n, k)}), (n, k, gated)
-    monkeypatch.setattr(L, "SPLIT_K_ON", False)
     assert {L._config(rows, n, k, g) for rows in (1, 5) for (n, k, g) in list(shapes)[:3]} == {L.WIDE}
 
 
-def test_split_k_follows_the_device_and_the_switch(monkeypatch):
-    monkeypatch.setattr(L, "SPLIT_K_ON", False)
-    for switch, on in (("1", False), ("0", False), ("all", True)):  # no H200 here: only "all" splits
-        monkeypatch.setattr(L, "SPLIT_K", switch)
-        assert L.tune(torch.device("cpu")) is on and L.SPLIT_K_ON is on
+def test_split_k_without_counters_is_refused():
+    x, w, _, _ = _data(1, 96, 512, torch.float32)
+    with pytest.raises(AssertionError):
+        L.linear(x, w, None, (True, 32, 64, 4, 2, 2))
 
 
 def test_leading_dims_and_strided_rows():
@@ -173,12 +176,10 @@ def _count_launches(monkeypatch) -> list:
 @pytest.mark.parametrize("family,act", [("llama", "silu"), ("qwen2", "silu"), ("gemma", "gelu_tanh")])
 def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
     """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits."""
-    from specgen.gpu.runner import GraphRunner
-
     model = _tiny(family)
     calls = _count_launches(monkeypatch)
-    fast = GraphRunner(model, 96, 600, use_graphs=False, attention=False, linear=True)
-    plain = GraphRunner(model, 96, 600, use_graphs=False, attention=False, linear=False)
+    fast = runner(model, kernels=kernels(linear=True))
+    plain = runner(model, kernels=kernels())
     mlps = [m for m in model.modules() if hasattr(m, "_specgen_act")]
     assert len(mlps) == 2 and {m._specgen_act for m in mlps} == {act}
     calls.clear()
@@ -187,14 +188,14 @@ def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
     script = [5, 1, -3, 5, 1, -2, 5]  # feed n tokens, or roll back n
     feeds = [torch.randint(0, 96, (abs(n),), generator=gen) for n in script]
     outputs = []
-    for runner in (fast, plain):
-        runner.reset()
-        logits = [runner.forward(prompt.to(DEVICE)).clone()]
+    for each in (fast, plain):
+        each.reset()
+        logits = [each.forward(prompt.to(DEVICE)).clone()]
         for n, ids in zip(script, feeds):
             if n < 0:
-                runner.truncate(runner.length + n)
+                each.truncate(each.length + n)
             else:
-                logits.append(runner.forward(ids.to(DEVICE)).clone())
+                logits.append(each.forward(ids.to(DEVICE)).clone())
         outputs.append(logits)
     # per layer: q+k+v, o, gate+up, down; then lm_head; only the fast runner's steps, not its prefill
     steps = [n for n in script if n > 0]
@@ -206,25 +207,24 @@ def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
 
 def test_install_changes_nothing_outside_a_runner(monkeypatch):
     """The same model object used directly (Hugging Face generate in a benchmark) stays on F.linear,
-    bit for bit, and uninstall restores every class."""
+    bit for bit: only inside its switch's context do the rewired modules take the kernel."""
     model = _tiny("llama")
     ids = torch.randint(0, 96, (1, 4), device=DEVICE)
     with torch.no_grad():
         before = model(ids).logits
-        classes = [type(m) for m in model.modules()]
-        switched = L.install(model)
-        assert switched == 2 * 7 + 1 + 2  # 7 linears a layer, lm_head, 2 MLPs
-        assert L.install(model) == 0  # idempotent
+        assert rewire.linear_switch(model) is None
+        switch = rewire.install_linear(model)
+        switched = [m for m in model.modules() if "_specgen_switch" in vars(m)]
+        assert len(switched) == 2 * 7 + 1 + 2  # 7 linears a layer, lm_head, 2 MLPs
+        assert rewire.install_linear(model) is switch and rewire.linear_switch(model) is switch  # idempotent
         calls = _count_launches(monkeypatch)
         assert torch.equal(model(ids).logits, before)
         assert calls == []
-        with L.active():
+        with switch.engaged(split_k=False, counters=None):
             inside = model(ids).logits
+        assert not switch.active
         assert len(calls) == 2 * 4 + 1
         assert (inside - before).abs().max().item() < 1e-4
-        L.uninstall(model)
-        assert [type(m) for m in model.modules()] == classes
-        assert not L.installed(model)
 
 
 def test_qkv_fusion_keeps_weights_and_memory():
@@ -232,7 +232,7 @@ def test_qkv_fusion_keeps_weights_and_memory():
     another input than the q call's computes its own projection."""
     model = _tiny("qwen2")  # q/k/v with biases
     before = {key: value.clone() for key, value in model.state_dict().items()}
-    L.install(model)
+    switch = rewire.install_linear(model)
     after = model.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[key], after[key]) for key in before)
@@ -241,7 +241,7 @@ def test_qkv_fusion_keeps_weights_and_memory():
     assert attn.k_proj._specgen_fused is fused and fused.weight.shape == (64 + 32 + 32, 64)
     assert attn.v_proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
     x, other = torch.randn(2, 1, 3, 64, device=DEVICE)
-    with torch.no_grad(), L.active():
+    with torch.no_grad(), switch.engaged(split_k=False, counters=None):
         q, k_other, k, v = attn.q_proj(x), attn.k_proj(other), attn.k_proj(x), attn.v_proj(x)
     ref = [torch.nn.functional.linear(t, m.weight, m.bias) for t, m in
            ((x, attn.q_proj), (other, attn.k_proj), (x, attn.k_proj), (x, attn.v_proj))]
@@ -258,19 +258,19 @@ def test_fused_paths_trace_without_graph_breaks(monkeypatch):
     import torch._dynamo
 
     model = _tiny("llama")
-    L.install(model)
+    switch = rewire.install_linear(model)
     calls = []
 
-    def fake_linear(x, w, b=None, config=None):
+    def fake_linear(x, w, b=None, config=None, **_):
         calls.append(tuple(w.shape))
         return torch.nn.functional.linear(x, w, b)
 
     monkeypatch.setattr(L, "linear", fake_linear)
-    monkeypatch.setattr(L, "gate_up", lambda x, g, u, act, config=None: L.gate_up_reference(x, g, u, act))
+    monkeypatch.setattr(L, "gate_up", lambda x, g, u, act, config=None, **_: gate_up_reference(x, g, u, act))
     ids = torch.randint(0, 96, (1, 5), device=DEVICE)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
-    with torch.no_grad(), L.active():
+    with torch.no_grad(), switch.engaged(split_k=False, counters=None):
         want = model(ids).logits
         eager_calls, calls[:] = list(calls), []
         got = compiled(ids).logits
@@ -287,9 +287,9 @@ def test_unknown_activation_keeps_each_projection():
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, hidden_act="relu")
     model = LlamaForCausalLM(config).eval()
-    L.install(model)
+    rewire.install_linear(model)
     mlp = model.model.layers[0].mlp
-    assert not hasattr(mlp, "_specgen_act") and type(mlp.gate_proj) is L.SkinnyLinear
+    assert not hasattr(mlp, "_specgen_act") and type(mlp.gate_proj) is rewire.SkinnyLinear
 
 
 @pytest.mark.cuda
@@ -300,24 +300,23 @@ def test_captured_graphs_with_kernel_match_eager(dtype, split_k, monkeypatch):
     """Captured 1- and 5-token steps through the kernel against eager cuBLAS steps; with split_k,
     every projection in two K chunks (the tiny model's shapes never pick it): graph replays reuse
     the arrival counters, which each call must leave at zero."""
-    from specgen.gpu.runner import GraphRunner
-
     if split_k:
-        monkeypatch.setattr(L, "_config", lambda rows, n, k, gated=False: (True, 32, 16, 4, 2, 2))
+        monkeypatch.setattr(L, "_config", lambda *shape, **choice: (True, 32, 16, 4, 2, 2))
     model = _tiny("llama").to(dtype)
-    fast = GraphRunner(model, 96, 600, shapes=(1, 5), linear=True)
-    assert fast.graphs and fast.linear
-    plain = GraphRunner(model, 96, 600, use_graphs=False, attention=False, linear=False)
+    fast = runner(model, kernels=resolved(model, linear="kernel", split_k="on" if split_k else "off"), shapes=(1, 5),
+                  use_graphs=True)
+    assert fast.graphs and fast.kernels.linear and fast.kernels.attention
+    plain = runner(model, kernels=kernels())
     gen = torch.Generator().manual_seed(5)
     feeds = [torch.randint(0, 96, (n,), generator=gen).cuda() for n in (20, 1, 5, 5, 1, 3)]
     tol = 1e-4 if dtype == torch.float32 else 0.1
     agree = []
-    for runner in (fast, plain):
-        runner.reset()
-        agree.append([runner.forward(ids).clone() for ids in feeds])
+    for each in (fast, plain):
+        each.reset()
+        agree.append([each.forward(ids).clone() for ids in feeds])
     for got, want in zip(*agree):
         assert (got - want).abs().max().item() < tol * max(1.0, want.abs().max().item())
         if dtype == torch.float32:
             assert torch.equal(got.argmax(-1), want.argmax(-1))
     if split_k:
-        assert int(L.counters(torch.device("cuda")).abs().sum()) == 0
+        assert fast.counters is not None and int(fast.counters.abs().sum()) == 0

@@ -35,6 +35,7 @@ from scipy import stats
 from specgen.core import rejection, sampling
 from specgen.gpu import verify as gpu_verify
 from specgen.gpu import warp as gpu_warp
+from specgen.gpu.workspace import Workspace
 
 VOCAB = 50
 K = 3
@@ -69,16 +70,16 @@ class ReferencePath:
 
 
 class KernelPath:
-    error = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    workspace = Workspace(DEVICE)
 
     @classmethod
     def warp(cls, logits, params, penalties):
-        return gpu_warp.warp(logits, params, penalties, None, cls.error)
+        return gpu_warp.warp(logits, params, penalties, None, cls.workspace)
 
     @classmethod
     def verify(cls, drafted, cu, q, p, uniform, expo):
-        out = gpu_verify.verify_random(drafted, cu, q, p, uniform, expo, K, cls.error)
-        assert int(cls.error) == 0
+        out = gpu_verify.verify_random(drafted, cu, q, p, uniform, expo, K, cls.workspace)
+        assert int(cls.workspace.error) == 0
         return out
 
 

@@ -56,6 +56,43 @@ def test_head_closing_the_pipe_ends_specgen_quietly(tiny, tmp_path):
     assert err.read_text() == ""
 
 
+def shell(tiny, tmp_path, script: str) -> subprocess.CompletedProcess:
+    """Run a bash script in which $SPECGEN is the command and $PROFILE the tiny profile."""
+    env = subprocess_env(SPECGEN=shlex.join(command()), PROFILE=str(tiny.profile))
+    return subprocess.run(["bash", "-c", "set -o pipefail; " + script], capture_output=True, env=env, cwd=tmp_path,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("script", [
+    "$SPECGEN generate --help | head -c 5",
+    "$SPECGEN --help | head -c 5",
+    "$SPECGEN inspect-acceptance -p $PROFILE -n 40 'def f():' | head -n 1",
+], ids=["generate --help", "--help", "inspect-acceptance report"])
+def test_head_ends_help_and_reports_quietly(tiny, tmp_path, script):
+    proc = shell(tiny, tmp_path, script)
+    assert (proc.returncode, proc.stderr) == (0, b"") and proc.stdout
+
+
+@pytest.mark.parametrize("redirect, code, out, err", [
+    ("2>&-", 0, "text", ""),
+    ("2>/dev/full", 0, "text", ""),
+    ("2>&- -p missing.toml", 2, "", ""),  # the error has nowhere to go, and must not go to stdout
+    (">&-", 2, "", "specgen: error: stdout is closed: there is nowhere to write the results\n"
+                   "hint: redirect it to a file, or to /dev/null to discard them\n"),
+    (">/dev/full", 1, "", "specgen: error: cannot write the results to stdout: No space left on device\n"
+                          "hint: make room where stdout goes, or redirect it elsewhere\n"),
+], ids=["stderr closed", "stderr full", "stderr closed, an error", "stdout closed", "stdout full"])
+def test_closed_or_full_streams(tiny, tmp_path, redirect, code, out, err):
+    proc = shell(tiny, tmp_path, f"$SPECGEN generate -p $PROFILE -n 6 'def f():' {redirect}")
+    assert proc.returncode == code, proc.stderr
+    assert proc.stderr.decode() == err
+    if out:
+        reference = shell(tiny, tmp_path, "$SPECGEN generate -p $PROFILE -n 6 -q 'def f():'")
+        assert proc.stdout == reference.stdout and reference.stdout.strip()
+    else:
+        assert proc.stdout == b""
+
+
 def test_ctrl_c_flushes_the_text_prints_partial_stats_and_exits_130(tiny):
     args = [*command(), "generate", "-p", str(tiny.profile), "-n", "480", "def add(a, b):"]
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -146,7 +183,7 @@ def test_ctrl_c_writes_the_json_of_what_was_generated_marked_incomplete(monkeypa
 
 def test_jsonl_round_trip(monkeypatch, tiny, tmp_path):
     """JSONL in, JSONL out, one record per prompt in order; the output is itself a valid prompts file."""
-    prompts = ["def add(a, b):", "class Point:", "héllo wörld ✓", "import os"]
+    prompts = ["def add(a, b):", "class Point:", "héllo wörld ✓", "import os", "a\u2028b\x85c\x0cd"]
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(prompts)))
     first = specgen(monkeypatch, "generate", "-p", tiny.profile, "--prompts-file", source, "--format", "jsonl")
@@ -198,7 +235,8 @@ def test_jsonl_streams_each_result_as_it_completes(monkeypatch, tiny, tmp_path):
                      "-q", stdout=Recording(log))
     assert result.code == 0 and len(result.json_lines()) == 3
     pending, flushed, started = "", "", 0
-    for what, text in log:
+    assert log[0] == ("next prompt", None)  # the decoder that checks every prompt's length first
+    for what, text in log[1:]:
         if what == "write":
             pending += text
         elif what == "flush":

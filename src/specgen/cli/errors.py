@@ -22,6 +22,8 @@ EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
 
 def _say(message: str, hint: str | None = None) -> None:
+    if sys.stderr is None:  # closed, and not replaced (cli/streams.py does): print(file=None) would use stdout
+        return
     print(f"specgen: error: {_one_line(message)}", file=sys.stderr)
     if hint:
         print(f"hint: {_one_line(hint)}", file=sys.stderr)
@@ -38,12 +40,10 @@ def _debug() -> bool:
 def _quiet_broken_pipe() -> int:
     """The reader went away (e.g. `| head`): stop quietly, and keep Python from complaining at exit
     when it flushes what is still buffered for the closed pipe."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            os.dup2(devnull, stream.fileno())
-        except (AttributeError, OSError, ValueError):  # not a real file (tests)
-            pass
+    from specgen.cli.streams import discard
+
+    discard(sys.stdout)
+    discard(sys.stderr)
     return 0
 
 
@@ -75,7 +75,14 @@ def run(app, args: list[str] | None = None) -> int:
     The command is driven here, not by Typer's own main(), which would turn Ctrl-C into a silent
     exit and a broken pipe into exit 1 before this table could see them.
     """
+    from specgen.cli.streams import OutputError, discard
+
     try:
+        if sys.stdout is None:  # started with descriptor 1 closed (`>&-`)
+            from specgen.core.errors import UsageError
+
+            raise UsageError("stdout is closed: there is nowhere to write the results",
+                             hint="redirect it to a file, or to /dev/null to discard them")
         return _invoke(app, sys.argv[1:] if args is None else args)
     except typer.Exit as exc:  # --help, or a command that set its exit code (130 after an interrupt)
         return exc.exit_code
@@ -83,6 +90,14 @@ def run(app, args: list[str] | None = None) -> int:
         return interrupted()
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except SystemExit as exc:
+        if isinstance(exc.__context__, BrokenPipeError):  # Rich's answer to a closed pipe (help, reports)
+            return _quiet_broken_pipe()
+        raise
+    except OutputError as exc:
+        _say(exc.message, exc.hint)
+        discard(sys.stdout)  # what stdout still buffers would fail again when Python exits
+        return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - the one place that turns failures into messages
         if _debug():
             raise

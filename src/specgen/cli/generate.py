@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.cli import options as opt
-from specgen.cli.prompts import Prompt, fitting, read
+from specgen.cli.prompts import Prompt, encode_prompt, fitting, read
 
 
 class Format(str, enum.Enum):
@@ -96,9 +96,7 @@ def generate(
 
 def encode(engine, settings, text: str, chat: bool, system: str | None, truncate: bool) -> list[int]:
     """A prompt's ids: plain, or in the chat template (--system implies --chat)."""
-    from specgen.core.chat import chat_ids
-
-    ids = chat_ids(engine.tokenizer, text, system) if chat or system is not None else engine.encode(text)
+    ids = encode_prompt(engine, text, chat, system)
     if truncate:
         from specgen.core.context import keep_end
 

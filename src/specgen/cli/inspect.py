@@ -150,14 +150,14 @@ def _from_bench(path: Path, k: int | None, temperature: float | None):
 
 def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool, skip_long: bool):
     """(source, runs, complete): complete is False after Ctrl-C, with the runs recorded until then."""
-    from specgen.cli.prompts import fitting, read
+    from specgen.cli.prompts import encode_prompt, fitting, read
     from specgen.core.engine import Engine
     from specgen.core.profile import load_profile
 
     prompts = read(prompt, prompts_file)
     settings = load_profile(profile, overrides)
     engine = Engine(settings, allow_pickle=allow_pickle)
-    jobs = fitting(prompts, engine.encode, engine.decoder().check_prompt, skip_long=skip_long,
+    jobs = fitting(prompts, lambda text: encode_prompt(engine, text, chat=False), engine.decoder().check_prompt, skip_long=skip_long,
                    warn=lambda line: print(line, file=sys.stderr))
     runs, complete = [], True
     for item, ids in jobs:

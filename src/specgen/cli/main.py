@@ -16,6 +16,9 @@ EXIT_INTERRUPT = 130
 
 def main() -> None:
     signal.signal(signal.SIGINT, _stop_now)  # while modules import: nothing to save yet
+    from specgen.cli import streams
+
+    streams.protect()  # before anything else opens a file that could take a closed stderr's descriptor
     from specgen.cli import errors
     from specgen.cli.app import app
 

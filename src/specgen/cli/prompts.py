@@ -128,3 +128,22 @@ def fitting(prompts: list[Prompt], encode, check, *, skip_long: bool, warn) -> l
     if not jobs:
         raise UsageError("every prompt is too long for the model's context", hint="shorten them or lower --max-tokens")
     return jobs
+
+
+def encode_prompt(engine, text: str, chat: bool, system: str | None = None) -> list[int]:
+    """engine.encode, with a chat template that fails (Jinja's sandbox refusing it, a syntax error)
+    reported as the checkpoint's problem."""
+    from jinja2 import TemplateError
+
+    from specgen.core.errors import ModelError
+
+    from specgen.core.chat import chat_ids
+
+    try:
+        if chat or system is not None:  # --system implies --chat
+            return chat_ids(engine.tokenizer, text, system)
+        return engine.encode(text)
+    except TemplateError as exc:
+        folder = getattr(engine.tokenizer, "name_or_path", "") or "the target"
+        raise ModelError(f"the chat template of {folder} failed: {type(exc).__name__}: {exc}",
+                         hint="fix the template (tokenizer_config.json or chat_template.jinja), or drop --chat") from None

@@ -18,7 +18,8 @@ def chat_ids(tokenizer, prompt: str, system: str | None = None) -> list[int]:
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except TemplateError as exc:
+        if system is None:  # the template itself is broken or unsafe: the caller names the checkpoint
+            raise
         raise UsageError(f"the model's chat template refused the prompt: {exc}",
-                         hint="drop --system: this model may take no system prompt" if system is not None else None
-                         ) from None
+                         hint="drop --system: this model may take no system prompt") from None
     return tokenizer(text, add_special_tokens=False)["input_ids"]

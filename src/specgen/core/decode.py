@@ -173,7 +173,7 @@ class Decoder:
                 keep = sum(1 for at in starts if at < len(text.text))
                 emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
                 logprobs = logprobs and logprobs[:keep]
-                out.trim(len(text.text))
+                stats.drop(out.trim(len(text.text)))
             if stats.first_token_seconds is None:
                 stats.first_token_seconds = time.perf_counter() - start
             now = time.perf_counter()
@@ -291,48 +291,16 @@ class _Output:
         if self.logprobs is not None:
             self.logprobs += event.logprobs or []
 
-    def trim(self, length: int) -> None:
-        """Drop the tokens whose text starts at or after `length` (a stop string cut the text there)."""
+    def trim(self, length: int) -> list[Fate]:
+        """Drop the tokens whose text starts at or after `length` (a stop string cut the text there);
+        returns their fates."""
         keep = sum(1 for at in self.starts if at < length)
+        dropped = self.fates[keep:]
         self.ids, self.fates, self.pieces, self.starts = (
             self.ids[:keep], self.fates[:keep], self.pieces[:keep], self.starts[:keep])
         if self.logprobs is not None:
             self.logprobs = self.logprobs[:keep]
-
-
-def _starts(offset: int, pieces: list[str]) -> list[int]:
-    starts = []
-    for piece in pieces:
-        starts.append(offset)
-        offset += len(piece)
-    return starts
-
-
-class _Output:
-    """Everything a run emitted so far, for Finished."""
-
-    def __init__(self, logprobs: bool):
-        self.ids: list[int] = []
-        self.fates: list[Fate] = []
-        self.pieces: list[str] = []
-        self.logprobs: list[dict] | None = [] if logprobs else None
-        self.starts: list[int] = []  # where each token's text starts in the output text
-
-    def add(self, event: RoundEvent, starts: list[int]) -> None:
-        self.starts += starts
-        self.ids += event.token_ids
-        self.fates += event.fates
-        self.pieces += event.pieces
-        if self.logprobs is not None:
-            self.logprobs += event.logprobs or []
-
-    def trim(self, length: int) -> None:
-        """Drop the tokens whose text starts at or after `length` (a stop string cut the text there)."""
-        keep = sum(1 for at in self.starts if at < length)
-        self.ids, self.fates, self.pieces, self.starts = (
-            self.ids[:keep], self.fates[:keep], self.pieces[:keep], self.starts[:keep])
-        if self.logprobs is not None:
-            self.logprobs = self.logprobs[:keep]
+        return dropped
 
 
 def _starts(offset: int, pieces: list[str]) -> list[int]:

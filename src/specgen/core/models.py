@@ -7,6 +7,7 @@ Weights load from safetensors; pickle-based weights (.bin, .pt) only with allow_
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,7 @@ def _locate(spec: ModelSpec, allow_pickle: bool, download: bool) -> tuple[str, b
         raise ModelError(f"checkpoint folder {spec.path} not found", hint="check the profile's path")
     if not (folder / "config.json").is_file():
         raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder")
+    _check_json(folder / "config.json")
     return str(folder), _check_weights(folder, allow_pickle)
 
 
@@ -116,7 +118,20 @@ def _hub_snapshot(spec: ModelSpec, allow_pickle: bool, download: bool) -> str:
         raise ModelError(f"could not {'download' if download else 'find'} {spec.path}: {first_line}") from None
 
 
+def _check_json(path: Path) -> None:
+    """transformers says only "not a valid JSON file": give the line and column."""
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON ({exc.msg})",
+                         hint="fix the file, or copy the checkpoint again") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
 def _from_pretrained(loader, name: str, spec: ModelSpec, **kwargs):
+    from safetensors import SafetensorError
+
     try:
         return loader.from_pretrained(
             name, revision=spec.revision, trust_remote_code=spec.trust_remote_code,
@@ -124,6 +139,25 @@ def _from_pretrained(loader, name: str, spec: ModelSpec, **kwargs):
         )
     except (OSError, ValueError, ImportError, KeyError) as exc:
         raise _model_error(name, spec, exc) from exc
+    except SafetensorError as exc:  # a weights file cut short (an interrupted copy or download) or damaged
+        damaged = _damaged_safetensors(Path(name)) if _is_local_path(name) else None
+        raise ModelError(f"{damaged or name}: damaged or incomplete weights ({str(exc).splitlines()[0]})",
+                         hint="copy or download the checkpoint again") from None
+
+
+def _damaged_safetensors(folder: Path) -> Path | None:
+    """The first .safetensors file whose header is unreadable or whose tensors run past its end."""
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with path.open("rb") as file:
+                size = int.from_bytes(file.read(8), "little")
+                header = json.loads(file.read(size))
+            data = path.stat().st_size - 8 - size
+            if any(t["data_offsets"][1] > data for key, t in header.items() if key != "__metadata__"):
+                return path
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return path
+    return None
 
 
 def _model_error(name: str, spec: ModelSpec, exc: Exception) -> ModelError:

@@ -142,6 +142,8 @@ class _Located:
 def _locate(name_or_path: str) -> _Located:
     path = Path(name_or_path).expanduser()
     if path.is_file() or name_or_path.endswith(".toml") or "/" in name_or_path:
+        if path.is_dir():
+            raise ProfileError(f"profile {name_or_path} is a directory", hint="give the path of a .toml file")
         if not path.is_file():
             raise ProfileError(f"profile file {name_or_path} not found")
         return _Located(path.stem, name_or_path, _read(path, name_or_path), path.absolute().parent)
@@ -157,7 +159,7 @@ def _locate(name_or_path: str) -> _Located:
 
 def _read(path: Path, source: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark (Windows editors) is dropped
     except UnicodeDecodeError:
         raise ProfileError(f"{source}: not UTF-8 text; save the profile as UTF-8") from None
     except OSError as error:

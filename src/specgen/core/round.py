@@ -93,6 +93,7 @@ class Round:
         self.counts = torch.zeros(width, dtype=torch.int32, **z)  # output counts (penalties)
         self.seen = torch.zeros(width, dtype=torch.bool, **z)  # prompt or output ids (penalties)
         self.draft_counts = torch.zeros_like(self.counts)
+        self.ones = torch.ones(k, dtype=torch.int32, **z)
         self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.draft_logits = {n: torch.full((n, width), float("-inf"), dtype=torch.float32, **z)
                              for n in (1, 2, k + 2)} if shape.has_draft else {}
@@ -258,7 +259,7 @@ class Round:
         penalties = None
         if shape.penalties:
             step = torch.zeros(k + 1, shape.width, dtype=torch.int32, device=self.device)
-            step[self.steps[1:], self.drafts] = 1
+            step.index_put_((self.steps[1:], self.drafts), self.ones)  # a device value: capturable
             cum = step.cumsum(0, dtype=torch.int32)  # row i also counts drafts[:i]
             penalties = PenaltyRows(self.counts + cum, self.seen | (cum > 0))
         bad = self._bad_mask(k + 1)

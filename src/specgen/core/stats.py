@@ -51,6 +51,18 @@ class AcceptanceStats:
         for phase, value in timings.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + value
 
+    def drop(self, fates: list[str]) -> None:
+        """Tokens of earlier rounds taken back from the output (a stop string that began there):
+        emitted and the per-fate counts follow the output; what the verifier decided stays."""
+        self.emitted -= len(fates)
+        for fate in fates:
+            if fate == "accepted":
+                self.accepted -= 1
+            elif fate == "recovered":
+                self.recovered -= 1
+            else:
+                self.bonus -= 1
+
     def merge(self, other: AcceptanceStats) -> None:
         """Add another run's counts, per-position counts and seconds (bench totals over prompts).
 

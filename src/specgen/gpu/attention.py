@@ -1,12 +1,12 @@
 """Attention for captured steps: a Triton kernel over the live part of a static KV cache.
 
 Why: a captured step attends over the whole static cache (capacity positions) through SDPA with a
-[q, capacity] mask. On an H200 (docs/benchmarks.md, attention study) cuDNN SDPA then costs 5 us a
-layer for 1 query token but 23 us for the 5 tokens of a k = 4 verification, and that one
-difference is most of what a verification step costs over a 1-token step. This kernel reads the
-position straight from the runner's device tensor and visits only keys [0, position + q): its cost
-follows the sequence, not the cache, and barely grows with q, because every key block is loaded
-once for all q tokens and all query heads that share its KV head (GQA).
+[q, capacity] mask. On an H200 (docs/benchmarks.md, attention study) cuDNN SDPA then costs far
+more for the 5 tokens of a k = 4 verification than for 1 token, and that one difference is most
+of what a verification step costs over a 1-token step. This kernel reads the position straight
+from the runner's device tensor and visits only keys [0, position + q): its cost follows the
+sequence, not the cache, and barely grows with q, because every key block is loaded once for all
+q tokens and all query heads that share its KV head (GQA).
 
 Layout (flash decoding): program (b * KVH + kv head, row tile, split) takes rows
 r = t * G + g (query token t, query head kv * G + g), and keys [split * split_keys, ...) up to
@@ -15,152 +15,26 @@ several write normalised partial outputs and their log-sum-exp, and _combine_ker
 Query token t sits at position + t and sees keys n with n <= position + t (and, with a sliding
 window w, n > position + t - w, the mask transformers applies).
 
-With rope (install_rope, runner.ROPE_IN_KERNEL; SPECGEN_ROPE=torch turns it off), the query and
-the step's new keys arrive before their rotary embedding: the kernel rotates them, and each split
-writes the new keys and values that fall in its key range into the cache before reading it.
+With rope (the [kernels] rope setting), the query and the step's new keys arrive before their
+rotary embedding: the kernel rotates them, and each split writes the new keys and values that
+fall in its key range into the cache before reading it.
 
-Hooked into transformers as the attention implementation "specgen" (AttentionInterface). The
-runner passes `specgen_position` to the model; without it (prefill, Hugging Face's own calls on
-the same model object) the function is plain SDPA with the SDPA mask, which is also what the
-registered mask function builds, so switching a model to "specgen" changes nothing else.
+Torch references: gpu/reference.py. Hooking this into transformers models: gpu/rewire.py.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
-NAME = "specgen"
 # Keys per program: at least SPLIT_KEYS, more when the cache holds over MAX_SPLITS x SPLIT_KEYS. Short
-# splits spread even a short sequence over many programs (a 1-token step of a Llama-3-8B shape at
-# position 512: 6.8 us a layer with 256-key splits); the merge reads at most MAX_SPLITS partials.
+# splits spread even a short sequence over many programs; the merge reads at most MAX_SPLITS partials.
 SPLIT_KEYS = 64
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (tokens x heads per KV head) per program
 MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
-# float32 products without TF32 for float32 models (their graph-vs-eager checks are exact to 1e-5);
-# the CPU interpreter also takes that path for 16-bit inputs, as its bf16 tl.dot is wrong.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def supports(config) -> str | None:
-    """None when the kernel computes this model's attention exactly, else why not."""
-    text = config.get_text_config(decoder=True)
-    for key in ("attn_logit_softcapping", "attention_chunk_size"):
-        if getattr(text, key, None):
-            return f"{key} is set"
-    if getattr(text, "use_bidirectional_attention", False):
-        return "bidirectional attention"
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if head_dim > 256:
-        return f"head_dim {head_dim} > 256"
-    return None
-
-
-@functools.cache
-def register() -> str:
-    """Register the attention function and its mask (SDPA's) with transformers, once."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(NAME, attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
-    return NAME
-
-
-def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              specgen_position=None, sliding_window=None, **kwargs):
-    """transformers' attention-function protocol: query [B, H, q, D], key/value [B, KVH, C, D]
-    (the whole cache) -> ([B, q, H, D], None)."""
-    if specgen_position is None or query.shape[2] > MAX_GRAPH_QUERY or kwargs.get("s_aux") is not None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, sliding_window=sliding_window, **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return decode_attention(query, key, value, specgen_position, scale, sliding_window or 0), None
-
-
-# -- rotary embedding and the cache write inside the kernel ---------------------------------------
-
-# Attention modules whose forward is q/k/v projections -> (Qwen3: per-head q/k RMSNorm) -> rotate-half
-# rotary embedding -> cache update -> attention -> o_proj, which _rope_forward reproduces.
-ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
-_ROPE_TYPES: dict[type, type] = {}
-
-
-def install_rope(model) -> int:
-    """Give the model's attention modules a forward that, in a runner's step (specgen_position
-    passed), hands the un-rotated query, new keys and values to the kernel, which rotates them and
-    writes the cache itself: two fewer kernels a layer (the rotary and cache-update kernels) under
-    torch.compile. Other calls, and modules of other classes, keep their own forward. Returns how
-    many modules were switched; idempotent."""
-    switched = 0
-    for module in model.modules():
-        base = type(module)
-        if base.__name__ not in ROPE_CLASSES or "_specgen_rope_base" in vars(module):
-            continue
-        if not all(hasattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_idx")):
-            continue
-        if base not in _ROPE_TYPES:
-            _ROPE_TYPES[base] = type(f"Rope{base.__name__}", (base,), {"forward": _rope_forward})
-        module._specgen_rope_base = base
-        module.__class__ = _ROPE_TYPES[base]
-        switched += 1
-    return switched
-
-
-def uninstall_rope(model) -> None:
-    for module in model.modules():
-        base = module.__dict__.pop("_specgen_rope_base", None)
-        if base is not None:
-            module.__class__ = base
-
-
-@functools.cache
-def _positional_names(base: type) -> tuple:
-    """The names of base.forward's parameters after hidden_states that a caller may pass by position."""
-    import inspect
-
-    params = list(inspect.signature(base.forward).parameters.values())[2:]  # after self, hidden_states
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return tuple(p.name for p in params if p.kind in kinds)
-
-
-def _rope_forward(self, hidden_states, *args, **kwargs):
-    base = self._specgen_rope_base
-    if args:  # read them by name, as the model's own forward would
-        names = _positional_names(base)
-        if len(args) > len(names):
-            return base.forward(self, hidden_states, *args, **kwargs)
-        kwargs = {**dict(zip(names, args)), **kwargs}
-    position = kwargs.get("specgen_position")
-    embeddings = kwargs.get("position_embeddings")
-    cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
-    layers = getattr(cache, "layers", None)
-    layer = layers[self.layer_idx] if layers is not None and self.layer_idx < len(layers) else None
-    tokens = hidden_states.shape[1]
-    if (position is None or embeddings is None or layer is None or not getattr(layer, "is_initialized", False)
-            or tokens > MAX_GRAPH_QUERY or embeddings[0].shape[-1] != self.head_dim
-            or kwargs.get("s_aux") is not None):
-        return base.forward(self, hidden_states, **kwargs)
-    batch, dim = hidden_states.shape[0], self.head_dim
-    query = self.q_proj(hidden_states).view(batch, tokens, -1, dim)
-    key = self.k_proj(hidden_states).view(batch, tokens, -1, dim)
-    value = self.v_proj(hidden_states).view(batch, tokens, -1, dim)
-    if hasattr(self, "q_norm"):  # Qwen3: RMSNorm over each head, before the rotary embedding
-        query, key = self.q_norm(query), self.k_norm(key)
-    cos, sin = embeddings
-    window = getattr(self, "sliding_window", None)
-    if window is None and base.__name__ == "MistralAttention":  # it passes the config's window per call
-        window = getattr(self.config, "sliding_window", None)
-    out = decode_attention(query.transpose(1, 2), layer.keys, layer.values, position, self.scaling, window or 0,
-                           (key.transpose(1, 2), value.transpose(1, 2), cos, sin))
-    return self.o_proj(out.reshape(batch, tokens, -1)), None
 
 
 def decode_attention(
@@ -181,6 +55,7 @@ def decode_attention(
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0
     assert query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
     assert position.numel() == 1 and position.dtype == torch.int64
+    assert tokens <= MAX_GRAPH_QUERY, f"{tokens} query tokens > MAX_GRAPH_QUERY {MAX_GRAPH_QUERY}"
     group = heads // kv_heads
     rows = tokens * group
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(rows)))
@@ -209,7 +84,7 @@ def decode_attention(
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides,
         kv_heads, group, tokens, dim, capacity, scale * 1.4426950408889634,
         WINDOW=window, SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        F32_DOT=query.dtype == torch.float32 or _INTERPRETED, ROPE=rope is not None,
+        F32_DOT=query.dtype == torch.float32 or INTERPRETED, ROPE=rope is not None,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
     )
     if splits > 1:
@@ -218,42 +93,6 @@ def decode_attention(
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
         )
     return out
-
-
-def decode_attention_reference(query, key, value, position, scale, window: int = 0) -> torch.Tensor:
-    """The same in plain torch (float32 softmax over the masked whole cache): [B, q, H, D]."""
-    batch, heads, tokens, dim = query.shape
-    kv_heads, capacity = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    k = key.float().repeat_interleave(group, dim=1)  # [B, H, C, D]
-    v = value.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("bhtd,bhnd->bhtn", query.float(), k) * scale  # [B, H, q, C]
-    at = int(position) + torch.arange(tokens, device=query.device)[:, None]  # [q, 1]
-    keys = torch.arange(capacity, device=query.device)[None, :]  # [1, C]
-    visible = keys <= at
-    if window:
-        visible &= keys > at - window
-    scores = scores.masked_fill(~visible, float("-inf"))
-    out = torch.einsum("bhtn,bhnd->bhtd", torch.softmax(scores, dim=-1), v)
-    return out.transpose(1, 2).to(query.dtype)  # [B, q, H, D]
-
-
-def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, N, q, D] * cos + rotate_half(x) * sin (cos, sin [B, q, D]) in float32, one rounding."""
-    half = x.shape[-1] // 2
-    xf = x.float()
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos.float()[:, None] + rotated * sin.float()[:, None]).to(x.dtype)
-
-
-def rope_attention_reference(query, k_new, v_new, cos, sin, key, value, position, scale, window: int = 0):
-    """decode_attention with rope, in plain torch on copies of the cache: (out, key, value)."""
-    key, value = key.clone(), value.clone()
-    at = int(position) + torch.arange(query.shape[2], device=query.device)
-    key[:, :, at] = rotate_reference(k_new, cos, sin)
-    value[:, :, at] = v_new
-    out = decode_attention_reference(rotate_reference(query, cos, sin), key, value, position, scale, window)
-    return out, key, value
 
 
 # -- kernels ----------------------------------------------------------------------------------------
@@ -399,3 +238,8 @@ def _combine_kernel(
                    mask=(s[:, None] < splits) & (d[None, :] < dim), other=0.0)  # [S, D]
     o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
     tl.store(out_ptr + ((b * tokens + t) * heads + h) * dim + d, o.to(out_ptr.dtype.element_ty), mask=d < dim)
+
+# float32 products without TF32 for float32 models (their graph-vs-eager checks are exact to 1e-5);
+# the Triton interpreter (CPU tests: Triton made interpreted functions, not JITFunctions) also takes
+# that path for 16-bit inputs, as its bf16 tl.dot is wrong.
+INTERPRETED = not isinstance(_split_kernel, JITFunction)

@@ -98,12 +98,7 @@ class CudaBackend:
 
     def check(self, first_id: int) -> None:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
-        if first_id >= rejection.PLACEHOLDER:
-            return
-        self.workspace.clear_error()
-        if first_id == gpu_verify.ERROR_BAD_LOGITS:
-            raise sampling.bad_logits_error()
-        raise sampling.all_masked_error()
+        gpu_verify.check_output(first_id, self.workspace)
 
     # -- capture ----------------------------------------------------------------------------------
 

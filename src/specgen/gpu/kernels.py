@@ -29,6 +29,7 @@ ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_id
 # Split-K's threshold on peak memory bandwidth, see split_k_pays().
 SPLIT_K_BANDWIDTH = 4.0e12  # bytes/s
 SPLIT_K_MEMORY = 100 * 2**30  # bytes, when torch does not report the memory clock and bus width
+SPLIT_K_PLAUSIBLE = 1.0e12  # bytes/s: every sm_90 part has more; a smaller product is not a bandwidth
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def _attention(value: str, cuda: bool, model) -> bool:
     if value == "kernel" and reason is not None:
         raise UsageError(f"[kernels] attention = \"kernel\": the attention kernel cannot compute this model's "
                          f"attention ({reason})", hint='Set attention = "auto" or "sdpa" in [kernels].')
-    return value == "kernel" or (cuda and reason is None)
+    return _triton("attention", value, "sdpa") or (cuda and reason is None and triton_available())
 
 
 def _linear(value: str, cuda: bool, model) -> bool:
@@ -84,7 +85,7 @@ def _linear(value: str, cuda: bool, model) -> bool:
     if value == "kernel" and dtype not in LINEAR_DTYPES:
         raise UsageError(f"[kernels] linear = \"kernel\": the linear kernel does not take {dtype} weights",
                          hint='Set linear = "auto" or "torch" in [kernels], or load the model in bfloat16.')
-    return value == "kernel" or (cuda and dtype in LINEAR_DTYPES)
+    return _triton("linear", value, "torch") or (cuda and dtype in LINEAR_DTYPES and triton_available())
 
 
 def _rope(value: str, attention: bool, model) -> bool:
@@ -110,10 +111,15 @@ def _split_k(value: str, linear: bool, device: torch.device) -> bool:
 def _warp(value: str, cuda: bool) -> bool:
     if value == "torch":
         return False
+    return _triton("warp", value, "torch") or (cuda and triton_available())
+
+
+def _triton(key: str, value: str, other: str) -> bool:
+    """Whether `value` asks for the kernel explicitly; UsageError when Triton is not installed."""
     if value == "kernel" and not triton_available():
-        raise UsageError('[kernels] warp = "kernel" needs Triton, which is not installed',
-                         hint='Set warp = "auto" or "torch" in [kernels], or install triton.')
-    return value == "kernel" or (cuda and triton_available())
+        raise UsageError(f'[kernels] {key} = "kernel" needs Triton, which is not installed',
+                         hint=f'Set {key} = "auto" or "{other}" in [kernels], or install triton.')
+    return value == "kernel"
 
 
 def split_k_pays(props) -> bool:
@@ -129,10 +135,12 @@ def split_k_pays(props) -> bool:
     """
     if (props.major, props.minor) != (9, 0):
         return False
-    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0  # CUDA's memoryClockRate, kHz
     bus_bits = getattr(props, "memory_bus_width", 0) or 0
-    if clock_khz and bus_bits:
-        return 2 * clock_khz * 1e3 * bus_bits / 8 >= SPLIT_K_BANDWIDTH  # double data rate
+    bandwidth = 2 * clock_khz * 1e3 * bus_bits / 8  # double data rate, bytes/s
+    if bandwidth > SPLIT_K_PLAUSIBLE:
+        return bandwidth >= SPLIT_K_BANDWIDTH
+    # not reported (CUDA 13 dropped the field from cudaDeviceProp), or in other units
     return props.total_memory > SPLIT_K_MEMORY
 
 

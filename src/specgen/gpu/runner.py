@@ -27,111 +27,62 @@ from pathlib import Path
 
 import torch
 
+from specgen.gpu.kernels import ResolvedKernels
+from specgen.gpu.workspace import Workspace, device_of
+
 WARMUP_STEPS = 3  # eager runs before capture: cuBLAS handles, lazy allocations, torch.compile
 SLACK = 64  # positions past the longest request: where warm-ups and padded steps may write
 MAX_GRAPH_TOKENS = 64  # longest captured step
 PREFILL_CHUNK = 64  # the fast path also captures this shape: prompts replay it chunk by chunk
 MAX_CHUNKS = 8  # longer prompts (more than 512 tokens) prefill eagerly, where compute dominates
-
-
-# SDPA backends for captured steps, by step length (None: PyTorch's own order). Measured on an H200
-# (benchmarks/profile_steps.py, bench-shaped target, static cache, docs/benchmarks.md): cuDNN
-# (PyTorch's first choice on sm90) takes 5 us a layer for 1 token but 23 us for 5 tokens, and is
-# still the best of the three: the memory-efficient kernel takes 34 us for either, the math path
-# is slower without torch.compile and the same with it. The switch stays for other GPUs/torch.
-STEP_ATTENTION_ONE: tuple[str, ...] | None = None
-STEP_ATTENTION_MANY: tuple[str, ...] | None = None
-
-# Steps of up to 64 tokens attend through gpu/attention.py's kernel over the live keys only, where
-# the model's attention allows it (attention.supports); SPECGEN_ATTENTION=sdpa turns it off.
-DECODE_ATTENTION = os.environ.get("SPECGEN_ATTENTION", "kernel") != "sdpa"
-# Linear layers of steps (up to gpu/linear.py's MAX_ROWS tokens) run through its weight-streaming
-# kernel on CUDA; SPECGEN_LINEAR=torch keeps F.linear (cuBLAS).
-LINEAR_KERNEL = os.environ.get("SPECGEN_LINEAR", "kernel") != "torch"
-# With the attention kernel, Llama / Mistral / Qwen2 / Qwen3 steps also hand it the query and new keys
-# before their rotary embedding, and it rotates them and writes the cache (attention.install_rope):
-# two fewer kernels a layer. On the H200 it took a Llama-3-8B step from 4.594 to 4.510 ms (1.215x to
-# 1.182x the bandwidth floor; docs/benchmarks.md, "Rotary embedding and cache write inside the
-# attention kernel"). SPECGEN_ROPE=torch keeps the model's own rotary and cache update.
-ROPE_IN_KERNEL = os.environ.get("SPECGEN_ROPE", "kernel") != "torch"
-
-
-def step_attention(tokens: int):
-    """The context a captured step of `tokens` tokens runs in (see STEP_ATTENTION_*)."""
-    names = STEP_ATTENTION_ONE if tokens == 1 else STEP_ATTENTION_MANY
-    if not names:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backends = [getattr(SDPBackend, name) for name in names]
-    try:
-        return sdpa_kernel(backends, set_priority=True)
-    except TypeError:  # older torch: no priority order, only the allowed set
-        return sdpa_kernel(backends)
-
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 # `autotune`: inductor benchmarks Triton GEMM templates against cuBLAS and tunes reduction
-# configurations. Measured on a Llama-3-8B shape on an H200 (docs/benchmarks.md): the 1-token
-# step falls from 5.41 to 4.65 ms (1.44x to 1.23x the bandwidth floor), at 172 s of compile
-# instead of 94 s; the 5-token step stays at 5.5 ms.
+# configurations (docs/benchmarks.md: faster 1-token steps on a Llama-3-8B shape, at about twice
+# the compile time).
 AUTOTUNE = {"coordinate_descent_tuning": True, "max_autotune_gemm": True}
-
-
-PERSISTENT = "specgen.persistent_reductions"  # an inductor_settings key of our own, see below
 
 
 @contextlib.contextmanager
 def inductor_settings(settings: dict):
-    """torch._inductor.config values set for the duration (compiles happen lazily, at first call).
-    The key PERSISTENT (an int) makes inductor keep rows of up to that many elements in registers
-    (one pass) for reductions it would otherwise loop over, see persistent_reductions()."""
+    """torch._inductor.config values set for the duration (compiles happen lazily, at first call)."""
     if not settings:
         yield
         return
     import torch._inductor.config as config
 
-    settings = dict(settings)
-    limit = settings.pop(PERSISTENT, 0)
-    with config.patch(settings), persistent_reductions(limit):  # dotted names too ("triton.multi_kernel")
-        yield
-
-
-@contextlib.contextmanager
-def persistent_reductions(limit: int):
-    """Inductor's choice between a persistent reduction (the whole row in registers, one pass) and
-    a looped one, widened to rows of up to `limit` elements. Its own threshold is 1024 for inner
-    reductions: a Llama-3-8B decode step's residual add + RMSNorm over 4096 values is then a
-    looped kernel that reads its row twice. Installed as inductor's choices handler."""
-    if not limit:
-        yield
-        return
-    from torch._inductor.virtualized import V
-
-    base = type(V.choices)
-
-    class Wider(base):
-        @staticmethod
-        def should_use_persistent_reduction(*args, **kwargs) -> bool:
-            if base.should_use_persistent_reduction(*args, **kwargs):
-                return True
-            features = kwargs["features"] if "features" in kwargs else args[0]
-            cooperative = kwargs.get("cooperative_reduction", args[1] if len(args) > 1 else False)
-            import torch._inductor.config as config
-
-            if cooperative or not config.triton.persistent_reductions:
-                return False
-            return V.graph.sizevars.statically_known_leq(features.reduction_numel, limit)
-
-    with V.set_choices_handler(Wider()):
+    with config.patch(settings):
         yield
 
 
 def cache_dir() -> Path:
-    """Where torch.compile keeps its kernels between runs (TORCHINDUCTOR_CACHE_DIR wins if set)."""
-    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specgen" / "inductor"
-    path = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default)))
+    """Where the runners' torch.compile keeps its kernels between runs: $TORCHINDUCTOR_CACHE_DIR
+    when the user set it, else specgen's folder in the user's cache."""
+    if os.environ.get(CACHE_VARIABLE):
+        return Path(os.environ[CACHE_VARIABLE])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen" / "inductor"
+
+
+@contextlib.contextmanager
+def compile_cache():
+    """cache_dir() as inductor's cache for the duration, and the environment as it was afterwards.
+
+    Inductor has no config value for its cache folder: it reads $TORCHINDUCTOR_CACHE_DIR whenever
+    it opens the cache (and writes its own default there when unset), so the variable is set only
+    around the runner's steps, where its compiles happen, and restored after (removed when the
+    user had not set it). Compile workers get the variable with each job, so they follow.
+    """
+    saved = os.environ.get(CACHE_VARIABLE)
+    path = cache_dir()
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    os.environ[CACHE_VARIABLE] = str(path)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(CACHE_VARIABLE, None)
+        else:
+            os.environ[CACHE_VARIABLE] = saved
 
 
 @functools.cache
@@ -191,53 +142,52 @@ def _fit(logits: torch.Tensor, width: int) -> torch.Tensor:
 class GraphRunner:
     """forward(ids) feeds tokens after the cached ones; graphs replay the shapes in `shapes`.
 
-    capacity: positions the cache holds (grown by reserve(), which re-captures); compile: also
-    torch.compile the step (kernels cached on disk, see cache_dir); progress(done, total, what):
-    start-up callback; use_graphs=False runs every step eagerly over the same cache (the fallback
-    for models that cannot be captured, and the CPU test path); attention: use gpu/attention.py's
-    kernel for steps (None: on CUDA where the model allows it, see DECODE_ATTENTION); linear: run
-    linear layers of short steps through gpu/linear.py (None: on CUDA, see LINEAR_KERNEL; only this
-    runner's calls take it, not other users of the same model object); autotune: compile with
-    AUTOTUNE's inductor settings; inductor: more torch._inductor.config values for its compiles
-    (benchmarks/bench_shapes.py --inductor).
+    capacity: positions the cache holds (grown by reserve(), which re-captures); kernels: which
+    kernels its steps use (gpu/kernels.py resolve); workspace: the device's kernel scratch (split-K
+    counters); compile: also torch.compile the step (kernels cached on disk, see cache_dir);
+    autotune: compile with AUTOTUNE's inductor settings; use_graphs=False runs every step eagerly
+    over the same cache (the fallback for models that cannot be captured, and the CPU test path);
+    progress(done, total, what): start-up callback. The kernels apply to this runner's calls only,
+    not to other users of the same model object.
     """
 
-    def __init__(self, model, width: int, capacity: int, shapes=(), compile: bool = False,
-                 progress=None, use_graphs: bool = True, name: str = "model", attention: bool | None = None,
-                 autotune: bool = False, linear: bool | None = None, inductor: dict | None = None):
+    def __init__(self, model, width: int, capacity: int, *, kernels: ResolvedKernels, workspace: Workspace,
+                 shapes=(), compile: bool = False, autotune: bool = False, use_graphs: bool = True,
+                 progress=None, name: str = "model"):
         self.model = model
         self.width = width  # logits columns handed out, as in EagerRunner
         self.device = model.get_output_embeddings().weight.device
+        assert workspace.device == device_of(self.device), f"workspace on {workspace.device}, model on {self.device}"
+        self.kernels = kernels
+        self.workspace = workspace
         self.name = name
         self.progress = progress
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.shapes = sorted(set(shapes))
         self.graphs: dict[int, _Graph] = {}
-        self.attention = use_kernel(model) if attention is None else attention
-        if self.attention:
-            _switch_attention(model)
-            from specgen.gpu import attention as attention_module
+        self.switch = None  # the model's rewire.LinearSwitch, with the linear kernel
+        self.counters = None  # split-K's arrival counters: taken before any capture or compile holds them
+        if kernels.attention or kernels.linear:
+            from specgen.gpu import linear, rewire
 
-            if ROPE_IN_KERNEL:
-                attention_module.install_rope(model)
-            else:
-                attention_module.uninstall_rope(model)
-        self.linear = use_linear(model) if linear is None else linear
-        if self.linear:
-            from specgen.gpu import linear as linear_module
-
-            linear_module.install(model)
-            linear_module.tune(self.device)
-            linear_module.counters(self.device)  # split-K's: before any capture or compile holds them
+            if kernels.attention:
+                rewire.switch_attention(model)
+                if kernels.rope:
+                    rewire.install_rope(model)
+            if kernels.linear:
+                self.switch = rewire.install_linear(model)
+                if kernels.split_k:
+                    self.counters = linear.split_k_counters(workspace)
         self.step = self._step
-        self.autotune = compile and autotune
-        self.inductor = {**(AUTOTUNE if self.autotune else {}), **(inductor or {})} if compile else {}
+        self.compiled = compile
+        self.inductor = AUTOTUNE if compile and autotune else {}
         if compile:
-            cache_dir()
-            _raise_recompile_limit()
-            self.step = torch.compile(self._step, dynamic=False)
+            with compile_cache():  # importing inductor already writes its default folder into os.environ
+                _raise_recompile_limit()
+                self.step = torch.compile(self._step, dynamic=False)
         self.length = 0
         self.capacity = 0
+        self.generation = 0
         self.setup_seconds = 0.0
         self._allocate(capacity)
 
@@ -315,7 +265,7 @@ class GraphRunner:
     def _allocate(self, capacity: int) -> None:
         start = time.perf_counter()
         self.graphs = {}  # old graphs point at the old cache
-        self.generation = getattr(self, "generation", 0) + 1  # graphs captured elsewhere check this
+        self.generation += 1  # graphs captured elsewhere check this
         self.capacity = capacity
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
         self.steps = torch.arange(capacity, device=self.device)
@@ -332,28 +282,31 @@ class GraphRunner:
         for i, n in enumerate(shapes):
             if self.progress is not None:
                 self.progress(i, len(shapes), f"{self.name}: {n}-token step")
-            with inductor_settings(self.inductor):  # a shape compiles in its warm-ups
-                self.graphs[n] = self._capture(n)
+            self.graphs[n] = self._capture(n)  # a compiled step compiles in its warm-ups
         if shapes and self.progress is not None:
             self.progress(len(shapes), len(shapes), f"{self.name}: ready")
         self.setup_seconds += time.perf_counter() - start
 
-    def linear_context(self):
-        """gpu/linear.py's path on or off for this runner's forwards."""
-        from specgen.gpu import linear as linear_module
-
-        return linear_module.active(self.linear)
+    def _linear_context(self):
+        """gpu/linear.py's path for this runner's forwards (with the linear kernel)."""
+        if self.switch is None:
+            return contextlib.nullcontext()
+        return self.switch.engaged(self.kernels.split_k, self.counters)
 
     @contextlib.contextmanager
     def step_context(self, tokens: int):
-        """What every warm-up and capture of an n-token step runs in, this runner's own and a
-        fused round's: the SDPA backend choice and the linear kernel switch."""
-        with step_attention(tokens), self.linear_context():
+        """What every warm-up and capture of a `tokens`-token step runs in, this runner's own and a
+        round's: the linear kernel's switch and, when compiling, the inductor settings and cache."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._linear_context())
+            if self.compiled:
+                stack.enter_context(inductor_settings(self.inductor))
+                stack.enter_context(compile_cache())
             yield
 
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
-        with self.linear_context():
+        with self._linear_context():
             out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
                              logits_to_keep=0 if want_logits else 1, **self._attention_args())
         n = ids.shape[0]
@@ -371,8 +324,11 @@ class GraphRunner:
         return logits
 
     def _attention_args(self) -> dict:
-        """What the model hands on to gpu/attention.py: where the step's first token sits."""
-        return {"specgen_position": self.position} if self.attention else {}
+        """What the model hands on to gpu/rewire.py's attention: where the step's first token sits,
+        and whether the kernel rotates and writes the new keys itself."""
+        if not self.kernels.attention:
+            return {}
+        return {"specgen_position": self.position, **({"specgen_rope": True} if self.kernels.rope else {})}
 
     @torch.inference_mode()
     def _capture(self, n: int) -> _Graph:
@@ -394,34 +350,6 @@ class GraphRunner:
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
-
-
-def use_kernel(model) -> bool:
-    """The decode-attention kernel by default: on CUDA, for models whose attention it computes."""
-    if not DECODE_ATTENTION or model.get_output_embeddings().weight.device.type != "cuda":
-        return False
-    from specgen.gpu.attention import supports
-
-    return supports(model.config) is None
-
-
-def use_linear(model) -> bool:
-    """gpu/linear.py's kernel by default: on CUDA (see LINEAR_KERNEL)."""
-    weight = model.get_output_embeddings().weight
-    return LINEAR_KERNEL and weight.device.type == "cuda" and weight.dtype in (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _switch_attention(model) -> None:
-    """Make the model call gpu/attention.py (SDPA whenever a call does not pass the position)."""
-    from specgen.gpu.attention import register
-
-    name = register()
-    if model.config._attn_implementation == name:
-        return
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    else:  # older transformers: the config attribute is what the attention layers read
-        model.config._attn_implementation = name
 
 
 def _round_up(value: int, multiple: int) -> int:

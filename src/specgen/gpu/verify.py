@@ -21,7 +21,7 @@ Kernels (orchestration first, @triton.jit at the bottom):
                            index on ties); the last segment to arrive writes the output and clears
                            the slots and its counter for the next launch.
 
-Errors: a non-zero error flag (written by gpu/warp.py: 1 NaN/+inf logits, 2 every id masked) turns
+Errors: a non-zero error flag (workspace.error, written by gpu/warp.py: 1 NaN/+inf logits, 2 every id masked) turns
 the first output token of every request into ERROR_BAD_LOGITS / ERROR_ALL_MASKED, so the caller
 finds it in the same copy that brings the accepted count to the host (no extra sync).
 
@@ -37,8 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
+from specgen.core import sampling
 from specgen.core.rejection import PLACEHOLDER
 from specgen.gpu.warp import layout
+from specgen.gpu.workspace import Workspace
 
 ERROR_BAD_LOGITS = -2  # output sentinel for error flag bit 1
 ERROR_ALL_MASKED = -3  # output sentinel for error flag bit 2
@@ -48,7 +50,16 @@ _GREEDY_TILE = 128  # requests per program of the greedy kernel
 def _spec_block(max_spec_len: int) -> int:
     return max(32, triton.next_power_of_2(max_spec_len))
 
-_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+def check_output(first_id: int, workspace: Workspace) -> None:
+    """The round's one host read of the verify output: a sentinel left by an error flag becomes
+    the DecodeError the torch reference raises in warp, and the flag is cleared for the next round."""
+    if first_id >= 0:
+        return
+    workspace.clear_error()
+    if first_id == ERROR_BAD_LOGITS:
+        raise sampling.bad_logits_error()
+    raise sampling.all_masked_error()
 
 
 def verify_greedy(
@@ -56,15 +67,15 @@ def verify_greedy(
     cu_num_draft_tokens: torch.Tensor,  # [B] int32
     target_argmax: torch.Tensor,  # [T + B] int64
     max_spec_len: int,
-    error: torch.Tensor,  # [1] int32
+    workspace: Workspace,  # its error flag turns into the sentinel
 ) -> torch.Tensor:  # [B, max_spec_len + 1] int64
     batch, num_tokens = cu_num_draft_tokens.shape[0], draft_token_ids.shape[0]
-    _check_layout(draft_token_ids, cu_num_draft_tokens, error)
+    _check_layout(draft_token_ids, cu_num_draft_tokens, workspace, target_argmax.device)
     assert target_argmax.shape == (num_tokens + batch,) and target_argmax.dtype == torch.int64
     assert target_argmax.is_contiguous()
     out = torch.empty(batch, max_spec_len + 1, dtype=torch.int64, device=target_argmax.device)
     _verify_greedy_kernel[(triton.cdiv(batch, _GREEDY_TILE),)](
-        out, cu_num_draft_tokens, draft_token_ids, target_argmax, error, batch, max_spec_len,
+        out, cu_num_draft_tokens, draft_token_ids, target_argmax, workspace.error, batch, max_spec_len,
         BLOCK_R=_GREEDY_TILE, SPEC_BLOCK=_spec_block(max_spec_len), num_warps=4,
     )
     return out
@@ -78,11 +89,11 @@ def verify_random(
     uniform_draws: torch.Tensor,  # [T] float32 in (0, 1]
     exponential_draws: torch.Tensor,  # [B, V] float32 > 0
     max_spec_len: int,
-    error: torch.Tensor,  # [1] int32
+    workspace: Workspace,  # slots and counters; its error flag turns into the sentinel
 ) -> torch.Tensor:  # [B, max_spec_len + 1] int64
     batch, num_tokens = cu_num_draft_tokens.shape[0], draft_token_ids.shape[0]
     vocab = target_probs.shape[-1]
-    _check_layout(draft_token_ids, cu_num_draft_tokens, error)
+    _check_layout(draft_token_ids, cu_num_draft_tokens, workspace, target_probs.device)
     assert target_probs.shape == (num_tokens + batch, vocab) and target_probs.dtype == torch.float32
     assert target_probs.is_contiguous()
     assert draft_probs is None or (
@@ -91,12 +102,13 @@ def verify_random(
     assert uniform_draws.shape == (num_tokens,) and uniform_draws.dtype == torch.float32
     assert exponential_draws.shape == (batch, vocab) and exponential_draws.dtype == torch.float32
     assert uniform_draws.is_contiguous() and exponential_draws.is_contiguous()
-    block_r, block_v, n_seg = layout(vocab, target_probs.device)
-    best, arrived = _slots(target_probs.device, batch)
+    block_r, block_v, n_seg = layout(vocab)
+    best = workspace.zeros("verify_best", 3 * batch, torch.int64)  # [B, 3] slots, zero between launches
+    arrived = workspace.zeros("verify_arrived", batch)  # [B] int32 segments done
     out = torch.empty(batch, max_spec_len + 1, dtype=torch.int64, device=target_probs.device)
     _verify_random_kernel[(triton.cdiv(batch, block_r), n_seg)](
         out, cu_num_draft_tokens, draft_token_ids, draft_probs if draft_probs is not None else target_probs,
-        target_probs, uniform_draws, exponential_draws, best, arrived, error,
+        target_probs, uniform_draws, exponential_draws, best, arrived, workspace.error,
         batch, vocab, max_spec_len,
         NO_DRAFT_PROBS=draft_probs is None, SEGMENTED=n_seg > 1,
         BLOCK_R=block_r, BLOCK_V=block_v, SPEC_BLOCK=_spec_block(max_spec_len),
@@ -105,22 +117,11 @@ def verify_random(
     return out
 
 
-def _check_layout(draft_token_ids, cu_num_draft_tokens, error) -> None:
+def _check_layout(draft_token_ids, cu_num_draft_tokens, workspace, device) -> None:
     assert draft_token_ids.ndim == 1 and draft_token_ids.dtype == torch.int64 and draft_token_ids.is_contiguous()
     assert cu_num_draft_tokens.ndim == 1 and cu_num_draft_tokens.dtype == torch.int32
     assert cu_num_draft_tokens.is_contiguous()
-    assert error.shape == (1,) and error.dtype == torch.int32
-
-
-def _slots(device: torch.device, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed per-request slots and arrival counters; the kernel leaves them zeroed again."""
-    slots = _scratch.get(device)
-    if slots is None or slots[1].numel() < batch:
-        size = max(batch, 64)
-        slots = (torch.zeros(size, 3, dtype=torch.int64, device=device),
-                 torch.zeros(size, dtype=torch.int32, device=device))
-        _scratch[device] = slots
-    return slots
+    assert workspace.device == device, f"workspace on {workspace.device}, tensors on {device}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ Kernels (orchestration first, @triton.jit at the bottom):
                         Rows the parallel search finished (below) take their cut and z from its
                         candidates instead.
     _warp_fast_pass_kernel  grid (rows, chunks), launched fast_passes(V) + 1 times before the cut
-                        kernel for long top-k / top-p rows (FAST_CUT): bracket passes, each
-                        testing FAST_PIVOTS thresholds over every chunk at once, then the
-                        compaction of the <= FAST_CAP ids left in the bracket.
+                        kernel for long top-k / top-p rows (warp(..., parallel_cut=True)):
+                        bracket passes, each testing FAST_PIVOTS thresholds over every chunk at
+                        once, then the compaction of the <= FAST_CAP ids left in the bracket.
     _warp_probs_kernel  grid (row tiles, segments): argmax, p = exp(s) / z on kept ids, one-hot for
                         greedy rows; raises bit 2 of the error flag for a row with every id masked.
                         With Exp(1) draws it also runs the exponential race (sample_race).
@@ -35,7 +35,14 @@ Kernels (orchestration first, @triton.jit at the bottom):
 Vocabularies up to SEGMENT columns run R rows per program in one segment; larger ones run one row
 per program over cdiv(V, SEGMENT) segments. The vocab size is a runtime argument: a kernel compiles
 once per (rows per program, block) bucket and mask/penalty presence, never per N or k.
-The error flag is read by the verify kernels and reported with the round's output (no host sync).
+The error flag (workspace.error) is read by the verify kernels and reported with the round's
+output (no host sync).
+
+Two cut searches for long rows, because neither does everything: the parallel one spreads a row
+over many programs, which is what makes long top-k / top-p rows fast, but it only takes rows
+without min-p whose top-k is at most FAST_TOP_K and whose bracket narrows to FAST_CAP ids; the
+one-program search finishes every other row (and is the reference the parallel one is tested
+against, through parallel_cut=False).
 """
 
 from __future__ import annotations
@@ -43,19 +50,20 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from specgen.core.sampling import PenaltyRows, WarpParams
+from specgen.gpu.workspace import Workspace
 
 SEGMENT = 4096  # vocab columns per program; also the capacity of the compacted cut candidates
 PIVOTS = 16  # thresholds tested per pass of the cut search
 CUT_BLOCK = 1024  # columns per step of the cut kernel's passes over a long row
 MAX_PASSES = 16  # bit-pattern pivots alone isolate a float32 in 11 passes
-TILE_ELEMENTS = {"cuda": 4096, "cpu": 1 << 19}  # [R, BLOCK_V] per program; the interpreter
-# pays ~ms of Python per reduction whatever its size, so CPU tiles are large
+# [R, BLOCK_V] elements per program, compiled or in the Triton interpreter (CPU tests), which pays
+# ~ms of Python per reduction whatever its size, so its tiles are large
+TILE_ELEMENTS = {False: 4096, True: 1 << 19}
 ERROR_BAD_LOGITS = 1
 ERROR_ALL_MASKED = 2
-
-_workspaces: dict[tuple, torch.Tensor] = {}
 
 # The parallel cut search for long rows (vocab > SEGMENT) whose cut is top-k (k <= FAST_TOP_K) and/or
 # top-p, without min-p: FAST_PASSES bracket passes over every (row, chunk) at once, each testing
@@ -64,11 +72,10 @@ _workspaces: dict[tuple, torch.Tensor] = {}
 # at offsets from those counts; then _warp_cut_kernel finishes from the candidates: it sorts them
 # once, and each cut is a prefix of that order (a cumulative sum of masses). A row that does not qualify
 # or whose bracket still holds more than FAST_CAP ids goes through the one-program search.
-FAST_CUT = True
 FAST_PIVOTS = 32
 FAST_CAP = 512
 FAST_TOP_K = 256  # top-k rows need every id above the bracket (>= k of them) among the candidates
-FAST_CHUNK = {"cuda": 1024, "cpu": 8192}  # columns per pass program (H200 sweep: 1024 x 8 warps x 32 pivots)
+FAST_CHUNK = {False: 1024, True: 8192}  # columns per pass program, compiled / interpreted (H200 sweep)
 FAST_WARPS = 8  # per pass program
 FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
 
@@ -76,13 +83,13 @@ FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
 MAX_SEGMENTS = 64  # vocab <= 262144; one constant, so every large vocabulary shares one compile
 
 
-def layout(vocab: int, device: torch.device) -> tuple[int, int, int]:
+def layout(vocab: int) -> tuple[int, int, int]:
     """(rows per program, columns per program, segments per row) for a vocabulary."""
     if vocab > SEGMENT:
         assert vocab <= SEGMENT * MAX_SEGMENTS, f"vocab {vocab} > {SEGMENT * MAX_SEGMENTS}"
         return 1, SEGMENT, triton.cdiv(vocab, SEGMENT)
     block_v = triton.next_power_of_2(vocab)
-    return max(1, TILE_ELEMENTS[device.type] // block_v), block_v, 1
+    return max(1, TILE_ELEMENTS[INTERPRETED] // block_v), block_v, 1
 
 
 def warp(
@@ -90,18 +97,22 @@ def warp(
     params: WarpParams,
     penalties: PenaltyRows | None,
     bad_mask: torch.Tensor | None,  # [N, V] or [V] bool
-    error: torch.Tensor,  # [1] int32 error flag, OR-ed into
+    workspace: Workspace,  # scratch, and the error flag OR-ed into
     expo: torch.Tensor | None = None,  # [N, V] float32 Exp(1) draws: also run the race (sample_race)
-    race_out: torch.Tensor | None = None,  # [N] int64: where the race's ids go (with expo)
+    out: torch.Tensor | None = None,  # [N] int64: where the race's ids go (with expo)
+    *,
+    parallel_cut: bool = True,  # long top-k / top-p rows try the parallel cut search first
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Same contract as core/sampling.warp, except that errors land in `error` instead of raising.
-    With expo, the probs kernel also writes sampling.sample_race(probs, expo) into race_out: each
-    program races its segment and the last of a row's programs to finish picks the winner."""
+    """Same contract as core/sampling.warp, except that errors land in workspace.error instead of
+    raising. With expo, the probs kernel also writes sampling.sample_race(probs, expo) into out:
+    each program races its segment and the last of a row's programs to finish picks the winner."""
     rows, vocab = logits.shape
-    _check_inputs(logits, params, penalties, bad_mask, error)
+    error = workspace.error
+    _check_inputs(logits, params, penalties, bad_mask, workspace)
+    assert expo is None or (out is not None and out.shape == (rows,) and out.dtype == torch.int64)
     flags = params.flags
-    block_r, block_v, n_seg = layout(vocab, logits.device)
-    part = _workspace(logits.device, 4 * rows * n_seg + 2 * rows)  # seg max/sum/min/argmax, cut, z
+    block_r, block_v, n_seg = layout(vocab)
+    part = workspace.scratch("warp_part", 4 * rows * n_seg + 2 * rows)  # seg max/sum/min/argmax, cut, z
     probs = None if flags.all_greedy else torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
     dummy = error  # stands in for absent optional tensors (never dereferenced)
     counts = penalties.counts if penalties is not None else dummy
@@ -118,10 +129,10 @@ def warp(
     )
     has_cut = probs is not None and (flags.top_k or flags.top_p or flags.min_p)
     if has_cut:
-        cand = _workspace(logits.device, rows * SEGMENT, "cand") if n_seg > 1 else dummy
+        cand = workspace.scratch("warp_cand", rows * SEGMENT) if n_seg > 1 else dummy
         fast = dummy
-        if n_seg > 1 and FAST_CUT and (flags.top_k or flags.top_p):
-            fast = _fast_cut_search(probs, part, params, cand, rows, vocab, n_seg)
+        if n_seg > 1 and parallel_cut and (flags.top_k or flags.top_p):
+            fast = _fast_cut_search(probs, part, params, cand, rows, vocab, n_seg, workspace)
         _warp_cut_kernel[(triton.cdiv(rows, block_r),)](
             probs, part, params.temperature, params.top_k, params.top_p, params.log_min_p, cand, fast,
             rows, vocab, n_seg,
@@ -134,45 +145,34 @@ def warp(
     race = expo is not None and probs is not None
     if race:
         assert expo.shape == logits.shape and expo.dtype == torch.float32 and expo.is_contiguous()
-        assert race_out.shape == (rows,) and race_out.dtype == torch.int64
-        race_part = _workspace(logits.device, 2 * rows * n_seg, "race")
-        counter = _counter(logits.device, rows)
+        race_part = workspace.scratch("warp_race", 2 * rows * n_seg)
+        counter = workspace.zeros("warp_race_counter", rows)  # per-row arrivals; the last program resets its row's
     _warp_probs_kernel[grid if probs is not None else (grid[0], 1)](
         probs if probs is not None else dummy, argmax, params.temperature, params.log_min_p if has_cut else dummy,
-        part, error, expo if race else dummy, race_out if race else dummy, race_part if race else dummy,
+        part, error, expo if race else dummy, out if race else dummy, race_part if race else dummy,
         counter if race else dummy, rows, vocab, n_seg,
         HAS_CUT=has_cut, WRITE_PROBS=probs is not None, RACE=race,
         BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS,
         num_warps=_warps(block_r * block_v),
     )
     if expo is not None and probs is None:  # every row greedy: the race of one-hot rows is the argmax
-        race_out.copy_(argmax)
+        out.copy_(argmax)
     return argmax, probs
 
 
-def _counter(device: torch.device, rows: int) -> torch.Tensor:
-    """Per-row int32 arrival counters of the race, zero between calls (the last program resets its row's)."""
-    key = (device, "race_counter")
-    buf = _workspaces.get(key)
-    if buf is None or buf.numel() < rows:
-        buf = torch.zeros(max(rows, 1024), dtype=torch.int32, device=device)
-        _workspaces[key] = buf
-    return buf
-
-
-def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int) -> torch.Tensor:
-    """The parallel cut search of long rows (see FAST_CUT): bracket passes and the compaction of the
+def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, workspace: Workspace) -> torch.Tensor:
+    """The parallel cut search of long rows (parallel_cut, the comment above FAST_PIVOTS): bracket passes and the compaction of the
     candidates, each over every chunk of every row at once. Returns the per-row state buffer that
     _warp_cut_kernel reads ([N, STATE] float32: status 1 = candidates ready, else the row's cut is
     searched there the one-program way)."""
-    chunk = FAST_CHUNK[l.device.type]
+    chunk = FAST_CHUNK[INTERPRETED]
     n_chunks = triton.cdiv(vocab, chunk)
     # two compiles at most: vocabularies up to 32 chunks, and every larger one
     block_c = 32 if n_chunks <= 32 else triton.next_power_of_2(triton.cdiv(SEGMENT * MAX_SEGMENTS, chunk))
     passes = fast_passes(vocab)
-    piv = _workspace(l.device, passes * rows * FAST_PIVOTS, "fast_piv")
-    sums = _workspace(l.device, (2 * passes + 1) * rows * n_chunks * FAST_PIVOTS, "fast_sums")
-    state = _workspace(l.device, rows * FAST_STATE, "fast_state")
+    piv = workspace.scratch("warp_fast_piv", passes * rows * FAST_PIVOTS)
+    sums = workspace.scratch("warp_fast_sums", (2 * passes + 1) * rows * n_chunks * FAST_PIVOTS)
+    state = workspace.scratch("warp_fast_state", rows * FAST_STATE)
     common = (l, part, params.temperature, params.top_k, params.top_p, params.log_min_p, piv, sums, state, cand)
     for index in range(passes + 1):  # the passes, then the compaction
         _warp_fast_pass_kernel[(rows, n_chunks)](
@@ -188,19 +188,7 @@ def fast_passes(vocab: int) -> int:
     return 2 if vocab <= 32768 else 3
 
 
-def fast_rows(rows: int, device) -> list[bool]:
-    """Which rows of the last segmented warp on `device` had their cut finished by the parallel search
-    (tests and benchmarks: the rest went through the one-program search)."""
-    device = torch.device(device)
-    states = [buf for (dev, name), buf in _workspaces.items()
-              if name == "fast_state" and dev.type == device.type and (dev.index or 0) == (device.index or 0)]
-    if not states:
-        return [False] * rows
-    state = states[0]
-    return [bool(v == 1) for v in state[: rows * FAST_STATE].view(rows, FAST_STATE)[:, 0].tolist()]
-
-
-def _check_inputs(logits, params, penalties, bad_mask, error) -> None:
+def _check_inputs(logits, params, penalties, bad_mask, workspace) -> None:
     assert logits.ndim == 2 and logits.is_contiguous(), "logits must be a contiguous [N, V] tensor"
     assert logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
     rows, vocab = logits.shape
@@ -215,17 +203,7 @@ def _check_inputs(logits, params, penalties, bad_mask, error) -> None:
     if bad_mask is not None:
         assert bad_mask.dtype == torch.bool and bad_mask.is_contiguous()
         assert bad_mask.shape in ((rows, vocab), (vocab,)), "bad_mask must be [N, V] or [V]"
-    assert error.shape == (1,) and error.dtype == torch.int32
-
-
-def _workspace(device: torch.device, numel: int, name: str = "part") -> torch.Tensor:
-    """A cached float32 scratch buffer (kernels on one stream use it one after the other)."""
-    key = (device, name)
-    buf = _workspaces.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(max(numel, 1 << 16), dtype=torch.float32, device=device)
-        _workspaces[key] = buf
-    return buf
+    assert workspace.device == logits.device, f"workspace on {workspace.device}, logits on {logits.device}"
 
 
 def _warps(elements: int) -> int:
@@ -378,7 +356,7 @@ def _warp_cut_kernel(
     tl.store(part_ptr + plane + n_rows + rows, z, mask=row_ok)
 
 
-# -- the parallel search (FAST_CUT) ------------------------------------------------------------
+# -- the parallel search (parallel_cut) ------------------------------------------------------------
 # Scratch: piv [passes, N, P] pivots; sums [2 passes + 1, N, chunks, P]: per chunk, the count of ids
 # above each pivot (pass i), their mass w = exp(s) / z (plane passes + i; top-p rows) and, for the
 # last pass, their unnormalised mass exp(s) (plane 2 passes). State [N, 8]: status (1 = candidates
@@ -901,3 +879,8 @@ def _race_segment(p, expo_ptr, offs, mask, cols, rows, row_ok, greedy, argmax, s
         won = tl.min(tl.where(values == top[:, None], ids, 3.0e38), axis=1).to(tl.int64)
         tl.store(race_ptr + rows, tl.where(greedy, argmax, won), mask=last)
         tl.store(counter_ptr + rows, tl.zeros_like(arrived), mask=last)
+
+
+# Triton made interpreted functions, not JITFunctions, when TRITON_INTERPRET was set as this module
+# was imported (CPU tests): tile sizes follow.
+INTERPRETED = not isinstance(_warp_stats_kernel, JITFunction)

@@ -1,0 +1,57 @@
+"""Plain-torch references of gpu/ kernels that core/ has no reference for: the tests and
+benchmarks/bench_kernels.py compare each kernel with these. Imports torch only (no Triton).
+
+The warp and verify kernels' references are core/sampling.py and core/rejection.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+GELU_TANH = ("gelu_tanh", "gelu_pytorch_tanh")
+
+
+def gate_up_reference(x, gate, up, activation: str) -> torch.Tensor:
+    """What gpu/linear.py's gate_up computes, as the unfused module does: act(F.linear(x, gate)) *
+    F.linear(x, up) in x's dtype (activation "silu" or a tanh-approximated GELU)."""
+    g = F.linear(x, gate)
+    act = F.gelu(g, approximate="tanh") if activation in GELU_TANH else F.silu(g)
+    return act * F.linear(x, up)
+
+
+def decode_attention_reference(query, key, value, position, scale, window: int = 0) -> torch.Tensor:
+    """gpu/attention.py's decode_attention without rope: float32 softmax over the masked whole
+    cache. query [B, H, q, D], key/value [B, KVH, C, D], position [] -> [B, q, H, D]."""
+    batch, heads, tokens, dim = query.shape
+    kv_heads, capacity = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    k = key.float().repeat_interleave(group, dim=1)  # [B, H, C, D]
+    v = value.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("bhtd,bhnd->bhtn", query.float(), k) * scale  # [B, H, q, C]
+    at = int(position) + torch.arange(tokens, device=query.device)[:, None]  # [q, 1]
+    keys = torch.arange(capacity, device=query.device)[None, :]  # [1, C]
+    visible = keys <= at
+    if window:
+        visible &= keys > at - window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.einsum("bhtn,bhnd->bhtd", torch.softmax(scores, dim=-1), v)
+    return out.transpose(1, 2).to(query.dtype)  # [B, q, H, D]
+
+
+def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, N, q, D] * cos + rotate_half(x) * sin (cos, sin [B, q, D]) in float32, one rounding."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos.float()[:, None] + rotated * sin.float()[:, None]).to(x.dtype)
+
+
+def rope_attention_reference(query, k_new, v_new, cos, sin, key, value, position, scale, window: int = 0):
+    """decode_attention with rope, on copies of the cache: (out [B, q, H, D], key, value)."""
+    key, value = key.clone(), value.clone()
+    at = int(position) + torch.arange(query.shape[2], device=query.device)
+    key[:, :, at] = rotate_reference(k_new, cos, sin)
+    value[:, :, at] = v_new
+    out = decode_attention_reference(rotate_reference(query, cos, sin), key, value, position, scale, window)
+    return out, key, value

@@ -1,0 +1,305 @@
+"""Routing a transformers model's modules through gpu/linear.py and gpu/attention.py.
+
+Rewiring changes nothing by itself: every rewired forward takes its kernel path only when a runner
+asks for it, and is the model's own otherwise (prefill, Hugging Face's generate on the same model
+object in a benchmark).
+
+- Linear layers (install_linear): nn.Linear modules become SkinnyLinear, gated MLPs get a forward
+  that calls gate_up (the two input projections and the activation in one pass), and the q, k and v
+  projections of an attention module are fused: their weights are concatenated once into one
+  buffer (the modules' weights become views of it, so no memory is added), the q call computes all
+  three in one pass and the k and v calls return slices of it. They take the kernel for inputs of
+  at most linear.MAX_ROWS rows while the model's LinearSwitch is active (a runner's step_context).
+- Attention (switch_attention): the model's attention implementation becomes "specgen", registered
+  with transformers' AttentionInterface: gpu/attention.py when the runner passes
+  `specgen_position`, SDPA (with SDPA's mask) otherwise.
+- Rotary embedding in the kernel (install_rope): Llama / Mistral / Qwen2 / Qwen3 attention modules
+  get a forward that, when the runner also passes `specgen_rope=True`, hands the un-rotated query,
+  new keys and values to the kernel, which rotates them and writes the cache itself: two fewer
+  kernels a layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from specgen.gpu import attention as attention_kernels
+from specgen.gpu import linear as linear_kernels
+from specgen.gpu.kernels import rope_capable
+
+NAME = "specgen"  # the attention implementation's name in transformers
+
+
+# -- linear layers ----------------------------------------------------------------------------------
+
+
+class LinearSwitch:
+    """Held by every rewired module of one model: whether its forwards take the kernel now, and
+    with which split-K choice and counters (those of the runner whose step is running)."""
+
+    def __init__(self):
+        self.active = False
+        self.split_k = False
+        self.counters: torch.Tensor | None = None  # linear.split_k_counters(workspace)
+
+    @contextlib.contextmanager
+    def engaged(self, split_k: bool, counters: torch.Tensor | None):
+        """The kernel path for the duration (restored after, so contexts nest)."""
+        saved = self.active, self.split_k, self.counters
+        self.active, self.split_k, self.counters = True, split_k, counters
+        try:
+            yield
+        finally:
+            self.active, self.split_k, self.counters = saved
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return self.active and 0 < x.numel() and x.numel() // x.shape[-1] <= linear_kernels.MAX_ROWS
+
+
+def _linear(switch: LinearSwitch, x, weight, bias):
+    return linear_kernels.linear(x, weight, bias, split_k=switch.split_k, counters=switch.counters)
+
+
+class SkinnyLinear(torch.nn.Linear):
+    """nn.Linear whose forward runs gpu/linear.py's kernel while its switch is active."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        switch = self._specgen_switch
+        if switch.takes(x):
+            return _linear(switch, x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+class _Fused:
+    """The q, k and v projections of one attention module, concatenated: one weight [Nq + Nk + Nv, K]
+    whose row blocks are the three modules' weights (views, no copy kept)."""
+
+    def __init__(self, parts):
+        self.weight = torch.cat([p.weight.detach() for p in parts])
+        self.bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+        self.bounds = []
+        at = 0
+        for part in parts:
+            rows = part.weight.shape[0]
+            self.bounds.append((at, at + rows))
+            part.weight = torch.nn.Parameter(self.weight[at:at + rows], requires_grad=False)
+            if self.bias is not None:
+                part.bias = torch.nn.Parameter(self.bias[at:at + rows], requires_grad=False)
+            at += rows
+        self.pending = None  # (input, fused output) between the q call and the v call
+
+
+class SkinnyQKV(SkinnyLinear):
+    """q_proj / k_proj / v_proj of one attention module. The q call computes all three outputs in
+    one pass over the fused weight; the k and v calls on the same input return their slices."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        switch = self._specgen_switch
+        if not switch.takes(x):
+            return F.linear(x, self.weight, self.bias)
+        fused, role = self._specgen_fused, self._specgen_role
+        lo, hi = fused.bounds[role]
+        if role == 0:
+            y = _linear(switch, x, fused.weight, fused.bias)
+            fused.pending = (x, y)
+            return y[..., lo:hi]
+        pending = fused.pending
+        if pending is not None and pending[0] is x:
+            if role == len(fused.bounds) - 1:
+                fused.pending = None
+            return pending[1][..., lo:hi]
+        return _linear(switch, x, self.weight, self.bias)
+
+
+def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    switch = self._specgen_switch
+    if switch.takes(x):
+        gated = linear_kernels.gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act,
+                                       split_k=switch.split_k, counters=switch.counters)
+        return self.down_proj(gated)
+    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+@functools.cache
+def _skinny_mlp_class(base: type) -> type:
+    return type(f"Skinny{base.__name__}", (base,), {"forward": _mlp_forward})
+
+
+def _activation(module) -> str | None:
+    """The kernel's name for a gated MLP's activation, or None when it is not one the kernel has."""
+    act = getattr(module, "act_fn", None)
+    if isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU"):
+        return "silu"
+    if type(act).__name__ in ("PytorchGELUTanh", "GELUTanh") or (
+            isinstance(act, torch.nn.GELU) and act.approximate == "tanh"):
+        return "gelu_tanh"
+    return None
+
+
+def _gated_mlp(module) -> str | None:
+    parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(p, torch.nn.Linear) and p.bias is None for p in parts):
+        return None
+    if parts[0].weight.shape != parts[1].weight.shape or parts[0].weight.stride() != parts[1].weight.stride():
+        return None
+    return _activation(module)
+
+
+def _qkv(module) -> list | None:
+    parts = [getattr(module, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    if not all(type(p) is torch.nn.Linear for p in parts):
+        return None
+    first = parts[0].weight
+    if any(p.weight.shape[1] != first.shape[1] or p.weight.dtype != first.dtype or p.weight.device != first.device
+           or (p.bias is None) != (parts[0].bias is None) for p in parts):
+        return None
+    return parts
+
+
+def linear_switch(model) -> LinearSwitch | None:
+    """The switch of a model whose linear layers were rewired, else None."""
+    for module in model.modules():
+        switch = vars(module).get("_specgen_switch")
+        if switch is not None:
+            return switch
+    return None
+
+
+def install_linear(model) -> LinearSwitch:
+    """Route the model's linear layers (and gated MLPs) through the kernel for short inputs while
+    the returned switch is active; fuse each attention module's q/k/v weights into one.
+    Idempotent: a model rewired before returns its switch."""
+    switch = linear_switch(model)
+    if switch is not None:
+        return switch
+    switch = LinearSwitch()
+    for module in list(model.modules()):
+        parts = _qkv(module)
+        if parts is not None:
+            fused = _Fused(parts)
+            for role, part in enumerate(parts):
+                part._specgen_switch = switch
+                part._specgen_fused = fused
+                part._specgen_role = role
+                part.__class__ = SkinnyQKV
+    for module in model.modules():
+        if "_specgen_switch" in vars(module):
+            continue
+        if type(module) is torch.nn.Linear and module.weight.stride(-1) == 1:
+            module._specgen_switch = switch
+            module.__class__ = SkinnyLinear
+            continue
+        act = _gated_mlp(module)
+        if act is not None and "forward" not in vars(module):
+            module._specgen_switch = switch
+            module._specgen_act = act
+            module.__class__ = _skinny_mlp_class(type(module))
+    return switch
+
+
+# -- attention --------------------------------------------------------------------------------------
+
+
+@functools.cache
+def register() -> str:
+    """Register the attention function and its mask (SDPA's) with transformers, once."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    return NAME
+
+
+def switch_attention(model) -> None:
+    """Make the model call attention() below (SDPA whenever a call does not pass the position)."""
+    name = register()
+    if model.config._attn_implementation == name:
+        return
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # older transformers: the config attribute is what the attention layers read
+        model.config._attn_implementation = name
+
+
+def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+              specgen_position=None, sliding_window=None, **kwargs):
+    """transformers' attention-function protocol: query [B, H, q, D], key/value [B, KVH, C, D]
+    (the whole cache) -> ([B, q, H, D], None)."""
+    kwargs.pop("specgen_rope", None)  # a step whose module has no rotary path: the cache is written
+    if specgen_position is None or query.shape[2] > attention_kernels.MAX_GRAPH_QUERY or kwargs.get("s_aux") is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, sliding_window=sliding_window, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return attention_kernels.decode_attention(query, key, value, specgen_position, scale, sliding_window or 0), None
+
+
+# -- rotary embedding and the cache write inside the kernel ---------------------------------------
+
+
+@functools.cache
+def _rope_class(base: type) -> type:
+    return type(f"Rope{base.__name__}", (base,), {"forward": _rope_forward})
+
+
+def install_rope(model) -> int:
+    """Give the model's rope-capable attention modules (kernels.rope_capable) a forward that, in a
+    runner's step with `specgen_rope=True`, hands the un-rotated query, new keys and values to the
+    kernel. Other calls keep the module's own forward. Returns how many modules were switched;
+    idempotent."""
+    switched = 0
+    for module in model.modules():
+        if "_specgen_rope_base" in vars(module) or not rope_capable(module):
+            continue
+        module._specgen_rope_base = type(module)
+        module.__class__ = _rope_class(type(module))
+        switched += 1
+    return switched
+
+
+@functools.cache
+def _positional_names(base: type) -> tuple:
+    """The names of base.forward's parameters after hidden_states that a caller may pass by position."""
+    params = list(inspect.signature(base.forward).parameters.values())[2:]  # after self, hidden_states
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in params if p.kind in kinds)
+
+
+def _rope_forward(self, hidden_states, *args, **kwargs):
+    base = self._specgen_rope_base
+    if args:  # read them by name, as the model's own forward would
+        names = _positional_names(base)
+        if len(args) > len(names):
+            return base.forward(self, hidden_states, *args, **kwargs)
+        kwargs = {**dict(zip(names, args)), **kwargs}
+    rope = kwargs.pop("specgen_rope", False)
+    position = kwargs.get("specgen_position")
+    embeddings = kwargs.get("position_embeddings")
+    cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
+    layers = getattr(cache, "layers", None)
+    layer = layers[self.layer_idx] if layers is not None and self.layer_idx < len(layers) else None
+    tokens = hidden_states.shape[1]
+    if (not rope or position is None or embeddings is None or layer is None
+            or not getattr(layer, "is_initialized", False) or tokens > attention_kernels.MAX_GRAPH_QUERY
+            or embeddings[0].shape[-1] != self.head_dim or kwargs.get("s_aux") is not None):
+        return base.forward(self, hidden_states, **kwargs)
+    batch, dim = hidden_states.shape[0], self.head_dim
+    query = self.q_proj(hidden_states).view(batch, tokens, -1, dim)
+    key = self.k_proj(hidden_states).view(batch, tokens, -1, dim)
+    value = self.v_proj(hidden_states).view(batch, tokens, -1, dim)
+    if hasattr(self, "q_norm"):  # Qwen3: RMSNorm over each head, before the rotary embedding
+        query, key = self.q_norm(query), self.k_norm(key)
+    cos, sin = embeddings
+    window = getattr(self, "sliding_window", None)
+    if window is None and base.__name__ == "MistralAttention":  # it passes the config's window per call
+        window = getattr(self.config, "sliding_window", None)
+    out = attention_kernels.decode_attention(query.transpose(1, 2), layer.keys, layer.values, position, self.scaling,
+                                             window or 0, (key.transpose(1, 2), value.transpose(1, 2), cos, sin))
+    return self.o_proj(out.reshape(batch, tokens, -1)), None

@@ -1,0 +1,30 @@
+"""Builders shared by the gpu/ tests: runners with explicit kernel settings.
+
+Import tests/triton_cpu.py first (it sets TRITON_INTERPRET before Triton is imported).
+"""
+
+from __future__ import annotations
+
+from triton_cpu import DEVICE
+
+from specgen.core.settings import KernelSpec
+from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.gpu.workspace import Workspace
+
+
+def kernels(attention: bool = False, linear: bool = False, rope: bool = False, split_k: bool = False,
+            warp: bool = False) -> ResolvedKernels:
+    return ResolvedKernels(attention=attention, linear=linear, rope=rope, split_k=split_k, warp=warp)
+
+
+def runner(model, *, kernels: ResolvedKernels, shapes=(), use_graphs: bool = False, workspace=None, **options):
+    """A GraphRunner of width 96 and capacity 600 (the tiny test models') on DEVICE."""
+    from specgen.gpu.runner import GraphRunner
+
+    return GraphRunner(model, 96, 600, kernels=kernels, workspace=workspace or Workspace(DEVICE), shapes=shapes,
+                       use_graphs=use_graphs, **options)
+
+
+def resolved(model, **values) -> ResolvedKernels:
+    """resolve() of a KernelSpec with these values (the rest `auto`) for model on DEVICE."""
+    return resolve(KernelSpec(**values), DEVICE, model)
