@@ -350,3 +350,15 @@ def test_logprobs_mode_raw_reports_the_models_own_distribution(monkeypatch, tiny
     pairs = [(w["logprob"], r["logprob"]) for w, r in zip(warped["logprobs"], raw["logprobs"])]
     assert all(r <= 0 for _, r in pairs) and any(abs(w - r) > 1e-3 for w, r in pairs)
     assert_error(generate(monkeypatch, tiny, "--logprobs-mode", "logits", PROMPT), 2, "must be one of warped, raw")
+
+
+def test_json_logprobs_leave_out_alternatives_the_warp_removed(monkeypatch, tiny):
+    result = generate(monkeypatch, tiny, "-t", "0.5", "--top-k", "1", "--seed", "1", "--logprobs", "3",
+                      "--format", "json", PROMPT)
+    assert result.code == 0, result
+
+    def refuse(constant):
+        raise AssertionError(f"not JSON: {constant}")
+
+    record = json.loads(result.stdout, parse_constant=refuse)  # no -Infinity / NaN
+    assert all(len(entry["top"]) == 1 for entry in record["logprobs"])  # top-k 1: one token survives

@@ -256,11 +256,13 @@ def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer)
 
 def with_token_text(logprobs: list[dict], tokenizer) -> list[dict]:
     """Each logprob entry (and each of its `top` alternatives) with its token's text beside its id.
-    A token that holds part of a multi-byte character decodes to U+FFFD on its own."""
+    A token that holds part of a multi-byte character decodes to U+FFFD on its own. Alternatives
+    the warp removed (top-k / top-p / min-p: logprob -inf) are left out: JSON has no -inf, and
+    json.dumps would write `-Infinity`, which strict parsers reject."""
     def named(entry: dict) -> dict:
         out = {"token": tokenizer.decode([entry["token_id"]]), **entry}
         if "top" in entry:
-            out["top"] = [named(alt) for alt in entry["top"]]
+            out["top"] = [named(alt) for alt in entry["top"] if alt["logprob"] != float("-inf")]
         return out
 
     return [named(entry) for entry in logprobs]
