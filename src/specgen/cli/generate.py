@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.cli import options as opt
+from specgen.cli import render
 from specgen.cli.prompts import Prompt, encode_prompt, fitting, read
 
 
@@ -67,8 +68,9 @@ def generate(
     prompts = read_prompts(prompt, prompts_file, output_format)
     overrides = opt.overrides(**locals())
     settings = load_profile(profile, overrides)
-    engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
-    show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
+    with render.startup_status(enabled=not quiet) as progress:
+        engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
+    show_live = live and not quiet and render.can_draw(render.stderr_console()) and output_format == Format.text
     jobs = fitting(prompts, lambda text: encode(engine, settings, text, chat, truncate_prompt),
                    engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
     for index, (item, ids) in enumerate(jobs):
@@ -88,14 +90,6 @@ def encode(engine, settings, text: str, chat: bool, truncate: bool) -> list[int]
 
 def warn(line: str) -> None:
     print(line, file=sys.stderr)
-
-
-def startup_progress(done: int, total: int, what: str) -> None:
-    """CUDA graph capture (and compilation) at start-up: one line on stderr, rewritten in place."""
-    end = "\n" if done == total else ""
-    sys.stderr.write(f"\r\033[Kcapturing CUDA graphs {done}/{total}: {what}{end}" if sys.stderr.isatty()
-                     else (f"capturing CUDA graphs: {what}\n" if done == total else ""))
-    sys.stderr.flush()
 
 
 def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: Format) -> list[Prompt]:
@@ -141,7 +135,6 @@ class Partial:
 def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, separator: bool):
     """Run one generation, streaming as the format allows; returns the Finished event, or a Partial
     one after Ctrl-C (what was generated is shown or written either way)."""
-    from specgen.cli import render
     from specgen.core.decode import Finished
 
     stream = output_format == Format.text and not (show_live and sys.stdout.isatty())
@@ -186,8 +179,6 @@ def _drive(decoder, ids, view, stream: bool, finished_type, events: list):
 
 def _print_final(finished) -> None:
     """After a transient live view on a terminal stdout: the text once, coloured by fate."""
-    from specgen.cli import render
-
     text = render.coloured(finished.pieces, [f.value for f in finished.fates], len(finished.text))
     text.append(finished.text[len(text.plain):])  # bytes completed only at the end have no fate of their own
     _print_text(text)
@@ -195,8 +186,6 @@ def _print_final(finished) -> None:
 
 def _print_text(text) -> None:
     from rich.console import Console
-
-    from specgen.cli import render
 
     Console(no_color=render.no_color(), highlight=False, soft_wrap=True).print(text)
 

@@ -156,7 +156,8 @@ def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool
 
     prompts = read(prompt, prompts_file)
     settings = load_profile(profile, overrides)
-    engine = Engine(settings, allow_pickle=allow_pickle)
+    with render.startup_status(enabled=True) as progress:
+        engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
     jobs = fitting(prompts, lambda text: encode_prompt(engine, text, chat=False), engine.decoder().check_prompt, skip_long=skip_long,
                    warn=lambda line: print(line, file=sys.stderr))
     runs, complete = [], True
@@ -233,7 +234,7 @@ def totals_line(document: dict) -> Text:
     totals, fates = document["totals"], document["fates"]
     line = Text(f"{totals['generated_tokens']} tokens = ", style="bold")
     for fate in ("accepted", "recovered", "bonus"):
-        line.append(f"{fates[fate]} {fate}", style=render.FATE_STYLES[fate])
+        line.append(f"{fates[fate]} {fate}", style=render.fate_style(fate))
         line.append(" + " if fate != "bonus" else "")
     line.append(f" · {totals['rounds']} rounds · acceptance {totals['acceptance_rate']:.1%}"
                 f" · mean accepted length {totals['mean_accepted_length']:.2f}"
