@@ -224,9 +224,16 @@ def test_jsonl_streams_each_result_as_it_completes(monkeypatch, tiny, tmp_path):
     log: list = []
     real_decoder = Engine.decoder
 
-    def decoder(self, *args, **kwargs):
-        log.append(("next prompt", None))
-        return real_decoder(self, *args, **kwargs)
+    def decoder(self, *args, **kwargs):  # a prompt starts when a decoder runs it
+        built = real_decoder(self, *args, **kwargs)
+        real_run = built.run
+
+        def run(ids):
+            log.append(("next prompt", None))
+            return real_run(ids)
+
+        built.run = run
+        return built
 
     monkeypatch.setattr(Engine, "decoder", decoder)
     source = tmp_path / "prompts.jsonl"
