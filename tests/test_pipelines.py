@@ -171,7 +171,8 @@ def test_ctrl_c_writes_the_json_of_what_was_generated_marked_incomplete(monkeypa
     [record] = result.json_lines()
     [reference] = full.json_lines()
     assert record["incomplete"] is True and record["finish_reason"] == "interrupted" and "incomplete" not in reference
-    assert 0 < len(record["token_ids"]) < 100 and record["token_ids"] == reference["token_ids"][:len(record["token_ids"])]
+    generated = len(record["token_ids"])
+    assert 0 < generated < 100 and record["token_ids"] == reference["token_ids"][:generated]
     assert reference["text"].startswith(record["text"]) and record["text"]
     assert len(record["fates"]) == len(record["token_ids"]) == record["stats"]["generated_tokens"]
     summary = SUMMARY.match(result.stderr.splitlines()[-1])

@@ -55,7 +55,8 @@ def generate(
     prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="One prompt per line, or JSONL with a 'prompt' field.")] = None,
     truncate_prompt: Annotated[bool, typer.Option("--truncate-prompt", help="Keep the end of a prompt that is too long.")] = False,
     skip_long_prompts: Annotated[bool, typer.Option(
-        "--skip-long-prompts", help="Leave out prompts of the file that do not fit the context (a warning names each).")] = False,
+        "--skip-long-prompts", help="Leave out prompts of the file too long for the context (a warning names each).",
+    )] = False,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
