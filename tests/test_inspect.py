@@ -323,7 +323,7 @@ def test_ctrl_c_reports_what_finished_marked_incomplete(cli, tiny, monkeypatch):
     with monkeypatch.context() as patch:  # how many forwards the first prompt takes
         calls = count_forwards(patch)
         inspect_json(cli, "-p", tiny, "-n", "20", PROMPTS[0])
-    count_forwards(monkeypatch, interrupt_at=len(calls) + 8)  # a few rounds into the second prompt
+    count_forwards(monkeypatch, interrupt_at=len(calls) + 16)  # a few rounds into the second prompt (rounds run one ahead)
     code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "20", "--prompts", tiny.parent / "prompts.txt",
                          "--format", "json")
     assert code == 130, err

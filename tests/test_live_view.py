@@ -48,6 +48,7 @@ def test_live_view_on_a_terminal(command):
     for word in FOOTER:
         assert word in text
     assert "■ accepted" in text and "■ recovered" in text and "■ bonus" in text
+    assert "loading the models" in text  # the status line while models load
     assert b"\x1b[" not in out  # stdout, a pipe, gets the plain text only
     assert out.strip()
 
@@ -78,3 +79,28 @@ def test_footer_content():
     footer = render.footer(stats).plain
     assert "2 rounds" in footer and "acceptance 62.5%" in footer and "mean accepted length 3.50" in footer
     assert "per position ▕" in footer and "1:100%  2:50%  3:50%  4:50%" in footer
+
+
+def test_a_dumb_terminal_gets_plain_streaming(command, reference):
+    env = environment() | {"TERM": "dumb"}
+    code, out, err = run_on_terminals(command, stdout_tty=False, stderr_tty=True, env=env)
+    assert code == 0
+    assert out.decode("utf-8", errors="replace") == reference + "\n"
+    err_text = err.decode("utf-8", errors="replace")
+    assert err_text.startswith("40 tokens in ") and err_text.count("\n") == 1, err_text  # no view, no status
+
+
+def test_fates_stay_apart_without_colour(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, no_color=True, width=100)
+    console.print(render.coloured(["acc", "rec", "bon"], ["accepted", "recovered", "bonus"]))
+    console.print(render.legend())
+    text = out.getvalue()
+    assert text.startswith("acc\x1b[4mrec\x1b[0m\x1b[1mbon")  # accepted plain, recovered underlined, bonus bold
+    assert "\x1b[4mrecovered" in text and "\x1b[1mbonus" in text and "■" not in text
+    assert not any(f"[{c}m" in text or f";{c}m" in text for c in (32, 33, 36))  # no colour

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from specgen.cli import options as opt
+from specgen.cli import render
 from specgen.cli.prompts import Prompt, encode_prompt, fitting, read
 
 
@@ -57,7 +58,8 @@ def generate(
     prompts: opt.PromptsAlias = None,
     truncate_prompt: opt.TruncatePrompt = False,
     skip_long_prompts: Annotated[bool, typer.Option(
-        "--skip-long-prompts", help="Leave out prompts of the file that do not fit the context (a warning names each).")] = False,
+        "--skip-long-prompts", help="Leave out prompts of the file too long for the context (a warning names each).",
+    )] = False,
     live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
     quiet: opt.Quiet = False,
     threads: opt.Threads = None,
@@ -79,10 +81,13 @@ def generate(
     opt.warn_settings(settings, quiet)
     from specgen.core.engine import Engine  # torch and transformers (seconds): only for valid input
 
-    engine = Engine(settings, allow_pickle=allow_pickle, progress=None if quiet else startup_progress)
+    from specgen.cli import render
+
+    with render.startup_status(enabled=not quiet) as progress:
+        engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
     if verbose and not quiet:
         warn(describe(engine.describe()))
-    show_live = live and not quiet and sys.stderr.isatty() and output_format == Format.text
+    show_live = live and not quiet and render.can_draw(render.stderr_console()) and output_format == Format.text
     jobs = fitting(texts, lambda text: encode(engine, settings, text, chat, system, truncate_prompt),
                    engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
@@ -117,14 +122,6 @@ def describe(resolved: dict) -> str:
 
 def warn(line: str) -> None:
     print(line, file=sys.stderr)
-
-
-def startup_progress(done: int, total: int, what: str) -> None:
-    """CUDA graph capture (and compilation) at start-up: one line on stderr, rewritten in place."""
-    end = "\n" if done == total else ""
-    sys.stderr.write(f"\r\033[Kcapturing CUDA graphs {done}/{total}: {what}{end}" if sys.stderr.isatty()
-                     else (f"capturing CUDA graphs: {what}\n" if done == total else ""))
-    sys.stderr.flush()
 
 
 def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: Format) -> list[Prompt]:
@@ -219,8 +216,6 @@ def _drive(decoder, ids, view, stream: bool, finished_type, events: list):
 
 def _print_final(finished) -> None:
     """After a transient live view on a terminal stdout: the text once, coloured by fate."""
-    from specgen.cli import render
-
     text = render.coloured(finished.pieces, [f.value for f in finished.fates], len(finished.text))
     text.append(finished.text[len(text.plain):])  # bytes completed only at the end have no fate of their own
     _print_text(text)
@@ -228,8 +223,6 @@ def _print_final(finished) -> None:
 
 def _print_text(text) -> None:
     from rich.console import Console
-
-    from specgen.cli import render
 
     Console(no_color=render.no_color(), highlight=False, soft_wrap=True).print(text)
 

@@ -63,7 +63,8 @@ def inspect_acceptance(
     top: Annotated[int, typer.Option("--top", min=1, help="How many of the most rejected tokens to list.")] = 10,
     export: Annotated[Optional[Path], typer.Option("--export", help="Also write FILE.json, FILE.html or FILE.png.")] = None,
     skip_long_prompts: Annotated[bool, typer.Option(
-        "--skip-long-prompts", help="Leave out prompts of the file that do not fit the context (a warning names each).")] = False,
+        "--skip-long-prompts", help="Leave out prompts of the file too long for the context (a warning names each).",
+    )] = False,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json.")] = Format.text,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
@@ -156,9 +157,10 @@ def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool
 
     prompts = read(prompt, prompts_file)
     settings = load_profile(profile, overrides)
-    engine = Engine(settings, allow_pickle=allow_pickle)
-    jobs = fitting(prompts, lambda text: encode_prompt(engine, text, chat=False), engine.decoder().check_prompt, skip_long=skip_long,
-                   warn=lambda line: print(line, file=sys.stderr))
+    with render.startup_status(enabled=True) as progress:
+        engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
+    jobs = fitting(prompts, lambda text: encode_prompt(engine, text, chat=False), engine.decoder().check_prompt,
+                   skip_long=skip_long, warn=lambda line: print(line, file=sys.stderr))
     runs, complete = [], True
     for item, ids in jobs:
         run, complete = _record(engine.decoder(insight=True), item.text, ids, engine.tokenizer)
@@ -233,7 +235,7 @@ def totals_line(document: dict) -> Text:
     totals, fates = document["totals"], document["fates"]
     line = Text(f"{totals['generated_tokens']} tokens = ", style="bold")
     for fate in ("accepted", "recovered", "bonus"):
-        line.append(f"{fates[fate]} {fate}", style=render.FATE_STYLES[fate])
+        line.append(f"{fates[fate]} {fate}", style=render.fate_style(fate))
         line.append(" + " if fate != "bonus" else "")
     line.append(f" · {totals['rounds']} rounds · acceptance {totals['acceptance_rate']:.1%}"
                 f" · mean accepted length {totals['mean_accepted_length']:.2f}"

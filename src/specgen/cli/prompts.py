@@ -107,7 +107,8 @@ def fitting(prompts: list[Prompt], encode, check, *, skip_long: bool, warn) -> l
 
     encode(text) -> ids (truncated if the user asked); check(ids) raises UsageError when they do not
     fit. A prompt of a file that does not fit stops the run with its file:line, or with skip_long is
-    left out after warn(line) (None: silently). Settings that leave room for no prompt at all stop it either way.
+    left out after warn(line) (None: silently). Settings that leave room for no prompt at all stop
+    it either way.
     """
     check([0])  # a one-token prompt: fails only when max_tokens and k leave no room for any prompt
     jobs = []
@@ -146,4 +147,5 @@ def encode_prompt(engine, text: str, chat: bool, system: str | None = None) -> l
     except TemplateError as exc:
         folder = getattr(engine.tokenizer, "name_or_path", "") or "the target"
         raise ModelError(f"the chat template of {folder} failed: {type(exc).__name__}: {exc}",
-                         hint="fix the template (tokenizer_config.json or chat_template.jinja), or drop --chat") from None
+                         hint="fix the template (in tokenizer_config.json or chat_template.jinja), "
+                              "or drop --chat") from None

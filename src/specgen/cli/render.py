@@ -6,6 +6,7 @@ statistics) goes to stderr, and only when stderr is a terminal; NO_COLOR turns c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -14,6 +15,8 @@ from rich.live import Live
 from rich.text import Text
 
 FATE_STYLES = {"accepted": "green", "recovered": "yellow", "bonus": "cyan"}
+# With NO_COLOR, Rich drops colours but keeps attributes: these keep the three fates apart.
+PLAIN_FATE_STYLES = {"accepted": "none", "recovered": "underline", "bonus": "bold"}
 BARS = " ▁▂▃▄▅▆▇█"
 
 
@@ -21,15 +24,46 @@ def no_color() -> bool:
     return "NO_COLOR" in os.environ
 
 
+def fate_style(fate: str) -> str:
+    return (PLAIN_FATE_STYLES if no_color() else FATE_STYLES).get(fate, "")
+
+
 def stderr_console() -> Console:
     return Console(file=sys.stderr, no_color=no_color(), highlight=False, soft_wrap=True)
 
 
+def can_draw(console: Console) -> bool:
+    """A live view needs a terminal that moves the cursor: not a pipe, not TERM=dumb."""
+    return console.is_terminal and not console.is_dumb_terminal
+
+
 def legend() -> Text:
     text = Text()
-    for fate, style in FATE_STYLES.items():
-        text.append(f"■ {fate}  ", style=style)
+    for fate in FATE_STYLES:
+        text.append(f"■ {fate}" if not no_color() else fate, style=fate_style(fate))
+        text.append("  ")
     return text
+
+
+@contextlib.contextmanager
+def startup_status(enabled: bool):
+    """While models load (and CUDA graphs capture and compile): a status line on a terminal's stderr,
+    transient; yields the progress(done, total, what) callback for Engine. Off a terminal, only the
+    capture's last step is said, as one line."""
+    console = stderr_console()
+    if not enabled or not can_draw(console):
+        yield _plain_progress if enabled else None
+        return
+    with console.status("loading the models…") as status:
+        def progress(done: int, total: int, what: str) -> None:
+            status.update(f"capturing CUDA graphs {done}/{total}: {what}")
+
+        yield progress
+
+
+def _plain_progress(done: int, total: int, what: str) -> None:
+    if done == total:
+        print(f"capturing CUDA graphs: {what}", file=sys.stderr)
 
 
 def position_bars(rates: list[float]) -> str:
@@ -55,7 +89,7 @@ def coloured(pieces: list[str], fates: list[str], limit: int | None = None) -> T
     for piece, fate in zip(pieces, fates):
         if limit is not None:
             piece = piece[: max(0, limit - len(text))]
-        text.append(piece, style=FATE_STYLES.get(fate, ""))
+        text.append(piece, style=fate_style(fate))
     return text
 
 
