@@ -42,7 +42,8 @@ def test_a_prompt_too_long_for_any_max_tokens():
 @pytest.mark.parametrize("can_truncate", [True, False])
 def test_a_long_prompt_suggests_truncation_only_where_the_command_offers_it(can_truncate):
     error = context_error(1700, 8, 4, 512, can_truncate)
-    assert error.message == "the prompt has 1700 tokens but only 499 fit with max_tokens=8 in the model's 512-token context"
+    assert error.message == ("the prompt has 1700 tokens but only 499 fit with max_tokens=8 "
+                             "in the model's 512-token context")
     assert error.hint == ("shorten the prompt to 499 tokens or pass --truncate-prompt (keeps the prompt's end)"
                           if can_truncate else "shorten the prompt to 499 tokens")
     assert fits(499, 8, 4, 512)

@@ -16,7 +16,8 @@ from typer.core import TyperCommand, TyperGroup
 Profile = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name or .toml path (default: demo).")]
 Target = Annotated[Optional[str], typer.Option("--target", help="Target checkpoint: local folder or cached hub id.")]
 Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft checkpoint: local folder or cached hub id.")]
-Proposer = Annotated[Optional[str], typer.Option("--proposer", help="draft | ngram | hybrid (n-gram, else draft) | none (target only).")]
+Proposer = Annotated[Optional[str], typer.Option(
+    "--proposer", help="draft | ngram | hybrid (n-gram, else draft) | none (target only).")]
 K = Annotated[Optional[int], typer.Option("--k", help="Draft tokens per round (1..32).")]
 DraftPMin = Annotated[Optional[float], typer.Option(
     "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]
@@ -34,7 +35,8 @@ Seed = Annotated[Optional[int], typer.Option(
     "--seed", help="0 to 2**64-1. Same seed, same settings (k and proposer too), same text on the same device.")]
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens to generate at most.")]
 MinTokens = Annotated[Optional[int], typer.Option("--min-tokens", help="No EOS/stop id before this many tokens.")]
-Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable); not included in the output.")]
+Stop = Annotated[Optional[list[str]], typer.Option(
+    "--stop", help="Stop string (repeatable); not included in the output.")]
 StopTokenId = Annotated[Optional[list[int]], typer.Option("--stop-token-id", help="Stop token id (repeatable).")]
 IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Keep going past EOS.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (both models).")]
@@ -51,7 +53,8 @@ LogprobsMode = Annotated[Optional[str], typer.Option(
     "--logprobs-mode", help="warped (default: the distribution tokens are drawn from) | raw (the model's own).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")]
 Chat = Annotated[bool, typer.Option("--chat", help="Wrap each prompt in the model's chat template.")]
-System = Annotated[Optional[str], typer.Option("--system", help="System prompt for the chat template (implies --chat).")]
+System = Annotated[Optional[str], typer.Option(
+    "--system", help="System prompt for the chat template (implies --chat).")]
 PromptsFile = Annotated[Optional[Path], typer.Option(
     "--prompts-file", help="One prompt per line, or JSONL with a 'prompt' field.")]
 # The name bench and inspect-acceptance had: still accepted, no longer shown.

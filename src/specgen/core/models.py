@@ -229,7 +229,8 @@ def check_tokenizers(target_tok, draft_tok) -> None:
             )
     if abs(len(target_vocab) - len(draft_vocab)) > 0 and not _one_extends_other(target_vocab, draft_vocab):
         raise ModelError(
-            f"draft and target tokenizers have different vocabularies ({len(draft_vocab)} vs {len(target_vocab)} tokens)",
+            f"draft and target tokenizers have different vocabularies "
+            f"({len(draft_vocab)} vs {len(target_vocab)} tokens)",
             hint="use a draft from the same model family (same tokenizer)",
         )
 
