@@ -362,3 +362,26 @@ def test_json_logprobs_leave_out_alternatives_the_warp_removed(monkeypatch, tiny
 
     record = json.loads(result.stdout, parse_constant=refuse)  # no -Infinity / NaN
     assert all(len(entry["top"]) == 1 for entry in record["logprobs"])  # top-k 1: one token survives
+
+
+def test_download_fetches_only_what_loading_needs(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    from specgen.core.models import load_tokenizer
+    from specgen.core.settings import ModelSpec
+
+    target, _ = build_pair(tmp_path, same=True)
+    asked = []
+
+    def snapshot_download(repo_id, **kwargs):
+        asked.append((repo_id, kwargs))
+        return str(target)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert len(load_tokenizer(ModelSpec("org/tiny"), download=True)) > 0
+    assert len(load_tokenizer(ModelSpec("org/tiny", revision="v1"), allow_pickle=True)) > 0
+    (repo, fetch), (_, cached) = asked
+    assert repo == "org/tiny" and fetch["local_files_only"] is False and cached["local_files_only"] is True
+    assert cached["revision"] == "v1"
+    assert "*.safetensors" in fetch["allow_patterns"] and "*.bin" not in fetch["allow_patterns"]
+    assert "*.bin" in cached["allow_patterns"] and "*.py" not in cached["allow_patterns"]
