@@ -196,7 +196,7 @@ LONG_PROMPT = " ".join(str(i) for i in range(600))  # well over the tiny models'
 def test_prompt_longer_than_the_context_left(monkeypatch, tiny):
     result = run(monkeypatch, tiny, LONG_PROMPT)
     assert_error(result, 2, "tokens but only 499 fit with max_tokens=8 in the model's 512-token context",
-                 "hint: shorten the prompt, lower --max-tokens, or pass --truncate-prompt")
+                 "hint: shorten the prompt to 499 tokens or pass --truncate-prompt")
 
 
 def test_a_long_prompt_in_a_prompts_file_stops_before_anything_runs_or_is_skipped(monkeypatch, tiny, tmp_path):
@@ -224,7 +224,7 @@ def test_truncate_prompt_keeps_the_end(monkeypatch, tiny):
 
 def test_max_tokens_that_leave_no_room_for_a_prompt(monkeypatch, tiny):
     result = run(monkeypatch, tiny, "--max-tokens", "600", "--truncate-prompt", "hi")
-    assert_error(result, 2, "max_tokens=600 leaves no room for a prompt", "hint: lower --max-tokens below 507")
+    assert_error(result, 2, "max_tokens=600 leaves no room for a prompt", "hint: lower --max-tokens to at most 506")
 
 
 # ---------------------------------------------------------------- checkpoints (exit 1)

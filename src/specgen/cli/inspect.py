@@ -159,8 +159,9 @@ def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool
     settings = load_profile(profile, overrides)
     with render.startup_status(enabled=True) as progress:
         engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
-    jobs = fitting(prompts, lambda text: encode_prompt(engine, text, chat=False), engine.decoder().check_prompt,
-                   skip_long=skip_long, warn=lambda line: print(line, file=sys.stderr))
+    check = engine.decoder().check_prompt
+    jobs = fitting(prompts, lambda text: encode_prompt(engine, text, chat=False),
+                   lambda ids: check(ids, can_truncate=False), skip_long=skip_long, warn=lambda line: print(line, file=sys.stderr))
     runs, complete = [], True
     for item, ids in jobs:
         run, complete = _record(engine.decoder(insight=True), item.text, ids, engine.tokenizer)

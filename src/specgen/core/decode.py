@@ -18,6 +18,7 @@ from enum import Enum
 import torch
 
 from specgen.core.backend import Program, RoundClock
+from specgen.core.context import context_error
 from specgen.core.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.errors import UsageError
 from specgen.core.ngram import NgramProposer
@@ -109,24 +110,15 @@ class Decoder:
         gen.manual_seed(seed if seed is not None else int(torch.seed()) % (2**63))
         return gen
 
-    def check_prompt(self, prompt_ids: list[int]) -> None:
+    def check_prompt(self, prompt_ids: list[int], can_truncate: bool = True) -> None:
+        """Refuse a prompt that cannot fit with max_tokens and a round's k + 1 rows in the context;
+        can_truncate: the command offers --truncate-prompt (the hint then names it)."""
         if not prompt_ids:
             raise UsageError("the prompt is empty", hint="give a prompt as an argument or on stdin")
-        limit = self.setup.max_context
-        need = len(prompt_ids) + self.setup.sampling.max_tokens + self.setup.k + 1
-        if limit is not None and need > limit:
-            room = limit - self.setup.sampling.max_tokens - self.setup.k - 1
-            if room < 1:  # no prompt fits: truncating it cannot help
-                raise UsageError(
-                    f"max_tokens={self.setup.sampling.max_tokens} leaves no room for a prompt in the "
-                    f"model's {limit}-token context (k={self.setup.k} needs {self.setup.k + 1} more)",
-                    hint=f"lower --max-tokens below {limit - self.setup.k - 1}",
-                )
-            raise UsageError(
-                f"the prompt has {len(prompt_ids)} tokens but only {max(room, 0)} fit with "
-                f"max_tokens={self.setup.sampling.max_tokens} in the model's {limit}-token context",
-                hint="shorten the prompt, lower --max-tokens, or pass --truncate-prompt",
-            )
+        error = context_error(len(prompt_ids), self.setup.sampling.max_tokens, self.setup.k, self.setup.max_context,
+                              can_truncate)
+        if error is not None:
+            raise error
 
     def run(self, prompt_ids: list[int]):
         self.check_prompt(prompt_ids)
