@@ -91,24 +91,6 @@ def _rows(penalties, start, stop):
 # ---------------------------------------------------------------------------------------------
 
 
-def both_random(drafted, cu, q, p, uniform, expo, k):
-    workspace = Workspace(DEVICE)
-    ref = rejection.verify_random(drafted, cu, q, p, uniform, expo, k)
-    out = gpu_verify.verify_random(drafted, cu, q, p, uniform, expo, k, workspace)
-    assert torch.equal(out, ref)
-    return out
-
-
-def simple_round(vocab=100, k=4, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    _, p = sampling.warp(make_logits(k + 1, vocab, gen), make_params(k + 1))
-    _, q = sampling.warp(make_logits(k, vocab, gen), make_params(k))
-    drafted = sampling.sample_race(q, sampling.exponentials(q.shape, gen, "cpu").to(DEVICE))
-    uniform = sampling.uniforms((k,), gen, "cpu").to(DEVICE)
-    expo = sampling.exponentials((1, vocab), gen, "cpu").to(DEVICE)
-    return drafted, torch.tensor([k], dtype=torch.int32, device=DEVICE), q, p, uniform, expo
-
-
 @pytest.mark.parametrize("vocab", [100, 8193])
 def test_all_rejected_at_position_zero(vocab):
     drafted, cu, q, p, uniform, expo = simple_round(vocab)
