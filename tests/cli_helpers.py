@@ -151,3 +151,28 @@ def count_forwards(monkeypatch, interrupt_at: int | None = None) -> list:
 
     monkeypatch.setattr(LlamaForCausalLM, "forward", forward)
     return calls
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def add_chat_template(*folders) -> None:
+    """Give the tokenizer saved in each checkpoint folder a small chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    for folder in folders:
+        tok = PreTrainedTokenizerFast.from_pretrained(folder)
+        tok.chat_template = CHAT_TEMPLATE
+        tok.save_pretrained(folder)
+
+
+def option_names(command: str, hidden: bool = False) -> set[str]:
+    """Every --name (and --no-name) of a specgen command, read from the Click command itself."""
+    import typer.main
+
+    from specgen.cli.main import app
+
+    cmd = typer.main.get_command(app).commands[command]
+    return {name for param in cmd.params if hidden or not getattr(param, "hidden", False)
+            for name in (*param.opts, *param.secondary_opts) if name.startswith("--")}

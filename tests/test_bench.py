@@ -175,7 +175,7 @@ def test_errors(cli, tiny, tmp_path):
     no_prompts = write_profile(tmp_path / "bare.toml", *build_pair_paths(tiny))
     code, out, err = cli("bench", "-p", no_prompts)
     assert code == 2 and out == ""
-    assert "no prompts" in err and "prompts.jsonl" in err and "--prompts" in err
+    assert "no prompts" in err and "prompts.jsonl" in err and "--prompts-file" in err
     code, _, err = cli("bench", "-p", tiny, "--k", "1,two")
     assert code == 2 and "--k takes a comma list" in err
     code, _, err = cli("bench", "-p", tiny, "--baseline", "vllm")
@@ -408,16 +408,62 @@ def test_progress_shows_an_eta_on_a_terminal(tiny, monkeypatch):
     assert "ETA" not in err and err == ""
 
 
-def test_help_shows_every_option_name_whole_at_80_columns(monkeypatch):
-    import typer.main
+# ---------------------------------------------------------------- generate's options
 
-    from specgen.cli.main import app
 
-    code, out, err = bench_cli(monkeypatch, "bench", "--help")
+@pytest.fixture(scope="module")
+def chatty(tmp_path_factory):
+    """A tiny pair whose tokenizer has a chat template."""
+    from cli_helpers import add_chat_template
+
+    root = tmp_path_factory.mktemp("chatty")
+    target, draft = build_pair(root, noisy=0.1)
+    add_chat_template(target, draft)
+    return write_profile(root / "tiny.toml", target, draft)
+
+
+def test_chat_system_threads_and_the_prompts_alias(chatty, tmp_path, monkeypatch):
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\n")
+    tok = PreTrainedTokenizerFast.from_pretrained(chatty.parent / "target")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def add(a, b):"}]
+    expected = len(tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"])
+    before = torch.get_num_threads()
+    try:
+        for name in ("--prompts-file", "--prompts"):
+            code, out, err = bench_cli(monkeypatch, "bench", "-p", chatty, name, prompts, "--system", "be brief",
+                                       "--k", "1", "-n", "2", "--warmup", "0", "--threads", "2", "--format", "json",
+                                       "-q")
+            assert (code, err) == (0, ""), err
+            document = json.loads(out)
+            assert document["prompts"][0]["tokens"] == expected
+            assert document["environment"]["cpu_threads"] == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_truncate_prompt_keeps_a_long_prompts_end(tiny, tmp_path, monkeypatch):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(" ".join(str(i) for i in range(600)) + "\n")
+    args = ("bench", "-p", tiny, "--prompts-file", prompts, "--k", "1,2", "-n", "4", "--warmup", "0")
+    code, out, err = bench_cli(monkeypatch, *args)
+    assert code == 2 and out == ""
+    assert "no prompt fits" in err and "--truncate-prompt" in err.splitlines()[-1]
+    code, out, err = bench_cli(monkeypatch, *args, "--truncate-prompt", "--format", "json")
     assert code == 0, err
-    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
-    command = typer.main.get_command(app).commands["bench"]
-    names = [name for param in command.params for name in (*param.opts, *param.secondary_opts) if name.startswith("--")]
-    assert len(names) > 25
-    for name in names:
-        assert name in out, name
+    document = json.loads(out)
+    assert document["skipped_prompts"] == []
+    assert document["prompts"][0]["tokens"] == 512 - 4 - (2 + 1)  # the context less max_tokens and the largest k's round
+
+
+def test_a_high_temperature_in_the_sweep_warns_unless_quiet(tiny, monkeypatch):
+    args = ("bench", "-p", tiny, "--k", "1", "-t", "0,8", "-n", "2", "--warmup", "0", "--num-prompts", "1")
+    code, out, err = bench_cli(monkeypatch, *args)
+    assert code == 0, err
+    assert err.startswith("specgen: warning: temperature 8 is above 2")
+    code, out, err = bench_cli(monkeypatch, *args, "--quiet")
+    assert (code, err) == (0, "")

@@ -168,7 +168,16 @@ def test_threads_option_sets_torch_threads_before_the_run(monkeypatch, tiny):
     ["generate", "--seed", str(2**64), PROMPT],
     ["generate", "--profile", "no-such-profile", PROMPT],
     ["generate", "--format", "jsonl", PROMPT],
-], ids=["option", "seed", "huge-seed", "profile", "format"])
+    ["bench", "--k", "0,x"],
+    ["bench", "--baseline", "vllm"],
+    ["bench", "--top-p", "5"],
+    ["bench", "--k", "1,64"],
+    ["bench", "--prompts-file", "no-such-file.txt"],
+    ["inspect-acceptance", "--top-p", "5", PROMPT],
+    ["inspect-acceptance", "--seed", str(2**64), PROMPT],
+    ["inspect-acceptance", "--export", "report.svg", PROMPT],
+], ids=["option", "seed", "huge-seed", "profile", "format", "bench-k-list", "bench-baseline", "bench-option",
+        "bench-k", "bench-prompts", "inspect-option", "inspect-seed", "inspect-export"])
 def test_usage_errors_are_found_before_torch_is_imported(args):
     """Importing torch and transformers takes seconds: a typo must not wait for them."""
     code = (
@@ -187,11 +196,40 @@ def test_usage_errors_are_found_before_torch_is_imported(args):
 # ---------------------------------------------------------------- one set of options
 
 
+EVERYWHERE = ("--threads", "--chat", "--system", "--download", "--no-download", "--prompts-file", "--truncate-prompt",
+              "--quiet")
+
+
+@pytest.mark.parametrize("command, own", [
+    ("generate", ("--stop", "--min-tokens", "--compile", "--logprobs")),
+    ("bench", ()),
+    ("inspect-acceptance", ("--stop", "--min-tokens", "--compile")),
+])
+def test_every_command_takes_the_shared_options(command, own):
+    from cli_helpers import option_names
+
+    names = option_names(command)
+    assert set(EVERYWHERE + own) <= names, sorted(set(EVERYWHERE + own) - names)
+    assert "--prompts" in option_names(command, hidden=True) - names  # the old name, accepted but not shown
+
+
 @pytest.mark.parametrize("command", [[], ["generate"], ["bench"], ["inspect-acceptance"], ["profiles", "show"]])
 def test_switches_show_no_value_placeholder_in_help(monkeypatch, command):
     result = specgen(monkeypatch, *command, "--help", env={"COLUMNS": "200"})
     assert result.code == 0 and "--help" in result.stdout
     assert "<bool>" not in result.stdout
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "inspect-acceptance"])
+def test_help_shows_every_option_name_whole_at_80_columns(monkeypatch, command):
+    from cli_helpers import option_names
+
+    result = specgen(monkeypatch, command, "--help", env={"COLUMNS": "80"})
+    assert result.code == 0, result
+    assert "…" not in result.stdout and max(len(line) for line in result.stdout.splitlines()) <= 80
+    shown = set(re.findall(r"--[a-z0-9-]+", result.stdout))
+    assert option_names(command) <= shown, sorted(option_names(command) - shown)
+    assert "--prompts" not in shown  # the hidden old name of --prompts-file
 
 
 def test_version(monkeypatch):

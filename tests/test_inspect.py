@@ -332,3 +332,53 @@ def test_ctrl_c_reports_what_finished_marked_incomplete(cli, tiny, monkeypatch):
     assert document["runs"][0]["prompt"] == PROMPTS[0] and len(document["runs"][0]["token_ids"]) == 20
     assert len(document["runs"]) == 2 and 0 < len(document["runs"][1]["token_ids"]) < 20
     check_counts(document)
+
+
+# ---------------------------------------------------------------- generate's options
+
+
+def test_stop_min_tokens_and_stop_token_ids(cli, tiny):
+    first = inspect_json(cli, "-p", tiny, "-n", "20", PROMPTS[0])["runs"][0]
+    stop = first["text"][len(first["text"]) // 2:][:3]
+    cut = first["text"].index(stop)
+    stopped = inspect_json(cli, "-p", tiny, "-n", "20", "--stop", stop, PROMPTS[0])["runs"][0]
+    assert stopped["text"] == first["text"][:cut]
+    token = str(first["token_ids"][0])
+    assert len(inspect_json(cli, "-p", tiny, "-n", "20", "--stop-token-id", token, PROMPTS[0])["runs"][0]["token_ids"]) == 1
+    held = inspect_json(cli, "-p", tiny, "-n", "20", "--stop-token-id", token, "--min-tokens", "6", PROMPTS[0])
+    assert len(held["runs"][0]["token_ids"]) >= 6
+
+
+def test_truncate_prompt_and_its_hint(cli, tiny):
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "8", LONG)
+    assert (code, out) == (2, "") and "--truncate-prompt" in err
+    document = inspect_json(cli, "-p", tiny, "-n", "8", "--k", "2", "--truncate-prompt", LONG)
+    run = document["runs"][0]
+    assert run["prompt"] == LONG and len(run["token_ids"]) == 8
+
+
+def test_quiet_threads_and_the_temperature_warning(cli, tiny):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "4", "-t", "8", "--seed", "1", "--threads", "2",
+                             PROMPTS[0])
+        assert code == 0 and err.startswith("specgen: warning: temperature 8 is above 2")
+        assert torch.get_num_threads() == 2
+        code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "4", "-t", "8", "--seed", "1", "-q", PROMPTS[0])
+        assert (code, err) == (0, "")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_chat_and_system_prompt(cli, tmp_path):
+    from cli_helpers import add_chat_template
+
+    target, draft = build_pair(tmp_path, noisy=0.1)
+    plain = write_profile(tmp_path / "plain.toml", target, draft, sampling={"ignore_eos": True})
+    code, out, err = cli("inspect-acceptance", "-p", plain, "-n", "4", "--chat", PROMPTS[0])
+    assert code == 2 and "no chat template" in err
+    add_chat_template(target, draft)
+    document = inspect_json(cli, "-p", plain, "-n", "4", "--system", "be brief", PROMPTS[0])
+    assert document["runs"][0]["prompt"] == PROMPTS[0] and len(document["runs"][0]["token_ids"]) == 4

@@ -12,6 +12,7 @@ import enum
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -37,10 +38,6 @@ def _sweep(*names: str, **kwargs):
     return typer.Option(*names, rich_help_panel="Sweep", **kwargs)
 
 
-def _output(*names: str, **kwargs):
-    return typer.Option(*names, rich_help_panel="Output", **kwargs)
-
-
 def bench(
     profile: opt.Profile = None,
     target: opt.Target = None,
@@ -50,8 +47,8 @@ def bench(
     temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
     baselines: Annotated[str, _sweep(
         "--baseline", help="Comma list of target-only, hf, hf-static, hf-assisted.")] = "target-only",
-    prompts_file: Annotated[Optional[Path], _sweep(
-        "--prompts", help="Text lines or JSONL with 'prompt' (default: the pair's prompts.jsonl).")] = None,
+    prompts_file: opt.PromptsFile = None,
+    prompts: opt.PromptsAlias = None,
     num_prompts: Annotated[Optional[int], _sweep("--num-prompts", min=1, help="Use the first N prompts.")] = None,
     max_tokens: opt.MaxTokens = None,
     repeat: Annotated[int, _sweep("--repeat", min=1, help="Timed runs per prompt; the median counts.")] = 1,
@@ -63,40 +60,50 @@ def bench(
     seed: opt.Seed = None,
     ignore_eos: Annotated[bool, _sweep(
         "--ignore-eos/--no-ignore-eos", help="Generate max-tokens for every prompt (default) or stop at EOS.")] = True,
+    chat: opt.Chat = False,
+    system: opt.System = None,
+    truncate_prompt: opt.TruncatePrompt = False,
     dtype: opt.Dtype = None,
     device: opt.Device = None,
     compile: opt.Compile = None,
+    threads: opt.Threads = None,
+    download: opt.Download = None,
     fp32_check: Annotated[Optional[bool], _sweep(
         "--fp32-check/--no-fp32-check",
         help="After timing, compare greedy speculative with target-only output in float32 "
              "(default: when the sweep has temperature 0 and the models are not float32).")] = None,
-    records: Annotated[bool, _output(
+    records: Annotated[bool, opt.output_option(
         "--records", help="Keep per-round records in the JSON (for inspect-acceptance --bench).")] = False,
-    output_format: Annotated[Format, _output("--format", "-f", help="text | json.")] = Format.text,
-    quiet: Annotated[bool, _output("--quiet", "-q", help="Nothing on stderr but errors.")] = False,
+    output_format: Annotated[Format, opt.output_option("--format", "-f", help="text | json.")] = Format.text,
+    quiet: opt.Quiet = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
-    """Benchmark speculative decoding against baselines; stdout gets the table (or JSON)."""
-    from specgen.core.bench import Plan
+    """Benchmark speculative decoding against baselines; stdout gets the table (or JSON).
+
+    Prompts come from --prompts-file, or by default from the prompts.jsonl beside the profile's target folder.
+    """
+    from specgen.core.bench_plan import Plan
     from specgen.core.profile import load_profile
 
     plan = Plan(ks=parse_list(ks, int, "--k"), temperatures=parse_list(temperatures, float, "--temperature"),
                 baselines=parse_baselines(baselines), repeat=repeat, warmup=warmup, records=records)
     overrides = opt.overrides(**locals())
+    path = opt.prompts_path(prompts_file, prompts)
 
     def settings_for(k: int, temperature: float):
         return load_profile(profile, {**overrides, "speculation.k": k, "sampling.temperature": temperature})
 
-    settings = settings_for(plan.ks[0], plan.temperatures[0])
-    for k in plan.ks:  # every combination is validated before any model loads
+    for k in plan.ks:  # every combination is validated before torch is imported and any model loads
         for temperature in plan.temperatures:
             settings_for(k, temperature)
-    prompts = bench_prompts(prompts_file, settings, num_prompts)
-    document = measure(settings_for, prompts, plan, allow_pickle, quiet)
+    opt.warn_settings(settings_for(plan.ks[0], max(plan.temperatures)), quiet)
+    texts = bench_prompts(path, settings_for(plan.ks[0], plan.temperatures[0]), num_prompts)
+    encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0]))
+    document = measure(settings_for, texts, plan, encoding, allow_pickle, quiet)
     if not document["incomplete"] and wants_fp32_check(fp32_check, plan, document):
         measured = [p["text"] for p in document["prompts"]]
-        document["fp32_check"] = run_fp32_check(profile, overrides, measured, plan, allow_pickle, quiet)
+        document["fp32_check"] = run_fp32_check(profile, overrides, measured, plan, encoding, allow_pickle, quiet)
         document["incomplete"] = document["fp32_check"] is None
     if output_format == Format.json:
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
@@ -110,7 +117,23 @@ def bench(
         raise typer.Exit(130)
 
 
-def measure(settings_for, prompts: list[str], plan, allow_pickle: bool, quiet: bool) -> dict:
+@dataclass(frozen=True)
+class Encoding:
+    """How bench turns a prompt's text into ids: --chat / --system, and --truncate-prompt, which
+    keeps the end that fits at the sweep's largest k (`settings`)."""
+
+    chat: bool
+    system: str | None
+    truncate: bool
+    settings: object
+
+    def for_engine(self, engine):
+        from specgen.cli.prompts import prompt_ids
+
+        return lambda text: prompt_ids(engine, self.settings, text, self.chat, self.system, self.truncate)
+
+
+def measure(settings_for, prompts: list[str], plan, encoding: Encoding, allow_pickle: bool, quiet: bool) -> dict:
     """Load the pair (timed: the document's startup_seconds) and run the sweep; the engine is
     released on return, before a float32 check loads a second copy."""
     from specgen.core.bench import Bench
@@ -119,8 +142,11 @@ def measure(settings_for, prompts: list[str], plan, allow_pickle: bool, quiet: b
     start = time.perf_counter()
     engine = Engine(settings_for(plan.ks[0], plan.temperatures[0]), allow_pickle=allow_pickle)
     startup = time.perf_counter() - start
+    # Settings that leave no room for any prompt: one error with its hint, not a warning per prompt.
+    engine.decoder(encoding.settings).check_prompt([0])
     warn = (lambda message: None) if quiet else (lambda message: print(f"specgen: warning: {message}", file=sys.stderr))
-    runner = Bench(engine, prompts, settings_for, plan, warn=warn, startup_seconds=startup)
+    runner = Bench(engine, prompts, settings_for, plan, warn=warn, startup_seconds=startup,
+                   encode=encoding.for_engine(engine))
     with progress_bar(render.stderr_console(), enabled=not quiet and sys.stderr.isatty()) as bar:
         task = bar.add_task("bench", total=runner.total_steps)
         runner.progress = lambda steps, label: bar.update(task, advance=steps, description=label)
@@ -134,7 +160,8 @@ def wants_fp32_check(option: bool | None, plan, document: dict) -> bool:
     return 0.0 in plan.temperatures and document["environment"]["dtype"] != "float32"
 
 
-def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, allow_pickle: bool, quiet: bool):
+def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding: Encoding, allow_pickle: bool,
+                   quiet: bool):
     """The float32 check on a second load of the pair (no compile: it is not timed); None after Ctrl-C."""
     import gc
 
@@ -157,7 +184,7 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, allow_pic
         engine = Engine(settings_for(plan.ks[0], 0.0), allow_pickle=allow_pickle)
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
             task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1))
-            return fp32_check(engine, prompts, settings_for, plan.ks,
+            return fp32_check(engine, prompts, settings_for, plan.ks, encode=encoding.for_engine(engine),
                               progress=lambda steps, label: bar.update(task, advance=steps, description=label))
     except KeyboardInterrupt:
         return None
@@ -176,7 +203,7 @@ def parse_list(text: str, kind, option: str) -> tuple:
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
-    from specgen.core.bench import BASELINES
+    from specgen.core.bench_plan import BASELINES
     from specgen.core.errors import UsageError
 
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
@@ -187,16 +214,16 @@ def parse_baselines(text: str) -> tuple[str, ...]:
 
 
 def bench_prompts(path: Path | None, settings, limit: int | None) -> list[str]:
-    """--prompts, or the prompts.jsonl that the pair's recipe writes beside its target folder."""
-    from specgen.cli.generate import _read_prompts_file
+    """--prompts-file, or the prompts.jsonl that the pair's recipe writes beside its target folder."""
+    from specgen.cli.prompts import read_file
     from specgen.core.errors import UsageError
 
     if path is None:
         path = Path(settings.target.path).expanduser().parent / "prompts.jsonl"
         if not path.is_file():
             raise UsageError(f"no prompts: the profile's pair has no prompts.jsonl (looked for {path})",
-                             hint="give --prompts FILE (text lines or JSONL with a 'prompt' field)")
-    prompts = _read_prompts_file(path)
+                             hint="give --prompts-file FILE (text lines or JSONL with a 'prompt' field)")
+    prompts = [p.text for p in read_file(path)]
     return prompts[:limit] if limit else prompts
 
 

@@ -14,7 +14,7 @@ import typer
 
 from specgen.cli import options as opt
 from specgen.cli import render
-from specgen.cli.prompts import Prompt, encode_prompt, fitting, read
+from specgen.cli.prompts import Prompt, fitting, prompt_ids, read
 
 
 class Format(str, enum.Enum):
@@ -53,18 +53,20 @@ def generate(
     logprobs_mode: opt.LogprobsMode = None,
     chat: opt.Chat = False,
     system: opt.System = None,
-    output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,
+    output_format: Annotated[Format, opt.output_option("--format", "-f", help="text | json | jsonl.")] = Format.text,
     prompts_file: opt.PromptsFile = None,
     prompts: opt.PromptsAlias = None,
     truncate_prompt: opt.TruncatePrompt = False,
-    skip_long_prompts: Annotated[bool, typer.Option(
+    skip_long_prompts: Annotated[bool, opt.prompts_option(
         "--skip-long-prompts", help="Leave out prompts of the file too long for the context (a warning names each).",
     )] = False,
-    live: Annotated[bool, typer.Option("--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
+    live: Annotated[bool, opt.output_option(
+        "--live/--no-live", help="Live view on stderr (only on a terminal).")] = True,
     quiet: opt.Quiet = False,
     threads: opt.Threads = None,
     download: opt.Download = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print the resolved backend and kernels on stderr.")] = False,
+    verbose: Annotated[bool, opt.output_option(
+        "--verbose", "-v", help="Print the resolved backend and kernels on stderr.")] = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
@@ -88,7 +90,7 @@ def generate(
     if verbose and not quiet:
         warn(describe(engine.describe()))
     show_live = live and not quiet and render.can_draw(render.stderr_console()) and output_format == Format.text
-    jobs = fitting(texts, lambda text: encode(engine, settings, text, chat, system, truncate_prompt),
+    jobs = fitting(texts, lambda text: prompt_ids(engine, settings, text, chat, system, truncate_prompt),
                    engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
     for item, ids in jobs:
@@ -97,16 +99,6 @@ def generate(
         emit_json(result, item.text, settings, output_format, engine.tokenizer)
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
-
-
-def encode(engine, settings, text: str, chat: bool, system: str | None, truncate: bool) -> list[int]:
-    """A prompt's ids: plain, or in the chat template (--system implies --chat)."""
-    ids = encode_prompt(engine, text, chat, system)
-    if truncate:
-        from specgen.core.context import keep_end
-
-        ids = keep_end(ids, settings.sampling.max_tokens, settings.speculation.k, engine.max_context)
-    return ids
 
 
 def describe(resolved: dict) -> str:
@@ -133,13 +125,6 @@ def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: F
     if output_format == Format.json and len(prompts) > 1:
         raise UsageError("--format json takes one prompt", hint="use --format jsonl with --prompts-file")
     return prompts
-
-
-def _read_prompts_file(path: Path) -> list[str]:
-    """The texts of a prompts file (for `specgen bench`)."""
-    from specgen.cli.prompts import read_file
-
-    return [p.text for p in read_file(path)]
 
 
 INTERRUPTED = "interrupted"

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,8 +40,8 @@ class Format(str, enum.Enum):
 
 def inspect_acceptance(
     prompt: Annotated[Optional[str], typer.Argument(help="Prompt text; '-' or nothing reads stdin.")] = None,
-    prompts_file: Annotated[Optional[Path], typer.Option(
-        "--prompts", help="One prompt per line, or JSONL with a 'prompt' field.")] = None,
+    prompts_file: opt.PromptsFile = None,
+    prompts: opt.PromptsAlias = None,
     bench_file: Annotated[Optional[Path], typer.Option(
         "--bench", help="Read the records of `specgen bench --records --format json` instead of generating.")] = None,
     profile: opt.Profile = None,
@@ -48,6 +49,8 @@ def inspect_acceptance(
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
     k: opt.K = None,
+    draft_p_min: opt.DraftPMin = None,
+    adaptive_k: opt.AdaptiveK = None,
     temperature: opt.Temperature = None,
     top_p: opt.TopP = None,
     top_k: opt.TopK = None,
@@ -57,15 +60,27 @@ def inspect_acceptance(
     frequency_penalty: opt.FrequencyPenalty = None,
     seed: opt.Seed = None,
     max_tokens: opt.MaxTokens = None,
+    min_tokens: opt.MinTokens = None,
+    stop: opt.Stop = None,
+    stop_token_id: opt.StopTokenId = None,
     ignore_eos: opt.IgnoreEos = None,
     dtype: opt.Dtype = None,
     device: opt.Device = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="How many of the most rejected tokens to list.")] = 10,
-    export: Annotated[Optional[Path], typer.Option("--export", help="Also write FILE.json, FILE.html or FILE.png.")] = None,
-    skip_long_prompts: Annotated[bool, typer.Option(
+    compile: opt.Compile = None,
+    autotune: opt.Autotune = None,
+    chat: opt.Chat = False,
+    system: opt.System = None,
+    truncate_prompt: opt.TruncatePrompt = False,
+    top: Annotated[int, opt.output_option("--top", min=1, help="How many of the most rejected tokens to list.")] = 10,
+    export: Annotated[Optional[Path], opt.output_option(
+        "--export", help="Also write FILE.json, FILE.html or FILE.png.")] = None,
+    skip_long_prompts: Annotated[bool, opt.prompts_option(
         "--skip-long-prompts", help="Leave out prompts of the file too long for the context (a warning names each).",
     )] = False,
-    output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json.")] = Format.text,
+    output_format: Annotated[Format, opt.output_option("--format", "-f", help="text | json.")] = Format.text,
+    quiet: opt.Quiet = False,
+    threads: opt.Threads = None,
+    download: opt.Download = None,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
@@ -73,16 +88,18 @@ def inspect_acceptance(
     from specgen.core import insight
 
     check_export(export)
+    path = opt.prompts_path(prompts_file, prompts)
     complete = True
     if bench_file is not None:
-        if prompt is not None or prompts_file is not None:
+        if prompt is not None or path is not None:
             from specgen.core.errors import UsageError
 
-            raise UsageError("give a prompt, --prompts or --bench, not several")
+            raise UsageError("give a prompt, --prompts-file or --bench, not several")
         source, runs = _from_bench(bench_file, k, temperature)
     else:
-        source, runs, complete = _generate(prompt, prompts_file, opt.overrides(**locals()), profile, allow_pickle,
-                                           skip_long_prompts)
+        request = Request(prompt, path, profile, opt.overrides(**locals()), chat, system, truncate_prompt,
+                          skip_long_prompts, quiet)
+        source, runs, complete = _generate(request, allow_pickle)
     document = {"schema": SCHEMA, "source": source, **insight.analyse(runs, top),
                 "runs": [run.as_dict() for run in runs]}
     if not complete:
@@ -97,6 +114,21 @@ def inspect_acceptance(
         raise failure
     if not complete:
         raise typer.Exit(130)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to generate from, as the options gave it."""
+
+    prompt: str | None
+    prompts_file: Path | None
+    profile: str | None
+    overrides: dict
+    chat: bool
+    system: str | None
+    truncate: bool
+    skip_long: bool
+    quiet: bool
 
 
 def check_export(path: Path | None) -> None:
@@ -149,19 +181,23 @@ def _from_bench(path: Path, k: int | None, temperature: float | None):
     return source, runs
 
 
-def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool, skip_long: bool):
-    """(source, runs, complete): complete is False after Ctrl-C, with the runs recorded until then."""
-    from specgen.cli.prompts import encode_prompt, fitting, read
-    from specgen.core.engine import Engine
+def _generate(request: Request, allow_pickle: bool):
+    """(source, runs, complete): complete is False after Ctrl-C, with the runs recorded until then.
+    The prompts, profile and options are checked before torch is imported."""
+    from specgen.cli.prompts import fitting, prompt_ids, read
     from specgen.core.profile import load_profile
 
-    prompts = read(prompt, prompts_file)
-    settings = load_profile(profile, overrides)
-    with render.startup_status(enabled=True) as progress:
+    prompts = read(request.prompt, request.prompts_file)
+    settings = load_profile(request.profile, request.overrides)
+    opt.warn_settings(settings, request.quiet)
+    from specgen.core.engine import Engine  # torch and transformers: only for valid input
+
+    with render.startup_status(enabled=not request.quiet) as progress:
         engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
-    check = engine.decoder().check_prompt
-    jobs = fitting(prompts, lambda text: encode_prompt(engine, text, chat=False),
-                   lambda ids: check(ids, can_truncate=False), skip_long=skip_long, warn=lambda line: print(line, file=sys.stderr))
+    jobs = fitting(prompts, lambda text: prompt_ids(engine, settings, text, request.chat, request.system,
+                                                    request.truncate),
+                   engine.decoder().check_prompt, skip_long=request.skip_long,
+                   warn=None if request.quiet else (lambda line: print(line, file=sys.stderr)))
     runs, complete = [], True
     for item, ids in jobs:
         run, complete = _record(engine.decoder(insight=True), item.text, ids, engine.tokenizer)
@@ -170,8 +206,8 @@ def _generate(prompt, prompts_file, overrides: dict, profile, allow_pickle: bool
             break
     if not runs:  # interrupted before a single round: nothing to report
         raise KeyboardInterrupt
-    source = {"kind": "prompts", "file": str(prompts_file) if prompts_file else None, "profile": settings.name,
-              "proposer": settings.proposer.kind, "k": settings.speculation.k,
+    source = {"kind": "prompts", "file": str(request.prompts_file) if request.prompts_file else None,
+              "profile": settings.name, "proposer": settings.proposer.kind, "k": settings.speculation.k,
               "temperature": settings.sampling.temperature}
     return source, runs, complete
 

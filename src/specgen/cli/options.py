@@ -13,58 +13,69 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+
+def _panel(title: str):
+    """Options under one heading of --help. Each panel is its own table, so a long option name in
+    one does not squeeze (and cut) the names of another at 80 columns."""
+    return lambda *names, **kwargs: typer.Option(*names, rich_help_panel=title, **kwargs)
+
+
+_models, _speculation, _sampling = _panel("Models"), _panel("Speculation"), _panel("Sampling")
+prompts_option, output_option = _panel("Prompts"), _panel("Output")  # also for a command's own options
+
 Profile = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name or .toml path (default: demo).")]
-Target = Annotated[Optional[str], typer.Option("--target", help="Target checkpoint: local folder or cached hub id.")]
-Draft = Annotated[Optional[str], typer.Option("--draft", help="Draft checkpoint: local folder or cached hub id.")]
-Proposer = Annotated[Optional[str], typer.Option(
+Target = Annotated[Optional[str], _models("--target", help="Target checkpoint: local folder or cached hub id.")]
+Draft = Annotated[Optional[str], _models("--draft", help="Draft checkpoint: local folder or cached hub id.")]
+Proposer = Annotated[Optional[str], _speculation(
     "--proposer", help="draft | ngram | hybrid (n-gram, else draft) | none (target only).")]
-K = Annotated[Optional[int], typer.Option("--k", help="Draft tokens per round (1..32).")]
-DraftPMin = Annotated[Optional[float], typer.Option(
+K = Annotated[Optional[int], _speculation("--k", help="Draft tokens per round (1..32).")]
+DraftPMin = Annotated[Optional[float], _speculation(
     "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]
-AdaptiveK = Annotated[Optional[bool], typer.Option(
+AdaptiveK = Annotated[Optional[bool], _speculation(
     "--adaptive-k/--no-adaptive-k", help="Adapt k per round from recent acceptance (at most --k).")]
-Temperature = Annotated[Optional[float], typer.Option(
+Temperature = Annotated[Optional[float], _sampling(
     "--temperature", "-t", help="0 = greedy; a warning above 2 (-t is not threads here: see --threads).")]
-TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus mass in (0, 1].")]
-TopK = Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens; -1 = off.")]
-MinP = Annotated[Optional[float], typer.Option("--min-p", help="Drop tokens below min_p * max p.")]
-RepetitionPenalty = Annotated[Optional[float], typer.Option("--repetition-penalty", help="> 1 discourages repeats.")]
-PresencePenalty = Annotated[Optional[float], typer.Option("--presence-penalty", help="In [-2, 2].")]
-FrequencyPenalty = Annotated[Optional[float], typer.Option("--frequency-penalty", help="In [-2, 2].")]
-Seed = Annotated[Optional[int], typer.Option(
+TopP = Annotated[Optional[float], _sampling("--top-p", help="Nucleus mass in (0, 1].")]
+TopK = Annotated[Optional[int], _sampling("--top-k", help="Keep the k most likely tokens; -1 = off.")]
+MinP = Annotated[Optional[float], _sampling("--min-p", help="Drop tokens below min_p * max p.")]
+RepetitionPenalty = Annotated[Optional[float], _sampling("--repetition-penalty", help="> 1 discourages repeats.")]
+PresencePenalty = Annotated[Optional[float], _sampling("--presence-penalty", help="In [-2, 2].")]
+FrequencyPenalty = Annotated[Optional[float], _sampling("--frequency-penalty", help="In [-2, 2].")]
+Seed = Annotated[Optional[int], _sampling(
     "--seed", help="0 to 2**64-1. Same seed, same settings (k and proposer too), same text on the same device.")]
-MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens to generate at most.")]
-MinTokens = Annotated[Optional[int], typer.Option("--min-tokens", help="No EOS/stop id before this many tokens.")]
-Stop = Annotated[Optional[list[str]], typer.Option(
-    "--stop", help="Stop string (repeatable); not included in the output.")]
-StopTokenId = Annotated[Optional[list[int]], typer.Option("--stop-token-id", help="Stop token id (repeatable).")]
-IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos/--no-ignore-eos", help="Keep going past EOS.")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (both models).")]
-Device = Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda | cuda:N (both models).")]
-Compile = Annotated[Optional[bool], typer.Option(
+MaxTokens = Annotated[Optional[int], _sampling("--max-tokens", "-n", help="Tokens to generate at most.")]
+MinTokens = Annotated[Optional[int], _sampling("--min-tokens", help="No EOS/stop id before this many tokens.")]
+Stop = Annotated[Optional[list[str]], _sampling(
+    "--stop", metavar="<str>", help="Stop string (repeatable); not included in the output.")]
+StopTokenId = Annotated[Optional[list[int]], _sampling(
+    "--stop-token-id", metavar="<int>", help="Stop token id (repeatable).")]
+IgnoreEos = Annotated[Optional[bool], _sampling("--ignore-eos/--no-ignore-eos", help="Keep going past EOS.")]
+Dtype = Annotated[Optional[str], _models("--dtype", help="auto | float32 | bfloat16 | float16 (both models).")]
+Device = Annotated[Optional[str], _models("--device", help="auto | cpu | cuda | cuda:N (both models).")]
+Compile = Annotated[Optional[bool], _models(
     "--compile/--no-compile", help="Also torch.compile the CUDA-graph steps: faster rounds, slower first start.")]
-Autotune = Annotated[Optional[bool], typer.Option(
+Autotune = Annotated[Optional[bool], _models(
     "--autotune/--no-autotune", help="With --compile: benchmark GEMM kernels at start-up (much slower first start).")]
-Threads = Annotated[Optional[int], typer.Option(
+Threads = Annotated[Optional[int], _models(
     "--threads", help="CPU threads for torch; 0 = auto (half the CPUs, at least 1).")]
-Logprobs = Annotated[Optional[int], typer.Option(
+Logprobs = Annotated[Optional[int], output_option(
     "--logprobs", help="Also report the N most likely tokens' logprobs per token (0..20).")]
-LogprobsMode = Annotated[Optional[str], typer.Option(
+LogprobsMode = Annotated[Optional[str], output_option(
     "--logprobs-mode", help="warped (default: the distribution tokens are drawn from) | raw (the model's own).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")]
-Chat = Annotated[bool, typer.Option("--chat", help="Wrap each prompt in the model's chat template.")]
-System = Annotated[Optional[str], typer.Option(
+Chat = Annotated[bool, prompts_option("--chat", help="Wrap each prompt in the model's chat template.")]
+System = Annotated[Optional[str], prompts_option(
     "--system", help="System prompt for the chat template (implies --chat).")]
-PromptsFile = Annotated[Optional[Path], typer.Option(
+PromptsFile = Annotated[Optional[Path], prompts_option(
     "--prompts-file", help="One prompt per line, or JSONL with a 'prompt' field.")]
 # The name bench and inspect-acceptance had: still accepted, no longer shown.
 PromptsAlias = Annotated[Optional[Path], typer.Option("--prompts", hidden=True)]
-TruncatePrompt = Annotated[bool, typer.Option(
+TruncatePrompt = Annotated[bool, prompts_option(
     "--truncate-prompt", help="Keep the end of a prompt that is too long for the context.")]
-Download = Annotated[Optional[bool], typer.Option(
+Download = Annotated[Optional[bool], _models(
     "--download/--no-download", help="Fetch a hub id missing from the local cache (default: never use the network).")]
-TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
-AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
+TrustRemoteCode = Annotated[bool, _models("--trust-remote-code", help="Allow checkpoint code to run (risky).")]
+AllowPickle = Annotated[bool, _models("--allow-pickle", help="Allow pickle-based weights (.bin/.pt).")]
 
 
 def _print_version(value: bool) -> None:

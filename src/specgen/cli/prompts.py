@@ -131,6 +131,17 @@ def fitting(prompts: list[Prompt], encode, check, *, skip_long: bool, warn) -> l
     return jobs
 
 
+def prompt_ids(engine, settings, text: str, chat: bool, system: str | None, truncate: bool) -> list[int]:
+    """A prompt's ids: plain, or in the chat template (--system implies --chat); with truncate
+    (--truncate-prompt), the end that leaves room for settings' max_tokens and k."""
+    ids = encode_prompt(engine, text, chat, system)
+    if truncate:
+        from specgen.core.context import keep_end
+
+        ids = keep_end(ids, settings.sampling.max_tokens, settings.speculation.k, engine.max_context)
+    return ids
+
+
 def encode_prompt(engine, text: str, chat: bool, system: str | None = None) -> list[int]:
     """engine.encode, with a chat template that fails (Jinja's sandbox refusing it, a syntax error)
     reported as the checkpoint's problem."""

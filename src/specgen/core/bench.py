@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from specgen.core.bench_plan import BASELINES, HF_BASELINES, Plan  # noqa: F401 - BASELINES is part of this API
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.insight import RunRecord
@@ -39,18 +40,6 @@ from specgen.core.settings import Profile, SamplingSpec
 from specgen.core.stats import PHASES, AcceptanceStats
 
 SCHEMA = "specgen.bench/1"
-BASELINES = ("target-only", "hf", "hf-static", "hf-assisted")
-HF_BASELINES = ("hf", "hf-static")  # plain Hugging Face generate, without a draft
-
-
-@dataclass(frozen=True)
-class Plan:
-    ks: tuple[int, ...]
-    temperatures: tuple[float, ...]
-    baselines: tuple[str, ...] = ("target-only",)
-    repeat: int = 1
-    warmup: int = 1
-    records: bool = False  # keep per-round records of every speculative run (for inspect-acceptance)
 
 
 @dataclass
@@ -95,8 +84,10 @@ class Sweep:
 class Bench:
     def __init__(self, engine: Engine, prompts: list[str], settings_for: Callable[[int, float], Profile],
                  plan: Plan, progress: Progress | None = None, warn: Warn | None = None,
-                 startup_seconds: float | None = None):
+                 startup_seconds: float | None = None, encode: Callable[[str], list[int]] | None = None):
+        """encode(text) -> prompt ids (default: engine.encode; the CLI's adds --chat and --truncate-prompt)."""
         self.engine = engine
+        self.encode = encode or engine.encode
         self.settings_for = settings_for  # (k, temperature) -> validated Profile
         self.plan = plan
         self.progress = progress or (lambda steps, label: None)
@@ -111,7 +102,7 @@ class Bench:
         checker = self.engine.decoder(self.settings_for(max(self.plan.ks), self.plan.temperatures[0]))
         indices, texts, ids = [], [], []
         for i, text in enumerate(prompts):
-            encoded = self.engine.encode(text)
+            encoded = self.encode(text)
             try:
                 checker.check_prompt(encoded)
             except UsageError as exc:
@@ -123,7 +114,8 @@ class Bench:
             ids.append(encoded)
         if not ids:
             raise UsageError(f"no prompt fits: {self.skipped[0]['reason']}",
-                             hint="use shorter prompts or lower --max-tokens or --k")
+                             hint="use shorter prompts, lower --max-tokens or --k, or pass --truncate-prompt "
+                                  "(keeps each prompt's end)")
         return indices, texts, ids
 
     @property
@@ -347,12 +339,13 @@ class Bench:
 
 
 def fp32_check(engine: Engine, prompts: list[str], settings_for: Callable[[int, float], Profile],
-               ks: tuple[int, ...], progress: Progress | None = None) -> dict:
+               ks: tuple[int, ...], progress: Progress | None = None,
+               encode: Callable[[str], list[int]] | None = None) -> dict:
     """Greedy speculative output against greedy target-only output, per k, on `engine` (loaded in
     float32 by the caller). Untimed. In float32 the two must be identical; the bench's own dtype
     (bf16) can differ because a (k+1)-token verification rounds differently from a 1-token step."""
     progress = progress or (lambda steps, label: None)
-    ids = [engine.encode(p) for p in prompts]
+    ids = [(encode or engine.encode)(p) for p in prompts]
 
     def outputs(profile: Profile) -> list[list[int]]:
         out = []
