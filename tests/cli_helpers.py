@@ -135,21 +135,34 @@ def visible_text(text: str) -> str:
     return "".join(c for c in text if not c.isspace() and unicodedata.category(c) != "Cc")
 
 
+def llama_classes() -> tuple:
+    """The classes that run Llama checkpoints: specgen's own (on the CPU) and transformers'."""
+    from transformers import LlamaForCausalLM
+
+    from specgen.core import llama
+
+    return llama.LlamaForCausalLM, LlamaForCausalLM
+
+
+def wrap_forwards(monkeypatch, wrapper) -> None:
+    """Replace the forward of every Llama class by wrapper(real_forward, self, *args, **kwargs)."""
+    for cls in llama_classes():
+        monkeypatch.setattr(cls, "forward", lambda self, *a, real=cls.forward, **k: wrapper(real, self, *a, **k))
+
+
 def count_forwards(monkeypatch, interrupt_at: int | None = None) -> list:
     """Counts the forwards of every Llama model (target and draft) in the returned list; with
     interrupt_at, forward number interrupt_at raises KeyboardInterrupt: Ctrl-C, simulated, wherever
     the loop happens to be."""
-    from transformers import LlamaForCausalLM
+    calls = []
 
-    real_forward, calls = LlamaForCausalLM.forward, []
-
-    def forward(self, *args, **kwargs):
+    def forward(real, self, *args, **kwargs):
         calls.append(1)
         if len(calls) == interrupt_at:
             raise KeyboardInterrupt
-        return real_forward(self, *args, **kwargs)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(LlamaForCausalLM, "forward", forward)
+    wrap_forwards(monkeypatch, forward)
     return calls
 
 

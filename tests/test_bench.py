@@ -296,20 +296,19 @@ def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
 def test_ctrl_c_keeps_what_finished(tiny, tmp_path, monkeypatch):
     """Ctrl-C in the third prompt: the first two, finished by every method, are printed (JSON marked
     incomplete) and the exit code is 130."""
-    import transformers
+    from cli_helpers import wrap_forwards
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def add(a, b):\nclass Point:\nimport os\n")
-    forward = transformers.LlamaForCausalLM.forward
     seen = []
 
-    def counting(self, *args, **kwargs):
+    def counting(forward, self, *args, **kwargs):
         seen.append(1)
         if limit is not None and len(seen) == limit:
             raise KeyboardInterrupt
         return forward(self, *args, **kwargs)
 
-    monkeypatch.setattr(transformers.LlamaForCausalLM, "forward", counting)
+    wrap_forwards(monkeypatch, counting)
     starts = []  # forward calls made before each generation began
     ours = Bench._ours
     monkeypatch.setattr(Bench, "_ours", lambda self, profile, i: starts.append(len(seen)) or ours(self, profile, i))
@@ -457,7 +456,7 @@ def test_truncate_prompt_keeps_a_long_prompts_end(tiny, tmp_path, monkeypatch):
     assert code == 0, err
     document = json.loads(out)
     assert document["skipped_prompts"] == []
-    assert document["prompts"][0]["tokens"] == 512 - 4 - (2 + 1)  # the context less max_tokens and the largest k's round
+    assert document["prompts"][0]["tokens"] == 512 - 4 - (2 + 1)  # context - max_tokens - the largest k's round
 
 
 def test_a_high_temperature_in_the_sweep_warns_unless_quiet(tiny, monkeypatch):

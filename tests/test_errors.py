@@ -345,13 +345,13 @@ def test_cuda_requested_but_unavailable(monkeypatch, tiny):
 
 
 def test_out_of_gpu_memory_during_generation_says_what_to_reduce(monkeypatch, tiny):
-    from transformers import LlamaForCausalLM
+    from cli_helpers import wrap_forwards
 
-    def forward(self, *args, **kwargs):
+    def forward(real, self, *args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                                           "capacity of 79.19 GiB of which 1.06 GiB is free.")
 
-    monkeypatch.setattr(LlamaForCausalLM, "forward", forward)  # the models themselves: whatever runs them
+    wrap_forwards(monkeypatch, forward)  # the models themselves: whatever runs them
     result = run(monkeypatch, tiny, "hi")
     assert_error(result, 1, "out of GPU memory (tried to allocate 2.00 GiB)",
                  "hint: reduce --max-tokens, --k or the prompt length")

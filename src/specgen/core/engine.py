@@ -101,8 +101,9 @@ class Engine:
         return self._rounds[key]
 
     def describe(self) -> dict:
-        """The resolved settings of this engine's backend, for reports (bench JSON, generate -v)."""
-        return self.backend.describe()
+        """The resolved settings of this engine's backend, for reports (bench JSON, generate -v), and
+        which code runs the models ([runtime] modeling resolved: "specgen" or "transformers")."""
+        return {"modeling": self.pair.modeling, **self.backend.describe()}
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:

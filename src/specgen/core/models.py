@@ -1,8 +1,13 @@
-"""Loading target and draft checkpoints with transformers, and checking that they fit together.
+"""Loading target and draft checkpoints, and checking that they fit together.
 
 A `path` is a local folder or a hub id, which specgen finds in the local Hugging Face cache without
 any network access; only [runtime] download = true (--download) fetches what the cache lacks.
 Weights load from safetensors; pickle-based weights (.bin, .pt) only with allow_pickle.
+
+Llama checkpoints on the CPU run on specgen's own forward (core/llama.py) and a tokenizer declared
+as a plain PreTrainedTokenizerFast loads as one, without AutoTokenizer: both skip the imports of
+transformers' modeling code, most of the demo's start-up. Everything else loads through
+transformers' Auto classes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from specgen.core import llama
 from specgen.core.errors import ModelError
 from specgen.core.settings import ModelSpec, Profile, RuntimeSpec
 
@@ -28,6 +34,11 @@ class LoadedPair:
     vocab_size: int  # number of real token ids (len(tokenizer)); logits columns past it are padding
     device: torch.device  # where the target's logits come out
     threads: int  # torch's CPU threads for this run ([runtime] threads, auto resolved)
+
+    @property
+    def modeling(self) -> str:
+        """Which code runs the target: "specgen" (core/llama.py) or "transformers"."""
+        return "specgen" if isinstance(self.target, llama.LlamaForCausalLM) else "transformers"
 
 
 def cpu_threads(spec: RuntimeSpec, cpus: int | None = None) -> int:
@@ -139,10 +150,15 @@ def _from_pretrained(loader, name: str, spec: ModelSpec, **kwargs):
         )
     except (OSError, ValueError, ImportError, KeyError) as exc:
         raise _model_error(name, spec, exc) from exc
-    except SafetensorError as exc:  # a weights file cut short (an interrupted copy or download) or damaged
-        damaged = _damaged_safetensors(Path(name)) if _is_local_path(name) else None
-        raise ModelError(f"{damaged or name}: damaged or incomplete weights ({str(exc).splitlines()[0]})",
-                         hint="copy or download the checkpoint again") from None
+    except SafetensorError as exc:
+        raise _damaged(name, exc) from None
+
+
+def _damaged(name: str, exc: Exception) -> ModelError:
+    """A weights file cut short (an interrupted copy or download) or damaged."""
+    damaged = _damaged_safetensors(Path(name)) if _is_local_path(name) else None
+    return ModelError(f"{damaged or name}: damaged or incomplete weights ({str(exc).splitlines()[0]})",
+                      hint="copy or download the checkpoint again")
 
 
 def _damaged_safetensors(folder: Path) -> Path | None:
@@ -181,26 +197,52 @@ def _quiet_transformers() -> None:
 
 
 def load_tokenizer(spec: ModelSpec, allow_pickle: bool = False, download: bool = False):
-    from transformers import AutoTokenizer
-
-    _quiet_transformers()
-
     name, _ = _locate(spec, allow_pickle, download)
     if os.path.isdir(name) and not any(any(Path(name).glob(pattern)) for pattern in _TOKENIZER_FILES):
         raise ModelError(f"{spec.path} has no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
                          hint="copy the tokenizer files of the model into the folder")
+    _quiet_transformers()
+    if _plain_fast_tokenizer(Path(name)):
+        from transformers import PreTrainedTokenizerFast
+
+        return _from_pretrained(PreTrainedTokenizerFast, name, spec)
+    from transformers import AutoTokenizer
+
     return _from_pretrained(AutoTokenizer, name, spec)
+
+
+def _plain_fast_tokenizer(folder: Path) -> bool:
+    """Whether AutoTokenizer would load this folder's tokenizer as the plain PreTrainedTokenizerFast
+    its tokenizer_config.json declares: a tokenizer.json, no code of its own, and a model type that
+    AutoTokenizer does not map to a tokenizer class of its own (Llama's). Loading that class
+    directly skips AutoTokenizer's config lookup, which imports the model's configuration module
+    and, through it, transformers' modeling code."""
+    if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
+        return False
+    try:
+        declared = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return False  # AutoTokenizer then says what is wrong
+    return (isinstance(declared, dict) and declared.get("tokenizer_class") in ("PreTrainedTokenizerFast",
+                                                                               "TokenizersBackend")
+            and "auto_map" not in declared and model_type == llama.MODEL_TYPE)
 
 
 # Files one of which every transformers tokenizer needs (tokenizer_config.json alone is not enough).
 _TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.*", "merges.txt", "*.tiktoken")
 
 
-def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = False) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
+def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = False,
+               modeling: str = "auto") -> torch.nn.Module:
+    """modeling: [runtime] modeling ("auto": specgen's own Llama where own_llama says so)."""
     name, use_safetensors = _locate(spec, allow_pickle, download)
     device = resolve_device(spec)
+    shape = own_llama(Path(name), spec, device, use_safetensors, modeling)
+    if shape is not None:
+        return _load_llama(Path(name), shape, resolve_dtype(spec, device), device)
+    from transformers import AutoModelForCausalLM
+
     kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None}
     if spec.device_map is not None:
         kwargs["device_map"] = spec.device_map
@@ -212,6 +254,31 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
     if spec.device_map is None:
         model = model.to(device)
     return model.eval()
+
+
+def own_llama(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
+              modeling: str) -> llama.LlamaShape | None:
+    """The checkpoint's shape when specgen's own Llama runs it: modeling "auto", on the CPU (the
+    CUDA backend rewires transformers' modules), from safetensors, with a config that core/llama.py
+    covers; else None."""
+    if modeling != "auto" or device.type != "cpu" or spec.device_map is not None or not use_safetensors:
+        return None
+    return llama.shape_of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+
+
+def _load_llama(folder: Path, shape: llama.LlamaShape, dtype: torch.dtype, device: torch.device):
+    from safetensors import SafetensorError
+
+    try:
+        return llama.load(folder, shape, dtype, device)
+    except SafetensorError as exc:
+        raise _damaged(str(folder), exc) from None
+    except (ValueError, RuntimeError) as exc:  # a tensor missing, left over or of another shape than config.json's
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{folder}: the weights do not match config.json ({first_line})",
+                         hint="copy or download the checkpoint again") from None
+    except OSError as exc:
+        raise ModelError(f"could not load {folder}: {exc.strerror or exc}") from None
 
 
 def check_tokenizers(target_tok, draft_tok) -> None:
@@ -247,13 +314,13 @@ def logits_width(model: torch.nn.Module) -> int:
 def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = True) -> LoadedPair:
     threads = cpu_threads(profile.runtime)
     torch.set_num_threads(threads)  # before any model runs
-    download = profile.runtime.download
+    download, modeling = profile.runtime.download, profile.runtime.modeling
     tokenizer = load_tokenizer(profile.target, allow_pickle, download)
-    target = load_model(profile.target, allow_pickle, download)
+    target = load_model(profile.target, allow_pickle, download, modeling)
     draft = None
     if need_draft and profile.proposer.uses_draft and profile.draft is not None:
         check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download))
-        draft = load_model(profile.draft, allow_pickle, download)
+        draft = load_model(profile.draft, allow_pickle, download, modeling)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(
                 f"the draft has {logits_width(draft)} output rows but the tokenizer has {len(tokenizer)} tokens"

@@ -464,6 +464,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling.logprobs": (lambda v: 0 <= v <= 20, "must be from 0 to 20"),
     "sampling.logprobs_mode": _one_of("warped", "raw"),
     "runtime.threads": (lambda v: 0 <= v <= 1024, "must be from 0 (auto) to 1024"),
+    "runtime.modeling": _one_of("auto", "transformers"),
     "kernels.attention": _one_of("auto", "kernel", "sdpa"),
     "kernels.linear": _one_of("auto", "kernel", "torch"),
     "kernels.rope": _one_of("auto", "kernel", "model"),
