@@ -344,7 +344,8 @@ def test_stop_min_tokens_and_stop_token_ids(cli, tiny):
     stopped = inspect_json(cli, "-p", tiny, "-n", "20", "--stop", stop, PROMPTS[0])["runs"][0]
     assert stopped["text"] == first["text"][:cut]
     token = str(first["token_ids"][0])
-    assert len(inspect_json(cli, "-p", tiny, "-n", "20", "--stop-token-id", token, PROMPTS[0])["runs"][0]["token_ids"]) == 1
+    stopped = inspect_json(cli, "-p", tiny, "-n", "20", "--stop-token-id", token, PROMPTS[0])
+    assert len(stopped["runs"][0]["token_ids"]) == 1
     held = inspect_json(cli, "-p", tiny, "-n", "20", "--stop-token-id", token, "--min-tokens", "6", PROMPTS[0])
     assert len(held["runs"][0]["token_ids"]) >= 6
 

@@ -140,11 +140,12 @@ class Encoding:
 def measure(settings_for, prompts: list[str], plan, encoding: Encoding, allow_pickle: bool, quiet: bool) -> dict:
     """Load the pair (timed: the document's startup_seconds) and run the sweep; the engine is
     released on return, before a float32 check loads a second copy."""
-    from specgen.core.bench import Bench
-    from specgen.core.engine import Engine
+    from specgen.cli.loading import collector_paused, load_engine
 
+    with collector_paused():  # torch and transformers before the clock: startup_seconds is the loading
+        from specgen.core.bench import Bench
     start = time.perf_counter()
-    engine = Engine(settings_for(plan.ks[0], plan.temperatures[0]), allow_pickle=allow_pickle)
+    engine = load_engine(settings_for(plan.ks[0], plan.temperatures[0]), allow_pickle, status=not quiet)
     startup = time.perf_counter() - start
     # Settings that leave no room for any prompt: one error with its hint, not a warning per prompt.
     engine.decoder(encoding.settings).check_prompt([0])
@@ -171,8 +172,8 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
 
     import torch
 
+    from specgen.cli.loading import load_engine
     from specgen.core.bench import fp32_check
-    from specgen.core.engine import Engine
     from specgen.core.profile import load_profile
 
     gc.collect()
@@ -185,7 +186,7 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
 
     err = render.stderr_console()
     try:
-        engine = Engine(settings_for(plan.ks[0], 0.0), allow_pickle=allow_pickle)
+        engine = load_engine(settings_for(plan.ks[0], 0.0), allow_pickle, status=not quiet)
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
             task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1))
             return fp32_check(engine, prompts, settings_for, plan.ks, encode=encoding.for_engine(engine),

@@ -14,6 +14,7 @@ import typer
 
 from specgen.cli import options as opt
 from specgen.cli import render
+from specgen.cli.loading import load_engine
 from specgen.cli.prompts import Prompt, fitting, prompt_ids, read
 
 
@@ -81,12 +82,7 @@ def generate(
                          hint="add --format json (one prompt) or --format jsonl (--prompts-file)")
     settings = load_profile(profile, opt.overrides(**locals()))
     opt.warn_settings(settings, quiet)
-    from specgen.core.engine import Engine  # torch and transformers (seconds): only for valid input
-
-    from specgen.cli import render
-
-    with render.startup_status(enabled=not quiet) as progress:
-        engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
+    engine = load_engine(settings, allow_pickle, status=not quiet)  # torch and transformers: only for valid input
     if verbose and not quiet:
         warn(describe(engine.describe()))
     show_live = live and not quiet and render.can_draw(render.stderr_console()) and output_format == Format.text

@@ -184,16 +184,14 @@ def _from_bench(path: Path, k: int | None, temperature: float | None):
 def _generate(request: Request, allow_pickle: bool):
     """(source, runs, complete): complete is False after Ctrl-C, with the runs recorded until then.
     The prompts, profile and options are checked before torch is imported."""
+    from specgen.cli.loading import load_engine
     from specgen.cli.prompts import fitting, prompt_ids, read
     from specgen.core.profile import load_profile
 
     prompts = read(request.prompt, request.prompts_file)
     settings = load_profile(request.profile, request.overrides)
     opt.warn_settings(settings, request.quiet)
-    from specgen.core.engine import Engine  # torch and transformers: only for valid input
-
-    with render.startup_status(enabled=not request.quiet) as progress:
-        engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
+    engine = load_engine(settings, allow_pickle, status=not request.quiet)  # torch: only for valid input
     jobs = fitting(prompts, lambda text: prompt_ids(engine, settings, text, request.chat, request.system,
                                                     request.truncate),
                    engine.decoder().check_prompt, skip_long=request.skip_long,

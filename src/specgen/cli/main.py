@@ -31,8 +31,21 @@ def main() -> None:
         code = errors.run(app)
     except KeyboardInterrupt:  # in the instant before run() or after it
         code = errors.interrupted()
-    signal.signal(signal.SIGINT, _stop_now)  # while Python shuts down
-    sys.exit(code)
+    signal.signal(signal.SIGINT, _stop_now)
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without Python's shutdown, which would tear down every module torch and transformers
+    loaded, one by one, for nothing (docs/benchmarks.md, "Start-up"). Everything specgen writes goes
+    through stdout and stderr, flushed here; its files (exports) are closed when written."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001 - errors.run has reported stdout's failures; stderr's are dropped
+            pass
+    os._exit(code)
 
 
 def _stop_now(signum, frame) -> None:
