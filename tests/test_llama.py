@@ -36,8 +36,9 @@ def ours(folder, dtype=torch.float32):
     return llama.load(folder, llama.shape_of(config), dtype, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("cache", ["KVCache", "DynamicCache"])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_logits_match_transformers_with_and_without_a_cache(tmp_path, name):
+def test_logits_match_transformers_with_and_without_a_cache(tmp_path, name, cache):
     from transformers import DynamicCache
 
     reference = save_llama(tmp_path, **CONFIGS[name])
@@ -45,7 +46,7 @@ def test_logits_match_transformers_with_and_without_a_cache(tmp_path, name):
     ids = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
-        caches = DynamicCache(), DynamicCache()
+        caches = (llama.KVCache() if cache == "KVCache" else DynamicCache()), DynamicCache()
         # prefill 7, then a 3-token round, then roll back 2 (as a rejected round does) and step once
         for start, stop, crop in ((0, 7, None), (7, 10, None), (8, 9, 2)):
             got, want = [], []
@@ -94,6 +95,18 @@ def test_the_loader_picks_specgens_llama_on_the_cpu_unless_told_otherwise(tmp_pa
     assert isinstance(load_model(spec, modeling="transformers"), LlamaForCausalLM)
     assert own_llama(tmp_path, spec, torch.device("cuda"), True, "auto") is None  # CUDA rewires transformers'
     assert own_llama(tmp_path, spec, torch.device("cpu"), False, "auto") is None  # pickle weights
+
+
+def test_runners_give_specgens_llama_its_own_cache(tmp_path):
+    from transformers import DynamicCache
+
+    from specgen.core.models import load_model, new_cache
+    from specgen.core.settings import ModelSpec
+
+    save_llama(tmp_path)
+    spec = ModelSpec(path=str(tmp_path), device="cpu")
+    assert isinstance(new_cache(load_model(spec)), llama.KVCache)
+    assert isinstance(new_cache(load_model(spec, modeling="transformers")), DynamicCache)
 
 
 def test_weights_that_do_not_match_the_config_are_a_model_error(tmp_path):

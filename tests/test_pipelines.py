@@ -140,9 +140,11 @@ main()
 """
 
 
-@pytest.mark.parametrize("module", ["typer", "rich.console", "specgen.cli.errors", "torch", "transformers"])
+@pytest.mark.parametrize("module", ["typer", "rich.console", "specgen.cli.errors", "torch", "tokenizers",
+                                    "safetensors.torch"])
 def test_ctrl_c_during_start_up_says_interrupted_and_exits_130(tiny, module):
-    """From the Typer import (the first ~0.2 s) to torch and transformers (loading): never a traceback."""
+    """From the Typer import (the first ~0.2 s) to torch and the loading of tokenizer and weights:
+    never a traceback."""
     args = [sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "generate", "-p", str(tiny.profile), "def f():"]
     proc = subprocess.run(args, capture_output=True, text=True, env=subprocess_env(), timeout=300)
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "specgen: interrupted\n")

@@ -145,16 +145,15 @@ def prompt_ids(engine, settings, text: str, chat: bool, system: str | None, trun
 def encode_prompt(engine, text: str, chat: bool, system: str | None = None) -> list[int]:
     """engine.encode, with a chat template that fails (Jinja's sandbox refusing it, a syntax error)
     reported as the checkpoint's problem."""
-    from jinja2 import TemplateError
-
-    from specgen.core.errors import ModelError
+    if not chat and system is None:  # --system implies --chat
+        return engine.encode(text)
+    from jinja2 import TemplateError  # only here: a plain prompt need not wait for its import
 
     from specgen.core.chat import chat_ids
+    from specgen.core.errors import ModelError
 
     try:
-        if chat or system is not None:  # --system implies --chat
-            return chat_ids(engine.tokenizer, text, system)
-        return engine.encode(text)
+        return chat_ids(engine.tokenizer, text, system)
     except TemplateError as exc:
         folder = getattr(engine.tokenizer, "name_or_path", "") or "the target"
         raise ModelError(f"the chat template of {folder} failed: {type(exc).__name__}: {exc}",

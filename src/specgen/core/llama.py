@@ -4,10 +4,10 @@ Loading a model through transformers imports its whole modeling stack (torch._dy
 torch.distributed.tensor, sympy, scipy and more): seconds on a small CPU, for a demo pair that
 generates in a fraction of one. This module is the same computation in plain torch, following
 transformers' LlamaForCausalLM (RMSNorm and rotary tables in float32, SDPA attention, the same
-parameter names), called the way the runners call a transformers model, over a transformers
-DynamicCache. tests/test_llama.py holds its logits to transformers' own. `shape_of` returns None
-for any config that asks for more (rope scaling, quantization, remote code, another architecture):
-such checkpoints load through transformers.
+parameter names), called the way the runners call a transformers model, over its own KVCache
+(or a transformers DynamicCache). tests/test_llama.py holds its logits to transformers' own.
+`shape_of` returns None for any config that asks for more (rope scaling, quantization, remote
+code, another architecture): such checkpoints load through transformers.
 """
 
 from __future__ import annotations
@@ -171,6 +171,33 @@ class Body(nn.Module):
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
 
+class KVCache:
+    """Keys and values of every layer, as transformers' DynamicCache keeps them (the same three
+    methods the forward and the runners call), without importing transformers."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []  # per layer [B, kv, L, d]
+        self.values: list[torch.Tensor] = []
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer] = torch.cat((self.keys[layer], k), dim=-2)
+            self.values[layer] = torch.cat((self.values[layer], v), dim=-2)
+        return self.keys[layer], self.values[layer]
+
+    def get_seq_length(self) -> int:
+        return self.keys[0].shape[-2] if self.keys else 0
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions; a negative length drops that many from the end."""
+        keep = length if length >= 0 else self.get_seq_length() + length
+        self.keys = [k[..., :keep, :] for k in self.keys]
+        self.values = [v[..., :keep, :] for v in self.values]
+
+
 @dataclass
 class Output:
     logits: torch.Tensor  # [B, n, vocab] (n = logits_to_keep where given)
@@ -207,7 +234,8 @@ class LlamaForCausalLM(nn.Module):
                 cache_position: torch.Tensor | None = None, use_cache: bool = True,
                 logits_to_keep: int = 0) -> Output:
         """input_ids [B, n] -> Output(logits [B, n or logits_to_keep, vocab]). past_key_values: a
-        transformers DynamicCache (or None: no cache); positions default to those after the cache's."""
+        KVCache or a transformers DynamicCache (None: no cache); positions default to those after
+        the cache's."""
         x = self.model.embed_tokens(input_ids)  # [B, n, H]
         if position_ids is None:
             start = past_key_values.get_seq_length() if past_key_values is not None else 0

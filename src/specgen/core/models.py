@@ -30,7 +30,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class LoadedPair:
     target: torch.nn.Module
     draft: torch.nn.Module | None
-    tokenizer: object  # a transformers tokenizer shared by both models
+    tokenizer: object  # shared by both models: a transformers tokenizer or a core/tokenizer.PlainTokenizer
     vocab_size: int  # number of real token ids (len(tokenizer)); logits columns past it are padding
     device: torch.device  # where the target's logits come out
     threads: int  # torch's CPU threads for this run ([runtime] threads, auto resolved)
@@ -196,16 +196,23 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def load_tokenizer(spec: ModelSpec, allow_pickle: bool = False, download: bool = False):
+def load_tokenizer(spec: ModelSpec, allow_pickle: bool = False, download: bool = False, modeling: str = "auto"):
+    """modeling "auto": a plain fast tokenizer loads without transformers (core/tokenizer.py)."""
     name, _ = _locate(spec, allow_pickle, download)
     if os.path.isdir(name) and not any(any(Path(name).glob(pattern)) for pattern in _TOKENIZER_FILES):
         raise ModelError(f"{spec.path} has no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
                          hint="copy the tokenizer files of the model into the folder")
-    _quiet_transformers()
     if _plain_fast_tokenizer(Path(name)):
+        from specgen.core import tokenizer
+
+        config = tokenizer.plain_config(Path(name)) if modeling == "auto" else None
+        if config is not None:
+            return _plain_tokenizer(Path(name), config)
+        _quiet_transformers()
         from transformers import PreTrainedTokenizerFast
 
         return _from_pretrained(PreTrainedTokenizerFast, name, spec)
+    _quiet_transformers()
     from transformers import AutoTokenizer
 
     return _from_pretrained(AutoTokenizer, name, spec)
@@ -227,6 +234,17 @@ def _plain_fast_tokenizer(folder: Path) -> bool:
     return (isinstance(declared, dict) and declared.get("tokenizer_class") in ("PreTrainedTokenizerFast",
                                                                                "TokenizersBackend")
             and "auto_map" not in declared and model_type == llama.MODEL_TYPE)
+
+
+def _plain_tokenizer(folder: Path, config: dict):
+    from specgen.core.tokenizer import PlainTokenizer
+
+    try:
+        return PlainTokenizer(folder, config)
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises its own Exception for a bad file
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{folder / 'tokenizer.json'}: cannot be read ({first_line})",
+                         hint="copy the tokenizer files of the model into the folder again") from None
 
 
 # Files one of which every transformers tokenizer needs (tokenizer_config.json alone is not enough).
@@ -281,6 +299,15 @@ def _load_llama(folder: Path, shape: llama.LlamaShape, dtype: torch.dtype, devic
         raise ModelError(f"could not load {folder}: {exc.strerror or exc}") from None
 
 
+def new_cache(model):
+    """An empty KV cache for `model`: specgen's Llama has its own (no transformers import)."""
+    if isinstance(model, llama.LlamaForCausalLM):
+        return llama.KVCache()
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
 def check_tokenizers(target_tok, draft_tok) -> None:
     """Draft and target must map every shared token id to the same token."""
     target_vocab = target_tok.get_vocab()
@@ -315,11 +342,11 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = T
     threads = cpu_threads(profile.runtime)
     torch.set_num_threads(threads)  # before any model runs
     download, modeling = profile.runtime.download, profile.runtime.modeling
-    tokenizer = load_tokenizer(profile.target, allow_pickle, download)
+    tokenizer = load_tokenizer(profile.target, allow_pickle, download, modeling)
     target = load_model(profile.target, allow_pickle, download, modeling)
     draft = None
     if need_draft and profile.proposer.uses_draft and profile.draft is not None:
-        check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download))
+        check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
         draft = load_model(profile.draft, allow_pickle, download, modeling)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(

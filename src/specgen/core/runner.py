@@ -42,7 +42,7 @@ def fit_logits(logits: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class EagerRunner:
-    """The torch backend's runner: eager steps over a transformers DynamicCache. Its `position`
+    """The torch backend's runner: eager steps over a growing cache (models.new_cache). Its `position`
     is the Runner protocol's (a round moves it back to roll back); the cache is cropped to it
     before the next step. On a CPU that read costs nothing, and attention covers only the live
     keys, where a static cache would attend (and build a mask) over its whole length each step."""
@@ -58,9 +58,9 @@ class EagerRunner:
         self.reset()
 
     def reset(self) -> None:
-        from transformers import DynamicCache
+        from specgen.core.models import new_cache
 
-        self.cache = DynamicCache()
+        self.cache = new_cache(self.model)
         self.length = 0
         self.position.zero_()
 
