@@ -229,7 +229,7 @@ EVERYWHERE = ("--threads", "--chat", "--system", "--download", "--no-download", 
 
 @pytest.mark.parametrize("command, own", [
     ("generate", ("--stop", "--min-tokens", "--compile", "--logprobs")),
-    ("bench", ()),
+    ("bench", ("--compile", "--autotune", "--draft-p-min", "--adaptive-k", "--presence-penalty")),
     ("inspect-acceptance", ("--stop", "--min-tokens", "--compile")),
 ])
 def test_every_command_takes_the_shared_options(command, own):

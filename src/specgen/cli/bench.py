@@ -43,6 +43,8 @@ def bench(
     target: opt.Target = None,
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
+    draft_p_min: opt.DraftPMin = None,
+    adaptive_k: opt.AdaptiveK = None,
     ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
     temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
     baselines: Annotated[str, _sweep(
@@ -57,6 +59,8 @@ def bench(
     top_k: opt.TopK = None,
     min_p: opt.MinP = None,
     repetition_penalty: opt.RepetitionPenalty = None,
+    presence_penalty: opt.PresencePenalty = None,
+    frequency_penalty: opt.FrequencyPenalty = None,
     seed: opt.Seed = None,
     ignore_eos: Annotated[bool, _sweep(
         "--ignore-eos/--no-ignore-eos", help="Generate max-tokens for every prompt (default) or stop at EOS.")] = True,
@@ -66,6 +70,7 @@ def bench(
     dtype: opt.Dtype = None,
     device: opt.Device = None,
     compile: opt.Compile = None,
+    autotune: opt.Autotune = None,
     threads: opt.Threads = None,
     download: opt.Download = None,
     fp32_check: Annotated[Optional[bool], _sweep(
