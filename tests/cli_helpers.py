@@ -181,11 +181,14 @@ def add_chat_template(*folders) -> None:
 
 
 def option_names(command: str, hidden: bool = False) -> set[str]:
-    """Every --name (and --no-name) of a specgen command, read from the Click command itself."""
+    """Every --name (and --no-name) of a specgen command ("" for specgen itself, "profiles show" for
+    a subcommand), read from the Click command itself; --help, which every command has, left out."""
     import typer.main
 
     from specgen.cli.main import app
 
-    cmd = typer.main.get_command(app).commands[command]
+    cmd = typer.main.get_command(app)
+    for word in command.split():
+        cmd = cmd.commands[word]
     return {name for param in cmd.params if hidden or not getattr(param, "hidden", False)
             for name in (*param.opts, *param.secondary_opts) if name.startswith("--")}

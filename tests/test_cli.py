@@ -8,11 +8,12 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from cli_helpers import assert_error, specgen, subprocess_env
+from cli_helpers import assert_error, option_names, specgen, subprocess_env
 from tiny_models import build_pair, write_profile
 
 PROMPT = "def add(a, b):"
@@ -257,6 +258,35 @@ def test_help_shows_every_option_name_whole_at_80_columns(monkeypatch, command):
     shown = set(re.findall(r"--[a-z0-9-]+", result.stdout))
     assert option_names(command) <= shown, sorted(option_names(command) - shown)
     assert "--prompts" not in shown  # the hidden old name of --prompts-file
+
+
+CLI_DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+
+
+def documented_options() -> dict[str, set[str]]:
+    """The option names in the tables of each command's section of docs/cli.md: a name counts where
+    a backticked span starts with it (`--k 1,2`, `-t/--temperature`, `--live/--no-live`)."""
+    sections, command = {}, None
+    for line in CLI_DOC.read_text().splitlines():
+        heading = re.match(r"## `specgen( [a-z -]+)?`", line)
+        if heading:
+            command = (heading.group(1) or "").strip()
+            sections[command] = set()
+        elif line.startswith("## "):
+            command = None
+        elif command is not None and line.startswith("|"):
+            for first, second in re.findall(r"`(?:-[a-zA-Z]/)?(--[a-z0-9-]+)(?:/(--[a-z0-9-]+))?", line):
+                sections[command].update(filter(None, (first, second)))
+    return sections
+
+
+@pytest.mark.parametrize("command", ["", "generate", "bench", "inspect-acceptance", "profiles"])
+def test_docs_cli_md_lists_every_option_of_every_command(command):
+    """docs/cli.md's tables name exactly the options --help shows (the hidden old --prompts aside)."""
+    documented = documented_options()[command]
+    subcommands = {"profiles": ["profiles list", "profiles show"]}.get(command, [command])
+    actual = set().union(*(option_names(c) for c in subcommands))
+    assert documented == actual, (sorted(actual - documented), sorted(documented - actual))
 
 
 def test_version(monkeypatch):
