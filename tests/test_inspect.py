@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+from html import escape
 from html.parser import HTMLParser
 
 import pytest
@@ -383,3 +385,27 @@ def test_chat_and_system_prompt(cli, tmp_path):
     add_chat_template(target, draft)
     document = inspect_json(cli, "-p", plain, "-n", "4", "--system", "be brief", PROMPTS[0])
     assert document["runs"][0]["prompt"] == PROMPTS[0] and len(document["runs"][0]["token_ids"]) == 4
+
+
+def test_rejected_tokens_that_differ_in_white_space_look_different(cli, tiny, tmp_path):
+    """' a' and 'a' in quotes, in the text report and the HTML page, where a token's spaces are kept."""
+    from rich.console import Console
+
+    from specgen.cli.inspect import rejected_table
+
+    example = {"target_text": "b", "context": "x = 1\n"}
+    document = {"has_probabilities": False, "rejected": [
+        {"text": " a", "count": 2, "mean_q": None, "mean_p": None, "examples": [example]},
+        {"text": "a", "count": 1, "mean_q": None, "mean_p": None, "examples": [example]}]}
+    console = Console(width=100, record=True)
+    console.print(rejected_table(document))
+    text = console.export_text()
+    assert "' a'" in text and "'a'" in text and "'b'" in text and "x = 1\\n" in text
+    html_path = tmp_path / "report.html"
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "16", "--export", html_path, "--top", "1000",
+                         "--format", "json", "x = [1, 2]")
+    assert code == 0, err
+    page = html_path.read_text()
+    assert re.search(r"code \{[^}]*white-space: pre;", page)
+    for entry in json.loads(out)["rejected"]:
+        assert f"<code>{escape(repr(entry['text']))}</code>" in page

@@ -295,8 +295,14 @@ def position_table(rows: list[dict]) -> Table:
 
 
 def visible(text: str) -> str:
-    """A token's text with whitespace and control characters made visible."""
+    """Text with line breaks, tabs and control characters made visible (a context snippet)."""
     return repr(text)[1:-1]
+
+
+def token(text: str) -> str:
+    """A token's text in quotes, as repr writes it: ' a' and 'a' look different, and so do tokens
+    that differ only in white space."""
+    return repr(text)
 
 
 def _p(value: float | None) -> str:
@@ -310,8 +316,8 @@ def rejected_table(document: dict) -> Table:
                   title=f"Most rejected draft tokens{note}", box=box.SIMPLE_HEAD, title_justify="left")
     for entry in document["rejected"]:
         example = entry["examples"][0]
-        table.add_row(Text(visible(entry["text"]), style="red"), str(entry["count"]), _p(entry["mean_q"]),
-                      _p(entry["mean_p"]), Text(visible(example["target_text"]), style="yellow"),
+        table.add_row(Text(token(entry["text"]), style="red"), str(entry["count"]), _p(entry["mean_q"]),
+                      _p(entry["mean_p"]), Text(token(example["target_text"]), style="yellow"),
                       Text("…" + visible(example["context"][-CONTEXT_CHARS:]), style="dim"))
     return table
 

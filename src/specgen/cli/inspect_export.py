@@ -23,7 +23,7 @@ th, td { padding: .2rem .6rem; text-align: right; border-bottom: 1px solid #d0d7
 th:first-child, td.left { text-align: left; }
 .bar { background: #1a7f37; height: .8rem; }
 .barcell { width: 12rem; }
-code { background: #f6f8fa; padding: 0 .2rem; }
+code { background: #f6f8fa; padding: 0 .2rem; white-space: pre; }  /* a token's spaces are part of it */
 """
 
 
@@ -47,8 +47,8 @@ def html_page(document: dict) -> str:
                 for r in document["per_position"]]),
         "<h2>Most rejected draft tokens</h2>",
         _table(("token", "count", "q(x) draft", "p(x) target", "target chose", "context"),
-               [(_code(e["text"]), e["count"], _p(e["mean_q"]), _p(e["mean_p"]),
-                 _code(e["examples"][0]["target_text"]), _code("…" + e["examples"][0]["context"]))
+               [(_code(repr(e["text"])), e["count"], _p(e["mean_q"]), _p(e["mean_p"]),
+                 _code(repr(e["examples"][0]["target_text"])), _code("…" + repr(e["examples"][0]["context"])[1:-1]))
                 for e in document["rejected"]]),
     ]
     if document["entropy"]:
@@ -94,7 +94,7 @@ def _cell(value) -> str:
 
 
 def _code(text: str) -> _Html:
-    return _Html(f"<code>{escape(repr(text)[1:-1])}</code>")
+    return _Html(f"<code>{escape(text)}</code>")
 
 
 def _bar(rate: float | None) -> _Html:
