@@ -394,13 +394,17 @@ def test_rejected_tokens_that_differ_in_white_space_look_different(cli, tiny, tm
     from specgen.cli.inspect import rejected_table
 
     example = {"target_text": "b", "context": "x = 1\n"}
-    document = {"has_probabilities": False, "rejected": [
-        {"text": " a", "count": 2, "mean_q": None, "mean_p": None, "examples": [example]},
-        {"text": "a", "count": 1, "mean_q": None, "mean_p": None, "examples": [example]}]}
-    console = Console(width=100, record=True)
-    console.print(rejected_table(document))
-    text = console.export_text()
-    assert "' a'" in text and "'a'" in text and "'b'" in text and "x = 1\\n" in text
+    document = {"has_probabilities": True, "rejected": [
+        {"text": " a", "count": 2, "mean_q": 0.25, "mean_p": 0.125, "examples": [example]},
+        {"text": "a", "count": 1, "mean_q": 0.5, "mean_p": 0.0625, "examples": [example]},
+        {"text": " return", "count": 1234, "mean_q": 0.5, "mean_p": 0.0625, "examples": [example]}]}
+    for width in (100, 50):  # on a narrow terminal only the context gives way
+        console = Console(width=width, record=True)
+        console.print(rejected_table(document))
+        text = console.export_text()
+        for whole in ("' a'", "'a'", "'b'", "' return'", "1234", "0.250", "0.125", "0.062"):
+            assert whole in text, (width, whole, text)
+        assert ("x = 1\\n" in text) == (width == 100)  # the context, with its line break made visible
     html_path = tmp_path / "report.html"
     code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "16", "--export", html_path, "--top", "1000",
                          "--format", "json", "x = [1, 2]")

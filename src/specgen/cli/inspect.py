@@ -311,14 +311,21 @@ def _p(value: float | None) -> str:
 
 def rejected_table(document: dict) -> Table:
     note = "" if document["has_probabilities"] else " (no p, q: bench records carry none)"
-    table = Table("token", "count", "q(x) draft", "p(x) target", "target chose",
-                  Column("context", no_wrap=True, overflow="ellipsis", max_width=32),
-                  title=f"Most rejected draft tokens{note}", box=box.SIMPLE_HEAD, title_justify="left")
+    rows = []
     for entry in document["rejected"]:
         example = entry["examples"][0]
-        table.add_row(Text(token(entry["text"]), style="red"), str(entry["count"]), _p(entry["mean_q"]),
-                      _p(entry["mean_p"]), Text(token(example["target_text"]), style="yellow"),
-                      Text("…" + visible(example["context"][-CONTEXT_CHARS:]), style="dim"))
+        rows.append((Text(token(entry["text"]), style="red"), Text(str(entry["count"])), Text(_p(entry["mean_q"])),
+                     Text(_p(entry["mean_p"])), Text(token(example["target_text"]), style="yellow")))
+    # Only the context gives way on a narrow terminal: a token or a number cut short would mislead.
+    heads = ("token", "count", "q(x)\ndraft", "p(x)\ntarget", "target\nchose")
+    whole = [Column(head, no_wrap=True, min_width=max([len(line) for line in head.split("\n")]
+                                                      + [row[i].cell_len for row in rows]))
+             for i, head in enumerate(heads)]
+    table = Table(*whole, Column("context", no_wrap=True, overflow="ellipsis", max_width=32),
+                  title=f"Most rejected draft tokens{note}", box=box.SIMPLE_HEAD, title_justify="left")
+    for entry, row in zip(document["rejected"], rows):
+        context = entry["examples"][0]["context"][-CONTEXT_CHARS:]
+        table.add_row(*row, Text("…" + visible(context), style="dim"))
     return table
 
 
