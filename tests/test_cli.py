@@ -289,6 +289,13 @@ def test_docs_cli_md_lists_every_option_of_every_command(command):
     assert documented == actual, (sorted(actual - documented), sorted(documented - actual))
 
 
+def test_seed_help_says_the_text_depends_on_the_settings_too(monkeypatch):
+    """k and the proposer change the text a seed gives: the help must not promise 'same seed, same text'."""
+    for command in ("generate", "bench", "inspect-acceptance"):
+        out = " ".join(specgen(monkeypatch, command, "--help", env={"COLUMNS": "200"}).stdout.split())
+        assert "Same seed, same settings (k and proposer too), same text on the same device." in out, command
+
+
 def test_version(monkeypatch):
     from specgen import __version__
 
