@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from decode_helpers import BACKENDS, _chi2_pvalue, draft_follows, finish, make_profile, next_token_probs, random_prompts
-from specgen.core.decode import Fate
+from specgen.core.events import Fate
 from specgen.core.engine import Engine, target_only
 from specgen.core.settings import SpeculationSpec
 from tiny_models import build_pair
