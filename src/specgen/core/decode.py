@@ -67,10 +67,9 @@ class Decoder:
         self.stats = AcceptanceStats()  # of the current (or last) run, live while it goes
         self.proposer_rounds = {"ngram": 0, "draft": 0}  # rounds each proposer drafted (this run)
 
-    def _generator(self) -> torch.Generator:
+    def _generator(self, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.round.device)
-        seed = self.setup.sampling.seed
-        gen.manual_seed(seed if seed is not None else int(torch.seed()) % (2**63))
+        gen.manual_seed(seed)
         return gen
 
     def check_prompt(self, prompt_ids: list[int], can_truncate: bool = True) -> None:
@@ -89,10 +88,11 @@ class Decoder:
         stats = self.stats = AcceptanceStats()
         self.proposer_rounds = dict.fromkeys(self.proposer_rounds, 0)
         self.adaptive = AdaptiveK() if self.adaptive_k else None
-        gen = self._generator()
+        seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
+        gen = self._generator(seed)
         start = time.perf_counter()
         rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2)
-        rnd.start(prompt_ids)
+        rnd.start(prompt_ids, seed)
         if self.lookup is not None:
             self.lookup.start(prompt_ids)
         stats.prefill_seconds = time.perf_counter() - start

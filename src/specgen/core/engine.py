@@ -80,7 +80,7 @@ class Engine:
         shape = RoundShape(k=k, width=self.width, vocab_size=self.pair.vocab_size, has_draft=uses_model,
                            sample_draft=uses_model and sample, cut=cut, penalties=penalties,
                            min_tokens=sampling.min_tokens > 0, p_min=spec.draft_p_min if uses_model else 0.0,
-                           insight=insight)
+                           insight=insight, gumbel=sampling.coupling == "gumbel" and not sampling.greedy)
         modes = {"none": [Mode.MODEL], "draft": [Mode.MODEL], "ngram": [Mode.HOST],
                  "hybrid": [Mode.MODEL, Mode.HOST]}[kind]
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
