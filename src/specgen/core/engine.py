@@ -110,8 +110,8 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
     q one-hot), and whether q has the request's top-k / top-p / min-p (else temperature only).
     auto: greedy requests take the argmax; sampled ones draw, and a request cut by top-p alone
     drafts without the cut: the draft skips the cut's work at about the same acceptance
-    (docs/benchmarks.md, "Temperature drafts"); with top-k or min-p too, the wider q costs more
-    acceptance, so those keep the cut."""
+    (docs/benchmarks.md, "Tried and not kept"; docs/profiles.md, draft_sampling); with top-k or
+    min-p too, the wider q costs more acceptance, so those keep the cut."""
     if mode == "auto":
         sample = not sampling.greedy
         top_p_only = sampling.top_p < 1.0 and sampling.top_k <= 0 and sampling.min_p == 0.0
