@@ -12,6 +12,7 @@ import enum
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -48,6 +49,9 @@ def bench(
     proposer: opt.Proposer = None,
     ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
     temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
+    couplings: Annotated[Optional[str], _sweep(
+        "--coupling", help="Comma list of rejection, gumbel for sampled temperatures (default: both, "
+        "the profile's first).")] = None,
     baselines: Annotated[str, _sweep(
         "--baseline", help="Comma list of target-only, hf, hf-static, hf-assisted.")] = "target-only",
     prompts_file: Annotated[Optional[Path], _sweep(
@@ -89,6 +93,7 @@ def bench(
         return load_profile(profile, {**overrides, "speculation.k": k, "sampling.temperature": temperature})
 
     settings = settings_for(plan.ks[0], plan.temperatures[0])
+    plan = replace(plan, couplings=parse_couplings(couplings, settings.sampling.coupling))
     for k in plan.ks:  # every combination is validated before any model loads
         for temperature in plan.temperatures:
             settings_for(k, temperature)
@@ -175,6 +180,22 @@ def parse_list(text: str, kind, option: str) -> tuple:
     return tuple(dict.fromkeys(values))
 
 
+COUPLINGS = ("rejection", "gumbel")
+
+
+def parse_couplings(text: str | None, default: str) -> tuple[str, ...]:
+    from specgen.core.errors import UsageError
+
+    if text is None:
+        return (default, *(c for c in COUPLINGS if c != default))
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [n for n in names if n not in COUPLINGS]
+    if unknown or not names:
+        raise UsageError(f"unknown coupling {unknown[0]!r}" if unknown else "--coupling is empty",
+                         hint="choose from rejection, gumbel (comma list)")
+    return names
+
+
 def parse_baselines(text: str) -> tuple[str, ...]:
     from specgen.core.bench import BASELINES
     from specgen.core.errors import UsageError
@@ -225,8 +246,8 @@ def show(document: dict, console: Console) -> None:
 
 
 SPEED = ("tok/s", "p25–p75")  # then one × column per baseline, TTFT and (CUDA) peak memory
-ACCEPTANCE = ("accept", "mean len", "per position", "round ms d/v/s/o", "greedy same")
-TEXT_COLUMNS = ("method", "per position", "greedy same")
+ACCEPTANCE = ("accept", "mean len", "per position", "round ms d/v/s/o", "same text")
+TEXT_COLUMNS = ("method", "per position", "same text")
 
 
 def tables(document: dict, console: Console) -> list[Table]:
@@ -236,9 +257,13 @@ def tables(document: dict, console: Console) -> list[Table]:
     cuda = any(r["peak_gpu_memory_bytes"] is not None for r in document["results"])
     speed = ("T", "method", *SPEED[:2], *(f"× {n}" for n in names), "TTFT ms", *(["peak MiB"] if cuda else []))
     rows = []
-    for temperature in document["settings"]["temperatures"]:
-        block = [_baseline_row(b) for b in document["baselines"] if b["temperature"] == temperature]
-        block += [_result_row(r, names) for r in document["results"] if r["temperature"] == temperature]
+    sweeps = dict.fromkeys((r["temperature"], r.get("coupling")) for r in document["baselines"] + document["results"])
+    for temperature, coupling in sweeps:
+        def ours(entry, t=temperature, c=coupling) -> bool:
+            return entry["temperature"] == t and entry.get("coupling") == c
+
+        block = [_baseline_row(b) for b in document["baselines"] if ours(b)]
+        block += [_result_row(r, names) for r in document["results"] if ours(r)]
         rows += [(row, i == len(block) - 1) for i, row in enumerate(block)]
     env = document["environment"]
     title = (f"{document['profile']['name']} · {len(document['prompts'])} prompts × "
@@ -279,8 +304,14 @@ def _grid(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bo
     return grid
 
 
+def _sweep_label(entry: dict) -> str:
+    """The temperature, and the coupling where it matters (sampled)."""
+    coupling = entry.get("coupling")
+    return f"{entry['temperature']:g}" + (f" {coupling}" if coupling else "")
+
+
 def _baseline_row(base: dict) -> dict:
-    row = {"T": f"{base['temperature']:g}"}
+    row = {"T": _sweep_label(base)}
     if not base["available"]:
         return row | {"method": Text(f"{base['method']} n/a: {base['reason']}", style="dim")}
     return row | {"method": Text(base["method"], style="dim"), **_speed_cells(base),
@@ -290,13 +321,13 @@ def _baseline_row(base: dict) -> dict:
 def _result_row(result: dict, names: list[str]) -> dict:
     split = result["round_ms"]
     return {
-        "T": f"{result['temperature']:g}", "method": f"k={result['k']}", **_speed_cells(result),
+        "T": _sweep_label(result), "method": f"k={result['k']}", **_speed_cells(result),
         **{f"× {n}": f"{s['median']:.2f}×" if s else "–" for n, s in ((n, result["speedup"][n]) for n in names)},
         "TTFT ms": _ms(result["time_to_first_token_seconds"]), "peak MiB": _mib(result["peak_gpu_memory_bytes"]),
         "accept": f"{result['acceptance_rate']:.1%}", "mean len": f"{result['mean_accepted_length']:.2f}",
         "per position": render.position_bars(result["per_position_acceptance"]),
         "round ms d/v/s/o": "/".join(f"{split[p]:.1f}" for p in ("draft", "verify", "sample", "other")),
-        "greedy same": _agreement(result["greedy_agreement"]),
+        "same text": _agreement(result["greedy_agreement"] or result.get("sampled_agreement")),
     }
 
 
@@ -327,7 +358,8 @@ def _agreement(agreement: dict | None) -> str:
 def recommendation_lines(document: dict) -> list[Text]:
     lines = []
     for rec in document["recommendation"]:
-        line = Text(f"recommended k at temperature {rec['temperature']:g}: ", style="bold")
+        coupling = f" ({rec['coupling']} coupling)" if rec.get("coupling") else ""
+        line = Text(f"recommended k at temperature {rec['temperature']:g}{coupling}: ", style="bold")
         line.append(f"{rec['k']}", style="bold green" if rec["faster_than_target_only"] is not False else "bold red")
         line.append(f"  ({rec['tokens_per_second']:.1f} tok/s")
         if rec["speedup"] is not None:

@@ -51,6 +51,7 @@ def generate(
     autotune: opt.Autotune = None,
     logprobs: opt.Logprobs = None,
     logprobs_mode: opt.LogprobsMode = None,
+    coupling: opt.Coupling = None,
     chat: opt.Chat = False,
     system: opt.System = None,
     output_format: Annotated[Format, typer.Option("--format", "-f", help="text | json | jsonl.")] = Format.text,

@@ -56,6 +56,7 @@ def inspect_acceptance(
     presence_penalty: opt.PresencePenalty = None,
     frequency_penalty: opt.FrequencyPenalty = None,
     seed: opt.Seed = None,
+    coupling: opt.Coupling = None,
     max_tokens: opt.MaxTokens = None,
     ignore_eos: opt.IgnoreEos = None,
     dtype: opt.Dtype = None,

@@ -51,6 +51,12 @@ class Plan:
     repeat: int = 1
     warmup: int = 1
     records: bool = False  # keep per-round records of every speculative run (for inspect-acceptance)
+    # sampled temperatures run once per coupling (greedy runs once: coupling changes nothing there)
+    couplings: tuple[str, ...] = ("rejection",)
+
+    def sweeps(self) -> list[tuple[float, str | None]]:
+        """(temperature, coupling) of every sweep, in order; None at temperature 0."""
+        return [(t, c) for t in self.temperatures for c in (self.couplings if t > 0 else (None,))]
 
 
 @dataclass
@@ -81,6 +87,7 @@ class Sweep:
     """The methods of one temperature and what they measured so far (partial after Ctrl-C)."""
 
     temperature: float
+    coupling: str | None  # None: greedy
     methods: dict  # method (baseline name or k) -> run_one(prompt position) -> Sample
     unavailable: dict[str, str]
     samples: dict
@@ -129,13 +136,13 @@ class Bench:
     @property
     def total_steps(self) -> int:
         methods = len(self.plan.baselines) + len(self.plan.ks)
-        return len(self.plan.temperatures) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
+        return len(self.plan.sweeps()) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
 
     def run(self) -> dict:
         """The whole sweep as the `--format json` document; `incomplete` is true after Ctrl-C."""
         baselines, results, incomplete = [], [], False
-        for temperature in self.plan.temperatures:
-            sweep = self._sweep(temperature)
+        for temperature, coupling in self.plan.sweeps():
+            sweep = self._sweep(temperature, coupling)
             try:
                 self._measure(sweep)
             except KeyboardInterrupt:
@@ -166,24 +173,35 @@ class Bench:
 
     # -- measuring -------------------------------------------------------------------------
 
-    def _sweep(self, temperature: float) -> Sweep:
-        profile = self.settings_for(self.plan.ks[0], temperature)
+    def _settings_for(self, k: int, temperature: float, coupling: str | None) -> Profile:
+        profile = self.settings_for(k, temperature)
+        if coupling is None:
+            return profile
+        return replace(profile, sampling=replace(profile.sampling, coupling=coupling))
+
+    def _sweep(self, temperature: float, coupling: str | None) -> Sweep:
+        profile = self._settings_for(self.plan.ks[0], temperature, coupling)
         methods, unavailable = {}, {}
+        first = coupling is None or coupling == self.plan.couplings[0]
         for name in self.plan.baselines:
             try:
+                if not first and name != "target-only":  # coupling changes specgen's tokens only
+                    raise Unavailable(f"measured once per temperature, with {self.plan.couplings[0]} coupling")
                 methods[name] = self._baseline_runner(name, profile)
             except Unavailable as exc:
                 unavailable[name] = str(exc)
                 self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, f"T={temperature:g} {name}")
         for k in self.plan.ks:
-            methods[k] = functools.partial(self._ours, self.settings_for(k, temperature))
-        return Sweep(temperature, methods, unavailable, {method: [] for method in methods}, dict.fromkeys(methods))
+            methods[k] = functools.partial(self._ours, self._settings_for(k, temperature, coupling))
+        return Sweep(temperature, coupling, methods, unavailable, {method: [] for method in methods},
+                     dict.fromkeys(methods))
 
     def _measure(self, sweep: Sweep) -> None:
         """Every method at one temperature, into `sweep`. Methods take turns prompt by prompt, so a
         machine that speeds up or slows down during the bench shifts all of them alike, not one of them."""
         def label(method) -> str:
-            return f"T={sweep.temperature:g} " + (f"k={method}" if isinstance(method, int) else method)
+            coupling = f" {sweep.coupling}" if sweep.coupling else ""
+            return f"T={sweep.temperature:g}{coupling} " + (f"k={method}" if isinstance(method, int) else method)
 
         for method, run_one in sweep.methods.items():
             for _ in range(self.plan.warmup):
@@ -207,6 +225,8 @@ class Bench:
         baselines = [self._baseline_entry(name, sweep.temperature, samples.get(name), sweep.peaks.get(name),
                                           sweep.unavailable.get(name)) for name in self.plan.baselines]
         results = [self._result(k, sweep.temperature, samples[k], sweep.peaks[k], base) for k in self.plan.ks]
+        for entry in baselines + results:
+            entry["coupling"] = sweep.coupling
         return baselines, results
 
     def _reset_peak(self) -> None:
@@ -279,7 +299,8 @@ class Bench:
         for i, row in enumerate(rows):
             row["acceptance_rate"] = samples[i].stats.acceptance_rate
             row["mean_accepted_length"] = samples[i].stats.mean_accepted_length
-            row["speedup"] = {name: _ratio(samples[i], base[i]) for name, base in available.items()}
+            row["speedup"] = {name: _ratio(samples[i], available[name][i]) if name in available else None
+                              for name in self.plan.baselines}
         result = {
             "k": k,
             "temperature": temperature,
@@ -292,6 +313,9 @@ class Bench:
             "round_ms": _round_ms(stats),
             "peak_gpu_memory_bytes": peak,
             "greedy_agreement": greedy_agreement(samples, available) if temperature == 0 else None,
+            # same seed, same prompt: under Gumbel coupling the text must be target-only's
+            "sampled_agreement": greedy_agreement(samples, {n: b for n, b in available.items() if n == "target-only"})
+            if temperature > 0 else None,
             "counts": {key: stats.as_dict()[key] for key in
                        ("rounds", "drafted", "accepted", "recovered", "bonus", "generated_tokens",
                         "early_stops", "mean_k")},
@@ -333,6 +357,7 @@ class Bench:
         return {
             "k": list(self.plan.ks),
             "temperatures": list(self.plan.temperatures),
+            "couplings": list(self.plan.couplings),
             "baselines": list(self.plan.baselines),
             "max_tokens": sampling.max_tokens,
             "ignore_eos": sampling.ignore_eos,
@@ -474,19 +499,19 @@ def greedy_agreement(samples: list[Sample], baselines: dict[str, list[Sample]]) 
 
 
 def recommend(results: list[dict], baselines: tuple[str, ...] = ("target-only",)) -> list[dict]:
-    """Per temperature, the k of the sweep with the best median per-prompt speedup against the
-    first baseline that ran (the table's first × column), or with the best median tokens/s when
-    none ran: one statistic for the choice and the figure shown beside it."""
+    """Per temperature (and coupling), the k of the sweep with the best median per-prompt speedup
+    against the first baseline that ran (the table's first × column), or with the best median
+    tokens/s when none ran: one statistic for the choice and the figure shown beside it."""
     out = []
-    for temperature in dict.fromkeys(r["temperature"] for r in results):
-        rows = [r for r in results if r["temperature"] == temperature]
+    for temperature, coupling in dict.fromkeys((r["temperature"], r.get("coupling")) for r in results):
+        rows = [r for r in results if r["temperature"] == temperature and r.get("coupling") == coupling]
         against = next((name for name in baselines if rows[0]["speedup"].get(name)), None)
         if against is None:
             best = max(rows, key=lambda r: r["tokens_per_second"]["median"])
         else:
             best = max(rows, key=lambda r: r["speedup"][against]["median"])
         speedup = (best["speedup"].get("target-only") or {}).get("median")
-        out.append({"temperature": temperature, "k": best["k"],
+        out.append({"temperature": temperature, "coupling": coupling, "k": best["k"],
                     "by": f"speedup.{against}" if against else "tokens_per_second",
                     "tokens_per_second": best["tokens_per_second"]["median"],
                     "speedup": best["speedup"][against]["median"] if against else None,
@@ -504,6 +529,7 @@ def notes(baselines: list[dict]) -> list[str]:
         mine = own["tokens_per_second"]["median"]
         for other in baselines:
             if (other["method"] in HF_BASELINES and other["available"] and other["temperature"] == own["temperature"]
+                    and other.get("coupling") == own.get("coupling")
                     and other["tokens_per_second"]["median"] > mine):
                 out.append(f"{other['method']} is faster than target-only at temperature {own['temperature']:g} "
                            f"({other['tokens_per_second']['median']:.1f} vs {mine:.1f} tok/s): speedups against "
