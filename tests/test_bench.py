@@ -293,15 +293,18 @@ def test_every_contender_is_warmed_up_before_its_first_timed_run(tiny, monkeypat
 
 def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
     code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1,2", "-n", "6", "--dtype", "bfloat16",
-                             "-t", "0", "--format", "json")
+                             "-t", "0,0.8", "--coupling", "rejection,gumbel", "--format", "json")
     assert code == 0, err
     document = json.loads(out)
     assert document["environment"]["dtype"] == "bfloat16"
     check = document["fp32_check"]
-    assert check["dtype"] == "float32" and [r["k"] for r in check["results"]] == [1, 2]
-    for row in check["results"]:  # lossless greedy in float32: identical, prompt by prompt
+    assert check["dtype"] == "float32"
+    assert [(r["temperature"], r["coupling"], r["k"]) for r in check["results"]] == [
+        (0.0, None, 1), (0.0, None, 2), (0.8, "gumbel", 1), (0.8, "gumbel", 2)]  # not rejection: its text differs
+    for row in check["results"]:  # lossless greedy and Gumbel in float32: identical, prompt by prompt
         assert row["identical_fraction"] == 1.0 and row["first_divergence"] == [None] * len(PROMPTS)
     assert "greedy same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
+    assert "T=0.8 gumbel same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
     code, out, _ = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "4", "--dtype", "bfloat16",
                            "-t", "0", "--no-fp32-check", "--format", "json", "-q")
     assert code == 0 and json.loads(out)["fp32_check"] is None

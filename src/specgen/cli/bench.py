@@ -132,11 +132,17 @@ def measure(settings_for, prompts: list[str], plan, allow_pickle: bool, quiet: b
         return runner.run()
 
 
+def fp32_sweeps(plan) -> tuple:
+    """The sweeps whose text must equal target-only's: greedy, and sampled with Gumbel coupling."""
+    return tuple((t, c) for t, c in plan.sweeps() if c in (None, "gumbel"))
+
+
 def wants_fp32_check(option: bool | None, plan, document: dict) -> bool:
-    """--fp32-check, or by default: greedy is in the sweep and the models ran in another dtype."""
+    """--fp32-check, or by default: greedy or Gumbel coupling is in the sweep and the models ran in
+    another dtype."""
     if option is not None:
-        return option
-    return 0.0 in plan.temperatures and document["environment"]["dtype"] != "float32"
+        return option and bool(fp32_sweeps(plan))
+    return bool(fp32_sweeps(plan)) and document["environment"]["dtype"] != "float32"
 
 
 def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, allow_pickle: bool, quiet: bool):
@@ -161,8 +167,9 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, allow_pic
     try:
         engine = Engine(settings_for(plan.ks[0], 0.0), allow_pickle=allow_pickle)
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
-            task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1))
-            return fp32_check(engine, prompts, settings_for, plan.ks,
+            sweeps = fp32_sweeps(plan)
+            task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1) * len(sweeps))
+            return fp32_check(engine, prompts, settings_for, plan.ks, sweeps=sweeps,
                               progress=lambda steps, label: bar.update(task, advance=steps, description=label))
     except KeyboardInterrupt:
         return None
@@ -376,11 +383,16 @@ def footer_lines(document: dict) -> list[Text]:
     lines = [Text(f"note: {note}", style="yellow") for note in document["notes"]]
     check = document["fp32_check"]
     if check is not None:
-        parts = []
-        for row in check["results"]:
-            cut = [d for d in row["first_divergence"] if d is not None]
-            parts.append(f"k={row['k']} {row['identical_fraction']:.0%}" + (f" (from tok {min(cut)})" if cut else ""))
-        lines.append(Text(f"greedy same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
+        for temperature, coupling in dict.fromkeys((r.get("temperature", 0.0), r.get("coupling"))
+                                                   for r in check["results"]):
+            parts = []
+            for row in check["results"]:
+                if (row.get("temperature", 0.0), row.get("coupling")) != (temperature, coupling):
+                    continue
+                cut = [d for d in row["first_divergence"] if d is not None]
+                parts.append(f"k={row['k']} {row['identical_fraction']:.0%}" + (f" (from tok {min(cut)})" if cut else ""))
+            what = "greedy" if coupling is None else f"T={temperature:g} {coupling}"
+            lines.append(Text(f"{what} same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
     for skipped in document["skipped_prompts"]:
         lines.append(Text(f"skipped prompt {skipped['index'] + 1}: {skipped['reason']}", style="dim"))
     if document["incomplete"]:

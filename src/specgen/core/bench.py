@@ -372,27 +372,37 @@ class Bench:
 
 
 def fp32_check(engine: Engine, prompts: list[str], settings_for: Callable[[int, float], Profile],
-               ks: tuple[int, ...], progress: Progress | None = None) -> dict:
-    """Greedy speculative output against greedy target-only output, per k, on `engine` (loaded in
-    float32 by the caller). Untimed. In float32 the two must be identical; the bench's own dtype
-    (bf16) can differ because a (k+1)-token verification rounds differently from a 1-token step."""
+               ks: tuple[int, ...], progress: Progress | None = None,
+               sweeps: tuple[tuple[float, str | None], ...] = ((0.0, None),)) -> dict:
+    """Speculative output against target-only output, per sweep (greedy; sampled with Gumbel
+    coupling, seeded per prompt) and k, on `engine` (loaded in float32 by the caller). Untimed. In
+    float32 the two must be identical; the bench's own dtype (bf16) can differ because a
+    (k+1)-token verification rounds differently from a 1-token step."""
     progress = progress or (lambda steps, label: None)
     ids = [engine.encode(p) for p in prompts]
 
     def outputs(profile: Profile) -> list[list[int]]:
         out = []
-        for prompt in ids:
-            *_, finished = engine.decoder(profile).run(prompt)
+        for i, prompt in enumerate(ids):
+            seeded = replace(profile, sampling=replace(profile.sampling, seed=(profile.sampling.seed or 0) + i))
+            *_, finished = engine.decoder(seeded).run(prompt)
             out.append(finished.token_ids)
             progress(1, "float32 check")
         return out
 
-    reference = outputs(target_only(settings_for(ks[0], 0.0)))
     results = []
-    for k in ks:
-        where = [first_divergence(a, b) for a, b in zip(outputs(settings_for(k, 0.0)), reference)]
-        results.append({"k": k, "identical_fraction": sum(w is None for w in where) / len(where),
-                        "first_divergence": where})
+    for temperature, coupling in sweeps:
+        def at(k: int) -> Profile:
+            profile = settings_for(k, temperature)
+            return profile if coupling is None else replace(profile, sampling=replace(profile.sampling,
+                                                                                       coupling=coupling))
+
+        reference = outputs(target_only(at(ks[0])))
+        for k in ks:
+            where = [first_divergence(a, b) for a, b in zip(outputs(at(k)), reference)]
+            results.append({"temperature": temperature, "coupling": coupling, "k": k,
+                            "identical_fraction": sum(w is None for w in where) / len(where),
+                            "first_divergence": where})
     return {"dtype": str(engine.pair.target.dtype).removeprefix("torch."), "device": str(engine.pair.device),
             "results": results}
 
