@@ -89,7 +89,8 @@ def speculators_config(config: Eagle3Config, verifier_name: str, verifier_archit
 def load_head(folder: Path | str, embedding: torch.Tensor | None = None, capacity: int | None = None,
               device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Eagle3Head:
     """Load a head in either format. `embedding` is the target's `embed_tokens` weight; a
-    checkpoint that carries its own copy uses that one instead. dtype: the checkpoint's by default."""
+    checkpoint that carries its own copy uses that one instead. dtype: the checkpoint's by default;
+    capacity: the KV cache's positions (default max_position_embeddings; `reserve` changes it)."""
     folder = Path(folder)
     kind, config = read_config(folder)
     tensors = read_weights(folder, kind)
@@ -107,8 +108,9 @@ def load_head(folder: Path | str, embedding: torch.Tensor | None = None, capacit
                          hint="train a head for this target with `specgen train-head`")
     dtype = dtype or tensors["fc.weight"].dtype
     try:
-        head = Eagle3Head(config, table.to(device=device, dtype=dtype), capacity=capacity,
-                          owns_embedding=own is not None)
+        # a one-slot cache until the head has its device and dtype: a real head's
+        # max_position_embeddings would allocate a float32 cache of that length first
+        head = Eagle3Head(config, table.to(device=device, dtype=dtype), capacity=1, owns_embedding=own is not None)
     except ValueError as exc:  # what only building the head finds out (a rope_scaling type)
         raise UsageError(f"{folder / 'config.json'}: {exc}", hint=_REEXPORT) from None
     _check_shapes(folder, head, tensors)
@@ -116,7 +118,8 @@ def load_head(folder: Path | str, embedding: torch.Tensor | None = None, capacit
         head.identity_vocab()
     head.load_state_dict(tensors, strict=False)  # every key was checked above; d2t/t2d may be absent
     _check_vocab_maps(folder, head)
-    return head.to(device=device, dtype=dtype)
+    head.to(device=device, dtype=dtype).reserve(capacity or config.max_position_embeddings)
+    return head
 
 
 def read_config(folder: Path) -> tuple[str, Eagle3Config]:
