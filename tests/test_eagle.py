@@ -204,7 +204,8 @@ def test_speculators_round_trip_is_bit_identical(tmp_path):
 
 def test_speculators_config_has_what_vllm_reads(tmp_path):
     head = build_head()
-    raw = json.loads((save_speculators(head, tmp_path, "org/target", ["LlamaForCausalLM"], 5) / "config.json").read_text())
+    folder = save_speculators(head, tmp_path, "org/target", ["LlamaForCausalLM"], 5)
+    raw = json.loads((folder / "config.json").read_text())
     c = head.config
     assert raw["architectures"] == ["Eagle3Speculator"] and raw["speculators_model_type"] == "eagle3"
     assert raw["draft_vocab_size"] == c.draft_vocab_size and raw["target_hidden_size"] == c.target_hidden_size
