@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from specgen.core.decode import Finished
+from specgen.core.events import Finished
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ModelSpec, Profile, ProposerSpec, SamplingSpec, SpeculationSpec
 

@@ -93,7 +93,13 @@ def test_bench_json_has_every_documented_field(sweep):
 def test_bench_values_are_sane(sweep):
     document = json.loads(sweep.read_text())
     assert [p["text"] for p in document["prompts"]] == PROMPTS  # the pair's prompts.jsonl by default
-    assert all(b["available"] for b in document["baselines"])
+    assert all(b["available"] == (b["coupling"] != "gumbel" or b["method"] == "target-only")
+               for b in document["baselines"])
+    assert {(r["temperature"], r["coupling"]) for r in document["results"]} == {
+        (0.0, None), (0.8, "rejection"), (0.8, "gumbel")}
+    for result in document["results"]:
+        if result["coupling"] == "gumbel":  # same seeds: the text of target-only, prompt by prompt
+            assert result["sampled_agreement"]["target-only"]["identical_fraction"] == 1.0
     for result in document["results"]:
         k = result["k"]
         assert 0.0 <= result["acceptance_rate"] <= 1.0
@@ -103,7 +109,12 @@ def test_bench_values_are_sane(sweep):
         assert result["tokens_per_second"]["median"] > 0
         assert result["tokens_per_second"]["min"] <= result["tokens_per_second"]["median"] <= result[
             "tokens_per_second"]["max"]
+        assert result["coupling"] == (None if result["temperature"] == 0 else result["coupling"])
         for name in BASELINES:
+            if result["coupling"] == "gumbel" and name != "target-only":  # hf baselines: rejection's sweep
+                assert result["speedup"][name] is None
+                assert all(row["speedup"][name] is None for row in result["per_prompt"])
+                continue
             assert result["speedup"][name]["median"] > 0
             assert all(row["speedup"][name] > 0 for row in result["per_prompt"])
         assert all(v >= 0 for v in result["round_ms"].values())
@@ -125,18 +136,20 @@ def test_bench_values_are_sane(sweep):
 
 def test_k_sweep_runs_each_k_at_each_temperature(sweep):
     document = json.loads(sweep.read_text())
-    combos = [(r["temperature"], r["k"]) for r in document["results"]]
-    assert combos == [(t, k) for t in (0.0, 0.8) for k in KS]
+    sweeps = [(0.0, None), (0.8, "rejection"), (0.8, "gumbel")]  # sampled: both couplings by default
+    combos = [(r["temperature"], r["coupling"], r["k"]) for r in document["results"]]
+    assert combos == [(t, c, k) for t, c in sweeps for k in KS]
     for result in document["results"]:
         counts = result["counts"]
         assert counts["drafted"] <= result["k"] * counts["rounds"]
         assert max(len(r["rounds"][0]["drafted_ids"]) for r in result["records"]) == result["k"]
-    assert [(b["temperature"], b["method"]) for b in document["baselines"]] == [
-        (t, m) for t in (0.0, 0.8) for m in BASELINES]
+    assert [(b["temperature"], b["coupling"], b["method"]) for b in document["baselines"]] == [
+        (t, c, m) for t, c in sweeps for m in BASELINES]
     recommended = document["recommendation"]
-    assert [r["temperature"] for r in recommended] == [0.0, 0.8]
+    assert [(r["temperature"], r["coupling"]) for r in recommended] == sweeps
     for rec in recommended:  # chosen by the statistic the × column shows
-        best = max((r for r in document["results"] if r["temperature"] == rec["temperature"]),
+        best = max((r for r in document["results"]
+                    if (r["temperature"], r["coupling"]) == (rec["temperature"], rec["coupling"])),
                    key=lambda r: r["speedup"]["target-only"]["median"])
         assert rec["k"] == best["k"] and rec["by"] == "speedup.target-only"
         assert rec["speedup"] == rec["speedup_vs_target_only"] == best["speedup"]["target-only"]["median"]
@@ -204,7 +217,7 @@ def test_summaries_and_divergence():
     assert percentile([7.0], 0.25) == 7.0
     rows = [{"temperature": 0.0, "k": k, "tokens_per_second": {"median": tps}, "speedup": {"target-only": {"median": s}}}
             for k, tps, s in ((1, 10.0, 0.9), (2, 12.0, 0.95))]
-    assert recommend(rows) == [{"temperature": 0.0, "k": 2, "by": "speedup.target-only", "tokens_per_second": 12.0,
+    assert recommend(rows) == [{"temperature": 0.0, "coupling": None, "k": 2, "by": "speedup.target-only", "tokens_per_second": 12.0,
                                 "speedup": 0.95, "speedup_vs_target_only": 0.95, "faster_than_target_only": False}]
 
 
@@ -218,7 +231,8 @@ def test_recommendation_and_the_speedup_column_use_one_statistic():
     assert recommend(rows, ("hf", "target-only"))[0]["by"] == "speedup.hf"
     no_baseline = [dict(r, speedup={"target-only": None}) for r in rows]
     assert recommend(no_baseline)[0] | {"tokens_per_second": None} == {
-        "temperature": 0.0, "k": 2, "by": "tokens_per_second", "tokens_per_second": None, "speedup": None,
+        "temperature": 0.0, "coupling": None, "k": 2, "by": "tokens_per_second", "tokens_per_second": None,
+        "speedup": None,
         "speedup_vs_target_only": None, "faster_than_target_only": None}
 
 
@@ -279,15 +293,18 @@ def test_every_contender_is_warmed_up_before_its_first_timed_run(tiny, monkeypat
 
 def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
     code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1,2", "-n", "6", "--dtype", "bfloat16",
-                             "-t", "0", "--format", "json")
+                             "-t", "0,0.8", "--coupling", "rejection,gumbel", "--format", "json")
     assert code == 0, err
     document = json.loads(out)
     assert document["environment"]["dtype"] == "bfloat16"
     check = document["fp32_check"]
-    assert check["dtype"] == "float32" and [r["k"] for r in check["results"]] == [1, 2]
-    for row in check["results"]:  # lossless greedy in float32: identical, prompt by prompt
+    assert check["dtype"] == "float32"
+    assert [(r["temperature"], r["coupling"], r["k"]) for r in check["results"]] == [
+        (0.0, None, 1), (0.0, None, 2), (0.8, "gumbel", 1), (0.8, "gumbel", 2)]  # not rejection: its text differs
+    for row in check["results"]:  # lossless greedy and Gumbel in float32: identical, prompt by prompt
         assert row["identical_fraction"] == 1.0 and row["first_divergence"] == [None] * len(PROMPTS)
     assert "greedy same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
+    assert "T=0.8 gumbel same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
     code, out, _ = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "4", "--dtype", "bfloat16",
                            "-t", "0", "--no-fp32-check", "--format", "json", "-q")
     assert code == 0 and json.loads(out)["fp32_check"] is None

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from decode_helpers import BACKENDS, _chi2_pvalue, draft_follows, finish, make_profile, next_token_probs, random_prompts
-from specgen.core.decode import Fate
+from specgen.core.events import Fate
 from specgen.core.engine import Engine, target_only
 from specgen.core.settings import SpeculationSpec
 from tiny_models import build_pair
@@ -45,6 +45,54 @@ def test_greedy_speculative_equals_greedy_target_only(pair, backend):
             got = finish(decoder, prompt).token_ids
             assert got == expected, f"k={k} prompt={prompt}"
             draft_follows(engine, decoder, prompt, got)
+
+
+GUMBEL_WARPS = {
+    "t0.8-top_p": dict(temperature=0.8, top_p=0.9),
+    "t1.2-top_k-min_p": dict(temperature=1.2, top_k=20, min_p=0.02),
+    "penalties-min_tokens": dict(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.3,
+                                 frequency_penalty=0.2, min_tokens=10, ignore_eos=False),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("warp", list(GUMBEL_WARPS))
+def test_gumbel_sampled_text_is_target_only_text(noisy_pair, backend, warp):
+    """Gumbel coupling: with the same seed, every k, proposer, adaptive k and draft_p_min gives the
+    tokens target-only decoding gives (and rejection coupling does not: the test can fail)."""
+    profile = make_profile(*noisy_pair, k=4, max_tokens=32, backend=backend, coupling="gumbel",
+                           **GUMBEL_WARPS[warp])
+    engine = Engine(profile)
+    settings = [(k, kind, {}) for k in (1, 2, 4, 8) for kind in ("draft", "ngram", "hybrid")]
+    settings += [(4, "draft", dict(adaptive_k=True)), (6, "hybrid", dict(draft_p_min=0.3))]
+    accepted, differs = 0, 0
+    for seed, prompt in enumerate(random_prompts(engine.pair.vocab_size, 3, seed=7)):
+        seeded = replace(profile, sampling=replace(profile.sampling, seed=seed))
+        expected = finish(engine.decoder(target_only(seeded)), prompt).token_ids
+        for k, kind, proposer in settings:
+            run = replace(seeded, speculation=SpeculationSpec(k=k),
+                          proposer=replace(seeded.proposer, kind=kind, **proposer))
+            result = finish(engine.decoder(run), prompt)
+            assert result.token_ids == expected, (seed, k, kind, proposer)
+            accepted += result.stats.accepted
+        rejection = replace(seeded, sampling=replace(seeded.sampling, coupling="rejection"))
+        differs += finish(engine.decoder(rejection), prompt).token_ids != expected
+    assert accepted > 0 and differs > 0
+
+
+def test_gumbel_noise_follows_positions_not_rounds(noisy_pair):
+    """The noise is a function of (seed, position, token): a run restarted from its own prompt plus
+    its first m tokens continues with the same tokens (the rounds now fall elsewhere), and a
+    longer max_tokens only extends the text."""
+    profile = make_profile(*noisy_pair, k=4, max_tokens=30, coupling="gumbel", temperature=1.0, seed=3)
+    engine = Engine(profile)
+    prompt = [5, 9, 2]
+    whole = finish(engine.decoder(), prompt).token_ids
+    for m in (1, 7, 13):
+        restarted = replace(profile, sampling=replace(profile.sampling, max_tokens=30 - m))
+        assert finish(engine.decoder(restarted), prompt + whole[:m]).token_ids == whole[m:], m
+    shorter = replace(profile, sampling=replace(profile.sampling, max_tokens=11))
+    assert finish(engine.decoder(shorter), prompt).token_ids == whole[:11]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

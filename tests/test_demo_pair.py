@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from specgen.core.decode import Finished
+from specgen.core.events import Finished
 from specgen.core.engine import Engine, target_only
 from specgen.core.profile import load_profile
 from specgen.core.settings import SpeculationSpec

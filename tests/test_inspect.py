@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from specgen.core.decode import Finished
+from specgen.core.events import Finished
 from specgen.core.engine import Engine
 from specgen.core.profile import load_profile
 from tiny_models import build_pair, write_profile

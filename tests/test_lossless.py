@@ -32,7 +32,7 @@ import pytest
 import torch
 from scipy import stats
 
-from specgen.core import rejection, sampling
+from specgen.core import noise, rejection, sampling
 from specgen.gpu import verify as gpu_verify
 from specgen.gpu import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
@@ -53,7 +53,8 @@ COMBOS = {
 ONE_HOT = ["t1"]  # argmax drafting: q one-hot, no draft probabilities
 UNCUT = ["top_p", "all"]  # draft_sampling = "temperature": q without the request's top-k / top-p / min-p
 ROUNDS = {"reference": 100_000, "kernels": 20_000}
-COMPARISONS = (K + 1) * 2 * (len(COMBOS) + len(ONE_HOT) + len(UNCUT))
+GUMBEL_ROUNDS = {"reference": 20_000, "kernels": 10_000}  # the noise costs ~130 int64 ops an element
+COMPARISONS = (K + 1) * 2 * (2 * len(COMBOS) + len(ONE_HOT) + len(UNCUT))
 ALPHA = 1e-6 / COMPARISONS
 DEFAULTS = dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
                 frequency_penalty=0.0)
@@ -68,6 +69,15 @@ class ReferencePath:
     def verify(drafted, cu, q, p, uniform, expo):
         return rejection.verify_random(drafted, cu, q, p, uniform, expo, K)
 
+    @staticmethod
+    def warp_race(logits, params, penalties, expo):
+        _, probs = sampling.warp(logits, params, penalties)
+        return sampling.sample_race(probs, expo)
+
+    @staticmethod
+    def verify_greedy(drafted, cu, choice):
+        return rejection.verify_greedy(drafted, cu, choice, K)
+
 
 class KernelPath:
     workspace = Workspace(DEVICE)
@@ -79,6 +89,18 @@ class KernelPath:
     @classmethod
     def verify(cls, drafted, cu, q, p, uniform, expo):
         out = gpu_verify.verify_random(drafted, cu, q, p, uniform, expo, K, cls.workspace)
+        assert int(cls.workspace.error) == 0
+        return out
+
+    @classmethod
+    def warp_race(cls, logits, params, penalties, expo):
+        out = torch.empty(logits.shape[0], dtype=torch.int64, device=DEVICE)
+        gpu_warp.warp(logits, params, penalties, None, cls.workspace, expo.contiguous(), out)
+        return out
+
+    @classmethod
+    def verify_greedy(cls, drafted, cu, choice):
+        out = gpu_verify.verify_greedy(drafted, cu, choice, K, cls.workspace)
         assert int(cls.workspace.error) == 0
         return out
 
@@ -163,6 +185,37 @@ def run_rounds(path, combo_name: str, rounds: int, seed: int, one_hot: bool = Fa
     return out, expected.view(rounds, K + 1, VOCAB)
 
 
+def run_gumbel_rounds(path, combo_name: str, rounds: int, seed: int, target_from_q: bool = False):
+    """Gumbel coupling, as core/round.py runs it: round r covers positions r(K+1) .. r(K+1)+K of one
+    seed's noise; the draft races q against row i, the target picks x_i = argmax p_i / E_i, and a
+    draft is accepted iff it equals x_i. target_from_q: a broken target that races the draft's q."""
+    combo = COMBOS[combo_name]
+    penalised = "repetition_penalty" in combo
+    target_logits, draft_logits = fixed_logits(seed)
+    if "top_p" in combo:
+        combo = {**combo, "top_p": _settled_top_p(target_logits, combo)}
+    key = torch.tensor(noise.split_seed(seed), dtype=torch.int64, device=DEVICE)
+    first = torch.zeros((), dtype=torch.int64, device=DEVICE)
+    expo = noise.exponential(key, first, rounds * (K + 1), VOCAB).view(rounds, K + 1, VOCAB)
+    draft_params = params_for(rounds, combo)
+    drafted = torch.zeros(rounds, 0, dtype=torch.int64, device=DEVICE)
+    for i in range(K):
+        logits = draft_logits[i].expand(rounds, VOCAB).contiguous()
+        rows = last_position(penalties_for(drafted, i + 1), rounds) if penalised else None
+        token = path.warp_race(logits, draft_params, rows, expo[:, i].contiguous())
+        drafted = torch.cat([drafted, token.unsqueeze(1)], dim=1)
+    target_params = params_for(rounds * (K + 1), combo)
+    logits = target_logits.repeat(rounds, 1)
+    if target_from_q:
+        logits = torch.cat([draft_logits, draft_logits[-1:]]).repeat(rounds, 1)
+    penalties = penalties_for(drafted, K + 1) if penalised else None
+    choice = path.warp_race(logits, target_params, penalties, expo.reshape(-1, VOCAB))
+    cu = (torch.arange(1, rounds + 1, device=DEVICE) * K).to(torch.int32)
+    out = path.verify_greedy(drafted.reshape(-1), cu, choice)
+    expected = sampling.warp(target_logits.repeat(rounds, 1), target_params, penalties)[1]
+    return out, expected.view(rounds, K + 1, VOCAB)
+
+
 def _settled_top_p(target_logits, combo) -> float:
     """A top_p in the middle of the widest nearby gap between masses-above of the target rows."""
     params = params_for(K + 1, {**combo, "top_p": 1.0, "min_p": 0.0})
@@ -234,4 +287,20 @@ def test_one_hot_drafts_are_lossless(combo, path):
 def test_mis_specified_q_is_detected(path):
     """The same test must fail when the verifier is given a q other than the drafts' own."""
     out, expected = run_rounds(PATHS[path], "t1", ROUNDS[path], seed=4, wrong_q=True)
+    assert min(position_pvalues(out, expected)) < ALPHA
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("combo", list(COMBOS))
+def test_gumbel_coupling_emits_the_warped_target(combo, path):
+    """Gumbel coupling: the emitted token at each position follows p̃, whatever the draft guessed."""
+    out, expected = run_gumbel_rounds(PATHS[path], combo, GUMBEL_ROUNDS[path], seed=20 + len(combo))
+    assert (rejection.num_emitted(out) == K + 1).any(), "no round accepted every draft"
+    pvalues = position_pvalues(out, expected)
+    assert min(pvalues) > ALPHA, pvalues
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_gumbel_coupling_with_a_wrong_target_row_is_detected(path):
+    out, expected = run_gumbel_rounds(PATHS[path], "t1", GUMBEL_ROUNDS[path], seed=4, target_from_q=True)
     assert min(position_pvalues(out, expected)) < ALPHA

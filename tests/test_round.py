@@ -197,16 +197,24 @@ class StubRunner:
 
 
 class RecordingBackend(TorchBackend):
-    """The torch backend, keeping what every warp() was given (penalty rows and bad masks)."""
+    """The torch backend, keeping what every warp() and warp_and_race() was given (penalty rows and
+    bad masks)."""
 
     def __init__(self):
         super().__init__(torch.device("cpu"))
         self.calls: list[tuple] = []
 
-    def warp(self, logits, params, penalties=None, bad_mask=None):
+    def _record(self, logits, penalties, bad_mask) -> None:
         copy = None if penalties is None else (penalties.counts.clone(), penalties.seen.clone())
         self.calls.append((logits.shape[0], copy, None if bad_mask is None else bad_mask.clone()))
+
+    def warp(self, logits, params, penalties=None, bad_mask=None):
+        self._record(logits, penalties, bad_mask)
         return super().warp(logits, params, penalties, bad_mask)
+
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
+        self._record(logits, penalties, bad_mask)
+        return super().warp_and_race(logits, params, expo, out, penalties, bad_mask)
 
 
 def stub_round(spec: SamplingSpec, k: int, width: int = 60, vocab: int = 50, stop_ids=(3, 7), **shape):

@@ -107,3 +107,67 @@ def _toml(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     return repr(value)
+
+
+def tiny_head_config(**changes):
+    """A tiny EAGLE-3 head: width 32, 4 heads over 2 KV heads, reading a 48-wide target with a
+    40-token vocabulary, 24 of them in the draft vocabulary."""
+    from specgen.core.eagle import Eagle3Config
+
+    fields = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, target_vocab_size=40,
+                  draft_vocab_size=24, target_hidden_size=48, aux_layer_ids=(1, 2, 3),
+                  max_position_embeddings=64)
+    return Eagle3Config(**{**fields, **changes})
+
+
+def build_head(config=None, seed: int = 0, owns_embedding: bool = False):
+    """A random-weight head (norm weights and d2t/t2d random too, so nothing hides behind 1s
+    and an identity map). The draft vocabulary is a seeded random subset of the target's."""
+    from specgen.core.eagle import Eagle3Head
+
+    config = config or tiny_head_config()
+    generator = torch.Generator().manual_seed(seed)
+    embedding = torch.randn(config.target_vocab_size, config.hidden_size, generator=generator)
+    head = Eagle3Head(config, embedding, owns_embedding=owns_embedding)
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            scale = 0.3 if name.endswith("norm.weight") else 0.5 / param.shape[-1] ** 0.5
+            param.copy_((1.0 if name.endswith("norm.weight") else 0.0)
+                        + scale * torch.randn(param.shape, generator=generator))
+        kept = torch.randperm(config.target_vocab_size, generator=generator)[:config.draft_vocab_size].sort().values
+        head.d2t.copy_(kept - torch.arange(config.draft_vocab_size))
+        head.t2d.zero_()
+        head.t2d[kept] = True
+    return head
+
+
+def write_eagle3_original(head, folder: Path, with_embedding: bool = False) -> Path:
+    """The head as the EAGLE-3 repository (and SpecForge) write one: a flat Llama config with
+    `LlamaForCausalLMEagle3`, layer ids one lower than vLLM's under `eagle_config`, weights
+    `midlayer.*`."""
+    import json
+
+    from safetensors.torch import save_file
+
+    c = head.config
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
+        "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.target_vocab_size,
+        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in c.aux_layer_ids],
+                         "use_aux_hidden_state": True},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {name.replace("layers.0.", "midlayer."): t.contiguous() for name, t in head.state_dict().items()}
+    if with_embedding:
+        tensors["embed_tokens.weight"] = head.embedding.contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder

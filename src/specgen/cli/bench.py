@@ -12,7 +12,7 @@ import enum
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -47,6 +47,9 @@ def bench(
     adaptive_k: opt.AdaptiveK = None,
     ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
     temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
+    couplings: Annotated[Optional[str], _sweep(
+        "--coupling", help="Comma list of rejection, gumbel for sampled temperatures (default: both, "
+        "the profile's first).")] = None,
     baselines: Annotated[str, _sweep(
         "--baseline", help="Comma list of target-only, hf, hf-static, hf-assisted.")] = "target-only",
     prompts_file: opt.PromptsFile = None,
@@ -103,6 +106,7 @@ def bench(
     def settings_for(k: int, temperature: float):
         return load_profile(profile, {**overrides, "speculation.k": k, "sampling.temperature": temperature})
 
+    plan = replace(plan, couplings=parse_couplings(couplings, settings_for(plan.ks[0], plan.temperatures[0]).sampling.coupling))
     for k in plan.ks:  # every combination is validated before torch is imported and any model loads
         for temperature in plan.temperatures:
             settings_for(k, temperature)
@@ -163,11 +167,17 @@ def measure(settings_for, prompts: list[str], plan, encoding: Encoding, allow_pi
         return runner.run()
 
 
+def fp32_sweeps(plan) -> tuple:
+    """The sweeps whose text must equal target-only's: greedy, and sampled with Gumbel coupling."""
+    return tuple((t, c) for t, c in plan.sweeps() if c in (None, "gumbel"))
+
+
 def wants_fp32_check(option: bool | None, plan, document: dict) -> bool:
-    """--fp32-check, or by default: greedy is in the sweep and the models ran in another dtype."""
+    """--fp32-check, or by default: greedy or Gumbel coupling is in the sweep and the models ran in
+    another dtype."""
     if option is not None:
-        return option
-    return 0.0 in plan.temperatures and document["environment"]["dtype"] != "float32"
+        return option and bool(fp32_sweeps(plan))
+    return bool(fp32_sweeps(plan)) and document["environment"]["dtype"] != "float32"
 
 
 def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding: Encoding, allow_pickle: bool,
@@ -193,8 +203,9 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
     try:
         engine = load_engine(settings_for(plan.ks[0], 0.0), allow_pickle, status=not quiet)
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
-            task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1))
-            return fp32_check(engine, prompts, settings_for, plan.ks, encode=encoding.for_engine(engine),
+            sweeps = fp32_sweeps(plan)
+            task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1) * len(sweeps))
+            return fp32_check(engine, prompts, settings_for, plan.ks, encode=encoding.for_engine(engine), sweeps=sweeps,
                               progress=lambda steps, label: bar.update(task, advance=steps, description=label))
     except KeyboardInterrupt:
         return None
@@ -210,6 +221,22 @@ def parse_list(text: str, kind, option: str) -> tuple:
     if not values:
         raise UsageError(f"{option} is empty")
     return tuple(dict.fromkeys(values))
+
+
+COUPLINGS = ("rejection", "gumbel")
+
+
+def parse_couplings(text: str | None, default: str) -> tuple[str, ...]:
+    from specgen.core.errors import UsageError
+
+    if text is None:
+        return (default, *(c for c in COUPLINGS if c != default))
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [n for n in names if n not in COUPLINGS]
+    if unknown or not names:
+        raise UsageError(f"unknown coupling {unknown[0]!r}" if unknown else "--coupling is empty",
+                         hint="choose from rejection, gumbel (comma list)")
+    return names
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
@@ -262,8 +289,8 @@ def show(document: dict, console: Console) -> None:
 
 
 SPEED = ("tok/s", "p25–p75")  # then one × column per baseline, TTFT and (CUDA) peak memory
-ACCEPTANCE = ("accept", "mean len", "per position", "round ms d/v/s/o", "greedy same")
-TEXT_COLUMNS = ("method", "per position", "greedy same")
+ACCEPTANCE = ("accept", "mean len", "per position", "round ms d/v/s/o", "same text")
+TEXT_COLUMNS = ("method", "per position", "same text")
 
 
 def tables(document: dict, console: Console) -> list[Table]:
@@ -273,9 +300,13 @@ def tables(document: dict, console: Console) -> list[Table]:
     cuda = any(r["peak_gpu_memory_bytes"] is not None for r in document["results"])
     speed = ("T", "method", *SPEED[:2], *(f"× {n}" for n in names), "TTFT ms", *(["peak MiB"] if cuda else []))
     rows = []
-    for temperature in document["settings"]["temperatures"]:
-        block = [_baseline_row(b) for b in document["baselines"] if b["temperature"] == temperature]
-        block += [_result_row(r, names) for r in document["results"] if r["temperature"] == temperature]
+    sweeps = dict.fromkeys((r["temperature"], r.get("coupling")) for r in document["baselines"] + document["results"])
+    for temperature, coupling in sweeps:
+        def ours(entry, t=temperature, c=coupling) -> bool:
+            return entry["temperature"] == t and entry.get("coupling") == c
+
+        block = [_baseline_row(b) for b in document["baselines"] if ours(b)]
+        block += [_result_row(r, names) for r in document["results"] if ours(r)]
         rows += [(row, i == len(block) - 1) for i, row in enumerate(block)]
     env = document["environment"]
     title = (f"{document['profile']['name']} · {len(document['prompts'])} prompts × "
@@ -316,8 +347,14 @@ def _grid(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bo
     return grid
 
 
+def _sweep_label(entry: dict) -> str:
+    """The temperature, and the coupling where it matters (sampled)."""
+    coupling = entry.get("coupling")
+    return f"{entry['temperature']:g}" + (f" {coupling}" if coupling else "")
+
+
 def _baseline_row(base: dict) -> dict:
-    row = {"T": f"{base['temperature']:g}"}
+    row = {"T": _sweep_label(base)}
     if not base["available"]:
         return row | {"method": Text(f"{base['method']} n/a: {base['reason']}", style="dim")}
     return row | {"method": Text(base["method"], style="dim"), **_speed_cells(base),
@@ -327,13 +364,13 @@ def _baseline_row(base: dict) -> dict:
 def _result_row(result: dict, names: list[str]) -> dict:
     split = result["round_ms"]
     return {
-        "T": f"{result['temperature']:g}", "method": f"k={result['k']}", **_speed_cells(result),
+        "T": _sweep_label(result), "method": f"k={result['k']}", **_speed_cells(result),
         **{f"× {n}": f"{s['median']:.2f}×" if s else "–" for n, s in ((n, result["speedup"][n]) for n in names)},
         "TTFT ms": _ms(result["time_to_first_token_seconds"]), "peak MiB": _mib(result["peak_gpu_memory_bytes"]),
         "accept": f"{result['acceptance_rate']:.1%}", "mean len": f"{result['mean_accepted_length']:.2f}",
         "per position": render.position_bars(result["per_position_acceptance"]),
         "round ms d/v/s/o": "/".join(f"{split[p]:.1f}" for p in ("draft", "verify", "sample", "other")),
-        "greedy same": _agreement(result["greedy_agreement"]),
+        "same text": _agreement(result["greedy_agreement"] or result.get("sampled_agreement")),
     }
 
 
@@ -364,7 +401,8 @@ def _agreement(agreement: dict | None) -> str:
 def recommendation_lines(document: dict) -> list[Text]:
     lines = []
     for rec in document["recommendation"]:
-        line = Text(f"recommended k at temperature {rec['temperature']:g}: ", style="bold")
+        coupling = f" ({rec['coupling']} coupling)" if rec.get("coupling") else ""
+        line = Text(f"recommended k at temperature {rec['temperature']:g}{coupling}: ", style="bold")
         line.append(f"{rec['k']}", style="bold green" if rec["faster_than_target_only"] is not False else "bold red")
         line.append(f"  ({rec['tokens_per_second']:.1f} tok/s")
         if rec["speedup"] is not None:
@@ -381,11 +419,16 @@ def footer_lines(document: dict) -> list[Text]:
     lines = [Text(f"note: {note}", style="yellow") for note in document["notes"]]
     check = document["fp32_check"]
     if check is not None:
-        parts = []
-        for row in check["results"]:
-            cut = [d for d in row["first_divergence"] if d is not None]
-            parts.append(f"k={row['k']} {row['identical_fraction']:.0%}" + (f" (from tok {min(cut)})" if cut else ""))
-        lines.append(Text(f"greedy same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
+        for temperature, coupling in dict.fromkeys((r.get("temperature", 0.0), r.get("coupling"))
+                                                   for r in check["results"]):
+            parts = []
+            for row in check["results"]:
+                if (row.get("temperature", 0.0), row.get("coupling")) != (temperature, coupling):
+                    continue
+                cut = [d for d in row["first_divergence"] if d is not None]
+                parts.append(f"k={row['k']} {row['identical_fraction']:.0%}" + (f" (from tok {min(cut)})" if cut else ""))
+            what = "greedy" if coupling is None else f"T={temperature:g} {coupling}"
+            lines.append(Text(f"{what} same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
     for skipped in document["skipped_prompts"]:
         lines.append(Text(f"skipped prompt {skipped['index'] + 1}: {skipped['reason']}", style="dim"))
     if document["incomplete"]:

@@ -52,6 +52,7 @@ def generate(
     autotune: opt.Autotune = None,
     logprobs: opt.Logprobs = None,
     logprobs_mode: opt.LogprobsMode = None,
+    coupling: opt.Coupling = None,
     chat: opt.Chat = False,
     system: opt.System = None,
     output_format: Annotated[Format, opt.output_option("--format", "-f", help="text | json | jsonl.")] = Format.text,
@@ -153,7 +154,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     line goes before its output, as `head` does for several files, and its summary line starts
     with it, so that outputs and statistics can be told apart."""
     from specgen.cli import render
-    from specgen.core.decode import Finished
+    from specgen.core.events import Finished
 
     stream = output_format == Format.text and not (show_live and sys.stdout.isatty())
     if label is not None and output_format == Format.text:

@@ -59,6 +59,7 @@ def inspect_acceptance(
     presence_penalty: opt.PresencePenalty = None,
     frequency_penalty: opt.FrequencyPenalty = None,
     seed: opt.Seed = None,
+    coupling: opt.Coupling = None,
     max_tokens: opt.MaxTokens = None,
     min_tokens: opt.MinTokens = None,
     stop: opt.Stop = None,

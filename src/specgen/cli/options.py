@@ -60,6 +60,9 @@ Threads = Annotated[Optional[int], _models(
     "--threads", help="CPU threads for torch; 0 = auto (half the CPUs, at least 1).")]
 Logprobs = Annotated[Optional[int], output_option(
     "--logprobs", help="Also report the N most likely tokens' logprobs per token (0..20).")]
+Coupling = Annotated[Optional[str], _sampling(
+    "--coupling", help="Sampled tokens: rejection (most accepted drafts) | gumbel (the text target-only "
+    "decoding gives with this seed, whatever k and the proposer).")]
 LogprobsMode = Annotated[Optional[str], output_option(
     "--logprobs-mode", help="warped (default: the distribution tokens are drawn from) | raw (the model's own).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stderr but errors.")]
@@ -140,7 +143,7 @@ def overrides(**options) -> dict:
         "presence_penalty": "sampling.presence_penalty", "frequency_penalty": "sampling.frequency_penalty",
         "seed": "sampling.seed", "max_tokens": "sampling.max_tokens", "min_tokens": "sampling.min_tokens",
         "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
-        "logprobs": "sampling.logprobs", "logprobs_mode": "sampling.logprobs_mode",
+        "logprobs": "sampling.logprobs", "logprobs_mode": "sampling.logprobs_mode", "coupling": "sampling.coupling",
         "compile": "speculation.compile", "autotune": "speculation.autotune",
         "threads": "runtime.threads", "download": "runtime.download",
     }

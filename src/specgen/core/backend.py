@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from specgen.core import rejection, sampling
+from specgen.core import noise, rejection, sampling
 from specgen.core.runner import EagerRunner, Runner
 
 
@@ -32,7 +32,9 @@ class Backend(Protocol):
 
     def warp(self, logits, params, penalties=None, bad_mask=None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
-    def warp_and_race(self, logits, params, expo, out) -> torch.Tensor | None: ...
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None) -> torch.Tensor | None: ...
+
+    def gumbel_noise(self, out, key, first) -> None: ...
 
     def verify_greedy(self, drafts, cu, target_argmax, max_spec_len: int) -> torch.Tensor: ...
 
@@ -114,10 +116,14 @@ class TorchBackend:
     def warp(self, logits, params, penalties=None, bad_mask=None):
         return sampling.warp(logits, params, penalties, bad_mask)
 
-    def warp_and_race(self, logits, params, expo, out):
-        argmax, probs = sampling.warp(logits, params)
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
+        argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
         out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
         return probs
+
+    def gumbel_noise(self, out, key, first):
+        out.copy_(noise.uniform(key, first, *out.shape))
+        noise.exponential_(out)
 
     def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
         return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)

@@ -70,6 +70,7 @@ class Sweep:
     """The methods of one temperature and what they measured so far (partial after Ctrl-C)."""
 
     temperature: float
+    coupling: str | None  # None: greedy
     methods: dict  # method (baseline name or k) -> run_one(prompt position) -> Sample
     unavailable: dict[str, str]
     samples: dict
@@ -121,13 +122,13 @@ class Bench:
     @property
     def total_steps(self) -> int:
         methods = len(self.plan.baselines) + len(self.plan.ks)
-        return len(self.plan.temperatures) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
+        return len(self.plan.sweeps()) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
 
     def run(self) -> dict:
         """The whole sweep as the `--format json` document; `incomplete` is true after Ctrl-C."""
         baselines, results, incomplete = [], [], False
-        for temperature in self.plan.temperatures:
-            sweep = self._sweep(temperature)
+        for temperature, coupling in self.plan.sweeps():
+            sweep = self._sweep(temperature, coupling)
             try:
                 self._measure(sweep)
             except KeyboardInterrupt:
@@ -158,24 +159,35 @@ class Bench:
 
     # -- measuring -------------------------------------------------------------------------
 
-    def _sweep(self, temperature: float) -> Sweep:
-        profile = self.settings_for(self.plan.ks[0], temperature)
+    def _settings_for(self, k: int, temperature: float, coupling: str | None) -> Profile:
+        profile = self.settings_for(k, temperature)
+        if coupling is None:
+            return profile
+        return replace(profile, sampling=replace(profile.sampling, coupling=coupling))
+
+    def _sweep(self, temperature: float, coupling: str | None) -> Sweep:
+        profile = self._settings_for(self.plan.ks[0], temperature, coupling)
         methods, unavailable = {}, {}
+        first = coupling is None or coupling == self.plan.couplings[0]
         for name in self.plan.baselines:
             try:
+                if not first and name != "target-only":  # coupling changes specgen's tokens only
+                    raise Unavailable(f"measured once per temperature, with {self.plan.couplings[0]} coupling")
                 methods[name] = self._baseline_runner(name, profile)
             except Unavailable as exc:
                 unavailable[name] = str(exc)
                 self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, f"T={temperature:g} {name}")
         for k in self.plan.ks:
-            methods[k] = functools.partial(self._ours, self.settings_for(k, temperature))
-        return Sweep(temperature, methods, unavailable, {method: [] for method in methods}, dict.fromkeys(methods))
+            methods[k] = functools.partial(self._ours, self._settings_for(k, temperature, coupling))
+        return Sweep(temperature, coupling, methods, unavailable, {method: [] for method in methods},
+                     dict.fromkeys(methods))
 
     def _measure(self, sweep: Sweep) -> None:
         """Every method at one temperature, into `sweep`. Methods take turns prompt by prompt, so a
         machine that speeds up or slows down during the bench shifts all of them alike, not one of them."""
         def label(method) -> str:
-            return f"T={sweep.temperature:g} " + (f"k={method}" if isinstance(method, int) else method)
+            coupling = f" {sweep.coupling}" if sweep.coupling else ""
+            return f"T={sweep.temperature:g}{coupling} " + (f"k={method}" if isinstance(method, int) else method)
 
         for method, run_one in sweep.methods.items():
             for _ in range(self.plan.warmup):
@@ -199,6 +211,8 @@ class Bench:
         baselines = [self._baseline_entry(name, sweep.temperature, samples.get(name), sweep.peaks.get(name),
                                           sweep.unavailable.get(name)) for name in self.plan.baselines]
         results = [self._result(k, sweep.temperature, samples[k], sweep.peaks[k], base) for k in self.plan.ks]
+        for entry in baselines + results:
+            entry["coupling"] = sweep.coupling
         return baselines, results
 
     def _reset_peak(self) -> None:
@@ -271,7 +285,8 @@ class Bench:
         for i, row in enumerate(rows):
             row["acceptance_rate"] = samples[i].stats.acceptance_rate
             row["mean_accepted_length"] = samples[i].stats.mean_accepted_length
-            row["speedup"] = {name: _ratio(samples[i], base[i]) for name, base in available.items()}
+            row["speedup"] = {name: _ratio(samples[i], available[name][i]) if name in available else None
+                              for name in self.plan.baselines}
         result = {
             "k": k,
             "temperature": temperature,
@@ -284,6 +299,9 @@ class Bench:
             "round_ms": _round_ms(stats),
             "peak_gpu_memory_bytes": peak,
             "greedy_agreement": greedy_agreement(samples, available) if temperature == 0 else None,
+            # same seed, same prompt: under Gumbel coupling the text must be target-only's
+            "sampled_agreement": greedy_agreement(samples, {n: b for n, b in available.items() if n == "target-only"})
+            if temperature > 0 else None,
             "counts": {key: stats.as_dict()[key] for key in
                        ("rounds", "drafted", "accepted", "recovered", "bonus", "generated_tokens",
                         "early_stops", "mean_k")},
@@ -325,6 +343,7 @@ class Bench:
         return {
             "k": list(self.plan.ks),
             "temperatures": list(self.plan.temperatures),
+            "couplings": list(self.plan.couplings),
             "baselines": list(self.plan.baselines),
             "max_tokens": sampling.max_tokens,
             "ignore_eos": sampling.ignore_eos,
@@ -340,27 +359,37 @@ class Bench:
 
 def fp32_check(engine: Engine, prompts: list[str], settings_for: Callable[[int, float], Profile],
                ks: tuple[int, ...], progress: Progress | None = None,
-               encode: Callable[[str], list[int]] | None = None) -> dict:
-    """Greedy speculative output against greedy target-only output, per k, on `engine` (loaded in
-    float32 by the caller). Untimed. In float32 the two must be identical; the bench's own dtype
-    (bf16) can differ because a (k+1)-token verification rounds differently from a 1-token step."""
+               encode: Callable[[str], list[int]] | None = None,
+               sweeps: tuple[tuple[float, str | None], ...] = ((0.0, None),)) -> dict:
+    """Speculative output against target-only output, per sweep (greedy; sampled with Gumbel
+    coupling, seeded per prompt) and k, on `engine` (loaded in float32 by the caller). Untimed. In
+    float32 the two must be identical; the bench's own dtype (bf16) can differ because a
+    (k+1)-token verification rounds differently from a 1-token step."""
     progress = progress or (lambda steps, label: None)
     ids = [(encode or engine.encode)(p) for p in prompts]
 
     def outputs(profile: Profile) -> list[list[int]]:
         out = []
-        for prompt in ids:
-            *_, finished = engine.decoder(profile).run(prompt)
+        for i, prompt in enumerate(ids):
+            seeded = replace(profile, sampling=replace(profile.sampling, seed=(profile.sampling.seed or 0) + i))
+            *_, finished = engine.decoder(seeded).run(prompt)
             out.append(finished.token_ids)
             progress(1, "float32 check")
         return out
 
-    reference = outputs(target_only(settings_for(ks[0], 0.0)))
     results = []
-    for k in ks:
-        where = [first_divergence(a, b) for a, b in zip(outputs(settings_for(k, 0.0)), reference)]
-        results.append({"k": k, "identical_fraction": sum(w is None for w in where) / len(where),
-                        "first_divergence": where})
+    for temperature, coupling in sweeps:
+        def at(k: int) -> Profile:
+            profile = settings_for(k, temperature)
+            return profile if coupling is None else replace(profile, sampling=replace(profile.sampling,
+                                                                                       coupling=coupling))
+
+        reference = outputs(target_only(at(ks[0])))
+        for k in ks:
+            where = [first_divergence(a, b) for a, b in zip(outputs(at(k)), reference)]
+            results.append({"temperature": temperature, "coupling": coupling, "k": k,
+                            "identical_fraction": sum(w is None for w in where) / len(where),
+                            "first_divergence": where})
     return {"dtype": str(engine.pair.target.dtype).removeprefix("torch."), "device": str(engine.pair.device),
             "results": results}
 
@@ -467,19 +496,19 @@ def greedy_agreement(samples: list[Sample], baselines: dict[str, list[Sample]]) 
 
 
 def recommend(results: list[dict], baselines: tuple[str, ...] = ("target-only",)) -> list[dict]:
-    """Per temperature, the k of the sweep with the best median per-prompt speedup against the
-    first baseline that ran (the table's first × column), or with the best median tokens/s when
-    none ran: one statistic for the choice and the figure shown beside it."""
+    """Per temperature (and coupling), the k of the sweep with the best median per-prompt speedup
+    against the first baseline that ran (the table's first × column), or with the best median
+    tokens/s when none ran: one statistic for the choice and the figure shown beside it."""
     out = []
-    for temperature in dict.fromkeys(r["temperature"] for r in results):
-        rows = [r for r in results if r["temperature"] == temperature]
+    for temperature, coupling in dict.fromkeys((r["temperature"], r.get("coupling")) for r in results):
+        rows = [r for r in results if r["temperature"] == temperature and r.get("coupling") == coupling]
         against = next((name for name in baselines if rows[0]["speedup"].get(name)), None)
         if against is None:
             best = max(rows, key=lambda r: r["tokens_per_second"]["median"])
         else:
             best = max(rows, key=lambda r: r["speedup"][against]["median"])
         speedup = (best["speedup"].get("target-only") or {}).get("median")
-        out.append({"temperature": temperature, "k": best["k"],
+        out.append({"temperature": temperature, "coupling": coupling, "k": best["k"],
                     "by": f"speedup.{against}" if against else "tokens_per_second",
                     "tokens_per_second": best["tokens_per_second"]["median"],
                     "speedup": best["speedup"][against]["median"] if against else None,
@@ -497,6 +526,7 @@ def notes(baselines: list[dict]) -> list[str]:
         mine = own["tokens_per_second"]["median"]
         for other in baselines:
             if (other["method"] in HF_BASELINES and other["available"] and other["temperature"] == own["temperature"]
+                    and other.get("coupling") == own.get("coupling")
                     and other["tokens_per_second"]["median"] > mine):
                 out.append(f"{other['method']} is faster than target-only at temperature {own['temperature']:g} "
                            f"({other['tokens_per_second']['median']:.1f} vs {mine:.1f} tok/s): speedups against "

@@ -12,8 +12,7 @@ The loop knows nothing about terminals: it yields RoundEvent per round and a fin
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
 import torch
 
@@ -21,49 +20,13 @@ from specgen.core.backend import Program, RoundClock
 from specgen.core.context import context_error
 from specgen.core.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.errors import UsageError
+from specgen.core.events import Fate, Finished, Output, RoundEvent, text_starts
 from specgen.core.ngram import NgramProposer
 from specgen.core.proposers import AdaptiveK
 from specgen.core.round import Mode, Round
 from specgen.core.sampling import logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 from specgen.core.stats import AcceptanceStats
-
-
-class Fate(str, Enum):
-    ACCEPTED = "accepted"
-    RECOVERED = "recovered"
-    BONUS = "bonus"
-
-
-@dataclass
-class RoundEvent:
-    index: int
-    token_ids: list[int]
-    fates: list[Fate]
-    text: str  # text released by this round (stop strings and held-back prefixes excluded)
-    pieces: list[str]  # the text each token completed, for per-token display (before stop-string cuts)
-    num_drafted: int
-    num_accepted: int
-    drafted_ids: list[int]
-    timings: dict[str, float]
-    draft_q: list[float] | None = None  # q(x) of each drafted token (probabilistic drafting)
-    target_p: list[float] | None = None  # p(x) of each drafted token under the target
-    logprobs: list[dict] | None = None
-    target_entropy: list[float] | None = None  # insight only: entropy of p at each drafted position (nats)
-    k_used: int = 0  # the round's k: the profile's, cut to fit max_tokens, or the adaptive one
-    early_stop: bool = False  # fewer than k_used drafted (unsure draft, drafted stop token, short n-gram match)
-
-
-@dataclass
-class Finished:
-    reason: str  # eos | stop | stop_token | length
-    text: str
-    token_ids: list[int]
-    fates: list[Fate]
-    stats: AcceptanceStats
-    pieces: list[str] = field(default_factory=list)  # per-token text, as in RoundEvent
-    tail: str = ""  # text released only at the end (held back for stop strings or incomplete bytes)
-    logprobs: list[dict] | None = None
 
 
 @dataclass
@@ -104,10 +67,9 @@ class Decoder:
         self.stats = AcceptanceStats()  # of the current (or last) run, live while it goes
         self.proposer_rounds = {"ngram": 0, "draft": 0}  # rounds each proposer drafted (this run)
 
-    def _generator(self) -> torch.Generator:
+    def _generator(self, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.round.device)
-        seed = self.setup.sampling.seed
-        gen.manual_seed(seed if seed is not None else int(torch.seed()) % (2**63))
+        gen.manual_seed(seed)
         return gen
 
     def check_prompt(self, prompt_ids: list[int], can_truncate: bool = True) -> None:
@@ -126,15 +88,16 @@ class Decoder:
         stats = self.stats = AcceptanceStats()
         self.proposer_rounds = dict.fromkeys(self.proposer_rounds, 0)
         self.adaptive = AdaptiveK() if self.adaptive_k else None
-        gen = self._generator()
+        seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
+        gen = self._generator(seed)
         start = time.perf_counter()
         rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2)
-        rnd.start(prompt_ids)
+        rnd.start(prompt_ids, seed)
         if self.lookup is not None:
             self.lookup.start(prompt_ids)
         stats.prefill_seconds = time.perf_counter() - start
         text = TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop)
-        out = _Output(spec.logprobs is not None)
+        out = Output(spec.logprobs is not None)
         rnd.draw(gen)
         launched = self._launch(0, spec)
         rnd.draw(gen)  # the next round's numbers, queued behind this round
@@ -159,7 +122,7 @@ class Decoder:
             pieces = [text.detok.add([t]) for t in emitted]
             before = len(text.text)
             delta, stop_hit = text.add("".join(pieces))
-            starts = _starts(before, pieces)
+            starts = text_starts(before, pieces)
             if stop_hit and reason is None:  # the ids end where the text ends, in this round and before
                 reason = "stop"
                 keep = sum(1 for at in starts if at < len(text.text))
@@ -263,41 +226,3 @@ class Decoder:
                 reason = "stop_token" if token in self.setup.sampling.stop_token_ids else "eos"
                 return reason, emitted[: i + 1], fates[: i + 1]
         return None, emitted, fates
-
-
-class _Output:
-    """Everything a run emitted so far, for Finished."""
-
-    def __init__(self, logprobs: bool):
-        self.ids: list[int] = []
-        self.fates: list[Fate] = []
-        self.pieces: list[str] = []
-        self.logprobs: list[dict] | None = [] if logprobs else None
-        self.starts: list[int] = []  # where each token's text starts in the output text
-
-    def add(self, event: RoundEvent, starts: list[int]) -> None:
-        self.starts += starts
-        self.ids += event.token_ids
-        self.fates += event.fates
-        self.pieces += event.pieces
-        if self.logprobs is not None:
-            self.logprobs += event.logprobs or []
-
-    def trim(self, length: int) -> list[Fate]:
-        """Drop the tokens whose text starts at or after `length` (a stop string cut the text there);
-        returns their fates."""
-        keep = sum(1 for at in self.starts if at < length)
-        dropped = self.fates[keep:]
-        self.ids, self.fates, self.pieces, self.starts = (
-            self.ids[:keep], self.fates[:keep], self.pieces[:keep], self.starts[:keep])
-        if self.logprobs is not None:
-            self.logprobs = self.logprobs[:keep]
-        return dropped
-
-
-def _starts(offset: int, pieces: list[str]) -> list[int]:
-    starts = []
-    for piece in pieces:
-        starts.append(offset)
-        offset += len(piece)
-    return starts

@@ -80,7 +80,7 @@ class Engine:
         shape = RoundShape(k=k, width=self.width, vocab_size=self.pair.vocab_size, has_draft=uses_model,
                            sample_draft=uses_model and sample, cut=cut, penalties=penalties,
                            min_tokens=sampling.min_tokens > 0, p_min=spec.draft_p_min if uses_model else 0.0,
-                           insight=insight)
+                           insight=insight, gumbel=sampling.coupling == "gumbel" and not sampling.greedy)
         modes = {"none": [Mode.MODEL], "draft": [Mode.MODEL], "ngram": [Mode.HOST],
                  "hybrid": [Mode.MODEL, Mode.HOST]}[kind]
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
@@ -111,8 +111,8 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
     q one-hot), and whether q has the request's top-k / top-p / min-p (else temperature only).
     auto: greedy requests take the argmax; sampled ones draw, and a request cut by top-p alone
     drafts without the cut: the draft skips the cut's work at about the same acceptance
-    (docs/benchmarks.md, "Temperature drafts"); with top-k or min-p too, the wider q costs more
-    acceptance, so those keep the cut."""
+    (docs/benchmarks.md, "Tried and not kept"; docs/profiles.md, draft_sampling); with top-k or
+    min-p too, the wider q costs more acceptance, so those keep the cut."""
     if mode == "auto":
         sample = not sampling.greedy
         top_p_only = sampling.top_p < 1.0 and sampling.top_k <= 0 and sampling.min_p == 0.0

@@ -463,6 +463,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling.stop_token_ids": (lambda v: all(i >= 0 for i in v), "must be token ids >= 0"),
     "sampling.logprobs": (lambda v: 0 <= v <= 20, "must be from 0 to 20"),
     "sampling.logprobs_mode": _one_of("warped", "raw"),
+    "sampling.coupling": _one_of("rejection", "gumbel"),
     "runtime.threads": (lambda v: 0 <= v <= 1024, "must be from 0 (auto) to 1024"),
     "runtime.modeling": _one_of("auto", "transformers"),
     "kernels.attention": _one_of("auto", "kernel", "sdpa"),

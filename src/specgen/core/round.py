@@ -19,8 +19,11 @@ Rounds that draft fewer than k (the last ones, adaptive k, host proposals, an un
 the same shapes; the verifier reads how many drafts count from `num_drafts`, and rows past them
 are overwritten by the next round.
 
-Randomness is drawn by the host into `uniform` and `noise` before the round (in the same order
-and shapes every round, so a seed reproduces the text on every backend); the body draws nothing.
+Randomness, rejection coupling: drawn by the host into `uniform` and `noise` before the round (in
+the same order and shapes every round, so a seed reproduces the text on every backend). Gumbel
+coupling: the body computes `noise` row i from (seed, the position of row i, token id) on the
+device (core/noise.py); the draft races q̃ against row i, the target picks x_i = argmax p̃_i / E_i,
+and verification is greedy against x: the text does not depend on k or the proposer.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from specgen.core import noise
 from specgen.core.sampling import MIN_EXPONENTIAL, PenaltyRows, WarpParams, logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 
@@ -61,6 +65,7 @@ class RoundShape:
     min_tokens: bool  # stop ids masked while fewer than min_tokens exist
     p_min: float  # drafting stops at the first step whose confidence is below this (0 = off)
     insight: bool  # stage p(x), q(x) and the entropy of p for every drafted token
+    gumbel: bool = False  # sampled, with Gumbel coupling (noise per position; greedy verification)
 
 
 class Round:
@@ -97,17 +102,23 @@ class Round:
         self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.draft_logits = {n: torch.full((n, width), float("-inf"), dtype=torch.float32, **z)
                              for n in (1, 2, k + 2)} if shape.has_draft else {}
-        sampled = not self.greedy
-        draft_rows = k if shape.sample_draft and sampled else 0
-        # Exp(1) rows, one per sampled draft step then the target's, and the uniforms: one buffer
-        # each, so one clamp covers all rows (draw()).
-        self.noise = torch.ones(draft_rows + 1, width, dtype=torch.float32, **z) if sampled else None
-        self.uniform = torch.ones(k, dtype=torch.float32, **z) if sampled else None
-        self.q = torch.zeros(k, width, dtype=torch.float32, **z) if draft_rows else None
+        sampled, gumbel = not self.greedy, shape.gumbel
+        self.draft_races = shape.sample_draft and sampled  # draft picks race q against a noise row
+        draft_rows = k if self.draft_races else 0
+        # Rejection: Exp(1) rows, one per sampled draft step then the target's recovery row, and
+        # the uniforms, one buffer each (draw()). Gumbel: one row per position of the round.
+        rows = k + 1 if gumbel else draft_rows + 1
+        self.noise = torch.ones(rows, width, dtype=torch.float32, **z) if sampled else None
+        self.uniform = torch.ones(k, dtype=torch.float32, **z) if sampled and not gumbel else None
+        self.q = torch.zeros(k, width, dtype=torch.float32, **z) if draft_rows and not gumbel else None
+        self.key = torch.zeros(2, dtype=torch.long, **z)  # the seed as Philox's key words (Gumbel)
+        self.origin = torch.zeros((), dtype=torch.long, **z)  # the prompt's length: position of token 0
+        self.first = torch.zeros((), dtype=torch.long, **z)  # position of this round's row 0
+        self.choice = torch.zeros(k + 1, dtype=torch.long, **z)  # Gumbel: the target's x per row
         self.q_token = torch.zeros(k, dtype=torch.float32, **z)  # q(d_i) (sampled or insight)
         self.confident = torch.ones(k, dtype=torch.bool, **z)  # per step: confidence >= p_min
         self.rows: tuple = ()  # the target rows' (params, penalties, bad_mask) of the last round
-        floats = 3 * k if shape.insight else (2 * k if sampled else 0)
+        floats = 3 * k if shape.insight else (2 * k if sampled and not gumbel else 0)
         self.stage_ids = torch.zeros(2 * k + 2, dtype=torch.long, **z)  # [out (k+1) | drafts (k) | n]
         self.stage_f = torch.zeros(max(floats, 1), dtype=torch.float32, **z)  # [p(d) | q(d) | H(p)]
         self.out = torch.zeros(1, k + 1, dtype=torch.long, **z)
@@ -121,7 +132,7 @@ class Round:
     @property
     def floats(self) -> bool:
         """Whether the round stages float results (p(d), q(d), entropy) for the host."""
-        return self.shape.k > 0 and (self.shape.insight or not self.greedy)
+        return self.shape.k > 0 and (self.shape.insight or not (self.greedy or self.shape.gumbel))
 
     @property
     def has_p(self) -> bool:
@@ -141,11 +152,14 @@ class Round:
         for runner in self.runners:
             runner.reserve(positions)
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def start(self, prompt_ids: list[int], seed: int = 0) -> None:
         """Prefill both caches (target: all but the last id; draft: all but the last two) and set the
         first round's inputs. A one-token prompt: the draft sees that id twice (its cache needs two
-        committed ids to start from); only its first guesses can change, never the output."""
+        committed ids to start from); only its first guesses can change, never the output.
+        seed: Gumbel coupling's key (rejection coupling draws from the caller's generator)."""
         ids = list(prompt_ids)
+        self.key.copy_(torch.tensor(noise.split_seed(seed)))
+        self.origin.fill_(len(ids))
         self.target.reset()
         self.target.forward(torch.tensor(ids[:-1], dtype=torch.long), want_logits=False)
         if self.draft is not None:
@@ -170,7 +184,7 @@ class Round:
     def draw(self, generator: torch.Generator) -> None:
         """The next round's random numbers, in place: Exp(1) rows for sampled draft steps, the
         uniforms, then the target's recovery row (greedy rounds draw nothing)."""
-        if self.noise is None:
+        if self.noise is None or self.shape.gumbel:
             return
         rows = self.noise.shape[0]
         for i in range(rows - 1):
@@ -184,6 +198,9 @@ class Round:
     def body(self, mode: Mode, mark: Callable[[], None]) -> None:
         """One round on the device, no host sync. mark() is called between the phases (timing)."""
         mark()
+        if self.shape.gumbel:
+            torch.add(self.origin, self.generated, out=self.first)
+            self.backend.gumbel_noise(self.noise, self.key, self.first)
         self._draft(mode)
         mark()
         with self.target.step_context(self.shape.k + 1):
@@ -225,24 +242,20 @@ class Round:
         params, penalties, bad = self.draft_params, None, self._bad_mask(1, i)
         if shape.penalties:
             penalties = PenaltyRows(self.draft_counts.unsqueeze(0), (self.seen | (self.draft_counts > 0)).unsqueeze(0))
-        plain = penalties is None and bad is None
-        sample = shape.sample_draft and self.q is not None
         need_q = shape.p_min > 0 or shape.insight
-        if plain and not sample and not need_q:
-            torch.argmax(logits, dim=-1, out=out)
-        elif plain and sample and not need_q:
-            self.q[i : i + 1].copy_(self.backend.warp_and_race(logits, params, self.noise[i : i + 1], out))
-        else:
-            argmax, probs = self.backend.warp(logits, params, penalties, bad)
-            if sample:
+        probs = None
+        if self.draft_races:
+            probs = self.backend.warp_and_race(logits, params, self.noise[i : i + 1], out, penalties, bad)
+            if self.q is not None:
                 self.q[i : i + 1].copy_(probs)
-                out.copy_((probs / self.noise[i : i + 1]).argmax(dim=-1))
-            else:
-                out.copy_(argmax)
-            if need_q:
-                q = probs if probs is not None else logprobs_from_logits(logits, params, penalties, bad).exp()
-                self.q_token[i : i + 1].copy_(q[0, out])
-                self.confident[i : i + 1].copy_(q.max(dim=-1).values >= shape.p_min)
+        elif penalties is None and bad is None and not need_q:
+            torch.argmax(logits, dim=-1, out=out)
+        else:
+            out.copy_(self.backend.warp(logits, params, penalties, bad)[0])
+        if need_q:
+            q = probs if probs is not None else logprobs_from_logits(logits, params, penalties, bad).exp()
+            self.q_token[i : i + 1].copy_(q[0, out])
+            self.confident[i : i + 1].copy_(q.max(dim=-1).values >= shape.p_min)
         if shape.penalties:
             self.draft_counts.index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
@@ -264,8 +277,14 @@ class Round:
             penalties = PenaltyRows(self.counts + cum, self.seen | (cum > 0))
         bad = self._bad_mask(k + 1)
         self.rows = (self.params, penalties, bad)
-        argmax, probs = self.backend.warp(self.target_logits, self.params, penalties, bad)
         q = self.q if mode is Mode.MODEL and self.q is not None else None
+        if shape.gumbel:  # x_i = argmax p̃_i / E_i; a draft is accepted iff it equals x_i
+            probs = self.backend.warp_and_race(self.target_logits, self.params, self.noise, self.choice,
+                                               penalties, bad)
+            self.out.copy_(self.backend.verify_greedy(self.drafts, self.num_drafts, self.choice, k))
+            self._stage(mode, probs if shape.insight else None, q)
+            return
+        argmax, probs = self.backend.warp(self.target_logits, self.params, penalties, bad)
         if probs is None:
             out = self.backend.verify_greedy(self.drafts, self.num_drafts, argmax, k)
         else:

@@ -74,6 +74,10 @@ class SamplingSpec:
     ignore_eos: bool = False
     logprobs: int | None = None
     logprobs_mode: str = "warped"  # warped (the distribution tokens are drawn from) | raw (the model's)
+    # How a sampled round turns the target's p and the proposals into tokens: rejection sampling
+    # (the most accepted drafts; the text depends on k and the proposer) or gumbel (noise fixed per
+    # (seed, position, token): the text of target-only decoding, whatever k and the proposer).
+    coupling: str = "rejection"
 
     @property
     def greedy(self) -> bool:

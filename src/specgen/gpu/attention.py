@@ -1,12 +1,12 @@
 """Attention for captured steps: a Triton kernel over the live part of a static KV cache.
 
 Why: a captured step attends over the whole static cache (capacity positions) through SDPA with a
-[q, capacity] mask. On an H200 (docs/benchmarks.md, attention study) cuDNN SDPA then costs far
-more for the 5 tokens of a k = 4 verification than for 1 token, and that one difference is most
-of what a verification step costs over a 1-token step. This kernel reads the position straight
-from the runner's device tensor and visits only keys [0, position + q): its cost follows the
-sequence, not the cache, and barely grows with q, because every key block is loaded once for all
-q tokens and all query heads that share its KV head (GQA).
+[q, capacity] mask. On an H200 (docs/benchmarks.md, "Linear and attention kernels") cuDNN SDPA then
+costs far more for the 5 tokens of a k = 4 verification than for 1 token, and that one difference
+is most of what a verification step costs over a 1-token step. This kernel reads the position
+straight from the runner's device tensor and visits only keys [0, position + q): its cost follows
+the sequence, not the cache, and barely grows with q, because every key block is loaded once for
+all q tokens and all query heads that share its KV head (GQA).
 
 Layout (flash decoding): program (b * KVH + kv head, row tile, split) takes rows
 r = t * G + g (query token t, query head kv * G + g), and keys [split * split_keys, ...) up to

@@ -16,9 +16,10 @@ import warnings
 
 import torch
 
-from specgen.core import rejection, sampling
+from specgen.core import noise, rejection, sampling
 from specgen.core.backend import EagerProgram, RoundClock
 from specgen.core.round import Mode, Round
+from specgen.gpu import noise as gpu_noise
 from specgen.gpu import verify as gpu_verify
 from specgen.gpu import warp as gpu_warp
 from specgen.gpu.kernels import ResolvedKernels, resolve
@@ -78,12 +79,21 @@ class CudaBackend:
             return sampling.warp(logits, params, penalties, bad_mask)
         return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace)
 
-    def warp_and_race(self, logits, params, expo, out):
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
         if not self.warp_kernels:
-            argmax, probs = sampling.warp(logits, params)
+            argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
             out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
             return probs
-        return gpu_warp.warp(logits.contiguous(), params, None, None, self.workspace, expo, out)[1]
+        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, expo, out)[1]
+
+    def gumbel_noise(self, out, key, first):
+        """The uniforms from the kernel (or the reference with warp = "torch"); the log by torch in
+        both cases, so E is the same bits as on the torch backend."""
+        if self.warp_kernels:
+            gpu_noise.uniform_(out, key, first)
+        else:
+            out.copy_(noise.uniform(key, first, *out.shape))
+        noise.exponential_(out)
 
     def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
         if not self.warp_kernels:

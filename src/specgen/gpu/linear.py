@@ -2,11 +2,11 @@
 
 Why: a decode step of a large target reads every weight once, so its floor is weight bytes over
 memory bandwidth. cuBLAS picks different kernels for 1 row and for the 5 rows of a k = 4
-verification, and neither reaches the floor on a Llama-3-8B shape on an H200 (docs/benchmarks.md).
-Here one program owns BLOCK_N output columns, walks K once, and multiplies each weight tile by
-every row (up to MAX_ROWS, padded to 16 for a tensor-core product) while it is loaded, so 5 rows
-cost what 1 row costs. With one configuration for 1 and for 5 rows (every N > 2048), each row is
-computed the same way whatever the number of rows.
+verification, and neither reaches the floor on a Llama-3-8B shape on an H200 (docs/benchmarks.md,
+"Linear and attention kernels"). Here one program owns BLOCK_N output columns, walks K once, and
+multiplies each weight tile by every row (up to MAX_ROWS, padded to 16 for a tensor-core product)
+while it is loaded, so 5 rows cost what 1 row costs. With one configuration for 1 and for 5 rows
+(every N > 2048), each row is computed the same way whatever the number of rows.
 
 Split-K (a configuration's 6th entry, picked by shape when the caller's split_k is on; see
 gpu/kernels.py for when it is): K in chunks, one program per chunk and column block, each storing
@@ -33,16 +33,17 @@ from specgen.gpu.workspace import Workspace
 MAX_ROWS = 16
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
 # (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages), measured with benchmarks/bench_kernels.py linear on
-# an H200 over Llama-3-8B's projections (docs/benchmarks.md): one tensor-core configuration is within
-# 5% of the best for 1 and for 5 rows on every shape with N > 2048; narrower outputs (k/v
-# projections that could not be fused) want narrower tiles, and a single row there the register path.
+# an H200 over Llama-3-8B's projections (docs/benchmarks.md, "Linear and attention kernels"): one
+# tensor-core configuration is within 5% of the best for 1 and for 5 rows on every shape with
+# N > 2048; narrower outputs (k/v projections that could not be fused) want narrower tiles, and a
+# single row there the register path.
 WIDE = (True, 32, 256, 4, 4)
 NARROW = (True, 16, 256, 4, 4)
 NARROW_ONE_ROW = (False, 2, 2048, 4, 1)
 # Split-K, a 6th entry: K in that many chunks, one program each per column block, the last to finish
-# sums them. Measured on an H200 (docs/benchmarks.md, "Split-K"): the long-K down projection
-# (4096 x 14336: 128 column blocks), the gate/up pair and a 4096-wide projection with 128 column
-# blocks gain; q+k+v fused (6144 wide) does not.
+# sums them. Measured on an H200 (docs/benchmarks.md, "Linear and attention kernels"): the long-K
+# down projection (4096 x 14336: 128 column blocks), the gate/up pair and a 4096-wide projection
+# with 128 column blocks gain; q+k+v fused (6144 wide) does not.
 SPLIT_LONG_K = (True, 32, 128, 4, 4, 3)  # K >= 3 N
 SPLIT_GATED = (True, 32, 128, 4, 3, 4)  # gate_up
 SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32

@@ -33,13 +33,13 @@ from specgen.gpu.workspace import Workspace, device_of
 WARMUP_STEPS = 3  # eager runs before capture: cuBLAS handles, lazy allocations, torch.compile
 SLACK = 64  # positions past the longest request: where warm-ups and padded steps may write
 MAX_GRAPH_TOKENS = 64  # longest captured step
-PREFILL_CHUNK = 64  # the fast path also captures this shape: prompts replay it chunk by chunk
+PREFILL_CHUNK = 64  # the graph runner also captures this shape: prompts replay it chunk by chunk
 MAX_CHUNKS = 8  # longer prompts (more than 512 tokens) prefill eagerly, where compute dominates
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 # `autotune`: inductor benchmarks Triton GEMM templates against cuBLAS and tunes reduction
-# configurations (docs/benchmarks.md: faster 1-token steps on a Llama-3-8B shape, at about twice
-# the compile time).
+# configurations (docs/benchmarks.md, "Tried and not kept": faster 1-token steps on a Llama-3-8B
+# shape, at about twice the compile time).
 AUTOTUNE = {"coordinate_descent_tuning": True, "max_autotune_gemm": True}
 
 

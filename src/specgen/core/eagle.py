@@ -1,0 +1,304 @@
+"""The EAGLE-3 draft head: one Llama decoder layer that reads the target's own hidden states.
+
+EAGLE-3 (Li et al., arXiv 2503.01840) drafts with a small head instead of a separate model. The
+target's hidden states at three of its layers (low, middle, high: `aux_layer_ids`) are
+concatenated and fused by `fc` into one feature of the head's width; the head's single decoder
+layer attends over `concat(input_layernorm(embedding of the next token), hidden_norm(feature))`
+(2H wide) and predicts the token after that one over a reduced draft vocabulary. Drafting goes
+on autoregressively on the head's own output hidden states.
+
+Rows pair up like this (t is a position of the target's sequence):
+
+    row t   id: x[t+1]   feature: fc(aux states of the target at t)   -> logits for x[t+2]
+            (or, for a position the head drafted itself: its own output hidden state at t)
+
+so the head's row t sits at position t, one behind the id it embeds. `aux_layer_ids` count as
+vLLM's `eagle_aux_hidden_state_layer_ids` and transformers' `output_hidden_states` do: id i is
+the input of decoder layer i (0 = the embeddings), that is the residual stream after i layers.
+
+Lossless verification does not depend on the head: the target verifies whatever it proposes, and
+`target_logits` puts -inf on every target id outside the draft vocabulary, so such an id is
+never proposed and q of it is 0.
+
+docs/models.md, "EAGLE-3 heads: checkpoint formats", maps both checkpoint formats onto this module;
+core/head_formats.py reads and writes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    """The head's shape. `target_*` describe the target it reads; `aux_layer_ids` None means the
+    EAGLE-3 default for the target's depth N, (2, N // 2, N - 3) (see `layers_for`)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    target_vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...] | None
+    max_position_embeddings: int
+    # transformers' rope_scaling dict ({"rope_type": "llama3", "factor": ...}) or None
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    # speculators' norm_before_residual: the residual is hidden_norm(feature), not the feature
+    norm_before_residual: bool = False
+
+    def __post_init__(self):
+        positive = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "target_vocab_size", "draft_vocab_size", "target_hidden_size",
+                    "max_position_embeddings")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} = {value!r} must be a positive integer")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim = {self.head_dim} must be even (rotary embeddings)")
+        if self.draft_vocab_size > self.target_vocab_size:
+            raise ValueError(f"draft_vocab_size ({self.draft_vocab_size}) is larger than the target's "
+                             f"vocabulary ({self.target_vocab_size})")
+        if 3 * self.target_hidden_size == self.hidden_size:
+            # forward tells fused from unfused features by their width
+            raise ValueError(f"hidden_size ({self.hidden_size}) = 3 × target_hidden_size: "
+                             "specgen cannot tell the target's features from the head's own")
+        if self.aux_layer_ids is not None:
+            ids = tuple(self.aux_layer_ids)
+            if len(ids) != 3 or any(not isinstance(i, int) or i < 0 for i in ids):
+                raise ValueError(f"aux_layer_ids = {list(ids)} must be three layer indices >= 0")
+            object.__setattr__(self, "aux_layer_ids", ids)
+
+    def layers_for(self, target_layers: int) -> tuple[int, ...]:
+        """The aux layer ids for a target of `target_layers` decoder layers."""
+        if self.aux_layer_ids is not None:
+            return self.aux_layer_ids
+        return (2, target_layers // 2, target_layers - 3)
+
+    def replace(self, **changes) -> "Eagle3Config":
+        return dataclasses.replace(self, **changes)
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm: normalise in float32, scale in the input's dtype."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Llama's rotary embedding (rotate-half form) at explicit positions. Scaled variants
+    (llama3, yarn, ...) take their frequencies from transformers' own table of rope types."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        inv_freq, self.scale = self._frequencies(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
+
+    @staticmethod
+    def _frequencies(config: Eagle3Config) -> tuple[torch.Tensor, float]:
+        scaling = config.rope_scaling or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "default":
+            steps = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+            return 1.0 / (config.rope_theta ** steps), 1.0
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if kind not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"rope_scaling type {kind!r} is not one of {', '.join(ROPE_INIT_FUNCTIONS)}")
+        llama = LlamaConfig(hidden_size=config.num_attention_heads * config.head_dim, head_dim=config.head_dim,
+                            num_attention_heads=config.num_attention_heads, rope_theta=config.rope_theta,
+                            rope_scaling=dict(scaling), max_position_embeddings=config.max_position_embeddings)
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](llama, None)
+        return inv_freq.float(), float(scale)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [N] -> cos, sin [N, 1, D] in dtype."""
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # [N, D/2]
+        angles = torch.cat([angles, angles], dim=-1)[:, None, :]
+        return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Llama attention whose q/k/v read 2H (embedding and feature side by side), over the head's
+    static cache: row i writes its key and value at slot positions[i] and attends to the slots at
+    or before it. Slots past the position are stale and masked, so a rollback only moves the
+    position; shapes never depend on it, so the step can be captured in a CUDA graph."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        width = 2 * config.hidden_size
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        q, k = rotate(q, *rope), rotate(k, *rope)
+        k_cache, v_cache = cache  # [C, Hkv, D] each
+        k_cache.index_copy_(0, positions, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, positions, v.to(v_cache.dtype))
+        group = self.heads // self.kv_heads
+        keys = k_cache.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, C, D]
+        values = v_cache.repeat_interleave(group, dim=1).transpose(0, 1)
+        visible = torch.arange(k_cache.shape[0], device=x.device)[None, :] <= positions[:, None]  # [N, C]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible)  # [H, N, D]
+        return self.o_proj(out.transpose(0, 1).reshape(n, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer. The residual is the feature h (EAGLE-3's midlayer, speculators'
+    first layer); with norm_before_residual it is hidden_norm(h) instead."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.norm_before_residual = config.norm_before_residual
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+
+    def forward(self, embeds: torch.Tensor, h: torch.Tensor, positions: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor], cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        normed = self.hidden_norm(h)
+        residual = normed if self.norm_before_residual else h
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [N, 2H]
+        h = residual + self.self_attn(x, positions, rope, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    """The EAGLE-3 head with a static KV cache of its own.
+
+    `embedding` [target_vocab, hidden] is the token embedding. EAGLE-3 embeds with the target's
+    own `embed_tokens`, so the caller passes the target's weight and the head keeps it as a
+    non-persistent buffer: it is not one of the head's weights, `state_dict()` leaves it out, and
+    `.to()` gives the head its own copy only when the device or dtype changes (never converting
+    the target's in place). Either checkpoint format may also carry its own copy
+    (`embed_tokens.weight`: speculators writes one when it saves the verifier's embedding, the
+    EAGLE-3 repository's training script does not); core/head_formats.py's loader then uses that
+    copy, as vLLM does, and `owns_embedding` is True so that saving writes it back.
+
+    Parameter names are the speculators format's weight names (`fc.weight`, `layers.0.*`,
+    `norm.weight`, `lm_head.weight`, buffers `d2t` and `t2d`), so `state_dict()` is the checkpoint.
+    """
+
+    def __init__(self, config: Eagle3Config, embedding: torch.Tensor, capacity: int | None = None,
+                 owns_embedding: bool = False):
+        super().__init__()
+        if tuple(embedding.shape) != (config.target_vocab_size, config.hidden_size):
+            raise ValueError(f"the embedding has shape {list(embedding.shape)}; the head needs "
+                             f"[{config.target_vocab_size}, {config.hidden_size}] (target vocabulary × head width)")
+        self.config = config
+        self.owns_embedding = owns_embedding
+        self.register_buffer("embedding", embedding.detach(), persistent=False)
+        self.fc = nn.Linear(3 * config.target_hidden_size, config.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(config)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        # target id = draft id + d2t[draft id]; t2d[target id] says whether the draft vocabulary has it
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.target_vocab_size, dtype=torch.bool))
+        self.rotary = Rotary(config)
+        self.register_buffer("position", torch.zeros((), dtype=torch.long), persistent=False)
+        self.reserve(capacity or config.max_position_embeddings)
+
+    def reserve(self, capacity: int) -> None:
+        """(Re)allocate the KV cache for `capacity` positions, empty, at position 0. The cache
+        tensors are new objects: re-capture any graph that holds the old ones."""
+        weight = self.fc.weight
+        shape = (capacity, self.config.num_key_value_heads, self.config.head_dim)
+        self.register_buffer("k_cache", weight.new_zeros(shape), persistent=False)
+        self.register_buffer("v_cache", weight.new_zeros(shape), persistent=False)
+        self.capacity = capacity
+        self.position.zero_()
+
+    def reset(self) -> None:
+        """Forget the sequence: the next forward starts at position 0 (stale slots are masked)."""
+        self.position.zero_()
+
+    def identity_vocab(self) -> None:
+        """The draft vocabulary is the target's whole vocabulary, in its order."""
+        if self.config.draft_vocab_size != self.config.target_vocab_size:
+            raise ValueError("an identity vocabulary map needs draft_vocab_size == target_vocab_size")
+        self.d2t.zero_()
+        self.t2d.fill_(True)
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's aux states [N, 3 * target_hidden] (low, middle, high concatenated) -> [N, H]."""
+        return self.fc(aux)
+
+    def forward(self, ids: torch.Tensor, features: torch.Tensor,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [N] target ids, features [N, 3 * target_hidden] (the target's aux states, fused
+        here by `fc`) or [N, H] (already fused, or the head's own output hidden states), positions
+        [N] (default: from `position` on). Writes the rows' keys at their positions, sets
+        `position` past the last row, and returns (logits over the draft vocabulary [N, Vd],
+        output hidden states [N, H]: before the final norm, the features of the next step)."""
+        if positions is None:
+            positions = self.position + torch.arange(ids.shape[0], device=ids.device)
+        h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
+        embeds = F.embedding(ids, self.embedding).to(h.dtype)
+        rope = self.rotary(positions, h.dtype)
+        out = self.layers[0](embeds, h, positions, rope, (self.k_cache, self.v_cache))
+        self.position.copy_(positions[-1] + 1)
+        return self.lm_head(self.norm(out)), out
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target ids (any shape)."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def target_logits(self, draft_logits: torch.Tensor, width: int) -> torch.Tensor:
+        """[N, Vd] -> [N, width] float32 over target ids, -inf where the draft vocabulary has no
+        id: those tokens get q = 0 and are never proposed (width may exceed the target's
+        vocabulary, as padded logits do)."""
+        out = draft_logits.new_full((draft_logits.shape[0], width), float("-inf"), dtype=torch.float32)
+        targets = torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+        return out.index_copy_(1, targets, draft_logits.float())
