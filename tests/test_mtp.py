@@ -118,6 +118,16 @@ def test_weights_are_found_and_loaded_exactly(checkpoints, sharded):
     assert torch.equal(layer.head.weight, mtp[p + "shared_head.head.weight"])
 
 
+def test_bfloat16_load_keeps_the_router_bias_in_float32(checkpoints):
+    folder, config, _, mtp = checkpoints()
+    (layer,) = load_mtp_layers(folder, config, dtype=torch.bfloat16)
+    bias = layer.block.mlp.gate.e_score_correction_bias
+    assert bias.dtype == torch.float32
+    assert torch.equal(bias, mtp["model.layers.2.mlp.gate.e_score_correction_bias"])
+    assert layer.proj.weight.dtype == torch.bfloat16
+    assert torch.equal(layer.proj.weight, mtp["model.layers.2.eh_proj.weight"].to(torch.bfloat16))
+
+
 def test_shared_head_and_embedding_fall_back_to_the_main_model(checkpoints):
     folder, config, model, _ = checkpoints(own_head=False)
     (weights,) = find_mtp_weights(folder, config)

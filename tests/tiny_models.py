@@ -167,6 +167,9 @@ def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: boo
     mtp = {k: v for k, v in _checkpoint_tensors(deeper, folder / "scratch").items() if k.startswith(prefix)}
     shutil.rmtree(folder / "scratch")
     hidden, vocab = config.hidden_size, config.vocab_size
+    bias = f"{prefix}mlp.gate.e_score_correction_bias"  # zeros at init: give it values bfloat16 rounds
+    if bias in mtp:
+        mtp[bias] = 1 / 3 + 0.1 * torch.randn(mtp[bias].shape)
     for norm in ("enorm", "hnorm", "shared_head.norm"):
         mtp[f"{prefix}{norm}.weight"] = 1 + 0.3 * torch.randn(hidden)
     mtp[f"{prefix}eh_proj.weight"] = 0.3 * torch.randn(hidden, 2 * hidden)

@@ -283,6 +283,22 @@ def _load_block(block: nn.Module, weights: MtpWeights, folder) -> None:
                          "quantized checkpoints are not supported")
 
 
+def _to_dtype(layer: MtpLayer, dtype: torch.dtype) -> MtpLayer:
+    """Cast, keeping in float32 what the family's model keeps there (DeepSeek-V3's router bias:
+    in bfloat16 its rounding changes which experts tokens go to)."""
+    layout = _layout(layer.config)
+    modeling = importlib.import_module(f"transformers.models.{layout.module}.modeling_{layout.module}")
+    pretrained = getattr(modeling, layout.decoder.replace("DecoderLayer", "PreTrainedModel"), None)
+    keep = getattr(pretrained, "_keep_in_fp32_modules_strict", None) or []
+    layer.to(dtype)
+    for module in layer.modules():
+        for key, tensor in {**module._parameters, **module._buffers}.items():
+            if tensor is not None and key in keep:
+                tensor.data = tensor.data.float()
+    return layer
+
+
 def load_mtp_layers(folder, config, dtype: torch.dtype = torch.float32) -> list[MtpLayer]:
-    """Every MTP layer of a checkpoint, loaded, in eval mode."""
-    return [MtpLayer(config, w.index).load(w, folder).to(dtype).eval() for w in find_mtp_weights(folder, config)]
+    """Every MTP layer of a checkpoint, loaded in `dtype` (cast from what is stored), in eval mode."""
+    return [_to_dtype(MtpLayer(config, w.index), dtype).load(w, folder).eval()
+            for w in find_mtp_weights(folder, config)]
