@@ -171,3 +171,83 @@ def write_eagle3_original(head, folder: Path, with_embedding: bool = False) -> P
         tensors["embed_tokens.weight"] = head.embedding.contiguous()
     save_file(tensors, str(folder / "model.safetensors"))
     return folder
+
+
+# --- MTP checkpoints (issue 21): tiny models whose safetensors files also hold MTP layers ---
+
+MTP_FAMILIES = ("deepseek_v3", "glm4_moe")
+
+
+def mtp_config(family: str, layers: int = 2, vocab: int = 96, init: float = 0.3):
+    """A tiny config of a family that ships MTP layers, with one MTP layer declared."""
+    import transformers
+
+    moe = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, n_shared_experts=1,
+               n_routed_experts=4, n_group=2, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+               max_position_embeddings=128, initializer_range=init, num_nextn_predict_layers=1,
+               bos_token_id=None, eos_token_id=0, pad_token_id=None, tie_word_embeddings=False)
+    if family == "deepseek_v3":
+        # MLA expands its latent to every head: as in the real config, KV heads = heads
+        moe["num_key_value_heads"] = moe["num_attention_heads"]
+        return transformers.DeepseekV3Config(**moe, kv_lora_rank=8, q_lora_rank=12, qk_rope_head_dim=4,
+                                             v_head_dim=8, qk_nope_head_dim=8)
+    if family == "glm4_moe":
+        return transformers.Glm4MoeConfig(**moe, head_dim=8)
+    raise ValueError(family)
+
+
+def _checkpoint_tensors(model, scratch: Path) -> dict:
+    """A model's tensors under the names and layout its checkpoint stores them in."""
+    from safetensors.torch import load_file
+
+    model.save_pretrained(scratch)
+    return load_file(scratch / "model.safetensors")
+
+
+def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: bool = False,
+                         own_head: bool = True, own_embed: bool = True, seed: int = 0):
+    """A tiny checkpoint saved by transformers, plus one MTP layer under the layer-N names.
+
+    The MTP layer's decoder weights come from layer N of a same-family model with N+1 layers,
+    saved by transformers (so in checkpoint layout: one tensor per expert). Returns (config,
+    main model, {name: tensor} of every MTP tensor added to the files).
+    """
+    import json
+    import shutil
+
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(folder)
+    config = mtp_config(family)
+    n = config.num_hidden_layers
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(folder, max_shard_size="40KB" if sharded else "1GB")
+    torch.manual_seed(seed + 1)
+    deeper = transformers.AutoModelForCausalLM.from_config(mtp_config(family, layers=n + 1))
+    prefix = f"model.layers.{n}."
+    mtp = {k: v for k, v in _checkpoint_tensors(deeper, folder / "scratch").items() if k.startswith(prefix)}
+    shutil.rmtree(folder / "scratch")
+    hidden, vocab = config.hidden_size, config.vocab_size
+    bias = f"{prefix}mlp.gate.e_score_correction_bias"  # zeros at init: give it values bfloat16 rounds
+    if bias in mtp:
+        mtp[bias] = 1 / 3 + 0.1 * torch.randn(mtp[bias].shape)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"{prefix}{norm}.weight"] = 1 + 0.3 * torch.randn(hidden)
+    mtp[f"{prefix}eh_proj.weight"] = 0.3 * torch.randn(hidden, 2 * hidden)
+    if own_head:
+        mtp[f"{prefix}shared_head.head.weight"] = 0.3 * torch.randn(vocab, hidden)
+    if own_embed:
+        mtp[f"{prefix}embed_tokens.weight"] = 0.3 * torch.randn(vocab, hidden)
+    if sharded:
+        save_file(mtp, folder / "model-mtp.safetensors", metadata={"format": "pt"})
+        index_path = folder / "model.safetensors.index.json"
+        index = json.loads(index_path.read_text())
+        index["weight_map"].update({name: "model-mtp.safetensors" for name in mtp})
+        index_path.write_text(json.dumps(index))
+    else:
+        path = folder / "model.safetensors"
+        save_file({**load_file(path), **mtp}, path, metadata={"format": "pt"})
+    return config, model, mtp
