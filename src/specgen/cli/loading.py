@@ -21,7 +21,7 @@ def load_engine(settings, allow_pickle: bool, status: bool):
 def collector_paused():
     """Importing torch and transformers and loading the models create millions of objects that all
     live until the process ends; Python's cycle collector would walk them again and again meanwhile
-    (docs/benchmarks.md, "Start-up of the demo"). Paused for that, then resumed as it was."""
+    (docs/benchmarks.md, "Start-up of the demo (2-core CPU)"). Paused for that, then resumed as it was."""
     enabled = gc.isenabled()
     gc.disable()
     try:

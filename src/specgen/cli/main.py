@@ -37,7 +37,7 @@ def main() -> None:
 
 def _exit_now(code: int) -> None:
     """Exit without Python's shutdown, which would tear down every module torch loaded, one by
-    one, for nothing (docs/benchmarks.md, "Start-up of the demo"). Everything specgen writes goes
+    one, for nothing (docs/benchmarks.md, "Start-up of the demo (2-core CPU)"). Everything specgen writes goes
     through stdout and stderr, flushed here; its files (exports) are closed when written."""
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -17,3 +17,9 @@ class Plan:
     repeat: int = 1
     warmup: int = 1
     records: bool = False  # keep per-round records of every speculative run (for inspect-acceptance)
+    # sampled temperatures run once per coupling (greedy runs once: coupling changes nothing there)
+    couplings: tuple[str, ...] = ("rejection",)
+
+    def sweeps(self) -> list[tuple[float, str | None]]:
+        """(temperature, coupling) of every sweep, in order; None at temperature 0."""
+        return [(t, c) for t in self.temperatures for c in (self.couplings if t > 0 else (None,))]
