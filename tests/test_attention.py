@@ -127,6 +127,7 @@ def _run_script(runner) -> list[torch.Tensor]:
     return logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rope", [False, True], ids=["model-rotary", "kernel-rotary"])
 @pytest.mark.parametrize("family,extra", [("llama", {}), ("mistral", {"sliding_window": 24}), ("qwen2", {}),
                                           ("qwen3", {"head_dim": 16})])
@@ -156,6 +157,7 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
         assert torch.equal(got.argmax(-1), want.argmax(-1)), f"feed {feed}: greedy tokens differ"
 
 
+@pytest.mark.slow
 def test_runner_comparison_catches_a_window_off_by_one(monkeypatch):
     """RUNNER_TOLERANCE is loose enough for rounding, tight enough for a fault: a kernel whose sliding
     window is one key short (Mistral, window 24) lands far outside it."""
@@ -206,6 +208,7 @@ FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shor
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_families_step_like_eager_steps(family):
     """Each family through a runner as the fast path builds it (captured steps on a GPU, the kernel
@@ -255,6 +258,7 @@ class _EagerGraph:
             self.runner.step(self.runner.ids[:self.n], self.logits)
 
 
+@pytest.mark.slow
 def test_padded_and_chunked_replays_equal_exact_feeds():
     """Feeds shorter than a captured shape replay it padded, prompts replay the largest shape chunk
     by chunk; the real rows' logits, the length and the position match exact eager feeds."""

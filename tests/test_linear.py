@@ -173,6 +173,7 @@ def _count_launches(monkeypatch) -> list:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,act", [("llama", "silu"), ("qwen2", "silu"), ("gemma", "gelu_tanh")])
 def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
     """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits."""

@@ -270,6 +270,7 @@ def _live(kind: type) -> int:
 RSS_BOUND_MIB = 10  # measured: +3 MiB from 100 to 1,000 generations (allocator warm-up, then flat)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads resident memory from /proc")
 def test_memory_stays_flat_over_1000_generations(tiny):
     """1,000 short generations on one engine, as bench runs them: caches and decoders of finished runs

@@ -42,7 +42,7 @@ def test_warp_matches_reference_32000(option):
     assert_warp_equal(*warp_case(option, 3, 32000, seed=7))
 
 
-@pytest.mark.parametrize("vocab", [100, 8193])
+@pytest.mark.parametrize("vocab", [100, pytest.param(8193, marks=pytest.mark.slow)])
 def test_warp_ties_at_cuts(vocab):
     """Logits on a 0.5 grid: top-k / top-p boundaries fall inside tie groups, which stay whole."""
     for option in ("top_k", "top_p", "all"):
@@ -125,6 +125,7 @@ def test_warp_parallel_cut_search_hands_rows_over():
     assert parallel_rows(workspace, 6) == [False, False, False, False, True, False]
 
 
+@pytest.mark.slow
 def test_warp_parallel_cut_search_equals_one_program_search():
     """Both searches give the same kept sets and the same sampled ids on the same draws."""
     gen = torch.Generator().manual_seed(8)
@@ -144,7 +145,7 @@ def test_warp_parallel_cut_search_equals_one_program_search():
     assert torch.equal(sampling.sample_race(fast, expo), sampling.sample_race(slow, expo))
 
 
-@pytest.mark.parametrize("vocab", [100, 8193, 70000])
+@pytest.mark.parametrize("vocab", [100, *(pytest.param(v, marks=pytest.mark.slow) for v in (8193, 70000))])
 def test_warp_with_race_matches_sample_race(vocab):
     """warp(..., expo, race_out): the probs kernel's race gives sampling.sample_race's ids for the same
     draws (zero-probability ids, a greedy row and an exact tie of p / E, where the first id wins,
