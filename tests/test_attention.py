@@ -303,10 +303,12 @@ def test_inductor_settings_apply_for_the_duration_and_are_restored():
 
 
 @pytest.mark.parametrize("user_value", [None, "mine"])
-def test_compile_cache_leaves_the_environment_as_it_was(tmp_path, monkeypatch, user_value):
-    """The runner's compile cache folder is inductor's only inside step_context (where compiles
-    happen); building a compiling runner and leaving the context restore the user's environment,
-    variable unset included. A user's own folder wins inside too."""
+@pytest.mark.parametrize("folder", ["", "profile-cache"])
+def test_compile_cache_leaves_the_environment_as_it_was(tmp_path, monkeypatch, user_value, folder):
+    """The runner's compile cache folder (speculation.compile_cache, else specgen's folder in the
+    user cache) is inductor's only inside step_context (where compiles happen); building a
+    compiling runner and leaving the context restore the user's environment, variable unset
+    included."""
     from specgen.gpu import runner as runner_module
 
     model = _tiny("llama")  # (importing transformers' models writes inductor's default into os.environ)
@@ -315,13 +317,14 @@ def test_compile_cache_leaves_the_environment_as_it_was(tmp_path, monkeypatch, u
         monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     else:
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / user_value))
-    compiling = runner(model, kernels=kernels(), compile=True)
+    profile_folder = str(tmp_path / folder) if folder else ""
+    compiling = runner(model, kernels=kernels(), compile=True, compile_cache_folder=profile_folder)
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == (user_value and str(tmp_path / user_value))
     with compiling.step_context(1):
         inside = os.environ["TORCHINDUCTOR_CACHE_DIR"]
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/elsewhere"  # as inductor's own cache_dir() may write it
-    assert inside == str(tmp_path / (user_value or "specgen/inductor"))
-    assert runner_module.cache_dir() == Path(inside) and Path(inside).is_dir()
+    assert inside == (profile_folder or str(tmp_path / "specgen/inductor"))
+    assert runner_module.cache_dir(profile_folder) == Path(inside) and Path(inside).is_dir()
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == (user_value and str(tmp_path / user_value))
 
 

@@ -42,6 +42,7 @@ class SpeculationSpec:
     cuda_graphs: bool = True
     compile: bool = False
     autotune: bool = False  # with compile: inductor benchmarks GEMM kernels and tunes reductions
+    compile_cache: str = ""  # compile's kernel folder, kept between runs; "" = specgen's in the user cache
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from specgen.gpu import noise as gpu_noise
 from specgen.gpu import verify as gpu_verify
 from specgen.gpu import warp as gpu_warp
 from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.gpu import runner as gpu_runner
 from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
 from specgen.gpu.workspace import Workspace
 
@@ -49,7 +50,8 @@ class CudaBackend:
         if name == "target":
             self.warp_kernels = kernels.warp
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
-                      compile=self.speculation.compile, autotune=self.speculation.autotune)
+                      compile=self.speculation.compile, autotune=self.speculation.autotune,
+                      compile_cache_folder=self.speculation.compile_cache)
         try:
             runner = GraphRunner(model, width, capacity, kernels=kernels, **common)
         except Exception as exc:  # noqa: BLE001 (the step kernels are an optimisation: fall back, below)
@@ -121,6 +123,8 @@ class CudaBackend:
     def describe(self) -> dict:
         return {"backend": self.name, "device": torch.cuda.get_device_name(self.device),
                 "cuda_graphs": True, "compile": self.speculation.compile, "autotune": self.speculation.autotune,
+                "compile_cache": str(gpu_runner.cache_dir(self.speculation.compile_cache)) if self.speculation.compile
+                else None,
                 "kernels": {name: k.as_dict() for name, k in self.kernels.items()}, "fallbacks": self.notes}
 
 

@@ -55,17 +55,17 @@ def inductor_settings(settings: dict):
         yield
 
 
-def cache_dir() -> Path:
-    """Where the runners' torch.compile keeps its kernels between runs: $TORCHINDUCTOR_CACHE_DIR
-    when the user set it, else specgen's folder in the user's cache."""
-    if os.environ.get(CACHE_VARIABLE):
-        return Path(os.environ[CACHE_VARIABLE])
+def cache_dir(folder: str = "") -> Path:
+    """Where the runners' torch.compile keeps its kernels between runs: the profile's
+    speculation.compile_cache, else specgen's folder in the user's cache directory."""
+    if folder:
+        return Path(folder).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen" / "inductor"
 
 
 @contextlib.contextmanager
-def compile_cache():
-    """cache_dir() as inductor's cache for the duration, and the environment as it was afterwards.
+def compile_cache(folder: str = ""):
+    """cache_dir(folder) as inductor's cache for the duration, and the environment as it was after.
 
     Inductor has no config value for its cache folder: it reads $TORCHINDUCTOR_CACHE_DIR whenever
     it opens the cache (and writes its own default there when unset), so the variable is set only
@@ -73,7 +73,7 @@ def compile_cache():
     user had not set it). Compile workers get the variable with each job, so they follow.
     """
     saved = os.environ.get(CACHE_VARIABLE)
-    path = cache_dir()
+    path = cache_dir(folder)
     path.mkdir(parents=True, exist_ok=True)
     os.environ[CACHE_VARIABLE] = str(path)
     try:
@@ -153,7 +153,7 @@ class GraphRunner:
 
     def __init__(self, model, width: int, capacity: int, *, kernels: ResolvedKernels, workspace: Workspace,
                  shapes=(), compile: bool = False, autotune: bool = False, use_graphs: bool = True,
-                 progress=None, name: str = "model"):
+                 progress=None, name: str = "model", compile_cache_folder: str = ""):
         self.model = model
         self.width = width  # logits columns handed out, as in EagerRunner
         self.device = model.get_output_embeddings().weight.device
@@ -180,9 +180,10 @@ class GraphRunner:
                     self.counters = linear.split_k_counters(workspace)
         self.step = self._step
         self.compiled = compile
+        self.cache_folder = compile_cache_folder
         self.inductor = AUTOTUNE if compile and autotune else {}
         if compile:
-            with compile_cache():  # importing inductor already writes its default folder into os.environ
+            with compile_cache(self.cache_folder):  # importing inductor already writes its default folder into os.environ
                 _raise_recompile_limit()
                 self.step = torch.compile(self._step, dynamic=False)
         self.length = 0
@@ -301,7 +302,7 @@ class GraphRunner:
             stack.enter_context(self._linear_context())
             if self.compiled:
                 stack.enter_context(inductor_settings(self.inductor))
-                stack.enter_context(compile_cache())
+                stack.enter_context(compile_cache(self.cache_folder))
             yield
 
     @torch.inference_mode()
