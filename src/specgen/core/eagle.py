@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specgen.core.llama import RMSNorm  # the same norm as the target's Llama layers
+
 
 @dataclass(frozen=True)
 class Eagle3Config:
@@ -91,20 +93,6 @@ class Eagle3Config:
 
     def replace(self, **changes) -> "Eagle3Config":
         return dataclasses.replace(self, **changes)
-
-
-class RMSNorm(nn.Module):
-    """Llama's RMSNorm: normalise in float32, scale in the input's dtype."""
-
-    def __init__(self, width: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
 
 
 class Rotary(nn.Module):
