@@ -7,6 +7,7 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--compile] [--profile]
+    python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
 
 Every subcommand takes --out FILE (the JSON report) and prints a Markdown table. Settings are passed
 to the kernels as arguments (parallel_cut, split_k, [kernels] values), never set on modules.
@@ -27,6 +28,10 @@ they are timed between CUDA events around each call, host dispatch included.
   --runners: the tiny models of tests/test_attention.py through a runner with the kernel (model's
   rotary and kernel's) and one with SDPA: the max logit difference per feed, the figures behind
   that test's RUNNER_TOLERANCE (also runs on a CPU, in the Triton interpreter).
+- exact: per model shape (random bf16 weights, the kernels `auto` resolves): every module's output in
+  a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, forward
+  hooks: where rows first differ), the captured steps' logits likewise (torch.equal per row), and
+  the 1-token and (k+1)-token captured step times against the model's bandwidth floor.
 - steps: a Llama-3-8B-shaped target (random bf16 weights): the 1-token step and the 5-token
   verification step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth floor
   (weight bytes / device-to-device copy bandwidth measured in the same run); each variant's 5-token
@@ -481,6 +486,137 @@ def bench_steps(args) -> dict:
     return report
 
 
+# -- exact: a (k+1)-token step against k+1 one-token steps, bit for bit ------------------------------
+
+EXACT_SHAPES = {  # random-weight Llama shapes: (config, layers timed / checked by default)
+    "8b": dict(LLAMA3_8B, num_hidden_layers=4),
+    "1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+               tie_word_embeddings=True),
+    "bench-target": dict(vocab_size=16384, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                         num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,
+                         tie_word_embeddings=False),
+    "bench-draft": dict(vocab_size=16384, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
+                        tie_word_embeddings=True),
+}
+
+
+def _record(model) -> tuple[list, list]:
+    """Forward hooks on every module whose output is a tensor (or starts with one):
+    calls [(name, first tensor argument or None, output)]."""
+    calls = []
+
+    def hook(name):
+        def record(module, args, kwargs, out):
+            first = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
+            given = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(first, torch.Tensor) and first.ndim >= 2:
+                calls.append((name, given.detach().clone() if isinstance(given, torch.Tensor) else None,
+                              first.detach().clone()))
+        return record
+
+    handles = [m.register_forward_hook(hook(name or "model"), with_kwargs=True) for name, m in model.named_modules()]
+    return calls, handles
+
+
+def _rows_differ(wide: torch.Tensor, singles: list, axis: int) -> tuple[int, float]:
+    differ, worst = 0, 0.0
+    for i, single in enumerate(singles):
+        a, b = wide.select(axis, i), single.select(axis, 0)
+        if a.shape != b.shape or not torch.equal(a, b):
+            differ += 1
+            worst = max(worst, (a.float() - b.float()).abs().max().item() if a.shape == b.shape else float("inf"))
+    return differ, worst
+
+
+def exact_divergence(model, kernels, ids: torch.Tensor, prefix: torch.Tensor) -> list[dict]:
+    """Every module's output for a (k+1)-token step against the same module in k+1 one-token steps
+    (an eager runner with the same kernels: captured steps run the same ones), in call order: how
+    many of the k+1 rows differ and by how much, and whether the module is a source (its input rows
+    were equal). Modules whose output has no token axis are skipped."""
+    runner = GraphRunner(model, model.config.vocab_size, 1024, kernels=kernels, workspace=Workspace("cuda"),
+                         use_graphs=False)
+    calls, handles = _record(model)
+    try:
+        runner.reset()
+        runner.forward(prefix, want_logits=False)
+        calls.clear()
+        runner.forward(ids)
+        wide = list(calls)
+        singles = []
+        runner.truncate(prefix.numel())
+        for i in range(ids.numel()):
+            calls.clear()
+            runner.forward(ids[i:i + 1])
+            singles.append(list(calls))
+    finally:
+        for handle in handles:
+            handle.remove()
+    rows = []
+    leaves = {name for name, m in model.named_modules() if not list(m.children())}
+    for j, (name, given, out) in enumerate(wide):
+        axis = next((a for a in range(out.ndim) if out.shape[a] == ids.numel()), None)
+        if axis is None or any(len(s) <= j or s[j][0] != name for s in singles):
+            continue
+        differ, worst = _rows_differ(out, [s[j][2] for s in singles], axis)
+        given_differ = None
+        if given is not None and given.ndim > axis and given.shape[axis] == ids.numel():
+            given_differ, given_worst = _rows_differ(given, [s[j][1] for s in singles], axis)
+        if name.endswith("o_proj") and given_differ is not None:  # the attention function is no module
+            rows.append({"module": name[:-len("o_proj")] + "attention", "rows_differ": given_differ,
+                         "max_diff": given_worst, "source": None})
+        # a source: a leaf module whose input rows were equal and whose output rows differ
+        source = differ > 0 and given_differ == 0 and name in leaves
+        rows.append({"module": name, "rows_differ": differ, "max_diff": worst, "source": source})
+    return rows
+
+
+def graph_exact(runner: GraphRunner, ids: torch.Tensor, prefix: torch.Tensor) -> list[bool]:
+    """Captured steps: logits of one (k+1)-token step against k+1 one-token steps, torch.equal per row."""
+    runner.reset()
+    runner.forward(prefix, want_logits=False)
+    wide = runner.forward(ids).clone()
+    runner.truncate(prefix.numel())
+    singles = [runner.forward(ids[i:i + 1]).clone() for i in range(ids.numel())]
+    return [torch.equal(wide[i], singles[i][0]) for i in range(ids.numel())]
+
+
+def bench_exact(args) -> dict:
+    bandwidth = copy_bandwidth()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "bandwidth": bandwidth, "rows": []}
+    for name in args.models:
+        config = dict(EXACT_SHAPES[name])
+        if args.layers:
+            config["num_hidden_layers"] = args.layers
+        model = random_llama(config)
+        kernels = resolve(KernelSpec(), "cuda", model)
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        prefix = torch.randint(0, config["vocab_size"], (args.position,), device="cuda", generator=gen)
+        ids = torch.randint(0, config["vocab_size"], (args.k + 1,), device="cuda", generator=gen)
+        modules = exact_divergence(model, kernels, ids, prefix)
+        diverged = [m for m in modules if m["rows_differ"]]
+        sources = sorted({m["module"].split(".")[-1] for m in diverged if m["source"]})
+        runner = GraphRunner(model, config["vocab_size"], 1024, kernels=kernels, workspace=Workspace("cuda"),
+                             shapes=(1, args.k + 1))
+        equal = graph_exact(runner, ids, prefix)
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        one, wide = step_seconds(runner, 1), step_seconds(runner, args.k + 1)
+        row = {"model": name, "layers": config["num_hidden_layers"], "kernels": kernels.as_dict(),
+               "graph_rows_equal": f"{sum(equal)}/{len(equal)}", "modules_checked": len(modules),
+               "modules_diverged": len(diverged), "sources": sources,
+               "source_modules": [m for m in diverged if m["source"]][:40], "first_divergences": diverged[:6],
+               "step_1_ms": one * 1e3, f"step_{args.k + 1}_ms": wide * 1e3,
+               "floor_ms": weight_bytes / bandwidth * 1e3, "step_1_over_floor": one * bandwidth / weight_bytes}
+        report["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        del runner, model
+        torch.cuda.empty_cache()
+    print(table(report["rows"], ["model", "layers", "graph_rows_equal", "modules_diverged", "sources", "step_1_ms",
+                                 f"step_{args.k + 1}_ms", "floor_ms", "step_1_over_floor"]))
+    return report
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 
@@ -520,13 +656,18 @@ def main(argv=None) -> None:
     p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"])
     p.add_argument("--compile", action="store_true", help="add compile-kernel")
     p.add_argument("--profile", action="store_true", help="kernel table of each variant's 1-token step")
+    p = commands.add_parser("exact")
+    p.add_argument("--models", type=names(EXACT_SHAPES), default=list(EXACT_SHAPES))
+    p.add_argument("--layers", type=int, default=0, help="layers of each model (0: EXACT_SHAPES')")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--position", type=int, default=POSITION)
     for p in commands.choices.values():
         p.add_argument("--out", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not (args.command == "attention" and args.runners):
         raise SystemExit("bench_kernels: needs a CUDA GPU (only `attention --runners` runs on a CPU)")
     run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "attention": bench_attention,
-           "steps": bench_steps}[args.command]
+           "steps": bench_steps, "exact": bench_exact}[args.command]
     report = run(args)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

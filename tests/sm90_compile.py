@@ -242,26 +242,30 @@ def attention_scenarios(attention):
 
 
 def linear_scenarios(linear):
-    """linear / gate_up in each configuration _config picks: WIDE (N > 2048), NARROW (N <= 2048,
-    several rows), NARROW_ONE_ROW (its register path); K a multiple of BLOCK_K or not (EVEN_K);
-    with a bias (Qwen2's q/k/v); gate_up with silu and gelu_tanh; bf16 and float32."""
-    cases = [  # rows, N, K, bias
-        (1, 4096, 256, False),  # WIDE, EVEN_K
-        (5, 4096, 200, True),  # WIDE, K not a multiple of BLOCK_K, bias
-        (1, 1024, 256, True),  # NARROW_ONE_ROW, bias
-        (1, 1024, 200, False),  # NARROW_ONE_ROW, not EVEN_K
-        (5, 1024, 256, False),  # NARROW
-        (5, 1024, 200, True),  # NARROW, not EVEN_K, bias
+    """linear / gate_up in each configuration the rules pick, WIDE (N > 2048) and NARROW (N <= 2048),
+    and the register path (GEMV, a tuned table's choice); one row tile, several (20 and 64 rows);
+    K a multiple of BLOCK_K or not (EVEN_K); with a bias (Qwen2's q/k/v); gate_up with silu and
+    gelu_tanh; bf16 and float32."""
+    gemv = (False, 2, 1024, 4, 1)
+    cases = [  # rows, N, K, bias, config
+        (1, 4096, 256, False, None),  # WIDE, EVEN_K
+        (5, 4096, 200, True, None),  # WIDE, K not a multiple of BLOCK_K, bias
+        (20, 4096, 256, False, None),  # WIDE, two row tiles
+        (1, 1024, 256, True, gemv),  # GEMV, bias
+        (1, 1024, 200, False, gemv),  # GEMV, not EVEN_K
+        (64, 1024, 256, False, gemv),  # GEMV, 64 row tiles
+        (5, 1024, 256, False, None),  # NARROW
+        (5, 1024, 200, True, None),  # NARROW, not EVEN_K, bias
     ]
     for dtype in (BF16, F32):
         name = str(dtype)[6:]
-        for rows, n, k, bias in cases:
-            def call(rows=rows, n=n, k=k, bias=bias, dtype=dtype):
+        for rows, n, k, bias, config in cases:
+            def call(rows=rows, n=n, k=k, bias=bias, dtype=dtype, config=config):
                 weight = torch.empty(n, k, dtype=dtype)
                 b = torch.empty(n, dtype=dtype) if bias else None
-                linear.linear(torch.empty(rows, k, dtype=dtype), weight, b)
+                linear.linear(torch.empty(rows, k, dtype=dtype), weight, b, config)
 
-            yield f"linear {name} rows={rows} N={n} K={k} bias={bias}", call
+            yield f"linear {name} rows={rows} N={n} K={k} bias={bias} config={config}", call
         for activation, (rows, n, k) in [("silu", (1, 4096, 256)), ("silu", (5, 4096, 200)),
                                           ("gelu_tanh", (5, 4096, 256)), ("gelu_tanh", (1, 1024, 200))]:
             def call(rows=rows, n=n, k=k, activation=activation, dtype=dtype):
@@ -269,8 +273,8 @@ def linear_scenarios(linear):
                 linear.gate_up(x, torch.empty(n, k, dtype=dtype), torch.empty(n, k, dtype=dtype), activation)
 
             yield f"gate_up {name} {activation} rows={rows} N={n} K={k}", call
-        for split, (rows, n, k) in [(2, (1, 4096, 512)), (3, (5, 4096, 700))]:  # K in chunks (split-K)
-            config = (*linear.WIDE, split)
+        for split, (rows, n, k) in [(2, (1, 4096, 512)), (3, (20, 4096, 700))]:  # K in chunks (split-K)
+            config = (True, 32, 256, 4, 4, split)
 
             def call(rows=rows, n=n, k=k, dtype=dtype, config=config):
                 x = torch.empty(rows, k, dtype=dtype)

@@ -20,6 +20,7 @@ import torch
 
 from gpu_helpers import kernels, resolved, runner
 from specgen.gpu import linear as L
+from specgen.gpu import linear_table as T
 from specgen.gpu import rewire
 from specgen.gpu.reference import gate_up_reference
 from specgen.gpu.workspace import Workspace
@@ -112,17 +113,20 @@ def test_split_k_sums_the_chunks_as_one_program_does(case, dtype):
         assert (gates[0].double() - gated).abs().max().item() <= gated_bound
 
 
-def test_split_k_is_chosen_by_shape_not_rows():
-    """Llama-3-8B's shapes: the long-K down projection, gate/up and 4096-wide projections split K;
-    q+k+v (6144 wide), the lm_head and narrow layers do not; 1 and 5 rows alike; with split_k off
-    (gpu/kernels.py resolves it per device), none of them splits."""
-    shapes = {(4096, 14336, False): L.SPLIT_LONG_K, (14336, 4096, True): L.SPLIT_GATED,
-              (4096, 4096, False): L.SPLIT_FEW_COLUMNS, (6144, 4096, False): L.WIDE,
-              (128256, 4096, False): L.WIDE, (1024, 4096, False): None}
+def test_split_k_is_chosen_by_shape():
+    """Llama-3-8B's shapes in the package's table: the long-K down projection, gate/up and 4096-wide
+    projections split K; q+k+v (6144 wide), the lm_head and narrow layers do not; with split_k off
+    (gpu/kernels.py resolves it per device), none of them splits. The rules give the same choices
+    for shapes no table lists."""
+    shapes = {(4096, 14336, False): T.SPLIT_LONG_K, (14336, 4096, True): T.SPLIT_GATED,
+              (4096, 4096, False): T.SPLIT_FEW_COLUMNS, (6144, 4096, False): T.WIDE,
+              (128256, 4096, False): T.WIDE, (1024, 4096, False): T.NARROW}
+    table = T.packaged()
+    assert {shape for shape, _, _ in table.entries} == set(shapes) - {(1024, 4096, False)}
     for (n, k, gated), expected in shapes.items():
-        picked = {L._config(rows, n, k, gated, split_k=True) for rows in (1, 5)}
-        assert picked == ({expected} if expected else {L.NARROW, L._config(1, n, k)}), (n, k, gated)
-    assert {L._config(rows, n, k, g) for rows in (1, 5) for (n, k, g) in list(shapes)[:3]} == {L.WIDE}
+        assert table.pick(n, k, gated, split_k=True) == T.rule(n, k, gated, True) == expected, (n, k, gated)
+        assert table.pick(n, k, gated, split_k=False) == T.rule(n, k, gated, False) == \
+            (T.NARROW if n <= 2048 else T.WIDE)
 
 
 def test_split_k_without_counters_is_refused():
@@ -198,9 +202,10 @@ def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
             else:
                 logits.append(each.forward(ids.to(DEVICE)).clone())
         outputs.append(logits)
-    # per layer: q+k+v, o, gate+up, down; then lm_head; only the fast runner's steps, not its prefill
-    steps = [n for n in script if n > 0]
-    assert calls == [n for n in steps for _ in range(2 * 4 + 1)]
+    # per layer: q+k+v, o, gate+up, down; then lm_head; only the fast runner's forwards (its prefill
+    # too: at most MAX_ROWS rows)
+    feeds = [30] + [n for n in script if n > 0]
+    assert calls == [n for n in feeds for _ in range(2 * 4 + 1)]
     for got, want in zip(*outputs):
         assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item())
         assert torch.equal(got.argmax(-1), want.argmax(-1))
@@ -301,9 +306,11 @@ def test_captured_graphs_with_kernel_match_eager(dtype, split_k, monkeypatch):
     """Captured 1- and 5-token steps through the kernel against eager cuBLAS steps; with split_k,
     every projection in two K chunks (the tiny model's shapes never pick it): graph replays reuse
     the arrival counters, which each call must leave at zero."""
-    if split_k:
-        monkeypatch.setattr(L, "_config", lambda *shape, **choice: (True, 32, 16, 4, 2, 2))
     model = _tiny("llama").to(dtype)
+    if split_k:  # the tiny model's shapes (q+k+v, o, gate+up, down, lm_head) in a table
+        shapes = [(128, 64, False), (64, 64, False), (128, 64, True), (64, 128, False), (96, 64, False)]
+        split = (True, 32, 16, 4, 2, 2)
+        rewire.install_linear(model, T.LinearTable(tuple((shape, T.NARROW, split) for shape in shapes)))
     fast = runner(model, kernels=resolved(model, linear="kernel", split_k="on" if split_k else "off"), shapes=(1, 5),
                   use_graphs=True)
     assert fast.graphs and fast.kernels.linear and fast.kernels.attention

@@ -5,15 +5,22 @@ Why: a captured step attends over the whole static cache (capacity positions) th
 costs far more for the 5 tokens of a k = 4 verification than for 1 token, and that one difference
 is most of what a verification step costs over a 1-token step. This kernel reads the position
 straight from the runner's device tensor and visits only keys [0, position + q): its cost follows
-the sequence, not the cache, and barely grows with q, because every key block is loaded once for
-all q tokens and all query heads that share its KV head (GQA).
+the sequence, not the cache, and barely grows with q: every key block is loaded from memory once
+for all query heads that share its KV head (GQA), and the q tokens' programs read it from L2.
 
-Layout (flash decoding): program (b * KVH + kv head, row tile, split) takes rows
-r = t * G + g (query token t, query head kv * G + g), and keys [split * split_keys, ...) up to
-its rows' last visible key; an online softmax in base 2. One split writes the output directly;
-several write normalised partial outputs and their log-sum-exp, and _combine_kernel merges them.
-Query token t sits at position + t and sees keys n with n <= position + t (and, with a sliding
-window w, n > position + t - w, the mask transformers applies).
+Layout (flash decoding): program (b * KVH + kv head, t * head tiles + head tile, split) takes query
+token t's query heads kv * G + g of its head tile as its rows, and keys [split * split_keys, ...)
+up to that token's last visible key; an online softmax in base 2. One split writes the output
+directly; several write normalised partial outputs and their log-sum-exp, and _combine_kernel
+merges them in split order. Query token t sits at position + t and sees keys n with
+n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
+applies).
+
+Row invariance (bit-exact greedy decoding): a token's program is the same whatever the number of
+query tokens in the step: the same rows in the same tile, the same key blocks (its own last key
+bounds the walk; block and split boundaries are absolute positions), the same splits (set by the
+cache's capacity). So the token at position p gets bitwise the same output from a 1-token step at
+p as from a (k+1)-token step that holds it.
 
 With rope (the [kernels] rope setting), the query and the step's new keys arrive before their
 rotary embedding: the kernel rotates them, and each split writes the new keys and values that
@@ -33,7 +40,7 @@ from triton.runtime.jit import JITFunction
 # splits spread even a short sequence over many programs; the merge reads at most MAX_SPLITS partials.
 SPLIT_KEYS = 64
 MAX_SPLITS = 64
-MAX_ROWS = 64  # query rows (tokens x heads per KV head) per program
+MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
 MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
 
 
@@ -57,8 +64,8 @@ def decode_attention(
     assert position.numel() == 1 and position.dtype == torch.int64
     assert tokens <= MAX_GRAPH_QUERY, f"{tokens} query tokens > MAX_GRAPH_QUERY {MAX_GRAPH_QUERY}"
     group = heads // kv_heads
-    rows = tokens * group
-    block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(rows)))
+    block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(group)))  # by the model, never by tokens
+    head_tiles = triton.cdiv(group, block_m)
     block_d = max(16, triton.next_power_of_2(dim))
     block_n = 64 if block_d <= 128 else 32
     split_keys = max(SPLIT_KEYS, block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
@@ -69,7 +76,7 @@ def decode_attention(
     else:
         part = torch.empty(batch, heads, tokens, splits, dim, dtype=torch.float32, device=query.device)
         lse = torch.empty(batch, heads, tokens, splits, dtype=torch.float32, device=query.device)
-    grid = (batch * kv_heads, triton.cdiv(rows, block_m), splits)
+    grid = (batch * kv_heads, tokens * head_tiles, splits)
     if rope is None:
         k_new = v_new = cos = sin = query  # unused
         new_strides = (0,) * 8
@@ -82,7 +89,7 @@ def decode_attention(
     _split_kernel[grid](
         query, key, value, position, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides,
-        kv_heads, group, tokens, dim, capacity, scale * 1.4426950408889634,
+        kv_heads, group, head_tiles, tokens, dim, capacity, scale * 1.4426950408889634,
         WINDOW=window, SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32 or INTERPRETED, ROPE=rope is not None,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
@@ -117,7 +124,7 @@ def _split_kernel(
     snkb, snkh, snkt,
     snvb, snvh, snvt,
     scb, sct,
-    kv_heads, group, tokens, dim, capacity, scale_log2,
+    kv_heads, group, head_tiles, tokens, dim, capacity, scale_log2,
     WINDOW: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, ROPE: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -125,26 +132,26 @@ def _split_kernel(
     b = bkv // kv_heads
     kvh = bkv % kv_heads
     split = tl.program_id(2)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M]
-    row_ok = rows < tokens * group
-    t = rows // group
-    head = kvh * group + rows % group
+    t = tl.program_id(1) // head_tiles  # this program's query token
+    g = (tl.program_id(1) % head_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] heads of the group
+    row_ok = g < group
+    head = kvh * group + g
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
     position = tl.load(position_ptr)
-    at = position + t  # [M] each row's own position
-    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
+    at = position + t  # the token's position: it sees keys [.., at]
+    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t * sqt + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
     if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
         half = dim // 2
         partner = tl.where(d < half, d + half, d - half)
         sign = tl.where(d < half, -1.0, 1.0)
         q_mask = row_ok[:, None] & d_ok[None, :]
-        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + partner[None, :],
+        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t * sqt + partner[None, :],
                             mask=q_mask, other=0.0)
-        trig = b * scb + t[:, None] * sct + d[None, :]
-        cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        trig = b * scb + t * sct + d  # [D]: one token's
+        cos = tl.load(cos_ptr + trig, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        sin = tl.load(sin_ptr + trig, mask=d_ok, other=0.0).to(tl.float32)[None, :]
         q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
         # the new keys and values whose positions fall in this split: rotated, into the cache
         j = tl.arange(0, BLOCK_T)
@@ -167,10 +174,10 @@ def _split_kernel(
         tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
 
     lo = (split * SPLIT_KEYS).to(tl.int64)
-    hi = tl.minimum(lo + SPLIT_KEYS, position + tokens)
+    hi = tl.minimum(lo + SPLIT_KEYS, at + 1)
     hi = tl.minimum(hi, capacity)
     if WINDOW > 0:
-        first = tl.maximum(position - WINDOW + 1, 0)
+        first = tl.maximum(at - WINDOW + 1, 0)
         lo = tl.maximum(lo, first - first % BLOCK_N)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -186,9 +193,9 @@ def _split_kernel(
         else:
             s = tl.dot(q, tl.trans(k))
         s = (s * scale_log2).to(tl.float32)  # [M, N]; inductor passes Python floats as fp64
-        visible = n_ok[None, :] & (n[None, :] <= at[:, None])
+        visible = n_ok[None, :] & (n[None, :] <= at)
         if WINDOW > 0:
-            visible = visible & (n[None, :] > at[:, None] - WINDOW)
+            visible = visible & (n[None, :] > at - WINDOW)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
@@ -205,7 +212,7 @@ def _split_kernel(
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     if SPLITS == 1:
         heads = kv_heads * group
-        dst = out_ptr + ((b * tokens + t[:, None]) * heads + head[:, None]) * dim + d[None, :]
+        dst = out_ptr + ((b * tokens + t) * heads + head[:, None]) * dim + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     else:
         heads = kv_heads * group

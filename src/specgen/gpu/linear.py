@@ -3,16 +3,23 @@
 Why: a decode step of a large target reads every weight once, so its floor is weight bytes over
 memory bandwidth. cuBLAS picks different kernels for 1 row and for the 5 rows of a k = 4
 verification, and neither reaches the floor on a Llama-3-8B shape on an H200 (docs/benchmarks.md,
-"Linear and attention kernels"). Here one program owns BLOCK_N output columns, walks K once, and
-multiplies each weight tile by every row (up to MAX_ROWS, padded to 16 for a tensor-core product)
-while it is loaded, so 5 rows cost what 1 row costs. With one configuration for 1 and for 5 rows
-(every N > 2048), each row is computed the same way whatever the number of rows.
+"Linear and attention kernels"). Here one program owns BLOCK_N output columns and a tile of rows,
+walks K once, and multiplies each weight tile by every row of its tile while it is loaded, so 5
+rows cost what 1 row costs.
 
-Split-K (a configuration's 6th entry, picked by shape when the caller's split_k is on; see
-gpu/kernels.py for when it is): K in chunks, one program per chunk and column block, each storing
-a float32 partial; the last program of a column block to finish (an arrival counter per block,
-reset by that program) sums the partials in chunk order and applies the epilogue. More programs
-in flight per column for the shapes whose column blocks barely fill the GPU.
+Row invariance (bit-exact greedy decoding): a row's output is computed the same way whatever the
+number of rows in the call, so a (k+1)-row verification gives each row bitwise the logits of the
+one-row step at that position. The configuration is picked by shape (N, K, gated), never by the row
+count (gpu/linear_table.py); rows are cut into tiles of 16 (a tensor-core product, DOT) or of 1 (a
+matrix-vector product in registers), each tile one program along the grid's first axis, so a row
+sits at the same place in the same product whatever other rows share the call; split-K sums the
+chunks in chunk order. The row tiles of one column block are neighbours in the launch order, so
+they read its weights from L2 after the first.
+
+Split-K (a configuration's 6th entry): K in chunks, one program per chunk, row tile and column
+block, each storing a float32 partial; the last program of a (row tile, column block) to finish (an
+arrival counter each, reset by that program) sums the partials in chunk order and applies the
+epilogue. More programs in flight per column for the shapes whose column blocks barely fill the GPU.
 
 `gate_up` fuses the MLP's two input projections and its activation: act(x W_g^T) * (x W_u^T), one
 pass over both weights with no [rows, 2 x intermediate] round trip; the rounding steps of the
@@ -28,68 +35,41 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from specgen.gpu.linear_table import LinearTable, packaged
 from specgen.gpu.workspace import Workspace
 
-MAX_ROWS = 16
+# The rows of a captured step (gpu/runner.py's MAX_GRAPH_TOKENS): prefill chunks too, so a prompt's
+# cache is computed the same way whichever captured shape a prefill replays.
+MAX_ROWS = 64
+DOT_ROWS = 16  # rows per tensor-core tile
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
-# (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages), measured with benchmarks/bench_kernels.py linear on
-# an H200 over Llama-3-8B's projections (docs/benchmarks.md, "Linear and attention kernels"): one
-# tensor-core configuration is within 5% of the best for 1 and for 5 rows on every shape with
-# N > 2048; narrower outputs (k/v projections that could not be fused) want narrower tiles, and a
-# single row there the register path.
-WIDE = (True, 32, 256, 4, 4)
-NARROW = (True, 16, 256, 4, 4)
-NARROW_ONE_ROW = (False, 2, 2048, 4, 1)
-# Split-K, a 6th entry: K in that many chunks, one program each per column block, the last to finish
-# sums them. Measured on an H200 (docs/benchmarks.md, "Linear and attention kernels"): the long-K
-# down projection (4096 x 14336: 128 column blocks), the gate/up pair and a 4096-wide projection
-# with 128 column blocks gain; q+k+v fused (6144 wide) does not.
-SPLIT_LONG_K = (True, 32, 128, 4, 4, 3)  # K >= 3 N
-SPLIT_GATED = (True, 32, 128, 4, 3, 4)  # gate_up
-SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32
-
-COUNTER_SLOTS = 1 << 16  # split-K arrival counters: column blocks of one call at most
+COUNTER_SLOTS = 1 << 16  # split-K arrival counters: (row tile, column block) pairs of one call at most
 
 
 def split_k_counters(workspace: Workspace) -> torch.Tensor:
     """The device's split-K arrival counters (int32, zero between calls: the last program of each
-    column block resets its own). Calls on a device run in stream order, so one buffer serves
-    them all; runners take it before any capture or compile, so graphs hold that one."""
+    row tile and column block resets its own). Calls on a device run in stream order, so one buffer
+    serves them all; runners take it before any capture or compile, so graphs hold that one."""
     return workspace.zeros("linear_split_k", COUNTER_SLOTS, torch.int32)
 
 
-def _config(rows: int, n: int, k: int, gated: bool = False, split_k: bool = False):
-    """By shape only where N > 2048, so one row is computed the same way whatever the row count."""
-    if rows > MAX_ROWS:
-        raise ValueError(f"{rows} rows > MAX_ROWS {MAX_ROWS}")
-    if n > 2048:
-        if split_k and k >= 2048:
-            if gated:
-                return SPLIT_GATED
-            if k >= 3 * n:
-                return SPLIT_LONG_K
-            if n <= 128 * 32:
-                return SPLIT_FEW_COLUMNS
-        return WIDE
-    if rows == 1:
-        return NARROW_ONE_ROW[:2] + (min(NARROW_ONE_ROW[2], triton.next_power_of_2(k)),) + NARROW_ONE_ROW[3:]
-    return NARROW
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: tuple | None = None,
-           *, split_k: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
+           *, split_k: bool = False, counters: torch.Tensor | None = None,
+           table: LinearTable | None = None) -> torch.Tensor:
     """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N].
-    split_k: split K where the shape gains (needs `counters`, split_k_counters(workspace))."""
-    return _launch(x, weight, None, bias, 0, config, split_k, counters)
+    config: forced, else table's (packaged()'s) pick for the shape; split_k: allow split-K
+    configurations (they need `counters`, split_k_counters(workspace))."""
+    return _launch(x, weight, None, bias, 0, config, split_k, counters, table)
 
 
 def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, config: tuple | None = None,
-            *, split_k: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
+            *, split_k: bool = False, counters: torch.Tensor | None = None,
+            table: LinearTable | None = None) -> torch.Tensor:
     """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N]."""
-    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters)
+    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters, table)
 
 
-def _launch(x, weight, up, bias, act, config, split_k, counters):
+def _launch(x, weight, up, bias, act, config, split_k, counters, table):
     n, k = weight.shape
     lead = x.shape[:-1]
     assert x.shape[-1] == k, f"x has {x.shape[-1]} columns, weight {k}"
@@ -99,8 +79,9 @@ def _launch(x, weight, up, bias, act, config, split_k, counters):
     rows = x2.shape[0]
     assert rows <= MAX_ROWS and weight.ndim == 2 and weight.stride(-1) == 1
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
-    dot, block_n, block_k, warps, stages, *rest = config or _config(rows, n, k, act > 0, split_k)
-    block_m = 16 if dot else triton.next_power_of_2(rows)
+    dot, block_n, block_k, warps, stages, *rest = config or (table or packaged()).pick(n, k, act > 0, split_k)
+    block_m = DOT_ROWS if dot else 1
+    tiles = triton.cdiv(rows, block_m)
     columns = triton.cdiv(n, block_n)
     k_chunk = block_k * triton.cdiv(triton.cdiv(k, rest[0] if rest else 1), block_k)
     chunks = triton.cdiv(k, k_chunk)  # chunks of whole tiles: every chunk has columns of K
@@ -108,17 +89,20 @@ def _launch(x, weight, up, bias, act, config, split_k, counters):
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
     if chunks > 1:
-        assert counters is not None and counters.dtype == torch.int32 and counters.numel() >= columns
-        part = torch.empty(2 if act else 1, chunks, block_m, n, dtype=torch.float32, device=x.device)
+        assert counters is not None and counters.dtype == torch.int32 and counters.numel() >= columns * tiles
+        part = torch.empty(2 if act else 1, chunks, tiles * block_m, n, dtype=torch.float32, device=x.device)
     else:
         part = counters = out  # unused
-    _linear_kernel[(columns, chunks)](
+    _linear_kernel[(columns * tiles, chunks)](
         x2, weight, second, bias if bias is not None else weight, out, part, counters,
-        rows, n, k, k_chunk, x2.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot,
-        # float32 products without TF32 for float32 models; the Triton interpreter also takes that
-        # path for 16-bit inputs, as its 16-bit tl.dot is wrong
-        F32_DOT=x.dtype == torch.float32 or INTERPRETED,
+        rows, n, k, k_chunk, tiles, x2.stride(0), weight.stride(0), out.stride(0),
+        # The interpreter's tl.dot is numpy's matmul, whose result for a row depends on where the row
+        # sits in the matrix (OpenBLAS's micro-kernels): there a tile's products are summed per row
+        # instead, so the CPU tests see the row invariance that tensor cores give (the cuda tests
+        # check those).
+        HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot and not INTERPRETED,
+        # float32 products without TF32 for float32 models
+        F32_DOT=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=chunks,
         num_warps=warps, num_stages=stages,
     )
@@ -141,20 +125,23 @@ def _linear_kernel(
     u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
     b_ptr,  # [N] when HAS_BIAS
     out_ptr,  # [M, N]
-    part_ptr,  # [2 if ACT else 1, SPLIT_K, BLOCK_M, N] float32 partial sums (SPLIT_K > 1)
-    count_ptr,  # [>= column blocks] int32 arrivals, zero on entry and on exit (SPLIT_K > 1)
-    M, N, K, k_chunk, sxm, swn, som,
+    part_ptr,  # [2 if ACT else 1, SPLIT_K, tiles x BLOCK_M, N] float32 partial sums (SPLIT_K > 1)
+    count_ptr,  # [>= column blocks x tiles] int32 arrivals, zero on entry and on exit (SPLIT_K > 1)
+    M, N, K, k_chunk, tiles, sxm, swn, som,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """Program (p, s) computes out[:, p * BLOCK_N : (p + 1) * BLOCK_N] over K (SPLIT_K == 1) or
-    over its s-th chunk of k_chunk columns of K, one weight tile at a time: a tensor-core product
-    with the rows padded to BLOCK_M = 16 (DOT), or products summed along K in registers (one row:
-    a matrix-vector product). With SPLIT_K > 1 the last program of a column block to finish sums
-    the chunks' partials in chunk order (the same sum whichever arrives last) and stores."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
+    """Program (c * tiles + t, s) computes rows [t * BLOCK_M, (t + 1) * BLOCK_M) of out[:, c * BLOCK_N :
+    (c + 1) * BLOCK_N] over K (SPLIT_K == 1) or over its s-th chunk of k_chunk columns of K, one
+    weight tile at a time: a tensor-core product with BLOCK_M = 16 rows (DOT), or products summed
+    along K in registers (BLOCK_M = 1: a matrix-vector product). With SPLIT_K > 1 the last program
+    of a row tile and column block to finish sums the chunks' partials in chunk order (the same sum
+    whichever arrives last) and stores."""
+    pid = tl.program_id(0)
+    tile = pid % tiles
+    cols = (pid // tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
     col_ok = cols < N
-    rows = tl.arange(0, BLOCK_M)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     kk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -185,26 +172,26 @@ def _linear_kernel(
     if SPLIT_K == 1:
         _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS, ACT)
     else:
-        tile = rows[:, None] * N + cols[None, :]  # [M, N] in one [BLOCK_M, N] slab
+        slot_rows = rows[:, None] * N + cols[None, :]  # [M, N] in one [tiles x BLOCK_M, N] slab
         tile_ok = row_ok[:, None] & col_ok[None, :]
-        slab = BLOCK_M * N
-        tl.store(part_ptr + tl.program_id(1) * slab + tile, acc, mask=tile_ok)
+        slab = tiles * BLOCK_M * N
+        tl.store(part_ptr + tl.program_id(1) * slab + slot_rows, acc, mask=tile_ok)
         if ACT > 0:
-            tl.store(part_ptr + (SPLIT_K + tl.program_id(1)) * slab + tile, acc_u, mask=tile_ok)
+            tl.store(part_ptr + (SPLIT_K + tl.program_id(1)) * slab + slot_rows, acc_u, mask=tile_ok)
         # Every thread's stores come before the barrier; the gpu-scope release of the atomic
         # publishes them; the last program to arrive acquires all chunks' stores. Its loads skip
         # L1 (.cg): the other programs' stores are in L2.
         tl.debug_barrier()
-        slot = count_ptr + tl.program_id(0)
+        slot = count_ptr + pid
         arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             tl.store(slot, 0)  # ready for the next call; no other program touches it in this one
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for chunk in tl.static_range(SPLIT_K):
-                acc += tl.load(part_ptr + chunk * slab + tile, mask=tile_ok, other=0.0, cache_modifier=".cg")
+                acc += tl.load(part_ptr + chunk * slab + slot_rows, mask=tile_ok, other=0.0, cache_modifier=".cg")
                 if ACT > 0:
-                    acc_u += tl.load(part_ptr + (SPLIT_K + chunk) * slab + tile, mask=tile_ok, other=0.0,
+                    acc_u += tl.load(part_ptr + (SPLIT_K + chunk) * slab + slot_rows, mask=tile_ok, other=0.0,
                                      cache_modifier=".cg")
             _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS, ACT)
 

@@ -9,7 +9,8 @@ object in a benchmark).
   projections of an attention module are fused: their weights are concatenated once into one
   buffer (the modules' weights become views of it, so no memory is added), the q call computes all
   three in one pass and the k and v calls return slices of it. They take the kernel for inputs of
-  at most linear.MAX_ROWS rows while the model's LinearSwitch is active (a runner's step_context).
+  at most linear.MAX_ROWS rows (every captured shape: each row computed the same way whatever the
+  row count) while the model's LinearSwitch is active (a runner's step_context).
 - Attention (switch_attention): the model's attention implementation becomes "specgen", registered
   with transformers' AttentionInterface: gpu/attention.py when the runner passes
   `specgen_position`, SDPA (with SDPA's mask) otherwise.
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from specgen.gpu import attention as attention_kernels
 from specgen.gpu import linear as linear_kernels
 from specgen.gpu.kernels import rope_capable
+from specgen.gpu.linear_table import LinearTable, packaged
 
 NAME = "specgen"  # the attention implementation's name in transformers
 
@@ -40,9 +42,11 @@ NAME = "specgen"  # the attention implementation's name in transformers
 
 class LinearSwitch:
     """Held by every rewired module of one model: whether its forwards take the kernel now, and
-    with which split-K choice and counters (those of the runner whose step is running)."""
+    with which split-K choice and counters (those of the runner whose step is running), and the
+    configurations by shape (gpu/linear_table.py; the package's unless install_linear got one)."""
 
-    def __init__(self):
+    def __init__(self, table: LinearTable | None = None):
+        self.table = table or packaged()
         self.active = False
         self.split_k = False
         self.counters: torch.Tensor | None = None  # linear.split_k_counters(workspace)
@@ -62,7 +66,8 @@ class LinearSwitch:
 
 
 def _linear(switch: LinearSwitch, x, weight, bias):
-    return linear_kernels.linear(x, weight, bias, split_k=switch.split_k, counters=switch.counters)
+    return linear_kernels.linear(x, weight, bias, split_k=switch.split_k, counters=switch.counters,
+                                 table=switch.table)
 
 
 class SkinnyLinear(torch.nn.Linear):
@@ -120,7 +125,7 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
     switch = self._specgen_switch
     if switch.takes(x):
         gated = linear_kernels.gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act,
-                                       split_k=switch.split_k, counters=switch.counters)
+                                       split_k=switch.split_k, counters=switch.counters, table=switch.table)
         return self.down_proj(gated)
     return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
@@ -170,14 +175,17 @@ def linear_switch(model) -> LinearSwitch | None:
     return None
 
 
-def install_linear(model) -> LinearSwitch:
+def install_linear(model, table: LinearTable | None = None) -> LinearSwitch:
     """Route the model's linear layers (and gated MLPs) through the kernel for short inputs while
-    the returned switch is active; fuse each attention module's q/k/v weights into one.
-    Idempotent: a model rewired before returns its switch."""
+    the returned switch is active; fuse each attention module's q/k/v weights into one. table: the
+    configurations by shape (gpu/kernels.py's ResolvedKernels.linear_table), else the package's.
+    Idempotent: a model rewired before returns its switch (with `table`, when given)."""
     switch = linear_switch(model)
     if switch is not None:
+        if table is not None:
+            switch.table = table
         return switch
-    switch = LinearSwitch()
+    switch = LinearSwitch(table)
     for module in list(model.modules()):
         parts = _qkv(module)
         if parts is not None:

@@ -1,0 +1,140 @@
+"""The linear kernel's configurations as data: which configuration each weight shape takes.
+
+A configuration is (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages) with an optional 6th entry, the
+number of K chunks (split-K). It is picked by (N, K, gated) and by nothing else: never by the row
+count (each row must be computed the same way in a 1-row and a (k+1)-row call, gpu/linear.py) and
+never by the GPU's name (a table tuned on a GPU lives on that machine, not in the code).
+
+Where a shape's configuration comes from, first match wins:
+1. the table `specgen tune-kernels` wrote on this machine (tables_dir()/linear.json), when the
+   run's [kernels] tables folder holds one;
+2. the package's table (linear_configs.json beside this file: the choices measured on Llama-3-8B's
+   projections on an H200, docs/benchmarks.md "Linear and attention kernels");
+3. rule() for shapes no table lists: the same measurements as rules of thumb.
+
+Each entry holds two configurations: `plain` (split-K off) and `split` (split-K allowed: the
+[kernels] split_k setting resolved on), as gpu/kernels.py decides split-K per device.
+
+Imports no torch and no Triton: gpu/kernels.py loads tables while resolving a run's settings.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMAT = 1
+FILE = "linear.json"
+PACKAGED = Path(__file__).with_name("linear_configs.json")
+
+# The rules' configurations. One tensor-core configuration is within 5% of the best for 1 and for 5
+# rows on every Llama-3-8B shape with N > 2048; narrower outputs want narrower tiles.
+WIDE = (True, 32, 256, 4, 4)
+NARROW = (True, 16, 256, 4, 4)
+# Split-K, measured on an H200: the long-K down projection (4096 x 14336: 128 column blocks), the
+# gate/up pair and a 4096-wide projection with 128 column blocks gain; q+k+v fused (6144 wide) not.
+SPLIT_LONG_K = (True, 32, 128, 4, 4, 3)  # K >= 3 N
+SPLIT_GATED = (True, 32, 128, 4, 3, 4)  # gate_up
+SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32
+
+
+class TableError(ValueError):
+    """A table file that cannot be read as a table: the message names the file and what is wrong."""
+
+
+def rule(n: int, k: int, gated: bool, split_k: bool) -> tuple:
+    """The configuration of a shape no table lists."""
+    if n > 2048:
+        if split_k and k >= 2048:
+            if gated:
+                return SPLIT_GATED
+            if k >= 3 * n:
+                return SPLIT_LONG_K
+            if n <= 128 * 32:
+                return SPLIT_FEW_COLUMNS
+        return WIDE
+    return NARROW
+
+
+@dataclass(frozen=True)
+class LinearTable:
+    """Configurations by shape: entries ((n, k, gated), plain, split), sorted; `source` says where
+    they came from (a path, or "package"), for reports."""
+
+    entries: tuple = ()
+    source: str = "rules"
+
+    def pick(self, n: int, k: int, gated: bool, split_k: bool) -> tuple:
+        for shape, plain, split in self.entries:
+            if shape == (n, k, bool(gated)):
+                return split if split_k else plain
+        return rule(n, k, gated, split_k)
+
+    def over(self, base: LinearTable) -> LinearTable:
+        """This table's entries, and base's for the shapes this one does not list."""
+        mine = {shape for shape, _, _ in self.entries}
+        entries = self.entries + tuple(e for e in base.entries if e[0] not in mine)
+        return LinearTable(tuple(sorted(entries)), f"{self.source} over {base.source}")
+
+    def to_json(self, **notes) -> str:
+        shapes = [{"n": n, "k": k, "gated": gated, "plain": list(plain), "split": list(split)}
+                  for (n, k, gated), plain, split in self.entries]
+        return json.dumps({"format": FORMAT, **notes, "shapes": shapes}, indent=1) + "\n"
+
+
+def load(path: Path) -> LinearTable:
+    """The table in `path`; TableError when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise TableError(f"{path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("shapes"), list):
+        raise TableError(f"{path}: not a linear-kernel table of format {FORMAT}")
+    entries = []
+    for i, item in enumerate(data["shapes"]):
+        try:
+            shape = (int(item["n"]), int(item["k"]), bool(item["gated"]))
+            entries.append((shape, _config(item["plain"], split=False), _config(item["split"], split=True)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TableError(f"{path}: shapes[{i}]: {exc}") from None
+    return LinearTable(tuple(sorted(entries)), str(path))
+
+
+def _config(value, split: bool) -> tuple:
+    """A configuration from JSON, checked: what the kernel can compile."""
+    if not isinstance(value, list) or len(value) not in ((5, 6) if split else (5,)):
+        raise ValueError(f"a configuration is [dot, block_n, block_k, warps, stages{', chunks' if split else ''}], "
+                         f"not {value!r}")
+    dot, block_n, block_k, warps, stages, *chunks = value
+    powers = (block_n, block_k, warps)
+    if not isinstance(dot, bool) or not all(isinstance(v, int) and v > 0 and v & (v - 1) == 0 for v in powers):
+        raise ValueError(f"{value!r}: dot is true or false; block_n, block_k and warps are powers of 2")
+    if (dot and (block_n < 16 or block_k < 16)) or not 1 <= stages <= 8 or any(c < 1 for c in chunks):
+        raise ValueError(f"{value!r}: tensor-core tiles need block_n, block_k >= 16; 1 <= stages <= 8; chunks >= 1")
+    return tuple(value)
+
+
+@functools.cache
+def packaged() -> LinearTable:
+    """The package's table (over the rules)."""
+    table = load(PACKAGED)
+    return LinearTable(table.entries, "package")
+
+
+def tables_dir(folder: str = "") -> Path:
+    """Where `specgen tune-kernels` writes and runs read tuned tables: the profile's [kernels]
+    tables, else specgen's folder in the user's cache directory."""
+    if folder:
+        return Path(folder).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen" / "kernels"
+
+
+def for_run(folder: str = "") -> LinearTable:
+    """The table a run uses: the tuned one in tables_dir(folder) over the package's, or the package's."""
+    path = tables_dir(folder) / FILE
+    if not path.is_file():
+        return packaged()
+    return load(path).over(packaged())
