@@ -496,6 +496,8 @@ EXACT_SHAPES = {  # random-weight Llama shapes: (config, layers timed / checked 
     "bench-target": dict(vocab_size=16384, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                          num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,
                          tie_word_embeddings=False),
+    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=8192, tie_word_embeddings=True),
     "bench-draft": dict(vocab_size=16384, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
                         tie_word_embeddings=True),
@@ -591,6 +593,10 @@ def bench_exact(args) -> dict:
             config["num_hidden_layers"] = args.layers
         model = random_llama(config)
         kernels = resolve(KernelSpec(), "cuda", model)
+        if getattr(kernels, "linear_table", None) is not None:  # this machine's tuned table (runs before it: none)
+            from specgen.gpu import rewire
+
+            rewire.install_linear(model, kernels.linear_table)
         gen = torch.Generator(device="cuda").manual_seed(7)
         prefix = torch.randint(0, config["vocab_size"], (args.position,), device="cuda", generator=gen)
         ids = torch.randint(0, config["vocab_size"], (args.k + 1,), device="cuda", generator=gen)
@@ -657,7 +663,7 @@ def main(argv=None) -> None:
     p.add_argument("--compile", action="store_true", help="add compile-kernel")
     p.add_argument("--profile", action="store_true", help="kernel table of each variant's 1-token step")
     p = commands.add_parser("exact")
-    p.add_argument("--models", type=names(EXACT_SHAPES), default=list(EXACT_SHAPES))
+    p.add_argument("--models", type=names(EXACT_SHAPES), default=["8b", "1b", "bench-target", "bench-draft"])
     p.add_argument("--layers", type=int, default=0, help="layers of each model (0: EXACT_SHAPES')")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--position", type=int, default=POSITION)

@@ -33,7 +33,7 @@ def test_auto_resolves_everything_off_on_cpu():
     resolved = resolve(KernelSpec(), CPU, _tiny())
     assert resolved == ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=False)
     assert resolved.as_dict() == {"attention": "sdpa", "linear": "torch", "rope": "model", "split_k": "off",
-                                  "warp": "torch"}
+                                  "warp": "torch", "linear_table": "package"}
 
 
 def test_explicit_values_win_on_cpu():
@@ -42,7 +42,7 @@ def test_explicit_values_win_on_cpu():
     resolved = resolve(spec, CPU, _tiny())
     assert resolved == ResolvedKernels(attention=True, linear=True, rope=True, split_k=True, warp=True)
     assert resolved.as_dict() == {"attention": "kernel", "linear": "kernel", "rope": "kernel", "split_k": "on",
-                                  "warp": "kernel"}
+                                  "warp": "kernel", "linear_table": "package"}
 
 
 def test_rope_auto_follows_the_attention_kernel_and_the_model():

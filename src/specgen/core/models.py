@@ -107,6 +107,19 @@ def _locate(spec: ModelSpec, allow_pickle: bool, download: bool) -> tuple[str, b
     return str(folder), _check_weights(folder, allow_pickle)
 
 
+def load_config(spec: ModelSpec, download: bool = False):
+    """The transformers config of spec's checkpoint, its weights not needed (tune-kernels: shapes only)."""
+    from transformers import AutoConfig
+
+    path = os.path.expanduser(spec.path)
+    folder = Path(path if _is_local_path(path) else _hub_snapshot(spec, False, download))
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder",
+                         hint="check the profile's path")
+    _check_json(folder / "config.json")
+    return AutoConfig.from_pretrained(folder, trust_remote_code=spec.trust_remote_code)
+
+
 def _hub_snapshot(spec: ModelSpec, allow_pickle: bool, download: bool) -> str:
     """A hub id's folder in the local Hugging Face cache, found by specgen itself: transformers,
     given the hub id, would contact the hub on every run even with local_files_only."""

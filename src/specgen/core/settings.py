@@ -54,6 +54,7 @@ class KernelSpec:
     rope: str = "auto"  # auto | kernel | model   (rotary + KV write inside the attention kernel)
     split_k: str = "auto"  # auto | on | off
     warp: str = "auto"  # auto | kernel | torch   (warp/cut Triton kernels on CUDA, else core/sampling.py)
+    tables: str = ""  # folder of `specgen tune-kernels`' tables; "" = specgen's in the user cache
 
 
 @dataclass(frozen=True)

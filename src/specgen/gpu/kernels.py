@@ -13,12 +13,14 @@ modules take the rotary path), so it imports torch only: resolving needs no Trit
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from specgen.core.errors import UsageError
 from specgen.core.settings import KernelSpec
+from specgen.gpu import linear_table
+from specgen.gpu.linear_table import LinearTable
 
 LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Attention modules whose forward is q/k/v projections -> (Qwen3: per-head q/k RMSNorm) ->
@@ -41,6 +43,9 @@ class ResolvedKernels:
     rope: bool  # rotary embedding and cache write inside the attention kernel
     split_k: bool  # the linear kernel splits K for the shapes that gain from it
     warp: bool  # gpu/warp.py and gpu/verify.py, else core/sampling.py and core/rejection.py
+    # the linear kernel's configurations by shape: this machine's tuned table over the package's;
+    # runners hand it to gpu/rewire.py's install_linear
+    linear_table: LinearTable = field(default_factory=linear_table.packaged)
 
     def as_dict(self) -> dict[str, str]:
         """The resolved values in the profile's words, for reports (`bench --format json`, `-v`)."""
@@ -50,6 +55,7 @@ class ResolvedKernels:
             "rope": "kernel" if self.rope else "model",
             "split_k": "on" if self.split_k else "off",
             "warp": "kernel" if self.warp else "torch",
+            "linear_table": self.linear_table.source,
         }
 
 
@@ -65,6 +71,7 @@ def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
         rope=_rope(spec.rope, attention, model),
         split_k=_split_k(spec.split_k, linear, device),
         warp=_warp(spec.warp, cuda),
+        linear_table=_table(spec.tables) if linear else linear_table.packaged(),
     )
 
 
@@ -86,6 +93,14 @@ def _linear(value: str, cuda: bool, model) -> bool:
         raise UsageError(f"[kernels] linear = \"kernel\": the linear kernel does not take {dtype} weights",
                          hint='Set linear = "auto" or "torch" in [kernels], or load the model in bfloat16.')
     return _triton("linear", value, "torch") or (cuda and dtype in LINEAR_DTYPES and triton_available())
+
+
+def _table(folder: str) -> LinearTable:
+    try:
+        return linear_table.for_run(folder)
+    except linear_table.TableError as exc:
+        raise UsageError(f"the linear kernel's tuned table cannot be read: {exc}",
+                         hint="Run `specgen tune-kernels` again, or delete that file.") from None
 
 
 def _rope(value: str, attention: bool, model) -> bool:

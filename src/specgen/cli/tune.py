@@ -1,0 +1,81 @@
+"""`specgen tune-kernels`: time the linear kernel's configurations for a profile's pair on this GPU.
+
+Writes the winners to the profile's [kernels] tables folder (default $XDG_CACHE_HOME/specgen/kernels,
+gpu/linear_table.py), where every later run on this machine reads them. Shapes tuned before for
+another pair stay in the file. stdout gets one line per shape: the chosen configurations and their
+time against the package's choice.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from specgen.cli import options as opt
+from specgen.core.errors import UsageError
+
+
+def tune_kernels(
+    profile: opt.Profile = None,
+    rows: Annotated[str, typer.Option("--rows", help="Step sizes timed, comma-separated "
+                                      "(default: 1 and the profile's k + 1).")] = "",
+    download: opt.Download = None,
+) -> None:
+    """Time the linear kernel's configurations for the profile's target and draft shapes; keep the fastest."""
+    from specgen.core.profile import load_profile
+
+    settings = load_profile(profile, opt.overrides(download=download))
+    sizes = _rows(rows, settings.speculation.k)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("tune-kernels times the kernels on a CUDA GPU, and none is visible",
+                         hint="Run it on the machine (and GPU) that runs specgen.")
+    table, lines = run(settings, sizes, torch.device("cuda"))
+    for line in lines:
+        typer.echo(line)
+    typer.echo(f"written: {table}")
+
+
+def _rows(text: str, k: int) -> tuple[int, ...]:
+    from specgen.gpu.linear import MAX_ROWS  # noqa: PLC0415 (Triton only once the options are valid)
+
+    try:
+        sizes = tuple(int(part) for part in text.split(",")) if text else (1, k + 1)
+    except ValueError:
+        raise UsageError(f"--rows {text!r}: not a comma-separated list of integers", hint="For example --rows 1,5.")
+    if not all(1 <= size <= MAX_ROWS for size in sizes):
+        raise UsageError(f"--rows {text}: each step size must be from 1 to {MAX_ROWS}", hint="For example --rows 1,5.")
+    return sizes
+
+
+def run(settings, sizes, device, timer=None) -> tuple[str, list[str]]:
+    """Tune the profile's shapes on `device`; write the table; (its path, report lines)."""
+    import torch
+
+    from specgen.core.models import load_config
+    from specgen.gpu import linear_table, tune
+
+    models = [settings.target] + ([settings.draft] if settings.draft is not None and settings.proposer.uses_draft
+                                  else [])
+    shapes = [shape for spec in models for shape in tune.model_shapes(load_config(spec, settings.runtime.download))]
+    dtype = {"float32": torch.float32, "float16": torch.float16}.get(settings.target.dtype, torch.bfloat16)
+    table, choices = tune.tune(shapes, sizes, timer or tune.graph_timer, device=device, dtype=dtype)
+    folder = linear_table.tables_dir(settings.kernels.tables)
+    path = folder / linear_table.FILE
+    previous = linear_table.load(path) if path.is_file() else linear_table.LinearTable()
+    folder.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    path.write_text(table.over(previous).to_json(tuned_on=name, rows=list(sizes)))
+    lines = []
+    packaged = linear_table.packaged()
+    for choice in choices:
+        n, k, gated = choice.shape
+        default = packaged.pick(n, k, gated, False)
+        before = choice.seconds.get(default)
+        lines.append(f"N={n} K={k}{' gated' if gated else ''}: plain {list(choice.plain)} "
+                     f"{choice.seconds[choice.plain] * 1e6:.1f} us (package's {list(default)}: "
+                     f"{'n/a' if before is None else f'{before * 1e6:.1f} us'}); split {list(choice.split)} "
+                     f"{choice.seconds[choice.split] * 1e6:.1f} us")
+    return str(path), lines

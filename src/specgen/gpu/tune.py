@@ -1,0 +1,142 @@
+"""Tuning gpu/linear.py's table on this GPU: each weight shape's candidate configurations, timed.
+
+For each (N, K, gated) shape of a pair (model_shapes), every candidate configuration is first
+checked against the torch reference on the inputs it is timed on (a candidate that disagrees, or
+that fails to compile, is dropped), then timed at each row count a run uses (1 for draft and
+target-only steps, k + 1 for a verification); the configuration with the least total time wins.
+Two winners per shape: among configurations without split-K (`plain`) and among all (`split`), as
+gpu/kernels.py decides split-K per device. Every candidate computes each row the same way whatever
+the row count, so any winner keeps greedy decoding bit-exact.
+
+The timer is passed in: graph_timer on a GPU, a fake one in the tests (never real timing there).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from specgen.gpu import linear
+from specgen.gpu.linear_table import LinearTable
+from specgen.gpu.reference import gate_up_reference
+from specgen.gpu.workspace import Workspace
+
+L2_BYTES = 256 * 2**20  # weight bytes per timing: more than any L2, so weights come from memory
+TOLERANCE = 2e-2  # relative to the output's scale: two bf16 rounding steps
+
+
+class Timer(Protocol):
+    def __call__(self, run: Callable[[int], object], calls: int, config: tuple) -> float:
+        """Seconds per call of run(i), i < calls (calls over distinct weight copies)."""
+
+
+def candidates(k: int, split: bool) -> list[tuple]:
+    """The configurations tried for a shape with K = k (with split-K ones when `split`)."""
+    wide_k = min(2048, triton.next_power_of_2(k))
+    plain = [(True, n, bk, 4, 4) for n in (16, 32, 64) for bk in (128, 256)]
+    plain += [(False, n, bk, 4, 1) for n in (2, 4) for bk in sorted({min(1024, wide_k), wide_k})]
+    if not split:
+        return plain
+    return plain + [(True, 32, 128, 4, stages, chunks) for stages in (3, 4) for chunks in (2, 4)]
+
+
+def model_shapes(config) -> list[tuple[int, int, bool]]:
+    """(N, K, gated) of a transformers config's projections as gpu/rewire.py calls them: q+k+v fused,
+    o, gate+up fused (gated), down, lm_head."""
+    text = config.get_text_config(decoder=True)
+    hidden, heads = text.hidden_size, text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    return [((heads + 2 * kv) * head_dim, hidden, False), (hidden, heads * head_dim, False),
+            (text.intermediate_size, hidden, True), (hidden, text.intermediate_size, False),
+            (text.vocab_size, hidden, False)]
+
+
+@dataclass
+class Choice:
+    shape: tuple[int, int, bool]
+    plain: tuple
+    split: tuple
+    seconds: dict  # config -> total seconds over the row counts
+
+
+def tune(shapes, rows: tuple[int, ...], timer: Timer, *, device, dtype=torch.bfloat16, split: bool = True,
+         progress: Callable[[str], None] | None = None) -> tuple[LinearTable, list[Choice]]:
+    """The table of the best configuration per shape, and each shape's timings."""
+    counters = linear.split_k_counters(Workspace(device))
+    choices = []
+    for n, k, gated in dict.fromkeys(shapes):
+        seconds = _time_shape(n, k, gated, rows, timer, device, dtype, counters, split)
+        if not seconds:
+            continue
+        plain = min((c for c in seconds if len(c) == 5), key=seconds.get)
+        best = min(seconds, key=seconds.get)
+        choices.append(Choice((n, k, gated), plain, best, seconds))
+        if progress is not None:
+            progress(f"N={n} K={k}{' gated' if gated else ''}: {plain} / {best}")
+    entries = tuple(sorted((c.shape, c.plain, c.split) for c in choices))
+    return LinearTable(entries, "tuned"), choices
+
+
+def _time_shape(n, k, gated, rows, timer, device, dtype, counters, split) -> dict:
+    gen = torch.Generator(device=device).manual_seed(n * 31 + k)
+    weight_bytes = n * k * torch.finfo(dtype).bits // 8 * (2 if gated else 1)
+    copies = max(1, min(8, -(-L2_BYTES // weight_bytes))) if torch.device(device).type == "cuda" else 1
+    weights = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)]
+    ups = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)] \
+        if gated else weights
+    inputs = {r: torch.randn(r, k, device=device, generator=gen).to(dtype) for r in rows}
+    seconds = {}
+    for config in candidates(k, split):
+        total = 0.0
+        for r, x in inputs.items():
+            def run(i, x=x, config=config):
+                if gated:
+                    return linear.gate_up(x, weights[i], ups[i], "silu", config, counters=counters)
+                return linear.linear(x, weights[i], None, config, counters=counters)
+            try:
+                if not _agrees(run(0), x, weights[0], ups[0], gated):
+                    total = None
+                    break
+            except Exception:  # noqa: BLE001 (a configuration this GPU cannot compile or run: not a candidate)
+                total = None
+                break
+            total += timer(run, copies, config)
+        if total is not None:
+            seconds[config] = total
+    return seconds
+
+
+def _agrees(out, x, weight, up, gated) -> bool:
+    ref = gate_up_reference(x.float(), weight.float(), up.float(), "silu") if gated else F.linear(x.float(), weight.float())
+    scale = ref.abs().max().item() or 1.0
+    return (out.float() - ref).abs().max().item() <= TOLERANCE * scale
+
+
+def graph_timer(run: Callable[[int], object], calls: int, config: tuple, replays: int = 20) -> float:
+    """Median seconds per call of run(i), captured in one CUDA graph over `calls` weight copies."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(calls):
+            run(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            run(i)
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(times)

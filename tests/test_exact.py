@@ -1,0 +1,157 @@
+"""Row invariance: each row of a step is computed bitwise the same whatever the number of rows.
+
+What bit-exact greedy decoding rests on: the (k+1)-token verification step must give every position
+the logits of the one-token step at that position (torch.equal), so greedy speculative output is
+greedy target-only output in bf16 too. Checked here kernel by kernel (gpu/linear.py in every kind of
+configuration a table can hold, gpu/attention.py with and without rotary and window) and through a
+runner (a (k+1)-token step against k+1 one-token steps), on the CPU in the Triton interpreter. The
+interpreter cannot show what tensor cores do (its products are numpy's, summed per row: see
+gpu/linear.py); the cuda tests check the same on a GPU at real widths.
+"""
+
+from __future__ import annotations
+
+from triton_cpu import DEVICE, INTERPRETED  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import pytest
+import torch
+
+from gpu_helpers import kernels, runner
+from specgen.gpu import linear as L
+from specgen.gpu import linear_table as T
+from specgen.gpu import rewire
+from specgen.gpu.attention import decode_attention
+from specgen.gpu.workspace import Workspace
+
+# every kind of configuration: tensor-core tiles (narrow and wide), the register path, split-K
+CONFIGS = {"dot": (True, 16, 32, 4, 2), "wide": (True, 32, 64, 4, 1), "gemv": (False, 4, 64, 4, 1),
+           "split": (True, 16, 32, 4, 2, 2)}
+
+
+def _rows(call, x: torch.Tensor, picks) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(row, that row of a call on all of x, the same row computed in a call of its own)."""
+    full = call(x)
+    return [(i, full[i], call(x[i:i + 1])[0]) for i in picks]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_linear_rows_do_not_depend_on_the_row_count(name, dtype):
+    """Rows of a 20-row call (two tensor-core tiles, or 20 register-path programs) equal the same
+    rows computed alone, for linear (with a bias, K not a multiple of BLOCK_K) and gate_up."""
+    gen = torch.Generator().manual_seed(4)
+    n, k = 24, 40
+    x, w, u = (torch.randn(*shape, generator=gen).to(dtype).to(DEVICE) for shape in ((20, k), (n, k), (n, k)))
+    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE)
+    config, counters = CONFIGS[name], L.split_k_counters(Workspace(DEVICE))
+    calls = [lambda rows: L.linear(rows, w, b, config, counters=counters),
+             lambda rows: L.gate_up(rows, w, u, "silu", config, counters=counters)]
+    for call in calls:
+        for i, together, alone in _rows(call, x, (0, 4, 17)):
+            assert torch.equal(together, alone), (name, i)
+    assert int(counters.abs().sum()) == 0
+
+
+ATTENTION = [  # heads, kv heads, dim, capacity, position, window, rope
+    (4, 2, 16, 128, 60, 0, False),  # tokens across the split boundary at 64
+    (6, 2, 16, 128, 70, 0, True),  # group 3 (padded tile), the kernel's rotary and cache write
+    (4, 1, 16, 64, 20, 8, False),  # sliding window
+]
+
+
+@pytest.mark.parametrize("case", ATTENTION)
+def test_attention_tokens_do_not_depend_on_the_step_length(case):
+    """A 5-token step's output for each token equals a 1-token step at that token's position (the
+    cache written by the kernel, with rope, the same either way)."""
+    heads, kv_heads, dim, capacity, position, window, rope = case
+    gen = torch.Generator().manual_seed(1)
+    dtype = torch.bfloat16
+    query = torch.randn(1, 5, heads, dim, generator=gen).to(dtype).transpose(1, 2).to(DEVICE)  # [B, H, 5, D]
+    key = torch.randn(1, kv_heads, capacity, dim, generator=gen).to(dtype).to(DEVICE)
+    value = torch.randn(1, kv_heads, capacity, dim, generator=gen).to(dtype).to(DEVICE)
+    new = [torch.randn(1, kv_heads, 5, dim, generator=gen).to(dtype).to(DEVICE) for _ in range(2)]
+    angles = torch.randn(1, 5, dim, generator=gen)
+    trig = [angles.cos().to(dtype).to(DEVICE), angles.sin().to(dtype).to(DEVICE)]
+    scale = dim ** -0.5
+
+    def step(first: int, count: int, cache):
+        rows = slice(first, first + count)
+        extra = (new[0][:, :, rows], new[1][:, :, rows], trig[0][:, rows], trig[1][:, rows]) if rope else None
+        at = torch.tensor(position + first, device=DEVICE)
+        return decode_attention(query[:, :, rows], *cache, at, scale, window, extra)
+
+    together_cache = (key.clone(), value.clone())
+    together = step(0, 5, together_cache)
+    alone_cache = (key.clone(), value.clone())
+    for t in range(5):
+        assert torch.equal(step(t, 1, alone_cache)[:, 0], together[:, t]), t
+    assert all(torch.equal(a, b) for a, b in zip(together_cache, alone_cache))
+
+
+def _tiny_llama(dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(5)
+    return LlamaForCausalLM(config).to(dtype).to(DEVICE).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rope", [False, True], ids=["model-rotary", "kernel-rotary"])
+def test_runner_step_equals_one_token_steps(rope):
+    """A runner with the kernels: the logits of a 5-token step equal, bit for bit, those of 5 one-token
+    steps over the same ids, after the same prefill; and a prefill computes the cache the same way
+    in one call as in two (it replays whichever captured shape fits, on a GPU)."""
+    model = _tiny_llama(torch.bfloat16)
+    each = runner(model, kernels=kernels(attention=True, linear=True, rope=rope))
+    gen = torch.Generator().manual_seed(2)
+    prompt, ids = torch.randint(0, 96, (12,), generator=gen), torch.randint(0, 96, (5,), generator=gen)
+    each.reset()
+    each.forward(prompt, want_logits=False)
+    together = each.forward(ids).clone()
+    each.reset()
+    each.forward(prompt[:7], want_logits=False)
+    each.forward(prompt[7:], want_logits=False)
+    alone = torch.cat([each.forward(ids[i:i + 1]).clone() for i in range(5)])
+    assert torch.equal(together, alone)
+
+
+def test_rewired_model_uses_the_table_it_was_given():
+    """install_linear(model, table): the switch's table (a run's tuned one) is what its layers ask;
+    installing again with another table replaces it, without one keeps it."""
+    model = _tiny_llama(torch.float32)
+    table = T.LinearTable((((64, 32, False), T.NARROW, T.NARROW),), "tuned")
+    switch = rewire.install_linear(model, table)
+    assert switch.table is table
+    assert rewire.install_linear(model) is switch and switch.table is table
+    assert rewire.install_linear(model, T.packaged()).table is T.packaged()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", ["8b", "1b"])
+def test_step_rows_equal_one_token_steps_on_gpu(shape):
+    """Real widths, bf16, captured graphs with the kernels `auto` resolves: a 5-token step's logits
+    equal 5 one-token steps' (2 layers of the Llama-3-8B and Llama-3.2-1B shapes)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gpu_helpers import resolved
+
+    widths = {"8b": (4096, 14336, False), "1b": (2048, 8192, True)}[shape]
+    config = LlamaConfig(vocab_size=128256, hidden_size=widths[0], intermediate_size=widths[1], num_hidden_layers=2,
+                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=widths[2])
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    from specgen.gpu.runner import GraphRunner
+
+    graphs = GraphRunner(model, 128256, 1024, kernels=resolved(model), workspace=Workspace("cuda"), shapes=(1, 5))
+    gen = torch.Generator().manual_seed(1)
+    prompt, ids = torch.randint(0, 128256, (300,), generator=gen).cuda(), torch.randint(0, 128256, (5,), generator=gen).cuda()
+    graphs.forward(prompt, want_logits=False)
+    together = graphs.forward(ids).clone()
+    graphs.truncate(300)
+    alone = torch.cat([graphs.forward(ids[i:i + 1]).clone() for i in range(5)])
+    assert torch.equal(together, alone)

@@ -1,0 +1,108 @@
+"""gpu/linear_table.py and gpu/tune.py: the linear kernel's configurations as data, and their tuning.
+
+Tuning runs the candidates in the Triton interpreter on tiny shapes with a fake timer passed in
+(never real timing in a test): each candidate is checked against the torch reference, then the
+cheapest by the timer wins, separately without and with split-K.
+"""
+
+from __future__ import annotations
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import json
+
+import pytest
+import torch
+
+from specgen.core.errors import UsageError
+from specgen.core.settings import KernelSpec
+from specgen.gpu import linear_table as T
+from specgen.gpu import tune
+from specgen.gpu.kernels import resolve
+
+
+def _fake_timer(costs: dict):
+    """Seconds by configuration (others cost 1 s), summed over the row counts; records the calls."""
+    seen = []
+
+    def timer(run, calls, config):
+        seen.append(config)
+        return costs.get(config, 1.0)
+
+    return timer, seen
+
+
+def test_tune_picks_the_cheapest_correct_candidate(monkeypatch):
+    """Two shapes, two row counts: the plain winner is the cheapest configuration without split-K,
+    the split winner the cheapest of all; a candidate whose output disagrees with the reference is
+    dropped before it is timed."""
+    gemv, dot, split = (False, 4, 64, 4, 1), (True, 16, 32, 4, 1), (True, 16, 32, 4, 1, 2)
+    wrong = (True, 32, 32, 4, 1)
+    monkeypatch.setattr(tune, "candidates", lambda k, split_on: [gemv, dot, wrong] + ([split] if split_on else []))
+    real = tune.linear.linear
+
+    def broken(x, w, b=None, config=None, **kw):  # the `wrong` configuration computes garbage
+        out = real(x, w, b, config, **kw)
+        return out + 1.0 if config == wrong else out
+
+    monkeypatch.setattr(tune.linear, "linear", broken)
+    timer, seen = _fake_timer({gemv: 0.5, dot: 0.25, split: 0.125, wrong: 0.0})
+    table, choices = tune.tune([(24, 40, False), (16, 40, True)], (1, 3), timer, device=DEVICE, dtype=torch.float32)
+    linear_choice = next(c for c in choices if not c.shape[2])
+    assert linear_choice.plain == dot and linear_choice.split == split
+    assert linear_choice.seconds == {gemv: 1.0, dot: 0.5, split: 0.25}  # each cost at both row counts
+    assert wrong not in seen[:8]  # checked, never timed, for the plain linear shape
+    gated = next(c for c in choices if c.shape[2])
+    assert wrong in gated.seconds  # gate_up does not go through the broken linear
+    assert table.pick(24, 40, False, False) == dot and table.pick(24, 40, False, True) == split
+
+
+def test_model_shapes_follow_the_config():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                         num_key_value_heads=2)
+    assert tune.model_shapes(config) == [(896 + 2 * 128, 896, False), (896, 896, False), (4864, 896, True),
+                                         (896, 4864, False), (151936, 896, False)]
+
+
+def test_candidates_hold_no_split_k_without_it():
+    assert all(len(c) == 5 for c in tune.candidates(4096, split=False))
+    assert any(len(c) == 6 for c in tune.candidates(4096, split=True))
+    assert all(c[2] <= 128 for c in tune.candidates(100, split=False) if not c[0])  # register path: K's tile
+
+
+def test_tuned_table_round_trips_and_wins_over_the_package(tmp_path):
+    tuned = T.LinearTable((((6144, 4096, False), (False, 2, 2048, 4, 1), (True, 32, 128, 4, 3, 2)),), "tuned")
+    (tmp_path / T.FILE).write_text(tuned.to_json(tuned_on="test"))
+    table = T.for_run(str(tmp_path))
+    assert table.pick(6144, 4096, False, False) == (False, 2, 2048, 4, 1)
+    assert table.pick(6144, 4096, False, True) == (True, 32, 128, 4, 3, 2)
+    assert table.pick(4096, 14336, False, True) == T.SPLIT_LONG_K  # the package's, for the rest
+    assert table.pick(100, 60, False, False) == T.NARROW  # the rules, for shapes no table lists
+    assert T.for_run(str(tmp_path / "none")) is T.packaged()
+    resolved = resolve(KernelSpec(linear="kernel", tables=str(tmp_path)), "cpu", _tiny())
+    assert resolved.linear_table == table and resolved.as_dict()["linear_table"].startswith(str(tmp_path))
+
+
+@pytest.mark.parametrize("content,expected", [
+    ("not json", "Expecting value"),
+    (json.dumps({"format": 2, "shapes": []}), "not a linear-kernel table of format 1"),
+    (json.dumps({"format": 1, "shapes": [{"n": 1, "k": 2, "gated": False, "plain": [True, 16, 32, 4, 2, 2],
+                                          "split": [True, 16, 32, 4, 2]}]}), "shapes[0]"),
+    (json.dumps({"format": 1, "shapes": [{"n": 1, "k": 2, "gated": False, "plain": [True, 24, 32, 4, 2],
+                                          "split": [True, 16, 32, 4, 2]}]}), "powers of 2"),
+])
+def test_a_broken_tuned_table_is_a_usage_error_naming_the_file(tmp_path, content, expected):
+    (tmp_path / T.FILE).write_text(content)
+    with pytest.raises(UsageError) as info:
+        resolve(KernelSpec(linear="kernel", tables=str(tmp_path)), "cpu", _tiny())
+    assert str(tmp_path / T.FILE) in info.value.message and expected in info.value.message
+    assert "tune-kernels" in info.value.hint
+
+
+def _tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1)).eval()
