@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
+from pathlib import Path
 
 from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
@@ -31,6 +32,7 @@ from specgen.core.settings import KernelSpec, ModelSpec, SpeculationSpec
 from specgen.gpu.kernels import ResolvedKernels, attention_unsupported, resolve
 from tiny_models import build_family, family_pairs, write_profile
 
+REPO = Path(__file__).resolve().parents[1]
 FAMILIES = list(family_pairs().FAMILIES)
 CLASSES = {"llama-3.1": "LlamaForCausalLM", "qwen2.5": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
            "gemma-2": "Gemma2ForCausalLM"}
@@ -83,6 +85,18 @@ FEATURES = {  # family -> {feature: (config changes, {weight name part: change})
         "sliding window": (lambda m: {"sliding_window": 4096}, {}),
     },
 }
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_family_has_a_profile_of_the_real_pair(name):
+    """profiles/ names the models family_pairs.py builds, and stops on one of the family's special ids."""
+    from specgen.core.profile import load_profile
+
+    data = family_pairs().FAMILIES[name]
+    profile = load_profile(str(REPO / "profiles" / data.profile))
+    assert (profile.target.path, profile.draft.path) == (data.target.hub_id, data.draft.hub_id)
+    assert profile.sampling.stop_token_ids and set(profile.sampling.stop_token_ids) <= set(data.specials)
+    assert data.target.config["vocab_size"] >= data.tokens and data.draft.config["vocab_size"] >= data.tokens
 
 
 def test_the_tiny_checkpoints_carry_each_familys_features(family):

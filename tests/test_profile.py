@@ -178,7 +178,7 @@ EXAMPLES = sorted((REPO / "profiles").glob("*.toml"))
 
 def test_the_documented_examples_exist():
     names = {path.name for path in EXAMPLES}
-    assert {"llama-3.1-8b-instruct.toml", "qwen2.5-7b-instruct.toml"} <= names
+    assert {"llama-3.1-8b-instruct.toml", "qwen2.5-7b-instruct.toml", "qwen3-8b.toml", "gemma-2-9b-it.toml"} <= names
     assert "ngram-prompt-lookup.toml" in names
 
 
