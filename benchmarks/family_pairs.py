@@ -3,8 +3,8 @@
 No model hub is reachable where specgen is built and benchmarked, so the real pairs of
 profiles/ are exercised through checkpoints of the same architecture with random weights: the
 config.json values of each model (written below as data, with the file they come from), a
-word-level tokenizer with the real tokenizer's size and its special tokens at their real ids, the
-model card's generation_config, a specgen profile (`pair.toml`) pointing at the two folders, and
+character-level tokenizer with the real tokenizer's size and its special tokens at their real
+ids, the model card's generation_config, a specgen profile (`pair.toml`) pointing at the two folders, and
 a prompts.jsonl that `specgen bench` reads by default. Acceptance is meaningless with random
 weights: these checkpoints measure costs (GPU benchmarks, `--scale full`) and cover each family's
 code paths (tests/test_families.py, `--scale tiny`: the same architecture features, fewer and
@@ -189,15 +189,25 @@ def build_model(folder: Path, config: dict, generation: dict, seed: int, device:
 
 
 def build_tokenizer(folder: Path, family: Family, scale: str):
-    """A word-level tokenizer of the family's size: special tokens at their ids, `w<id>` elsewhere."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A character-level tokenizer of the family's size: the family's special tokens at their ids,
+    the 256 byte-level symbols at the first free ids (text encodes to one token a byte), and
+    `w<id>` fillers elsewhere, which no text encodes to but the models can emit.
+
+    A byte-level BPE without merges, not a word-level model: transformers 5 loads a Qwen2
+    checkpoint's tokenizer as its Qwen2Tokenizer, which rebuilds a byte-level BPE from the
+    vocabulary and the merges, so words of a WordLevel vocabulary encoded to nothing there. Here
+    every loader encodes the same bytes to the same ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     size = family.tokens if scale == "full" else TINY_TOKENS
     specials = {token_id(family, i, scale): text for i, text in family.specials.items()}
-    vocab = {specials.get(i, f"w{i}"): i for i in range(size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=specials[token_id(family, family.unk, scale)]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    free = (i for i in range(size) if i not in specials)
+    symbols = dict(zip(free, sorted(pre_tokenizers.ByteLevel.alphabet())))
+    vocab = {specials.get(i) or symbols.get(i) or f"w{i}": i for i in range(size)}
+    tok = Tokenizer(models.BPE(vocab, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(specials.values()))
     named = {"eos_token": _first(family.generation["eos_token_id"]), "bos_token": family.generation.get("bos_token_id"),
              "pad_token": family.generation.get("pad_token_id"), "unk_token": family.unk}
@@ -211,14 +221,16 @@ def _first(value):
     return value[0] if isinstance(value, list) else value
 
 
-def write_prompts(path: Path, tokenizer, specials: set, count: int, words: int, seed: int) -> None:
-    """Prompts of random ordinary words (no special token), one JSON object a line."""
+def write_prompts(path: Path, count: int, length: int, seed: int) -> None:
+    """Prompts of `length` characters (lower-case words and spaces: `length` tokens), one JSON
+    object a line."""
     rng = random.Random(seed)
-    pool = [i for i in range(min(len(tokenizer), 50000)) if i not in specials]
     with path.open("w") as file:
         for _ in range(count):
-            text = " ".join(tokenizer.convert_ids_to_tokens([rng.choice(pool) for _ in range(words)]))
-            file.write(json.dumps({"prompt": text}) + "\n")
+            words = []
+            while sum(len(w) + 1 for w in words) <= length:
+                words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8))))
+            file.write(json.dumps({"prompt": " ".join(words)[:length]}) + "\n")
 
 
 PROFILE = """\
@@ -256,9 +268,8 @@ def build_family(name: str, out: Path, scale: str = "tiny", seed: int = 0, devic
         del model
         if device != "cpu":
             torch.cuda.empty_cache()
-        tokenizer = build_tokenizer(folder / role, family, scale)
-    specials = {token_id(family, i, scale) for i in family.specials}
-    write_prompts(folder / "prompts.jsonl", tokenizer, specials, prompts, 96 if scale == "full" else 24, seed)
+        build_tokenizer(folder / role, family, scale)
+    write_prompts(folder / "prompts.jsonl", prompts, 128 if scale == "full" else 24, seed)
     (folder / "pair.toml").write_text(PROFILE.format(name=name, scale=scale, profile=family.profile,
                                                      target=family.target.hub_id, draft=family.draft.hub_id))
     return folder

@@ -133,6 +133,17 @@ def test_loader_picks_the_modeling(family):
     assert (rows["target"] > rows["draft"]) == (name == "qwen2.5")
 
 
+def test_prompts_encode_through_whichever_tokenizer_class_loads(family):
+    """One token a character, and back, whatever class the loader picks (transformers 5 takes its
+    own Qwen2Tokenizer for Qwen2.5, which rebuilds the tokenizer from the vocabulary)."""
+    name, folder = family
+    tokenizer = load_pair(make_profile(folder / "target", folder / "draft")).tokenizer
+    for line in (folder / "prompts.jsonl").read_text().splitlines():
+        text = json.loads(line)["prompt"]
+        ids = tokenizer(text)["input_ids"]
+        assert len(ids) == len(text) and tokenizer.decode(ids) == text, f"{name}: {type(tokenizer).__name__}"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("draft", ["draft", "copy"])
 def test_greedy_speculative_equals_target_only(family, draft, backend):
