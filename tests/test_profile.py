@@ -367,6 +367,7 @@ OUT_OF_RANGE = [
     ("kernels.rope", '"torch"', "must be one of auto, kernel, model"),
     ("kernels.split_k", '"all"', "must be one of auto, on, off"),
     ("kernels.warp", '"triton"', "must be one of auto, kernel, torch"),
+    ("kernels.norm", '"fused"', "must be one of auto, kernel, torch"),
 ]
 
 

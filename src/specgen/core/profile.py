@@ -471,6 +471,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "kernels.rope": _one_of("auto", "kernel", "model"),
     "kernels.split_k": _one_of("auto", "on", "off"),
     "kernels.warp": _one_of("auto", "kernel", "torch"),
+    "kernels.norm": _one_of("auto", "kernel", "torch"),
 }
 
 

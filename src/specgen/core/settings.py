@@ -54,6 +54,7 @@ class KernelSpec:
     rope: str = "auto"  # auto | kernel | model   (rotary + KV write inside the attention kernel)
     split_k: str = "auto"  # auto | on | off
     warp: str = "auto"  # auto | kernel | torch   (warp/cut Triton kernels on CUDA, else core/sampling.py)
+    norm: str = "auto"  # auto | kernel | torch   (RMSNorm + residual add in one kernel, with the linear kernel)
 
 
 @dataclass(frozen=True)
