@@ -9,9 +9,9 @@ models' logits are identical). On CPU the kernel runs in the Triton interpreter 
 
 from __future__ import annotations
 
-from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
-
 import copy
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
 import pytest
 import torch
@@ -46,7 +46,7 @@ def test_kernel_equals_reference(shape, dtype):
 
 def test_float32_weight_on_16_bit_rows():
     """weight * x.to(dtype) promotes: a float32 weight gives float32 rows, as in the module."""
-    x, residual, weight = _data(4, 96, torch.bfloat16, weight_dtype=torch.float32)
+    x, _, weight = _data(4, 96, torch.bfloat16, weight_dtype=torch.float32)
     out = N.rms_norm(x, weight, 1e-6)
     assert out.dtype == torch.float32 and torch.equal(out, rms_norm_reference(x, weight, 1e-6)[0])
 
@@ -121,7 +121,7 @@ def _feed(each, feeds, norm: bool) -> list:
 @pytest.mark.parametrize("family,dtype,modules,launches", [("Llama", torch.bfloat16, 7, 5),
                                                            ("Qwen3", torch.bfloat16, 11, 9),
                                                            ("Llama", torch.float32, 7, 5)])
-def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches):
+def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches, monkeypatch):
     """A prefill, then 5- and 1-token steps of a rewired model (2 layers: 2 norms and 1 fused add
     each, the final norm; Qwen3's per-head q/k norms) against the same weights without it, both
     with the linear kernel: identical bfloat16 logits; float32 ones within the float32 sum's order."""
@@ -133,13 +133,11 @@ def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launch
     plain = runner(plain_model, kernels=kernels(linear=True))
     calls = []
     real = N._launch
-    N_launch = lambda x, *a: calls.append(x.shape) or real(x, *a)  # noqa: E731
     gen = torch.Generator().manual_seed(0)
     feeds = [torch.randint(0, 96, (n,), generator=gen) for n in (12, 5, 1)]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(N, "_launch", N_launch)
-        got = _feed(fast, feeds, norm=True)
     want = _feed(plain, feeds, norm=False)
+    monkeypatch.setattr(N, "_launch", lambda x, *a: calls.append(x.shape) or real(x, *a))
+    got = _feed(fast, feeds, norm=True)
     assert len(calls) == 3 * launches  # per layer: norm, add + norm (Qwen3: q and k norms); final norm
     for a, b in zip(got, want):
         if dtype == torch.float32:

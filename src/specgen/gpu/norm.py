@@ -103,6 +103,6 @@ def _rounded(x, DTYPE: tl.constexpr):
     if DTYPE == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # NaN stays NaN
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # noqa: PLR0124  NaN stays NaN
     else:
         return x.to(DTYPE).to(tl.float32)
