@@ -50,10 +50,11 @@ def start_engine(settings, allow_pickle: bool, status: bool):
     """load_engine, then the settings' decoder: (engine, decoder, Startup). The runners' own setup
     seconds are taken out of the engine's construction, so load and setup do not overlap."""
     begin = time.perf_counter()
-    with render.startup_status(enabled=status) as progress, collector_paused():
-        from specgen.core.engine import Engine
+    with render.startup_status(enabled=status) as progress:
+        with collector_paused():
+            from specgen.core.engine import Engine
 
-        engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
+            engine = Engine(settings, allow_pickle=allow_pickle, progress=progress)
         built = time.perf_counter()
         decoder = engine.decoder()
         ready = time.perf_counter()
