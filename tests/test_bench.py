@@ -303,6 +303,7 @@ def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
     assert check["dtype"] == "float32"
     assert [(r["temperature"], r["coupling"], r["k"]) for r in check["results"]] == [
         (0.0, None, 1), (0.0, None, 2), (0.8, "gumbel", 1), (0.8, "gumbel", 2)]  # not rejection: its text differs
+    assert {r["proposer"] for r in check["results"]} == {"draft"}  # the profile's
     for row in check["results"]:  # lossless greedy and Gumbel in float32: identical, prompt by prompt
         assert row["identical_fraction"] == 1.0 and row["first_divergence"] == [None] * len(PROMPTS)
     assert "greedy same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
@@ -567,6 +568,8 @@ def test_proposer_list_is_checked_before_any_model_loads(tiny, tmp_path, monkeyp
         ((tiny, "--proposer", " , "), ("--proposer is empty",)),
         ((tiny, "--proposer", "draft,none"), ("--proposer none drafts nothing", "--baseline target-only")),
         ((draftless, "--proposer", "ngram,draft"), ("the draft proposer needs a draft model",)),
+        ((write_profile(tmp_path / "none.toml", target, None, proposer={"kind": "none"}),),
+         ("the profile's proposer (none) drafts nothing", "--proposer")),
     ]
     for args, fragments in cases:
         result = specgen(monkeypatch, "bench", "-p", *args)

@@ -112,9 +112,10 @@ def bench(
                                       "proposer.kind": proposer})
 
     first = settings_for(plan.ks[0], plan.temperatures[0])
+    named = bool(plan.proposers)
     plan = replace(plan, couplings=parse_couplings(couplings, first.sampling.coupling),
                    proposers=plan.proposers or (first.proposer.kind,))
-    validate(settings_for, plan)
+    validate(settings_for, plan, named)
     opt.warn_settings(settings_for(plan.ks[0], max(plan.temperatures)), quiet)
     texts = bench_prompts(path, first, num_prompts)
     encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0],
@@ -136,19 +137,22 @@ def bench(
         raise typer.Exit(130)
 
 
-def validate(settings_for, plan) -> None:
+def validate(settings_for, plan, named: bool) -> None:
     """Every (proposer, k, temperature) through the profile's own checks (a proposer kind the settings
     do not define; one the profile cannot run, such as draft without [draft]), before torch is
-    imported and any model loads. The target-only kind is the baseline, not a proposer to compare."""
+    imported and any model loads. The target-only kind is the baseline, not a proposer to compare.
+    named: the proposers came from --proposer (else the profile's own)."""
     from specgen.core.errors import UsageError
 
     for proposer in plan.proposers:
         for k in plan.ks:
             for temperature in plan.temperatures:
-                settings = settings_for(k, temperature, proposer)
-        if settings.proposer.kind == "none":
-            raise UsageError(f"--proposer {proposer} drafts nothing: it is the target-only baseline",
-                             hint="name proposers that draft; target-only runs as --baseline target-only")
+                settings_for(k, temperature, proposer)
+        if settings_for(plan.ks[0], plan.temperatures[0], proposer).proposer.kind == "none":
+            what = f"--proposer {proposer}" if named else "the profile's proposer (none)"
+            raise UsageError(f"{what} drafts nothing: it is the target-only baseline",
+                             hint="pass --proposer with proposers that draft; target-only runs as "
+                                  "--baseline target-only")
 
 
 def engine_settings(settings_for, plan):
