@@ -593,3 +593,15 @@ def test_generate_and_bench_take_their_rates_from_one_function(tiny, monkeypatch
     assert generated.code == 0, generated.stderr
     assert json.loads(generated.stdout)["stats"]["decode_tokens_per_second"] == 4321.0
     assert "then 4321.0 tok/s" in generated.stderr
+
+
+def test_inspect_acceptance_reads_the_recommended_proposer_of_a_bench():
+    """Without --k, `inspect-acceptance --bench` shows the recommended result: with several
+    proposers, the recommended proposer's, not the first proposer's of that k."""
+    from specgen.core.insight import runs_from_bench
+
+    results = [{"proposer": p, "k": 2, "temperature": 0.0, "records": []} for p in ("draft", "ngram")]
+    document = {"schema": "specgen.bench/1", "results": results,
+                "recommendation": [{"temperature": 0.0, "proposer": "ngram", "k": 2}]}
+    assert runs_from_bench(document, None, None)[0]["proposer"] == "ngram"
+    assert runs_from_bench(document, 2, None)[0]["proposer"] == "draft"
