@@ -43,6 +43,7 @@ def bench(
     target: opt.Target = None,
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
+    head: opt.Head = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,
     ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
