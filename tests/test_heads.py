@@ -126,14 +126,15 @@ def reference_drafts(engine, head_folder: Path, committed: list[int], k: int) ->
     return drafts
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("vocab", ["whole", "reduced"])
-def test_eagle_drafts_are_the_heads_own_from_scratch(headed, vocab):
+def test_eagle_drafts_are_the_heads_own_from_scratch(headed, vocab, backend):
     """Every round's drafts equal the head run from scratch over the committed sequence (fp32):
     the extend over the last round's rows and the k - 1 steps reproduce it, round after round."""
     target, _, whole, reduced = headed
     folder = whole if vocab == "whole" else reduced
     k = 3
-    engine = Engine(eagle_profile(target, folder, k=k, max_tokens=20))
+    engine = Engine(eagle_profile(target, folder, k=k, max_tokens=20, backend=backend))
     for prompt in ([3, 14, 15, 92, 65], [7], [11, 12]):
         committed = list(prompt)
         for event in rounds(engine.decoder(), prompt):
@@ -298,3 +299,23 @@ def test_mtp_on_a_checkpoint_without_mtp_layers_is_refused(headed, tmp_path, mon
     target = headed[0]
     profile = write_profile(tmp_path / "p.toml", target, None, proposer={"kind": "mtp"})
     assert_error(specgen(monkeypatch, "generate", "-p", profile, "-n", "2", "hi"), 2, "no MTP layers")
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_eagle_compiled_steps_still_feed_the_head(headed):
+    """With compile = true the tap's hooks run inside compiled steps: output still equals target-only
+    and every round's drafts are the head's from scratch (a tap that stopped copying would not)."""
+    target, _, whole, _ = headed
+    profile = eagle_profile(target, whole, k=3, backend="cuda", max_tokens=12)
+    profile = replace(profile, speculation=replace(profile.speculation, compile=True))
+    engine, plain = Engine(profile), Engine(target_only(profile))
+    prompt = [3, 14, 15, 92, 65]
+    committed = list(prompt)
+    for event in rounds(engine.decoder(), prompt):
+        if event.drafted_ids:
+            want = reference_drafts(engine, whole, committed, event.k_used)
+            assert event.drafted_ids == want[: len(event.drafted_ids)]
+        committed += event.token_ids
+    assert committed[len(prompt):] == finish(plain.decoder(), prompt).token_ids
