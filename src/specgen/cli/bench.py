@@ -42,6 +42,7 @@ def bench(
     profile: opt.Profile = None,
     target: opt.Target = None,
     draft: opt.Draft = None,
+    head: opt.Head = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,
     proposers: Annotated[Optional[str], _sweep(
@@ -156,11 +157,9 @@ def validate(settings_for, plan, named: bool) -> None:
 
 
 def engine_settings(settings_for, plan):
-    """The settings the engine loads with: the first proposer whose models are a superset of the
-    others'. Engine loads what its profile's proposer needs, and today the draft model is the only
-    model a proposer may add (draft and hybrid use it, ngram does not)."""
-    options = [settings_for(plan.ks[0], plan.temperatures[0], p) for p in plan.proposers]
-    return next((s for s in options if s.proposer.uses_draft), options[0])
+    """The settings the engine loads with (the first proposer's); the engine loads what every
+    proposer of the plan drafts with (Engine's `proposers`)."""
+    return settings_for(plan.ks[0], plan.temperatures[0], plan.proposers[0])
 
 
 @dataclass(frozen=True)
@@ -187,7 +186,8 @@ def measure(settings_for, prompts: list[str], plan, encoding: Encoding, allow_pi
     with collector_paused():  # torch and transformers before the clock: startup_seconds is the loading
         from specgen.core.bench import Bench
     start = time.perf_counter()
-    engine = load_engine(engine_settings(settings_for, plan), allow_pickle, status=not quiet)
+    engine = load_engine(engine_settings(settings_for, plan), allow_pickle, status=not quiet,
+                             proposers=tuple(plan.proposers))
     startup = time.perf_counter() - start
     # Settings that leave no room for any prompt: one error with its hint, not a warning per prompt.
     engine.decoder(encoding.settings).check_prompt([0])
@@ -235,7 +235,8 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
 
     err = render.stderr_console()
     try:
-        engine = load_engine(engine_settings(settings_for, plan), allow_pickle, status=not quiet)
+        engine = load_engine(engine_settings(settings_for, plan), allow_pickle, status=not quiet,
+                             proposers=tuple(plan.proposers))
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
             sweeps = fp32_sweeps(plan)
             runs = len(plan.proposers) * len(plan.ks) + 1

@@ -31,6 +31,7 @@ def generate(
     target: opt.Target = None,
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
+    head: opt.Head = None,
     k: opt.K = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,

@@ -11,13 +11,14 @@ from typing import Protocol, runtime_checkable
 from specgen.cli import render
 
 
-def load_engine(settings, allow_pickle: bool, status: bool):
+def load_engine(settings, allow_pickle: bool, status: bool, proposers: tuple[str, ...] | None = None):
     """Import torch and transformers and load the pair; status: the start-up status line on a
-    terminal's stderr (shown from the first import on, not only once torch is in)."""
+    terminal's stderr (shown from the first import on, not only once torch is in); proposers: the
+    kinds the engine serves (bench's list; default the settings' own)."""
     with render.startup_status(enabled=status) as progress, collector_paused():
         from specgen.core.engine import Engine
 
-        return Engine(settings, allow_pickle=allow_pickle, progress=progress)
+        return Engine(settings, allow_pickle=allow_pickle, progress=progress, proposers=proposers)
 
 
 @dataclass(frozen=True)
