@@ -319,3 +319,18 @@ def test_eagle_compiled_steps_still_feed_the_head(headed):
             assert event.drafted_ids == want[: len(event.drafted_ids)]
         committed += event.token_ids
     assert committed[len(prompt):] == finish(plain.decoder(), prompt).token_ids
+
+
+def test_bench_measures_draft_and_eagle_side_by_side(headed, tmp_path, monkeypatch):
+    """One engine loads the draft model and the head; every result names its proposer and greedy
+    text equals target-only's for both."""
+    target, draft, whole, _ = headed
+    profile = write_profile(tmp_path / "p.toml", target, draft, proposer={"kind": "draft", "head": str(whole)})
+    (tmp_path / "prompts.txt").write_text("def f(x):\nclass A:\n")
+    result = specgen(monkeypatch, "bench", "-p", profile, "--proposer", "draft,eagle", "--k", "2", "-n", "6",
+                     "--prompts-file", tmp_path / "prompts.txt", "--format", "json", "--quiet")
+    assert result.code == 0, result.stderr
+    document = json.loads(result.stdout)
+    speculative = [r for r in document["results"] if r.get("proposer")]
+    assert sorted(r["proposer"] for r in speculative) == ["draft", "eagle"]
+    assert all(r["greedy_agreement"]["target-only"]["identical_fraction"] == 1.0 for r in speculative), speculative
