@@ -135,8 +135,12 @@ class EagleDrafter:
 
     use_graphs = True
 
-    def __init__(self, head, tap: AuxTap, width: int, capacity: int, span: slice | None = None):
+    def __init__(self, head, tap: AuxTap, width: int, capacity: int, span: slice | None = None,
+                 eager: bool = False):
         self.head, self.tap, self.width = head, tap, width
+        # eager (the torch backend): attend over the live slots only, read on the host; captured
+        # steps attend over the whole cache (fixed shapes) with the stale slots masked
+        self.eager = eager
         self.span = span or slice(None)  # its columns of the tap
         self.position = head.position
         self.generation = 0
@@ -166,12 +170,15 @@ class EagleDrafter:
         out = draft_logits.new_full((draft_logits.shape[0], self.width), float("-inf"), dtype=torch.float32)
         return out.index_copy_(1, self.columns, draft_logits.float())
 
+    def _keys(self, positions: torch.Tensor) -> int | None:
+        return int(positions.max()) + 1 if self.eager else None
+
     def extend(self, ids, features, positions):
-        logits, hidden = self.head(ids, features, positions)
+        logits, hidden = self.head(ids, features, positions, self._keys(positions))
         return self._logits(logits), hidden
 
     def step(self, ids, hidden, positions):
-        logits, hidden = self.head(ids, hidden, positions)
+        logits, hidden = self.head(ids, hidden, positions, self._keys(positions))
         return self._logits(logits), hidden
 
 
@@ -221,10 +228,11 @@ def input_embedding(model) -> torch.Tensor:
     return model.get_input_embeddings().weight
 
 
-def build_heads(drafters: set[str], proposer, target, target_folder, capacity: int, width: int
-                ) -> tuple[AuxTap | None, dict[str, HeadDrafter]]:
+def build_heads(drafters: set[str], proposer, target, target_folder, capacity: int, width: int,
+                eager: bool = False) -> tuple[AuxTap | None, dict[str, HeadDrafter]]:
     """The tap on the target and a drafter for each of "eagle" / "mtp" in `drafters`. The tap must
-    exist before the target's runner captures its steps (it arms the tap in each).
+    exist before the target's runner captures its steps (it arms the tap in each). eager: the
+    rounds run eagerly (the torch backend), so a head may read positions on the host.
     target_folder(): the target checkpoint's local folder (MTP layers are read from its files)."""
     wanted = [kind for kind in ("eagle", "mtp") if kind in drafters]
     if not wanted:
@@ -252,7 +260,7 @@ def build_heads(drafters: set[str], proposer, target, target_folder, capacity: i
     tap = AuxTap(target, tuple(points), TAP_ROWS)
     out: dict[str, HeadDrafter] = {}
     if "eagle" in built:
-        out["eagle"] = EagleDrafter(built["eagle"][0], tap, width, capacity, spans["eagle"])
+        out["eagle"] = EagleDrafter(built["eagle"][0], tap, width, capacity, spans["eagle"], eager)
     if "mtp" in built:
         out["mtp"] = MtpDrafter(built["mtp"][0], tap, width, capacity, spans["mtp"])
     return tap, out
