@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 
 from specgen.core import noise
+from specgen.core.heads import prefill_head
 from specgen.core.sampling import MIN_EXPONENTIAL, PenaltyRows, WarpParams, logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 
@@ -187,24 +188,9 @@ class Round:
             self.seen[torch.tensor(ids, dtype=torch.long, device=self.device)] = True
 
     def _prefill_head(self, ids: list[int]) -> None:
-        """The target's prefill in chunks the tap holds; the head extends over each (row t: id
-        x[t+1], the target's states at t), all but the last row, which the first round extends over
-        as if the previous round had emitted one token: `last`."""
-        head, tap = self.head, self.head.tap
-        head.reset()
-        tap.out.zero_()  # a one-token prompt has no target row: the first drafts read zeros
-        prefix = torch.tensor(ids[:-1], dtype=torch.long)
-        n = 0
-        for at in range(0, prefix.shape[0], tap.rows):
-            chunk = prefix[at:at + tap.rows]
-            n = chunk.shape[0]
-            self.target.forward(chunk, want_logits=False)
-            rows = n if at + n < prefix.shape[0] else n - 1  # the prompt's last target row waits
-            if rows:
-                follow = torch.tensor(ids[at + 1:at + 1 + rows], dtype=torch.long, device=self.device)
-                head.extend(follow, head.features(rows), torch.arange(at, at + rows, device=self.device))
-        if n:
-            tap.out[:1].copy_(tap.out[n - 1:n])
+        """The target's prefill, feeding the head as it goes (core/heads.py); the first round then
+        extends over the prompt's last target row as if the previous round had emitted `last`."""
+        prefill_head(self.head, self.target, ids, self.device)
         self.out.fill_(-1)
         self.out[0, 0].fill_(ids[-1])
         self.emitted.fill_(1)
