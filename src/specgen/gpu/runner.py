@@ -177,6 +177,8 @@ class GraphRunner:
                     rewire.install_rope(model)
             if kernels.linear:
                 self.switch = rewire.install_linear(model)
+                if kernels.norm:
+                    rewire.install_norm(model, self.switch)
                 if kernels.split_k:
                     self.counters = linear.split_k_counters(workspace)
         self.step = self._step
@@ -293,7 +295,7 @@ class GraphRunner:
         """gpu/linear.py's path for this runner's forwards (with the linear kernel)."""
         if self.switch is None:
             return contextlib.nullcontext()
-        return self.switch.engaged(self.kernels.split_k, self.counters)
+        return self.switch.engaged(self.kernels.split_k, self.counters, norm=self.kernels.norm)
 
     @contextlib.contextmanager
     def step_context(self, tokens: int):
