@@ -127,8 +127,8 @@ def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launch
     with the linear kernel: identical bfloat16 logits; float32 ones within the float32 sum's order."""
     model = _tiny(family, dtype)
     plain_model = copy.deepcopy(model)
-    fast = runner(model, kernels=kernels(linear=True, norm=True))
-    assert rewire.install_norm(model, fast.switch) == modules
+    assert rewire.install_norm(copy.deepcopy(model), rewire.LinearSwitch()) == modules
+    fast = runner(model, kernels=kernels(linear=True, norm=True))  # installs them itself
     assert rewire.install_norm(model, fast.switch) == 0  # idempotent
     plain = runner(plain_model, kernels=kernels(linear=True))
     calls = []
