@@ -207,7 +207,7 @@ def _checkpoint_tensors(model, scratch: Path) -> dict:
 
 
 def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: bool = False,
-                         own_head: bool = True, own_embed: bool = True, seed: int = 0):
+                         own_head: bool = True, own_embed: bool = True, seed: int = 0, vocab: int = 96):
     """A tiny checkpoint saved by transformers, plus one MTP layer under the layer-N names.
 
     The MTP layer's decoder weights come from layer N of a same-family model with N+1 layers,
@@ -221,13 +221,13 @@ def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: boo
     from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
-    config = mtp_config(family)
+    config = mtp_config(family, vocab=vocab)
     n = config.num_hidden_layers
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(folder, max_shard_size="40KB" if sharded else "1GB")
     torch.manual_seed(seed + 1)
-    deeper = transformers.AutoModelForCausalLM.from_config(mtp_config(family, layers=n + 1))
+    deeper = transformers.AutoModelForCausalLM.from_config(mtp_config(family, layers=n + 1, vocab=vocab))
     prefix = f"model.layers.{n}."
     mtp = {k: v for k, v in _checkpoint_tensors(deeper, folder / "scratch").items() if k.startswith(prefix)}
     shutil.rmtree(folder / "scratch")
