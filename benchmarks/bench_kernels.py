@@ -7,6 +7,7 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--compile] [--profile]
+                                                 [--model 8b|1b] [--layers N] [--compile-cache DIR]
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
 
 Every subcommand takes --out FILE (the JSON report) and prints a Markdown table. Settings are passed
@@ -32,7 +33,8 @@ they are timed between CUDA events around each call, host dispatch included.
   a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, forward
   hooks: where rows first differ), the captured steps' logits likewise (torch.equal per row), and
   the 1-token and (k+1)-token captured step times against the model's bandwidth floor.
-- steps: a Llama-3-8B-shaped target (random bf16 weights): the 1-token step and the 5-token
+- steps: a Llama-3-8B-shaped target (--model 1b: Llama-3.2-1B-shaped; --layers: fewer layers, the
+  floor follows the weights) (random bf16 weights): the 1-token step and the 5-token
   verification step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth floor
   (weight bytes / device-to-device copy bandwidth measured in the same run); each variant's 5-token
   logits are checked against an eager forward first (relative error <= 5e-2). Steps run at position
@@ -60,7 +62,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from specgen.core import rejection, sampling  # noqa: E402
 from specgen.core.settings import KernelSpec  # noqa: E402
-from specgen.gpu import attention, linear, verify, warp  # noqa: E402
+from specgen.gpu import attention, linear, rewire, verify, warp  # noqa: E402
 from specgen.gpu.kernels import ResolvedKernels, resolve  # noqa: E402
 from specgen.gpu.reference import decode_attention_reference, gate_up_reference  # noqa: E402
 from specgen.gpu.runner import GraphRunner  # noqa: E402
@@ -357,17 +359,23 @@ def attention_runners() -> list[dict]:
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
                  rope_theta=500000.0, tie_word_embeddings=False)
+LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
+                  tie_word_embeddings=True)
+MODELS = {"8b": LLAMA3_8B, "1b": LLAMA32_1B}
 POSITION = 512
-SPEC = KernelSpec(attention="sdpa", linear="torch", rope="model", split_k="off")  # cuBLAS and SDPA
+SPEC = KernelSpec(attention="sdpa", linear="torch", rope="model", split_k="off", norm="torch")  # cuBLAS and SDPA
 VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
     "eager": (dict(use_graphs=False), {}),
     "graph-sdpa": ({}, {}),
     "graph-kernel": ({}, dict(attention="kernel", rope="auto")),
     "graph-linear": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
+    "graph-norm": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel")),
     "compile-sdpa": (dict(compile=True), {}),
     "compile-kernel": (dict(compile=True), dict(attention="kernel", rope="auto")),
     "compile-kernel-tuned": (dict(compile=True, autotune=True), dict(attention="kernel", rope="auto")),
     "compile-linear": (dict(compile=True), dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
+    "compile-norm": (dict(compile=True), dict(attention="kernel", rope="auto", linear="kernel", split_k="auto",
+                                              norm="kernel")),
     "compile-linear-tuned": (dict(compile=True, autotune=True),
                              dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
     "compile-default": (dict(compile=True), dict(attention="auto", linear="auto", rope="auto", split_k="auto")),
@@ -432,25 +440,43 @@ def step_logits(runner: GraphRunner, ids: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def kernel_table(runner: GraphRunner, steps: int = 20) -> str:
-    """torch.profiler's CUDA kernel table over `steps` 1-token steps at POSITION."""
+def kernel_table(runner: GraphRunner, steps: int = 20) -> tuple[str, dict]:
+    """torch.profiler's CUDA kernel table over `steps` 1-token steps at POSITION, and per step: the
+    kernels launched and their summed time (the rest of a step's time is gaps between them)."""
     ids = torch.randint(0, runner.width, (1,), device="cuda")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             runner.forward(ids)
             runner.truncate(POSITION)
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    summary = {"kernels_per_step": sum(e.count for e in events) / steps,
+               "kernel_ms_per_step": sum(e.self_device_time_total for e in events) / steps / 1e3}
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), summary
+
+
+def build_runner(model, width: int, kernels: ResolvedKernels, workspace: Workspace, options: dict) -> GraphRunner:
+    """A runner capturing 1- and 5-token steps; with kernels.norm, the norm rewiring (rewire.install_norm)
+    and its switch engaged with the norm on around the capture."""
+    if not kernels.norm:
+        return GraphRunner(model, width, 1024, kernels=kernels, workspace=workspace, shapes=(1, 5), **options)
+    runner = GraphRunner(model, width, 1024, kernels=kernels, workspace=workspace, **options)
+    rewire.install_norm(model, runner.switch)
+    with runner.switch.engaged(kernels.split_k, runner.counters, norm=True):
+        runner.add_shapes((1, 5))
+    return runner
 
 
 def bench_steps(args) -> dict:
     bandwidth = copy_bandwidth()
-    model = random_llama(LLAMA3_8B)
-    width = LLAMA3_8B["vocab_size"]
+    config = dict(MODELS[args.model], **({"num_hidden_layers": args.layers} if args.layers else {}))
+    model = random_llama(config)
+    width = config["vocab_size"]
     workspace = Workspace("cuda")
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     floor = weight_bytes / bandwidth
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "weight_bytes": weight_bytes,
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "model": args.model,
+              "layers": config["num_hidden_layers"], "weight_bytes": weight_bytes,
               "copy_bandwidth_bytes_per_s": bandwidth, "floor_ms": floor * 1e3, "rows": []}
     print(f"{report['device']}: weights {weight_bytes / 1e9:.2f} GB, copy {bandwidth / 1e12:.2f} TB/s, "
           f"floor {floor * 1e3:.2f} ms", flush=True)
@@ -462,10 +488,12 @@ def bench_steps(args) -> dict:
     names = args.variants + (["compile-kernel"] if args.compile else [])
     for name in dict.fromkeys(names):
         options, values = VARIANTS[name]
+        if options.get("compile"):
+            options = dict(options, compile_cache_folder=args.compile_cache)
         kernels = resolve(dataclasses.replace(SPEC, **values), "cuda", model)
         torch._dynamo.reset()  # every compiled variant traces afresh
         start = time.perf_counter()
-        runner = GraphRunner(model, width, 1024, kernels=kernels, workspace=workspace, shapes=(1, 5), **options)
+        runner = build_runner(model, width, kernels, workspace, options)
         setup = time.perf_counter() - start
         error = ((step_logits(runner, probe) - reference).abs().max() / reference.abs().max()).item()
         if error > 6e-2:  # bf16 kernels against eager cuBLAS/SDPA: about 5.5e-2 on random 8B weights
@@ -477,7 +505,9 @@ def bench_steps(args) -> dict:
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         if args.profile:
-            print(kernel_table(runner), flush=True)
+            text, summary = kernel_table(runner)
+            row.update(summary)
+            print(text, json.dumps(summary), flush=True)
         del runner
         torch.cuda.empty_cache()
     print(table(report["rows"], ["variant", "step_1_ms", "step_5_ms", "step_1_over_floor", "step_5_over_step_1",
@@ -662,6 +692,9 @@ def main(argv=None) -> None:
     p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"])
     p.add_argument("--compile", action="store_true", help="add compile-kernel")
     p.add_argument("--profile", action="store_true", help="kernel table of each variant's 1-token step")
+    p.add_argument("--model", choices=list(MODELS), default="8b", help="Llama-3-8B or Llama-3.2-1B shapes")
+    p.add_argument("--layers", type=int, default=0, help="fewer decoder layers (0: the model's)")
+    p.add_argument("--compile-cache", default="", help="compile variants' cache folder (speculation.compile_cache)")
     p = commands.add_parser("exact")
     p.add_argument("--models", type=names(EXACT_SHAPES), default=["8b", "1b", "bench-target", "bench-draft"])
     p.add_argument("--layers", type=int, default=0, help="layers of each model (0: EXACT_SHAPES')")

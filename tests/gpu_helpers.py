@@ -13,15 +13,17 @@ from specgen.gpu.workspace import Workspace
 
 
 def kernels(attention: bool = False, linear: bool = False, rope: bool = False, split_k: bool = False,
-            warp: bool = False) -> ResolvedKernels:
-    return ResolvedKernels(attention=attention, linear=linear, rope=rope, split_k=split_k, warp=warp)
+            warp: bool = False, norm: bool = False) -> ResolvedKernels:
+    return ResolvedKernels(attention=attention, linear=linear, rope=rope, split_k=split_k, warp=warp, norm=norm)
 
 
-def runner(model, *, kernels: ResolvedKernels, shapes=(), use_graphs: bool = False, workspace=None, **options):
-    """A GraphRunner of width 96 and capacity 600 (the tiny test models') on DEVICE."""
+def runner(model, *, kernels: ResolvedKernels, shapes=(), use_graphs: bool = False, workspace=None, width: int = 96,
+           **options):
+    """A GraphRunner of capacity 600 on DEVICE, handing out `width` logits columns (96: most tiny
+    test models' vocabulary)."""
     from specgen.gpu.runner import GraphRunner
 
-    return GraphRunner(model, 96, 600, kernels=kernels, workspace=workspace or Workspace(DEVICE), shapes=shapes,
+    return GraphRunner(model, width, 600, kernels=kernels, workspace=workspace or Workspace(DEVICE), shapes=shapes,
                        use_graphs=use_graphs, **options)
 
 

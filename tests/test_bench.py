@@ -217,7 +217,8 @@ def test_summaries_and_divergence():
     assert percentile([7.0], 0.25) == 7.0
     rows = [{"temperature": 0.0, "k": k, "tokens_per_second": {"median": tps}, "speedup": {"target-only": {"median": s}}}
             for k, tps, s in ((1, 10.0, 0.9), (2, 12.0, 0.95))]
-    assert recommend(rows) == [{"temperature": 0.0, "coupling": None, "k": 2, "by": "speedup.target-only", "tokens_per_second": 12.0,
+    assert recommend(rows) == [{"temperature": 0.0, "coupling": None, "proposer": None, "k": 2,
+                                "by": "speedup.target-only", "tokens_per_second": 12.0,
                                 "speedup": 0.95, "speedup_vs_target_only": 0.95, "faster_than_target_only": False}]
 
 
@@ -231,7 +232,8 @@ def test_recommendation_and_the_speedup_column_use_one_statistic():
     assert recommend(rows, ("hf", "target-only"))[0]["by"] == "speedup.hf"
     no_baseline = [dict(r, speedup={"target-only": None}) for r in rows]
     assert recommend(no_baseline)[0] | {"tokens_per_second": None} == {
-        "temperature": 0.0, "coupling": None, "k": 2, "by": "tokens_per_second", "tokens_per_second": None,
+        "temperature": 0.0, "coupling": None, "proposer": None, "k": 2, "by": "tokens_per_second",
+        "tokens_per_second": None,
         "speedup": None,
         "speedup_vs_target_only": None, "faster_than_target_only": None}
 
@@ -301,6 +303,7 @@ def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
     assert check["dtype"] == "float32"
     assert [(r["temperature"], r["coupling"], r["k"]) for r in check["results"]] == [
         (0.0, None, 1), (0.0, None, 2), (0.8, "gumbel", 1), (0.8, "gumbel", 2)]  # not rejection: its text differs
+    assert {r["proposer"] for r in check["results"]} == {"draft"}  # the profile's
     for row in check["results"]:  # lossless greedy and Gumbel in float32: identical, prompt by prompt
         assert row["identical_fraction"] == 1.0 and row["first_divergence"] == [None] * len(PROMPTS)
     assert "greedy same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
@@ -369,36 +372,43 @@ def bench_cli(monkeypatch, *args, **kwargs) -> tuple[int, str, str]:
     return result.code, result.stdout, result.stderr
 
 
-def _document(names: list[str], cuda: bool) -> dict:
-    """A bench document with wide numbers, for rendering tests."""
+def _document(names: list[str], cuda: bool, proposers: tuple[str, ...] = ("draft",)) -> dict:
+    """A bench document with wide numbers, for rendering tests: one k=8 row per proposer."""
     tps = {"median": 12345.6, "p25": 10234.5, "p75": 15432.1, "min": 1.0, "max": 2.0}
     peak = 123456789012 if cuda else None
+    decode = {"median": 13579.2}
     base = [{"method": n, "temperature": 0.0, "available": True, "reason": None, "tokens_per_second": tps,
-             "time_to_first_token_seconds": {"median": 1.2345}, "peak_gpu_memory_bytes": peak} for n in names]
-    result = {"k": 8, "temperature": 0.0, "tokens_per_second": tps,
+             "decode_tokens_per_second": decode, "time_to_first_token_seconds": {"median": 1.2345},
+             "peak_gpu_memory_bytes": peak} for n in names]
+    result = {"k": 8, "temperature": 0.0, "tokens_per_second": tps, "decode_tokens_per_second": decode,
               "speedup": {n: {"median": 123.45} for n in names}, "acceptance_rate": 0.8765,
               "mean_accepted_length": 7.65, "per_position_acceptance": [0.9] * 8,
               "round_ms": {"draft": 10.25, "verify": 20.5, "sample": 30.75, "other": 40.5},
               "time_to_first_token_seconds": {"median": 1.2345}, "peak_gpu_memory_bytes": peak,
               "greedy_agreement": {"target-only": {"identical_fraction": 0.95, "first_divergence": [None, 103]}}}
-    return {"settings": {"baselines": names, "temperatures": [0.0], "max_tokens": 128},
-            "environment": {"device": "cuda:0", "device_name": "NVIDIA H200"}, "profile": {"name": "bench"},
-            "prompts": [{}] * 20, "baselines": base, "results": [result], "incomplete": False,
+    results = [result | {"proposer": proposer} for proposer in proposers]
+    return {"settings": {"baselines": names, "temperatures": [0.0], "max_tokens": 128, "proposers": list(proposers)},
+            "environment": {"device": "cuda:0", "device_name": "NVIDIA H200"},
+            "profile": {"name": "bench", "proposer": proposers[0]},
+            "prompts": [{}] * 20, "baselines": base, "results": results, "incomplete": False,
             "recommendation": [], "notes": [], "fp32_check": None, "skipped_prompts": []}
 
 
-@pytest.mark.parametrize("width, names", [(120, BASELINES), (80, ("target-only",)), (100, ("target-only", "hf"))])
-def test_table_never_truncates_numbers(width, names):
+@pytest.mark.parametrize("width, names, proposers", [
+    (120, BASELINES, ("draft",)), (80, ("target-only",), ("draft",)), (100, ("target-only", "hf"), ("draft",)),
+    (100, ("target-only",), ("draft", "ngram", "hybrid")),
+])
+def test_table_never_truncates_numbers(width, names, proposers):
     """Where the numbers fit (on one table, or split into speed and acceptance tables), each is whole."""
     from rich.console import Console
 
     from specgen.cli.bench import show
 
     console = Console(width=width, record=True, highlight=False)
-    show(_document(list(names), cuda=True), console)
+    show(_document(list(names), cuda=True, proposers=proposers), console)
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
-    for number in ("12345.6", "10234.5–15432.1", "123.45×", "87.6%", "7.65", "10.2/20.5/30.8/40.5", "1234.5",
+    for number in ("12345.6", "10234.5–15432.1", "13579.2", "123.45×", "87.6%", "7.65", "10.2/20.5/30.8/40.5", "1234.5",
                    "117738"):
         assert number in text, (number, text)
 
@@ -412,7 +422,7 @@ def test_a_table_too_wide_for_the_console_wraps_numbers_instead_of_cutting_them(
     show(_document(list(BASELINES), cuda=True), console)
     text = console.export_text()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 60
-    assert "".join(text.split()).count("k=8") == 2  # both tables' rows are there
+    assert "".join(text.split()).count("k=8") == 3  # the rows are in each of the three tables
 
 
 def test_progress_shows_an_eta_on_a_terminal(tiny, monkeypatch):
@@ -483,3 +493,115 @@ def test_a_high_temperature_in_the_sweep_warns_unless_quiet(tiny, monkeypatch):
     assert err.startswith("specgen: warning: temperature 8 is above 2")
     code, out, err = bench_cli(monkeypatch, *args, "--quiet")
     assert (code, err) == (0, "")
+
+
+# ---------------------------------------------------------------- proposers side by side
+
+
+@pytest.fixture(scope="module")
+def ngram_profile(tiny):
+    """The tiny pair with n-gram lookup as the profile's own proposer ([draft] still configured)."""
+    target, draft = tiny.parent / "target", tiny.parent / "draft"
+    return write_profile(tiny.parent / "ngram.toml", target, draft, proposer={"kind": "ngram"})
+
+
+def test_proposers_are_measured_side_by_side(ngram_profile, monkeypatch):
+    """--proposer ngram,draft,hybrid: every proposer with every k on the same prompts, one
+    target-only baseline; the engine loads the draft although the profile's own proposer is ngram."""
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", ngram_profile, "--proposer", "ngram,draft,hybrid",
+                               "--k", "1,2", "-n", "6", "--warmup", "0", "--baseline", "target-only,hf-assisted",
+                               "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["settings"]["proposers"] == ["ngram", "draft", "hybrid"]
+    assert document["profile"]["proposer"] == "ngram"
+    assert [(r["proposer"], r["k"]) for r in document["results"]] == [
+        (p, k) for p in ("ngram", "draft", "hybrid") for k in (1, 2)]
+    assert [b["method"] for b in document["baselines"]] == ["target-only", "hf-assisted"]
+    assert all(b["available"] for b in document["baselines"])  # the draft was loaded for hf-assisted too
+    for result in document["results"]:
+        assert result["greedy_agreement"]["target-only"]["identical_fraction"] == 1.0
+        assert [row["prompt"] for row in result["per_prompt"]] == [0, 1]  # the same prompts for every proposer
+    assert min(r["counts"]["drafted"] for r in document["results"] if r["proposer"] == "draft") > 0
+    (overall,) = document["recommendation"]
+    per = document["recommendation_per_proposer"]
+    assert [r["proposer"] for r in per] == ["ngram", "draft", "hybrid"]
+    best = max(per, key=lambda r: r["speedup"])
+    assert (overall["proposer"], overall["k"], overall["speedup"]) == (best["proposer"], best["k"], best["speedup"])
+    for rec in per:
+        rows = [r for r in document["results"] if r["proposer"] == rec["proposer"]]
+        assert rec["k"] == max(rows, key=lambda r: r["speedup"]["target-only"]["median"])["k"]
+    lines = err.splitlines()
+    header = next(line for line in lines if "method" in line)
+    assert header.split()[:3] == ["T", "proposer", "method"]
+    assert any(line.split()[1:3] == ["hybrid", "k=2"] for line in lines)
+    assert f"recommended proposer and k at temperature 0: {overall['proposer']} k={overall['k']}" in err
+    assert all(f"  best k for {p}: " in err for p in ("ngram", "draft", "hybrid"))
+
+
+def test_one_proposer_keeps_the_table_without_a_proposer_column(tiny, monkeypatch):
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--proposer", "ngram", "--k", "2", "-n", "4",
+                               "--warmup", "0", "--num-prompts", "1", "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["settings"]["proposers"] == ["ngram"] and document["profile"]["proposer"] == "draft"
+    assert [r["proposer"] for r in document["results"]] == ["ngram"]
+    assert document["results"][0]["counts"]["drafted"] <= document["results"][0]["counts"]["rounds"] * 2
+    assert "proposer" not in next(line for line in err.splitlines() if "method" in line)
+    assert "recommended k at temperature 0: 2" in err
+
+
+def test_proposer_list_is_checked_before_any_model_loads(tiny, tmp_path, monkeypatch):
+    """Names the settings do not define, a proposer the profile cannot run and the target-only kind
+    are usage errors (exit 2) found before loading: loading here would fail the test with exit 1."""
+    from cli_helpers import assert_error
+    from specgen.cli import loading
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("models were loaded before the proposers were checked")
+
+    monkeypatch.setattr(loading, "load_engine", no_loading)
+    target, _ = build_pair_paths(tiny)
+    draftless = write_profile(tmp_path / "draftless.toml", target, None, proposer={"kind": "ngram"})
+    cases = [
+        ((tiny, "--proposer", "ngram,eagle2"), ("--proposer eagle2",)),
+        ((tiny, "--proposer", " , "), ("--proposer is empty",)),
+        ((tiny, "--proposer", "draft,none"), ("--proposer none drafts nothing", "--baseline target-only")),
+        ((draftless, "--proposer", "ngram,draft"), ("the draft proposer needs a draft model",)),
+        ((write_profile(tmp_path / "none.toml", target, None, proposer={"kind": "none"}),),
+         ("the profile's proposer (none) drafts nothing", "--proposer")),
+    ]
+    for args, fragments in cases:
+        result = specgen(monkeypatch, "bench", "-p", *args)
+        assert_error(result, 2, *fragments)
+
+
+def test_generate_and_bench_take_their_rates_from_one_function(tiny, monkeypatch):
+    """The decode rate that generate reports and bench's decode tok/s (specgen's runs and the
+    baselines') come from core/stats.decode_rate: with a stand-in for it, both report its value."""
+    from specgen.core import stats
+
+    monkeypatch.setattr(stats, "decode_rate", lambda *args: 4321.0)
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "2", "-n", "4", "--warmup", "0",
+                               "--num-prompts", "1", "--baseline", "target-only,hf", "--format", "json", "-q")
+    assert code == 0, err
+    document = json.loads(out)
+    for entry in document["baselines"] + document["results"]:
+        assert entry["decode_tokens_per_second"]["median"] == 4321.0, entry["method" if "method" in entry else "k"]
+        assert [row["decode_tokens_per_second"] for row in entry["per_prompt"]] == [4321.0]
+    generated = specgen(monkeypatch, "generate", "-p", tiny, "-n", "4", "--format", "json", "def add(a, b):")
+    assert generated.code == 0, generated.stderr
+    assert json.loads(generated.stdout)["stats"]["decode_tokens_per_second"] == 4321.0
+    assert "then 4321.0 tok/s" in generated.stderr
+
+
+def test_inspect_acceptance_reads_the_recommended_proposer_of_a_bench():
+    """Without --k, `inspect-acceptance --bench` shows the recommended result: with several
+    proposers, the recommended proposer's, not the first proposer's of that k."""
+    from specgen.core.insight import runs_from_bench
+
+    results = [{"proposer": p, "k": 2, "temperature": 0.0, "records": []} for p in ("draft", "ngram")]
+    document = {"schema": "specgen.bench/1", "results": results,
+                "recommendation": [{"temperature": 0.0, "proposer": "ngram", "k": 2}]}
+    assert runs_from_bench(document, None, None)[0]["proposer"] == "ngram"
+    assert runs_from_bench(document, 2, None)[0]["proposer"] == "draft"

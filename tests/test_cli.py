@@ -17,7 +17,9 @@ from cli_helpers import assert_error, option_names, specgen, subprocess_env
 from tiny_models import build_pair, write_profile
 
 PROMPT = "def add(a, b):"
-SUMMARY = re.compile(r"^\d+ tokens in \d+ rounds, .* tok/s, acceptance .*, mean accepted length .*$")
+# the decode rate needs a round after the first; start-up ends the first prompt's line
+SUMMARY = re.compile(r"^\d+ tokens in \d+ rounds, first token \d+ ms(?:, then [\d.]+ tok/s)?, acceptance [^,]+, "
+                     r"mean accepted length [\d.]+(?:; load [\d.]+ s, setup [\d.]+ s)?$")
 SGR = re.compile(r"\x1b\[([0-9;]*)m")
 
 
@@ -487,3 +489,45 @@ def test_download_fetches_only_what_loading_needs(monkeypatch, tmp_path):
     assert cached["revision"] == "v1"
     assert "*.safetensors" in fetch["allow_patterns"] and "*.bin" not in fetch["allow_patterns"]
     assert "*.bin" in cached["allow_patterns"] and "*.py" not in cached["allow_patterns"]
+
+
+def test_generate_reports_start_up_first_token_and_decode_rate_apart(monkeypatch):
+    """On the demo pair: load, setup, time to first token and decoding are separate, disjoint spans
+    of the run (their sum fits in the wall time), and the decode rate is decode tokens over decode
+    seconds, in the record, on the summary line and with -v. No timing is asserted."""
+    from specgen.core.stats import decode_rate, generation_rate
+
+    result = specgen(monkeypatch, "generate", "-n", "24", "--format", "json", "-v", "def fib(n):")
+    assert result.code == 0, result.stderr
+    record = json.loads(result.stdout)
+    stats, startup = record["stats"], record["startup"]
+    assert startup["load_seconds"] > 0 and startup["setup_seconds"] >= 0
+    assert stats["rounds"] >= 2 and stats["decode_tokens"] < stats["generated_tokens"] == 24
+    first_round = 24 - stats["decode_tokens"]  # the tokens of the first round: 1 to k + 1
+    assert 1 <= first_round <= 5
+    assert 0 < stats["prefill_seconds"] <= stats["time_to_first_token_seconds"]
+    assert stats["time_to_first_token_seconds"] + stats["decode_seconds"] == pytest.approx(stats["generation_seconds"])
+    spans = startup["load_seconds"] + startup["setup_seconds"] + stats["generation_seconds"]
+    assert spans <= record["wall_seconds"]
+    assert stats["decode_tokens_per_second"] == pytest.approx(stats["decode_tokens"] / stats["decode_seconds"])
+    assert stats["decode_tokens_per_second"] == decode_rate(24, first_round, stats["time_to_first_token_seconds"],
+                                                            stats["generation_seconds"])
+    assert stats["tokens_per_second"] == generation_rate(24, stats["generation_seconds"])
+    lines = result.stderr.splitlines()
+    assert f"startup.load_seconds: {startup['load_seconds']}" in lines
+    assert f"startup.setup_seconds: {startup['setup_seconds']}" in lines
+    summary = lines[-1]
+    assert SUMMARY.match(summary), summary
+    assert (f", first token {1000 * stats['time_to_first_token_seconds']:.0f} ms, "
+            f"then {stats['decode_tokens_per_second']:.1f} tok/s, ") in summary
+    assert summary.endswith(f"; load {startup['load_seconds']:.2f} s, setup {startup['setup_seconds']:.2f} s")
+
+
+def test_start_up_is_said_once_for_several_prompts(monkeypatch, tiny, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def f(x):\nimport os\n")
+    result = generate(monkeypatch, tiny, "--prompts-file", prompts, "--format", "jsonl")
+    assert result.code == 0, result.stderr
+    first, second = result.json_lines()
+    assert first["startup"] == second["startup"] and first["wall_seconds"] < second["wall_seconds"]
+    assert [line.count("; load ") for line in result.stderr.splitlines()] == [1, 0]

@@ -135,6 +135,37 @@ def test_counts_add_up(noisy_pair):
     assert 1.0 <= stats.mean_accepted_length <= 4.0
 
 
+def test_tokens_count_when_their_round_reaches_the_host(noisy_pair, monkeypatch):
+    """Each round's tokens are stamped when its results are read, not when its event is yielded: on
+    the CPU the next round's launch runs it to the end in between, which used to put two rounds into
+    the time to first token. A clock that moves one unit per launch makes the stamps exact."""
+    from types import SimpleNamespace
+
+    from specgen.core import decode
+    from specgen.core.stats import decode_rate
+
+    clock = SimpleNamespace(now=0.0)
+    launch = decode.Decoder._launch
+
+    def timed_launch(self, *args):
+        clock.now += 1.0  # one unit per round
+        return launch(self, *args)
+
+    monkeypatch.setattr(decode, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(decode.Decoder, "_launch", timed_launch)
+    engine = Engine(make_profile(*noisy_pair, k=3, max_tokens=30))
+    events = list(engine.decoder().run([1, 2, 3]))
+    stats = events[-1].stats
+    assert stats.rounds >= 3
+    assert stats.first_token_seconds == 1.0 and stats.first_round_tokens == len(events[0].token_ids)
+    assert stats.generation_seconds == stats.rounds
+    assert stats.decode_seconds == stats.rounds - 1
+    assert stats.decode_tokens == 30 - len(events[0].token_ids)
+    assert stats.decode_tokens_per_second == decode_rate(30, len(events[0].token_ids), 1.0, stats.rounds)
+    assert stats.decode_tokens_per_second == stats.decode_tokens / (stats.rounds - 1)
+    assert stats.tokens_per_second == 30 / stats.rounds
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_max_tokens_exact_for_every_k(noisy_pair, backend):
     engine = Engine(make_profile(*noisy_pair, backend=backend))

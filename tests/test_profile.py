@@ -178,7 +178,7 @@ EXAMPLES = sorted((REPO / "profiles").glob("*.toml"))
 
 def test_the_documented_examples_exist():
     names = {path.name for path in EXAMPLES}
-    assert {"llama-3.1-8b-instruct.toml", "qwen2.5-7b-instruct.toml"} <= names
+    assert {"llama-3.1-8b-instruct.toml", "qwen2.5-7b-instruct.toml", "qwen3-8b.toml", "gemma-2-9b-it.toml"} <= names
     assert "ngram-prompt-lookup.toml" in names
 
 
@@ -355,7 +355,7 @@ OUT_OF_RANGE = [
     ("target.device", '"gpu"', "must be auto, cpu, cuda or cuda:N"),
     ("draft.device", '"cuda:x"', "must be auto, cpu, cuda or cuda:N"),
     ("target.path", '""', "must not be empty"),
-    ("proposer.kind", '"eagle"', "must be one of draft, ngram, hybrid, none"),
+    ("proposer.kind", '"medusa"', "must be one of draft, ngram, hybrid, eagle, mtp, none"),
     ("proposer.ngram_min", "0", "must be >= 1"),
     ("proposer.ngram_max", "33", "must be <= 32"),
     ("proposer.draft_p_min", "1.0", "must be in [0, 1)"),
@@ -367,6 +367,7 @@ OUT_OF_RANGE = [
     ("kernels.rope", '"torch"', "must be one of auto, kernel, model"),
     ("kernels.split_k", '"all"', "must be one of auto, on, off"),
     ("kernels.warp", '"triton"', "must be one of auto, kernel, torch"),
+    ("kernels.norm", '"fused"', "must be one of auto, kernel, torch"),
 ]
 
 
@@ -501,7 +502,7 @@ def test_overrides_win_over_the_file_and_none_means_not_given(tmp_path):
         ("sampling.top_p", 0, "--top-p 0 is not allowed: must be in (0, 1]"),
         ("sampling.min_p", 2.0, "--min-p 2.0 is not allowed: must be in [0, 1]"),
         ("sampling.temperature", "hot", "--temperature hot is a string; expected a finite number"),
-        ("proposer.kind", "eagle", "--proposer eagle is not allowed: must be one of draft, ngram"),
+        ("proposer.kind", "medusa", "--proposer medusa is not allowed: must be one of draft, ngram"),
         ("target.path", "", "--target  is not allowed: must not be empty"),
         ("sampling.stop_token_ids", [-3], "--stop-token-id [-3] is not allowed: must be token"),
         ("sampling.temprature", 1.0, "unknown key `sampling.temprature`; did you mean `sampling.tem"),

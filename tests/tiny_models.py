@@ -7,6 +7,7 @@ and float32 rounding between a 1-token and a (k+1)-token forward cannot flip the
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -206,7 +207,7 @@ def _checkpoint_tensors(model, scratch: Path) -> dict:
 
 
 def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: bool = False,
-                         own_head: bool = True, own_embed: bool = True, seed: int = 0):
+                         own_head: bool = True, own_embed: bool = True, seed: int = 0, vocab: int = 96):
     """A tiny checkpoint saved by transformers, plus one MTP layer under the layer-N names.
 
     The MTP layer's decoder weights come from layer N of a same-family model with N+1 layers,
@@ -220,13 +221,13 @@ def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: boo
     from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
-    config = mtp_config(family)
+    config = mtp_config(family, vocab=vocab)
     n = config.num_hidden_layers
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(folder, max_shard_size="40KB" if sharded else "1GB")
     torch.manual_seed(seed + 1)
-    deeper = transformers.AutoModelForCausalLM.from_config(mtp_config(family, layers=n + 1))
+    deeper = transformers.AutoModelForCausalLM.from_config(mtp_config(family, layers=n + 1, vocab=vocab))
     prefix = f"model.layers.{n}."
     mtp = {k: v for k, v in _checkpoint_tensors(deeper, folder / "scratch").items() if k.startswith(prefix)}
     shutil.rmtree(folder / "scratch")
@@ -251,3 +252,39 @@ def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: boo
         path = folder / "model.safetensors"
         save_file({**load_file(path), **mtp}, path, metadata={"format": "pt"})
     return config, model, mtp
+
+
+# --- Real families (issue 22): benchmarks/family_pairs.py's checkpoints at tiny size ---
+
+FAMILY_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "family_pairs.py"
+
+
+def family_pairs():
+    """benchmarks/family_pairs.py as a module: the tests build their checkpoints with its code."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("family_pairs")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("family_pairs", FAMILY_SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["family_pairs"] = module  # dataclasses look their module up while being built
+        spec.loader.exec_module(module)
+    return module
+
+
+def build_family(root: Path, name: str, noisy: float = 0.1) -> Path:
+    """The family's tiny target and draft in root/name (target/, draft/), plus copy/: the target
+    with Gaussian noise of std `noisy` on its output rows, a draft that agrees with it part of the
+    time (the family's own draft, random too, almost never does)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = family_pairs().build_family(name, Path(root), scale="tiny")
+    copy = folder / "copy"
+    shutil.copytree(folder / "target", copy)
+    tensors = load_file(copy / "model.safetensors")
+    head = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"  # tied: the embedding
+    generator = torch.Generator().manual_seed(7)
+    tensors[head] = tensors[head] + noisy * torch.randn(tensors[head].shape, generator=generator)
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    return folder

@@ -42,9 +42,12 @@ def bench(
     profile: opt.Profile = None,
     target: opt.Target = None,
     draft: opt.Draft = None,
-    proposer: opt.Proposer = None,
+    head: opt.Head = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,
+    proposers: Annotated[Optional[str], _sweep(
+        "--proposer", help="Comma list of proposers measured side by side, e.g. draft,ngram (default: the "
+        "profile's).")] = None,
     ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
     temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
     couplings: Annotated[Optional[str], _sweep(
@@ -95,7 +98,8 @@ def bench(
     from specgen.core.profile import load_profile
 
     plan = Plan(ks=parse_list(ks, int, "--k"), temperatures=parse_list(temperatures, float, "--temperature"),
-                baselines=parse_baselines(baselines), repeat=repeat, warmup=warmup, records=records)
+                proposers=parse_names(proposers, "--proposer"), baselines=parse_baselines(baselines),
+                repeat=repeat, warmup=warmup, records=records)
     overrides = opt.overrides(**locals())
     if any(name.startswith("hf") for name in plan.baselines):
         # Hugging Face generate runs on transformers' model classes: then specgen's methods run on
@@ -103,16 +107,20 @@ def bench(
         overrides["runtime.modeling"] = "transformers"
     path = opt.prompts_path(prompts_file, prompts)
 
-    def settings_for(k: int, temperature: float):
-        return load_profile(profile, {**overrides, "speculation.k": k, "sampling.temperature": temperature})
+    def settings_for(k: int, temperature: float, proposer: str | None = None):
+        """proposer None: the profile's own."""
+        return load_profile(profile, {**overrides, "speculation.k": k, "sampling.temperature": temperature,
+                                      "proposer.kind": proposer})
 
-    plan = replace(plan, couplings=parse_couplings(couplings, settings_for(plan.ks[0], plan.temperatures[0]).sampling.coupling))
-    for k in plan.ks:  # every combination is validated before torch is imported and any model loads
-        for temperature in plan.temperatures:
-            settings_for(k, temperature)
+    first = settings_for(plan.ks[0], plan.temperatures[0])
+    named = bool(plan.proposers)
+    plan = replace(plan, couplings=parse_couplings(couplings, first.sampling.coupling),
+                   proposers=plan.proposers or (first.proposer.kind,))
+    validate(settings_for, plan, named)
     opt.warn_settings(settings_for(plan.ks[0], max(plan.temperatures)), quiet)
-    texts = bench_prompts(path, settings_for(plan.ks[0], plan.temperatures[0]), num_prompts)
-    encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0]))
+    texts = bench_prompts(path, first, num_prompts)
+    encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0],
+                                                                      plan.proposers[0]))
     document = measure(settings_for, texts, plan, encoding, allow_pickle, quiet)
     if not document["incomplete"] and wants_fp32_check(fp32_check, plan, document):
         measured = [p["text"] for p in document["prompts"]]
@@ -128,6 +136,30 @@ def bench(
     if document["incomplete"]:
         print("specgen: interrupted", file=sys.stderr)
         raise typer.Exit(130)
+
+
+def validate(settings_for, plan, named: bool) -> None:
+    """Every (proposer, k, temperature) through the profile's own checks (a proposer kind the settings
+    do not define; one the profile cannot run, such as draft without [draft]), before torch is
+    imported and any model loads. The target-only kind is the baseline, not a proposer to compare.
+    named: the proposers came from --proposer (else the profile's own)."""
+    from specgen.core.errors import UsageError
+
+    for proposer in plan.proposers:
+        for k in plan.ks:
+            for temperature in plan.temperatures:
+                settings_for(k, temperature, proposer)
+        if settings_for(plan.ks[0], plan.temperatures[0], proposer).proposer.kind == "none":
+            what = f"--proposer {proposer}" if named else "the profile's proposer (none)"
+            raise UsageError(f"{what} drafts nothing: it is the target-only baseline",
+                             hint="pass --proposer with proposers that draft; target-only runs as "
+                                  "--baseline target-only")
+
+
+def engine_settings(settings_for, plan):
+    """The settings the engine loads with (the first proposer's); the engine loads what every
+    proposer of the plan drafts with (Engine's `proposers`)."""
+    return settings_for(plan.ks[0], plan.temperatures[0], plan.proposers[0])
 
 
 @dataclass(frozen=True)
@@ -154,7 +186,8 @@ def measure(settings_for, prompts: list[str], plan, encoding: Encoding, allow_pi
     with collector_paused():  # torch and transformers before the clock: startup_seconds is the loading
         from specgen.core.bench import Bench
     start = time.perf_counter()
-    engine = load_engine(settings_for(plan.ks[0], plan.temperatures[0]), allow_pickle, status=not quiet)
+    engine = load_engine(engine_settings(settings_for, plan), allow_pickle, status=not quiet,
+                             proposers=tuple(plan.proposers))
     startup = time.perf_counter() - start
     # Settings that leave no room for any prompt: one error with its hint, not a warning per prompt.
     engine.decoder(encoding.settings).check_prompt([0])
@@ -196,16 +229,20 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
         torch.cuda.empty_cache()
     fp32 = {**overrides, "target.dtype": "float32", "draft.dtype": "float32", "speculation.compile": False}
 
-    def settings_for(k: int, temperature: float):
-        return load_profile(profile, {**fp32, "speculation.k": k, "sampling.temperature": temperature})
+    def settings_for(k: int, temperature: float, proposer: str | None = None):
+        return load_profile(profile, {**fp32, "speculation.k": k, "sampling.temperature": temperature,
+                                      "proposer.kind": proposer})
 
     err = render.stderr_console()
     try:
-        engine = load_engine(settings_for(plan.ks[0], 0.0), allow_pickle, status=not quiet)
+        engine = load_engine(engine_settings(settings_for, plan), allow_pickle, status=not quiet,
+                             proposers=tuple(plan.proposers))
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
             sweeps = fp32_sweeps(plan)
-            task = bar.add_task("float32 check", total=len(prompts) * (len(plan.ks) + 1) * len(sweeps))
+            runs = len(plan.proposers) * len(plan.ks) + 1
+            task = bar.add_task("float32 check", total=len(prompts) * runs * len(sweeps))
             return fp32_check(engine, prompts, settings_for, plan.ks, encode=encoding.for_engine(engine), sweeps=sweeps,
+                              proposers=plan.proposers,
                               progress=lambda steps, label: bar.update(task, advance=steps, description=label))
     except KeyboardInterrupt:
         return None
@@ -236,6 +273,19 @@ def parse_couplings(text: str | None, default: str) -> tuple[str, ...]:
     if unknown or not names:
         raise UsageError(f"unknown coupling {unknown[0]!r}" if unknown else "--coupling is empty",
                          hint="choose from rejection, gumbel (comma list)")
+    return names
+
+
+def parse_names(text: str | None, option: str) -> tuple[str, ...]:
+    """A comma list of names, in order, without repeats; () when the option was not given. The names
+    themselves are checked by the profile (bench's validate)."""
+    from specgen.core.errors import UsageError
+
+    if text is None:
+        return ()
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not names:
+        raise UsageError(f"{option} is empty", hint=f"e.g. {option} draft,ngram")
     return names
 
 
@@ -288,17 +338,25 @@ def show(document: dict, console: Console) -> None:
         console.print(line)
 
 
-SPEED = ("tok/s", "p25–p75")  # then one × column per baseline, TTFT and (CUDA) peak memory
+SPEED = ("tok/s", "p25–p75", "decode tok/s")  # then one × column per baseline; then TTFT and (CUDA) peak memory
 ACCEPTANCE = ("accept", "mean len", "per position", "round ms d/v/s/o", "same text")
-TEXT_COLUMNS = ("method", "per position", "same text")
+TEXT_COLUMNS = ("proposer", "method", "per position", "same text")
+
+
+def proposers(document: dict) -> list[str]:
+    return document["settings"].get("proposers") or [document["profile"]["proposer"]]
 
 
 def tables(document: dict, console: Console) -> list[Table]:
-    """One table, or two (speed; acceptance) where one would not fit the console. Numbers are never
-    cut: columns keep their widest cell's width where the table fits, and wrap where it cannot."""
+    """One table, or two or three (speed; latency and memory; acceptance) where one would not fit the
+    console. Numbers are never cut: columns keep their widest cell's width where the tables fit, and
+    wrap where they cannot.
+    A proposer column only when the bench compared several."""
     names = document["settings"]["baselines"]
     cuda = any(r["peak_gpu_memory_bytes"] is not None for r in document["results"])
-    speed = ("T", "method", *SPEED[:2], *(f"× {n}" for n in names), "TTFT ms", *(["peak MiB"] if cuda else []))
+    keys = ("T", "proposer", "method") if len(proposers(document)) > 1 else ("T", "method")
+    speed = (*SPEED, *(f"× {n}" for n in names))
+    latency = ("TTFT ms", *(["peak MiB"] if cuda else []))
     rows = []
     sweeps = dict.fromkeys((r["temperature"], r.get("coupling")) for r in document["baselines"] + document["results"])
     for temperature, coupling in sweeps:
@@ -312,19 +370,24 @@ def tables(document: dict, console: Console) -> list[Table]:
     title = (f"{document['profile']['name']} · {len(document['prompts'])} prompts × "
              f"{document['settings']['max_tokens']} tokens · {env['device']} ({env['device_name']})"
              + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""))
-    for headers in ("whole", "wrapped"):
-        whole = _grid(title, (*speed, *ACCEPTANCE), rows, headers)
-        if _fits(whole, console):
-            return [whole]
-    return [_fitted(title, speed, rows, console), _fitted(None, ("T", "method", *ACCEPTANCE), rows, console)]
+    # One table; else two, TTFT and peak memory with whichever half leaves both room; else three.
+    layouts = [[speed + latency + ACCEPTANCE], [speed + latency, ACCEPTANCE], [speed, latency + ACCEPTANCE],
+               [speed, latency, ACCEPTANCE]]
+    for layout in layouts:
+        grids = [_fitted(title if i == 0 else None, (*keys, *columns), rows, console) for i, columns in enumerate(layout)]
+        if all(grids):
+            return grids
+    return [_grid(title if i == 0 else None, (*keys, *columns), rows, None) for i, columns in enumerate(layouts[-1])]
 
 
-def _fitted(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bool]], console: Console) -> Table:
+def _fitted(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bool]],
+            console: Console) -> Table | None:
+    """The table with whole headers, else with wrapped headers; None when neither fits."""
     for headers in ("whole", "wrapped"):
         grid = _grid(title, columns, rows, headers)
         if _fits(grid, console):
             return grid
-    return _grid(title, columns, rows, None)
+    return None
 
 
 def _fits(grid: Table, console: Console) -> bool:
@@ -364,7 +427,8 @@ def _baseline_row(base: dict) -> dict:
 def _result_row(result: dict, names: list[str]) -> dict:
     split = result["round_ms"]
     return {
-        "T": _sweep_label(result), "method": f"k={result['k']}", **_speed_cells(result),
+        "T": _sweep_label(result), "proposer": result.get("proposer", ""), "method": f"k={result['k']}",
+        **_speed_cells(result),
         **{f"× {n}": f"{s['median']:.2f}×" if s else "–" for n, s in ((n, result["speedup"][n]) for n in names)},
         "TTFT ms": _ms(result["time_to_first_token_seconds"]), "peak MiB": _mib(result["peak_gpu_memory_bytes"]),
         "accept": f"{result['acceptance_rate']:.1%}", "mean len": f"{result['mean_accepted_length']:.2f}",
@@ -375,8 +439,9 @@ def _result_row(result: dict, names: list[str]) -> dict:
 
 
 def _speed_cells(entry: dict) -> dict[str, str]:
-    tps = entry["tokens_per_second"]
-    return {"tok/s": f"{tps['median']:.1f}", "p25–p75": f"{tps['p25']:.1f}–{tps['p75']:.1f}"}
+    tps, decode = entry["tokens_per_second"], entry.get("decode_tokens_per_second")
+    return {"tok/s": f"{tps['median']:.1f}", "p25–p75": f"{tps['p25']:.1f}–{tps['p75']:.1f}",
+            "decode tok/s": f"{decode['median']:.1f}" if decode else "–"}
 
 
 def _ms(summary: dict | None) -> str:
@@ -399,25 +464,40 @@ def _agreement(agreement: dict | None) -> str:
 
 
 def recommendation_lines(document: dict) -> list[Text]:
+    """Per sweep, the recommended k; with several proposers, the recommended proposer and k, then
+    each proposer's best k, indented."""
+    several = len(proposers(document)) > 1
     lines = []
     for rec in document["recommendation"]:
         coupling = f" ({rec['coupling']} coupling)" if rec.get("coupling") else ""
-        line = Text(f"recommended k at temperature {rec['temperature']:g}{coupling}: ", style="bold")
-        line.append(f"{rec['k']}", style="bold green" if rec["faster_than_target_only"] is not False else "bold red")
-        line.append(f"  ({rec['tokens_per_second']:.1f} tok/s")
-        if rec["speedup"] is not None:
-            line.append(f", median {rec['speedup']:.2f}× {rec['by'].removeprefix('speedup.')}")
-        if rec["faster_than_target_only"] is False:
-            line.append("; speculation does not pay off here")
-        line.append(")")
-        lines.append(line)
+        sweep = f"at temperature {rec['temperature']:g}{coupling}: "
+        if not several:
+            lines.append(_recommendation(f"recommended k {sweep}", str(rec["k"]), rec))
+            continue
+        lines.append(_recommendation(f"recommended proposer and k {sweep}", f"{rec['proposer']} k={rec['k']}", rec))
+        lines += [_recommendation(f"  best k for {each['proposer']}: ", str(each["k"]), each)
+                  for each in document["recommendation_per_proposer"]
+                  if (each["temperature"], each.get("coupling")) == (rec["temperature"], rec.get("coupling"))]
     return lines
+
+
+def _recommendation(head: str, choice: str, rec: dict) -> Text:
+    line = Text(head, style="bold")
+    line.append(choice, style="bold green" if rec["faster_than_target_only"] is not False else "bold red")
+    line.append(f"  ({rec['tokens_per_second']:.1f} tok/s")
+    if rec["speedup"] is not None:
+        line.append(f", median {rec['speedup']:.2f}× {rec['by'].removeprefix('speedup.')}")
+    if rec["faster_than_target_only"] is False:
+        line.append("; speculation does not pay off here")
+    line.append(")")
+    return line
 
 
 def footer_lines(document: dict) -> list[Text]:
     """Notes, the float32 check, skipped prompts and an interruption, one line each."""
     lines = [Text(f"note: {note}", style="yellow") for note in document["notes"]]
     check = document["fp32_check"]
+    several = len(proposers(document)) > 1
     if check is not None:
         for temperature, coupling in dict.fromkeys((r.get("temperature", 0.0), r.get("coupling"))
                                                    for r in check["results"]):
@@ -426,7 +506,9 @@ def footer_lines(document: dict) -> list[Text]:
                 if (row.get("temperature", 0.0), row.get("coupling")) != (temperature, coupling):
                     continue
                 cut = [d for d in row["first_divergence"] if d is not None]
-                parts.append(f"k={row['k']} {row['identical_fraction']:.0%}" + (f" (from tok {min(cut)})" if cut else ""))
+                named = f"{row['proposer']} " if several else ""
+                parts.append(f"{named}k={row['k']} {row['identical_fraction']:.0%}"
+                             + (f" (from tok {min(cut)})" if cut else ""))
             what = "greedy" if coupling is None else f"T={temperature:g} {coupling}"
             lines.append(Text(f"{what} same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
     for skipped in document["skipped_prompts"]:

@@ -6,6 +6,7 @@ import contextlib
 import enum
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,7 +15,7 @@ import typer
 
 from specgen.cli import options as opt
 from specgen.cli import render
-from specgen.cli.loading import load_engine
+from specgen.cli.loading import start_engine
 from specgen.cli.prompts import Prompt, fitting, prompt_ids, read
 
 
@@ -30,6 +31,7 @@ def generate(
     target: opt.Target = None,
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
+    head: opt.Head = None,
     k: opt.K = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,
@@ -75,6 +77,7 @@ def generate(
     """Generate text; stdout gets only the text (or JSON), stderr the live view and statistics."""
     from specgen.core.profile import load_profile
 
+    began = time.perf_counter()  # the records' wall_seconds count from here
     texts = read_prompts(prompt, opt.prompts_path(prompts_file, prompts), output_format)
     if logprobs is not None and output_format == Format.text:
         from specgen.core.errors import UsageError
@@ -83,17 +86,20 @@ def generate(
                          hint="add --format json (one prompt) or --format jsonl (--prompts-file)")
     settings = load_profile(profile, opt.overrides(**locals()))
     opt.warn_settings(settings, quiet)
-    engine = load_engine(settings, allow_pickle, status=not quiet)  # torch and transformers: only for valid input
+    # torch and transformers: only for valid input
+    engine, decoder, startup = start_engine(settings, allow_pickle, status=not quiet)
     if verbose and not quiet:
-        warn(describe(engine.describe()))
+        warn(describe({**engine.describe(), "startup": startup.as_dict()}))
     show_live = live and not quiet and render.can_draw(render.stderr_console()) and output_format == Format.text
     jobs = fitting(texts, lambda text: prompt_ids(engine, settings, text, chat, system, truncate_prompt),
-                   engine.decoder().check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
+                   decoder.check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
-    for item, ids in jobs:
+    for n, (item, ids) in enumerate(jobs):
         label = (item.source or "prompt") if several else None
-        result = run_one(engine.decoder(), ids, output_format, show_live, quiet, label)
-        emit_json(result, item.text, settings, output_format, engine.tokenizer)
+        # start-up happens once: said on the first summary line, and in every record
+        result = run_one(engine.decoder(), ids, output_format, show_live, quiet, label, startup if n == 0 else None)
+        emit_json(result, item.text, settings, output_format, engine.tokenizer,
+                  {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
 
@@ -146,13 +152,15 @@ class Partial:
                    [f for e in events for f in e.fates], stats, logprobs, [p for e in events for p in e.pieces])
 
 
-def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, label: str | None):
+def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, quiet: bool, label: str | None,
+            startup=None):
     """Run one generation, streaming as the format allows; returns the Finished event, or a Partial
     one after Ctrl-C (what was generated is shown or written either way).
 
     label names the prompt when there are several (FILE:LINE): in text format a `==> label <==`
     line goes before its output, as `head` does for several files, and its summary line starts
-    with it, so that outputs and statistics can be told apart."""
+    with it, so that outputs and statistics can be told apart. startup (cli/loading.Startup) ends
+    the summary line when given."""
     from specgen.cli import render
     from specgen.core.events import Finished
 
@@ -170,7 +178,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
         elif view is not None and output_format == Format.text:
             _print_text(view.text)  # the live view was transient: keep what was generated
         if not quiet:
-            render.summary(decoder.stats, label=label)
+            render.summary(decoder.stats, label=label, startup=startup)
         return Partial.of(events, decoder.stats)
     if stream:
         sys.stdout.write(finished.tail + "\n")
@@ -178,7 +186,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     elif output_format == Format.text:
         _print_final(finished)
     if not quiet:
-        render.summary(finished.stats, label=label)
+        render.summary(finished.stats, label=label, startup=startup)
     return finished
 
 
@@ -209,7 +217,8 @@ def _print_text(text) -> None:
     Console(no_color=render.no_color(), highlight=False, soft_wrap=True).print(text)
 
 
-def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer) -> None:
+def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer, times: dict) -> None:
+    """times: the process's start-up and the wall seconds so far (docs/cli.md, "Times and rates")."""
     if output_format == Format.text:
         return
     record = {
@@ -220,6 +229,7 @@ def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer)
         "fates": [f.value for f in finished.fates],
         "profile": settings.name,
         "stats": finished.stats.as_dict(),
+        **times,
     }
     if finished.logprobs is not None:
         record["logprobs"] = with_token_text(finished.logprobs, tokenizer)

@@ -48,6 +48,7 @@ def inspect_acceptance(
     target: opt.Target = None,
     draft: opt.Draft = None,
     proposer: opt.Proposer = None,
+    head: opt.Head = None,
     k: opt.K = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,

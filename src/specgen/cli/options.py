@@ -27,7 +27,8 @@ Profile = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile
 Target = Annotated[Optional[str], _models("--target", help="Target checkpoint: local folder or cached hub id.")]
 Draft = Annotated[Optional[str], _models("--draft", help="Draft checkpoint: local folder or cached hub id.")]
 Proposer = Annotated[Optional[str], _speculation(
-    "--proposer", help="draft | ngram | hybrid (n-gram, else draft) | none (target only).")]
+    "--proposer", help="draft | ngram | hybrid (n-gram, else draft) | eagle (a head, --head) | mtp | none.")]
+Head = Annotated[Optional[str], _models("--head", help="EAGLE-3 head folder (for --proposer eagle).")]
 K = Annotated[Optional[int], _speculation("--k", help="Draft tokens per round (1..32).")]
 DraftPMin = Annotated[Optional[float], _speculation(
     "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]
@@ -136,7 +137,8 @@ def warn_settings(settings, quiet: bool) -> None:
 def overrides(**options) -> dict:
     """Keyword names as above (snake_case) -> dotted profile keys; None means not given."""
     keys = {
-        "target": "target.path", "draft": "draft.path", "proposer": "proposer.kind", "k": "speculation.k",
+        "target": "target.path", "draft": "draft.path", "proposer": "proposer.kind", "head": "proposer.head",
+        "k": "speculation.k",
         "draft_p_min": "proposer.draft_p_min", "adaptive_k": "proposer.adaptive_k",
         "temperature": "sampling.temperature", "top_p": "sampling.top_p", "top_k": "sampling.top_k",
         "min_p": "sampling.min_p", "repetition_penalty": "sampling.repetition_penalty",

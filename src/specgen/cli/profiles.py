@@ -69,11 +69,12 @@ def _summary(name: str) -> tuple[str, str]:
         profile = load_profile(name)
     except SpecgenError as error:
         return f"invalid: {error.message}", ""
-    if profile.proposer.kind == "draft":
-        return profile.target.path, profile.draft.path
-    if profile.proposer.kind == "hybrid":
-        return profile.target.path, f"{profile.draft.path} (hybrid)"
-    return profile.target.path, f"({profile.proposer.kind})"
+    proposer = profile.proposer
+    drafter = {"draft": profile.draft.path if profile.draft else "", "eagle": f"{proposer.head} (eagle)",
+               "mtp": "(mtp)"}.get(proposer.drafter(), "")
+    if proposer.kind == "hybrid":
+        return profile.target.path, f"{drafter} (hybrid)"
+    return profile.target.path, drafter or f"({proposer.kind})"
 
 
 def _stdout() -> Console:

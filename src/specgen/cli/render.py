@@ -71,8 +71,9 @@ def position_bars(rates: list[float]) -> str:
 
 
 def footer(stats) -> Text:
+    rate = stats.decode_tokens_per_second  # the final line's rate; none until a second round
     line = (
-        f"{stats.tokens_per_second:7.1f} tok/s · {stats.rounds} rounds · acceptance {stats.acceptance_text:>5}"
+        f"{f'{rate:.1f}' if rate is not None else '–':>7} tok/s · {stats.rounds} rounds · acceptance {stats.acceptance_text:>5}"
         f" · mean accepted length {stats.mean_accepted_length:.2f}"
     )
     text = Text(line, style="bold")
@@ -122,8 +123,10 @@ class LiveView:
         return Text("\n").join(lines[-room:])
 
 
-def summary(stats, console: Console | None = None, label: str | None = None) -> None:
+def summary(stats, console: Console | None = None, label: str | None = None, startup=None) -> None:
     """One line on stderr at the end (off a terminal, or after the live view); label names the
-    prompt when there are several."""
+    prompt when there are several; startup (cli/loading.Startup) ends it when given."""
     line = f"{label}: {stats.summary_line()}" if label else stats.summary_line()
+    if startup is not None:
+        line += f"; {startup.text()}"
     (console or stderr_console()).print(line, style="dim", highlight=False, markup=False)

@@ -28,7 +28,7 @@ class Backend(Protocol):
     name: str
     device: torch.device
 
-    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...]) -> Runner: ...
+    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...], tap=None) -> Runner: ...
 
     def warp(self, logits, params, penalties=None, bad_mask=None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
@@ -110,8 +110,8 @@ class TorchBackend:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = ()) -> Runner:
-        return EagerRunner(model, width, capacity)
+    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None) -> Runner:
+        return EagerRunner(model, width, capacity, tap)
 
     def warp(self, logits, params, penalties=None, bad_mask=None):
         return sampling.warp(logits, params, penalties, bad_mask)

@@ -1,13 +1,15 @@
 """`specgen bench`: speculative decoding against baselines, in one process, on the same prompts.
 
-For each temperature, every baseline and every k of the sweep generate for every prompt: `warmup`
-untimed runs of the first prompt per method (so no method is timed cold: its first run pays for
-lazy set-up, caches and allocator growth), then, prompt by prompt, `repeat` timed runs of each
-method in turn; the median-time run stands for the prompt. Speed is generated tokens / wall seconds
-of the whole generation (prefill included). Ratios are taken per prompt and summarised as medians;
-the recommended k is the one with the best median ratio, the statistic the table shows. Sampled
-runs are seeded per prompt (profile seed, or 0, plus the prompt's index) so every method and
-repeat draws alike.
+For each temperature, every baseline and every (proposer, k) of the sweep generate for every
+prompt: `warmup` untimed runs of the first prompt per method (so no method is timed cold: its first
+run pays for lazy set-up, caches and allocator growth), then, prompt by prompt, `repeat` timed runs
+of each method in turn; the median-time run stands for the prompt. Speed is core/stats.py's
+generation rate (tokens over the whole generation, prefill included), beside its decode rate
+(tokens after the first round over the seconds after it): the two rates `specgen generate`
+reports, by the same functions. Ratios are taken per prompt and summarised as medians; the
+recommended (proposer and) k is the one with the best median ratio, the statistic the table
+shows. Sampled runs are seeded per prompt (profile seed, or 0, plus the prompt's index) so every
+method and repeat draws alike.
 
 Baselines: `target-only` is the target alone through specgen's own loop (k = 0); `hf` is Hugging
 Face `generate` on the same target; `hf-static` is the same with a static KV cache (and without
@@ -37,6 +39,7 @@ from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.insight import RunRecord
 from specgen.core.settings import Profile, SamplingSpec
+from specgen.core import stats as rates  # the rates `generate` reports, one definition each
 from specgen.core.stats import PHASES, AcceptanceStats
 
 SCHEMA = "specgen.bench/1"
@@ -44,17 +47,24 @@ SCHEMA = "specgen.bench/1"
 
 @dataclass
 class Sample:
-    """One prompt under one method: the run of median time among the repeats."""
+    """One prompt under one method: the run of median time among the repeats. specgen's runs are
+    timed by the loop's own clock (AcceptanceStats), as `generate` reports them; Hugging Face's
+    from the call to its return, the first tokens by a streamer."""
 
     token_ids: list[int]
-    seconds: float
+    seconds: float  # the whole generation, prefill included
     first_token_seconds: float | None
+    first_round_tokens: int = 1  # tokens that arrived with the first (what the decode rate leaves out)
     stats: AcceptanceStats | None = None  # speculative runs only
     record: RunRecord | None = None
 
     @property
     def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+        return rates.generation_rate(len(self.token_ids), self.seconds)
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        return rates.decode_rate(len(self.token_ids), self.first_round_tokens, self.first_token_seconds, self.seconds)
 
 
 class Unavailable(Exception):
@@ -62,6 +72,7 @@ class Unavailable(Exception):
 
 
 Progress = Callable[[int, str], None]  # (steps done since the last call, what runs now)
+SettingsFor = Callable[[int, float, "str | None"], Profile]  # (k, temperature, proposer or None: the profile's)
 Warn = Callable[[str], None]
 
 
@@ -71,7 +82,7 @@ class Sweep:
 
     temperature: float
     coupling: str | None  # None: greedy
-    methods: dict  # method (baseline name or k) -> run_one(prompt position) -> Sample
+    methods: dict  # method (baseline name, or (proposer, k)) -> run_one(prompt position) -> Sample
     unavailable: dict[str, str]
     samples: dict
     peaks: dict
@@ -83,13 +94,14 @@ class Sweep:
 
 
 class Bench:
-    def __init__(self, engine: Engine, prompts: list[str], settings_for: Callable[[int, float], Profile],
+    def __init__(self, engine: Engine, prompts: list[str], settings_for: SettingsFor,
                  plan: Plan, progress: Progress | None = None, warn: Warn | None = None,
                  startup_seconds: float | None = None, encode: Callable[[str], list[int]] | None = None):
-        """encode(text) -> prompt ids (default: engine.encode; the CLI's adds --chat and --truncate-prompt)."""
+        """encode(text) -> prompt ids (default: engine.encode; the CLI's adds --chat and --truncate-prompt).
+        The engine must have loaded what every proposer of the plan needs."""
         self.engine = engine
         self.encode = encode or engine.encode
-        self.settings_for = settings_for  # (k, temperature) -> validated Profile
+        self.settings_for = settings_for
         self.plan = plan
         self.progress = progress or (lambda steps, label: None)
         self.device = engine.pair.device
@@ -100,7 +112,8 @@ class Bench:
     def _admit(self, prompts: list[str], warn: Warn) -> tuple[list[int], list[str], list[list[int]]]:
         """The prompts that fit the context at the largest k (their positions in `prompts`, texts and
         ids); the others are reported through `warn` and kept in `self.skipped`."""
-        checker = self.engine.decoder(self.settings_for(max(self.plan.ks), self.plan.temperatures[0]))
+        checker = self.engine.decoder(self.settings_for(max(self.plan.ks), self.plan.temperatures[0],
+                                                        self.plan.proposers[0]))
         indices, texts, ids = [], [], []
         for i, text in enumerate(prompts):
             encoded = self.encode(text)
@@ -121,7 +134,7 @@ class Bench:
 
     @property
     def total_steps(self) -> int:
-        methods = len(self.plan.baselines) + len(self.plan.ks)
+        methods = len(self.plan.baselines) + len(self.plan.proposers) * len(self.plan.ks)
         return len(self.plan.sweeps()) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
 
     def run(self) -> dict:
@@ -153,20 +166,21 @@ class Bench:
             "baselines": baselines,
             "results": results,
             "recommendation": recommend(results, self.plan.baselines),
+            "recommendation_per_proposer": recommend(results, self.plan.baselines, per_proposer=True),
             "notes": notes(baselines),
             "fp32_check": None,
         }
 
     # -- measuring -------------------------------------------------------------------------
 
-    def _settings_for(self, k: int, temperature: float, coupling: str | None) -> Profile:
-        profile = self.settings_for(k, temperature)
+    def _settings_for(self, k: int, temperature: float, coupling: str | None, proposer: str) -> Profile:
+        profile = self.settings_for(k, temperature, proposer)
         if coupling is None:
             return profile
         return replace(profile, sampling=replace(profile.sampling, coupling=coupling))
 
     def _sweep(self, temperature: float, coupling: str | None) -> Sweep:
-        profile = self._settings_for(self.plan.ks[0], temperature, coupling)
+        profile = self._settings_for(self.plan.ks[0], temperature, coupling, self.plan.proposers[0])
         methods, unavailable = {}, {}
         first = coupling is None or coupling == self.plan.couplings[0]
         for name in self.plan.baselines:
@@ -177,8 +191,10 @@ class Bench:
             except Unavailable as exc:
                 unavailable[name] = str(exc)
                 self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, f"T={temperature:g} {name}")
-        for k in self.plan.ks:
-            methods[k] = functools.partial(self._ours, self._settings_for(k, temperature, coupling))
+        for proposer in self.plan.proposers:
+            for k in self.plan.ks:
+                methods[proposer, k] = functools.partial(self._ours, self._settings_for(k, temperature, coupling,
+                                                                                        proposer))
         return Sweep(temperature, coupling, methods, unavailable, {method: [] for method in methods},
                      dict.fromkeys(methods))
 
@@ -187,7 +203,11 @@ class Bench:
         machine that speeds up or slows down during the bench shifts all of them alike, not one of them."""
         def label(method) -> str:
             coupling = f" {sweep.coupling}" if sweep.coupling else ""
-            return f"T={sweep.temperature:g}{coupling} " + (f"k={method}" if isinstance(method, int) else method)
+            if isinstance(method, str):
+                return f"T={sweep.temperature:g}{coupling} {method}"
+            proposer, k = method
+            named = f"{proposer} " if len(self.plan.proposers) > 1 else ""
+            return f"T={sweep.temperature:g}{coupling} {named}k={k}"
 
         for method, run_one in sweep.methods.items():
             for _ in range(self.plan.warmup):
@@ -210,7 +230,9 @@ class Bench:
         base = {name: samples[name] for name in self.plan.baselines if name in samples}
         baselines = [self._baseline_entry(name, sweep.temperature, samples.get(name), sweep.peaks.get(name),
                                           sweep.unavailable.get(name)) for name in self.plan.baselines]
-        results = [self._result(k, sweep.temperature, samples[k], sweep.peaks[k], base) for k in self.plan.ks]
+        ours = [method for method in samples if not isinstance(method, str)]
+        results = [self._result(*method, sweep.temperature, samples[method], sweep.peaks[method], base)
+                   for method in ours]
         for entry in baselines + results:
             entry["coupling"] = sweep.coupling
         return baselines, results
@@ -231,16 +253,14 @@ class Bench:
 
     def _ours(self, profile: Profile, position: int) -> Sample:
         decoder = self.engine.decoder(self._seeded(profile, position))
-        events = []
-        start = time.perf_counter()
-        for event in decoder.run(self.prompt_ids[position]):
-            events.append(event)
-        seconds = time.perf_counter() - start
+        events = list(decoder.run(self.prompt_ids[position]))
         finished = events.pop()
         record = None
         if self.plan.records:
             record = RunRecord.build(self.prompts[position], finished, events, self.engine.tokenizer)
-        return Sample(finished.token_ids, seconds, finished.stats.first_token_seconds, finished.stats, record)
+        stats = finished.stats
+        return Sample(finished.token_ids, stats.generation_seconds, stats.first_token_seconds, stats.first_round_tokens,
+                      stats, record)
 
     def _hf(self, profile: Profile, position: int, assistant, static: bool = False) -> Sample:
         config = hf_generation_config(profile.sampling, self.engine.eos_ids, static=static)
@@ -253,12 +273,13 @@ class Bench:
                                                    streamer=streamer, assistant_model=assistant)
         tokens = out[0, ids.shape[1]:].tolist()  # .tolist() waits for the device
         seconds = time.perf_counter() - streamer.start
-        return Sample(tokens, seconds, streamer.first)
+        return Sample(tokens, seconds, streamer.first, streamer.first_tokens)
 
     def _baseline_entry(self, name: str, temperature: float, samples: list[Sample] | None, peak: int | None,
                         reason: str | None) -> dict:
         entry = {"method": name, "temperature": temperature, "available": samples is not None, "reason": reason,
-                 "tokens_per_second": None, "time_to_first_token_seconds": None, "peak_gpu_memory_bytes": peak,
+                 "tokens_per_second": None, "decode_tokens_per_second": None, "time_to_first_token_seconds": None,
+                 "peak_gpu_memory_bytes": peak,
                  "per_prompt": []}
         if samples is not None:
             entry.update(_speed(samples), per_prompt=[_prompt_row(self.indices[i], s) for i, s in enumerate(samples)])
@@ -273,10 +294,10 @@ class Bench:
             return lambda i: self._hf(profile, i, None, static=name == "hf-static")
         draft = self.engine.pair.draft
         if draft is None:
-            raise Unavailable("needs a draft model (the profile's proposer is not 'draft')")
+            raise Unavailable("needs a draft model (no proposer of the bench uses one)")
         return lambda i: self._hf(profile, i, draft)
 
-    def _result(self, k: int, temperature: float, samples: list[Sample], peak: int | None,
+    def _result(self, proposer: str, k: int, temperature: float, samples: list[Sample], peak: int | None,
                 available: dict[str, list[Sample]]) -> dict:
         stats = AcceptanceStats()
         for sample in samples:
@@ -288,6 +309,7 @@ class Bench:
             row["speedup"] = {name: _ratio(samples[i], available[name][i]) if name in available else None
                               for name in self.plan.baselines}
         result = {
+            "proposer": proposer,
             "k": k,
             "temperature": temperature,
             **_speed(samples),
@@ -333,14 +355,15 @@ class Bench:
 
     def _profile_info(self) -> dict:
         profile = self.engine.profile
+        own = self.settings_for(self.plan.ks[0], self.plan.temperatures[0], None).proposer.kind
         return {"name": profile.name, "target": profile.target.path,
-                "draft": profile.draft.path if profile.draft is not None else None,
-                "proposer": profile.proposer.kind}
+                "draft": profile.draft.path if profile.draft is not None else None, "proposer": own}
 
     def _settings(self) -> dict:
-        profile = self.settings_for(self.plan.ks[0], self.plan.temperatures[0])
+        profile = self.settings_for(self.plan.ks[0], self.plan.temperatures[0], self.plan.proposers[0])
         sampling = profile.sampling
         return {
+            "proposers": list(self.plan.proposers),
             "k": list(self.plan.ks),
             "temperatures": list(self.plan.temperatures),
             "couplings": list(self.plan.couplings),
@@ -357,14 +380,16 @@ class Bench:
         }
 
 
-def fp32_check(engine: Engine, prompts: list[str], settings_for: Callable[[int, float], Profile],
+def fp32_check(engine: Engine, prompts: list[str], settings_for: SettingsFor,
                ks: tuple[int, ...], progress: Progress | None = None,
                encode: Callable[[str], list[int]] | None = None,
-               sweeps: tuple[tuple[float, str | None], ...] = ((0.0, None),)) -> dict:
+               sweeps: tuple[tuple[float, str | None], ...] = ((0.0, None),),
+               proposers: tuple[str | None, ...] = (None,)) -> dict:
     """Speculative output against target-only output, per sweep (greedy; sampled with Gumbel
-    coupling, seeded per prompt) and k, on `engine` (loaded in float32 by the caller). Untimed. In
-    float32 the two must be identical; the bench's own dtype (bf16) can differ because a
-    (k+1)-token verification rounds differently from a 1-token step."""
+    coupling, seeded per prompt), proposer (None: the profile's) and k, on `engine` (loaded in
+    float32 by the caller, with what every proposer needs). Untimed. In float32 the two must be
+    identical; the bench's own dtype (bf16) can differ because a (k+1)-token verification rounds
+    differently from a 1-token step."""
     progress = progress or (lambda steps, label: None)
     ids = [(encode or engine.encode)(p) for p in prompts]
 
@@ -379,17 +404,19 @@ def fp32_check(engine: Engine, prompts: list[str], settings_for: Callable[[int, 
 
     results = []
     for temperature, coupling in sweeps:
-        def at(k: int) -> Profile:
-            profile = settings_for(k, temperature)
+        def at(k: int, proposer: str | None) -> Profile:
+            profile = settings_for(k, temperature, proposer)
             return profile if coupling is None else replace(profile, sampling=replace(profile.sampling,
                                                                                        coupling=coupling))
 
-        reference = outputs(target_only(at(ks[0])))
-        for k in ks:
-            where = [first_divergence(a, b) for a, b in zip(outputs(at(k)), reference)]
-            results.append({"temperature": temperature, "coupling": coupling, "k": k,
-                            "identical_fraction": sum(w is None for w in where) / len(where),
-                            "first_divergence": where})
+        reference = outputs(target_only(at(ks[0], proposers[0])))
+        for proposer in proposers:
+            for k in ks:
+                profile = at(k, proposer)
+                where = [first_divergence(a, b) for a, b in zip(outputs(profile), reference)]
+                results.append({"temperature": temperature, "coupling": coupling, "proposer": profile.proposer.kind,
+                                "k": k, "identical_fraction": sum(w is None for w in where) / len(where),
+                                "first_divergence": where})
     return {"dtype": str(engine.pair.target.dtype).removeprefix("torch."), "device": str(engine.pair.device),
             "results": results}
 
@@ -400,12 +427,14 @@ class _FirstToken:
     def __init__(self):
         self.start = 0.0
         self.first: float | None = None
+        self.first_tokens = 1
         self.calls = 0
 
     def put(self, value) -> None:
         self.calls += 1
         if self.calls == 2:  # the first call carries the prompt
             self.first = time.perf_counter() - self.start
+            self.first_tokens = value.numel()  # assisted generation hands over a round's tokens at once
 
     def end(self) -> None:
         pass
@@ -460,12 +489,14 @@ def summarise(values: list[float | None]) -> dict | None:
 
 def _speed(samples: list[Sample]) -> dict:
     return {"tokens_per_second": summarise([s.tokens_per_second for s in samples]),
+            "decode_tokens_per_second": summarise([s.decode_tokens_per_second for s in samples]),
             "time_to_first_token_seconds": summarise([s.first_token_seconds for s in samples])}
 
 
 def _prompt_row(index: int, sample: Sample) -> dict:
     return {"prompt": index, "generated_tokens": len(sample.token_ids), "seconds": sample.seconds,
-            "tokens_per_second": sample.tokens_per_second, "time_to_first_token_seconds": sample.first_token_seconds}
+            "tokens_per_second": sample.tokens_per_second, "decode_tokens_per_second": sample.decode_tokens_per_second,
+            "time_to_first_token_seconds": sample.first_token_seconds}
 
 
 def _ratio(ours: Sample, base: Sample) -> float | None:
@@ -495,20 +526,26 @@ def greedy_agreement(samples: list[Sample], baselines: dict[str, list[Sample]]) 
     return out
 
 
-def recommend(results: list[dict], baselines: tuple[str, ...] = ("target-only",)) -> list[dict]:
-    """Per temperature (and coupling), the k of the sweep with the best median per-prompt speedup
-    against the first baseline that ran (the table's first × column), or with the best median
-    tokens/s when none ran: one statistic for the choice and the figure shown beside it."""
+def recommend(results: list[dict], baselines: tuple[str, ...] = ("target-only",),
+              per_proposer: bool = False) -> list[dict]:
+    """Per temperature and coupling (and proposer, with per_proposer), the proposer and k of the
+    sweep with the best median per-prompt speedup against the first baseline that ran (the table's
+    first × column), or with the best median tokens/s when none ran: one statistic for the choice
+    and the figure shown beside it."""
+    def group(r: dict) -> tuple:
+        return (r["temperature"], r.get("coupling"), r.get("proposer") if per_proposer else None)
+
     out = []
-    for temperature, coupling in dict.fromkeys((r["temperature"], r.get("coupling")) for r in results):
-        rows = [r for r in results if r["temperature"] == temperature and r.get("coupling") == coupling]
+    for key in dict.fromkeys(map(group, results)):
+        temperature, coupling, _ = key
+        rows = [r for r in results if group(r) == key]
         against = next((name for name in baselines if rows[0]["speedup"].get(name)), None)
         if against is None:
             best = max(rows, key=lambda r: r["tokens_per_second"]["median"])
         else:
             best = max(rows, key=lambda r: r["speedup"][against]["median"])
         speedup = (best["speedup"].get("target-only") or {}).get("median")
-        out.append({"temperature": temperature, "coupling": coupling, "k": best["k"],
+        out.append({"temperature": temperature, "coupling": coupling, "proposer": best.get("proposer"), "k": best["k"],
                     "by": f"speedup.{against}" if against else "tokens_per_second",
                     "tokens_per_second": best["tokens_per_second"]["median"],
                     "speedup": best["speedup"][against]["median"] if against else None,

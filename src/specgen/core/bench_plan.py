@@ -13,6 +13,7 @@ HF_BASELINES = ("hf", "hf-static")  # plain Hugging Face generate, without a dra
 class Plan:
     ks: tuple[int, ...]
     temperatures: tuple[float, ...]
+    proposers: tuple[str, ...]  # proposer kinds measured side by side (each with every k)
     baselines: tuple[str, ...] = ("target-only",)
     repeat: int = 1
     warmup: int = 1

@@ -105,6 +105,9 @@ class Decoder:
         index = 0
         while True:
             ids, drafted, n, p, q, entropy = self._fetch(launched)
+            # The round's tokens are on the host now: the time they count at. Not when the event is
+            # yielded: on the CPU the next round's launch runs it to the end before that.
+            fetched = time.perf_counter()
             spans = self.clock.spans()
             self.backend.check(ids[0])
             emitted = [t for t in ids if t >= 0]
@@ -129,8 +132,7 @@ class Decoder:
                 emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
                 logprobs = logprobs and logprobs[:keep]
                 stats.drop(out.trim(len(text.text)))
-            if stats.first_token_seconds is None:
-                stats.first_token_seconds = time.perf_counter() - start
+            stats.released(fetched - start, len(emitted))
             now = time.perf_counter()
             timings = {**spans, "other": max(0.0, now - round_end - sum(spans.values()))}
             round_end = now

@@ -263,19 +263,22 @@ class Eagle3Head(nn.Module):
         """The target's aux states [N, 3 * target_hidden] (low, middle, high concatenated) -> [N, H]."""
         return self.fc(aux)
 
-    def forward(self, ids: torch.Tensor, features: torch.Tensor,
-                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor | None = None,
+                keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [N] target ids, features [N, 3 * target_hidden] (the target's aux states, fused
         here by `fc`) or [N, H] (already fused, or the head's own output hidden states), positions
         [N] (default: from `position` on). Writes the rows' keys at their positions, sets
         `position` past the last row, and returns (logits over the draft vocabulary [N, Vd],
-        output hidden states [N, H]: before the final norm, the features of the next step)."""
+        output hidden states [N, H]: before the final norm, the features of the next step).
+        keys: attend over the first `keys` cache slots only (more than the largest position; the
+        eager path's saving); None: the whole cache, whose shape a captured step needs fixed."""
         if positions is None:
             positions = self.position + torch.arange(ids.shape[0], device=ids.device)
         h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
         embeds = F.embedding(ids, self.embedding).to(h.dtype)
         rope = self.rotary(positions, h.dtype)
-        out = self.layers[0](embeds, h, positions, rope, (self.k_cache, self.v_cache))
+        cache = (self.k_cache, self.v_cache) if keys is None else (self.k_cache[:keys], self.v_cache[:keys])
+        out = self.layers[0](embeds, h, positions, rope, cache)
         self.position.copy_(positions[-1] + 1)
         return self.lm_head(self.norm(out)), out
 

@@ -7,7 +7,8 @@ from dataclasses import replace
 from specgen.core.backend import make_backend
 from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
-from specgen.core.models import LoadedPair, load_pair, logits_width
+from specgen.core.heads import build_heads
+from specgen.core.models import LoadedPair, checkpoint_folder, load_pair, logits_width
 from specgen.core.ngram import NgramProposer
 from specgen.core.round import Mode, Round, RoundShape
 from specgen.core.settings import Profile
@@ -32,16 +33,26 @@ class Engine:
     """Holds the loaded models, the backend and its runners; hands out decoders for any settings.
     Rounds (their static buffers and captured programs) are built once per shape and shared."""
 
-    def __init__(self, profile: Profile, allow_pickle: bool = False, progress=None):
-        """progress(done, total, what): start-up steps (CUDA graph capture), for the CLI to show."""
+    def __init__(self, profile: Profile, allow_pickle: bool = False, progress=None,
+                 proposers: tuple[str, ...] | None = None):
+        """progress(done, total, what): start-up steps (CUDA graph capture), for the CLI to show.
+        proposers: the kinds this engine serves (default: the profile's); it loads what they draft
+        with: the draft model, an EAGLE-3 head, the target's MTP layers."""
         self.profile = profile
-        self.pair = load_pair(profile, allow_pickle)
+        kinds = proposers or (profile.proposer.kind,)
+        self.drafters = {profile.proposer.drafter(kind) for kind in kinds} - {"none"}
+        self.pair = load_pair(profile, allow_pickle, need_draft="draft" in self.drafters)
         self.width = logits_width(self.pair.target)
         self.eos_ids = eos_ids(self.pair)
         self.max_context = getattr(self.pair.target.config, "max_position_embeddings", None)
         self.backend = make_backend(self.pair.device, profile, progress)
         capacity = profile.speculation.k + 2 + profile.sampling.max_tokens + PROMPT_ROOM
-        self.target_runner = self.backend.runner(self.pair.target, self.width, capacity, "target")
+        runtime = profile.runtime
+        tap, self.heads = build_heads(
+            self.drafters, profile.proposer, self.pair.target,
+            lambda: checkpoint_folder(profile.target, allow_pickle, runtime.download), capacity, self.width,
+            eager=self.backend.name == "torch")
+        self.target_runner = self.backend.runner(self.pair.target, self.width, capacity, "target", tap=tap)
         self.draft_runner = None
         if self.pair.draft is not None:
             self.draft_runner = self.backend.runner(self.pair.draft, self.width, capacity, "draft")
@@ -69,20 +80,24 @@ class Engine:
         profile = profile or self.profile
         kind = proposer_kind or profile.proposer.kind
         spec, sampling = profile.proposer, profile.sampling
-        uses_model = kind in ("draft", "hybrid")
-        if uses_model and self.draft_runner is None:
+        drafter = spec.drafter(kind)
+        uses_model = drafter != "none"  # a draft model or a head drafts on the device
+        if drafter == "draft" and self.draft_runner is None:
             raise UsageError(f"the {kind} proposer needs a draft model", hint="add [draft] or use --proposer ngram")
+        if drafter in ("eagle", "mtp") and drafter not in self.heads:
+            raise UsageError(f"the {kind} proposer needs the {drafter} drafter, which this run did not load",
+                             hint="name every proposer when the run starts (bench --proposer a,b)")
         k = profile.speculation.k if kind != "none" else 0
         sample, cut = draft_picking(profile.speculation.draft_sampling, sampling)
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_ids)
         penalties = (sampling.repetition_penalty != 1.0 or sampling.presence_penalty != 0.0
                      or sampling.frequency_penalty != 0.0)
-        shape = RoundShape(k=k, width=self.width, vocab_size=self.pair.vocab_size, has_draft=uses_model,
+        shape = RoundShape(k=k, width=self.width, vocab_size=self.pair.vocab_size, has_draft=drafter == "draft",
                            sample_draft=uses_model and sample, cut=cut, penalties=penalties,
                            min_tokens=sampling.min_tokens > 0, p_min=spec.draft_p_min if uses_model else 0.0,
-                           insight=insight, gumbel=sampling.coupling == "gumbel" and not sampling.greedy)
-        modes = {"none": [Mode.MODEL], "draft": [Mode.MODEL], "ngram": [Mode.HOST],
-                 "hybrid": [Mode.MODEL, Mode.HOST]}[kind]
+                           insight=insight, gumbel=sampling.coupling == "gumbel" and not sampling.greedy,
+                           head=drafter if drafter in self.heads else "")
+        modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
         setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context)
@@ -95,7 +110,8 @@ class Engine:
         key = (shape, warp, tuple(stop_ids), tuple(modes))
         if key not in self._rounds:
             draft = self.draft_runner if shape.has_draft else None
-            rnd = Round(shape, sampling, self.backend, self.target_runner, draft, stop_ids)
+            rnd = Round(shape, sampling, self.backend, self.target_runner, draft, stop_ids,
+                        head=self.heads.get(shape.head))
             programs = {mode: self.backend.program(rnd, mode) for mode in modes}
             self._rounds[key] = (rnd, programs)
         return self._rounds[key]

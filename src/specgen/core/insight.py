@@ -186,7 +186,8 @@ def _mean(values: list[float]) -> float | None:
 def runs_from_bench(document: dict, k: int | None, temperature: float | None) -> tuple[dict, list[RunRecord]]:
     """The records of one (k, temperature) result of a `specgen bench --records` document.
 
-    Without k or temperature, the recommended k at the first temperature (or the given one).
+    Without k or temperature, the recommended k (and proposer, where the bench compared several) at
+    the first temperature (or the given one); with k, the first proposer's result of that k.
     Returns (that result, its records).
     """
     from specgen.core.errors import UsageError
@@ -196,10 +197,12 @@ def runs_from_bench(document: dict, k: int | None, temperature: float | None) ->
     results = document.get("results", [])
     if temperature is None:
         temperature = results[0]["temperature"] if results else 0.0
+    proposer = None
     if k is None:
         rec = [r for r in document.get("recommendation", []) if r["temperature"] == temperature]
-        k = rec[0]["k"] if rec else None
-    chosen = [r for r in results if r["k"] == k and r["temperature"] == temperature]
+        k, proposer = (rec[0]["k"], rec[0].get("proposer")) if rec else (None, None)
+    chosen = [r for r in results if r["k"] == k and r["temperature"] == temperature
+              and proposer in (None, r.get("proposer"))]
     if not chosen:
         have = ", ".join(f"k={r['k']} T={r['temperature']:g}" for r in results)
         raise UsageError(f"the bench has no result for k={k} temperature={temperature:g}", hint=f"it has: {have}")

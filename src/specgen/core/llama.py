@@ -222,6 +222,9 @@ class LlamaForCausalLM(nn.Module):
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype

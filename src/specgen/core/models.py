@@ -351,14 +351,22 @@ def logits_width(model: torch.nn.Module) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
-def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool = True) -> LoadedPair:
+def checkpoint_folder(spec: ModelSpec, allow_pickle: bool = False, download: bool = False) -> str:
+    """The local folder of a model's checkpoint (a hub id: its snapshot in the cache)."""
+    return _locate(spec, allow_pickle, download)[0]
+
+
+def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | None = None) -> LoadedPair:
+    """need_draft: load the [draft] model (None: when the profile's proposer runs it)."""
     threads = cpu_threads(profile.runtime)
     torch.set_num_threads(threads)  # before any model runs
     download, modeling = profile.runtime.download, profile.runtime.modeling
     tokenizer = load_tokenizer(profile.target, allow_pickle, download, modeling)
     target = load_model(profile.target, allow_pickle, download, modeling)
     draft = None
-    if need_draft and profile.proposer.uses_draft and profile.draft is not None:
+    if need_draft is None:
+        need_draft = profile.proposer.uses_draft
+    if need_draft and profile.draft is not None:
         check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
         draft = load_model(profile.draft, allow_pickle, download, modeling)
         if logits_width(draft) < len(tokenizer):

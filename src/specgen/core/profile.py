@@ -29,6 +29,8 @@ from specgen.core.settings import (
     KernelSpec,
     ModelSpec,
     Profile,
+    MODEL_PROPOSERS,
+    PROPOSER_KINDS,
     ProposerSpec,
     RuntimeSpec,
     SamplingSpec,
@@ -260,6 +262,8 @@ def _merge_file(merged: _Merged, data: dict, base: Path) -> None:
     for key in ("target.path", "draft.path"):
         if key in merged.values:
             merged.values[key] = _resolve_model_path(merged.values[key], base)
+    if merged.values.get("proposer.head"):  # a folder, never a hub id: always next to the profile
+        merged.values["proposer.head"] = os.path.abspath(base / Path(merged.values["proposer.head"]).expanduser())
 
 
 def _merge_overrides(merged: _Merged, overrides: Mapping[str, object]) -> None:
@@ -333,6 +337,13 @@ def _check_together(profile: Profile, merged: _Merged) -> None:
             "proposer.kind",
             f"the {proposer.kind} proposer needs a draft model: add a [draft] table with `path = ...`, "
             "pass --draft PATH, or use --proposer ngram",
+        )
+    if proposer.drafter() == "eagle" and not proposer.head:
+        origin = merged.blame("proposer.kind")
+        raise origin.error(
+            "proposer.kind",
+            f"the {proposer.kind} proposer needs an EAGLE-3 head: set `head = \"FOLDER\"` in [proposer] or pass "
+            "--head FOLDER (`specgen train-head` writes one)",
         )
 
 
@@ -443,7 +454,8 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     **_for_models("device", (_DEVICE.fullmatch, "must be auto, cpu, cuda or cuda:N")),
     **_for_models("device_map", (_DEVICE_MAP.fullmatch,
                                  "must be auto, balanced, balanced_low_0, sequential, cpu, cuda or cuda:N")),
-    "proposer.kind": _one_of("draft", "ngram", "hybrid", "none"),
+    "proposer.kind": _one_of(*PROPOSER_KINDS),
+    "proposer.hybrid_with": _one_of(*MODEL_PROPOSERS),
     "proposer.ngram_min": (lambda v: v >= 1, "must be >= 1"),
     "proposer.ngram_max": (lambda v: v <= 32, "must be <= 32"),
     "proposer.draft_p_min": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"),
@@ -471,6 +483,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "kernels.rope": _one_of("auto", "kernel", "model"),
     "kernels.split_k": _one_of("auto", "on", "off"),
     "kernels.warp": _one_of("auto", "kernel", "torch"),
+    "kernels.norm": _one_of("auto", "kernel", "torch"),
 }
 
 

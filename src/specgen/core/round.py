@@ -4,8 +4,11 @@ One round, from static buffers sized once for k:
 
     draft    MODEL rounds: the draft steps over `pending` (the committed sequence's last two ids),
              then k - 1 single steps; each id is picked on the device straight into `feed`.
+             With a head on the target's hidden states instead (core/heads.py): it extends over
+             the previous round's target rows, then k - 1 steps on its own hidden states.
              HOST rounds: the host wrote the drafts (n-gram lookup) into `feed`; a draft model, if
-             there is one, steps once over [committed[-2], feed] so its cache keeps following.
+             there is one, steps once over [committed[-2], feed] so its cache keeps following (a
+             head extends over the previous round's rows, as in MODEL rounds).
     target   one forward over feed = [last, d0 .. d(k-1)]  ->  k + 1 rows of logits
     warp     p for those rows (penalties and min_tokens masks built on the device)
     verify   accepted prefix, then the recovered or bonus token (greedy or rejection sampling)
@@ -35,6 +38,7 @@ from typing import Callable
 import torch
 
 from specgen.core import noise
+from specgen.core.heads import prefill_head
 from specgen.core.sampling import MIN_EXPONENTIAL, PenaltyRows, WarpParams, logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 
@@ -66,14 +70,17 @@ class RoundShape:
     p_min: float  # drafting stops at the first step whose confidence is below this (0 = off)
     insight: bool  # stage p(x), q(x) and the entropy of p for every drafted token
     gumbel: bool = False  # sampled, with Gumbel coupling (noise per position; greedy verification)
+    head: str = ""  # "eagle" / "mtp": a head on the target's hidden states drafts (core/heads.py)
 
 
 class Round:
     """Static buffers and the round's body. `body(mode, mark)` is the algorithm; a backend runs it
     eagerly or replays its captured form (see core/backend.py)."""
 
-    def __init__(self, shape: RoundShape, spec: SamplingSpec, backend, target, draft, stop_ids: list[int]):
+    def __init__(self, shape: RoundShape, spec: SamplingSpec, backend, target, draft, stop_ids: list[int],
+                 head=None):
         self.shape, self.backend, self.target, self.draft = shape, backend, target, draft
+        self.head = head if shape.head else None  # a HeadDrafter (core/heads.py)
         k, width, device = shape.k, shape.width, target.device
         self.device = device
         self.greedy = spec.greedy
@@ -122,12 +129,15 @@ class Round:
         self.stage_ids = torch.zeros(2 * k + 2, dtype=torch.long, **z)  # [out (k+1) | drafts (k) | n]
         self.stage_f = torch.zeros(max(floats, 1), dtype=torch.float32, **z)  # [p(d) | q(d) | H(p)]
         self.out = torch.zeros(1, k + 1, dtype=torch.long, **z)
+        self.emitted = torch.ones((), dtype=torch.long, **z)  # tokens the last round emitted (a head's extend)
 
     # -- host side, before a round ----------------------------------------------------------------
 
     @property
     def runners(self) -> list:
-        return [r for r in (self.target, self.draft) if r is not None]
+        """What holds a cache: the target, the draft model, the head (each with a position, a
+        capacity, a generation and use_graphs, which capture reads)."""
+        return [r for r in (self.target, self.draft, self.head) if r is not None]
 
     @property
     def floats(self) -> bool:
@@ -144,8 +154,9 @@ class Round:
 
     def state(self) -> list[torch.Tensor]:
         """The buffers a round reads and writes that outlive it (a capture's warm-up restores them)."""
+        kept = [self.out, self.emitted, self.head.tap.out] if self.head is not None else []
         return [self.feed, self.pending, self.budget, self.num_drafts, self.generated, self.counts, self.seen,
-                self.draft_counts, self.confident]
+                self.draft_counts, self.confident, *kept]
 
     def reserve(self, positions: int) -> None:
         """Room in both caches for a request that may reach `positions`."""
@@ -161,7 +172,10 @@ class Round:
         self.key.copy_(torch.tensor(noise.split_seed(seed)))
         self.origin.fill_(len(ids))
         self.target.reset()
-        self.target.forward(torch.tensor(ids[:-1], dtype=torch.long), want_logits=False)
+        if self.head is not None:
+            self._prefill_head(ids)
+        else:
+            self.target.forward(torch.tensor(ids[:-1], dtype=torch.long), want_logits=False)
         if self.draft is not None:
             self.draft.reset()
             self.draft.forward(torch.tensor(ids[:-2], dtype=torch.long), want_logits=False)
@@ -172,6 +186,14 @@ class Round:
             self.counts.zero_()
             self.seen.zero_()
             self.seen[torch.tensor(ids, dtype=torch.long, device=self.device)] = True
+
+    def _prefill_head(self, ids: list[int]) -> None:
+        """The target's prefill, feeding the head as it goes (core/heads.py); the first round then
+        extends over the prompt's last target row as if the previous round had emitted `last`."""
+        prefill_head(self.head, self.target, ids, self.device)
+        self.out.fill_(-1)
+        self.out[0, 0].fill_(ids[-1])
+        self.emitted.fill_(1)
 
     def set_host_drafts(self, tokens: list[int]) -> None:
         if tokens:
@@ -216,6 +238,8 @@ class Round:
             self.draft_counts.copy_(self.counts)
         if mode is Mode.HOST:
             self.num_drafts.copy_(self.budget)
+            if self.head is not None:  # its cache follows the target's rows whoever drafts
+                self._head_extend()
             if self.draft is not None:  # keep the draft cache following the committed sequence
                 self.follow[:1].copy_(self.pending[0, :1])
                 self.follow[1:].copy_(self.feed[0])
@@ -225,6 +249,9 @@ class Round:
         if k == 0:  # target-only: a bonus token per round
             self.num_drafts.zero_()
             return
+        if self.head is not None:
+            self._head_draft()
+            return
         ids = self.pending[0]
         for i in range(k):
             n = ids.shape[0]
@@ -232,9 +259,32 @@ class Round:
                 self.draft.step(ids, self.draft_logits[n])
             self._pick(i, self.draft_logits[n][n - 1 :])
             ids = self.drafts[i : i + 1]
+        self._count_drafts()
+
+    def _count_drafts(self) -> None:
+        """Drafts that count: the host's budget, cut at the first step below p_min."""
+        k = self.shape.k
         stop = self.confident.logical_not().int().argmax().int()  # first unsure step (0 if none)
         first_unsure = torch.where(self.confident.all(), k, stop)
         torch.minimum(self.budget, first_unsure.view(1), out=self.num_drafts)
+
+    def _head_extend(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over the previous round's k + 1 target rows (core/heads.py): the logits and
+        hidden state of its last emitted row, which predict the token after `last`."""
+        k, head = self.shape.k, self.head
+        ids = self.out[0].clamp_min(0)  # accepted drafts, then the new token; stale ids past them
+        positions = (self.target.position - self.emitted + self.steps).clamp_min(0)
+        logits, hidden = head.extend(ids, head.features(k + 1), positions)
+        last = (self.emitted - 1).view(1)
+        return logits.index_select(0, last), hidden.index_select(0, last)
+
+    def _head_draft(self) -> None:
+        logits, hidden = self._head_extend()
+        self._pick(0, logits)
+        for i in range(1, self.shape.k):  # step i embeds draft i - 1 at position P + i - 1
+            logits, hidden = self.head.step(self.drafts[i - 1 : i], hidden, (self.target.position + (i - 1)).view(1))
+            self._pick(i, logits)
+        self._count_drafts()
 
     def _pick(self, i: int, logits: torch.Tensor) -> None:
         """Draft step i's id into drafts[i] (and q, its confidence and q(d_i) where needed)."""
@@ -325,6 +375,7 @@ class Round:
             self.pending[0, :1].copy_(self.feed[0].index_select(0, last))  # the last accepted (or `last`)
             self.pending[0, 1:].copy_(newest)
         self.feed[0, :1].copy_(newest)
+        self.emitted.copy_(emitted)
         if self.shape.penalties:
             valid = row >= 0
             self.counts.index_add_(0, row.clamp_min(0), valid.int())

@@ -47,8 +47,9 @@ class EagerRunner:
     before the next step. On a CPU that read costs nothing, and attention covers only the live
     keys, where a static cache would attend (and build a mask) over its whole length each step."""
 
-    def __init__(self, model, width: int, capacity: int = 0):
+    def __init__(self, model, width: int, capacity: int = 0, tap=None):
         self.model = model
+        self.tap = tap  # core/heads.py's AuxTap: copies hidden states during this runner's forwards
         self.width = width  # logits columns handed out: padded with -inf or cut to the target's width
         self.device = model.get_output_embeddings().weight.device
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
@@ -91,8 +92,9 @@ class EagerRunner:
             self.cache.crop(start - self.length)  # negative: drop that many (works across versions)
         n = ids.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
-        out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, position_ids=positions.unsqueeze(0),
-                         cache_position=positions, use_cache=True, logits_to_keep=n_logits)
+        with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
+            out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, position_ids=positions.unsqueeze(0),
+                             cache_position=positions, use_cache=True, logits_to_keep=n_logits)
         self.length = start + n
         self.position.add_(n)
         return out.logits[0]

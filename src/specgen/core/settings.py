@@ -21,18 +21,34 @@ class ModelSpec:
     trust_remote_code: bool = False
 
 
+PROPOSER_KINDS = ("draft", "ngram", "hybrid", "eagle", "mtp", "none")
+MODEL_PROPOSERS = ("draft", "eagle", "mtp")  # what hybrid may pair with prompt lookup
+
+
 @dataclass(frozen=True)
 class ProposerSpec:
-    kind: str = "draft"  # draft | ngram | hybrid (n-gram where it matches, else draft) | none (target-only)
+    # draft (the [draft] model) | ngram (prompt lookup) | hybrid (n-gram where it matches, else
+    # `hybrid_with`) | eagle (an EAGLE-3 head on the target's hidden states, from `head`) | mtp (the
+    # target checkpoint's own multi-token-prediction layers) | none (target-only)
+    kind: str = "draft"
     ngram_min: int = 1
     ngram_max: int = 4
     draft_p_min: float = 0.0  # adaptive: stop drafting when the draft's own p(next) < this (0 = off)
     adaptive_k: bool = False  # adapt k between rounds from recent acceptance (bounded by k)
+    head: str = ""  # the EAGLE-3 head's folder (speculators or EAGLE-3 format); relative to the profile
+    hybrid_with: str = "draft"  # the model proposer hybrid drafts with where lookup finds nothing
+
+    def drafter(self, kind: str | None = None) -> str:
+        """Who drafts on the device for `kind` (default: this spec's): draft, eagle, mtp or none."""
+        kind = kind or self.kind
+        if kind == "hybrid":
+            return self.hybrid_with
+        return kind if kind in MODEL_PROPOSERS else "none"
 
     @property
     def uses_draft(self) -> bool:
         """Whether this proposer runs the [draft] model (so it must be configured and loaded)."""
-        return self.kind in ("draft", "hybrid")
+        return self.drafter() == "draft"
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,7 @@ class KernelSpec:
     split_k: str = "auto"  # auto | on | off
     warp: str = "auto"  # auto | kernel | torch   (warp/cut Triton kernels on CUDA, else core/sampling.py)
     tables: str = ""  # folder of `specgen tune-kernels`' tables; "" = specgen's in the user cache
+    norm: str = "auto"  # auto | kernel | torch   (RMSNorm + residual add in one kernel, with the linear kernel)
 
 
 @dataclass(frozen=True)

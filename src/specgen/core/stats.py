@@ -2,6 +2,11 @@
 
 acceptance rate = accepted / drafted; mean accepted length = emitted tokens per round (accepted + 1);
 per-position acceptance = P(draft position i accepted | position i was drafted).
+
+Rates (one definition each, used by generate, bench and the live view):
+generation rate = tokens / seconds from the run's start to its last token (prefill included);
+decode rate = tokens after the first round's / seconds after the first round's tokens were out:
+what decoding sustains once it runs, without prefill, the first round and start-up.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ class AcceptanceStats:
     accepted_at: list[int] = field(default_factory=list)  # [position] rounds that accepted position i
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     prefill_seconds: float = 0.0
-    first_token_seconds: float | None = None
+    first_token_seconds: float | None = None  # from the run's start to the first round's tokens
+    first_round_tokens: int = 0  # tokens that first round released
+    generation_seconds: float = 0.0  # from the run's start to the latest round's tokens
 
     def add_round(self, num_drafted: int, num_accepted: int, num_emitted: int, timings: dict[str, float],
                   early_stop: bool = False, k_used: int = 0) -> None:
@@ -51,6 +58,13 @@ class AcceptanceStats:
         for phase, value in timings.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + value
 
+    def released(self, seconds: float, tokens: int) -> None:
+        """A round's tokens are out, `seconds` after the run's start (the first time: time to first token)."""
+        if self.first_token_seconds is None:
+            self.first_token_seconds = seconds
+            self.first_round_tokens = tokens
+        self.generation_seconds = seconds
+
     def drop(self, fates: list[str]) -> None:
         """Tokens of earlier rounds taken back from the output (a stop string that began there):
         emitted and the per-fate counts follow the output; what the verifier decided stays."""
@@ -66,11 +80,11 @@ class AcceptanceStats:
     def merge(self, other: AcceptanceStats) -> None:
         """Add another run's counts, per-position counts and seconds (bench totals over prompts).
 
-        first_token_seconds is per run and stays this object's.
+        The times of one run's tokens (PER_RUN) stay this object's.
         """
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if f.name == "first_token_seconds":
+            if f.name in PER_RUN:
                 continue
             if isinstance(mine, list):
                 mine.extend([0] * (len(theirs) - len(mine)))
@@ -81,10 +95,6 @@ class AcceptanceStats:
                     mine[key] = mine.get(key, 0.0) + value
             else:
                 setattr(self, f.name, mine + theirs)
-
-    @property
-    def decode_seconds(self) -> float:
-        return sum(self.seconds.values())
 
     @property
     def acceptance_rate(self) -> float:
@@ -110,8 +120,19 @@ class AcceptanceStats:
 
     @property
     def tokens_per_second(self) -> float:
-        total = self.decode_seconds + self.prefill_seconds
-        return self.emitted / total if total > 0 else 0.0
+        return generation_rate(self.emitted, self.generation_seconds)
+
+    @property
+    def decode_tokens(self) -> int:
+        return decode_tokens(self.emitted, self.first_round_tokens)
+
+    @property
+    def decode_seconds(self) -> float | None:
+        return decode_seconds(self.first_token_seconds, self.generation_seconds)
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        return decode_rate(self.emitted, self.first_round_tokens, self.first_token_seconds, self.generation_seconds)
 
     def as_dict(self) -> dict:
         return {
@@ -127,13 +148,49 @@ class AcceptanceStats:
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position,
             "tokens_per_second": self.tokens_per_second,
+            "generation_seconds": self.generation_seconds,
             "prefill_seconds": self.prefill_seconds,
             "time_to_first_token_seconds": self.first_token_seconds,
+            "decode_tokens": self.decode_tokens,
+            "decode_seconds": self.decode_seconds,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
             "round_seconds": {k: v for k, v in self.seconds.items()},
         }
 
     def summary_line(self) -> str:
+        """Time to first token, then the decode rate (not the generation rate, which mixes the two)."""
+        rate = self.decode_tokens_per_second
+        then = f", then {rate:.1f} tok/s" if rate is not None else ""  # nothing to rate after a single round
         return (
-            f"{self.emitted} tokens in {self.rounds} rounds, {self.tokens_per_second:.1f} tok/s, "
+            f"{self.emitted} tokens in {self.rounds} rounds, first token {1000 * (self.first_token_seconds or 0.0):.0f}"
+            f" ms{then}, "
             f"acceptance {self.acceptance_text}, mean accepted length {self.mean_accepted_length:.2f}"
         )
+
+
+PER_RUN = ("first_token_seconds", "first_round_tokens", "generation_seconds")
+
+
+def generation_rate(tokens: int, seconds: float) -> float:
+    """Tokens over the whole generation's seconds (bench's tok/s column, generate's tokens_per_second)."""
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def decode_tokens(tokens: int, first_round_tokens: int) -> int:
+    """Tokens released after the first round (a stop string may take back earlier ones)."""
+    return max(0, tokens - first_round_tokens)
+
+
+def decode_seconds(first_token_seconds: float | None, seconds: float) -> float | None:
+    """Seconds from the first round's tokens to the last tokens; None without a later round."""
+    if first_token_seconds is None or seconds <= first_token_seconds:
+        return None
+    return seconds - first_token_seconds
+
+
+def decode_rate(tokens: int, first_round_tokens: int, first_token_seconds: float | None,
+                seconds: float) -> float | None:
+    """The decode rate (bench's decode tok/s column, generate's decode_tokens_per_second): tokens
+    after the first round over the seconds after it; None when no round followed the first."""
+    after = decode_seconds(first_token_seconds, seconds)
+    return decode_tokens(tokens, first_round_tokens) / after if after is not None else None

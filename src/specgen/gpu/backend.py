@@ -45,13 +45,13 @@ class CudaBackend:
 
     # -- runners ----------------------------------------------------------------------------------
 
-    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = ()):
+    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
         kernels = resolve(self.kernel_spec, self.device, model)
         if name == "target":
             self.warp_kernels = kernels.warp
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
                       compile=self.speculation.compile, autotune=self.speculation.autotune,
-                      compile_cache_folder=self.speculation.compile_cache)
+                      compile_cache_folder=self.speculation.compile_cache, tap=tap)
         try:
             runner = GraphRunner(model, width, capacity, kernels=kernels, **common)
         except Exception as exc:  # noqa: BLE001 (the step kernels are an optimisation: fall back, below)

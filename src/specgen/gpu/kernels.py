@@ -28,6 +28,11 @@ LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # rotary path reproduces inside the kernel.
 ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
 ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_idx")
+# RMSNorm modules computing weight * (x * rsqrt(mean(x^2) + eps)).to(dtype) (gpu/norm.py's kernel),
+# and decoder layers whose forward is norm -> attention -> add -> norm -> MLP -> add, which
+# gpu/rewire.py reproduces with the add and the norm after it in one kernel.
+NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 # Split-K's threshold on peak memory bandwidth, see split_k_pays().
 SPLIT_K_BANDWIDTH = 4.0e12  # bytes/s
 SPLIT_K_MEMORY = 100 * 2**30  # bytes, when torch does not report the memory clock and bus width
@@ -46,6 +51,7 @@ class ResolvedKernels:
     # the linear kernel's configurations by shape: this machine's tuned table over the package's;
     # runners hand it to gpu/rewire.py's install_linear
     linear_table: LinearTable = field(default_factory=linear_table.packaged)
+    norm: bool = False  # gpu/norm.py for RMSNorm and the residual add before it (with the linear kernel)
 
     def as_dict(self) -> dict[str, str]:
         """The resolved values in the profile's words, for reports (`bench --format json`, `-v`)."""
@@ -56,6 +62,7 @@ class ResolvedKernels:
             "split_k": "on" if self.split_k else "off",
             "warp": "kernel" if self.warp else "torch",
             "linear_table": self.linear_table.source,
+            "norm": "kernel" if self.norm else "torch",
         }
 
 
@@ -72,6 +79,7 @@ def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
         split_k=_split_k(spec.split_k, linear, device),
         warp=_warp(spec.warp, cuda),
         linear_table=_table(spec.tables) if linear else linear_table.packaged(),
+        norm=_norm(spec.norm, linear, model),
     )
 
 
@@ -127,6 +135,17 @@ def _warp(value: str, cuda: bool) -> bool:
     if value == "torch":
         return False
     return _triton("warp", value, "torch") or (cuda and triton_available())
+
+
+def _norm(value: str, linear: bool, model) -> bool:
+    if value == "torch":
+        return False
+    capable = linear and norm_modules(model) > 0
+    if value == "kernel" and not capable:
+        why = "it runs in the linear kernel's steps, which this run does not use" if not linear else \
+            f"the model has no RMSNorm of {', '.join(NORM_CLASSES)}"
+        raise UsageError(f"[kernels] norm = \"kernel\": {why}", hint='Set norm = "auto" or "torch" in [kernels].')
+    return capable
 
 
 def _triton(key: str, value: str, other: str) -> bool:
@@ -187,6 +206,25 @@ def rope_capable(module) -> bool:
 
 def rope_modules(model) -> int:
     return sum(rope_capable(module) for module in model.modules())
+
+
+def norm_capable(module) -> bool:
+    """An RMSNorm whose forward gpu/norm.py computes (its own class is one of NORM_CLASSES)."""
+    if module is None:
+        return False
+    base = vars(module).get("_specgen_norm_base", type(module))
+    return base.__name__ in NORM_CLASSES and hasattr(module, "weight") and hasattr(module, "variance_epsilon")
+
+
+def layer_capable(module) -> bool:
+    """A decoder layer whose forward gpu/rewire.py reproduces with the residual add in the norm kernel."""
+    base = vars(module).get("_specgen_layer_base", type(module))
+    return base.__name__ in LAYER_CLASSES and all(
+        norm_capable(getattr(module, name, None)) for name in ("input_layernorm", "post_attention_layernorm"))
+
+
+def norm_modules(model) -> int:
+    return sum(norm_capable(module) for module in model.modules())
 
 
 @functools.cache

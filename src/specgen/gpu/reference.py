@@ -55,3 +55,15 @@ def rope_attention_reference(query, k_new, v_new, cos, sin, key, value, position
     value[:, :, at] = v_new
     out = decode_attention_reference(rotate_reference(query, cos, sin), key, value, position, scale, window)
     return out, key, value
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """gpu/norm.py's kernel: (RMSNorm(x + residual), x + residual), or (RMSNorm(x), None), with the
+    module's rounding steps and the sum of float32 squares taken in float64."""
+    summed = None
+    if residual is not None:
+        x = summed = residual + x
+    xf = x.float()
+    variance = (xf * xf).double().sum(-1, keepdim=True).div(x.shape[-1]).float()
+    y = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+    return weight * y, summed

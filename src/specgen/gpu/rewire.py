@@ -18,6 +18,9 @@ object in a benchmark).
   get a forward that, when the runner also passes `specgen_rope=True`, hands the un-rotated query,
   new keys and values to the kernel, which rotates them and writes the cache itself: two fewer
   kernels a layer.
+- RMSNorm (install_norm): Llama / Mistral / Qwen2 / Qwen3 RMSNorm modules take gpu/norm.py's kernel,
+  and their decoder layers add the attention output to the residual in the same kernel as the norm
+  after it, while the model's switch is engaged with the norm on (a runner's step).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import torch.nn.functional as F
 
 from specgen.gpu import attention as attention_kernels
 from specgen.gpu import linear as linear_kernels
-from specgen.gpu.kernels import rope_capable
+from specgen.gpu import norm as norm_kernels
+from specgen.gpu.kernels import layer_capable, norm_capable, rope_capable
 from specgen.gpu.linear_table import LinearTable, packaged
 
 NAME = "specgen"  # the attention implementation's name in transformers
@@ -42,24 +46,31 @@ NAME = "specgen"  # the attention implementation's name in transformers
 
 class LinearSwitch:
     """Held by every rewired module of one model: whether its forwards take the kernel now, and
-    with which split-K choice and counters (those of the runner whose step is running), and the
-    configurations by shape (gpu/linear_table.py; the package's unless install_linear got one)."""
+    with which split-K choice and counters (those of the runner whose step is running), the
+    configurations by shape (gpu/linear_table.py; the package's unless install_linear got one),
+    and whether the norm kernel runs too (install_norm)."""
 
     def __init__(self, table: LinearTable | None = None):
         self.table = table or packaged()
         self.active = False
         self.split_k = False
         self.counters: torch.Tensor | None = None  # linear.split_k_counters(workspace)
+        self.norm = False
 
     @contextlib.contextmanager
-    def engaged(self, split_k: bool, counters: torch.Tensor | None):
-        """The kernel path for the duration (restored after, so contexts nest)."""
-        saved = self.active, self.split_k, self.counters
+    def engaged(self, split_k: bool, counters: torch.Tensor | None, norm: bool | None = None):
+        """The kernel path for the duration (restored after, so contexts nest). norm: whether the
+        norm kernel runs (install_norm); None: as in the enclosing context (off outside any)."""
+        saved = self.active, self.split_k, self.counters, self.norm
         self.active, self.split_k, self.counters = True, split_k, counters
+        self.norm = self.norm if norm is None else norm
         try:
             yield
         finally:
-            self.active, self.split_k, self.counters = saved
+            self.active, self.split_k, self.counters, self.norm = saved
+
+    def norms(self) -> bool:
+        return self.active and self.norm
 
     def takes(self, x: torch.Tensor) -> bool:
         return self.active and 0 < x.numel() and x.numel() // x.shape[-1] <= linear_kernels.MAX_ROWS
@@ -208,6 +219,53 @@ def install_linear(model, table: LinearTable | None = None) -> LinearSwitch:
             module._specgen_act = act
             module.__class__ = _skinny_mlp_class(type(module))
     return switch
+
+
+# -- RMSNorm and the residual add before it ---------------------------------------------------------
+
+
+def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    if self._specgen_switch.norms() and x.numel() > 0:
+        return norm_kernels.rms_norm(x, self.weight, self.variance_epsilon)
+    return self._specgen_norm_base.forward(self, x)
+
+
+def _layer_forward(self, hidden_states, *args, **kwargs):
+    base = self._specgen_layer_base
+    if not self._specgen_switch.norms() or hidden_states.numel() == 0:
+        return base.forward(self, hidden_states, *args, **kwargs)
+    if args:  # read them by name, as the layer's own forward would
+        names = _positional_names(base)
+        if len(args) > len(names):
+            return base.forward(self, hidden_states, *args, **kwargs)
+        kwargs = {**dict(zip(names, args)), **kwargs}
+    attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    post = self.post_attention_layernorm
+    normed, residual = norm_kernels.add_rms_norm(attended, hidden_states, post.weight, post.variance_epsilon)
+    return residual + self.mlp(normed)
+
+
+@functools.cache
+def _norm_class(base: type, forward) -> type:
+    return type(f"Fused{base.__name__}", (base,), {"forward": forward})
+
+
+def install_norm(model, switch: LinearSwitch) -> int:
+    """Route the model's RMSNorm modules (kernels.norm_capable) through gpu/norm.py, and its
+    decoder layers' residual adds (kernels.layer_capable) into the norm after them, whenever
+    `switch` (install_linear's) is engaged with the norm on. Returns how many modules were
+    switched; idempotent."""
+    switched = 0
+    for module in model.modules():
+        for key, capable, forward in (("_specgen_norm_base", norm_capable, _norm_forward),
+                                      ("_specgen_layer_base", layer_capable, _layer_forward)):
+            if key in vars(module) or not capable(module):
+                continue
+            setattr(module, key, type(module))
+            module._specgen_switch = switch
+            module.__class__ = _norm_class(type(module), forward)
+            switched += 1
+    return switched
 
 
 # -- attention --------------------------------------------------------------------------------------

@@ -153,8 +153,9 @@ class GraphRunner:
 
     def __init__(self, model, width: int, capacity: int, *, kernels: ResolvedKernels, workspace: Workspace,
                  shapes=(), compile: bool = False, autotune: bool = False, use_graphs: bool = True,
-                 progress=None, name: str = "model", compile_cache_folder: str = ""):
+                 progress=None, name: str = "model", compile_cache_folder: str = "", tap=None):
         self.model = model
+        self.tap = tap  # core/heads.py's AuxTap: armed in every forward and capture of this runner
         self.width = width  # logits columns handed out, as in EagerRunner
         self.device = model.get_output_embeddings().weight.device
         assert workspace.device == device_of(self.device), f"workspace on {workspace.device}, model on {self.device}"
@@ -175,7 +176,9 @@ class GraphRunner:
                 if kernels.rope:
                     rewire.install_rope(model)
             if kernels.linear:
-                self.switch = rewire.install_linear(model)
+                self.switch = rewire.install_linear(model, kernels.linear_table)
+                if kernels.norm:
+                    rewire.install_norm(model, self.switch)
                 if kernels.split_k:
                     self.counters = linear.split_k_counters(workspace)
         self.step = self._step
@@ -292,7 +295,7 @@ class GraphRunner:
         """gpu/linear.py's path for this runner's forwards (with the linear kernel)."""
         if self.switch is None:
             return contextlib.nullcontext()
-        return self.switch.engaged(self.kernels.split_k, self.counters)
+        return self.switch.engaged(self.kernels.split_k, self.counters, norm=self.kernels.norm)
 
     @contextlib.contextmanager
     def step_context(self, tokens: int):
@@ -300,6 +303,8 @@ class GraphRunner:
         round's: the linear kernel's switch and, when compiling, the inductor settings and cache."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._linear_context())
+            if self.tap is not None:
+                stack.enter_context(self.tap.armed())
             if self.compiled:
                 stack.enter_context(inductor_settings(self.inductor))
                 stack.enter_context(compile_cache(self.cache_folder))
@@ -307,7 +312,7 @@ class GraphRunner:
 
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
-        with self._linear_context():
+        with self._linear_context(), self.tap.armed() if self.tap is not None else contextlib.nullcontext():
             out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
                              logits_to_keep=0 if want_logits else 1, **self._attention_args())
         n = ids.shape[0]

@@ -1,0 +1,108 @@
+"""RMSNorm, with the residual add before it, in one launch per call for captured steps.
+
+Why: transformers' RMSNorm is seven elementwise and reduction kernels (cast up, square, mean, add
+eps, rsqrt, scale, cast back, times the weight) and each decoder layer adds two residual adds; in a
+captured step of a large model each of those small kernels costs a launch gap of its own, which
+is most of what separates a CUDA-graph step from a compiled one. Here one program owns one row,
+so a row is computed the same way whatever the number of rows.
+
+Rounding follows the module (LlamaRMSNorm and the Mistral/Qwen2/Qwen3 copies): the residual add in
+the model's dtype; x in float32; x * rsqrt(mean(x^2) + eps) in float32, cast back to the input's
+dtype; then times the weight in the weight's and input's common dtype. One difference: the sum of
+squares is accumulated in float64 (each square rounded to float32 first, as the module does), so
+the variance is the correctly rounded float32 mean whatever the summation order. The module's
+float32 sum depends on torch's reduction order, which can also change with the number of rows;
+the two agree wherever that float32 sum is exact.
+
+Torch reference: gpu/reference.py. Routing a model's norms here: gpu/rewire.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_COLUMNS = 1 << 16  # one row per program, held in registers
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The module's RMSNorm of x [..., N] with weight [N]."""
+    return _launch(x, None, weight, eps)[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(RMSNorm(residual + x), residual + x): a decoder layer's add and the norm after it."""
+    return _launch(x, residual, weight, eps)
+
+
+def _launch(x, residual, weight, eps):
+    n = x.shape[-1]
+    assert weight.shape == (n,) and weight.is_contiguous(), f"weight {tuple(weight.shape)} for {n} columns"
+    assert 0 < n <= MAX_COLUMNS, f"{n} columns > MAX_COLUMNS {MAX_COLUMNS}"
+    x2 = _rows(x, n)
+    rows = x2.shape[0]
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    if residual is None:
+        r2 = summed = x2  # unread and unwritten
+    else:
+        assert residual.shape == x.shape and residual.dtype == x.dtype, "residual and x differ in shape or dtype"
+        r2 = _rows(residual, n)
+        summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out, summed if residual is not None else None
+    block = triton.next_power_of_2(n)
+    _norm_kernel[(rows,)](
+        x2, r2, weight, out, summed, n, x2.stride(0), r2.stride(0), eps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)),
+    )
+    return out, summed if residual is not None else None
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t as [rows, n] with unit column stride (a copy only when no such view exists)."""
+    t2 = t.reshape(-1, n)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+@triton.jit
+def _norm_kernel(
+    x_ptr,  # [M, N]
+    r_ptr,  # [M, N] the residual (HAS_RESIDUAL)
+    w_ptr,  # [N]
+    out_ptr,  # [M, N] contiguous: the normed rows
+    sum_ptr,  # [M, N] contiguous: residual + x (HAS_RESIDUAL)
+    N, sxm, srm, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program m: row m, every rounding step of the module in its order."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    x = tl.load(x_ptr + row * sxm + cols, mask=ok, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + row * srm + cols, mask=ok, other=0.0)
+        x = _rounded(r.to(tl.float32) + x.to(tl.float32), x_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * N + cols, x.to(x_ptr.dtype.element_ty), mask=ok)
+    xf = x.to(tl.float32)
+    squares = (xf * xf).to(tl.float64)  # each square rounded in float32, as the module's pow(2)
+    variance = (tl.sum(squares, axis=0) / N).to(tl.float32)
+    # eps arrives as float64 when inductor traces the call: the module adds it in float32
+    inverse = tl.math.rsqrt(variance + tl.cast(eps, tl.float32))
+    y = _rounded(xf * inverse, x_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    out = _rounded(w * y, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _rounded(x, DTYPE: tl.constexpr):
+    """float32 x rounded to DTYPE (to nearest, ties to even), as float32. bfloat16 by hand: the
+    Triton interpreter truncates float32 -> bfloat16 casts, where the GPU and torch round; the
+    rounded value then converts exactly either way."""
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))  # noqa: PLR0124  NaN stays NaN
+    else:
+        return x.to(DTYPE).to(tl.float32)

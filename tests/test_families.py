@@ -1,0 +1,225 @@
+"""The families of the real pairs in profiles/ (Llama 3.1 / 3.2, Qwen2.5, Qwen3, Gemma 2), at tiny
+size, built by benchmarks/family_pairs.py from their public configs (every architecture key kept,
+sizes shrunk, random weights with norms and biases off their constant init).
+
+For each family: the tiny checkpoints carry the family's features (each one changes the logits),
+specgen's loader picks the right modeling, greedy speculative decoding equals target-only token
+for token, and the GPU path (gpu/rewire.py, gpu/kernels.py; the Triton interpreter on CPU) either
+computes the plain model's logits or is turned off by `auto` with a usage error for an explicit
+"kernel". Float32 throughout; the tiny models' top-two logit gaps are at least ~2e-3 (seed 0),
+far above the ~1e-5 by which a (k+1)-token forward rounds differently from a 1-token one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import pytest
+import torch
+
+from decode_helpers import BACKENDS, finish, make_profile, random_prompts
+from gpu_helpers import kernels, resolved, runner
+from specgen.core import llama
+from specgen.core.engine import Engine, target_only
+from specgen.core.errors import UsageError
+from specgen.core.models import load_model, load_pair
+from specgen.core.settings import KernelSpec, ModelSpec, SpeculationSpec
+from specgen.gpu.kernels import ResolvedKernels, attention_unsupported, resolve
+from tiny_models import build_family, family_pairs, write_profile
+
+REPO = Path(__file__).resolve().parents[1]
+FAMILIES = list(family_pairs().FAMILIES)
+CLASSES = {"llama-3.1": "LlamaForCausalLM", "qwen2.5": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "gemma-2": "Gemma2ForCausalLM"}
+KERNEL_ATTENTION = {"llama-3.1": True, "qwen2.5": True, "qwen3": True, "gemma-2": False}  # Gemma 2: soft-capping
+# Max logit difference between kernel and plain runners (tests/test_attention.py's RUNNER_TOLERANCE:
+# rounding reaches ~3e-5 on such models; a stale key or a wrong window moves logits by 1e-2 or more).
+RUNNER_TOLERANCE = 3e-4
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    """(name, folder): folder holds target/, draft/ (the family's draft) and copy/ (a noisy target)."""
+    return request.param, build_family(tmp_path_factory.mktemp("families"), request.param)
+
+
+def _load(folder, modeling: str = "transformers"):
+    return load_model(ModelSpec(str(folder), dtype="float32", device=str(DEVICE)), modeling=modeling)
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids], device=model.device)).logits[0].float()
+
+
+def _variant(model, weights=None, **config):
+    """The same model with some config values or weights changed (weights: {name: fn(tensor)})."""
+    from transformers import AutoModelForCausalLM
+
+    changed = copy.deepcopy(model.config)
+    for key, value in config.items():
+        setattr(changed, key, value)
+    other = AutoModelForCausalLM.from_config(changed).to(model.device).eval()
+    state = model.state_dict()
+    for name, change in (weights or {}).items():
+        for key in [k for k in state if name in k]:
+            state[key] = change(state[key])
+    other.load_state_dict(state)
+    return other
+
+
+FEATURES = {  # family -> {feature: (config changes, {weight name part: change})} that remove it
+    "llama-3.1": {"llama3 rope scaling": (lambda m: {"rope_parameters": {
+        "rope_type": "default", "rope_theta": m.config.rope_parameters["rope_theta"]}}, {})},
+    "qwen2.5": {"q/k/v biases": (lambda m: {}, {"proj.bias": torch.zeros_like})},
+    "qwen3": {"q/k norms": (lambda m: {}, {"q_norm.weight": torch.ones_like, "k_norm.weight": torch.ones_like})},
+    "gemma-2": {
+        "(1 + w) RMSNorm weights": (lambda m: {}, {"layernorm.weight": torch.zeros_like}),
+        "attention soft-capping": (lambda m: {"attn_logit_softcapping": None}, {}),
+        "final logit soft-capping": (lambda m: {"final_logit_softcapping": None}, {}),
+        "sliding window": (lambda m: {"sliding_window": 4096}, {}),
+    },
+}
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_family_has_a_profile_of_the_real_pair(name):
+    """profiles/ names the models family_pairs.py builds, and stops on one of the family's special ids."""
+    from specgen.core.profile import load_profile
+
+    data = family_pairs().FAMILIES[name]
+    profile = load_profile(str(REPO / "profiles" / data.profile))
+    assert (profile.target.path, profile.draft.path) == (data.target.hub_id, data.draft.hub_id)
+    assert profile.sampling.stop_token_ids and set(profile.sampling.stop_token_ids) <= set(data.specials)
+    assert data.target.config["vocab_size"] >= data.tokens and data.draft.config["vocab_size"] >= data.tokens
+
+
+def test_the_tiny_checkpoints_carry_each_familys_features(family):
+    """Removing any feature changes the logits by far more than rounding: the tests below would see
+    a path that dropped it. Tied embeddings: one tensor, also after specgen's loader."""
+    name, folder = family
+    target = _load(folder / "target")
+    ids = list(range(5, 65))  # 60 positions: past the 24-token windows and the 64-position rope cutoff
+    want = _logits(target, ids)
+    for feature, (config, weights) in FEATURES[name].items():
+        got = _logits(_variant(target, weights, **config(target)), ids)
+        assert (got - want).abs().max().item() > 1e-2, f"{name}: {feature} changes nothing"
+    draft = _load(folder / "draft")
+    assert draft.get_output_embeddings().weight is draft.get_input_embeddings().weight
+    assert (target.get_output_embeddings().weight is target.get_input_embeddings().weight) == (name == "gemma-2")
+
+
+def test_loader_picks_the_modeling(family):
+    """Only plain Llama configs run on specgen's own forward (core/llama.py): Llama 3.1's llama3 rope
+    scaling goes to transformers, as does every other family; tokenizers match the real sizes' layout."""
+    name, folder = family
+    pair = load_pair(make_profile(folder / "target", folder / "draft"))
+    assert pair.modeling == "transformers"
+    assert type(pair.target).__name__ == type(pair.draft).__name__ == CLASSES[name]
+    config = json.loads((folder / "target" / "config.json").read_text())
+    assert llama.shape_of(config) is None
+    if name == "llama-3.1":  # the same config without rope scaling would take specgen's forward
+        plain = {k: v for k, v in config.items() if k not in ("rope_scaling", "rope_parameters")}
+        assert llama.shape_of(plain) is not None
+    assert pair.vocab_size == family_pairs().TINY_TOKENS
+    rows = {role: pair_model.get_output_embeddings().weight.shape[0] for role, pair_model in
+            (("target", pair.target), ("draft", pair.draft))}
+    assert rows["target"] >= rows["draft"] >= pair.vocab_size  # Qwen2.5: padding rows, more in the target
+    assert (rows["target"] > rows["draft"]) == (name == "qwen2.5")
+
+
+def test_prompts_encode_through_whichever_tokenizer_class_loads(family):
+    """One token a character, and back, whatever class the loader picks (transformers 5 takes its
+    own Qwen2Tokenizer for Qwen2.5, which rebuilds the tokenizer from the vocabulary)."""
+    name, folder = family
+    tokenizer = load_pair(make_profile(folder / "target", folder / "draft")).tokenizer
+    for line in (folder / "prompts.jsonl").read_text().splitlines():
+        text = json.loads(line)["prompt"]
+        ids = tokenizer(text)["input_ids"]
+        assert len(ids) == len(text) and tokenizer.decode(ids) == text, f"{name}: {type(tokenizer).__name__}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("draft", ["draft", "copy"])
+def test_greedy_speculative_equals_target_only(family, draft, backend):
+    """k = 1 and 4, with the family's own draft (almost every draft rejected) and with a noisy copy
+    of the target (drafts accepted part of the time); a 30-token prompt reaches past the windows."""
+    name, folder = family
+    engine = Engine(make_profile(folder / "target", folder / draft, backend=backend))
+    prompts = random_prompts(engine.pair.vocab_size, 4) + [list(range(10, 40))]
+    reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in prompts]
+    accepted = 0
+    for k in (1, 4):
+        profile = replace(engine.profile, speculation=SpeculationSpec(k=k))
+        for prompt, expected in zip(prompts, reference):
+            result = finish(engine.decoder(profile), prompt)
+            assert result.token_ids == expected, f"{name} {draft} k={k} prompt={prompt}"
+            assert result.stats.drafted > 0
+            accepted += result.stats.accepted
+    if draft == "copy":
+        assert accepted > 0, "the noisy copy never agreed: acceptance paths untested"
+
+
+def _script(each) -> list[torch.Tensor]:
+    """A 30-token prompt (past the 24-token windows), then 5-, 1- and 5-token steps with rollbacks."""
+    gen = torch.Generator().manual_seed(0)
+    each.reset()
+    out = [each.forward(torch.randint(0, 380, (30,), generator=gen).to(DEVICE)).clone()]
+    for n in (5, 1, 5):
+        out.append(each.forward(torch.randint(0, 380, (n,), generator=gen).to(DEVICE)).clone())
+        each.truncate(each.length - 2)  # a rejection: the next step overwrites stale K/V
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["target"])  # drafts take the same paths; the interpreter is slow
+def test_the_kernels_compute_the_plain_models_logits(family, role):
+    """Attention (with the rotary path where the family has one) and linear kernels, explicitly on
+    as a GPU resolves them, against the same model without kernels: Llama 3.1's scaled rotary
+    tables, Qwen2's fused q/k/v biases, Qwen3's q/k norms, tied heads, Gemma 2's GELU-tanh MLP."""
+    name, folder = family
+    model = _load(folder / role)
+    capable = attention_unsupported(model.config) is None
+    assert capable == KERNEL_ATTENTION[name]
+    chosen = resolved(model, attention="kernel" if capable else "sdpa", linear="kernel")
+    assert chosen.rope == capable and chosen.linear
+    width = model.get_output_embeddings().weight.shape[0]
+    fast = runner(model, kernels=chosen, width=width)
+    plain = runner(model, kernels=kernels(), width=width)
+    for step, (got, want) in enumerate(zip(_script(fast), _script(plain))):
+        diff = (got - want).abs().max().item()
+        assert diff < RUNNER_TOLERANCE, f"{name} {role} feed {step}: max logit diff {diff:.3g}"
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_auto_on_a_gpu_takes_what_each_family_allows(family):
+    """`auto` on a CUDA device (decided from the model alone; split-K's device facts aside): every
+    kernel, except attention and rotary for Gemma 2, where an explicit "kernel" is a usage error,
+    and the norm kernel, which takes Llama-style RMSNorms only (not Gemma's 1 + w)."""
+    name, folder = family
+    model = _load(folder / "target")
+    capable = KERNEL_ATTENTION[name]
+    got = resolve(KernelSpec(split_k="off"), torch.device("cuda"), model)
+    assert got == ResolvedKernels(attention=capable, linear=True, rope=capable, split_k=False, warp=True,
+                                  norm=name != "gemma-2")
+    if not capable:
+        with pytest.raises(UsageError, match="attn_logit_softcapping is set") as caught:
+            resolve(KernelSpec(attention="kernel"), torch.device("cuda"), model)
+        assert caught.value.exit_code == 2 and "\n" not in caught.value.message
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gemma2_with_the_attention_kernel_is_a_one_line_usage_error(tmp_path, cli):
+    folder = build_family(tmp_path, "gemma-2")
+    profile = write_profile(tmp_path / "p.toml", folder / "target", folder / "draft", device="cuda",
+                            kernels={"attention": "kernel"})
+    code, out, err = cli("generate", "-p", profile, "w1 w2 w3", "--max-tokens", "4")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) <= 2 and "attn_logit_softcapping is set" in lines[0], err  # the error, then its hint
