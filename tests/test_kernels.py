@@ -149,7 +149,7 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
 
     cuda = torch.device("cuda")
     spec = KernelSpec(split_k="off")
-    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, True)
+    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True)
     assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(False, True, False, False, True)
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
