@@ -215,7 +215,7 @@ def test_eagle_sampled_tokens_follow_the_warped_target(headed, warp, vocab):
         accepted += decoder.stats.accepted
         firsts.append(out.token_ids[0])
         pairs.append(out.token_ids[:2])
-    assert accepted > 30, "the head's drafts were (almost) never accepted: the test would not test acceptance"
+    assert accepted > 10, "the head's drafts were (almost) never accepted: the test would not test acceptance"
     assert _chi2_pvalue(firsts, warped(prompt), chisquare) > 1e-4
     common = max(set(firsts), key=firsts.count)
     follow = [b for a, b in pairs if a == common]
