@@ -60,8 +60,11 @@ def _chi2_pvalue(samples: list[int], probs: torch.Tensor, chisquare) -> float:
     counts = torch.bincount(torch.tensor(samples), minlength=probs.shape[0]).double()
     expected = probs.double() * n
     big = expected >= 5
+    assert counts[probs == 0].sum() == 0, "a token of probability 0 was emitted"
     observed = torch.cat([counts[big], counts[~big].sum().unsqueeze(0)])
     wanted = torch.cat([expected[big], expected[~big].sum().unsqueeze(0)])
+    if wanted[-1] == 0:  # a cut (top-k / top-p) left nothing below 5: no pooled bin
+        observed, wanted = observed[:-1], wanted[:-1]
     wanted = wanted * observed.sum() / wanted.sum()
     return float(chisquare(observed.numpy(), wanted.numpy()).pvalue)
 
