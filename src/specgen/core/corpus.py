@@ -114,3 +114,101 @@ def pair_texts(spec: CorpusSpec, stdlib: Path | None = None) -> tuple[list[str],
     where = " and ".join(str(root) for _, root in roots)
     return train, heldout, (f"{len(train)} training files of {where} (make_pair's split; "
                             f"{len(heldout)} held out by {spec.holdout_rule})")
+
+
+# ---------------------------------------------------------------- a user's data (--data)
+
+DATA_HOLDOUT_MOD = 20  # --data: a document is held out when the sha1 of its name % this == 0
+
+
+def read_data(path: Path) -> tuple[list[str], list[str], str]:
+    """(training texts, held-out texts, description) of --data: a text file, a folder of text
+    files (every UTF-8 file under it; others are skipped), or JSONL (*.jsonl) with a "text" or
+    "prompt" field per line. A document is held out by the hash of its name (the folder's
+    relative path, or the JSONL line number), as make_pair holds out files; the caller holds out
+    the stream's tail where that leaves nothing. Raises UsageError for what the user must fix."""
+    from specgen.core.errors import UsageError
+
+    if not path.exists():
+        raise UsageError(f"--data {path} not found", hint="give a text file, a folder of text files, or JSONL")
+    if path.is_dir():
+        docs = _folder_documents(path)
+        kind = f"{len(docs)} text files under {path}"
+    elif path.suffix.lower() == ".jsonl":
+        docs = _jsonl_documents(path)
+        kind = f"{len(docs)} records of {path}"
+    else:
+        docs = [(path.name, _text_file(path))]
+        kind = f"text file {path}"
+    docs = [(name, text) for name, text in docs if text.strip()]
+    if not docs:
+        raise UsageError(f"--data {path} holds no text", hint="give a text file, a folder of text files, or JSONL")
+    train = [text for name, text in docs if not is_held_out(name, DATA_HOLDOUT_MOD)]
+    held = [text for name, text in docs if is_held_out(name, DATA_HOLDOUT_MOD)]
+    if not train:  # every document hashed out: train on them all, the tail is held out instead
+        train, held = held, []
+    return train, held, f"{kind} ({len(held)} held out by sha1(name) % {DATA_HOLDOUT_MOD} == 0)"
+
+
+def _text_file(path: Path) -> str:
+    from specgen.core.errors import UsageError
+
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--data {path} is not UTF-8 text (byte {exc.start})",
+                         hint="convert it with iconv, or give a folder of text files") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read --data {path}: {exc.strerror}") from None
+
+
+def _folder_documents(folder: Path) -> list[tuple[str, str]]:
+    docs = []
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue
+        try:
+            docs.append((path.relative_to(folder).as_posix(), path.read_bytes().decode("utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue  # binary files of the folder
+    return docs
+
+
+def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
+    import json
+
+    from specgen.core.errors import UsageError
+
+    docs = []
+    for number, line in enumerate(_text_file(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
+        text = record.get("text", record.get("prompt")) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise UsageError(f"{path}:{number}: a JSON line needs a string field 'text' or 'prompt'")
+        docs.append((str(number), text))
+    return docs
+
+
+def pair_corpus(target_path: str) -> tuple[CorpusSpec, Path | None] | None:
+    """(corpus, stdlib folder) when the target is a pair that benchmarks/make_pair.py wrote: its
+    folder's parent holds make_pair's report.json naming a preset. The stdlib folder is the one
+    its command named (--stdlib), where it exists on this machine; else None (the running
+    Python's). None when the target is no such pair."""
+    import json
+    import shlex
+
+    report_path = Path(target_path).parent / "report.json"
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or report.get("preset") not in PAIR_CORPORA or "corpus" not in report:
+        return None
+    words = shlex.split(str(report.get("command", "")))
+    stdlib = Path(words[words.index("--stdlib") + 1]) if "--stdlib" in words[:-1] else None
+    return PAIR_CORPORA[report["preset"]], stdlib if stdlib is not None and stdlib.is_dir() else None
