@@ -228,3 +228,176 @@ def test_default_layers_are_eagle3s_where_they_fit():
     assert plan().resolved_layers(6) == (0, 3, 5)
     assert plan().resolved_layers(1) == (0, 0, 0)
     assert plan(layers=(1, 2, 3)).resolved_layers(32) == (1, 2, 3)
+
+
+# ---------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    path.write_text("".join(CORPUS) * 30)
+    return path
+
+
+@pytest.fixture(scope="module")
+def profile_file(pair, tmp_path_factory) -> Path:
+    return write_profile(tmp_path_factory.mktemp("profile") / "pair.toml", *pair, sampling={"max_tokens": 16})
+
+
+FAST = ("--steps", "2", "--seq-len", "32", "--batch-size", "2", "--eval-prompts", "2")
+
+
+@pytest.fixture(scope="module")
+def trained(pair, profile_file, corpus_file, tmp_path_factory):
+    """One run of the command on the tiny pair, shared by the tests that read its output."""
+    monkeypatch = pytest.MonkeyPatch()
+    out = tmp_path_factory.mktemp("run") / "head"
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", out, "--data", corpus_file, *FAST,
+                     "--draft-vocab", "100", "--format", "json")
+    monkeypatch.undo()
+    return out, result
+
+
+def test_the_command_writes_a_head_that_loads_back(pair, trained):
+    from specgen.core.head_formats import load_head
+
+    out, result = trained
+    assert result.code == 0, result
+    report = json.loads(result.stdout)
+    assert report == json.loads((out / "report.json").read_text())
+    assert report["complete"] and report["steps"] == 2 and report["aux_layer_ids"] == [0, 1, 1]
+    assert set(report["simulated_acceptance"]) == {str(k) for k in range(1, 9)}
+    assert all(1 <= v <= k + 1 for k, v in zip(range(1, 9), report["simulated_acceptance"].values()))
+    assert "draft_model_simulated_acceptance" in report and report["loss"]["first"] > 0
+    assert report["command"] is None or report["command"].startswith("specgen train-head")
+    target = load_target(pair[0], "auto")
+    head = load_head(out, embedding=target.model.embed_tokens.weight)
+    assert head.config.draft_vocab_size == 100 and head.config.aux_layer_ids == (0, 1, 1)
+    assert int(head.t2d.sum()) == 100
+    assert result.stderr.startswith("trained 2 steps") and len(result.stderr.splitlines()) == 1
+
+
+def test_the_ready_profile_names_the_target_the_draft_and_the_head(pair, trained, profile_file):
+    import dataclasses
+
+    from specgen.core.profile import load_profile
+    from specgen.core.settings import ProposerSpec
+
+    out, _ = trained
+    text = (out / "profile.toml").read_text()
+    data = tomllib.loads(text)
+    assert data["proposer"] == {"kind": "eagle", "head": "."}
+    assert (out / data["target"]["path"]).resolve() == pair[0].resolve()
+    assert (out / data["draft"]["path"]).resolve() == pair[1].resolve()
+    assert data["sampling"]["max_tokens"] == 16 and data["runtime"]["threads"] == 1  # the source's settings
+    if "head" in {f.name for f in dataclasses.fields(ProposerSpec)}:  # once the eagle proposer exists
+        profile = load_profile(str(out / "profile.toml"))
+        assert profile.proposer.kind == "eagle" and Path(profile.target.path) == pair[0]
+
+
+def test_quiet_and_a_terminal(pair, profile_file, corpus_file, tmp_path, monkeypatch):
+    quiet = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "q", "--data", corpus_file,
+                    *FAST, "--steps", "1", "--quiet")
+    assert quiet.code == 0 and quiet.stderr == "" and "head: " in quiet.stdout
+    shown = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "t", "--data", corpus_file,
+                    *FAST, "--steps", "1", tty=True)
+    assert shown.code == 0 and "accept@4" in shown.stderr and "trained 1 steps" in shown.stderr
+
+
+def test_ctrl_c_keeps_a_usable_head(pair, profile_file, corpus_file, tmp_path, monkeypatch):
+    from specgen.core.head_formats import load_head
+
+    calls = []
+    original = th.Trainer.step
+
+    def interrupted(self, factor):
+        calls.append(factor)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(self, factor)
+
+    monkeypatch.setattr(th.Trainer, "step", interrupted)
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", "--data", corpus_file,
+                     *FAST, "--steps", "5")
+    assert result.code == 130, result
+    report = json.loads((tmp_path / "h" / "report.json").read_text())
+    assert report["complete"] is False and report["steps"] == 1
+    assert "interrupted" in result.stderr
+    load_head(tmp_path / "h", embedding=load_target(pair[0], "auto").model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--minutes", "0"), "--minutes 0 is not allowed: must be > 0"),
+    (("--steps", "-1"), "--steps -1 is not allowed"),
+    (("--batch-size", "0"), "--batch-size 0 is not allowed"),
+    (("--ttt-steps", "0"), "--ttt-steps 0 is not allowed"),
+    (("--seq-len", "8", "--ttt-steps", "9"), "must exceed --ttt-steps + 1"),
+    (("--lr", "2"), "--lr 2 is not allowed"),
+    (("--layers", "1,2"), "--layers takes three comma-separated layer ids"),
+    (("--layers", "1,x,2"), "--layers takes three comma-separated layer ids"),
+    (("--layers", "0,1,2"), "the target has 2 layers"),
+    (("--draft-vocab", "100000"), "larger than the target's vocabulary"),
+    (("--draft-vocab", "0"), "--draft-vocab 0 is not allowed"),
+    (("--seed", "-1"), "--seed -1 is not allowed"),
+    (("--eval-prompts", "0"), "--eval-prompts 0 is not allowed"),
+    (("--device", "tpu"), "--device"),
+])
+def test_bad_options_exit_2_with_one_line_before_torch(args, fragment, profile_file, corpus_file, tmp_path,
+                                                        monkeypatch):
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", "--data", corpus_file,
+                     *args)
+    assert_error(result, 2, fragment)
+    assert not (tmp_path / "h").exists()
+
+
+def test_data_errors(profile_file, tmp_path, monkeypatch):
+    def error(*args):
+        return specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", *args)
+
+    assert_error(error(), 2, "--data is needed", "give --data")
+    assert_error(error("--data", tmp_path / "none.txt"), 2, "none.txt not found")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
+    assert_error(error("--data", tmp_path / "bad.jsonl"), 2, "bad.jsonl:2: a JSON line needs a string field")
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9")
+    assert_error(error("--data", tmp_path / "latin.txt"), 2, "is not UTF-8")
+    (tmp_path / "empty").mkdir()
+    assert_error(error("--data", tmp_path / "empty"), 2, "holds no text")
+    (tmp_path / "file").write_text("x")
+    assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "file"), 2, "is a file")
+
+
+def test_data_folder_and_jsonl_hold_out_by_name(tmp_path):
+    from specgen.core.corpus import DATA_HOLDOUT_MOD, is_held_out, read_data
+
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    names = [f"sub/{i}.txt" for i in range(40)]
+    for name in names:
+        (folder / name).write_text(f"text {name}")
+    (folder / "blob.bin").write_bytes(b"\xff\xfe")
+    train, held, description = read_data(folder)
+    assert sorted(held) == sorted(f"text {n}" for n in names if is_held_out(n, DATA_HOLDOUT_MOD))
+    assert len(train) + len(held) == 40 and held and "40 text files" in description
+    lines = [json.dumps({"prompt" if i % 2 else "text": f"record {i}"}) for i in range(30)]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    train, held, description = read_data(tmp_path / "d.jsonl")
+    assert not any(is_held_out(str(n), DATA_HOLDOUT_MOD) for n in range(1, 31))  # so the tail is held out:
+    assert train[:-1] == [f"record {i}" for i in range(29)] and train[-1] + held[0] == "record 29"
+    assert held == ["9"] and "the last 5% held out" in description
+
+
+def test_a_make_pair_target_trains_on_its_own_corpus_without_the_held_out_files(tmp_path):
+    from specgen.core.corpus import PAIR_CORPORA, corpus_roots, list_files, pair_corpus, pair_texts, split
+
+    (tmp_path / "target").mkdir()
+    assert pair_corpus(str(tmp_path / "target")) is None
+    report = {"preset": "micro", "corpus": {}, "command": f"python make_pair.py --stdlib {tmp_path / 'absent'}"}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    spec, stdlib = pair_corpus(str(tmp_path / "target"))
+    assert spec == PAIR_CORPORA["micro"] and stdlib is None  # the named stdlib is not on this machine
+    train, held, description = pair_texts(spec)
+    _, held_files = split(list_files(corpus_roots(False, None)), spec.holdout_mod)
+    held_texts = {f.path.read_text(encoding="utf-8", errors="replace") for f in held_files}
+    assert held and not held_texts & set(train)
+    assert sum(map(len, train)) < spec.train_bytes + 512_000 and "held out by sha1" in description

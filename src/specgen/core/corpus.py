@@ -119,14 +119,16 @@ def pair_texts(spec: CorpusSpec, stdlib: Path | None = None) -> tuple[list[str],
 # ---------------------------------------------------------------- a user's data (--data)
 
 DATA_HOLDOUT_MOD = 20  # --data: a document is held out when the sha1 of its name % this == 0
+DATA_TAIL = 0.05  # --data with too few documents for that: the end of the last one is held out
 
 
 def read_data(path: Path) -> tuple[list[str], list[str], str]:
     """(training texts, held-out texts, description) of --data: a text file, a folder of text
     files (every UTF-8 file under it; others are skipped), or JSONL (*.jsonl) with a "text" or
     "prompt" field per line. A document is held out by the hash of its name (the folder's
-    relative path, or the JSONL line number), as make_pair holds out files; the caller holds out
-    the stream's tail where that leaves nothing. Raises UsageError for what the user must fix."""
+    relative path, or the JSONL line number), as make_pair holds out files; where that leaves
+    either side empty (one file, a few documents), the last 5% of the last document is held out
+    instead. Raises UsageError for what the user must fix."""
     from specgen.core.errors import UsageError
 
     if not path.exists():
@@ -145,9 +147,11 @@ def read_data(path: Path) -> tuple[list[str], list[str], str]:
         raise UsageError(f"--data {path} holds no text", hint="give a text file, a folder of text files, or JSONL")
     train = [text for name, text in docs if not is_held_out(name, DATA_HOLDOUT_MOD)]
     held = [text for name, text in docs if is_held_out(name, DATA_HOLDOUT_MOD)]
-    if not train:  # every document hashed out: train on them all, the tail is held out instead
-        train, held = held, []
-    return train, held, f"{kind} ({len(held)} held out by sha1(name) % {DATA_HOLDOUT_MOD} == 0)"
+    if train and held:
+        return train, held, f"{kind} ({len(held)} held out by sha1(name) % {DATA_HOLDOUT_MOD} == 0)"
+    texts = train or held  # too few documents for the hash to hold any out (or to leave any in)
+    cut = int(len(texts[-1]) * (1 - DATA_TAIL))
+    return texts[:-1] + [texts[-1][:cut]], [texts[-1][cut:]], f"{kind} (the last {DATA_TAIL:.0%} held out)"
 
 
 def _text_file(path: Path) -> str:

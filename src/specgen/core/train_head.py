@@ -322,7 +322,7 @@ def eval_prompts(tokenizer, heldout: list[str], eos_id: int, count: int) -> torc
 
 
 def target_shape(config) -> dict:
-    """The fields of a target's config (transformers' or core/llama's LlamaShape) the head copies."""
+    """The fields of a target's config (transformers', or LlamaShape of core/llama.py) the head copies."""
     heads = config.num_attention_heads
     rope = dict(getattr(config, "rope_parameters", None) or {})  # transformers 5; 4 had rope_theta/rope_scaling
     theta = getattr(config, "rope_theta", None) or rope.get("rope_theta", 10000.0)
@@ -343,7 +343,7 @@ def build_head(target, layer_ids: tuple[int, ...], draft_ids: torch.Tensor, init
     vocab, hidden = target.config.vocab_size, shape["hidden_size"]
     config = Eagle3Config(**shape, target_vocab_size=vocab, draft_vocab_size=len(draft_ids),
                           target_hidden_size=hidden, aux_layer_ids=tuple(layer_ids))
-    embedding = target.model.embed_tokens.weight  # in transformers Llama-family models and core/llama.py
+    embedding = target.model.embed_tokens.weight  # transformers' Llama family and core/llama.py
     torch.manual_seed(seed)
     head = Eagle3Head(config, embedding.detach().float().to(device), capacity=1).to(device)
     with torch.no_grad():
@@ -607,6 +607,8 @@ def _relative(path: str, out: Path) -> str:
     hub id as it is."""
     if not Path(path).is_absolute():
         return path
+    if os.path.commonpath([path, str(out.absolute())]) == os.sep:
+        return path  # nothing in common but the root: the absolute path reads better
     relative = os.path.relpath(path, out.absolute())
     return relative if relative.startswith("..") else f"./{relative}"
 
