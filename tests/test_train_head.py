@@ -213,13 +213,33 @@ def test_a_few_steps_lower_the_loss(pair, modeling):
 
 
 def test_draft_vocabulary_takes_the_most_frequent_ids():
-    class Tok:
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [int(c) for c in text]}
+    class Tok:  # a list of texts in, a list of id lists out, as transformers' tokenizers answer
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [[int(c) for c in text] for text in texts]}
 
     ids = th.draft_vocabulary(Tok(), ["1112223", "22"], eos_id=9, size=3, vocab=10)
     assert ids.tolist() == [1, 2, 9]  # 2 (x5), 1 (x3), 9 (EOS, x2) before 3 (x1)
     assert th.draft_vocabulary(Tok(), ["1"], eos_id=9, size=10, vocab=10).tolist() == list(range(10))
+
+
+def test_the_stream_is_the_documents_tokens_with_eos_between(pair):
+    """encode() hands the tokenizer lists; specgen's PlainTokenizer encodes a list as transformers'
+    tokenizer does, and as it encodes each text alone."""
+    from transformers import AutoTokenizer
+
+    from specgen.core.models import load_tokenizer
+    from specgen.core.settings import ModelSpec
+    from specgen.core.tokenizer import PlainTokenizer
+
+    plain = load_tokenizer(ModelSpec(path=str(pair[0])))
+    assert isinstance(plain, PlainTokenizer)
+    reference = AutoTokenizer.from_pretrained(pair[0])
+    texts = CORPUS * 3
+    expected = reference(texts, add_special_tokens=False)["input_ids"]
+    assert plain(texts, add_special_tokens=False)["input_ids"] == expected
+    stream = th.encode(plain, texts, eos_id=0, group=2)
+    expected = [i for text in texts for i in plain(text, add_special_tokens=False)["input_ids"] + [0]]
+    assert stream.tolist() == expected
 
 
 def test_default_layers_are_eagle3s_where_they_fit():

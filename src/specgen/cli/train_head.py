@@ -60,7 +60,8 @@ def train_head(
     download: opt.Download = None,
     trust_remote_code: opt.TrustRemoteCode = False,
     allow_pickle: opt.AllowPickle = False,
-    output_format: Annotated[Format, opt.output_option("--format", "-f", help="text | json (report.json).")] = Format.text,
+    output_format: Annotated[Format, opt.output_option(
+        "--format", "-f", help="text | json (report.json).")] = Format.text,
     quiet: opt.Quiet = False,
 ) -> None:
     """Train an EAGLE-3 draft head for the profile's target; stdout gets where it is and its acceptance."""

@@ -239,8 +239,7 @@ def continue_greedily(target, prompts: torch.Tensor, new_tokens: int, temperatur
     for _ in range(new_tokens):
         logits = target(input_ids=step, past_key_values=cache, use_cache=True).logits[:, -1].float()  # [N, V]
         if temperature > 0:
-            probs = (logits / temperature).softmax(-1)
-            step = torch.multinomial(probs.cpu(), 1, generator=generator).to(prompts.device)
+            step = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)
         else:
             step = logits.argmax(-1, keepdim=True)
         seqs = torch.cat([seqs, step], dim=1)
@@ -250,13 +249,15 @@ def continue_greedily(target, prompts: torch.Tensor, new_tokens: int, temperatur
 # ---------------------------------------------------------------- data
 
 
-def encode(tokenizer, texts: list[str], eos_id: int, limit: int | None = None) -> np.ndarray:
-    """The texts' tokens, each document followed by EOS, as one stream (stops past `limit`)."""
+def encode(tokenizer, texts: list[str], eos_id: int, limit: int | None = None, group: int = 64) -> np.ndarray:
+    """The texts' tokens, each document followed by EOS, as one stream (stops past `limit`).
+    Texts go to the tokenizer `group` at a time: a fast tokenizer encodes a list in parallel."""
     parts, total = [], 0
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        parts += [np.asarray(ids, dtype=np.int64), np.array([eos_id], dtype=np.int64)]
-        total += len(ids) + 1
+    eos = np.array([eos_id], dtype=np.int64)
+    for start in range(0, len(texts), group):
+        for ids in tokenizer(texts[start:start + group], add_special_tokens=False)["input_ids"]:
+            parts += [np.asarray(ids, dtype=np.int64), eos]
+            total += len(ids) + 1
         if limit is not None and total >= limit:
             break
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -401,14 +402,16 @@ class Trainer:
         rest = [p for p in head.parameters() if p.ndim < 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": rest}],
                                            lr=plan.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-        self.generator = torch.Generator().manual_seed(plan.seed)
+        self.generator = torch.Generator(device).manual_seed(plan.seed)  # --regenerate's sampling
         self.regenerated = 0
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
 
     def batch(self) -> TargetBatch:
-        ids = self.windows.next().to(self.device)  # [B, T]
+        ids = self.windows.next()  # [B, T]
+        # pinned and asynchronous: a plain copy to the GPU would wait for the steps queued before it
+        ids = ids.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else ids
         if self.plan.regenerate:
             keep = max(2, int(ids.shape[1] * REGEN_PROMPT_FRACTION))
             ids = continue_greedily(self.target, ids[:, :keep], ids.shape[1] - keep, REGEN_TEMPERATURE,
