@@ -242,6 +242,20 @@ def test_the_stream_is_the_documents_tokens_with_eos_between(pair):
     assert stream.tolist() == expected
 
 
+def test_windows_are_pieces_of_the_packed_stream_in_a_shuffled_order():
+    class Tok:
+        def __call__(self, texts, add_special_tokens=False):
+            return {"input_ids": [[int(c) for c in text] for text in texts]}
+
+    texts = ["1" * 40, "2" * 40, "3" * 40, "4" * 40]
+    windows = th.Windows(Tok(), texts, eos_id=0, seq_len=5, batch=4, seed=0, pool=4)
+    rows = [row for _ in range(6) for row in windows.next().tolist()]
+    # pieces of the documents packed with EOS (0) between them: a document changes only at an EOS
+    assert all(a == b or 0 in (a, b) for row in rows for a, b in zip(row, row[1:]))
+    first = [row[0] for row in rows[:8]]
+    assert first != sorted(first) and len(set(first)) > 1  # not one file's consecutive pieces
+
+
 def test_default_layers_are_eagle3s_where_they_fit():
     assert plan().resolved_layers(32) == (2, 16, 29)
     assert plan().resolved_layers(12) == (2, 6, 9)

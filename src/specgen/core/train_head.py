@@ -265,33 +265,38 @@ def encode(tokenizer, texts: list[str], eos_id: int, limit: int | None = None, g
 
 class Windows:
     """Token windows [B, T] of the training texts: documents in a seeded order, tokenized as they
-    are needed (a large corpus costs only what the steps read), packed with EOS between them."""
+    are needed (a large corpus costs only what the steps read) and packed with EOS between them;
+    the windows of `pool` batches at a time are shuffled, so that a batch does not hold the
+    consecutive pieces of one long file."""
 
-    def __init__(self, tokenizer, texts: list[str], eos_id: int, seq_len: int, batch: int, seed: int):
+    def __init__(self, tokenizer, texts: list[str], eos_id: int, seq_len: int, batch: int, seed: int,
+                 pool: int = 32):
         self.tokenizer, self.texts, self.eos_id = tokenizer, texts, eos_id
-        self.seq_len, self.batch = seq_len, batch
+        self.seq_len, self.batch, self.pool = seq_len, batch, pool
         self.rng = np.random.default_rng(seed)
         self.order: list[int] = []
-        self.buffer = np.zeros(0, dtype=np.int64)
-        self.tokens_read, self.epochs = 0, 0
+        self.carry = np.zeros(0, dtype=np.int64)  # the tokens after the last whole window
+        self.windows = np.zeros((0, seq_len), dtype=np.int64)
+        self.epochs = 0
 
     def next(self) -> torch.Tensor:
-        need = self.batch * self.seq_len
-        while len(self.buffer) < need:
-            self._read(need)
-        block, self.buffer = self.buffer[:need], self.buffer[need:]
-        return torch.from_numpy(block.reshape(self.batch, self.seq_len).copy())
+        while len(self.windows) < self.batch:
+            self._read()
+        block, self.windows = self.windows[:self.batch], self.windows[self.batch:]
+        return torch.from_numpy(block.copy())  # [B, T]
 
-    def _read(self, need: int) -> None:
-        if not self.order:
-            self.order = self.rng.permutation(len(self.texts)).tolist()
-            self.epochs += 1
-        chunk = []
-        while self.order and sum(len(t) for t in chunk) < 4 * need:  # ~4 characters a token, at least
+    def _read(self) -> None:
+        want, chunk = self.pool * self.batch * self.seq_len, []
+        while sum(len(t) for t in chunk) < 3 * want:  # at least ~3 characters a token
+            if not self.order:
+                self.order = self.rng.permutation(len(self.texts)).tolist()
+                self.epochs += 1
             chunk.append(self.texts[self.order.pop()])
-        stream = encode(self.tokenizer, chunk, self.eos_id)
-        self.tokens_read += len(stream)
-        self.buffer = np.concatenate([self.buffer, stream])
+        stream = np.concatenate([self.carry, encode(self.tokenizer, chunk, self.eos_id)])
+        whole = len(stream) // self.seq_len * self.seq_len
+        self.carry = stream[whole:]
+        fresh = stream[:whole].reshape(-1, self.seq_len)
+        self.windows = np.concatenate([self.windows, fresh[self.rng.permutation(len(fresh))]])
 
 
 def draft_vocabulary(tokenizer, texts: list[str], eos_id: int, size: int, vocab: int,
