@@ -399,6 +399,12 @@ def test_data_errors(profile_file, tmp_path, monkeypatch):
     assert_error(error("--data", tmp_path / "empty"), 2, "holds no text")
     (tmp_path / "file").write_text("x")
     assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "file"), 2, "is a file")
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("x")
+    assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "used"), 2,
+                 "holds other files (notes.txt, ...)")
+    assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "a" / "h"), 2,
+                 "does not exist")
 
 
 def test_data_folder_and_jsonl_hold_out_by_name(tmp_path):

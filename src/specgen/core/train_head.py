@@ -449,8 +449,10 @@ class Trainer:
         plan, start = self.plan, time.perf_counter()
         progress = Progress(planned=plan.steps)
         progress.acceptance = self.evaluate()
+        evaluation = time.perf_counter() - start
+        eval_seconds = max(eval_seconds, 5 * evaluation)  # evaluating takes at most a sixth of the time
         # room for the final evaluation (the same size) and saving before the hard deadline
-        deadline -= 2 * (time.perf_counter() - start) + 2.0
+        deadline -= 2 * evaluation + 2.0
         progress.budget = max(1e-3, deadline - start)
         last_eval, last_read, sums, count, losses, complete = time.perf_counter(), 0.0, None, 0, [], True
         report(progress)

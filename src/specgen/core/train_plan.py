@@ -117,3 +117,10 @@ def check_out_folder(out: Path) -> None:
                              hint="give a new or empty folder, or one that train-head wrote")
     elif not out.parent.is_dir():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist", hint="create it first")
+    import tempfile
+
+    try:  # before minutes of training: the head could not be saved
+        with tempfile.TemporaryFile(dir=out if out.is_dir() else out.parent):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror})", hint="choose another folder") from None
