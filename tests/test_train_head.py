@@ -212,6 +212,37 @@ def test_a_few_steps_lower_the_loss(pair, modeling):
     assert losses[-1] < 0.7 * losses[0], losses
 
 
+@pytest.mark.parametrize("modeling", ["transformers", "auto"])
+def test_greedy_continuation_is_transformers_generate(pair, modeling):
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32).eval()
+    prompts = torch.randint(1, 300, (3, 7), generator=torch.Generator().manual_seed(2))
+    expected = reference.generate(prompts, max_new_tokens=9, do_sample=False, min_new_tokens=9,
+                                  attention_mask=torch.ones_like(prompts))
+    assert torch.equal(th.continue_greedily(load_target(pair[0], modeling), prompts, 9), expected)
+
+
+def test_regenerated_batches_keep_the_datas_first_quarter(pair, profile_file, corpus_file):
+    from specgen.core.models import load_tokenizer
+    from specgen.core.settings import ModelSpec
+
+    target = load_target(pair[0], "auto")
+    tokenizer = load_tokenizer(ModelSpec(path=str(pair[0])))
+    texts = CORPUS * 20
+    layers, draft_ids = (0, 1, 1), torch.arange(target.config.vocab_size)
+    head = th.build_head(target, layers, draft_ids, True, 0, torch.device("cpu"))
+    windows = th.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 2, seed=1)
+    data = th.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 2, seed=1)
+    trainer = th.Trainer(target, head, plan(regenerate=True), windows, None, th.AuxCapture(target, layers),
+                         torch.device("cpu"))
+    batches = [trainer.regenerated_batch() for _ in range(th.REGEN_POOL)]
+    assert trainer.regenerated == th.REGEN_POOL * 2 * 24  # 8 of each 32 tokens are the data's
+    for batch in batches:
+        assert torch.equal(batch[:, :8], data.next()[:, :8]) and batch.shape == (2, 32)
+    trainer.capture.remove()
+
+
 def test_draft_vocabulary_takes_the_most_frequent_ids():
     class Tok:  # a list of texts in, a list of id lists out, as transformers' tokenizers answer
         def __call__(self, texts, add_special_tokens=False):

@@ -50,6 +50,7 @@ EVAL_PROMPT_TOKENS = 64
 EVAL_NEW_TOKENS = 96
 REGEN_PROMPT_FRACTION = 0.25  # --regenerate: a quarter of each window is the data's prompt
 REGEN_TEMPERATURE = 0.8
+REGEN_POOL = 8  # --regenerate: batches continued together
 
 
 # ---------------------------------------------------------------- the target's hidden states
@@ -408,21 +409,32 @@ class Trainer:
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": rest}],
                                            lr=plan.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
         self.generator = torch.Generator(device).manual_seed(plan.seed)  # --regenerate's sampling
-        self.regenerated = 0
+        self.regenerated, self.pool = 0, torch.zeros(0, plan.seq_len, dtype=torch.long)
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+        """bf16 autocast on CUDA, and on the CPU for a target that is not float32 (its hidden
+        states then meet the head's float32 weights); the head's weights stay float32."""
+        low = self.device.type == "cuda" or self.target.get_output_embeddings().weight.dtype != torch.float32
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=low)
 
     def batch(self) -> TargetBatch:
-        ids = self.windows.next()  # [B, T]
+        ids = self.regenerated_batch() if self.plan.regenerate else self.windows.next()  # [B, T]
         # pinned and asynchronous: a plain copy to the GPU would wait for the steps queued before it
         ids = ids.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else ids
-        if self.plan.regenerate:
+        return run_target(self.target, self.capture, ids, self.draft_ids)
+
+    def regenerated_batch(self) -> torch.Tensor:
+        """--regenerate: the target's continuations of the first quarter of data windows, made
+        REGEN_POOL batches at a time (one decode step serves them all)."""
+        if not len(self.pool):
+            ids = torch.cat([self.windows.next() for _ in range(REGEN_POOL)]).to(self.device)
             keep = max(2, int(ids.shape[1] * REGEN_PROMPT_FRACTION))
             ids = continue_greedily(self.target, ids[:, :keep], ids.shape[1] - keep, REGEN_TEMPERATURE,
                                     self.generator)
             self.regenerated += ids.numel() - ids.shape[0] * keep
-        return run_target(self.target, self.capture, ids, self.draft_ids)
+            self.pool = ids.cpu()
+        ids, self.pool = self.pool[:self.plan.batch_size], self.pool[self.plan.batch_size:]
+        return ids
 
     def step(self, factor: float) -> torch.Tensor:
         for group in self.optimizer.param_groups:
