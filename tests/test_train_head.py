@@ -287,6 +287,14 @@ def test_windows_are_pieces_of_the_packed_stream_in_a_shuffled_order():
     assert first != sorted(first) and len(set(first)) > 1  # not one file's consecutive pieces
 
 
+def test_batch_and_sequence_defaults_follow_the_device_and_the_context():
+    auto = plan(batch_size=None, seq_len=None)
+    assert (auto.for_device(True, 2048).batch_size, auto.for_device(True, 2048).seq_len) == (16, 1024)
+    assert (auto.for_device(False, 2048).batch_size, auto.for_device(False, 2048).seq_len) == (4, 256)
+    assert auto.for_device(True, 512).seq_len == 512 and auto.for_device(True, None).seq_len == 1024
+    assert plan(batch_size=3, seq_len=40).for_device(True, 512).batch_size == 3
+
+
 def test_default_layers_are_eagle3s_where_they_fit():
     assert plan().resolved_layers(32) == (2, 16, 29)
     assert plan().resolved_layers(12) == (2, 6, 9)
@@ -403,6 +411,7 @@ def test_ctrl_c_keeps_a_usable_head(pair, profile_file, corpus_file, tmp_path, m
     (("--layers", "1,x,2"), "--layers takes three comma-separated layer ids"),
     (("--layers", "0,1,2"), "the target has 2 layers"),
     (("--draft-vocab", "100000"), "larger than the target's vocabulary"),
+    (("--seq-len", "1000"), "--seq-len 1000 is longer than the target's context (512 tokens)"),
     (("--draft-vocab", "0"), "--draft-vocab 0 is not allowed"),
     (("--seed", "-1"), "--seed -1 is not allowed"),
     (("--eval-prompts", "0"), "--eval-prompts 0 is not allowed"),

@@ -42,8 +42,10 @@ def train_head(
     eval_prompts: Annotated[int, _data("--eval-prompts", help="Held-out prompts that measure acceptance.")] = 16,
     minutes: Annotated[float, _training("--minutes", help="Wall-time cap of the whole command.")] = 5.0,
     steps: Annotated[int, _training("--steps", help="Training steps; 0 = as many as --minutes allows.")] = 0,
-    batch_size: Annotated[int, _training("--batch-size", help="Sequences per step.")] = 8,
-    seq_len: Annotated[int, _training("--seq-len", help="Tokens per sequence.")] = 512,
+    batch_size: Annotated[Optional[int], _training(
+        "--batch-size", help="Sequences per step (default: 16 on CUDA, 4 on the CPU).")] = None,
+    seq_len: Annotated[Optional[int], _training(
+        "--seq-len", help="Tokens per sequence (default: 1024 on CUDA, 256 on the CPU).")] = None,
     lr: Annotated[float, _training("--lr", help="Peak learning rate (warmup, then cosine to 10%).")] = 1e-3,
     ttt_steps: Annotated[int, _training(
         "--ttt-steps", help="Drafting steps unrolled in training (training-time test).")] = 4,
@@ -80,7 +82,9 @@ def train_head(
     config = train_plan.local_target_config(settings.target.path)
     if config is not None and isinstance(config.get("num_hidden_layers"), int) and isinstance(
             config.get("vocab_size"), int):
-        plan.check_against_target(config["num_hidden_layers"], config["vocab_size"])
+        context = config.get("max_position_embeddings")
+        plan.check_against_target(config["num_hidden_layers"], config["vocab_size"],
+                                  context if isinstance(context, int) else None)
     texts = read_data(data, settings.target.path)
     out.mkdir(exist_ok=True)
     command = shlex.join(["specgen", "train-head", *sys.argv[2:]]) if sys.argv[1:2] == ["train-head"] else None

@@ -528,7 +528,9 @@ def train_head(profile, plan: TrainPlan, data: Data, out: Path, deadline: float,
     target = models.load_model(profile.target, allow_pickle, runtime.download, runtime.modeling)
     target.requires_grad_(False)
     config, device = target.config, target.get_output_embeddings().weight.device
-    plan.check_against_target(config.num_hidden_layers, config.vocab_size)
+    context = getattr(config, "max_position_embeddings", None)
+    plan.check_against_target(config.num_hidden_layers, config.vocab_size, context)
+    plan = plan.for_device(device.type == "cuda", context)
     layer_ids = plan.resolved_layers(config.num_hidden_layers)
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
     draft_ids = draft_vocabulary(tokenizer, data.train, eos_id, plan.resolved_draft_vocab(config.vocab_size),

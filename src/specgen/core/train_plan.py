@@ -25,8 +25,8 @@ SHOWN_K = 4  # the progress bar's
 class TrainPlan:
     minutes: float  # wall-time cap of the whole command
     steps: int  # 0 = as many as fit in `minutes`
-    batch_size: int  # sequences per step
-    seq_len: int  # tokens per sequence
+    batch_size: int | None  # sequences per step; None = by device (`for_device`)
+    seq_len: int | None  # tokens per sequence; None = by device, at most the target's context
     lr: float  # peak learning rate (AdamW; warmup, then cosine to 10%)
     ttt_steps: int  # training-time-test unroll depth: the head's drafting steps trained per position
     layers: tuple[int, int, int] | None  # aux layer ids; None = EAGLE-3's default, made valid for the target
@@ -39,16 +39,29 @@ class TrainPlan:
     def __post_init__(self):
         _check(self.minutes > 0 and math.isfinite(self.minutes), f"--minutes {self.minutes:g}", "must be > 0")
         _check(self.steps >= 0, f"--steps {self.steps}", "must be >= 0 (0 = until --minutes)")
-        _check(1 <= self.batch_size <= 4096, f"--batch-size {self.batch_size}", "must be from 1 to 4096")
-        _check(8 <= self.seq_len <= 1 << 20, f"--seq-len {self.seq_len}", "must be from 8 to 1048576")
+        if self.batch_size is not None:
+            _check(1 <= self.batch_size <= 4096, f"--batch-size {self.batch_size}", "must be from 1 to 4096")
+        if self.seq_len is not None:
+            _check(8 <= self.seq_len <= 1 << 20, f"--seq-len {self.seq_len}", "must be from 8 to 1048576")
         _check(0 < self.lr < 1 and math.isfinite(self.lr), f"--lr {self.lr:g}", "must be in (0, 1)")
         _check(1 <= self.ttt_steps <= 16, f"--ttt-steps {self.ttt_steps}", "must be from 1 to 16")
-        _check(self.seq_len > self.ttt_steps + 1, f"--seq-len {self.seq_len}",
-               f"must exceed --ttt-steps + 1 ({self.ttt_steps + 1})")
+        if self.seq_len is not None:
+            _check(self.seq_len > self.ttt_steps + 1, f"--seq-len {self.seq_len}",
+                   f"must exceed --ttt-steps + 1 ({self.ttt_steps + 1})")
         if self.draft_vocab is not None:
             _check(self.draft_vocab >= 1, f"--draft-vocab {self.draft_vocab}", "must be >= 1")
         _check(0 <= self.seed < 2**63, f"--seed {self.seed}", "must be from 0 to 2**63 - 1")
         _check(1 <= self.eval_prompts <= 1024, f"--eval-prompts {self.eval_prompts}", "must be from 1 to 1024")
+
+    def for_device(self, cuda: bool, context: int | None) -> "TrainPlan":
+        """Batch size and sequence length resolved: on CUDA 16 × 1024 tokens a step, on the CPU
+        4 × 256 (more, smaller steps learn more in the minutes a CPU has); the sequence at most
+        the target's context (`context`: its max_position_embeddings, None if unknown)."""
+        import dataclasses
+
+        batch, seq = (16, 1024) if cuda else (4, 256)
+        seq = self.seq_len or (min(seq, context) if context else seq)
+        return dataclasses.replace(self, batch_size=self.batch_size or batch, seq_len=max(seq, self.ttt_steps + 2))
 
     def resolved_layers(self, target_layers: int) -> tuple[int, int, int]:
         """--layers, or EAGLE-3's (2, N // 2, N - 3) where those are three increasing ids of the
@@ -64,8 +77,12 @@ class TrainPlan:
     def resolved_draft_vocab(self, target_vocab: int) -> int:
         return self.draft_vocab if self.draft_vocab is not None else min(DEFAULT_DRAFT_VOCAB, target_vocab)
 
-    def check_against_target(self, layers: int, vocab: int) -> None:
-        """The options that depend on the target: layer ids and the draft vocabulary's size."""
+    def check_against_target(self, layers: int, vocab: int, context: int | None) -> None:
+        """The options that depend on the target: layer ids, the draft vocabulary's size and the
+        sequence length (`context`: its max_position_embeddings, None if unknown)."""
+        if self.seq_len is not None and context and self.seq_len > context:
+            raise UsageError(f"--seq-len {self.seq_len} is longer than the target's context ({context} tokens)",
+                             hint=f"give at most {context}, or leave it out")
         if self.layers is not None and any(i >= layers for i in self.layers):
             raise UsageError(f"--layers {','.join(map(str, self.layers))}: the target has {layers} layers "
                              f"(ids 0 to {layers - 1}; id i is the input of layer i)",
