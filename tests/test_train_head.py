@@ -181,7 +181,6 @@ def test_the_head_simulation_counts_what_cached_drafting_would_accept():
 # ---------------------------------------------------------------- training
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("modeling", ["transformers", "auto"])
 def test_a_few_steps_lower_the_loss(pair, modeling):
     """A tiny random Llama target, through transformers and through core/llama.py: the TTT loss
