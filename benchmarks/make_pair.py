@@ -35,9 +35,16 @@ import torch.nn.functional as F
 import transformers
 
 # The corpus and its held-out split live in the package: `specgen train-head` reads the same files.
-from specgen.core.corpus import (PAIR_CORPORA, CorpusSpec, SourceFile, corpus_roots, list_files, read_texts,
-                                 split)
-from specgen.core.corpus import is_held_out  # noqa: F401 - tests/test_make_pair.py reads it here
+from specgen.core.corpus import (
+    PAIR_CORPORA,
+    CorpusSpec,
+    SourceFile,
+    corpus_roots,
+    is_held_out,  # noqa: F401 - tests/test_make_pair.py reads it here
+    list_files,
+    read_texts,
+    split,
+)
 
 EOS = "<|endoftext|>"
 PROMPT_TOKENS = 128

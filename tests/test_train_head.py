@@ -5,14 +5,15 @@ output folder, and the command's errors."""
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from cli_helpers import assert_error, specgen
 from tiny_models import CORPUS, build_head, build_pair, tiny_head_config, write_profile
 
+from specgen.core import head_data as hd
 from specgen.core import train_head as th
 from specgen.core.train_plan import TrainPlan
 
@@ -191,13 +192,13 @@ def test_a_few_steps_lower_the_loss(pair, modeling):
 
     tokenizer = load_tokenizer(ModelSpec(path=str(pair[0])))
     texts = CORPUS * 4
-    draft_ids = th.draft_vocabulary(tokenizer, texts, tokenizer.eos_token_id, 200, target.config.vocab_size)
+    draft_ids = hd.draft_vocabulary(tokenizer, texts, tokenizer.eos_token_id, 200, target.config.vocab_size)
     assert len(draft_ids) == 200 and torch.equal(draft_ids, draft_ids.sort().values)
     layers = plan().resolved_layers(target.config.num_hidden_layers)
     assert layers == (0, 1, 1)  # two layers: EAGLE-3's default made valid
     head = th.build_head(target, layers, draft_ids, True, 0, torch.device("cpu"))
     capture = th.AuxCapture(target, layers)
-    windows = th.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 4, 0)
+    windows = hd.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 4, 0)
     batch = th.run_target(target, capture, windows.next(), draft_ids)
     optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
     losses = []
@@ -231,8 +232,8 @@ def test_regenerated_batches_keep_the_datas_first_quarter(pair, profile_file, co
     texts = CORPUS * 20
     layers, draft_ids = (0, 1, 1), torch.arange(target.config.vocab_size)
     head = th.build_head(target, layers, draft_ids, True, 0, torch.device("cpu"))
-    windows = th.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 2, seed=1)
-    data = th.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 2, seed=1)
+    windows = hd.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 2, seed=1)
+    data = hd.Windows(tokenizer, texts, tokenizer.eos_token_id, 32, 2, seed=1)
     trainer = th.Trainer(target, head, plan(regenerate=True), windows, None, th.AuxCapture(target, layers),
                          torch.device("cpu"))
     batches = [trainer.regenerated_batch() for _ in range(th.REGEN_POOL)]
@@ -247,9 +248,9 @@ def test_draft_vocabulary_takes_the_most_frequent_ids():
         def __call__(self, texts, add_special_tokens=False):
             return {"input_ids": [[int(c) for c in text] for text in texts]}
 
-    ids = th.draft_vocabulary(Tok(), ["1112223", "22"], eos_id=9, size=3, vocab=10)
+    ids = hd.draft_vocabulary(Tok(), ["1112223", "22"], eos_id=9, size=3, vocab=10)
     assert ids.tolist() == [1, 2, 9]  # 2 (x5), 1 (x3), 9 (EOS, x2) before 3 (x1)
-    assert th.draft_vocabulary(Tok(), ["1"], eos_id=9, size=10, vocab=10).tolist() == list(range(10))
+    assert hd.draft_vocabulary(Tok(), ["1"], eos_id=9, size=10, vocab=10).tolist() == list(range(10))
 
 
 def test_the_stream_is_the_documents_tokens_with_eos_between(pair):
@@ -267,7 +268,7 @@ def test_the_stream_is_the_documents_tokens_with_eos_between(pair):
     texts = CORPUS * 3
     expected = reference(texts, add_special_tokens=False)["input_ids"]
     assert plain(texts, add_special_tokens=False)["input_ids"] == expected
-    stream = th.encode(plain, texts, eos_id=0, group=2)
+    stream = hd.encode(plain, texts, eos_id=0, group=2)
     expected = [i for text in texts for i in plain(text, add_special_tokens=False)["input_ids"] + [0]]
     assert stream.tolist() == expected
 
@@ -278,7 +279,7 @@ def test_windows_are_pieces_of_the_packed_stream_in_a_shuffled_order():
             return {"input_ids": [[int(c) for c in text] for text in texts]}
 
     texts = ["1" * 40, "2" * 40, "3" * 40, "4" * 40]
-    windows = th.Windows(Tok(), texts, eos_id=0, seq_len=5, batch=4, seed=0, pool=4)
+    windows = hd.Windows(Tok(), texts, eos_id=0, seq_len=5, batch=4, seed=0, pool=4)
     rows = [row for _ in range(6) for row in windows.next().tolist()]
     # pieces of the documents packed with EOS (0) between them: a document changes only at an EOS
     assert all(a == b or 0 in (a, b) for row in rows for a, b in zip(row, row[1:]))
@@ -467,7 +468,14 @@ def test_data_folder_and_jsonl_hold_out_by_name(tmp_path):
 
 
 def test_a_make_pair_target_trains_on_its_own_corpus_without_the_held_out_files(tmp_path):
-    from specgen.core.corpus import PAIR_CORPORA, corpus_roots, list_files, pair_corpus, pair_texts, split
+    from specgen.core.corpus import (
+        PAIR_CORPORA,
+        corpus_roots,
+        list_files,
+        pair_corpus,
+        pair_texts,
+        split,
+    )
 
     (tmp_path / "target").mkdir()
     assert pair_corpus(str(tmp_path / "target")) is None

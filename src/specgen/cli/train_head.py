@@ -98,7 +98,7 @@ def read_data(data: Path | None, target_path: str):
     """--data, or the training corpus of the make_pair pair the target belongs to."""
     from specgen.core import corpus
     from specgen.core.errors import UsageError
-    from specgen.core.train_head import Data
+    from specgen.core.head_data import Data
 
     if data is not None:
         return Data(*corpus.read_data(data))
@@ -128,7 +128,13 @@ def progress_bar(console, enabled: bool, plan):
     """A context manager yielding the trainer's progress callback: a Rich bar on a terminal."""
     import contextlib
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     @contextlib.contextmanager
     def bar():

@@ -53,7 +53,7 @@ class TrainPlan:
         _check(0 <= self.seed < 2**63, f"--seed {self.seed}", "must be from 0 to 2**63 - 1")
         _check(1 <= self.eval_prompts <= 1024, f"--eval-prompts {self.eval_prompts}", "must be from 1 to 1024")
 
-    def for_device(self, cuda: bool, context: int | None) -> "TrainPlan":
+    def for_device(self, cuda: bool, context: int | None) -> TrainPlan:
         """Batch size and sequence length resolved: on CUDA 16 × 1024 tokens a step, on the CPU
         4 × 256 (more, smaller steps learn more in the minutes a CPU has); the sequence at most
         the target's context (`context`: its max_position_embeddings, None if unknown)."""
