@@ -378,6 +378,25 @@ def test_quiet_and_a_terminal(pair, profile_file, corpus_file, tmp_path, monkeyp
     assert shown.code == 0 and "accept@4" in shown.stderr and "trained 1 steps" in shown.stderr
 
 
+def test_ctrl_c_in_the_final_evaluation_still_saves(pair, profile_file, corpus_file, tmp_path, monkeypatch):
+    calls = []
+    original = th.Trainer.evaluate
+
+    def evaluate(self):
+        calls.append(1)
+        if len(calls) == 2:  # the first is before training, the second the final one
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(th.Trainer, "evaluate", evaluate)
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", "--data", corpus_file,
+                     *FAST, "--steps", "1")
+    assert result.code == 130, result
+    report = json.loads((tmp_path / "h" / "report.json").read_text())
+    assert report["complete"] is False and report["steps"] == 1 and report["simulated_acceptance"]["1"] >= 1
+    assert (tmp_path / "h" / "model.safetensors").is_file() and (tmp_path / "h" / "profile.toml").is_file()
+
+
 def test_ctrl_c_keeps_a_usable_head(pair, profile_file, corpus_file, tmp_path, monkeypatch):
     from specgen.core.head_formats import load_head
 

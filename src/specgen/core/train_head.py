@@ -310,6 +310,7 @@ class Outcome:
     steps: int
     complete: bool  # False after Ctrl-C
     losses: list[tuple[int, float]]  # (step, mean loss of the steps since the previous entry)
+    acceptance: list[float]  # the last evaluation's, at k = 1..EVAL_K
     train_seconds: float
     tokens_seen: int
     regenerated_tokens: int
@@ -414,7 +415,7 @@ class Trainer:
                 report(progress)
         except KeyboardInterrupt:
             complete = False
-        return Outcome(progress.step, complete, losses, time.perf_counter() - start,
+        return Outcome(progress.step, complete, losses, progress.acceptance, time.perf_counter() - start,
                        progress.step * plan.batch_size * plan.seq_len, self.regenerated)
 
 
@@ -464,10 +465,15 @@ def train_head(profile, plan: TrainPlan, data: Data, out: Path, deadline: float,
         windows = Windows(tokenizer, data.train, eos_id, plan.seq_len, plan.batch_size, plan.seed)
         trainer = Trainer(target, head, plan, windows, evalset, capture, device)
         outcome = trainer.run(deadline, report)
-        acceptance = trainer.evaluate()
+        acceptance, draft_acceptance = outcome.acceptance, None
+        try:  # a Ctrl-C from here on still saves the head, with the last measurement
+            acceptance = trainer.evaluate()
+            if outcome.complete:
+                draft_acceptance = _draft_acceptance(profile, evalset, allow_pickle)
+        except KeyboardInterrupt:
+            outcome.complete = False
     finally:
         capture.remove()
-    draft_acceptance = _draft_acceptance(profile, evalset, allow_pickle) if outcome.complete else None
     document = {
         "complete": outcome.complete, "command": command, "profile": profile.name, "target": profile.target.path,
         "device": device_name(device), "seed": plan.seed, "data": data.description,
