@@ -88,7 +88,7 @@ def train_head(
     texts = read_data(data, settings.target.path)
     out.mkdir(exist_ok=True)
     command = shlex.join(["specgen", "train-head", *sys.argv[2:]]) if sys.argv[1:2] == ["train-head"] else None
-    document = run(settings, plan, texts, out, started + 60 * minutes, written, command, allow_pickle, quiet)
+    document = run(settings, plan, texts, out, started, written, command, allow_pickle, quiet)
     show(document, out, output_format)
     if not document["complete"]:
         raise typer.Exit(130)
@@ -109,7 +109,7 @@ def read_data(data: Path | None, target_path: str):
     return Data(*corpus.pair_texts(*pair))
 
 
-def run(settings, plan, texts, out: Path, deadline: float, written, command, allow_pickle: bool, quiet: bool) -> dict:
+def run(settings, plan, texts, out: Path, started: float, written, command, allow_pickle: bool, quiet: bool) -> dict:
     from specgen.cli.loading import collector_paused
 
     with render.startup_status(enabled=not quiet), collector_paused():  # torch's import, as the others do
@@ -118,7 +118,7 @@ def run(settings, plan, texts, out: Path, deadline: float, written, command, all
     console = render.stderr_console()
     live = not quiet and render.can_draw(console)
     with progress_bar(console, live, plan) as update:
-        document = train(settings, plan, texts, out, deadline, update, written, command, allow_pickle)
+        document = train(settings, plan, texts, out, started, update, written, command, allow_pickle)
     if not quiet:
         console.print(summary(document), style="dim", highlight=False, markup=False)
     return document

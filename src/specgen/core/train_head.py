@@ -314,6 +314,7 @@ class Outcome:
     train_seconds: float
     tokens_seen: int
     regenerated_tokens: int
+    draft_acceptance: list[float] | None = None  # the profile's draft model's, for comparison
 
 
 def lr_factor(progress: float, warmup: float = 0.05) -> float:
@@ -432,15 +433,14 @@ def curve_summary(losses: list[tuple[int, float]], points: int = 20) -> dict:
 # ---------------------------------------------------------------- the command's work
 
 
-def train_head(profile, plan: TrainPlan, data: Data, out: Path, deadline: float, report: Callable[[Progress], None],
-               written_profile, command: str, allow_pickle: bool = False) -> dict:
-    """Load the profile's target, train a head until `deadline` (a time.perf_counter() value),
-    write `out` (the head in the speculators format, profile.toml made from `written_profile`,
-    report.json) and return the report. Ctrl-C while training still writes a usable head; the
-    report then says `"complete": false`."""
+def train_head(profile, plan: TrainPlan, data: Data, out: Path, started: float, report: Callable[[Progress], None],
+               written_profile, command: str | None, allow_pickle: bool = False) -> dict:
+    """Load the profile's target, train a head until `plan.minutes` after `started` (a
+    time.perf_counter() value), write `out` (the head in the speculators format, profile.toml
+    made from `written_profile`, report.json) and return the report. Ctrl-C while training still
+    writes a usable head; the report then says `"complete": false`."""
     from specgen.core import head_formats, models
 
-    wall = time.perf_counter()
     torch.set_num_threads(models.cpu_threads(profile.runtime))
     runtime = profile.runtime
     tokenizer = models.load_tokenizer(profile.target, allow_pickle, runtime.download, runtime.modeling)
@@ -464,36 +464,19 @@ def train_head(profile, plan: TrainPlan, data: Data, out: Path, deadline: float,
                                          draft_ids.to(device)), EVAL_PROMPT_TOKENS)
         windows = Windows(tokenizer, data.train, eos_id, plan.seq_len, plan.batch_size, plan.seed)
         trainer = Trainer(target, head, plan, windows, evalset, capture, device)
-        outcome = trainer.run(deadline, report)
-        acceptance, draft_acceptance = outcome.acceptance, None
+        outcome = trainer.run(started + 60 * plan.minutes, report)
         try:  # a Ctrl-C from here on still saves the head, with the last measurement
-            acceptance = trainer.evaluate()
+            outcome.acceptance = trainer.evaluate()
             if outcome.complete:
-                draft_acceptance = _draft_acceptance(profile, evalset, allow_pickle)
+                outcome.draft_acceptance = _draft_acceptance(profile, evalset, allow_pickle)
         except KeyboardInterrupt:
             outcome.complete = False
     finally:
         capture.remove()
-    document = {
-        "complete": outcome.complete, "command": command, "profile": profile.name, "target": profile.target.path,
-        "device": device_name(device), "seed": plan.seed, "data": data.description,
-        "plan": {name: value for name, value in vars_of(plan).items()},
-        "aux_layer_ids": list(layer_ids), "draft_vocab_size": len(draft_ids),
-        "head_params": sum(p.numel() for p in head.parameters()),
-        "steps": outcome.steps, "tokens_seen": outcome.tokens_seen,
-        "regenerated_tokens": outcome.regenerated_tokens, "epochs": windows.epochs,
-        "loss": curve_summary(outcome.losses),
-        "simulated_acceptance": _by_k(acceptance),
-        "eval": {"prompts": int(prompts.shape[0]), "prompt_tokens": EVAL_PROMPT_TOKENS,
-                 "new_tokens": EVAL_NEW_TOKENS, "chains": len(evalset.starts) * int(prompts.shape[0]),
-                 "what": "the target's greedy continuations of held-out prompts; the mean accepted length "
-                         "(accepted + 1) if the head drafted greedily from every position"},
-        "train_seconds": round(outcome.train_seconds, 1),
-        "wall_seconds": round(time.perf_counter() - wall, 1),
-        **versions(),
-    }
-    if draft_acceptance is not None:
-        document["draft_model_simulated_acceptance"] = _by_k(draft_acceptance)
+    document = {"complete": outcome.complete, "command": command, "profile": profile.name,
+                "target": profile.target.path, "device": device_name(device), "data": data.description,
+                **_results(plan, head, outcome, evalset, windows),
+                "wall_seconds": round(time.perf_counter() - started, 1), **versions()}
     with _interrupts_held():
         head_formats.save_speculators(head, out, verifier_name=profile.target.path,
                                       verifier_architectures=list(getattr(config, "architectures", None) or []),
@@ -501,6 +484,25 @@ def train_head(profile, plan: TrainPlan, data: Data, out: Path, deadline: float,
         (out / "profile.toml").write_text(head_profile(written_profile, out), encoding="utf-8")
         (out / "report.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return document
+
+
+def _results(plan: TrainPlan, head: Eagle3Head, outcome: Outcome, evalset: EvalSet, windows: Windows) -> dict:
+    """report.json's account of the training and of the head's simulated acceptance."""
+    chains = len(evalset.starts) * evalset.batch.ids.shape[0]
+    results = {
+        "seed": plan.seed, "plan": vars_of(plan), "aux_layer_ids": list(head.config.aux_layer_ids),
+        "draft_vocab_size": head.config.draft_vocab_size, "head_params": sum(p.numel() for p in head.parameters()),
+        "steps": outcome.steps, "tokens_seen": outcome.tokens_seen, "regenerated_tokens": outcome.regenerated_tokens,
+        "epochs": windows.epochs, "train_seconds": round(outcome.train_seconds, 1),
+        "loss": curve_summary(outcome.losses), "simulated_acceptance": _by_k(outcome.acceptance),
+        "eval": {"prompts": evalset.batch.ids.shape[0], "prompt_tokens": evalset.prompt_tokens,
+                 "new_tokens": EVAL_NEW_TOKENS, "chains": chains,
+                 "what": "the target's greedy continuations of held-out prompts; the mean accepted length "
+                         "(accepted + 1) if the head drafted greedily from every position"},
+    }
+    if outcome.draft_acceptance is not None:
+        results["draft_model_simulated_acceptance"] = _by_k(outcome.draft_acceptance)
+    return results
 
 
 @contextlib.contextmanager
