@@ -466,6 +466,29 @@ def test_data_errors(profile_file, tmp_path, monkeypatch):
                  "does not exist")
 
 
+def test_usage_errors_answer_before_torch_is_imported(profile_file, tmp_path):
+    """Options, the profile, --out and --data are all checked before torch loads (as fast as --help)."""
+    import subprocess
+    import sys
+
+    from cli_helpers import subprocess_env
+
+    (tmp_path / "bad.jsonl").write_text('{"body": 1}\n')
+    code = (
+        "import sys\n"
+        "from specgen.cli import errors\n"
+        "from specgen.cli.main import app\n"
+        f"base = ['train-head', '-p', {str(profile_file)!r}, '--out', {str(tmp_path / 'h')!r}]\n"
+        f"for extra in (['--minutes', '0'], ['--layers', '0,1,5'], ['--data', {str(tmp_path / 'bad.jsonl')!r}]):\n"
+        "    assert errors.run(app, base + extra) == 2, extra\n"
+        "sys.exit(sorted({'torch', 'transformers', 'numpy'} & set(sys.modules)) or None)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("specgen: error: ") == 3
+
+
 def test_data_folder_and_jsonl_hold_out_by_name(tmp_path):
     from specgen.core.corpus import DATA_HOLDOUT_MOD, is_held_out, read_data
 

@@ -98,15 +98,14 @@ def read_data(data: Path | None, target_path: str):
     """--data, or the training corpus of the make_pair pair the target belongs to."""
     from specgen.core import corpus
     from specgen.core.errors import UsageError
-    from specgen.core.head_data import Data
 
     if data is not None:
-        return Data(*corpus.read_data(data))
+        return corpus.Data(*corpus.read_data(data))
     pair = corpus.pair_corpus(target_path)
     if pair is None:
         raise UsageError("--data is needed: the target is not a pair made by benchmarks/make_pair.py, whose "
                          "training corpus train-head would read", hint="give --data FILE|FOLDER|FILE.jsonl")
-    return Data(*corpus.pair_texts(*pair))
+    return corpus.Data(*corpus.pair_texts(*pair))
 
 
 def run(settings, plan, texts, out: Path, started: float, written, command, allow_pickle: bool, quiet: bool) -> dict:

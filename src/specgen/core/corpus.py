@@ -39,6 +39,15 @@ PAIR_CORPORA = {
 
 
 @dataclass(frozen=True)
+class Data:
+    """The texts a head trains on and is measured on, and how they were chosen (train-head)."""
+
+    train: list[str]
+    heldout: list[str]
+    description: str
+
+
+@dataclass(frozen=True)
 class SourceFile:
     root: str  # "stdlib" | "site-packages"
     rel: str  # posix path relative to that root: what the held-out hash is taken of

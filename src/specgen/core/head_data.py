@@ -6,21 +6,10 @@ the steps need them), picks the draft vocabulary, and cuts the held-out prompts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 EVAL_PROMPT_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class Data:
-    """The texts a head trains on and is measured on, and how they were chosen."""
-
-    train: list[str]
-    heldout: list[str]
-    description: str
 
 
 def encode(tokenizer, texts: list[str], eos_id: int, limit: int | None = None, group: int = 64) -> np.ndarray:

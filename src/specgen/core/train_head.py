@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specgen.core.corpus import Data
 from specgen.core.eagle import Eagle3Config, Eagle3Head, rotate
 from specgen.core.errors import ModelError
 from specgen.core.head_data import (
     EVAL_PROMPT_TOKENS,
-    Data,
     Windows,
     draft_vocabulary,
     eval_prompts,
