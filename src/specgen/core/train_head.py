@@ -298,7 +298,6 @@ class Progress:
     """What the progress bar shows, updated as the head trains."""
 
     step: int = 0
-    planned: int = 0  # 0: until the time cap
     loss: float = math.nan
     acceptance: list[float] = field(default_factory=list)  # at k = 1..EVAL_K, last evaluation
     elapsed: float = 0.0
@@ -388,7 +387,7 @@ class Trainer:
         """Train until plan.steps (0: the deadline, a time.perf_counter() value); Ctrl-C ends the
         loop and keeps what the head has learnt. `report` is called after every step."""
         plan, start = self.plan, time.perf_counter()
-        progress = Progress(planned=plan.steps)
+        progress = Progress()
         progress.acceptance = self.evaluate()
         evaluation = time.perf_counter() - start
         eval_seconds = max(eval_seconds, 5 * evaluation)  # evaluating takes at most a sixth of the time
