@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import platform
 import random
 import shlex
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +34,19 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+# The corpus and its held-out split live in the package: `specgen train-head` reads the same files.
+from specgen.core.corpus import (
+    PAIR_CORPORA,
+    CorpusSpec,
+    SourceFile,
+    corpus_roots,
+    is_held_out,  # noqa: F401 - tests/test_make_pair.py reads it here
+    list_files,
+    read_texts,
+    split,
+)
+
 EOS = "<|endoftext|>"
-MAX_FILE_BYTES = 512_000  # larger .py files are mostly generated tables
 PROMPT_TOKENS = 128
 MIN_CONTINUATION = 128  # a prompt file must have this many tokens after the prompt
 NEW_TOKENS = 128  # tokens the target generates from each prompt to measure acceptance
@@ -66,10 +75,8 @@ class Preset:
     draft_lr: float
     distill: float  # weight of KL(target || draft) in the draft's loss; the rest is plain CE
     polish: float  # last fraction of the steps (budget, with --steps 0): frozen target, draft on KL
-    site_packages: bool
-    holdout_mod: int  # a file is held out when sha1(path relative to its root) % this == 0
+    corpus: CorpusSpec  # which files, which held out (core/corpus.py: train-head reads the same)
     tokenizer_bytes: int  # size of the tokenizer's training sample
-    train_bytes: int | None  # cap on training text (None = every training file)
     eval_tokens: int  # held-out tokens scored at the end
     max_prompts: int
     log_every: int
@@ -80,24 +87,24 @@ PRESETS = {
         vocab=512, seq_len=256, batch=8, steps=30, warmup=5,
         target=Arch(layers=2, hidden=64, heads=2, kv_heads=1, mlp=192, tied=True),
         draft=Arch(layers=1, hidden=32, heads=2, kv_heads=1, mlp=96, tied=True),
-        target_lr=3e-3, draft_lr=3e-3, distill=0.5, polish=0.1, site_packages=False,
-        holdout_mod=100, tokenizer_bytes=300_000, train_bytes=500_000, eval_tokens=4096,
+        target_lr=3e-3, draft_lr=3e-3, distill=0.5, polish=0.1, corpus=PAIR_CORPORA["micro"],
+        tokenizer_bytes=300_000, eval_tokens=4096,
         max_prompts=8, log_every=10,
     ),
     "demo": Preset(
         vocab=4096, seq_len=512, batch=128, steps=900, warmup=100,
         target=Arch(layers=12, hidden=256, heads=4, kv_heads=2, mlp=704, tied=True),
         draft=Arch(layers=1, hidden=256, heads=4, kv_heads=2, mlp=704, tied=True),
-        target_lr=1e-3, draft_lr=2e-3, distill=0.5, polish=0.0, site_packages=False,
-        holdout_mod=25, tokenizer_bytes=8_000_000, train_bytes=None, eval_tokens=262_144,
+        target_lr=1e-3, draft_lr=2e-3, distill=0.5, polish=0.0, corpus=PAIR_CORPORA["demo"],
+        tokenizer_bytes=8_000_000, eval_tokens=262_144,
         max_prompts=40, log_every=100,
     ),
     "bench": Preset(
         vocab=16384, seq_len=1024, batch=32, steps=1875, warmup=200,
         target=Arch(layers=12, hidden=768, heads=12, kv_heads=4, mlp=2048, tied=False),
         draft=Arch(layers=2, hidden=512, heads=8, kv_heads=4, mlp=1408, tied=True),
-        target_lr=4e-4, draft_lr=2e-3, distill=0.5, polish=0.2, site_packages=True,
-        holdout_mod=100, tokenizer_bytes=32_000_000, train_bytes=200_000_000, eval_tokens=524_288,
+        target_lr=4e-4, draft_lr=2e-3, distill=0.5, polish=0.2, corpus=PAIR_CORPORA["bench"],
+        tokenizer_bytes=32_000_000, eval_tokens=524_288,
         max_prompts=64, log_every=100,
     ),
 }
@@ -115,75 +122,6 @@ class Log:
         print(line, flush=True)
         self.file.write(line + "\n")
         self.file.flush()
-
-
-# ---------------------------------------------------------------- corpus
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    root: str  # "stdlib" | "site-packages"
-    rel: str  # posix path relative to that root: what the held-out hash is taken of
-    path: Path
-
-    @property
-    def source(self) -> str:
-        return f"{self.root}/{self.rel}"
-
-    @property
-    def key(self) -> int:
-        return int(hashlib.sha1(self.rel.encode("utf-8")).hexdigest(), 16)
-
-
-def is_held_out(rel: str, mod: int) -> bool:
-    """The same answer on any machine: the hash of the path relative to its corpus root."""
-    return int(hashlib.sha1(rel.encode("utf-8")).hexdigest(), 16) % mod == 0
-
-
-def split(files: list[SourceFile], mod: int) -> tuple[list[SourceFile], list[SourceFile]]:
-    """(training files in hash order, held-out files in path order)."""
-    held = [f for f in files if is_held_out(f.rel, mod)]
-    train = [f for f in files if not is_held_out(f.rel, mod)]
-    return sorted(train, key=lambda f: f.key), held
-
-
-def corpus_roots(site_packages: bool, stdlib: Path | None) -> list[tuple[str, Path]]:
-    paths = sysconfig.get_paths()
-    roots = [("stdlib", stdlib or Path(paths["stdlib"]))]
-    if site_packages:
-        for site in dict.fromkeys([paths["purelib"], paths["platlib"]]):
-            roots.append(("site-packages", Path(site)))
-    return roots
-
-
-def list_files(roots: list[tuple[str, Path]]) -> list[SourceFile]:
-    """Every non-empty .py file under the roots, sorted; site-packages inside stdlib is skipped."""
-    files = {}
-    for label, root in roots:
-        for path in root.rglob("*.py"):
-            rel = path.relative_to(root)
-            if label == "stdlib" and rel.parts[0] in ("site-packages", "dist-packages"):
-                continue
-            if "__pycache__" in rel.parts or not path.is_file():
-                continue
-            if 0 < path.stat().st_size <= MAX_FILE_BYTES:
-                files.setdefault((label, rel.as_posix()), path)
-    return [SourceFile(label, rel, path) for (label, rel), path in sorted(files.items())]
-
-
-def read_texts(files: list[SourceFile], cap: int | None) -> list[tuple[SourceFile, str]]:
-    """UTF-8 texts of the files in order, until `cap` bytes; undecodable files are skipped."""
-    out, total = [], 0
-    for file in files:
-        if cap is not None and total >= cap:
-            break
-        try:
-            text = file.path.read_bytes().decode("utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        out.append((file, text))
-        total += len(text)
-    return out
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -633,9 +571,9 @@ def seed_everything(seed: int) -> None:
 
 def prepare_data(preset: Preset, stdlib: Path | None, log: Log):
     """Tokenizer, training stream, held-out (file, ids) pairs in hash order, corpus counts."""
-    files = list_files(corpus_roots(preset.site_packages, stdlib))
-    train_files, held = split(files, preset.holdout_mod)
-    train_texts = [text for _, text in read_texts(train_files, preset.train_bytes)]
+    files = list_files(corpus_roots(preset.corpus.site_packages, stdlib))
+    train_files, held = split(files, preset.corpus.holdout_mod)
+    train_texts = [text for _, text in read_texts(train_files, preset.corpus.train_bytes)]
     heldout_texts = read_texts(held, None)
     log(f"corpus: {len(files)} files; training on {len(train_texts)} "
         f"({sum(map(len, train_texts)) / 1e6:.1f} MB), {len(heldout_texts)} held out")
@@ -645,7 +583,7 @@ def prepare_data(preset: Preset, stdlib: Path | None, log: Log):
     heldout = sorted(zip((file for file, _ in heldout_texts), heldout_ids), key=lambda h: h[0].key)
     counts = {"files": len(files), "train_files": len(train_texts),
               "heldout_files": len(heldout), "train_tokens": len(train_stream),
-              "holdout_rule": f"sha1(path relative to root) % {preset.holdout_mod} == 0"}
+              "holdout_rule": preset.corpus.holdout_rule}
     log(f"tokenizer: vocab {tokenizer.get_vocab_size()}; {len(train_stream) / 1e6:.2f}M training "
         f"tokens, {sum(map(len, heldout_ids)) / 1e3:.1f}k held out")
     return tokenizer, train_stream, heldout, counts

@@ -282,7 +282,7 @@ def documented_options() -> dict[str, set[str]]:
     return sections
 
 
-@pytest.mark.parametrize("command", ["", "generate", "bench", "inspect-acceptance", "profiles"])
+@pytest.mark.parametrize("command", ["", "generate", "bench", "inspect-acceptance", "train-head", "profiles"])
 def test_docs_cli_md_lists_every_option_of_every_command(command):
     """docs/cli.md's tables name exactly the options --help shows (the hidden old --prompts aside)."""
     documented = documented_options()[command]

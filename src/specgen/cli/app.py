@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from specgen.cli import bench, generate, inspect, profiles, tune
+from specgen.cli import bench, generate, inspect, profiles, train_head, tune
 from specgen.cli import options as opt
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
 app.command("generate", cls=opt.Command)(generate.generate)
 app.command("bench", cls=opt.Command)(bench.bench)
 app.command("inspect-acceptance", cls=opt.Command)(inspect.inspect_acceptance)
+app.command("train-head", cls=opt.Command)(train_head.train_head)
 app.command("tune-kernels", cls=opt.Command)(tune.tune_kernels)
 app.add_typer(profiles.app, name="profiles")
 

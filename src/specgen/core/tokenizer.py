@@ -66,7 +66,11 @@ class PlainTokenizer:
         self.eos_token_id = self._tokenizer.token_to_id(self.eos_token) if self.eos_token is not None else None
         self._transformers = None
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
+        """{"input_ids": ids}, or for a list of texts a list of ids (encoded in parallel)."""
+        if isinstance(text, list):
+            encodings = self._tokenizer.encode_batch(text, add_special_tokens=add_special_tokens)
+            return {"input_ids": [encoding.ids for encoding in encodings]}
         return {"input_ids": self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids}
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False,
