@@ -243,14 +243,15 @@ def test_every_command_takes_the_shared_options(command, own):
     assert "--prompts" in option_names(command, hidden=True) - names  # the old name, accepted but not shown
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["bench"], ["inspect-acceptance"], ["profiles", "show"]])
+@pytest.mark.parametrize("command", [[], ["generate"], ["bench"], ["inspect-acceptance"], ["train-head"],
+                                     ["profiles", "show"]])
 def test_switches_show_no_value_placeholder_in_help(monkeypatch, command):
     result = specgen(monkeypatch, *command, "--help", env={"COLUMNS": "200"})
     assert result.code == 0 and "--help" in result.stdout
     assert "<bool>" not in result.stdout
 
 
-@pytest.mark.parametrize("command", ["generate", "bench", "inspect-acceptance"])
+@pytest.mark.parametrize("command", ["generate", "bench", "inspect-acceptance", "train-head"])
 def test_help_shows_every_option_name_whole_at_80_columns(monkeypatch, command):
     from cli_helpers import option_names
 
