@@ -51,7 +51,7 @@ class Engine:
         tap, self.heads = build_heads(
             self.drafters, profile.proposer, self.pair.target,
             lambda: checkpoint_folder(profile.target, allow_pickle, runtime.download), capacity, self.width,
-            eager=self.backend.name == "torch")
+            eager=self.backend.name == "torch", compile=profile.speculation.compile)
         self.target_runner = self.backend.runner(self.pair.target, self.width, capacity, "target", tap=tap)
         self.draft_runner = None
         if self.pair.draft is not None:

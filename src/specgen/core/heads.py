@@ -122,6 +122,8 @@ class HeadDrafter(Protocol):
 
     def features(self, rows: int) -> torch.Tensor: ...
 
+    def prefill(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor) -> None: ...
+
     def extend(self, ids: torch.Tensor, features: torch.Tensor,
                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -136,8 +138,11 @@ class EagleDrafter:
     use_graphs = True
 
     def __init__(self, head, tap: AuxTap, width: int, capacity: int, span: slice | None = None,
-                 eager: bool = False):
+                 eager: bool = False, compile: bool = False):
         self.head, self.tap, self.width = head, tap, width
+        # speculation.compile: a round's calls (k + 1 rows, then 1) run the head compiled, which
+        # fuses its elementwise chains (rotary, norms, mask); prefill chunks of any length do not
+        self.forward = torch.compile(head.forward, dynamic=False) if compile else head.forward
         # eager (the torch backend): attend over the live slots only, read on the host; captured
         # steps attend over the whole cache (fixed shapes) with the stale slots masked
         self.eager = eager
@@ -173,12 +178,15 @@ class EagleDrafter:
     def _keys(self, positions: torch.Tensor) -> int | None:
         return int(positions.max()) + 1 if self.eager else None
 
+    def prefill(self, ids, features, positions):
+        self.head(ids, features, positions, self._keys(positions))
+
     def extend(self, ids, features, positions):
-        logits, hidden = self.head(ids, features, positions, self._keys(positions))
+        logits, hidden = self.forward(ids, features, positions, self._keys(positions))
         return self._logits(logits), hidden
 
     def step(self, ids, hidden, positions):
-        logits, hidden = self.head(ids, hidden, positions, self._keys(positions))
+        logits, hidden = self.forward(ids, hidden, positions, self._keys(positions))
         return self._logits(logits), hidden
 
 
@@ -214,6 +222,9 @@ class MtpDrafter:
         full[:, :cols] = logits[:, :cols].float()
         return full, out
 
+    def prefill(self, ids, features, positions):
+        self._run(ids, features, positions)
+
     def extend(self, ids, features, positions):
         return self._run(ids, features, positions)
 
@@ -239,7 +250,7 @@ def prefill_head(head: HeadDrafter, target, ids: list[int], device: torch.device
         rows = n if at + n < prefix.shape[0] else n - 1  # the prompt's last target row waits
         if rows:
             follow = torch.tensor(ids[at + 1:at + 1 + rows], dtype=torch.long, device=device)
-            head.extend(follow, head.features(rows), torch.arange(at, at + rows, device=device))
+            head.prefill(follow, head.features(rows), torch.arange(at, at + rows, device=device))
     if n:
         tap.out[:1].copy_(tap.out[n - 1:n])
 
@@ -251,7 +262,7 @@ def input_embedding(model) -> torch.Tensor:
 
 
 def build_heads(drafters: set[str], proposer, target, target_folder, capacity: int, width: int,
-                eager: bool = False) -> tuple[AuxTap | None, dict[str, HeadDrafter]]:
+                eager: bool = False, compile: bool = False) -> tuple[AuxTap | None, dict[str, HeadDrafter]]:
     """The tap on the target and a drafter for each of "eagle" / "mtp" in `drafters`. The tap must
     exist before the target's runner captures its steps (it arms the tap in each). eager: the
     rounds run eagerly (the torch backend), so a head may read positions on the host.
@@ -282,7 +293,8 @@ def build_heads(drafters: set[str], proposer, target, target_folder, capacity: i
     tap = AuxTap(target, tuple(points), TAP_ROWS)
     out: dict[str, HeadDrafter] = {}
     if "eagle" in built:
-        out["eagle"] = EagleDrafter(built["eagle"][0], tap, width, capacity, spans["eagle"], eager)
+        out["eagle"] = EagleDrafter(built["eagle"][0], tap, width, capacity, spans["eagle"], eager,
+                                    compile and not eager)
     if "mtp" in built:
         out["mtp"] = MtpDrafter(built["mtp"][0], tap, width, capacity, spans["mtp"])
     return tap, out
