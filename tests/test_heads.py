@@ -135,7 +135,8 @@ def test_eagle_drafts_are_the_heads_own_from_scratch(headed, vocab, backend):
     folder = whole if vocab == "whole" else reduced
     k = 3
     engine = Engine(eagle_profile(target, folder, k=k, max_tokens=20, backend=backend))
-    for prompt in ([3, 14, 15, 92, 65], [7], [11, 12]):
+    long = [(7 * i) % 300 + 3 for i in range(150)]  # three tap chunks of prefill
+    for prompt in ([3, 14, 15, 92, 65], [7], [11, 12], long):
         committed = list(prompt)
         for event in rounds(engine.decoder(), prompt):
             if len(committed) > 1:  # a one-token prompt's first round has no target row to read

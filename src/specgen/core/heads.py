@@ -234,25 +234,26 @@ class MtpDrafter:
 
 
 def prefill_head(head: HeadDrafter, target, ids: list[int], device: torch.device) -> None:
-    """The target's prefill over ids[:-1] in chunks the tap holds; the head extends over each (row
-    t: id ids[t+1], the target's states at t), all but the prompt's last row, which is left in the
-    tap's row 0 for the first round to extend over. A one-token prompt has no target row: the
-    first round's drafts read zeros (they are verified like any other)."""
+    """The target's prefill over ids[:-1] in chunks the tap holds, their states gathered; then one
+    head forward over rows t = 0 .. len - 3 (id ids[t+1], the target's states at t). The prompt's
+    last target row is left in the tap's row 0 for the first round to extend over. A one-token
+    prompt has no target row: the first round's drafts read zeros (verified like any other)."""
     tap = head.tap
     head.reset()
     tap.out.zero_()
     prefix = torch.tensor(ids[:-1], dtype=torch.long)
-    n = 0
+    states, n = [], 0
     for at in range(0, prefix.shape[0], tap.rows):
         chunk = prefix[at:at + tap.rows]
         n = chunk.shape[0]
         target.forward(chunk, want_logits=False)
-        rows = n if at + n < prefix.shape[0] else n - 1  # the prompt's last target row waits
-        if rows:
-            follow = torch.tensor(ids[at + 1:at + 1 + rows], dtype=torch.long, device=device)
-            head.prefill(follow, head.features(rows), torch.arange(at, at + rows, device=device))
+        states.append(head.features(n).clone())  # the next chunk's replay overwrites the tap
     if n:
         tap.out[:1].copy_(tap.out[n - 1:n])
+    rows = prefix.shape[0] - 1
+    if rows > 0:
+        follow = torch.tensor(ids[1:rows + 1], dtype=torch.long, device=device)
+        head.prefill(follow, torch.cat(states)[:rows], torch.arange(rows, device=device))
 
 TAP_ROWS = 64  # rows the tap holds: a round's k + 1 (k <= 32) and a prefill chunk
 
