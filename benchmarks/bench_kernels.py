@@ -80,27 +80,11 @@ class Mismatch(SystemExit):
 
 
 def graph_us(fn, calls: int = 1, replays: int = 20) -> float:
-    """Median microseconds per call of fn(i), i < calls, captured in one CUDA graph and replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+    """Median microseconds per call of fn(i), i < calls, captured in one CUDA graph and replayed
+    (gpu/tune.py's timer, which `specgen tune-kernels` uses)."""
+    from specgen.gpu.tune import graph_timer
+
+    return graph_timer(fn, calls, (), replays) * 1e6
 
 
 def event_us(fn, calls: int = 20) -> float:
