@@ -530,3 +530,26 @@ def test_a_make_pair_target_trains_on_its_own_corpus_without_the_held_out_files(
     held_texts = {f.path.read_text(encoding="utf-8", errors="replace") for f in held_files}
     assert held and not held_texts & set(train)
     assert sum(map(len, train)) < spec.train_bytes + 512_000 and "held out by sha1" in description
+
+
+def test_a_trained_head_proposes_the_same_through_both_formats(pair, trained, tmp_path):
+    """The head train-head wrote, re-written in the EAGLE-3 repository's format (midlayer.*), loads
+    through that format's reader and drafts the same tokens, round for round, as the original."""
+    from decode_helpers import make_profile
+    from tiny_models import write_eagle3_original
+
+    from specgen.core.engine import Engine
+    from specgen.core.events import RoundEvent
+    from specgen.core.head_formats import load_head
+    from specgen.core.settings import ProposerSpec
+
+    out, _ = trained
+    target = load_target(pair[0], "auto")
+    original = write_eagle3_original(load_head(out, embedding=target.model.embed_tokens.weight), tmp_path / "orig")
+    drafted = []
+    for folder in (out, original):
+        engine = Engine(make_profile(pair[0], None, k=3, proposer=ProposerSpec(kind="eagle", head=str(folder)),
+                                     max_tokens=16))
+        events = [e for e in engine.decoder().run([5, 6, 7, 8, 9]) if isinstance(e, RoundEvent)]
+        drafted.append([e.drafted_ids for e in events])
+    assert drafted[0] == drafted[1] and sum(map(len, drafted[0])) > 0
