@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 
 from specgen.core import sampling
-from specgen.core.rejection import PLACEHOLDER
 from specgen.gpu.warp import layout
 from specgen.gpu.workspace import Workspace
 
