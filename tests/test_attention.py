@@ -109,13 +109,13 @@ def _feed(runner, ids: list[int]) -> torch.Tensor:
     return runner.forward(torch.tensor(ids, dtype=torch.long, device=DEVICE)).clone()
 
 
-SCRIPT = [5, 1, -3, 5, 1, 1, -2, 5]  # after a 30-token prompt: feed n tokens, or roll back n
+SCRIPT = [5, 1, -3, 5, 1, 1, -2, 5]  # after a 14-token prompt: feed n tokens, or roll back n
 
 
 def _run_script(runner) -> list[torch.Tensor]:
-    """Logits of each feed: the 30-token prompt, then SCRIPT's steps and rollbacks."""
+    """Logits of each feed: the 14-token prompt, then SCRIPT's steps and rollbacks."""
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, 96, (30,), generator=gen).tolist()
+    prompt = torch.randint(0, 96, (14,), generator=gen).tolist()
     feeds = [torch.randint(0, 96, (abs(n),), generator=gen).tolist() for n in SCRIPT]
     runner.reset()
     logits = [_feed(runner, prompt)]
@@ -129,10 +129,10 @@ def _run_script(runner) -> list[torch.Tensor]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rope", [False, True], ids=["model-rotary", "kernel-rotary"])
-@pytest.mark.parametrize("family,extra", [("llama", {}), ("mistral", {"sliding_window": 24}), ("qwen2", {}),
+@pytest.mark.parametrize("family,extra", [("llama", {}), ("mistral", {"sliding_window": 10}), ("qwen2", {}),
                                           ("qwen3", {"head_dim": 16})])
 def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
-    """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits, with
+    """A 14-token prefill, then 1- and 5-token steps with rollbacks in between: same logits, with
     the model's own rotary + cache update or with both inside the kernel ([kernels] rope)."""
     calls = []
     real = attention.decode_attention
@@ -145,7 +145,7 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
     sdpa = runner(model, kernels=kernels())  # same model: no kwarg -> SDPA
     assert model.config._attn_implementation == rewire.NAME
     outputs = [_run_script(kernel), _run_script(sdpa)]
-    steps = [1, 30] + [n for n in SCRIPT if n > 0]  # allocation, prefill (<= 64), steps
+    steps = [1, 14] + [n for n in SCRIPT if n > 0]  # allocation, prefill (<= 64), steps
     assert calls == [n for n in steps for _layer in range(2)]  # the kernel runner's, every layer
     # the first call allocates the cache through the model's own forward; after it, the kernel
     # rotates and writes the new keys itself (kernels.rope, rewire.install_rope)
@@ -160,14 +160,14 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
 @pytest.mark.slow
 def test_runner_comparison_catches_a_window_off_by_one(monkeypatch):
     """RUNNER_TOLERANCE is loose enough for rounding, tight enough for a fault: a kernel whose sliding
-    window is one key short (Mistral, window 24) lands far outside it."""
+    window is one key short (Mistral, window 10) lands far outside it."""
     real = attention.decode_attention
     monkeypatch.setattr(attention, "decode_attention",
                         lambda q, k, v, position, scale, window=0, *rest: real(q, k, v, position, scale, window - 1, *rest))
-    model = _tiny("mistral", sliding_window=24)
+    model = _tiny("mistral", sliding_window=10)
     faulty = _run_script(runner(model, kernels=kernels(attention=True, rope=True)))
     right = _run_script(runner(model, kernels=kernels()))
-    assert (faulty[0] - right[0]).abs().max().item() > 100 * RUNNER_TOLERANCE  # the prompt: 30 > 24 keys
+    assert (faulty[0] - right[0]).abs().max().item() > 100 * RUNNER_TOLERANCE  # the prompt: 14 > 10 keys
 
 
 def test_unsupported_attention_is_refused_with_the_reason():
@@ -199,12 +199,12 @@ def test_kernel_matches_reference_bf16_on_gpu_graph():
 
 FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shorter than the sequence
     "llama": ("LlamaConfig", {}),
-    "mistral": ("MistralConfig", {"sliding_window": 24}),
+    "mistral": ("MistralConfig", {"sliding_window": 10}),
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
     "gemma": ("GemmaConfig", {"head_dim": 16}),
-    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 24}),  # soft-capping: SDPA
-    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 24, "layer_types": ["sliding_attention", "full_attention"]}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 10}),  # soft-capping: SDPA
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 10, "layer_types": ["sliding_attention", "full_attention"]}),
 }
 
 
@@ -233,7 +233,7 @@ def test_families_step_like_eager_steps(family):
     reference = runner(model, kernels=kernels())
     assert bool(fast.graphs) == (torch.device(DEVICE).type == "cuda")
     gen = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, 96, (30,), generator=gen).tolist()
+    prompt = torch.randint(0, 96, (14,), generator=gen).tolist()
     steps = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (5, 1, 5, 1, 5)]
     results = []
     for each in (fast, reference):
@@ -271,7 +271,7 @@ def test_padded_and_chunked_replays_equal_exact_feeds():
         replayed.graphs[n] = _Graph(_EagerGraph(replayed, n, logits), logits, None)
     exact = runner(model, kernels=kernels(attention=True, rope=True))
     gen = torch.Generator().manual_seed(2)
-    script = [30, 3, 1, -2, 5, 2, 40]  # 30: chunks of 16 + 14 (padded); 3, 2: padded into 5
+    script = [20, 3, 1, -2, 5, 2, 18]  # 20: chunks of 16 + 4 (padded); 3, 2: padded into 5
     feeds = [torch.randint(0, 96, (abs(n),), generator=gen).tolist() for n in script]
     for each in (replayed, exact):
         each.reset()
