@@ -18,12 +18,13 @@ def kernels(attention: bool = False, linear: bool = False, rope: bool = False, s
 
 
 def runner(model, *, kernels: ResolvedKernels, shapes=(), use_graphs: bool = False, workspace=None, width: int = 96,
-           **options):
-    """A GraphRunner of capacity 600 on DEVICE, handing out `width` logits columns (96: most tiny
-    test models' vocabulary)."""
+           capacity: int = 600, **options):
+    """A GraphRunner of `capacity` positions on DEVICE, handing out `width` logits columns (96: most
+    tiny test models' vocabulary). The attention kernel launches a program per split of 64 cache
+    positions: a smaller capacity makes interpreted runner tests cheaper."""
     from specgen.gpu.runner import GraphRunner
 
-    return GraphRunner(model, width, 600, kernels=kernels, workspace=workspace or Workspace(DEVICE), shapes=shapes,
+    return GraphRunner(model, width, capacity, kernels=kernels, workspace=workspace or Workspace(DEVICE), shapes=shapes,
                        use_graphs=use_graphs, **options)
 
 

@@ -109,6 +109,7 @@ def _feed(runner, ids: list[int]) -> torch.Tensor:
     return runner.forward(torch.tensor(ids, dtype=torch.long, device=DEVICE)).clone()
 
 
+SMALL_CACHE = 192  # three attention splits: the feeds below stay under 64 positions
 SCRIPT = [5, 1, -3, 5, 1, 1, -2, 5]  # after a 14-token prompt: feed n tokens, or roll back n
 
 
@@ -141,8 +142,8 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
                         lambda *a: calls.append(a[0].shape[2]) or rotated.append(len(a) > 6) or real(*a))
 
     model = _tiny(family, **extra)
-    kernel = runner(model, kernels=kernels(attention=True, rope=rope))
-    sdpa = runner(model, kernels=kernels())  # same model: no kwarg -> SDPA
+    kernel = runner(model, capacity=SMALL_CACHE, kernels=kernels(attention=True, rope=rope))
+    sdpa = runner(model, capacity=SMALL_CACHE, kernels=kernels())  # same model: no kwarg -> SDPA
     assert model.config._attn_implementation == rewire.NAME
     outputs = [_run_script(kernel), _run_script(sdpa)]
     steps = [1, 14] + [n for n in SCRIPT if n > 0]  # allocation, prefill (<= 64), steps
@@ -165,8 +166,8 @@ def test_runner_comparison_catches_a_window_off_by_one(monkeypatch):
     monkeypatch.setattr(attention, "decode_attention",
                         lambda q, k, v, position, scale, window=0, *rest: real(q, k, v, position, scale, window - 1, *rest))
     model = _tiny("mistral", sliding_window=10)
-    faulty = _run_script(runner(model, kernels=kernels(attention=True, rope=True)))
-    right = _run_script(runner(model, kernels=kernels()))
+    faulty = _run_script(runner(model, capacity=SMALL_CACHE, kernels=kernels(attention=True, rope=True)))
+    right = _run_script(runner(model, capacity=SMALL_CACHE, kernels=kernels()))
     assert (faulty[0] - right[0]).abs().max().item() > 100 * RUNNER_TOLERANCE  # the prompt: 14 > 10 keys
 
 
@@ -227,10 +228,10 @@ def test_families_step_like_eager_steps(family):
     model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()  # its default attention
     expected_kernel = attention_unsupported(model.config) is None
     assert expected_kernel == (family != "gemma2")
-    fast = runner(model, kernels=resolved(model, attention="kernel" if expected_kernel else "sdpa"), shapes=(1, 5),
+    fast = runner(model, capacity=SMALL_CACHE, kernels=resolved(model, attention="kernel" if expected_kernel else "sdpa"), shapes=(1, 5),
                   use_graphs=True)
     assert fast.kernels.rope == (family in ("llama", "mistral", "qwen2", "qwen3"))
-    reference = runner(model, kernels=kernels())
+    reference = runner(model, capacity=SMALL_CACHE, kernels=kernels())
     assert bool(fast.graphs) == (torch.device(DEVICE).type == "cuda")
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 96, (14,), generator=gen).tolist()
@@ -265,11 +266,11 @@ def test_padded_and_chunked_replays_equal_exact_feeds():
     from specgen.gpu.runner import _Graph
 
     model = _tiny("llama")
-    replayed = runner(model, kernels=kernels(attention=True, rope=True))
+    replayed = runner(model, capacity=SMALL_CACHE, kernels=kernels(attention=True, rope=True))
     for n in (1, 5, 16):
         logits = torch.full((n, 96), float("-inf"), device=DEVICE)
         replayed.graphs[n] = _Graph(_EagerGraph(replayed, n, logits), logits, None)
-    exact = runner(model, kernels=kernels(attention=True, rope=True))
+    exact = runner(model, capacity=SMALL_CACHE, kernels=kernels(attention=True, rope=True))
     gen = torch.Generator().manual_seed(2)
     script = [20, 3, 1, -2, 5, 2, 18]  # 20: chunks of 16 + 4 (padded); 3, 2: padded into 5
     feeds = [torch.randint(0, 96, (abs(n),), generator=gen).tolist() for n in script]
@@ -318,7 +319,7 @@ def test_compile_cache_leaves_the_environment_as_it_was(tmp_path, monkeypatch, u
     else:
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / user_value))
     profile_folder = str(tmp_path / folder) if folder else ""
-    compiling = runner(model, kernels=kernels(), compile=True, compile_cache_folder=profile_folder)
+    compiling = runner(model, capacity=SMALL_CACHE, kernels=kernels(), compile=True, compile_cache_folder=profile_folder)
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == (user_value and str(tmp_path / user_value))
     with compiling.step_context(1):
         inside = os.environ["TORCHINDUCTOR_CACHE_DIR"]
