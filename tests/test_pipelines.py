@@ -297,5 +297,5 @@ def test_memory_stays_flat_over_1000_generations(tiny):
     generate(900)
     gc.collect()
     assert _live(DynamicCache) == caches <= 2  # one per runner, replaced at each run's start
-    assert _live(torch.Tensor) == tensors
+    assert _live(torch.Tensor) <= tensors  # none survives its run (an earlier test's may die meanwhile)
     assert _resident_mib() - rss < RSS_BOUND_MIB
