@@ -70,16 +70,38 @@ def test_kernel_matches_reference_16_bit(dtype):
     assert (out.float() - ref.float()).abs().max().item() <= 2 * step
 
 
-def test_kernel_ignores_keys_past_each_token():
-    """Garbage after the live keys (stale drafts, unwritten slots) must not leak into the output."""
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+def test_kernel_ignores_keys_past_each_token(softcap):
+    """Garbage after the live keys (stale drafts, unwritten slots) must not leak into the output,
+    also through soft-capping (which bends the garbage's scores before the mask)."""
     case = CASES[0]
     query, key, value, position = _inputs(case, torch.float32)
-    before = decode_attention(query, key, value, position, 0.125)
+    before = decode_attention(query, key, value, position, 0.125, softcap=softcap)
     live = int(position) + case[3]
     key[:, :, live:] = 1e4
     value[:, :, live:] = float("nan")
-    after = decode_attention(query, key, value, position, 0.125)
+    after = decode_attention(query, key, value, position, 0.125, softcap=softcap)
     assert torch.equal(before, after)
+
+
+SOFTCAP = 2.0  # a cap that bends unit-scale scores: Gemma 2's 50 would barely touch random inputs
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[7]], ids=["global", "window", "window-at-the-end"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_softcapped_kernel_matches_reference(case, dtype):
+    """Soft-capping (Gemma 2's attention, which alternates windowed and global layers): kernel and
+    reference agree within the uncapped tolerances, and the cap moves the output by far more, so a
+    kernel that ignored it (or capped after the mask, or unscaled scores) would fail."""
+    query, key, value, position = _inputs(case, dtype, seed=2)
+    window, scale = case[-1], 3 * case[4] ** -0.5  # scores of a few units: most of them bent by the cap
+    out = decode_attention(query, key, value, position, scale, window, softcap=SOFTCAP)
+    ref = decode_attention_reference(query, key, value, position, scale, window, softcap=SOFTCAP)
+    uncapped = decode_attention_reference(query, key, value, position, scale, window)
+    assert out.dtype == dtype and out.shape == ref.shape
+    tol = 2e-6 if dtype == torch.float32 else 2 * 2.0 ** -7
+    assert (out.float() - ref.float()).abs().max().item() <= tol
+    assert (uncapped.float() - ref.float()).abs().max().item() > 100 * tol
 
 
 # Max logit difference between a kernel runner and an SDPA runner on the tiny models below (logits up

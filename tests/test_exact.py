@@ -3,7 +3,7 @@
 What bit-exact greedy decoding rests on: the (k+1)-token verification step must give every position
 the logits of the one-token step at that position (torch.equal), so greedy speculative output is
 greedy target-only output in bf16 too. Checked here kernel by kernel (gpu/linear.py in every kind of
-configuration a table can hold, gpu/attention.py with and without rotary and window) and through a
+configuration a table can hold, gpu/attention.py with and without rotary, window and soft-capping) and through a
 runner (a (k+1)-token step against k+1 one-token steps), on the CPU in the Triton interpreter. The
 interpreter cannot show what tensor cores do (its products are numpy's, summed per row: see
 gpu/linear.py); the cuda tests check the same on a GPU at real widths.
@@ -52,18 +52,20 @@ def test_linear_rows_do_not_depend_on_the_row_count(name, dtype):
     assert int(counters.abs().sum()) == 0
 
 
-ATTENTION = [  # heads, kv heads, dim, capacity, position, window, rope
-    (4, 2, 16, 128, 60, 0, False),  # tokens across the split boundary at 64
-    (6, 2, 16, 128, 70, 0, True),  # group 3 (padded tile), the kernel's rotary and cache write
-    (4, 1, 16, 64, 20, 8, False),  # sliding window
+ATTENTION = [  # heads, kv heads, dim, capacity, position, window, rope, softcap
+    (4, 2, 16, 128, 60, 0, False, 0.0),  # tokens across the split boundary at 64
+    (6, 2, 16, 128, 70, 0, True, 0.0),  # group 3 (padded tile), the kernel's rotary and cache write
+    (4, 1, 16, 64, 20, 8, False, 0.0),  # sliding window
+    (4, 2, 16, 128, 60, 0, False, 1.0),  # soft-capping (Gemma 2's global layers), across a split
+    (4, 1, 16, 64, 20, 8, False, 1.0),  # soft-capping with a window (its sliding layers)
 ]
 
 
-@pytest.mark.parametrize("case", ATTENTION)
+@pytest.mark.parametrize("case", ATTENTION, ids=["split", "rope", "window", "softcap", "softcap-window"])
 def test_attention_tokens_do_not_depend_on_the_step_length(case):
     """A 5-token step's output for each token equals a 1-token step at that token's position (the
-    cache written by the kernel, with rope, the same either way)."""
-    heads, kv_heads, dim, capacity, position, window, rope = case
+    cache written by the kernel, with rope, the same either way), soft-capped or not."""
+    heads, kv_heads, dim, capacity, position, window, rope, softcap = case
     gen = torch.Generator().manual_seed(1)
     dtype = torch.bfloat16
     query = torch.randn(1, 5, heads, dim, generator=gen).to(dtype).transpose(1, 2).to(DEVICE)  # [B, H, 5, D]
@@ -78,7 +80,7 @@ def test_attention_tokens_do_not_depend_on_the_step_length(case):
         rows = slice(first, first + count)
         extra = (new[0][:, :, rows], new[1][:, :, rows], trig[0][:, rows], trig[1][:, rows]) if rope else None
         at = torch.tensor(position + first, device=DEVICE)
-        return decode_attention(query[:, :, rows], *cache, at, scale, window, extra)
+        return decode_attention(query[:, :, rows], *cache, at, scale, window, extra, softcap=softcap)
 
     together_cache = (key.clone(), value.clone())
     together = step(0, 5, together_cache)

@@ -16,6 +16,10 @@ merges them in split order. Query token t sits at position + t and sees keys n w
 n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
 applies).
 
+Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becomes
+softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
+computes it (see the kernel).
+
 Row invariance (bit-exact greedy decoding): a token's program is the same whatever the number of
 query tokens in the step: the same rows in the same tile, the same key blocks (its own last key
 bounds the walk; block and split boundaries are absolute positions), the same splits (set by the
@@ -42,6 +46,7 @@ SPLIT_KEYS = 64
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
 MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # the online softmax is in base 2
 
 
 def decode_attention(
@@ -52,17 +57,20 @@ def decode_attention(
     scale: float,
     window: int = 0,  # sliding window (0: none)
     rope: tuple | None = None,  # (new keys, new values, cos, sin): see below
+    softcap: float = 0.0,  # attention logit soft-capping (0: none)
 ) -> torch.Tensor:  # [B, q, H, D]
     """With rope = (k_new [B, KVH, q, D], v_new [B, KVH, q, D], cos [B, q, D], sin [B, q, D]): the
     query and the new keys come before their rotary embedding, and the kernel rotates them
     (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
-    position + t before attending. Otherwise the cache holds them already and the query is rotated."""
+    position + t before attending. Otherwise the cache holds them already and the query is rotated.
+    With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0
     assert query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
     assert position.numel() == 1 and position.dtype == torch.int64
     assert tokens <= MAX_GRAPH_QUERY, f"{tokens} query tokens > MAX_GRAPH_QUERY {MAX_GRAPH_QUERY}"
+    assert softcap >= 0.0, f"softcap {softcap} < 0"
     group = heads // kv_heads
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(group)))  # by the model, never by tokens
     head_tiles = triton.cdiv(group, block_m)
@@ -89,8 +97,9 @@ def decode_attention(
     _split_kernel[grid](
         query, key, value, position, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides,
-        kv_heads, group, head_tiles, tokens, dim, capacity, scale * 1.4426950408889634,
-        WINDOW=window, SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        kv_heads, group, head_tiles, tokens, dim, capacity, scale if softcap else scale * LOG2E.value,
+        WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32 or INTERPRETED, ROPE=rope is not None,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
     )
@@ -124,9 +133,11 @@ def _split_kernel(
     snkb, snkh, snkt,
     snvb, snvh, snvt,
     scb, sct,
-    kv_heads, group, head_tiles, tokens, dim, capacity, scale_log2,
-    WINDOW: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, ROPE: tl.constexpr, BLOCK_T: tl.constexpr,
+    kv_heads, group, head_tiles, tokens, dim, capacity,
+    score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, ROPE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     bkv = tl.program_id(0)
     b = bkv // kv_heads
@@ -192,7 +203,14 @@ def _split_kernel(
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = (s * scale_log2).to(tl.float32)  # [M, N]; inductor passes Python floats as fp64
+        s = (s * score_scale).to(tl.float32)  # [M, N]; inductor passes Python floats as fp64
+        if SOFTCAP > 0:
+            # transformers' Gemma 2 eager attention in its order: (q.k * scale) / cap, tanh, * cap,
+            # then the mask. Kept: that order and a float32 rounding after each step; not kept: eager's
+            # roundings to the model's dtype between the steps (in bf16 it rounds the product, the
+            # scaled score and each soft-cap step to bf16; flash-attention's soft-capping does not
+            # either). The base-2 factor joins the last product, as it joins the scale without a cap.
+            s = _tanh(s / SOFTCAP) * (SOFTCAP * LOG2E)
         visible = n_ok[None, :] & (n[None, :] <= at)
         if WINDOW > 0:
             visible = visible & (n[None, :] > at - WINDOW)
@@ -221,6 +239,15 @@ def _split_kernel(
                  mask=row_ok[:, None] & d_ok[None, :])
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
         tl.store(lse_ptr + row_id * SPLITS + split, lse, mask=row_ok)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in float32 from exp2 of -2|x| (no overflow; the interpreter has no libdevice): within
+    a few units of float32 rounding of 1, absolute, which the cap scales like the score itself."""
+    e = tl.exp2(tl.abs(x) * (-2.0 * LOG2E))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
 
 
 @triton.jit

@@ -20,15 +20,19 @@ def gate_up_reference(x, gate, up, activation: str) -> torch.Tensor:
     return act * F.linear(x, up)
 
 
-def decode_attention_reference(query, key, value, position, scale, window: int = 0) -> torch.Tensor:
+def decode_attention_reference(query, key, value, position, scale, window: int = 0,
+                               softcap: float = 0.0) -> torch.Tensor:
     """gpu/attention.py's decode_attention without rope: float32 softmax over the masked whole
-    cache. query [B, H, q, D], key/value [B, KVH, C, D], position [] -> [B, q, H, D]."""
+    cache, scores soft-capped first when softcap > 0. query [B, H, q, D], key/value [B, KVH, C, D],
+    position [] -> [B, q, H, D]."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
     k = key.float().repeat_interleave(group, dim=1)  # [B, H, C, D]
     v = value.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("bhtd,bhnd->bhtn", query.float(), k) * scale  # [B, H, q, C]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     at = int(position) + torch.arange(tokens, device=query.device)[:, None]  # [q, 1]
     keys = torch.arange(capacity, device=query.device)[None, :]  # [1, C]
     visible = keys <= at
