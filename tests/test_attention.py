@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 from triton_cpu import DEVICE, INTERPRETED  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
@@ -161,7 +162,7 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
     real = attention.decode_attention
     rotated = []
     monkeypatch.setattr(attention, "decode_attention",
-                        lambda *a: calls.append(a[0].shape[2]) or rotated.append(len(a) > 6) or real(*a))
+                        lambda *a, **kw: calls.append(a[0].shape[2]) or rotated.append(len(a) > 6) or real(*a, **kw))
 
     model = _tiny(family, **extra)
     kernel = runner(model, capacity=SMALL_CACHE, kernels=kernels(attention=True, rope=rope))
@@ -186,7 +187,8 @@ def test_runner_comparison_catches_a_window_off_by_one(monkeypatch):
     window is one key short (Mistral, window 10) lands far outside it."""
     real = attention.decode_attention
     monkeypatch.setattr(attention, "decode_attention",
-                        lambda q, k, v, position, scale, window=0, *rest: real(q, k, v, position, scale, window - 1, *rest))
+                        lambda q, k, v, position, scale, window=0, *rest, **kw: real(q, k, v, position, scale, window - 1,
+                                                                                     *rest, **kw))
     model = _tiny("mistral", sliding_window=10)
     faulty = _run_script(runner(model, capacity=SMALL_CACHE, kernels=kernels(attention=True, rope=True)))
     right = _run_script(runner(model, capacity=SMALL_CACHE, kernels=kernels()))
@@ -201,6 +203,51 @@ def test_unsupported_attention_is_refused_with_the_reason():
     gemma2 = LlamaConfig(hidden_size=64, num_attention_heads=4)
     gemma2.attn_logit_softcapping = 50.0
     assert "softcapping" in attention_unsupported(gemma2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("window", [0, 10], ids=["global", "window"])
+def test_softcapped_fallback_is_gemma2_eager_attention(dtype, window):
+    """Soft-capped calls the kernel does not take (prefill over 64 tokens, Hugging Face's generate
+    on a rewired model) compute Gemma 2's eager attention bit for bit over SDPA's boolean mask, as
+    eager does over its float mask; with no mask (SDPA's is_causal), causal from the top left."""
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    gen = torch.Generator().manual_seed(5)
+    tokens, capacity, dim = 20, 48, 16
+    query = torch.randn(1, tokens, 4, dim, generator=gen).transpose(1, 2).to(dtype)
+    key, value = (torch.randn(1, 2, capacity, dim, generator=gen).to(dtype) for _ in range(2))
+    module = SimpleNamespace(head_dim=dim, num_key_value_groups=2, training=False, is_causal=True)
+    at = 10 + torch.arange(tokens)[:, None]  # the prompt continues at position 10
+    keys = torch.arange(capacity)[None, :]
+    visible = (keys <= at) & ((keys > at - window) if window else True)
+    mask = visible[None, None]  # [1, 1, q, C] as sdpa_mask makes it
+    float_mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    scaling, cap = 0.7, 2.0
+    got = rewire.softcapped_attention(module, query, key, value, mask, 0.0, scaling, cap)
+    want, _ = eager_attention_forward(module, query, key, value, float_mask, scaling=scaling, softcap=cap)
+    assert torch.equal(got, want)
+    top_left = torch.ones(tokens, capacity, dtype=torch.bool).tril()[None, None]
+    no_mask = rewire.softcapped_attention(module, query, key, value, None, 0.0, scaling, cap)
+    assert torch.equal(no_mask, rewire.softcapped_attention(module, query, key, value, top_left, 0.0, scaling, cap))
+    assert not torch.equal(no_mask, got)
+
+
+def test_attention_routes_softcapped_calls():
+    """rewire.attention with transformers' `softcap` keyword: the kernel with the cap for a step
+    (the runner's position given), the eager fallback without a position, never SDPA (which would
+    drop or refuse the cap)."""
+    case = CASES[1]
+    query, key, value, position = _inputs(case, torch.float32, seed=3)
+    module = SimpleNamespace(head_dim=case[4], num_key_value_groups=1, training=False, is_causal=True)
+    scale = 3 * case[4] ** -0.5
+    stepped, _ = rewire.attention(module, query, key, value, None, scaling=scale, specgen_position=position,
+                                  sliding_window=None, softcap=SOFTCAP)
+    assert torch.equal(stepped, decode_attention(query, key, value, position, scale, softcap=SOFTCAP))
+    live = int(position) + 1  # the fallback's mask: keys [0, position] for the one query token
+    mask = (torch.arange(case[5]) < live)[None, None, None].to(DEVICE)
+    fallback, _ = rewire.attention(module, query, key, value, mask, scaling=scale, softcap=SOFTCAP)
+    assert (fallback - stepped).abs().max().item() < 2e-6
 
 
 @pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")

@@ -13,7 +13,8 @@ object in a benchmark).
   row count) while the model's LinearSwitch is active (a runner's step_context).
 - Attention (switch_attention): the model's attention implementation becomes "specgen", registered
   with transformers' AttentionInterface: gpu/attention.py when the runner passes
-  `specgen_position`, SDPA (with SDPA's mask) otherwise.
+  `specgen_position`, SDPA (with SDPA's mask) otherwise, or for soft-capped attention (Gemma 2),
+  which SDPA cannot compute, the model's eager computation over that mask.
 - Rotary embedding in the kernel (install_rope): Llama / Mistral / Qwen2 / Qwen3 attention modules
   get a forward that, when the runner also passes `specgen_rope=True`, hands the un-rotated query,
   new keys and values to the kernel, which rotates them and writes the cache itself: two fewer
@@ -294,17 +295,39 @@ def switch_attention(model) -> None:
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              specgen_position=None, sliding_window=None, **kwargs):
+              specgen_position=None, sliding_window=None, softcap=None, **kwargs):
     """transformers' attention-function protocol: query [B, H, q, D], key/value [B, KVH, C, D]
-    (the whole cache) -> ([B, q, H, D], None)."""
+    (the whole cache) -> ([B, q, H, D], None). softcap: Gemma 2's attn_logit_softcapping, the
+    keyword its attention module passes (transformers 5.17 to 5.23 at least)."""
     kwargs.pop("specgen_rope", None)  # a step whose module has no rotary path: the cache is written
     if specgen_position is None or query.shape[2] > attention_kernels.MAX_GRAPH_QUERY or kwargs.get("s_aux") is not None:
+        if softcap:  # SDPA cannot soft-cap: transformers 5.17 drops the keyword, later versions refuse it
+            return softcapped_attention(module, query, key, value, attention_mask, dropout, scaling, softcap), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, sliding_window=sliding_window, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return attention_kernels.decode_attention(query, key, value, specgen_position, scale, sliding_window or 0), None
+    return attention_kernels.decode_attention(query, key, value, specgen_position, scale, sliding_window or 0,
+                                              softcap=softcap or 0.0), None
+
+
+def softcapped_attention(module, query, key, value, mask, dropout: float, scaling, softcap: float) -> torch.Tensor:
+    """transformers' Gemma 2 eager attention, op for op in the model's dtype (so a soft-capped
+    model's prefill is what its own attention computes), over the mask registered with ours:
+    SDPA's (boolean, windows included; None means what SDPA's is_causal does: causal from the top
+    left for several query tokens, everything for one). query [B, H, q, D] -> [B, q, H, D]."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else module.head_dim ** -0.5)
+    scores = torch.tanh(scores / softcap) * softcap  # [B, H, q, C]
+    if mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True):
+        mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
+    if mask is not None:  # eager adds a float mask of 0 and the dtype's minimum: the same as this fill
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous()
 
 
 # -- rotary embedding and the cache write inside the kernel ---------------------------------------
