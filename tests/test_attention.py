@@ -196,13 +196,17 @@ def test_runner_comparison_catches_a_window_off_by_one(monkeypatch):
 
 
 def test_unsupported_attention_is_refused_with_the_reason():
-    from transformers import LlamaConfig
+    from transformers import Gemma2Config, LlamaConfig
 
     assert attention_unsupported(LlamaConfig(hidden_size=64, num_attention_heads=4)) is None
     assert "head_dim" in attention_unsupported(LlamaConfig(hidden_size=1024, num_attention_heads=2))
-    gemma2 = LlamaConfig(hidden_size=64, num_attention_heads=4)
-    gemma2.attn_logit_softcapping = 50.0
-    assert "softcapping" in attention_unsupported(gemma2)
+    chunked = LlamaConfig(hidden_size=64, num_attention_heads=4)
+    chunked.attention_chunk_size = 8
+    assert "attention_chunk_size" in attention_unsupported(chunked)
+    # soft-capping is the kernel's softcap; the final logits' cap is the model's own
+    gemma2 = Gemma2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    assert gemma2.attn_logit_softcapping and gemma2.final_logit_softcapping
+    assert attention_unsupported(gemma2) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -273,7 +277,7 @@ FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shor
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
     "gemma": ("GemmaConfig", {"head_dim": 16}),
-    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 10}),  # soft-capping: SDPA
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 10}),  # soft-capping
     "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 10, "layer_types": ["sliding_attention", "full_attention"]}),
 }
 
@@ -281,10 +285,10 @@ FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shor
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_families_step_like_eager_steps(family):
-    """Each family through a runner as the fast path builds it (captured steps on a GPU, the kernel
-    where attention_unsupported allows it, the other kernels as `auto` resolves them) against eager
-    steps with the model's own attention (SDPA; eager for Gemma 2) over the same cache, rollbacks
-    included."""
+    """Each family through a runner as the fast path builds it (captured steps on a GPU, the
+    attention kernel, the other kernels as `auto` resolves them) against eager steps with the
+    model's own attention over the same cache (SDPA; for Gemma 2, soft-capped, rewire's copy of its
+    eager attention), rollbacks included."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -295,9 +299,8 @@ def test_families_step_like_eager_steps(family):
         eos_token_id=None, pad_token_id=None, **extra)
     torch.manual_seed(4)
     model = AutoModelForCausalLM.from_config(config).to(DEVICE).eval()  # its default attention
-    expected_kernel = attention_unsupported(model.config) is None
-    assert expected_kernel == (family != "gemma2")
-    fast = runner(model, capacity=SMALL_CACHE, kernels=resolved(model, attention="kernel" if expected_kernel else "sdpa"), shapes=(1, 5),
+    assert attention_unsupported(model.config) is None
+    fast = runner(model, capacity=SMALL_CACHE, kernels=resolved(model, attention="kernel"), shapes=(1, 5),
                   use_graphs=True)
     assert fast.kernels.rope == (family in ("llama", "mistral", "qwen2", "qwen3"))
     reference = runner(model, capacity=SMALL_CACHE, kernels=kernels())

@@ -120,6 +120,29 @@ def test_runner_step_equals_one_token_steps(rope):
     assert torch.equal(together, alone)
 
 
+@pytest.mark.slow
+def test_gemma2_runner_step_equals_one_token_steps():
+    """Gemma 2 (soft-capped attention in the kernel, a window shorter than the sequence on its first
+    layer, its own rotary and norms): a 5-token step's bf16 logits equal 5 one-token steps'."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=32,
+                          sliding_window=16, max_position_embeddings=1024, initializer_range=0.5,
+                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(5)
+    model = Gemma2ForCausalLM(config).to(torch.bfloat16).to(DEVICE).eval()
+    each = runner(model, kernels=kernels(attention=True, linear=True), capacity=192)
+    gen = torch.Generator().manual_seed(2)
+    prompt, ids = torch.randint(0, 96, (20,), generator=gen).to(DEVICE), torch.randint(0, 96, (5,), generator=gen).to(DEVICE)
+    each.reset()
+    each.forward(prompt, want_logits=False)
+    together = each.forward(ids).clone()
+    each.truncate(20)
+    alone = torch.cat([each.forward(ids[i:i + 1]).clone() for i in range(5)])
+    assert torch.equal(together, alone)
+
+
 def test_rewired_model_uses_the_table_it_was_given():
     """install_linear(model, table): the switch's table (a run's tuned one) is what its layers ask;
     installing again with another table replaces it, without one keeps it."""
@@ -131,27 +154,42 @@ def test_rewired_model_uses_the_table_it_was_given():
     assert rewire.install_linear(model, T.packaged()).table is T.packaged()
 
 
+def _real_width_config(shape: str):
+    """Two layers of a real model's widths: Llama-3-8B, Llama-3.2-1B, Gemma-2-9B (soft-capped
+    attention, a sliding window on its first layer, shorter than the tests' 300-token prompt where
+    the real one has 4096 keys; (1 + w) norms and rotary in PyTorch)."""
+    from transformers import Gemma2Config, LlamaConfig
+
+    if shape == "gemma2-9b":
+        return Gemma2Config(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=2,
+                            num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+                            sliding_window=256)
+    widths = {"8b": (4096, 14336, False), "1b": (2048, 8192, True)}[shape]
+    return LlamaConfig(vocab_size=128256, hidden_size=widths[0], intermediate_size=widths[1], num_hidden_layers=2,
+                       num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=widths[2])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("shape", ["8b", "1b"])
+@pytest.mark.parametrize("shape", ["8b", "1b", "gemma2-9b"])
 def test_step_rows_equal_one_token_steps_on_gpu(shape):
     """Real widths, bf16, captured graphs with the kernels `auto` resolves: a 5-token step's logits
-    equal 5 one-token steps' (2 layers of the Llama-3-8B and Llama-3.2-1B shapes)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    equal 5 one-token steps' (2 layers of the Llama-3-8B, Llama-3.2-1B and Gemma-2-9B shapes)."""
+    from transformers import AutoModelForCausalLM
 
     from gpu_helpers import resolved
 
-    widths = {"8b": (4096, 14336, False), "1b": (2048, 8192, True)}[shape]
-    config = LlamaConfig(vocab_size=128256, hidden_size=widths[0], intermediate_size=widths[1], num_hidden_layers=2,
-                         num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=widths[2])
+    config = _real_width_config(shape)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
     from specgen.gpu.runner import GraphRunner
 
-    graphs = GraphRunner(model, 128256, 1024, kernels=resolved(model), workspace=Workspace("cuda"), shapes=(1, 5))
+    vocab = config.vocab_size
+    graphs = GraphRunner(model, vocab, 1024, kernels=resolved(model), workspace=Workspace("cuda"), shapes=(1, 5))
+    assert graphs.kernels.attention
     gen = torch.Generator().manual_seed(1)
-    prompt, ids = torch.randint(0, 128256, (300,), generator=gen).cuda(), torch.randint(0, 128256, (5,), generator=gen).cuda()
+    prompt, ids = torch.randint(0, vocab, (300,), generator=gen).cuda(), torch.randint(0, vocab, (5,), generator=gen).cuda()
     graphs.forward(prompt, want_logits=False)
     together = graphs.forward(ids).clone()
     graphs.truncate(300)

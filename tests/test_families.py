@@ -4,10 +4,10 @@ sizes shrunk, random weights with norms and biases off their constant init).
 
 For each family: the tiny checkpoints carry the family's features (each one changes the logits),
 specgen's loader picks the right modeling, greedy speculative decoding equals target-only token
-for token, and the GPU path (gpu/rewire.py, gpu/kernels.py; the Triton interpreter on CPU) either
-computes the plain model's logits or is turned off by `auto` with a usage error for an explicit
-"kernel". Float32 throughout; the tiny models' top-two logit gaps are at least ~2e-3 (seed 0),
-far above the ~1e-5 by which a (k+1)-token forward rounds differently from a 1-token one.
+for token, and the GPU path (gpu/rewire.py, gpu/kernels.py; the Triton interpreter on CPU)
+computes the plain model's logits, Gemma 2's soft-capped attention included. Float32 throughout;
+the tiny models' top-two logit gaps are at least ~2e-3 (seed 0), far above the ~1e-5 by which a
+(k+1)-token forward rounds differently from a 1-token one.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from decode_helpers import BACKENDS, finish, make_profile, random_prompts
-from gpu_helpers import kernels, resolved, runner
+from gpu_helpers import kernel_decoder, kernels, resolved, runner
 from specgen.core import llama
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAMILIES = list(family_pairs().FAMILIES)
 CLASSES = {"llama-3.1": "LlamaForCausalLM", "qwen2.5": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
            "gemma-2": "Gemma2ForCausalLM"}
-KERNEL_ATTENTION = {"llama-3.1": True, "qwen2.5": True, "qwen3": True, "gemma-2": False}  # Gemma 2: soft-capping
+KERNEL_ROPE = {"llama-3.1": True, "qwen2.5": True, "qwen3": True, "gemma-2": False}  # Gemma 2: the model's rotary
 # Max logit difference between kernel and plain runners (tests/test_attention.py's RUNNER_TOLERANCE:
 # rounding reaches ~3e-5 on such models; a stale key or a wrong window moves logits by 1e-2 or more).
 RUNNER_TOLERANCE = 3e-4
@@ -180,17 +180,29 @@ def _script(each) -> list[torch.Tensor]:
 @pytest.mark.parametrize("role", ["target"])  # drafts take the same paths; the interpreter is slow
 def test_the_kernels_compute_the_plain_models_logits(family, role):
     """Attention (with the rotary path where the family has one) and linear kernels, explicitly on
-    as a GPU resolves them, against the same model without kernels: Llama 3.1's scaled rotary
-    tables, Qwen2's fused q/k/v biases, Qwen3's q/k norms, tied heads, Gemma 2's GELU-tanh MLP."""
+    as a GPU resolves them, against the plain model (loaded apart: its own attention, SDPA or
+    Gemma 2's eager): Llama 3.1's scaled rotary tables, Qwen2's fused q/k/v biases, Qwen3's q/k
+    norms, tied heads, Gemma 2's GELU-tanh MLP and soft-capped attention with query_pre_attn_scalar's
+    scale on its alternating windowed and global layers."""
     name, folder = family
-    model = _load(folder / role)
-    capable = attention_unsupported(model.config) is None
-    assert capable == KERNEL_ATTENTION[name]
-    chosen = resolved(model, attention="kernel" if capable else "sdpa", linear="kernel")
-    assert chosen.rope == capable and chosen.linear
+
+    def load():
+        model = _load(folder / role)
+        if name == "gemma-2":  # a query_pre_attn_scalar that is not head_dim (as in Gemma 2 27B): the
+            return _variant(model, query_pre_attn_scalar=4 * model.config.head_dim)  # kernel takes `scaling`
+        return model
+
+    model = load()
+    assert attention_unsupported(model.config) is None
+    chosen = resolved(model, attention="kernel", linear="kernel")
+    assert chosen.attention and chosen.linear and chosen.rope == KERNEL_ROPE[name]
+    if name == "gemma-2":  # what the kernel must take from the call: that scale, the cap, each layer's window
+        attention = model.model.layers[0].self_attn
+        assert attention.scaling != attention.head_dim ** -0.5 and attention.attn_logit_softcapping
+        assert {layer.self_attn.sliding_window for layer in model.model.layers} == {None, family_pairs().TINY_WINDOW}
     width = model.get_output_embeddings().weight.shape[0]
     fast = runner(model, kernels=chosen, width=width)
-    plain = runner(model, kernels=kernels(), width=width)
+    plain = runner(load(), kernels=kernels(), width=width)
     for step, (got, want) in enumerate(zip(_script(fast), _script(plain))):
         diff = (got - want).abs().max().item()
         assert diff < RUNNER_TOLERANCE, f"{name} {role} feed {step}: max logit diff {diff:.3g}"
@@ -199,27 +211,54 @@ def test_the_kernels_compute_the_plain_models_logits(family, role):
 
 def test_auto_on_a_gpu_takes_what_each_family_allows(family):
     """`auto` on a CUDA device (decided from the model alone; split-K's device facts aside): every
-    kernel, except attention and rotary for Gemma 2, where an explicit "kernel" is a usage error,
-    and the norm kernel, which takes Llama-style RMSNorms only (not Gemma's 1 + w)."""
+    kernel, Gemma 2's soft-capped attention included, except the rotary path for Gemma 2 (its
+    attention module is not one rewire reproduces; an explicit "kernel" is a usage error) and the
+    norm kernel, which takes Llama-style RMSNorms only (not Gemma's 1 + w)."""
     name, folder = family
     model = _load(folder / "target")
-    capable = KERNEL_ATTENTION[name]
     got = resolve(KernelSpec(split_k="off"), torch.device("cuda"), model)
-    assert got == ResolvedKernels(attention=capable, linear=True, rope=capable, split_k=False, warp=True,
+    assert got == ResolvedKernels(attention=True, linear=True, rope=KERNEL_ROPE[name], split_k=False, warp=True,
                                   norm=name != "gemma-2")
-    if not capable:
-        with pytest.raises(UsageError, match="attn_logit_softcapping is set") as caught:
-            resolve(KernelSpec(attention="kernel"), torch.device("cuda"), model)
+    assert resolve(KernelSpec(attention="kernel", split_k="off"), torch.device("cuda"), model) == got
+    if not KERNEL_ROPE[name]:
+        with pytest.raises(UsageError, match="no attention module of") as caught:
+            resolve(KernelSpec(rope="kernel"), torch.device("cuda"), model)
         assert caught.value.exit_code == 2 and "\n" not in caught.value.message
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the greedy test's cuda cases run the kernels")
+def test_gemma2_greedy_speculative_with_the_attention_kernel_equals_target_only(tmp_path):
+    """Gemma 2 with the attention kernel (soft-capped, windowed and global layers) in the real round
+    on both models, k = 4, with a noisy copy of the target as draft (some drafts accepted): the
+    tokens of the plain target's greedy decoding. On the CPU, in the Triton interpreter (the torch
+    backend runs no kernel; test_greedy_speculative_equals_target_only's cuda case does on a GPU)."""
+    folder = build_family(tmp_path, "gemma-2")
+    engine = Engine(make_profile(folder / "target", folder / "copy", k=4, max_tokens=12))
+    prompts = [list(range(10, 40)), random_prompts(engine.pair.vocab_size, 1, seed=3)[0]]
+    reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in prompts]
+    decoder = kernel_decoder(engine, kernels(attention=True))
+    assert decoder.round.target.kernels.attention and engine.pair.target.config._attn_implementation == "specgen"
+    accepted = 0
+    for prompt, expected in zip(prompts, reference):
+        result = finish(decoder, prompt)
+        assert result.token_ids == expected, f"prompt={prompt}"
+        accepted += result.stats.accepted
+    assert accepted > 0, "the noisy copy never agreed: acceptance paths untested"
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gemma2_with_the_attention_kernel_is_a_one_line_usage_error(tmp_path, cli):
+def test_gemma2_generates_with_the_attention_kernel(tmp_path, cli):
+    """An explicit attention = "kernel" (once a usage error: the kernel did not soft-cap) runs with
+    captured steps and prints the greedy tokens of a run with Gemma 2's own attention (float32:
+    the two differ by rounding far below the tiny model's top-two gaps)."""
     folder = build_family(tmp_path, "gemma-2")
-    profile = write_profile(tmp_path / "p.toml", folder / "target", folder / "draft", device="cuda",
-                            kernels={"attention": "kernel"})
-    code, out, err = cli("generate", "-p", profile, "w1 w2 w3", "--max-tokens", "4")
-    assert code == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) <= 2 and "attn_logit_softcapping is set" in lines[0], err  # the error, then its hint
+    outputs = []
+    for attention in ("kernel", "sdpa"):
+        profile = write_profile(tmp_path / f"{attention}.toml", folder / "target", folder / "draft", device="cuda",
+                                dtype="float32", kernels={"attention": attention})
+        code, out, err = cli("generate", "-p", profile, "w1 w2 w3", "--max-tokens", "8", "-t", "0")
+        assert code == 0 and out.strip(), err
+        outputs.append(out)
+    assert outputs[0] == outputs[1]

@@ -54,6 +54,12 @@ def test_norm_auto_follows_the_linear_kernel_and_the_model():
     assert not resolve(KernelSpec(linear="torch"), CPU, _tiny()).norm
 
 
+def test_soft_capped_attention_takes_the_kernel_and_keeps_the_models_rotary():
+    """Gemma 2 (attention logit soft-capping): the attention kernel on request, its rotary the model's."""
+    resolved = resolve(KernelSpec(attention="kernel"), CPU, _tiny("Gemma2", head_dim=16))
+    assert resolved.attention and not resolved.rope
+
+
 def test_rope_auto_follows_the_attention_kernel_and_the_model():
     assert resolve(KernelSpec(attention="kernel"), CPU, _tiny()).rope  # Llama: rotary path
     assert not resolve(KernelSpec(attention="kernel", rope="model"), CPU, _tiny()).rope
@@ -66,7 +72,7 @@ def test_rope_auto_follows_the_attention_kernel_and_the_model():
     [
         (KernelSpec(attention="kernel"), ("Llama", {"hidden_size": 1024, "num_attention_heads": 2,
                                                     "num_key_value_heads": 1}), "head_dim 512"),
-        (KernelSpec(attention="kernel"), ("Gemma2", {"head_dim": 16}), "attn_logit_softcapping"),
+        (KernelSpec(attention="kernel"), ("Llama", {"attention_chunk_size": 8}), "attention_chunk_size"),
         (KernelSpec(attention="sdpa", rope="kernel"), ("Llama", {}), "needs the attention kernel"),
         (KernelSpec(attention="kernel", rope="kernel"), ("Gemma", {"head_dim": 16}), "no attention module of"),
         (KernelSpec(linear="torch", split_k="on"), ("Llama", {}), "needs the linear kernel"),
@@ -150,7 +156,9 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
     cuda = torch.device("cuda")
     spec = KernelSpec(split_k="off")
     assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True)
-    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(False, True, False, False, True)
+    # Gemma 2: soft-capped attention in the kernel, its own rotary and (1 + w) norms
+    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True)
+    assert not resolve(spec, cuda, _tiny("Llama", attention_chunk_size=8)).attention
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
     assert resolve(spec, cuda, _tiny()) == ResolvedKernels(False, False, False, False, False)

@@ -82,15 +82,18 @@ def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows
     return root / "target", root / "draft"
 
 
-def write_profile(path: Path, target: Path, draft: Path | None, device: str = "cpu", **tables) -> Path:
+def write_profile(path: Path, target: Path, draft: Path | None, device: str = "cpu", dtype: str | None = None,
+                  **tables) -> Path:
     """A profile for the pair. device "cpu" by default: the CLI tests that use it check the CPU path
-    (stderr lines, eager runners) on any machine, as CI runs them; GPU behaviour has its own tests."""
+    (stderr lines, eager runners) on any machine, as CI runs them; GPU behaviour has its own tests.
+    dtype: both models' (default: the profile's auto, float32 on CPU and bfloat16 on CUDA)."""
     # One torch thread, as conftest.py sets: [runtime] threads auto would take half of a CI
     # machine's cores for the rest of the session, and 64-wide matrices only wait on more threads.
     tables.setdefault("runtime", {"threads": 1})
-    lines = [f'[target]\npath = "{target}"\ndevice = "{device}"\n']
+    model = f'device = "{device}"\n' + (f'dtype = "{dtype}"\n' if dtype else "")
+    lines = [f'[target]\npath = "{target}"\n{model}']
     if draft is not None:
-        lines.append(f'[draft]\npath = "{draft}"\ndevice = "{device}"\n')
+        lines.append(f'[draft]\npath = "{draft}"\n{model}')
     for table, values in tables.items():
         lines.append(f"[{table}]")
         for key, value in values.items():

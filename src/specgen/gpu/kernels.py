@@ -184,11 +184,12 @@ def _properties(device: torch.device):
 
 
 def attention_unsupported(config) -> str | None:
-    """None when the attention kernel computes this model's attention exactly, else why not."""
+    """None when the attention kernel computes this model's attention exactly, else why not.
+    Logit soft-capping (attn_logit_softcapping) is the kernel's `softcap`; final_logit_softcapping
+    is the model's own op on its logits."""
     text = config.get_text_config(decoder=True)
-    for key in ("attn_logit_softcapping", "attention_chunk_size"):
-        if getattr(text, key, None):
-            return f"{key} is set"
+    if getattr(text, "attention_chunk_size", None):
+        return "attention_chunk_size is set"
     if getattr(text, "use_bidirectional_attention", False):
         return "bidirectional attention"
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
