@@ -274,17 +274,24 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
         return _load_llama(Path(name), shape, resolve_dtype(spec, device), device)
     from transformers import AutoModelForCausalLM
 
-    kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None}
-    if spec.device_map is not None:
-        kwargs["device_map"] = spec.device_map
+    kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None,
+              **placement(spec, device)}
     try:
         model = _from_pretrained(AutoModelForCausalLM, name, spec, **kwargs)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelError(f"out of GPU memory while loading {name}",
                          hint="use a smaller model, dtype = \"bfloat16\", or device_map = \"auto\"") from exc
-    if spec.device_map is None:
-        model = model.to(device)
     return model.eval()
+
+
+def placement(spec: ModelSpec, device: torch.device) -> dict:
+    """from_pretrained's device_map: the profile's, else the whole model on a CUDA device. Given a
+    device, transformers reads each tensor from the file straight onto it, several at a time;
+    without one it builds the model on the CPU, over the file's pages, and `.to(device)` then
+    copies tensor after tensor from there (docs/benchmarks.md, "Start-up of real pairs")."""
+    if spec.device_map is not None:
+        return {"device_map": spec.device_map}
+    return {"device_map": {"": device}} if device.type == "cuda" else {}
 
 
 def own_llama(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
