@@ -1,4 +1,5 @@
-"""Start-up: how the pair is placed on its device (docs/benchmarks.md, "Start-up of real pairs")."""
+"""Start-up: how the pair is placed on its device (docs/benchmarks.md, "Start-up of real pairs"),
+and what loading prints."""
 
 from __future__ import annotations
 
@@ -59,3 +60,13 @@ def test_a_model_placed_by_from_pretrained_computes_what_a_moved_one_does(pair):
     with torch.no_grad():
         assert torch.equal(placed(ids).logits, moved(ids).logits)
     assert {p.device for p in placed.parameters()} | {b.device for b in placed.buffers()} == {moved.device}
+
+
+def test_loading_through_transformers_prints_no_progress_bars(pair, capsys):
+    """stderr is specgen's: transformers' "Loading weights" bars stay off even when the tokenizer
+    loaded without transformers (which used to be what turned them off)."""
+    from transformers.utils import logging
+
+    logging.enable_progress_bar()
+    models.load_model(ModelSpec(path=str(pair / "target"), dtype="float32", device="cpu"), modeling="transformers")
+    assert capsys.readouterr().err == ""

@@ -272,6 +272,7 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
     shape = own_llama(Path(name), spec, device, use_safetensors, modeling)
     if shape is not None:
         return _load_llama(Path(name), shape, resolve_dtype(spec, device), device)
+    _quiet_transformers()
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None,
