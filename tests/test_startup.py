@@ -1,7 +1,9 @@
-"""Start-up: how the pair is placed on its device (docs/benchmarks.md, "Start-up of real pairs"),
-and what loading prints."""
+"""Start-up: how the pair is placed on its device, what is loaded once instead of twice, and what
+loading prints (docs/benchmarks.md, "Start-up of real pairs")."""
 
 from __future__ import annotations
+
+import json
 
 from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
@@ -9,13 +11,14 @@ import pytest
 import torch
 
 from specgen.core import models
-from specgen.core.settings import ModelSpec
+from specgen.core.settings import ModelSpec, Profile, ProposerSpec
 from tiny_models import build_family
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """The tiny Llama 3.1 pair (llama3 rope scaling: transformers runs it, not core/llama.py)."""
+    """The tiny Llama 3.1 pair (llama3 rope scaling: transformers runs it, not core/llama.py); its
+    target and draft have the same tokenizer files."""
     return build_family(tmp_path_factory.mktemp("startup"), "llama-3.1")
 
 
@@ -70,3 +73,46 @@ def test_loading_through_transformers_prints_no_progress_bars(pair, capsys):
     logging.enable_progress_bar()
     models.load_model(ModelSpec(path=str(pair / "target"), dtype="float32", device="cpu"), modeling="transformers")
     assert capsys.readouterr().err == ""
+
+
+def _profile(pair, draft: str = "draft") -> Profile:
+    spec = lambda role: ModelSpec(path=str(pair / role), dtype="float32", device="cpu")  # noqa: E731
+    return Profile("startup", "<test>", spec("target"), spec(draft), proposer=ProposerSpec())
+
+
+def _tokenizer_loads(monkeypatch) -> list[str]:
+    loaded = []
+    load = models.load_tokenizer
+
+    def counting(spec, *args, **kwargs):
+        loaded.append(spec.path)
+        return load(spec, *args, **kwargs)
+
+    monkeypatch.setattr(models, "load_tokenizer", counting)
+    return loaded
+
+
+def test_a_draft_with_the_targets_tokenizer_files_loads_no_tokenizer_of_its_own(pair, monkeypatch):
+    loaded = _tokenizer_loads(monkeypatch)
+    loaded_pair = models.load_pair(_profile(pair))
+    assert loaded == [str(pair / "target")] and loaded_pair.draft is not None
+
+
+def test_a_draft_whose_tokenizer_files_differ_is_loaded_and_checked(pair, tmp_path, monkeypatch):
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(pair / "draft", draft)
+    config = json.loads((draft / "tokenizer_config.json").read_text())
+    (draft / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    loaded = _tokenizer_loads(monkeypatch)
+    models.load_pair(_profile(pair, draft=str(draft)))
+    assert loaded == [str(pair / "target"), str(draft)]
+
+    vocab = json.loads((draft / "tokenizer.json").read_text())
+    first, second = sorted(vocab["model"]["vocab"], key=vocab["model"]["vocab"].get)[300:302]
+    vocab["model"]["vocab"][first], vocab["model"]["vocab"][second] = (vocab["model"]["vocab"][second],
+                                                                       vocab["model"]["vocab"][first])
+    (draft / "tokenizer.json").write_text(json.dumps(vocab))
+    with pytest.raises(models.ModelError, match="draft and target tokenizers differ"):
+        models.load_pair(_profile(pair, draft=str(draft)))

@@ -350,6 +350,23 @@ def check_tokenizers(target_tok, draft_tok) -> None:
         )
 
 
+def same_tokenizer_files(target: str, draft: str) -> bool:
+    """Whether both folders hold the same tokenizer files, byte for byte: then the draft's
+    tokenizer is the target's, and needs neither loading nor checking (docs/benchmarks.md,
+    "Start-up of real pairs")."""
+    def files(folder: Path) -> dict[str, Path]:
+        patterns = (*_TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "chat_template.*")
+        return {p.name: p for pattern in patterns for p in folder.glob(pattern) if p.is_file()}
+
+    mine, theirs = files(Path(target)), files(Path(draft))
+    try:
+        return bool(mine) and mine.keys() == theirs.keys() and all(
+            mine[name].read_bytes() == theirs[name].read_bytes() for name in mine)
+    except OSError:
+        return False  # loading the draft's tokenizer then says what is wrong
+
+
 def _one_extends_other(a: dict, b: dict) -> bool:
     small, large = (a, b) if len(a) <= len(b) else (b, a)
     return all(large.get(t) == i for t, i in small.items())
@@ -375,7 +392,9 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
     if need_draft is None:
         need_draft = profile.proposer.uses_draft
     if need_draft and profile.draft is not None:
-        check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
+        if not same_tokenizer_files(checkpoint_folder(profile.target, allow_pickle, download),
+                                    checkpoint_folder(profile.draft, allow_pickle, download)):
+            check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
         draft = load_model(profile.draft, allow_pickle, download, modeling)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(
