@@ -130,6 +130,11 @@ class HeadDrafter(Protocol):
     def step(self, ids: torch.Tensor, hidden: torch.Tensor,
              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def accelerate(self, backend) -> str:
+        """Take what `backend` offers for its calls (Backend.head_kernels); returns the path the
+        calls now take: "kernels", "compile" or "torch" (for the run's report)."""
+        ...
+
 
 class EagleDrafter:
     """An Eagle3Head (core/eagle.py) as the round's drafter: logits over the target's vocabulary
@@ -141,8 +146,11 @@ class EagleDrafter:
                  eager: bool = False, compile: bool = False):
         self.head, self.tap, self.width = head, tap, width
         # speculation.compile: a round's calls (k + 1 rows, then 1) run the head compiled, which
-        # fuses its elementwise chains (rotary, norms, mask); prefill chunks of any length do not
+        # fuses its elementwise chains (rotary, norms, mask); prefill chunks of any length do not.
+        # A backend with step kernels replaces both (accelerate).
+        self.compiled = compile
         self.forward = torch.compile(head.forward, dynamic=False) if compile else head.forward
+        self.engaged = contextlib.nullcontext  # the backend's kernels around a round's calls
         # eager (the torch backend): attend over the live slots only, read on the host; captured
         # steps attend over the whole cache (fixed shapes) with the stale slots masked
         self.eager = eager
@@ -153,7 +161,16 @@ class EagleDrafter:
         device = head.d2t.device
         # target id of each draft-vocabulary column, computed once (index_copy_ in every call)
         self.columns = torch.arange(head.config.draft_vocab_size, device=device) + head.d2t
+        # the whole vocabulary in the target's order: logits need no scatter into -inf columns
+        self.identity = head.config.draft_vocab_size == width and bool((head.d2t == 0).all())
         self._allocate(capacity)
+
+    def accelerate(self, backend) -> str:
+        engaged = backend.head_kernels(self.head)
+        if engaged is None:
+            return "compile" if self.compiled else "torch"
+        self.engaged, self.forward = engaged, self.head.forward
+        return "kernels"
 
     def _allocate(self, capacity: int) -> None:
         self.head.reserve(capacity)
@@ -172,6 +189,8 @@ class EagleDrafter:
         return self.tap.out[:rows, self.span]
 
     def _logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        if self.identity:
+            return draft_logits.float()
         out = draft_logits.new_full((draft_logits.shape[0], self.width), float("-inf"), dtype=torch.float32)
         return out.index_copy_(1, self.columns, draft_logits.float())
 
@@ -182,11 +201,13 @@ class EagleDrafter:
         self.head(ids, features, positions, self._keys(positions))
 
     def extend(self, ids, features, positions):
-        logits, hidden = self.forward(ids, features, positions, self._keys(positions))
+        with self.engaged():
+            logits, hidden = self.forward(ids, features, positions, self._keys(positions))
         return self._logits(logits), hidden
 
     def step(self, ids, hidden, positions):
-        logits, hidden = self.forward(ids, hidden, positions, self._keys(positions))
+        with self.engaged():
+            logits, hidden = self.forward(ids, hidden, positions, self._keys(positions))
         return self._logits(logits), hidden
 
 
@@ -209,6 +230,9 @@ class MtpDrafter:
 
     def reserve(self, positions: int) -> None:
         self.capacity = max(self.capacity, positions + SLACK)
+
+    def accelerate(self, backend) -> str:
+        return "torch"  # a growing cache: no capture, no kernels
 
     def features(self, rows: int) -> torch.Tensor:
         return self.tap.out[:rows, self.span]

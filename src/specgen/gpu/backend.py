@@ -112,6 +112,18 @@ class CudaBackend:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
         gpu_verify.check_output(first_id, self.workspace)
 
+    def head_kernels(self, head):
+        """An EAGLE-3 head's calls on the kernels its target's steps use (gpu/rewire_head.py), when
+        the target's [kernels] head resolved on (with its linear kernel), else None (torch's ops,
+        or compile). No split-K: the head's products are too small to gain from it."""
+        kernels = self.kernels.get("target")
+        if kernels is None or not kernels.head:
+            return None
+        from specgen.gpu.rewire_head import install_head  # noqa: PLC0415 (only with a head)
+
+        switch = install_head(head, kernels)
+        return lambda: switch.engaged(False, None, norm=kernels.norm)
+
     # -- capture ----------------------------------------------------------------------------------
 
     def program(self, rnd: Round, mode: Mode):
