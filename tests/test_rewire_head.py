@@ -91,16 +91,33 @@ def test_switch_off_is_the_module_itself():
 
 
 class _Backend:
-    """A backend offering the kernels for the head (as gpu/backend.py's CudaBackend does)."""
+    """A backend offering the kernels for the head (as gpu/backend.py's CudaBackend does); its
+    `graph` runs the function as it is and counts the captures."""
 
     def __init__(self, offer: bool):
-        self.offer, self.switch = offer, None
+        self.offer, self.switch, self.captures = offer, None, 0
 
     def head_kernels(self, head):
         if not self.offer:
             return None
         self.switch = install_head(head, kernels(attention=True, linear=True, rope=True, norm=True))
         return lambda: self.switch.engaged(False, None, norm=True)
+
+    def graph(self, fn, what):
+        self.captures += 1
+        return fn
+
+
+def _drafters(config, vocab_map: bool, rows: int = 64):
+    """(plain, kernel) EagleDrafters of equal heads over a tap of `rows` rows the test fills."""
+    plain_head = build_head(config, seed=2).to(DEVICE)
+    if not vocab_map:
+        plain_head.identity_vocab()
+    fast_head = copy.deepcopy(plain_head)
+    tap = AuxTap.__new__(AuxTap)  # no hooks: the test writes its rows
+    tap.out, tap.rows = torch.zeros(rows, 3 * config.target_hidden_size, device=DEVICE), rows
+    return (EagleDrafter(plain_head, tap, config.target_vocab_size, CAPACITY),
+            EagleDrafter(fast_head, tap, config.target_vocab_size, CAPACITY))
 
 
 @pytest.mark.parametrize("vocab", ["whole", "reduced"])
@@ -110,13 +127,7 @@ def test_drafter_takes_the_backends_kernels(vocab):
     target's order skips the scatter into -inf columns and gives the same logits."""
     config = tiny_head_config(max_position_embeddings=CAPACITY,
                               **({"draft_vocab_size": 40} if vocab == "whole" else {}))
-    plain_head = build_head(config, seed=2).to(DEVICE)
-    if vocab == "whole":
-        plain_head.identity_vocab()
-    fast_head = copy.deepcopy(plain_head)
-    tap = AuxTap.__new__(AuxTap)  # the drafters read no tap in these calls
-    plain = EagleDrafter(plain_head, tap, 40, CAPACITY)
-    fast = EagleDrafter(fast_head, tap, 40, CAPACITY)
+    plain, fast = _drafters(config, vocab == "reduced")
     assert plain.identity == (vocab == "whole")
     assert plain.accelerate(_Backend(False)) == "torch"
     backend = _Backend(True)
@@ -131,3 +142,31 @@ def test_drafter_takes_the_backends_kernels(vocab):
     (a, _), (b, _) = plain.step(ids[:1], ha[-1:], positions[-1:] + 1), fast.step(ids[:1], hb[-1:], positions[-1:] + 1)
     _close(b[torch.isfinite(a)], a[torch.isfinite(a)], torch.float32, "step logits")
     assert not backend.switch.active  # engaged only inside the calls
+
+
+@pytest.mark.slow
+def test_prefill_in_captured_chunks_fills_the_cache_the_plain_prefill_does():
+    """With the kernels a prompt's rows go through the head in chunks of the tap's rows (the
+    captured call; 16 here, 64 in a run), the last one padded: the keys and values of the prompt's
+    rows equal the plain prefill's, the capture is made once (and again after the cache is
+    re-allocated), and the next extend agrees."""
+    config = tiny_head_config(max_position_embeddings=CAPACITY)
+    plain, fast = _drafters(config, True, rows=16)
+    backend = _Backend(True)
+    fast.accelerate(backend)
+    rows = 38  # two full chunks and a padded one
+    ids, features = _inputs(config, rows + 3, 4, torch.float32)
+    positions = torch.arange(rows, device=DEVICE)
+    for drafter in (plain, fast):
+        drafter.prefill(ids[:rows], features[:rows], positions)
+    _close(fast.head.k_cache[:, :, :rows], plain.head.k_cache[:, :, :rows], torch.float32, "keys")
+    _close(fast.head.v_cache[:, :, :rows], plain.head.v_cache[:, :, :rows], torch.float32, "values")
+    assert backend.captures == 1
+    fast.prefill(ids[:rows], features[:rows], positions)
+    assert backend.captures == 1  # the same capture replays
+    at = torch.arange(rows, rows + 3, device=DEVICE)
+    (a, _), (b, _) = plain.extend(ids[rows:], features[rows:], at), fast.extend(ids[rows:], features[rows:], at)
+    _close(b[torch.isfinite(a)], a[torch.isfinite(a)], torch.float32, "extend after prefill")
+    fast.reserve(CAPACITY)  # a request that needs more room: a new cache, a new capture
+    fast.prefill(ids[:3], features[:3], positions[:3])
+    assert backend.captures == 2

@@ -47,6 +47,11 @@ class Backend(Protocol):
         the head keeps its own forward."""
         ...
 
+    def graph(self, fn: Callable[[], None], what: str) -> Callable[[], None]:
+        """fn, which reads and writes only tensors that outlive it, made cheap to run again: the
+        CUDA backend captures it once and returns the replay; the torch backend returns fn."""
+        ...
+
     def check(self, first_id: int) -> None: ...
 
     def describe(self) -> dict: ...
@@ -141,6 +146,9 @@ class TorchBackend:
 
     def head_kernels(self, head):
         return None
+
+    def graph(self, fn, what):
+        return fn
 
     def check(self, first_id: int) -> None:
         """The references raise inside warp: nothing is left to report after the round."""

@@ -129,15 +129,16 @@ class Rotary(nn.Module):
         return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
 
     def tabulate(self, capacity: int, dtype: torch.dtype) -> None:
-        """Compute cos and sin for positions 0 .. capacity - 1 once: `lookup` then gathers two rows
-        per position where `forward` launches about ten small kernels (a drafting step's cost)."""
+        """Compute cos and sin for positions 0 .. capacity - 1 once, side by side ([C, 2, D]):
+        `lookup` then gathers one row per position where `forward` launches about ten small
+        kernels (a drafting step's cost)."""
         cos, sin = self.forward(torch.arange(capacity, device=self.inv_freq.device), dtype)
-        self.register_buffer("cos_table", cos, persistent=False)
-        self.register_buffer("sin_table", sin, persistent=False)
+        self.register_buffer("table", torch.cat([cos, sin], dim=1), persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward's values from the table (positions below the tabulated capacity)."""
-        return self.cos_table[positions], self.sin_table[positions]
+        """forward's values (views [N, 1, D]) from the table, for positions below its capacity."""
+        rows = self.table[positions]
+        return rows[:, :1], rows[:, 1:]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -278,24 +279,27 @@ class Eagle3Head(nn.Module):
         return self.fc(aux)
 
     def forward(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor | None = None,
-                keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                keys: int | None = None, track: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [N] target ids, features [N, 3 * target_hidden] (the target's aux states, fused
         here by `fc`) or [N, H] (already fused, or the head's own output hidden states), positions
         [N] (default: from `position` on). Writes the rows' keys at their positions, sets
         `position` past the last row, and returns (logits over the draft vocabulary [N, Vd],
         output hidden states [N, H]: before the final norm, the features of the next step).
         keys: attend over the first `keys` cache slots only (more than the largest position; the
-        eager path's saving); None: the whole cache, whose shape a captured step needs fixed."""
+        eager path's saving); None: the whole cache, whose shape a captured step needs fixed.
+        track=False leaves `position` alone (a caller that always passes positions saves two
+        kernel launches a call)."""
         if positions is None:
             positions = self.position + torch.arange(ids.shape[0], device=ids.device)
         h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
         embeds = F.embedding(ids, self.embedding).to(h.dtype)
         rope = self.rotary.lookup(positions)
-        if rope[0].dtype != h.dtype:  # a caller's features in another dtype than the head's weights
+        if rope[0].dtype != h.dtype:  # features in another dtype than the head's weights
             rope = self.rotary(positions, h.dtype)
         cache = (self.k_cache, self.v_cache) if keys is None else (self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
         out = self.layers[0](embeds, h, positions, rope, cache)
-        self.position.copy_(positions[-1] + 1)
+        if track:
+            self.position.copy_(positions[-1] + 1)
         return self.lm_head(self.norm(out)), out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -126,6 +126,27 @@ class CudaBackend:
 
     # -- capture ----------------------------------------------------------------------------------
 
+    def graph(self, fn, what: str):
+        """fn captured as a CUDA graph after warm-ups on a side stream (Triton's JIT, allocations);
+        returns the replay, or fn itself after one warning naming `what` when capture fails. fn's
+        warm-ups run for real: its callers point them at scratch state."""
+        device = self.device
+        try:
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(WARMUP_ROUNDS):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.inference_mode():
+                fn()
+        except Exception as exc:  # noqa: BLE001 (an optimisation: run it eagerly instead)
+            torch.cuda.synchronize(device)
+            self._warn(f"could not capture {what} ({_first_line(exc)}); it runs eagerly")
+            return fn
+        return graph.replay
+
     def program(self, rnd: Round, mode: Mode):
         runners = rnd.runners
         if not self.warp_kernels or not all(r.use_graphs for r in runners):

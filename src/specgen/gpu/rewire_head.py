@@ -9,7 +9,8 @@ two-layer draft model's on the same kernels. Here a call is the models' own kern
 
 - fc, the fused q/k/v projection, o_proj, the gated MLP and lm_head: gpu/linear.py, through
   gpu/rewire.py's install_linear (the same SkinnyLinear / fused-QKV / gate_up rewiring as a model);
-- the three norms: gpu/norm.py, the post-attention residual add inside the norm after it;
+- the four norms: gpu/norm.py, each residual add inside the norm after it (the layer's last add
+  with the head's final norm);
 - attention: gpu/attention.py with the rotary embedding and the cache write inside the kernel,
   over the live keys only (the head's cache is [1, Hkv, C, D], the kernel's layout), at the
   position of the call's first row: a call's rows are consecutive positions (the extend over the
@@ -42,6 +43,7 @@ def install_head(head, kernels: ResolvedKernels) -> LinearSwitch:
         layer._specgen_layer_base = type(layer)
         layer._specgen_switch = switch
         layer._specgen_attention = kernels.attention and kernels.rope
+        layer._specgen_final_norm = head.norm
         layer.__class__ = _subclass(type(layer), _layer_forward)
     for norm in (head.norm, layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm):
         if "_specgen_norm_base" not in vars(norm):
@@ -57,6 +59,9 @@ def _subclass(base: type, forward) -> type:
 
 
 def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    pending = vars(self).pop("_specgen_pending", None)
+    if pending is not None and pending[0] is x:  # the layer's output: normed with its last add
+        return pending[1]
     if self._specgen_switch.norms() and x.numel() > 0:
         return norm_kernels.rms_norm(x, self.weight, self.eps)
     return self._specgen_norm_base.forward(self, x)
@@ -75,12 +80,14 @@ def _layer_forward(self, embeds, h, positions, rope, cache):
     else:
         attended = self.self_attn(x, positions, rope, cache)
     post = self.post_attention_layernorm
-    if switch.norms():
-        normed, h = norm_kernels.add_rms_norm(attended, residual, post.weight, post.eps)
-    else:
+    if not switch.norms():
         h = residual + attended
-        normed = post(h)
-    return h + self.mlp(normed)
+        return h + self.mlp(post(h))
+    normed, h = norm_kernels.add_rms_norm(attended, residual, post.weight, post.eps)
+    final = self._specgen_final_norm  # the head norms this layer's output next: one launch for both
+    normed, out = norm_kernels.add_rms_norm(self.mlp(normed), h, final.weight, final.eps)
+    final._specgen_pending = (out, normed)
+    return out
 
 
 def _attention(attn, x, positions, rope, cache):
@@ -89,7 +96,7 @@ def _attention(attn, x, positions, rope, cache):
     query = attn.q_proj(x).view(1, n, attn.heads, dim).transpose(1, 2)  # one fused q/k/v pass
     key = attn.k_proj(x).view(1, n, attn.kv_heads, dim).transpose(1, 2)
     value = attn.v_proj(x).view(1, n, attn.kv_heads, dim).transpose(1, 2)
-    cos, sin = rope  # [N, 1, D]
+    cos, sin = (part.squeeze(1).unsqueeze(0) for part in rope)  # [N, 1, D] views -> [1, N, D]
     out = attention_kernels.decode_attention(query, cache[0], cache[1], positions[0], dim ** -0.5, 0,
-                                             (key, value, cos.view(1, n, dim), sin.view(1, n, dim)))
+                                             (key, value, cos, sin))
     return attn.o_proj(out.reshape(n, attn.heads * dim))
