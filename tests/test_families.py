@@ -206,7 +206,7 @@ def test_auto_on_a_gpu_takes_what_each_family_allows(family):
     capable = KERNEL_ATTENTION[name]
     got = resolve(KernelSpec(split_k="off"), torch.device("cuda"), model)
     assert got == ResolvedKernels(attention=capable, linear=True, rope=capable, split_k=False, warp=True,
-                                  norm=name != "gemma-2")
+                                  norm=name != "gemma-2", head=True)
     if not capable:
         with pytest.raises(UsageError, match="attn_logit_softcapping is set") as caught:
             resolve(KernelSpec(attention="kernel"), torch.device("cuda"), model)
