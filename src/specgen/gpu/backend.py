@@ -18,6 +18,7 @@ import torch
 
 from specgen.core import noise, rejection, sampling
 from specgen.core.backend import EagerProgram, RoundClock
+from specgen.core.errors import SpecgenError
 from specgen.core.round import Mode, Round
 from specgen.gpu import noise as gpu_noise
 from specgen.gpu import verify as gpu_verify
@@ -54,6 +55,8 @@ class CudaBackend:
                       compile_cache_folder=self.speculation.compile_cache, tap=tap)
         try:
             runner = GraphRunner(model, width, capacity, kernels=kernels, **common)
+        except SpecgenError:  # the user's settings (a compile cache folder, ...): theirs to change
+            raise
         except Exception as exc:  # noqa: BLE001 (the step kernels are an optimisation: fall back, below)
             plain = ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=kernels.warp)
             runner = self._fallback(model, width, capacity, plain, common, exc, name)
@@ -66,6 +69,8 @@ class CudaBackend:
             runner = GraphRunner(model, width, capacity, kernels=plain, **common)
             self._warn(f"{name}: the step kernels failed ({_first_line(failure)}); steps use SDPA and cuBLAS")
             return runner
+        except SpecgenError:
+            raise
         except Exception as exc:  # noqa: BLE001
             self._warn(f"{name}: could not capture CUDA graphs ({_first_line(exc)}); steps run eagerly")
             return GraphRunner(model, width, capacity, kernels=plain, **(common | dict(use_graphs=False, compile=False)))
