@@ -145,7 +145,7 @@ def test_reserve_grows_the_cache_and_restarts():
     ids, aux = inputs(head.config, 90)
     with torch.no_grad():
         logits, _ = head(ids, aux)
-    assert head.k_cache.shape[0] == 100 and int(head.position) == 90 and torch.isfinite(logits).all()
+    assert head.k_cache.shape[2] == 100 and int(head.position) == 90 and torch.isfinite(logits).all()
 
 
 def test_draft_vocabulary_maps_to_target_ids_and_nothing_else_can_be_proposed():

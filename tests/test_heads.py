@@ -100,6 +100,8 @@ def test_eagle_greedy_equals_target_only(headed, backend, k, vocab):
     target, _, whole, reduced = headed
     profile = eagle_profile(target, whole if vocab == "whole" else reduced, k=k, backend=backend, max_tokens=30)
     engine, plain = Engine(profile), Engine(target_only(profile))
+    # on CUDA the head's calls take the target's kernels (gpu/rewire_head.py), and the run says so
+    assert engine.describe()["heads"] == {"eagle": "kernels" if backend == "cuda" else "torch"}
     for prompt in random_prompts(engine.pair.vocab_size, 5, seed=k):
         assert finish(engine.decoder(), prompt).token_ids == finish(plain.decoder(), prompt).token_ids
 

@@ -32,18 +32,19 @@ def _tiny(family: str = "Llama", dtype=torch.float32, **extra):
 def test_auto_resolves_everything_off_on_cpu():
     resolved = resolve(KernelSpec(), CPU, _tiny())
     assert resolved == ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=False,
-                                       norm=False)
+                                       norm=False, head=False)
     assert resolved.as_dict() == {"attention": "sdpa", "linear": "torch", "rope": "model", "split_k": "off",
-                                  "warp": "torch", "linear_table": "package", "norm": "torch"}
+                                  "warp": "torch", "linear_table": "package", "norm": "torch", "head": "torch"}
 
 
 def test_explicit_values_win_on_cpu():
     """What the CPU tests ask for: the kernels in the Triton interpreter."""
     spec = KernelSpec(attention="kernel", linear="kernel", rope="kernel", split_k="on", warp="kernel")
     resolved = resolve(spec, CPU, _tiny())
-    assert resolved == ResolvedKernels(attention=True, linear=True, rope=True, split_k=True, warp=True, norm=True)
+    assert resolved == ResolvedKernels(attention=True, linear=True, rope=True, split_k=True, warp=True, norm=True,
+                                       head=True)
     assert resolved.as_dict() == {"attention": "kernel", "linear": "kernel", "rope": "kernel", "split_k": "on",
-                                  "warp": "kernel", "linear_table": "package", "norm": "kernel"}
+                                  "warp": "kernel", "linear_table": "package", "norm": "kernel", "head": "kernel"}
 
 
 def test_norm_auto_follows_the_linear_kernel_and_the_model():
@@ -58,6 +59,13 @@ def test_soft_capped_attention_takes_the_kernel_and_keeps_the_models_rotary():
     """Gemma 2 (attention logit soft-capping): the attention kernel on request, its rotary the model's."""
     resolved = resolve(KernelSpec(attention="kernel"), CPU, _tiny("Gemma2", head_dim=16))
     assert resolved.attention and not resolved.rope
+
+
+def test_head_auto_follows_the_linear_kernel():
+    assert resolve(KernelSpec(linear="kernel"), CPU, _tiny()).head
+    assert resolve(KernelSpec(linear="kernel", attention="sdpa", norm="torch"), CPU, _tiny()).head
+    assert not resolve(KernelSpec(linear="kernel", head="torch"), CPU, _tiny()).head
+    assert not resolve(KernelSpec(linear="torch"), CPU, _tiny()).head
 
 
 def test_rope_auto_follows_the_attention_kernel_and_the_model():
@@ -78,6 +86,7 @@ def test_rope_auto_follows_the_attention_kernel_and_the_model():
         (KernelSpec(linear="torch", split_k="on"), ("Llama", {}), "needs the linear kernel"),
         (KernelSpec(linear="torch", norm="kernel"), ("Llama", {}), "runs in the linear kernel's steps"),
         (KernelSpec(linear="kernel", norm="kernel"), ("Gemma", {"head_dim": 16}), "no RMSNorm of"),
+        (KernelSpec(linear="torch", head="kernel"), ("Llama", {}), "a head runs on the linear kernel"),
     ],
 )
 def test_values_the_model_cannot_take_are_usage_errors(spec, model, message):
@@ -155,9 +164,9 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
 
     cuda = torch.device("cuda")
     spec = KernelSpec(split_k="off")
-    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True)
+    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True, head=True)
     # Gemma 2: soft-capped attention in the kernel, its own rotary and (1 + w) norms
-    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True)
+    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True, head=True)
     assert not resolve(spec, cuda, _tiny("Llama", attention_chunk_size=8)).attention
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)

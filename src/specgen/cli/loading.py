@@ -15,10 +15,20 @@ def load_engine(settings, allow_pickle: bool, status: bool, proposers: tuple[str
     """Import torch and transformers and load the pair; status: the start-up status line on a
     terminal's stderr (shown from the first import on, not only once torch is in); proposers: the
     kinds the engine serves (bench's list; default the settings' own)."""
+    check_before_loading(settings)
     with render.startup_status(enabled=status) as progress, collector_paused():
         from specgen.core.engine import Engine
 
         return Engine(settings, allow_pickle=allow_pickle, progress=progress, proposers=proposers)
+
+
+def check_before_loading(settings) -> None:
+    """What the settings need on disk besides the models, checked before a minute of loading: the
+    compile cache folder, which compile writes at the end of start-up (core/compile_cache.py)."""
+    if settings.speculation.compile:
+        from specgen.core.compile_cache import check_writable
+
+        check_writable(settings.speculation.compile_cache)
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,7 @@ class TimedSetup(Protocol):
 def start_engine(settings, allow_pickle: bool, status: bool):
     """load_engine, then the settings' decoder: (engine, decoder, Startup). The runners' own setup
     seconds are taken out of the engine's construction, so load and setup do not overlap."""
+    check_before_loading(settings)
     begin = time.perf_counter()
     with render.startup_status(enabled=status) as progress:
         with collector_paused():

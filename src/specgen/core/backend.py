@@ -10,7 +10,7 @@ backend supplies Triton kernels, CUDA-graph runners and capture as a CUDA graph 
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol
+from typing import Callable, ContextManager, Protocol
 
 import torch
 
@@ -41,6 +41,16 @@ class Backend(Protocol):
     def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len: int) -> torch.Tensor: ...
 
     def program(self, rnd, mode) -> Program: ...
+
+    def head_kernels(self, head) -> Callable[[], ContextManager] | None:
+        """A context to run an EAGLE-3 head's round calls in, with the backend's kernels; None:
+        the head keeps its own forward."""
+        ...
+
+    def graph(self, fn: Callable[[], None], what: str) -> Callable[[], None]:
+        """fn, which reads and writes only tensors that outlive it, made cheap to run again: the
+        CUDA backend captures it once and returns the replay; the torch backend returns fn."""
+        ...
 
     def check(self, first_id: int) -> None: ...
 
@@ -133,6 +143,12 @@ class TorchBackend:
 
     def program(self, rnd, mode) -> Program:
         return EagerProgram(lambda mark: rnd.body(mode, mark))
+
+    def head_kernels(self, head):
+        return None
+
+    def graph(self, fn, what):
+        return fn
 
     def check(self, first_id: int) -> None:
         """The references raise inside warp: nothing is left to report after the round."""

@@ -128,6 +128,18 @@ class Rotary(nn.Module):
         angles = torch.cat([angles, angles], dim=-1)[:, None, :]
         return (angles.cos() * self.scale).to(dtype), (angles.sin() * self.scale).to(dtype)
 
+    def tabulate(self, capacity: int, dtype: torch.dtype) -> None:
+        """Compute cos and sin for positions 0 .. capacity - 1 once, side by side ([C, 2, D]):
+        `lookup` then gathers one row per position where `forward` launches about ten small
+        kernels (a drafting step's cost)."""
+        cos, sin = self.forward(torch.arange(capacity, device=self.inv_freq.device), dtype)
+        self.register_buffer("table", torch.cat([cos, sin], dim=1), persistent=False)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's values (views [N, 1, D]) from the table, for positions below its capacity."""
+        rows = self.table[positions]
+        return rows[:, :1], rows[:, 1:]
+
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -139,7 +151,8 @@ class Attention(nn.Module):
     """Llama attention whose q/k/v read 2H (embedding and feature side by side), over the head's
     static cache: row i writes its key and value at slot positions[i] and attends to the slots at
     or before it. Slots past the position are stale and masked, so a rollback only moves the
-    position; shapes never depend on it, so the step can be captured in a CUDA graph."""
+    position; shapes never depend on it, so the step can be captured in a CUDA graph. The cache
+    is [1, Hkv, C, D] (batch 1), the layout gpu/attention.py's kernel reads."""
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
@@ -158,13 +171,13 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
         q, k = rotate(q, *rope), rotate(k, *rope)
-        k_cache, v_cache = cache  # [C, Hkv, D] each
-        k_cache.index_copy_(0, positions, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, positions, v.to(v_cache.dtype))
+        k_cache, v_cache = cache[0][0], cache[1][0]  # [Hkv, C, D] each
+        k_cache.index_copy_(1, positions, k.transpose(0, 1).to(k_cache.dtype))
+        v_cache.index_copy_(1, positions, v.transpose(0, 1).to(v_cache.dtype))
         group = self.heads // self.kv_heads
-        keys = k_cache.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, C, D]
-        values = v_cache.repeat_interleave(group, dim=1).transpose(0, 1)
-        visible = torch.arange(k_cache.shape[0], device=x.device)[None, :] <= positions[:, None]  # [N, C]
+        keys = k_cache.repeat_interleave(group, dim=0)  # [H, C, D]
+        values = v_cache.repeat_interleave(group, dim=0)
+        visible = torch.arange(k_cache.shape[1], device=x.device)[None, :] <= positions[:, None]  # [N, C]
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible)  # [H, N, D]
         return self.o_proj(out.transpose(0, 1).reshape(n, self.heads * self.head_dim))
 
@@ -175,9 +188,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act_fn = nn.SiLU()  # a module, as in transformers' gated MLPs (gpu/rewire.py reads it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Eagle3Layer(nn.Module):
@@ -242,9 +256,10 @@ class Eagle3Head(nn.Module):
         """(Re)allocate the KV cache for `capacity` positions, empty, at position 0. The cache
         tensors are new objects: re-capture any graph that holds the old ones."""
         weight = self.fc.weight
-        shape = (capacity, self.config.num_key_value_heads, self.config.head_dim)
+        shape = (1, self.config.num_key_value_heads, capacity, self.config.head_dim)
         self.register_buffer("k_cache", weight.new_zeros(shape), persistent=False)
         self.register_buffer("v_cache", weight.new_zeros(shape), persistent=False)
+        self.rotary.tabulate(capacity, weight.dtype)
         self.capacity = capacity
         self.position.zero_()
 
@@ -264,22 +279,27 @@ class Eagle3Head(nn.Module):
         return self.fc(aux)
 
     def forward(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor | None = None,
-                keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                keys: int | None = None, track: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [N] target ids, features [N, 3 * target_hidden] (the target's aux states, fused
         here by `fc`) or [N, H] (already fused, or the head's own output hidden states), positions
         [N] (default: from `position` on). Writes the rows' keys at their positions, sets
         `position` past the last row, and returns (logits over the draft vocabulary [N, Vd],
         output hidden states [N, H]: before the final norm, the features of the next step).
         keys: attend over the first `keys` cache slots only (more than the largest position; the
-        eager path's saving); None: the whole cache, whose shape a captured step needs fixed."""
+        eager path's saving); None: the whole cache, whose shape a captured step needs fixed.
+        track=False leaves `position` alone (a caller that always passes positions saves two
+        kernel launches a call)."""
         if positions is None:
             positions = self.position + torch.arange(ids.shape[0], device=ids.device)
         h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
         embeds = F.embedding(ids, self.embedding).to(h.dtype)
-        rope = self.rotary(positions, h.dtype)
-        cache = (self.k_cache, self.v_cache) if keys is None else (self.k_cache[:keys], self.v_cache[:keys])
+        rope = self.rotary.lookup(positions)
+        if rope[0].dtype != h.dtype:  # features in another dtype than the head's weights
+            rope = self.rotary(positions, h.dtype)
+        cache = (self.k_cache, self.v_cache) if keys is None else (self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
         out = self.layers[0](embeds, h, positions, rope, cache)
-        self.position.copy_(positions[-1] + 1)
+        if track:
+            self.position.copy_(positions[-1] + 1)
         return self.lm_head(self.norm(out)), out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,9 @@ class Engine:
             lambda: checkpoint_folder(profile.target, allow_pickle, runtime.download), capacity, self.width,
             eager=self.backend.name == "torch", compile=profile.speculation.compile)
         self.target_runner = self.backend.runner(self.pair.target, self.width, capacity, "target", tap=tap)
+        # the heads' calls take the target's kernels where the backend has them (after the
+        # target's runner: that resolves them), before any round is captured
+        self.head_paths = {kind: drafter.accelerate(self.backend) for kind, drafter in self.heads.items()}
         self.draft_runner = None
         if self.pair.draft is not None:
             self.draft_runner = self.backend.runner(self.pair.draft, self.width, capacity, "draft")
@@ -118,8 +121,9 @@ class Engine:
 
     def describe(self) -> dict:
         """The resolved settings of this engine's backend, for reports (bench JSON, generate -v), and
-        which code runs the models ([runtime] modeling resolved: "specgen" or "transformers")."""
-        return {"modeling": self.pair.modeling, **self.backend.describe()}
+        which code runs the models ([runtime] modeling resolved: "specgen" or "transformers"), and
+        which path each head's calls take ("kernels", "compile" or "torch")."""
+        return {"modeling": self.pair.modeling, **self.backend.describe(), "heads": self.head_paths}
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:

@@ -29,6 +29,7 @@ import torch
 from specgen.core.errors import UsageError
 
 SLACK = 64  # as gpu/runner.py: positions past the longest request (warm-ups, padded steps)
+TAP_ROWS = 64  # rows the tap holds: a round's k + 1 (k <= 32) and a prefill chunk
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -130,6 +131,11 @@ class HeadDrafter(Protocol):
     def step(self, ids: torch.Tensor, hidden: torch.Tensor,
              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    def accelerate(self, backend) -> str:
+        """Take what `backend` offers for its calls (Backend.head_kernels); returns the path the
+        calls now take: "kernels", "compile" or "torch" (for the run's report)."""
+        ...
+
 
 class EagleDrafter:
     """An Eagle3Head (core/eagle.py) as the round's drafter: logits over the target's vocabulary
@@ -141,8 +147,13 @@ class EagleDrafter:
                  eager: bool = False, compile: bool = False):
         self.head, self.tap, self.width = head, tap, width
         # speculation.compile: a round's calls (k + 1 rows, then 1) run the head compiled, which
-        # fuses its elementwise chains (rotary, norms, mask); prefill chunks of any length do not
+        # fuses its elementwise chains (rotary, norms, mask); prefill chunks of any length do not.
+        # A backend with step kernels replaces both (accelerate).
+        self.compiled = compile
         self.forward = torch.compile(head.forward, dynamic=False) if compile else head.forward
+        self.engaged = contextlib.nullcontext  # the backend's kernels around a round's calls
+        self.capture = None  # Backend.graph, with the kernels: prefill in captured chunks
+        self.chunk = None  # (generation, replay) of the captured prefill chunk
         # eager (the torch backend): attend over the live slots only, read on the host; captured
         # steps attend over the whole cache (fixed shapes) with the stale slots masked
         self.eager = eager
@@ -153,7 +164,23 @@ class EagleDrafter:
         device = head.d2t.device
         # target id of each draft-vocabulary column, computed once (index_copy_ in every call)
         self.columns = torch.arange(head.config.draft_vocab_size, device=device) + head.d2t
+        # the whole vocabulary in the target's order: logits need no scatter into -inf columns
+        self.identity = head.config.draft_vocab_size == width and bool((head.d2t == 0).all())
         self._allocate(capacity)
+
+    def accelerate(self, backend) -> str:
+        engaged = backend.head_kernels(self.head)
+        if engaged is None:
+            return "compile" if self.compiled else "torch"
+        self.engaged, self.forward, self.capture = engaged, self.head.forward, backend.graph
+        # the captured prefill chunk's inputs: as many rows as the tap holds (prefill_head feeds
+        # the target chunks of that size), at chunk_at + 0, 1, ...
+        device, features, rows = self.head.d2t.device, self.features(1), self.tap.rows
+        self.chunk_ids = torch.zeros(rows, dtype=torch.long, device=device)
+        self.chunk_features = features.new_zeros(rows, features.shape[1])
+        self.chunk_at = torch.zeros((), dtype=torch.long, device=device)
+        self.chunk_steps = torch.arange(rows, device=device)
+        return "kernels"
 
     def _allocate(self, capacity: int) -> None:
         self.head.reserve(capacity)
@@ -172,6 +199,8 @@ class EagleDrafter:
         return self.tap.out[:rows, self.span]
 
     def _logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        if self.identity:
+            return draft_logits.float()
         out = draft_logits.new_full((draft_logits.shape[0], self.width), float("-inf"), dtype=torch.float32)
         return out.index_copy_(1, self.columns, draft_logits.float())
 
@@ -179,14 +208,41 @@ class EagleDrafter:
         return int(positions.max()) + 1 if self.eager else None
 
     def prefill(self, ids, features, positions):
-        self.head(ids, features, positions, self._keys(positions))
+        """Rows at consecutive positions. With the backend's kernels, in captured chunks of the
+        tap's rows (a chunk's launches cost more than its work; the padding rows write keys past
+        the prompt, which later calls overwrite before any query reads them); else one forward of
+        the head's own modules."""
+        if self.capture is None:
+            self.head(ids, features, positions, self._keys(positions))
+            return
+        replay, rows = self._chunk_replay(), self.chunk_ids.shape[0]
+        for at in range(0, ids.shape[0], rows):
+            n = min(rows, ids.shape[0] - at)
+            self.chunk_ids[:n].copy_(ids[at:at + n])
+            self.chunk_features[:n].copy_(features[at:at + n])
+            self.chunk_at.copy_(positions[at])
+            replay()
+
+    def _chunk_call(self) -> None:
+        with self.engaged():
+            self.head.forward(self.chunk_ids, self.chunk_features, self.chunk_at + self.chunk_steps, None, False)
+
+    def _chunk_replay(self):
+        """The prefill chunk's replay, (re)captured after the cache was re-allocated. Warm-up and
+        capture run at the scratch end of the cache, never a live position (reserve keeps SLACK)."""
+        if self.chunk is None or self.chunk[0] != self.generation:
+            self.chunk_at.fill_(self.capacity - self.chunk_ids.shape[0])
+            self.chunk = (self.generation, self.capture(self._chunk_call, "the head's prefill"))
+        return self.chunk[1]
 
     def extend(self, ids, features, positions):
-        logits, hidden = self.forward(ids, features, positions, self._keys(positions))
+        with self.engaged():
+            logits, hidden = self.forward(ids, features, positions, self._keys(positions), False)
         return self._logits(logits), hidden
 
     def step(self, ids, hidden, positions):
-        logits, hidden = self.forward(ids, hidden, positions, self._keys(positions))
+        with self.engaged():
+            logits, hidden = self.forward(ids, hidden, positions, self._keys(positions), False)
         return self._logits(logits), hidden
 
 
@@ -209,6 +265,9 @@ class MtpDrafter:
 
     def reserve(self, positions: int) -> None:
         self.capacity = max(self.capacity, positions + SLACK)
+
+    def accelerate(self, backend) -> str:
+        return "torch"  # a growing cache: no capture, no kernels
 
     def features(self, rows: int) -> torch.Tensor:
         return self.tap.out[:rows, self.span]
@@ -255,7 +314,6 @@ def prefill_head(head: HeadDrafter, target, ids: list[int], device: torch.device
         follow = torch.tensor(ids[1:rows + 1], dtype=torch.long, device=device)
         head.prefill(follow, torch.cat(states)[:rows], torch.arange(rows, device=device))
 
-TAP_ROWS = 64  # rows the tap holds: a round's k + 1 (k <= 32) and a prefill chunk
 
 
 def input_embedding(model) -> torch.Tensor:

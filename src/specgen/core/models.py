@@ -272,19 +272,27 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
     shape = own_llama(Path(name), spec, device, use_safetensors, modeling)
     if shape is not None:
         return _load_llama(Path(name), shape, resolve_dtype(spec, device), device)
+    _quiet_transformers()
     from transformers import AutoModelForCausalLM
 
-    kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None}
-    if spec.device_map is not None:
-        kwargs["device_map"] = spec.device_map
+    kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None,
+              **placement(spec, device)}
     try:
         model = _from_pretrained(AutoModelForCausalLM, name, spec, **kwargs)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelError(f"out of GPU memory while loading {name}",
                          hint="use a smaller model, dtype = \"bfloat16\", or device_map = \"auto\"") from exc
-    if spec.device_map is None:
-        model = model.to(device)
     return model.eval()
+
+
+def placement(spec: ModelSpec, device: torch.device) -> dict:
+    """from_pretrained's device_map: the profile's, else the whole model on a CUDA device. Given a
+    device, transformers reads each tensor from the file straight onto it, several at a time;
+    without one it builds the model on the CPU, over the file's pages, and `.to(device)` then
+    copies tensor after tensor from there (docs/benchmarks.md, "Start-up of real pairs")."""
+    if spec.device_map is not None:
+        return {"device_map": spec.device_map}
+    return {"device_map": {"": device}} if device.type == "cuda" else {}
 
 
 def own_llama(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
@@ -342,6 +350,23 @@ def check_tokenizers(target_tok, draft_tok) -> None:
         )
 
 
+def same_tokenizer_files(target: str, draft: str) -> bool:
+    """Whether both folders hold the same tokenizer files, byte for byte: then the draft's
+    tokenizer is the target's, and needs neither loading nor checking (docs/benchmarks.md,
+    "Start-up of real pairs")."""
+    def files(folder: Path) -> dict[str, Path]:
+        patterns = (*_TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "chat_template.*")
+        return {p.name: p for pattern in patterns for p in folder.glob(pattern) if p.is_file()}
+
+    mine, theirs = files(Path(target)), files(Path(draft))
+    try:
+        return bool(mine) and mine.keys() == theirs.keys() and all(
+            mine[name].read_bytes() == theirs[name].read_bytes() for name in mine)
+    except OSError:
+        return False  # loading the draft's tokenizer then says what is wrong
+
+
 def _one_extends_other(a: dict, b: dict) -> bool:
     small, large = (a, b) if len(a) <= len(b) else (b, a)
     return all(large.get(t) == i for t, i in small.items())
@@ -367,7 +392,9 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
     if need_draft is None:
         need_draft = profile.proposer.uses_draft
     if need_draft and profile.draft is not None:
-        check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
+        if not same_tokenizer_files(checkpoint_folder(profile.target, allow_pickle, download),
+                                    checkpoint_folder(profile.draft, allow_pickle, download)):
+            check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
         draft = load_model(profile.draft, allow_pickle, download, modeling)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(

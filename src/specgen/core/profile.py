@@ -484,6 +484,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "kernels.split_k": _one_of("auto", "on", "off"),
     "kernels.warp": _one_of("auto", "kernel", "torch"),
     "kernels.norm": _one_of("auto", "kernel", "torch"),
+    "kernels.head": _one_of("auto", "kernel", "torch"),
 }
 
 

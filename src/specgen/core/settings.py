@@ -72,6 +72,7 @@ class KernelSpec:
     warp: str = "auto"  # auto | kernel | torch   (warp/cut Triton kernels on CUDA, else core/sampling.py)
     tables: str = ""  # folder of `specgen tune-kernels`' tables; "" = specgen's in the user cache
     norm: str = "auto"  # auto | kernel | torch   (RMSNorm + residual add in one kernel, with the linear kernel)
+    head: str = "auto"  # auto | kernel | torch   (an EAGLE-3 head's calls on the target's kernels)
 
 
 @dataclass(frozen=True)

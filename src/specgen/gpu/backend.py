@@ -18,6 +18,7 @@ import torch
 
 from specgen.core import noise, rejection, sampling
 from specgen.core.backend import EagerProgram, RoundClock
+from specgen.core.errors import SpecgenError
 from specgen.core.round import Mode, Round
 from specgen.gpu import noise as gpu_noise
 from specgen.gpu import verify as gpu_verify
@@ -54,6 +55,8 @@ class CudaBackend:
                       compile_cache_folder=self.speculation.compile_cache, tap=tap)
         try:
             runner = GraphRunner(model, width, capacity, kernels=kernels, **common)
+        except SpecgenError:  # the user's settings (a compile cache folder, ...): theirs to change
+            raise
         except Exception as exc:  # noqa: BLE001 (the step kernels are an optimisation: fall back, below)
             plain = ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=kernels.warp)
             runner = self._fallback(model, width, capacity, plain, common, exc, name)
@@ -66,6 +69,8 @@ class CudaBackend:
             runner = GraphRunner(model, width, capacity, kernels=plain, **common)
             self._warn(f"{name}: the step kernels failed ({_first_line(failure)}); steps use SDPA and cuBLAS")
             return runner
+        except SpecgenError:
+            raise
         except Exception as exc:  # noqa: BLE001
             self._warn(f"{name}: could not capture CUDA graphs ({_first_line(exc)}); steps run eagerly")
             return GraphRunner(model, width, capacity, kernels=plain, **(common | dict(use_graphs=False, compile=False)))
@@ -112,7 +117,40 @@ class CudaBackend:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
         gpu_verify.check_output(first_id, self.workspace)
 
+    def head_kernels(self, head):
+        """An EAGLE-3 head's calls on the kernels its target's steps use (gpu/rewire_head.py), when
+        the target's [kernels] head resolved on (with its linear kernel), else None (torch's ops,
+        or compile). No split-K: the head's products are too small to gain from it."""
+        kernels = self.kernels.get("target")
+        if kernels is None or not kernels.head:
+            return None
+        from specgen.gpu.rewire_head import install_head  # noqa: PLC0415 (only with a head)
+
+        switch = install_head(head, kernels)
+        return lambda: switch.engaged(False, None, norm=kernels.norm)
+
     # -- capture ----------------------------------------------------------------------------------
+
+    def graph(self, fn, what: str):
+        """fn captured as a CUDA graph after warm-ups on a side stream (Triton's JIT, allocations);
+        returns the replay, or fn itself after one warning naming `what` when capture fails. fn's
+        warm-ups run for real: its callers point them at scratch state."""
+        device = self.device
+        try:
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream), torch.inference_mode():
+                for _ in range(WARMUP_ROUNDS):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.inference_mode():
+                fn()
+        except Exception as exc:  # noqa: BLE001 (an optimisation: run it eagerly instead)
+            torch.cuda.synchronize(device)
+            self._warn(f"could not capture {what} ({_first_line(exc)}); it runs eagerly")
+            return fn
+        return graph.replay
 
     def program(self, rnd: Round, mode: Mode):
         runners = rnd.runners

@@ -52,6 +52,7 @@ class ResolvedKernels:
     # runners hand it to gpu/rewire.py's install_linear
     linear_table: LinearTable = field(default_factory=linear_table.packaged)
     norm: bool = False  # gpu/norm.py for RMSNorm and the residual add before it (with the linear kernel)
+    head: bool = False  # an EAGLE-3 head's round calls on these kernels (gpu/rewire_head.py; a target's)
 
     def as_dict(self) -> dict[str, str]:
         """The resolved values in the profile's words, for reports (`bench --format json`, `-v`)."""
@@ -63,6 +64,7 @@ class ResolvedKernels:
             "warp": "kernel" if self.warp else "torch",
             "linear_table": self.linear_table.source,
             "norm": "kernel" if self.norm else "torch",
+            "head": "kernel" if self.head else "torch",
         }
 
 
@@ -80,6 +82,7 @@ def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
         warp=_warp(spec.warp, cuda),
         linear_table=_table(spec.tables) if linear else linear_table.packaged(),
         norm=_norm(spec.norm, linear, model),
+        head=_head(spec.head, linear),
     )
 
 
@@ -146,6 +149,15 @@ def _norm(value: str, linear: bool, model) -> bool:
             f"the model has no RMSNorm of {', '.join(NORM_CLASSES)}"
         raise UsageError(f"[kernels] norm = \"kernel\": {why}", hint='Set norm = "auto" or "torch" in [kernels].')
     return capable
+
+
+def _head(value: str, linear: bool) -> bool:
+    if value == "torch":
+        return False
+    if value == "kernel" and not linear:
+        raise UsageError('[kernels] head = "kernel": a head runs on the linear kernel, which this run does not use',
+                         hint='Set head = "auto" or "torch", or linear = "kernel", in [kernels].')
+    return linear
 
 
 def _triton(key: str, value: str, other: str) -> bool:

@@ -23,10 +23,10 @@ import functools
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from specgen.core.compile_cache import cache_dir, check_writable
 from specgen.gpu.kernels import ResolvedKernels
 from specgen.gpu.workspace import Workspace, device_of
 
@@ -35,7 +35,7 @@ SLACK = 64  # positions past the longest request: where warm-ups and padded step
 MAX_GRAPH_TOKENS = 64  # longest captured step
 PREFILL_CHUNK = 64  # the graph runner also captures this shape: prompts replay it chunk by chunk
 MAX_CHUNKS = 8  # longer prompts (more than 512 tokens) prefill eagerly, where compute dominates
-CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")  # set, then restored, by compile_cache
 
 # `autotune`: inductor benchmarks Triton GEMM templates against cuBLAS and tunes reduction
 # configurations (docs/benchmarks.md, "Tried and not kept": faster 1-token steps on a Llama-3-8B
@@ -55,14 +55,6 @@ def inductor_settings(settings: dict):
         yield
 
 
-def cache_dir(folder: str = "") -> Path:
-    """Where the runners' torch.compile keeps its kernels between runs: the profile's
-    speculation.compile_cache, else specgen's folder in the user's cache directory."""
-    if folder:
-        return Path(folder).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen" / "inductor"
-
-
 @contextlib.contextmanager
 def compile_cache(folder: str = ""):
     """cache_dir(folder) as inductor's cache for the duration, and the environment as it was after.
@@ -70,19 +62,23 @@ def compile_cache(folder: str = ""):
     Inductor has no config value for its cache folder: it reads $TORCHINDUCTOR_CACHE_DIR whenever
     it opens the cache (and writes its own default there when unset), so the variable is set only
     around the runner's steps, where its compiles happen, and restored after (removed when the
-    user had not set it). Compile workers get the variable with each job, so they follow.
+    user had not set it). Compile workers get the variable with each job, so they follow. The
+    first Triton kernel inductor builds sets $TRITON_CACHE_DIR, when unset, to the triton/ folder
+    below the cache, for good: restored too, so that later Triton compiles (specgen's own kernels
+    outside compiled steps) keep Triton's own cache, as in a run without compile.
     """
-    saved = os.environ.get(CACHE_VARIABLE)
+    saved = {name: os.environ.get(name) for name in CACHE_VARIABLES}
     path = cache_dir(folder)
     path.mkdir(parents=True, exist_ok=True)
-    os.environ[CACHE_VARIABLE] = str(path)
+    os.environ[CACHE_VARIABLES[0]] = str(path)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(CACHE_VARIABLE, None)
-        else:
-            os.environ[CACHE_VARIABLE] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @functools.cache
@@ -186,6 +182,7 @@ class GraphRunner:
         self.cache_folder = compile_cache_folder
         self.inductor = AUTOTUNE if compile and autotune else {}
         if compile:
+            check_writable(self.cache_folder)
             with compile_cache(self.cache_folder):  # importing inductor already writes its default folder into os.environ
                 _raise_recompile_limit()
                 self.step = torch.compile(self._step, dynamic=False)
