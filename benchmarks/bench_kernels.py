@@ -7,8 +7,9 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--compile] [--profile]
-                                                 [--model 8b|1b] [--layers N] [--compile-cache DIR]
+                                                 [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N] [--compile-cache DIR]
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
+    python benchmarks/bench_kernels.py table     [--models llama-3.1,qwen2.5,qwen3,gemma-2,bench] [--rows 1,5] --table FILE
 
 Every subcommand takes --out FILE (the JSON report) and prints a Markdown table. Settings are passed
 to the kernels as arguments (parallel_cut, split_k, [kernels] values), never set on modules.
@@ -33,6 +34,9 @@ they are timed between CUDA events around each call, host dispatch included.
   a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, forward
   hooks: where rows first differ), the captured steps' logits likewise (torch.equal per row), and
   the 1-token and (k+1)-token captured step times against the model's bandwidth floor.
+- table: `specgen tune-kernels` over the projections of every real pair benchmarks/family_pairs.py
+  builds (targets and drafts) and of the bench pair, on this GPU: the linear table to ship as
+  src/specgen/gpu/linear_configs.json, with each shape's time against the current package's pick.
 - steps: a Llama-3-8B-shaped target (--model 1b: Llama-3.2-1B-shaped; --layers: fewer layers, the
   floor follows the weights) (random bf16 weights): the 1-token step and the 5-token
   verification step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth floor
@@ -345,7 +349,6 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
                  rope_theta=500000.0, tie_word_embeddings=False)
 LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
                   tie_word_embeddings=True)
-MODELS = {"8b": LLAMA3_8B, "1b": LLAMA32_1B}
 POSITION = 512
 SPEC = KernelSpec(attention="sdpa", linear="torch", rope="model", split_k="off", norm="torch")  # cuBLAS and SDPA
 VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
@@ -436,7 +439,22 @@ def kernel_table(runner: GraphRunner, steps: int = 20) -> tuple[str, dict]:
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     summary = {"kernels_per_step": sum(e.count for e in events) / steps,
                "kernel_ms_per_step": sum(e.self_device_time_total for e in events) / steps / 1e3}
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), summary
+    # The last step's kernels in launch order, each with the idle time before it: where a step's
+    # time goes that no kernel accounts for.
+    launched = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                      key=lambda e: e.time_range.start)
+    last = launched[-round(summary["kernels_per_step"]):]
+    sequence, previous = [], None
+    for event in last:
+        gap = 0.0 if previous is None else event.time_range.start - previous
+        sequence.append({"kernel": event.name[:60], "us": round(event.time_range.elapsed_us(), 2),
+                         "gap_us": round(gap, 2)})
+        previous = event.time_range.end
+    summary["gap_ms_last_step"] = sum(row["gap_us"] for row in sequence) / 1e3
+    lines = [f"{row['gap_us']:7.2f} {row['us']:8.2f}  {row['kernel']}" for row in sequence]
+    text = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+    return text + "\n  gap us   kernel us  (last step, launch order)\n" + "\n".join(lines), {
+        **summary, "sequence": sequence}
 
 
 def build_runner(model, width: int, kernels: ResolvedKernels, workspace: Workspace, options: dict) -> GraphRunner:
@@ -449,6 +467,9 @@ def build_runner(model, width: int, kernels: ResolvedKernels, workspace: Workspa
     with runner.switch.engaged(kernels.split_k, runner.counters, norm=True):
         runner.add_shapes((1, 5))
     return runner
+
+
+MODELS = {"8b": LLAMA3_8B, "1b": LLAMA32_1B}  # and EXACT_SHAPES' bench shapes, defined below
 
 
 def bench_steps(args) -> dict:
@@ -516,6 +537,9 @@ EXACT_SHAPES = {  # random-weight Llama shapes: (config, layers timed / checked 
                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
                         tie_word_embeddings=True),
 }
+
+
+MODELS.update({name: EXACT_SHAPES[name] for name in ("bench-target", "bench-draft", "0.5b")})
 
 
 def _record(model) -> tuple[list, list]:
@@ -637,6 +661,64 @@ def bench_exact(args) -> dict:
     return report
 
 
+# -- table: the package's linear configurations, tuned here -------------------------------------------
+
+
+ABOUT_TABLE = ("gpu/linear.py's configurations by weight shape (gpu/linear_table.py): the projections of the real "
+               "pairs in benchmarks/family_pairs.py and of the bench pair, tuned with benchmarks/bench_kernels.py table")
+
+
+def bench_table(args) -> dict:
+    from transformers import AutoConfig
+
+    from specgen.gpu import linear_table, tune
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import family_pairs
+
+    configs = {}
+    for name in args.models:
+        if name == "bench":
+            for shape in ("bench-target", "bench-draft"):
+                configs[shape] = AutoConfig.for_model("llama", **EXACT_SHAPES[shape])
+            continue
+        family = family_pairs.FAMILIES[name]
+        for role, model in (("target", family.target), ("draft", family.draft)):
+            values = dict(model.config)
+            configs[f"{name}-{role}"] = AutoConfig.for_model(values.pop("model_type"), **values)
+    shapes = {}
+    for name, config in configs.items():
+        for shape in tune.model_shapes(config):
+            shapes.setdefault(shape, name)
+    print(f"{len(shapes)} shapes from {', '.join(configs)}", flush=True)
+    start = time.perf_counter()
+    tuned, choices = linear_table.LinearTable(source="tuned"), []
+    for name in configs:  # one model at a time, the table written after each: a cut-short run keeps its part
+        mine = [shape for shape, first in shapes.items() if first == name]
+        part, done = tune.tune(mine, tuple(args.rows), tune.graph_timer, device=torch.device("cuda"),
+                               progress=lambda line: print(line, flush=True))
+        tuned, choices = part.over(tuned), choices + done
+        args.table.write_text(tuned.to_json(about=ABOUT_TABLE, tuned_on=torch.cuda.get_device_name(),
+                                            rows=list(args.rows)))
+        print(f"{name}: {time.perf_counter() - start:.0f} s", flush=True)
+    packaged = linear_table.packaged()
+    rows = []
+    for choice in choices:
+        n, k, gated = choice.shape
+        row = {"model": shapes[choice.shape], "n": n, "k": k, "gated": gated}
+        for split in (False, True):
+            old = packaged.pick(n, k, gated, split)
+            new = choice.split if split else choice.plain
+            key = "split" if split else "plain"
+            row[f"{key}_us"] = round(choice.seconds[new] * 1e6, 2)
+            row[f"{key}_package_us"] = round(choice.seconds[old] * 1e6, 2) if old in choice.seconds else None
+            row[key] = list(new)
+        rows.append(row)
+    print(table(rows, ["model", "n", "k", "gated", "plain", "plain_us", "plain_package_us", "split", "split_us",
+                        "split_package_us"]))
+    return {"device": torch.cuda.get_device_name(), "seconds": time.perf_counter() - start, "rows": rows}
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 
@@ -676,7 +758,7 @@ def main(argv=None) -> None:
     p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"])
     p.add_argument("--compile", action="store_true", help="add compile-kernel")
     p.add_argument("--profile", action="store_true", help="kernel table of each variant's 1-token step")
-    p.add_argument("--model", choices=list(MODELS), default="8b", help="Llama-3-8B or Llama-3.2-1B shapes")
+    p.add_argument("--model", choices=list(MODELS), default="8b", help="Llama-3-8B, Llama-3.2-1B or a bench-pair shape")
     p.add_argument("--layers", type=int, default=0, help="fewer decoder layers (0: the model's)")
     p.add_argument("--compile-cache", default="", help="compile variants' cache folder (speculation.compile_cache)")
     p = commands.add_parser("exact")
@@ -684,13 +766,18 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=0, help="layers of each model (0: EXACT_SHAPES')")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--position", type=int, default=POSITION)
+    p = commands.add_parser("table")
+    p.add_argument("--models", type=names(["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench"]),
+                   default=["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench"])
+    p.add_argument("--rows", type=ints, default=[1, 5])
+    p.add_argument("--table", type=Path, required=True, help="write the tuned table (package format) here")
     for p in commands.choices.values():
         p.add_argument("--out", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not (args.command == "attention" and args.runners):
         raise SystemExit("bench_kernels: needs a CUDA GPU (only `attention --runners` runs on a CPU)")
     run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "attention": bench_attention,
-           "steps": bench_steps, "exact": bench_exact}[args.command]
+           "steps": bench_steps, "exact": bench_exact, "table": bench_table}[args.command]
     report = run(args)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

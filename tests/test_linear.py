@@ -111,20 +111,36 @@ def test_split_k_sums_the_chunks_as_one_program_does(case, dtype):
         assert (gates[0].double() - gated).abs().max().item() <= gated_bound
 
 
-def test_split_k_is_chosen_by_shape():
-    """Llama-3-8B's shapes in the package's table: the long-K down projection, gate/up and 4096-wide
-    projections split K; q+k+v (6144 wide), the lm_head and narrow layers do not; with split_k off
-    (gpu/kernels.py resolves it per device), none of them splits. The rules give the same choices
-    for shapes no table lists."""
+def test_package_table_lists_every_real_pairs_projections():
+    """The package's table holds a configuration pair for each projection of the real pairs that
+    benchmarks/family_pairs.py builds (targets and drafts) and of the bench pair; its plain
+    configurations never split K, so a device where split-K does not pay runs none."""
+    from transformers import AutoConfig
+
+    from specgen.gpu import tune
+    from tiny_models import family_pairs
+
+    table = T.packaged()
+    listed = {shape: (plain, split) for shape, plain, split in table.entries}
+    configs = [dict(model.config) for family in family_pairs().FAMILIES.values() for model in (family.target, family.draft)]
+    for values in configs:
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        assert set(tune.model_shapes(config)) <= set(listed), config.model_type
+    for (n, k, gated), (plain, split) in listed.items():
+        assert len(plain) == 5 and len(split) in (5, 6)
+        assert table.pick(n, k, gated, split_k=False) == plain and table.pick(n, k, gated, split_k=True) == split
+
+
+def test_rules_choose_by_shape_for_unlisted_shapes():
+    """Shapes no table lists: long-K, gated and few-column projections split K where split-K is on;
+    narrow outputs over a long K split it in more chunks; nothing splits with split-K off."""
     shapes = {(4096, 14336, False): T.SPLIT_LONG_K, (14336, 4096, True): T.SPLIT_GATED,
               (4096, 4096, False): T.SPLIT_FEW_COLUMNS, (6144, 4096, False): T.WIDE,
-              (128256, 4096, False): T.WIDE, (1024, 4096, False): T.NARROW}
-    table = T.packaged()
-    assert {shape for shape, _, _ in table.entries} == set(shapes) - {(1024, 4096, False)}
+              (128256, 4096, False): T.WIDE, (1024, 4096, False): T.SPLIT_NARROW, (1024, 1024, False): T.NARROW,
+              (100, 60, False): T.NARROW}
     for (n, k, gated), expected in shapes.items():
-        assert table.pick(n, k, gated, split_k=True) == T.rule(n, k, gated, True) == expected, (n, k, gated)
-        assert table.pick(n, k, gated, split_k=False) == T.rule(n, k, gated, False) == \
-            (T.NARROW if n <= 2048 else T.WIDE)
+        assert T.rule(n, k, gated, True) == expected, (n, k, gated)
+        assert T.rule(n, k, gated, False) == (T.NARROW if n <= 2048 else T.WIDE)
 
 
 def test_split_k_without_counters_is_refused():

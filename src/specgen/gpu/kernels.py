@@ -33,6 +33,10 @@ ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_id
 # gpu/rewire.py reproduces with the add and the norm after it in one kernel.
 NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+# Rotary embeddings whose forward(x, position_ids) is cos and sin of position x fixed frequencies
+# (rope types without a dynamic update): a step reads them from a table (gpu/rewire.py).
+ROTARY_CLASSES = ("LlamaRotaryEmbedding", "MistralRotaryEmbedding", "Qwen2RotaryEmbedding", "Qwen3RotaryEmbedding",
+                  "Gemma2RotaryEmbedding", "GemmaRotaryEmbedding")
 # Split-K's threshold on peak memory bandwidth, see split_k_pays().
 SPLIT_K_BANDWIDTH = 4.0e12  # bytes/s
 SPLIT_K_MEMORY = 100 * 2**30  # bytes, when torch does not report the memory clock and bus width
@@ -219,6 +223,16 @@ def rope_capable(module) -> bool:
 
 def rope_modules(model) -> int:
     return sum(rope_capable(module) for module in model.modules())
+
+
+def rotary_capable(module) -> bool:
+    """A rotary embedding whose values depend on the position alone (its own class is one of
+    ROTARY_CLASSES and its rope type has no dynamic update: "dynamic" and "longrope" change their
+    frequencies with the sequence's length)."""
+    base = vars(module).get("_specgen_rotary_base", type(module))
+    kind = getattr(module, "rope_type", None)
+    return (base.__name__ in ROTARY_CLASSES and isinstance(kind, str) and "dynamic" not in kind
+            and kind != "longrope" and isinstance(getattr(module, "inv_freq", None), torch.Tensor))
 
 
 def norm_capable(module) -> bool:

@@ -8,8 +8,9 @@ never by the GPU's name (a table tuned on a GPU lives on that machine, not in th
 Where a shape's configuration comes from, first match wins:
 1. the table `specgen tune-kernels` wrote on this machine (tables_dir()/linear.json), when the
    run's [kernels] tables folder holds one;
-2. the package's table (linear_configs.json beside this file: the choices measured on Llama-3-8B's
-   projections on an H200, docs/benchmarks.md "Linear and attention kernels");
+2. the package's table (linear_configs.json beside this file: every projection of the real pairs
+   benchmarks/family_pairs.py builds and of the bench pair, tuned on an H200 with
+   `benchmarks/bench_kernels.py table`, docs/benchmarks.md "Step inputs and draft-shaped tables");
 3. rule() for shapes no table lists: the same measurements as rules of thumb.
 
 Each entry holds two configurations: `plain` (split-K off) and `split` (split-K allowed: the
@@ -39,6 +40,9 @@ NARROW = (True, 16, 256, 4, 4)
 SPLIT_LONG_K = (True, 32, 128, 4, 4, 3)  # K >= 3 N
 SPLIT_GATED = (True, 32, 128, 4, 3, 4)  # gate_up
 SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32
+# Narrow outputs over a long K (small drafts' down projections; the package's table, tuned on an
+# H200, picks 4 to 8 chunks for every such shape of the real pairs).
+SPLIT_NARROW = (True, 32, 128, 4, 3, 8)  # N <= 2048, K >= 2 N
 
 
 class TableError(ValueError):
@@ -56,6 +60,8 @@ def rule(n: int, k: int, gated: bool, split_k: bool) -> tuple:
             if n <= 128 * 32:
                 return SPLIT_FEW_COLUMNS
         return WIDE
+    if split_k and k >= 2 * n and k >= 2048:
+        return SPLIT_NARROW
     return NARROW
 
 

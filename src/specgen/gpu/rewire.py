@@ -19,6 +19,13 @@ object in a benchmark).
   get a forward that, when the runner also passes `specgen_rope=True`, hands the un-rotated query,
   new keys and values to the kernel, which rotates them and writes the cache itself: two fewer
   kernels a layer.
+- Rotary tables (install_rotary): a step's cos and sin are one gather from a table the module's
+  own forward filled for every position of the runner's cache, instead of the eight or so small
+  kernels the forward launches per step; values are the forward's bit for bit (each is an
+  elementwise function of one position).
+- The step's mask (mask_free, STEP_MASK_SHAPE): when every attention call of a step is the kernel's,
+  which reads the position and not the mask, a runner hands the model an already-built 4D
+  placeholder, which transformers passes through as it is, so no mask is built per step.
 - RMSNorm (install_norm): Llama / Mistral / Qwen2 / Qwen3 RMSNorm modules take gpu/norm.py's kernel,
   and their decoder layers add the attention output to the residual in the same kernel as the norm
   after it, while the model's switch is engaged with the norm on (a runner's step).
@@ -36,7 +43,7 @@ import torch.nn.functional as F
 from specgen.gpu import attention as attention_kernels
 from specgen.gpu import linear as linear_kernels
 from specgen.gpu import norm as norm_kernels
-from specgen.gpu.kernels import layer_capable, norm_capable, rope_capable
+from specgen.gpu.kernels import layer_capable, norm_capable, rope_capable, rotary_capable
 from specgen.gpu.linear_table import LinearTable, packaged
 
 NAME = "specgen"  # the attention implementation's name in transformers
@@ -301,6 +308,9 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     keyword its attention module passes (transformers 5.17 to 5.23 at least)."""
     kwargs.pop("specgen_rope", None)  # a step whose module has no rotary path: the cache is written
     if specgen_position is None or query.shape[2] > attention_kernels.MAX_GRAPH_QUERY or kwargs.get("s_aux") is not None:
+        if _placeholder(attention_mask):  # a runner's bug, never a user's: SDPA would attend to everything
+            raise RuntimeError(f"a step without a mask made an attention call the kernel cannot take "
+                               f"({query.shape[2]} query tokens, position {'given' if specgen_position is not None else 'missing'})")
         if softcap:  # SDPA cannot soft-cap: transformers 5.17 drops the keyword, later versions refuse it
             return softcapped_attention(module, query, key, value, attention_mask, dropout, scaling, softcap), None
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -328,6 +338,83 @@ def softcapped_attention(module, query, key, value, mask, dropout: float, scalin
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = F.dropout(weights, p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2).contiguous()
+
+
+# -- a step's inputs: rotary tables and no mask ------------------------------------------------------
+
+
+class RotaryTable:
+    """cos and sin of one rotary embedding module for positions 0 .. capacity - 1, side by side
+    ([capacity, 2, D] in the model's dtype), computed once by the module's own forward."""
+
+    def __init__(self, module, capacity: int, dtype: torch.dtype):
+        device = module.inv_freq.device
+        base = vars(module).get("_specgen_rotary_base", type(module))
+        with torch.inference_mode():
+            positions = torch.arange(capacity, device=device)[None]
+            cos, sin = base.forward(module, torch.empty(0, dtype=dtype, device=device), positions)
+            self.table = torch.stack([cos[0], sin[0]], dim=1)
+        self.capacity = capacity
+
+    def lookup(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward's (cos, sin) [B, n, D] for position_ids [B, n] below the capacity: views of one gather."""
+        rows = self.table[position_ids]
+        return rows[..., 0, :], rows[..., 1, :]
+
+
+def _rotary_forward(self, x, position_ids):
+    table = self._specgen_table
+    if table is None:
+        return self._specgen_rotary_base.forward(self, x, position_ids)
+    return table.lookup(position_ids)
+
+
+@functools.cache
+def _rotary_class(base: type) -> type:
+    return type(f"Tabled{base.__name__}", (base,), {"forward": _rotary_forward})
+
+
+def install_rotary(model) -> list:
+    """Give the model's rotary embeddings (kernels.rotary_capable) a forward that reads a
+    RotaryTable while one is set (rotary_tables()); returns those modules. Idempotent."""
+    modules = []
+    for module in model.modules():
+        if not rotary_capable(module):
+            continue
+        if "_specgen_rotary_base" not in vars(module):
+            module._specgen_rotary_base = type(module)
+            module._specgen_table = None
+            module.__class__ = _rotary_class(type(module))
+        modules.append(module)
+    return modules
+
+
+@contextlib.contextmanager
+def rotary_tables(tables: dict):
+    """Each module (install_rotary's) reads its table for the duration: a runner's warm-ups and
+    captures (the graphs keep the tables' memory, which the runner holds)."""
+    saved = {module: module._specgen_table for module in tables}
+    for module, table in tables.items():
+        module._specgen_table = table
+    try:
+        yield
+    finally:
+        for module, table in saved.items():
+            module._specgen_table = table
+
+
+STEP_MASK_SHAPE = (1, 1, 1, 1)  # the placeholder's shape: no real mask of a step has one key
+
+
+def mask_free(model) -> bool:
+    """Whether every attention call of this model's steps takes the kernel once switch_attention
+    has run, so a step needs no mask: no attention sinks (gpt-oss's `sinks`, which only SDPA takes
+    here)."""
+    return not any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules())
+
+
+def _placeholder(mask) -> bool:
+    return isinstance(mask, torch.Tensor) and tuple(mask.shape) == STEP_MASK_SHAPE
 
 
 # -- rotary embedding and the cache write inside the kernel ---------------------------------------

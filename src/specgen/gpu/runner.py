@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import time
 from dataclasses import dataclass
@@ -177,6 +178,16 @@ class GraphRunner:
                     rewire.install_norm(model, self.switch)
                 if kernels.split_k:
                     self.counters = linear.split_k_counters(workspace)
+        # A step's inputs (gpu/rewire.py): its rotary embeddings read tables, which _allocate fills
+        # for the cache's positions; with the attention kernel in every call, no mask is built.
+        from specgen.gpu import rewire
+
+        self.rotary = rewire.install_rotary(model)
+        self.tables = {}
+        self.step_mask = None
+        if kernels.attention and rewire.mask_free(model):
+            self.step_mask = torch.zeros(rewire.STEP_MASK_SHAPE, dtype=torch.bool, device=self.device)
+        self.cache_position = "cache_position" in inspect.signature(type(model).forward).parameters
         self.step = self._step
         self.compiled = compile
         self.cache_folder = compile_cache_folder
@@ -272,6 +283,10 @@ class GraphRunner:
         self.steps = torch.arange(capacity, device=self.device)
         self.ids = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
         self.cache = slot_cache(self.model.config, capacity, self.position, self.steps)
+        from specgen.gpu.rewire import RotaryTable
+
+        dtype = self.model.get_input_embeddings().weight.dtype
+        self.tables = {module: RotaryTable(module, capacity, dtype) for module in self.rotary}
         self._eager(self.ids[:1], want_logits=False)  # allocates every layer's K/V before capture
         self.reset()
         self.setup_seconds += time.perf_counter() - start
@@ -300,6 +315,9 @@ class GraphRunner:
         round's: the linear kernel's switch and, when compiling, the inductor settings and cache."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._linear_context())
+            from specgen.gpu.rewire import rotary_tables
+
+            stack.enter_context(rotary_tables(self.tables))
             if self.tap is not None:
                 stack.enter_context(self.tap.armed())
             if self.compiled:
@@ -320,11 +338,23 @@ class GraphRunner:
     def _step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         """The captured step: forward at the shared position, logits into the owned buffer, advance."""
         logits = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
-                            **self._attention_args()).logits[0]
+                            **self._step_inputs(ids.shape[0]), **self._attention_args()).logits[0]
         cols = min(logits.shape[-1], self.width)
         logits_out[:, :cols].copy_(logits[:, :cols])
         self.position.add_(ids.shape[0])
         return logits
+
+    def _step_inputs(self, n: int) -> dict:
+        """What the model would derive from the cache per step, handed over instead: the positions
+        (one add, where the model launches an arange and an add, twice on transformers versions
+        with cache_position) and, with the kernel in every attention call, the mask placeholder."""
+        positions = self.position + self.steps[:n]
+        inputs = {"position_ids": positions.unsqueeze(0)}
+        if self.cache_position:
+            inputs["cache_position"] = positions
+        if self.step_mask is not None:
+            inputs["attention_mask"] = self.step_mask
+        return inputs
 
     def _attention_args(self) -> dict:
         """What the model hands on to gpu/rewire.py's attention: where the step's first token sits,

@@ -42,7 +42,11 @@ def candidates(k: int, split: bool) -> list[tuple]:
     plain += [(False, n, bk, 4, 1) for n in (2, 4) for bk in sorted({min(1024, wide_k), wide_k})]
     if not split:
         return plain
-    return plain + [(True, 32, 128, 4, stages, chunks) for stages in (3, 4) for chunks in (2, 4)]
+    # Narrow tiles and more chunks: a 1B-class draft's projections (2,048 wide) have too few column
+    # blocks of 32 to fill an H100 or H200 without them.
+    chunked = [(True, n, bk, 4, stages, chunks) for n in (16, 32) for bk in (128, 256) for stages in (3, 4)
+               for chunks in (2, 3, 4, 8) if k >= 2 * chunks * bk]
+    return plain + chunked
 
 
 def model_shapes(config) -> list[tuple[int, int, bool]]:
