@@ -10,7 +10,7 @@ Where a shape's configuration comes from, first match wins:
    run's [kernels] tables folder holds one;
 2. the package's table (linear_configs.json beside this file: every projection of the real pairs
    benchmarks/family_pairs.py builds and of the bench pair, tuned on an H200 with
-   `benchmarks/bench_kernels.py table`, docs/benchmarks.md "Step inputs and draft-shaped tables");
+   `benchmarks/bench_kernels.py table`, docs/benchmarks.md "Step inputs and draft-shaped tables (H200)");
 3. rule() for shapes no table lists: the same measurements as rules of thumb.
 
 Each entry holds two configurations: `plain` (split-K off) and `split` (split-K allowed: the
