@@ -114,7 +114,12 @@ def test_a_placeholder_mask_never_reaches_sdpa():
 
 
 def test_models_with_attention_sinks_keep_their_mask():
+    """Only a model whose attention calls are all the kernel's goes without: one whose attention
+    was not switched, or one with attention sinks, keeps its mask."""
     model = _tiny("Llama")
+    assert not rewire.mask_free(model)  # not switched yet: its own attention reads the mask
+    assert runner(model, kernels=kernels(linear=True)).step_mask is None
+    rewire.switch_attention(model)
     assert rewire.mask_free(model)
     model.model.layers[0].self_attn.sinks = torch.nn.Parameter(torch.zeros(4))
     assert not rewire.mask_free(model)

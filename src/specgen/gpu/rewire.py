@@ -407,9 +407,12 @@ STEP_MASK_SHAPE = (1, 1, 1, 1)  # the placeholder's shape: no real mask of a ste
 
 
 def mask_free(model) -> bool:
-    """Whether every attention call of this model's steps takes the kernel once switch_attention
-    has run, so a step needs no mask: no attention sinks (gpt-oss's `sinks`, which only SDPA takes
-    here)."""
+    """Whether every attention call of this model's steps takes the kernel, so a step needs no
+    mask: switch_attention took effect (a model without transformers' attention interface keeps its
+    own attention, which reads the mask) and no module has attention sinks (gpt-oss's `sinks`,
+    which only SDPA takes here)."""
+    if getattr(model.config, "_attn_implementation", None) != NAME:
+        return False
     return not any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in model.modules())
 
 
