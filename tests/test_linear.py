@@ -87,6 +87,23 @@ def test_gate_up_matches_reference(activation, dtype, path):
         assert (out.double() - ref).abs().max().item() <= bound, (rows, n, k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", [None, PATHS["gemv"], (True, 32, 64, 4, 2, 3)])
+def test_residual_epilogue_is_the_add_after_the_projection(config, dtype):
+    """linear(..., residual=r) is r + linear(...) bit for bit: the projection rounded to the
+    model's dtype as the plain call stores it, then one rounded add (a decoder layer's), in every
+    path: one program per block, matrix-vector tiles, split-K's last program."""
+    counters = L.split_k_counters(Workspace(DEVICE))
+    for rows, n, k, bias in CASES[:4]:
+        x, w, _, b = _data(rows, n, k, dtype, seed=7)
+        residual = torch.randn(rows, n, generator=torch.Generator().manual_seed(rows)).to(dtype).to(DEVICE) * 4
+        plain = L.linear(x, w, b if bias else None, config, counters=counters)
+        fused = L.linear(x, w, b if bias else None, config, counters=counters, residual=residual)
+        assert fused.dtype == dtype and torch.equal(fused, residual + plain), (rows, n, k)
+    with pytest.raises(AssertionError, match="residual"):
+        L.linear(x, w, residual=residual[:, :-1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", [(1, 96, 512, True), (5, 70, 300, False)])
 def test_split_k_sums_the_chunks_as_one_program_does(case, dtype):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
+from specgen.gpu import linear as L
 from specgen.gpu import norm as N
 from specgen.gpu import rewire
 from specgen.gpu.reference import rms_norm_reference
@@ -123,7 +124,7 @@ def _feed(each, feeds, norm: bool) -> list:
                                                            ("Llama", torch.float32, 7, 5)])
 def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches, monkeypatch):
     """A prefill, then 5- and 1-token steps of a rewired model (2 layers: 2 norms and 1 fused add
-    each, the final norm; Qwen3's per-head q/k norms) against the same weights without it, both
+    each, the MLP's add in its down projection, the final norm; Qwen3's per-head q/k norms) against the same weights without it, both
     with the linear kernel: identical bfloat16 logits; float32 ones within the float32 sum's order."""
     model = _tiny(family, dtype)
     plain_model = copy.deepcopy(model)
@@ -137,8 +138,12 @@ def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launch
     feeds = [torch.randint(0, 96, (n,), generator=gen) for n in (12, 5, 1)]
     want = _feed(plain, feeds, norm=False)
     monkeypatch.setattr(N, "_launch", lambda x, *a: calls.append(x.shape) or real(x, *a))
+    added = []
+    real_linear = L._launch
+    monkeypatch.setattr(L, "_launch", lambda *a: added.append(a[-1] is not None) or real_linear(*a))
     got = _feed(fast, feeds, norm=True)
     assert len(calls) == 3 * launches  # per layer: norm, add + norm (Qwen3: q and k norms); final norm
+    assert sum(added) == 3 * 2  # per layer: the MLP's residual add in the down projection
     for a, b in zip(got, want):
         if dtype == torch.float32:
             assert (a - b).abs().max().item() < 1e-4 * max(1.0, b.abs().max().item())
@@ -169,6 +174,25 @@ def test_install_changes_nothing_outside_an_engaged_norm():
         assert (inside - before).abs().max().item() < 1e-4
     gemma = _tiny("Gemma", torch.float32)
     assert rewire.install_norm(gemma, rewire.install_linear(gemma)) == 0
+
+
+def test_hooked_mlp_keeps_its_call_and_the_separate_add():
+    """A hook on an MLP or its down projection (a user's, accelerate's) still runs in an engaged
+    step: those layers take the unfused add, the others the down projection's epilogue; same logits."""
+    model = _tiny("Llama", torch.float32)
+    ids = torch.randint(0, 96, (1, 4), device=DEVICE)
+    switch = rewire.install_linear(model)
+    rewire.install_norm(model, switch)
+    seen = []
+    with torch.no_grad(), switch.engaged(split_k=False, counters=None, norm=True):
+        want = model(ids).logits
+        handles = [model.model.layers[0].mlp.register_forward_hook(lambda *a: seen.append("mlp")),
+                   model.model.layers[1].mlp.down_proj.register_forward_pre_hook(lambda *a: seen.append("down"))]
+        got = model(ids).logits
+    for handle in handles:
+        handle.remove()
+    assert seen == ["mlp", "down"]
+    assert (got - want).abs().max().item() < 1e-5 * max(1.0, want.abs().max().item())
 
 
 def test_norm_paths_trace_without_graph_breaks(monkeypatch):

@@ -36,6 +36,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from specgen.gpu.linear_table import LinearTable, packaged
+from specgen.gpu.norm import rounded
 from specgen.gpu.workspace import Workspace
 
 # The rows of a captured step (gpu/runner.py's MAX_GRAPH_TOKENS): prefill chunks too, so a prompt's
@@ -55,21 +56,23 @@ def split_k_counters(workspace: Workspace) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: tuple | None = None,
            *, split_k: bool = False, counters: torch.Tensor | None = None,
-           table: LinearTable | None = None) -> torch.Tensor:
+           table: LinearTable | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N].
     config: forced, else table's (packaged()'s) pick for the shape; split_k: allow split-K
-    configurations (they need `counters`, split_k_counters(workspace))."""
-    return _launch(x, weight, None, bias, 0, config, split_k, counters, table)
+    configurations (they need `counters`, split_k_counters(workspace)); residual [..., N]: return
+    residual + F.linear(x, weight, bias), the sum in x's dtype as a decoder layer's add computes
+    it (one launch fewer than the add after the projection)."""
+    return _launch(x, weight, None, bias, 0, config, split_k, counters, table, residual)
 
 
 def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, config: tuple | None = None,
             *, split_k: bool = False, counters: torch.Tensor | None = None,
             table: LinearTable | None = None) -> torch.Tensor:
     """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N]."""
-    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters, table)
+    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters, table, None)
 
 
-def _launch(x, weight, up, bias, act, config, split_k, counters, table):
+def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual):
     n, k = weight.shape
     lead = x.shape[:-1]
     assert x.shape[-1] == k, f"x has {x.shape[-1]} columns, weight {k}"
@@ -79,6 +82,11 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table):
     rows = x2.shape[0]
     assert rows <= MAX_ROWS and weight.ndim == 2 and weight.stride(-1) == 1
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
+    if residual is not None:
+        assert residual.shape == (*lead, n) and residual.dtype == x.dtype, "residual and output differ in shape or dtype"
+        residual = residual.reshape(rows, n)
+        if residual.stride(-1) != 1:
+            residual = residual.contiguous()
     dot, block_n, block_k, warps, stages, *rest = config or (table or packaged()).pick(n, k, act > 0, split_k)
     block_m = DOT_ROWS if dot else 1
     tiles = triton.cdiv(rows, block_m)
@@ -94,13 +102,14 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table):
     else:
         part = counters = out  # unused
     _linear_kernel[(columns * tiles, chunks)](
-        x2, weight, second, bias if bias is not None else weight, out, part, counters,
-        rows, n, k, k_chunk, tiles, x2.stride(0), weight.stride(0), out.stride(0),
+        x2, weight, second, bias if bias is not None else weight, residual if residual is not None else out, out,
+        part, counters, rows, n, k, k_chunk, tiles, x2.stride(0), weight.stride(0), out.stride(0),
+        residual.stride(0) if residual is not None else 0,
         # The interpreter's tl.dot is numpy's matmul, whose result for a row depends on where the row
         # sits in the matrix (OpenBLAS's micro-kernels): there a tile's products are summed per row
         # instead, so the CPU tests see the row invariance that tensor cores give (the cuda tests
         # check those).
-        HAS_BIAS=bias is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot and not INTERPRETED,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot and not INTERPRETED,
         # float32 products without TF32 for float32 models
         F32_DOT=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=chunks,
@@ -124,11 +133,12 @@ def _linear_kernel(
     w_ptr,  # [N, K]
     u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
     b_ptr,  # [N] when HAS_BIAS
+    r_ptr,  # [M, N] added to the output when HAS_RESIDUAL
     out_ptr,  # [M, N]
     part_ptr,  # [2 if ACT else 1, SPLIT_K, tiles x BLOCK_M, N] float32 partial sums (SPLIT_K > 1)
     count_ptr,  # [>= column blocks x tiles] int32 arrivals, zero on entry and on exit (SPLIT_K > 1)
-    M, N, K, k_chunk, tiles, sxm, swn, som,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
+    M, N, K, k_chunk, tiles, sxm, swn, som, srm,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     """Program (c * tiles + t, s) computes rows [t * BLOCK_M, (t + 1) * BLOCK_M) of out[:, c * BLOCK_N :
@@ -170,7 +180,7 @@ def _linear_kernel(
             u = tl.load(u_base + start, mask=w_mask, other=0.0)
             acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
     if SPLIT_K == 1:
-        _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS, ACT)
+        _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
     else:
         slot_rows = rows[:, None] * N + cols[None, :]  # [M, N] in one [tiles x BLOCK_M, N] slab
         tile_ok = row_ok[:, None] & col_ok[None, :]
@@ -193,18 +203,25 @@ def _linear_kernel(
                 if ACT > 0:
                     acc_u += tl.load(part_ptr + (SPLIT_K + chunk) * slab + slot_rows, mask=tile_ok, other=0.0,
                                      cache_modifier=".cg")
-            _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS, ACT)
+            _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
 
 
 @triton.jit
-def _finish(acc, acc_u, b_ptr, out_ptr, rows, row_ok, cols, col_ok, som, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
-    """The epilogue: bias, activation and product in the model's dtype, then the store."""
+def _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS: tl.constexpr,
+            HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr):
+    """The epilogue: bias, activation and product in the model's dtype, the residual added to the
+    rounded projection (the module's add), then the store."""
     dtype = out_ptr.dtype.element_ty
     if HAS_BIAS:
         acc = acc.to(dtype).to(tl.float32) + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if ACT > 0:  # each rounding step of act(gate(x)) * up(x) in the model's dtype
         g = _act(acc.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
         acc = g * acc_u.to(dtype).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        # the projection rounded as the plain call stores it; the sum rounded to nearest even on
+        # the Triton interpreter too (its casts truncate), as torch's add is
+        acc = rounded(acc.to(dtype).to(tl.float32) + r.to(tl.float32), dtype)
     tl.store(out_ptr + rows[:, None] * som + cols[None, :], acc.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
 
 

@@ -82,21 +82,21 @@ def _norm_kernel(
     x = tl.load(x_ptr + row * sxm + cols, mask=ok, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * srm + cols, mask=ok, other=0.0)
-        x = _rounded(r.to(tl.float32) + x.to(tl.float32), x_ptr.dtype.element_ty)
+        x = rounded(r.to(tl.float32) + x.to(tl.float32), x_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * N + cols, x.to(x_ptr.dtype.element_ty), mask=ok)
     xf = x.to(tl.float32)
     squares = (xf * xf).to(tl.float64)  # each square rounded in float32, as the module's pow(2)
     variance = (tl.sum(squares, axis=0) / N).to(tl.float32)
     # eps arrives as float64 when inductor traces the call: the module adds it in float32
     inverse = tl.math.rsqrt(variance + tl.cast(eps, tl.float32))
-    y = _rounded(xf * inverse, x_ptr.dtype.element_ty)
+    y = rounded(xf * inverse, x_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    out = _rounded(w * y, out_ptr.dtype.element_ty)
+    out = rounded(w * y, out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _rounded(x, DTYPE: tl.constexpr):
+def rounded(x, DTYPE: tl.constexpr):
     """float32 x rounded to DTYPE (to nearest, ties to even), as float32. bfloat16 by hand: the
     Triton interpreter truncates float32 -> bfloat16 casts, where the GPU and torch round; the
     rounded value then converts exactly either way."""

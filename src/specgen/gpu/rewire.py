@@ -28,7 +28,8 @@ object in a benchmark).
   placeholder, which transformers passes through as it is, so no mask is built per step.
 - RMSNorm (install_norm): Llama / Mistral / Qwen2 / Qwen3 RMSNorm modules take gpu/norm.py's kernel,
   and their decoder layers add the attention output to the residual in the same kernel as the norm
-  after it, while the model's switch is engaged with the norm on (a runner's step).
+  after it, and the MLP's output in the down projection's epilogue (a rewired gated MLP), while the
+  model's switch is engaged with the norm on (a runner's step).
 """
 
 from __future__ import annotations
@@ -250,7 +251,26 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
     attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
     post = self.post_attention_layernorm
     normed, residual = norm_kernels.add_rms_norm(attended, hidden_states, post.weight, post.variance_epsilon)
-    return residual + self.mlp(normed)
+    return _mlp_plus(self.mlp, normed, residual)
+
+
+def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + mlp(x): for a rewired gated MLP the add is the down projection's epilogue. The
+    MLP's and down projection's own calls are skipped, so either one with hooks (a user's, or
+    accelerate's, which replaces the instance's forward) keeps them."""
+    switch = vars(mlp).get("_specgen_switch")
+    down = getattr(mlp, "down_proj", None)
+    if (switch is None or "_specgen_act" not in vars(mlp) or not isinstance(down, SkinnyLinear)
+            or not (_unhooked(mlp) and _unhooked(down)) or not switch.takes(x)):
+        return residual + mlp(x)
+    gated = linear_kernels.gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp._specgen_act,
+                                   split_k=switch.split_k, counters=switch.counters, table=switch.table)
+    return linear_kernels.linear(gated, down.weight, down.bias, split_k=switch.split_k, counters=switch.counters,
+                                 table=switch.table, residual=residual)
+
+
+def _unhooked(module) -> bool:
+    return not (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module))
 
 
 @functools.cache
