@@ -73,11 +73,16 @@ def test_kernel_matches_reference_16_bit(dtype):
     assert (out.float() - ref.float()).abs().max().item() <= 2 * step
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[4]])
+CROSSING = (1, 8, 2, 5, 64, 512, 61, 0)  # tokens 0-2 in the first split (no merge), 3-4 past it
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CROSSING])
 def test_split_merge_by_the_last_program_is_row_invariant(case):
     """Several splits merged by the last split program to arrive: with the device's counters (left
     at zero for the next launch) or per-call ones, bit for bit; each token's row equals a 1-token
-    call at its position, bit for bit (the merge walks the same splits whatever the step's length)."""
+    call at its position, bit for bit (the merge walks the same splits whatever the step's length,
+    and a token whose keys all sit in the first split takes its output directly either way); the
+    reference agrees."""
     query, key, value, position = _inputs(case, torch.float32, seed=4)
     window, scale = case[-1], query.shape[-1] ** -0.5
     counters = split_k_counters(Workspace(DEVICE))
@@ -87,6 +92,9 @@ def test_split_merge_by_the_last_program_is_row_invariant(case):
     for t in range(query.shape[2]):
         one = decode_attention(query[:, :, t:t + 1], key, value, position + t, scale, window, counters=counters)
         assert torch.equal(one[:, 0], out[:, t]), t
+    assert int(counters.abs().sum()) == 0
+    ref = decode_attention_reference(query, key, value, position, scale, window)
+    assert (out - ref).abs().max().item() < 2e-6
 
 
 @pytest.mark.parametrize("softcap", [0.0, 2.0])

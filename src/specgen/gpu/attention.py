@@ -14,7 +14,9 @@ up to that token's last visible key; an online softmax in base 2. One split writ
 directly; several write normalised partial outputs and their log-sum-exp, and the last of a row
 tile's split programs to finish (an arrival counter each, reset by that program, as in
 gpu/linear.py's split-K) merges them in split order: one launch a layer, where a separate merge
-kernel cost a second launch and its gap in every layer of a captured step. Query token t sits at position + t and sees keys n with
+kernel cost a second launch and its gap in every layer of a captured step. Only the splits up to
+the token's last key take part; a token whose keys all sit in the first split (a sequence
+shorter than SPLIT_KEYS) gets that split's output directly. Query token t sits at position + t and sees keys n with
 n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
 applies).
 
@@ -237,9 +239,16 @@ def _split_kernel(
     heads = kv_heads * group
     dst = out_ptr + ((b * tokens + t) * heads + head[:, None]) * dim + d[None, :]
     tile_ok = row_ok[:, None] & d_ok[None, :]
+    # The token's last split holding keys: it depends on the token's position only, so the path
+    # below is the same whatever the number of query tokens (row invariance). Splits past it have
+    # nothing to add (their new keys, if any, are written by the programs whose token sits there).
+    last = tl.minimum(at, capacity - 1) // SPLIT_KEYS
     if SPLITS == 1:
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tile_ok)
-    else:
+    elif last == 0:  # every key in split 0: its output is the token's, no merge (short sequences)
+        if split == 0:
+            tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tile_ok)
+    elif split <= last:
         row_id = (b * heads + head) * tokens + t  # [M] index into [B, H, q]
         tl.store(part_ptr + (row_id[:, None] * SPLITS + split) * dim + d[None, :], o, mask=tile_ok)
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
@@ -250,12 +259,9 @@ def _split_kernel(
         tl.debug_barrier()
         slot = count_ptr + bkv * tl.num_programs(1) + tl.program_id(1)
         arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
+        if arrived == last:  # splits 0 .. last arrive
             tl.store(slot, 0)  # ready for the next call; no other program touches it in this one
-            # Merge in split order, online in base 2. Splits past the token's last key hold
-            # nothing; the count depends on the token's position only, so a token's merge is the
-            # same whatever the number of query tokens (row invariance).
-            last = tl.minimum(at, capacity - 1) // SPLIT_KEYS
+            # merge in split order, online in base 2
             top = tl.full([BLOCK_M], float("-inf"), tl.float32)
             total = tl.zeros([BLOCK_M], tl.float32)
             merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
