@@ -209,7 +209,7 @@ BF16, F32 = torch.bfloat16, torch.float32
 def attention_scenarios(attention):
     """decode_attention as a Llama-3-8B layer calls it (32 heads, 8 KV heads, dim 128, batch 1):
     1-token steps and k = 4 verifications (5 tokens), a cache of one 64-key split and one of 4
-    splits (merged by the split kernel's last program), with the rotary embedding and cache write in the kernel or
+    splits (merged by _combine_kernel), with the rotary embedding and cache write in the kernel or
     not; then a sliding window (Mistral), float16, and the block sizes of other shapes."""
     batch = 1
 

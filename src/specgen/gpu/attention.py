@@ -11,12 +11,8 @@ for all query heads that share its KV head (GQA), and the q tokens' programs rea
 Layout (flash decoding): program (b * KVH + kv head, t * head tiles + head tile, split) takes query
 token t's query heads kv * G + g of its head tile as its rows, and keys [split * split_keys, ...)
 up to that token's last visible key; an online softmax in base 2. One split writes the output
-directly; several write normalised partial outputs and their log-sum-exp, and the last of a row
-tile's split programs to finish (an arrival counter each, reset by that program, as in
-gpu/linear.py's split-K) merges them in split order: one launch a layer, where a separate merge
-kernel cost a second launch and its gap in every layer of a captured step. Only the splits up to
-the token's last key take part; a token whose keys all sit in the first split (a sequence
-shorter than SPLIT_KEYS) gets that split's output directly. Query token t sits at position + t and sees keys n with
+directly; several write normalised partial outputs and their log-sum-exp, and _combine_kernel
+merges them in split order. Query token t sits at position + t and sees keys n with
 n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
 applies).
 
@@ -62,16 +58,12 @@ def decode_attention(
     window: int = 0,  # sliding window (0: none)
     rope: tuple | None = None,  # (new keys, new values, cos, sin): see below
     softcap: float = 0.0,  # attention logit soft-capping (0: none)
-    counters: torch.Tensor | None = None,  # int32 arrival slots, zero between launches (see below)
 ) -> torch.Tensor:  # [B, q, H, D]
     """With rope = (k_new [B, KVH, q, D], v_new [B, KVH, q, D], cos [B, q, D], sin [B, q, D]): the
     query and the new keys come before their rotary embedding, and the kernel rotates them
     (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
     position + t before attending. Otherwise the cache holds them already and the query is rotated.
-    With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask.
-    counters: the device's arrival counters (gpu/linear.py's split_k_counters(workspace), which
-    the kernels leave at zero); None allocates zeroed ones per call (a memset more: tests, eager
-    calls)."""
+    With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0
@@ -87,16 +79,12 @@ def decode_attention(
     split_keys = max(SPLIT_KEYS, block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
     splits = triton.cdiv(capacity, split_keys)
     out = torch.empty(batch, tokens, heads, dim, dtype=query.dtype, device=query.device)
-    grid = (batch * kv_heads, tokens * head_tiles, splits)
     if splits == 1:
-        part, lse, counters = out, out, out  # unused: the kernel writes out directly
+        part, lse = out, out  # unused: the kernel writes out directly
     else:
         part = torch.empty(batch, heads, tokens, splits, dim, dtype=torch.float32, device=query.device)
         lse = torch.empty(batch, heads, tokens, splits, dtype=torch.float32, device=query.device)
-        slots = grid[0] * grid[1]
-        if counters is None:
-            counters = torch.zeros(slots, dtype=torch.int32, device=query.device)
-        assert counters.dtype == torch.int32 and counters.numel() >= slots, f"counters for {slots} row tiles"
+    grid = (batch * kv_heads, tokens * head_tiles, splits)
     if rope is None:
         k_new = v_new = cos = sin = query  # unused
         new_strides = (0,) * 8
@@ -107,7 +95,7 @@ def decode_attention(
         assert k_new.stride(-1) == v_new.stride(-1) == cos.stride(-1) == 1
         new_strides = (*k_new.stride()[:3], *v_new.stride()[:3], 0 if cos.shape[0] == 1 else cos.stride(0), cos.stride(1))
     _split_kernel[grid](
-        query, key, value, position, out, part, lse, counters, k_new, v_new, cos, sin,
+        query, key, value, position, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides,
         kv_heads, group, head_tiles, tokens, dim, capacity, scale if softcap else scale * LOG2E.value,
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
@@ -115,6 +103,11 @@ def decode_attention(
         F32_DOT=query.dtype == torch.float32 or INTERPRETED, ROPE=rope is not None,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
     )
+    if splits > 1:
+        _combine_kernel[(batch * heads * tokens,)](
+            part, lse, out, heads, tokens, dim, splits,
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+        )
     return out
 
 
@@ -130,7 +123,6 @@ def _split_kernel(
     out_ptr,  # [B, q, H, D] contiguous (SPLITS == 1)
     part_ptr,  # [B, H, q, SPLITS, D] float32 (SPLITS > 1)
     lse_ptr,  # [B, H, q, SPLITS] float32, base 2 (SPLITS > 1)
-    count_ptr,  # [>= B x KVH x q x head tiles] int32 arrivals, zero on entry and on exit (SPLITS > 1)
     kn_ptr,  # [B, KVH, q, D] new keys before rotary (ROPE)
     vn_ptr,  # [B, KVH, q, D] new values (ROPE)
     cos_ptr,  # [B or 1, q, D] (ROPE)
@@ -236,49 +228,17 @@ def _split_kernel(
         m = m_new
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
-    heads = kv_heads * group
-    dst = out_ptr + ((b * tokens + t) * heads + head[:, None]) * dim + d[None, :]
-    tile_ok = row_ok[:, None] & d_ok[None, :]
-    # The token's last split holding keys: it depends on the token's position only, so the path
-    # below is the same whatever the number of query tokens (row invariance). Splits past it have
-    # nothing to add (their new keys, if any, are written by the programs whose token sits there).
-    last = tl.minimum(at, capacity - 1) // SPLIT_KEYS
     if SPLITS == 1:
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tile_ok)
-    elif last == 0:  # every key in split 0: its output is the token's, no merge (short sequences)
-        if split == 0:
-            tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tile_ok)
-    elif split <= last:
+        heads = kv_heads * group
+        dst = out_ptr + ((b * tokens + t) * heads + head[:, None]) * dim + d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        heads = kv_heads * group
         row_id = (b * heads + head) * tokens + t  # [M] index into [B, H, q]
-        tl.store(part_ptr + (row_id[:, None] * SPLITS + split) * dim + d[None, :], o, mask=tile_ok)
+        tl.store(part_ptr + (row_id[:, None] * SPLITS + split) * dim + d[None, :], o,
+                 mask=row_ok[:, None] & d_ok[None, :])
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
         tl.store(lse_ptr + row_id * SPLITS + split, lse, mask=row_ok)
-        # As split-K's (gpu/linear.py): every thread's stores before the barrier, the gpu-scope
-        # release of the atomic publishes them, the last program to arrive acquires all splits'
-        # stores and reads them from L2 (.cg).
-        tl.debug_barrier()
-        slot = count_ptr + bkv * tl.num_programs(1) + tl.program_id(1)
-        arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == last:  # splits 0 .. last arrive
-            tl.store(slot, 0)  # ready for the next call; no other program touches it in this one
-            # merge in split order, online in base 2
-            top = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            total = tl.zeros([BLOCK_M], tl.float32)
-            merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-            for s in range(0, last + 1):
-                lse_s = tl.load(lse_ptr + row_id * SPLITS + s, mask=row_ok, other=float("-inf"),
-                                cache_modifier=".cg")
-                part_s = tl.load(part_ptr + (row_id[:, None] * SPLITS + s) * dim + d[None, :], mask=tile_ok,
-                                 other=0.0, cache_modifier=".cg")
-                new_top = tl.maximum(top, lse_s)
-                safe = tl.where(new_top == float("-inf"), 0.0, new_top)
-                fade = tl.exp2(top - safe)
-                weight = tl.exp2(lse_s - safe)
-                total = total * fade + weight
-                merged = merged * fade[:, None] + part_s * weight[:, None]
-                top = new_top
-            merged = merged / tl.where(total > 0, total, 1.0)[:, None]
-            tl.store(dst, merged.to(out_ptr.dtype.element_ty), mask=tile_ok)
 
 
 @triton.jit
@@ -289,6 +249,29 @@ def _tanh(x):
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
 
+
+@triton.jit
+def _combine_kernel(
+    part_ptr,  # [B, H, q, S, D] float32
+    lse_ptr,  # [B, H, q, S] float32, base 2
+    out_ptr,  # [B, q, H, D]
+    heads, tokens, dim, splits,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)  # (b * H + h) * q + t
+    t = row % tokens
+    bh = row // tokens
+    h = bh % heads
+    b = bh // heads
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(lse_ptr + row * splits + s, mask=s < splits, other=float("-inf"))  # [S]
+    top = tl.max(lse, axis=0)
+    weight = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - top))  # [S]
+    part = tl.load(part_ptr + (row * splits + s[:, None]) * dim + d[None, :],
+                   mask=(s[:, None] < splits) & (d[None, :] < dim), other=0.0)  # [S, D]
+    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    tl.store(out_ptr + ((b * tokens + t) * heads + h) * dim + d, o.to(out_ptr.dtype.element_ty), mask=d < dim)
 
 # float32 products without TF32 for float32 models (their graph-vs-eager checks are exact to 1e-5);
 # the Triton interpreter (CPU tests: Triton made interpreted functions, not JITFunctions) also takes

@@ -120,18 +120,14 @@ class CudaBackend:
     def head_kernels(self, head):
         """An EAGLE-3 head's calls on the kernels its target's steps use (gpu/rewire_head.py), when
         the target's [kernels] head resolved on (with its linear kernel), else None (torch's ops,
-        or compile). No split-K: the head's products are too small to gain from it; the arrival
-        counters serve the attention kernel's split merge."""
+        or compile). No split-K: the head's products are too small to gain from it."""
         kernels = self.kernels.get("target")
         if kernels is None or not kernels.head:
             return None
         from specgen.gpu.rewire_head import install_head  # noqa: PLC0415 (only with a head)
 
-        from specgen.gpu.linear import split_k_counters  # noqa: PLC0415
-
         switch = install_head(head, kernels)
-        counters = split_k_counters(self.workspace)  # the attention kernel's split merge
-        return lambda: switch.engaged(False, counters, norm=kernels.norm)
+        return lambda: switch.engaged(False, None, norm=kernels.norm)
 
     # -- capture ----------------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ class LinearSwitch:
         self.table = table or packaged()
         self.active = False
         self.split_k = False
-        self.counters: torch.Tensor | None = None  # linear.split_k_counters(workspace): split-K, attention
+        self.counters: torch.Tensor | None = None  # linear.split_k_counters(workspace)
         self.norm = False
 
     @contextlib.contextmanager
@@ -322,7 +322,7 @@ def switch_attention(model) -> None:
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              specgen_position=None, specgen_counters=None, sliding_window=None, softcap=None, **kwargs):
+              specgen_position=None, sliding_window=None, softcap=None, **kwargs):
     """transformers' attention-function protocol: query [B, H, q, D], key/value [B, KVH, C, D]
     (the whole cache) -> ([B, q, H, D], None). softcap: Gemma 2's attn_logit_softcapping, the
     keyword its attention module passes (transformers 5.17 to 5.23 at least)."""
@@ -339,7 +339,7 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
                                       scaling=scaling, sliding_window=sliding_window, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return attention_kernels.decode_attention(query, key, value, specgen_position, scale, sliding_window or 0,
-                                              softcap=softcap or 0.0, counters=specgen_counters), None
+                                              softcap=softcap or 0.0), None
 
 
 def softcapped_attention(module, query, key, value, mask, dropout: float, scaling, softcap: float) -> torch.Tensor:
@@ -500,6 +500,5 @@ def _rope_forward(self, hidden_states, *args, **kwargs):
     if window is None and base.__name__ == "MistralAttention":  # it passes the config's window per call
         window = getattr(self.config, "sliding_window", None)
     out = attention_kernels.decode_attention(query.transpose(1, 2), layer.keys, layer.values, position, self.scaling,
-                                             window or 0, (key.transpose(1, 2), value.transpose(1, 2), cos, sin),
-                                             counters=kwargs.get("specgen_counters"))
+                                             window or 0, (key.transpose(1, 2), value.transpose(1, 2), cos, sin))
     return self.o_proj(out.reshape(batch, tokens, -1)), None

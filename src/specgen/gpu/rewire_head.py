@@ -76,7 +76,7 @@ def _layer_forward(self, embeds, h, positions, rope, cache):
     residual = normed if self.norm_before_residual else h
     x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [N, 2H]
     if self._specgen_attention and h.shape[0] <= attention_kernels.MAX_GRAPH_QUERY and cache[0].dim() == 4:
-        attended = _attention(self.self_attn, x, positions, rope, cache, switch.counters)
+        attended = _attention(self.self_attn, x, positions, rope, cache)
     else:
         attended = self.self_attn(x, positions, rope, cache)
     post = self.post_attention_layernorm
@@ -90,7 +90,7 @@ def _layer_forward(self, embeds, h, positions, rope, cache):
     return out
 
 
-def _attention(attn, x, positions, rope, cache, counters):
+def _attention(attn, x, positions, rope, cache):
     """The head's attention in gpu/attention.py: x [N, 2H] at positions[0] .. positions[0] + N - 1."""
     n, dim = x.shape[0], attn.head_dim
     query = attn.q_proj(x).view(1, n, attn.heads, dim).transpose(1, 2)  # one fused q/k/v pass
@@ -98,5 +98,5 @@ def _attention(attn, x, positions, rope, cache, counters):
     value = attn.v_proj(x).view(1, n, attn.kv_heads, dim).transpose(1, 2)
     cos, sin = (part.squeeze(1).unsqueeze(0) for part in rope)  # [N, 1, D] views -> [1, N, D]
     out = attention_kernels.decode_attention(query, cache[0], cache[1], positions[0], dim ** -0.5, 0,
-                                             (key, value, cos, sin), counters=counters)
+                                             (key, value, cos, sin))
     return attn.o_proj(out.reshape(n, attn.heads * dim))

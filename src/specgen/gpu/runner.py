@@ -164,12 +164,9 @@ class GraphRunner:
         self.shapes = sorted(set(shapes))
         self.graphs: dict[int, _Graph] = {}
         self.switch = None  # the model's rewire.LinearSwitch, with the linear kernel
-        self.counters = None  # arrival counters (split-K, attention): taken before any capture or compile holds them
+        self.counters = None  # split-K's arrival counters: taken before any capture or compile holds them
         if kernels.attention or kernels.linear:
             from specgen.gpu import linear, rewire
-
-            # The device's arrival counters: split-K's and the attention kernel's split merge.
-            self.counters = linear.split_k_counters(workspace)
 
             if kernels.attention:
                 rewire.switch_attention(model)
@@ -179,7 +176,8 @@ class GraphRunner:
                 self.switch = rewire.install_linear(model, kernels.linear_table)
                 if kernels.norm:
                     rewire.install_norm(model, self.switch)
-
+                if kernels.split_k:
+                    self.counters = linear.split_k_counters(workspace)
         # A step's inputs (gpu/rewire.py): its rotary embeddings read tables, which _allocate fills
         # for the cache's positions; with the attention kernel in every call, no mask is built.
         from specgen.gpu import rewire
@@ -360,12 +358,10 @@ class GraphRunner:
 
     def _attention_args(self) -> dict:
         """What the model hands on to gpu/rewire.py's attention: where the step's first token sits,
-        the arrival counters of the kernel's split merge, and whether the kernel rotates and writes
-        the new keys itself."""
+        and whether the kernel rotates and writes the new keys itself."""
         if not self.kernels.attention:
             return {}
-        return {"specgen_position": self.position, "specgen_counters": self.counters,
-                **({"specgen_rope": True} if self.kernels.rope else {})}
+        return {"specgen_position": self.position, **({"specgen_rope": True} if self.kernels.rope else {})}
 
     @torch.inference_mode()
     def _capture(self, n: int) -> _Graph:
