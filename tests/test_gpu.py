@@ -22,6 +22,7 @@ from specgen.core.engine import Engine, target_only
 from specgen.core.round import Mode
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
+from specgen.gpu.runner import PREFILL_CHUNK
 from tiny_models import build_pair
 
 pytestmark = CUDA
@@ -164,6 +165,8 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
 def test_compiled_graphs_match_eager(pair):
     engine = Engine(cuda_profile(*pair, compile=True))
     assert engine.describe()["compile"] is True
+    # a prompt's chunks replay a graph of the uncompiled step (one dynamo trace fewer a start)
+    assert engine.target_runner.plain_shapes == {PREFILL_CHUNK} and PREFILL_CHUNK in engine.target_runner.graphs
     plain = Engine(cuda_profile(*pair, graphs=False))
     for prompt in random_prompts(engine.pair.vocab_size, 3, seed=2):
         assert finish(engine.decoder(), prompt).token_ids == finish(plain.decoder(), prompt).token_ids

@@ -52,7 +52,8 @@ class CudaBackend:
             self.warp_kernels = kernels.warp
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
                       compile=self.speculation.compile, autotune=self.speculation.autotune,
-                      compile_cache_folder=self.speculation.compile_cache, tap=tap)
+                      compile_cache_folder=self.speculation.compile_cache, tap=tap,
+                      plain_shapes=() if PREFILL_CHUNK in shapes else (PREFILL_CHUNK,))
         try:
             runner = GraphRunner(model, width, capacity, kernels=kernels, **common)
         except SpecgenError:  # the user's settings (a compile cache folder, ...): theirs to change

@@ -141,7 +141,8 @@ class GraphRunner:
 
     capacity: positions the cache holds (grown by reserve(), which re-captures); kernels: which
     kernels its steps use (gpu/kernels.py resolve); workspace: the device's kernel scratch (split-K
-    counters); compile: also torch.compile the step (kernels cached on disk, see cache_dir);
+    counters); compile: also torch.compile the step (kernels cached on disk, see cache_dir), but
+    for the captured shapes in plain_shapes;
     autotune: compile with AUTOTUNE's inductor settings; use_graphs=False runs every step eagerly
     over the same cache (the fallback for models that cannot be captured, and the CPU test path);
     progress(done, total, what): start-up callback. The kernels apply to this runner's calls only,
@@ -150,7 +151,8 @@ class GraphRunner:
 
     def __init__(self, model, width: int, capacity: int, *, kernels: ResolvedKernels, workspace: Workspace,
                  shapes=(), compile: bool = False, autotune: bool = False, use_graphs: bool = True,
-                 progress=None, name: str = "model", compile_cache_folder: str = "", tap=None):
+                 progress=None, name: str = "model", compile_cache_folder: str = "", tap=None,
+                 plain_shapes=()):
         self.model = model
         self.tap = tap  # core/heads.py's AuxTap: armed in every forward and capture of this runner
         self.width = width  # logits columns handed out, as in EagerRunner
@@ -190,6 +192,10 @@ class GraphRunner:
         self.cache_position = "cache_position" in inspect.signature(type(model).forward).parameters
         self.step = self._step
         self.compiled = compile
+        # With compile, captured shapes whose graphs hold the uncompiled step: the backend names its
+        # prefill chunk, which spares each start one dynamo trace (and inductor load) per model;
+        # the chunk's kernels are the same ones, and rounds call the compiled step.
+        self.plain_shapes = frozenset(plain_shapes)
         self.cache_folder = compile_cache_folder
         self.inductor = AUTOTUNE if compile and autotune else {}
         if compile:
@@ -372,15 +378,16 @@ class GraphRunner:
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
+        step = self._step if n in self.plain_shapes else self.step
         with torch.cuda.stream(stream), self.step_context(n):
             for _ in range(WARMUP_STEPS):
                 self.position.fill_(scratch)
-                self.step(ids, logits)
+                step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph), self.step_context(n):
-            raw = self.step(ids, logits)
+            raw = step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
 
