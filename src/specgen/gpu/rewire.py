@@ -142,12 +142,16 @@ class SkinnyQKV(SkinnyLinear):
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    switch = self._specgen_switch
-    if switch.takes(x):
-        gated = linear_kernels.gate_up(x, self.gate_proj.weight, self.up_proj.weight, self._specgen_act,
-                                       split_k=switch.split_k, counters=switch.counters, table=switch.table)
-        return self.down_proj(gated)
+    if self._specgen_switch.takes(x):
+        return self.down_proj(_gate_up(self, x))
     return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _gate_up(mlp, x: torch.Tensor) -> torch.Tensor:
+    """A rewired gated MLP's input projections and activation in one kernel."""
+    switch = mlp._specgen_switch
+    return linear_kernels.gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp._specgen_act,
+                                  split_k=switch.split_k, counters=switch.counters, table=switch.table)
 
 
 @functools.cache
@@ -263,10 +267,8 @@ def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     if (switch is None or "_specgen_act" not in vars(mlp) or not isinstance(down, SkinnyLinear)
             or not (_unhooked(mlp) and _unhooked(down)) or not switch.takes(x)):
         return residual + mlp(x)
-    gated = linear_kernels.gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp._specgen_act,
-                                   split_k=switch.split_k, counters=switch.counters, table=switch.table)
-    return linear_kernels.linear(gated, down.weight, down.bias, split_k=switch.split_k, counters=switch.counters,
-                                 table=switch.table, residual=residual)
+    return linear_kernels.linear(_gate_up(mlp, x), down.weight, down.bias, split_k=switch.split_k,
+                                 counters=switch.counters, table=switch.table, residual=residual)
 
 
 def _unhooked(module) -> bool:
