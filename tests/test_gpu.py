@@ -163,6 +163,10 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
 
 @pytest.mark.slow
 def test_compiled_graphs_match_eager(pair):
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
     engine = Engine(cuda_profile(*pair, compile=True))
     assert engine.describe()["compile"] is True
     # a prompt's chunks replay a graph of the uncompiled step (one dynamo trace fewer a start)
@@ -170,5 +174,14 @@ def test_compiled_graphs_match_eager(pair):
     plain = Engine(cuda_profile(*pair, graphs=False))
     for prompt in random_prompts(engine.pair.vocab_size, 3, seed=2):
         assert finish(engine.decoder(), prompt).token_ids == finish(plain.decoder(), prompt).token_ids
+    # gpu/compiled.py: every layer compiled, and one trace per model and step shape serves them all
+    runners = (engine.target_runner, engine.draft_runner)
+    assert all(r.compiled.layers == len(r.model.model.layers) > 1 for r in runners)
+    assert 0 < counters["stats"]["unique_graphs"] <= 4  # the target's k + 1 rows, the draft's 1, 2 and k + 2
+    torch._dynamo.reset()
+    counters.clear()
+    alone = Engine(target_only(cuda_profile(*pair, compile=True)))  # 1-token steps: one trace for both layers
+    assert finish(alone.decoder(), [1, 2, 3]).token_ids
+    assert alone.target_runner.compiled.layers == 2 and counters["stats"]["unique_graphs"] == 1
     profile = replace(engine.profile, sampling=replace(engine.profile.sampling, max_tokens=5))
     assert len(finish(engine.decoder(profile), [1, 2]).token_ids) == 5

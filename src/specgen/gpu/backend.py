@@ -63,6 +63,9 @@ class CudaBackend:
             runner = self._fallback(model, width, capacity, plain, common, exc, name)
             kernels = plain
         self.kernels[name] = kernels
+        if runner.compiled is not None and runner.compiled.layers == 0:
+            self._warn(f"{name}: compile found no decoder layers at model.layers it could compile; its steps run "
+                       "uncompiled")
         return runner
 
     def _fallback(self, model, width, capacity, plain, common, failure: Exception, name: str):

@@ -483,9 +483,11 @@ def _rope_forward(self, hidden_states, *args, **kwargs):
     rope = kwargs.pop("specgen_rope", False)
     position = kwargs.get("specgen_position")
     embeddings = kwargs.get("position_embeddings")
-    cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
-    layers = getattr(cache, "layers", None)
-    layer = layers[self.layer_idx] if layers is not None and self.layer_idx < len(layers) else None
+    layer = kwargs.pop("specgen_slot", None)  # gpu/compiled.py's layer entry looked it up: no layer_idx here
+    if layer is None:
+        cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
+        layers = getattr(cache, "layers", None)
+        layer = layers[self.layer_idx] if layers is not None and self.layer_idx < len(layers) else None
     tokens = hidden_states.shape[1]
     if (not rope or position is None or embeddings is None or layer is None
             or not getattr(layer, "is_initialized", False) or tokens > attention_kernels.MAX_GRAPH_QUERY

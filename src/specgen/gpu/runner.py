@@ -141,8 +141,8 @@ class GraphRunner:
 
     capacity: positions the cache holds (grown by reserve(), which re-captures); kernels: which
     kernels its steps use (gpu/kernels.py resolve); workspace: the device's kernel scratch (split-K
-    counters); compile: also torch.compile the step (kernels cached on disk, see cache_dir), but
-    for the captured shapes in plain_shapes;
+    counters); compile: also torch.compile the model's decoder layers (gpu/compiled.py; kernels
+    cached on disk, see cache_dir) in every step but those of the captured shapes in plain_shapes;
     autotune: compile with AUTOTUNE's inductor settings; use_graphs=False runs every step eagerly
     over the same cache (the fallback for models that cannot be captured, and the CPU test path);
     progress(done, total, what): start-up callback. The kernels apply to this runner's calls only,
@@ -190,19 +190,19 @@ class GraphRunner:
         if kernels.attention and rewire.mask_free(model):
             self.step_mask = torch.zeros(rewire.STEP_MASK_SHAPE, dtype=torch.bool, device=self.device)
         self.cache_position = "cache_position" in inspect.signature(type(model).forward).parameters
-        self.step = self._step
-        self.compiled = compile
+        self.compiled = None  # gpu/compiled.py's CompiledLayers, with compile
         # With compile, captured shapes whose graphs hold the uncompiled step: the backend names its
         # prefill chunk, which spares each start one dynamo trace (and inductor load) per model;
-        # the chunk's kernels are the same ones, and rounds call the compiled step.
+        # the chunk's kernels are the same ones, and rounds call the compiled layers.
         self.plain_shapes = frozenset(plain_shapes)
         self.cache_folder = compile_cache_folder
         self.inductor = AUTOTUNE if compile and autotune else {}
         if compile:
             check_writable(self.cache_folder)
+            from specgen.gpu import compiled
+
             with compile_cache(self.cache_folder):  # importing inductor already writes its default folder into os.environ
-                _raise_recompile_limit()
-                self.step = torch.compile(self._step, dynamic=False)
+                self.compiled = compiled.install(model)
         self.length = 0
         self.capacity = 0
         self.generation = 0
@@ -304,7 +304,7 @@ class GraphRunner:
         for i, n in enumerate(shapes):
             if self.progress is not None:
                 self.progress(i, len(shapes), f"{self.name}: {n}-token step")
-            self.graphs[n] = self._capture(n)  # a compiled step compiles in its warm-ups
+            self.graphs[n] = self._capture(n)  # compiled layers compile in its warm-ups
         if shapes and self.progress is not None:
             self.progress(len(shapes), len(shapes), f"{self.name}: ready")
         self.setup_seconds += time.perf_counter() - start
@@ -318,7 +318,8 @@ class GraphRunner:
     @contextlib.contextmanager
     def step_context(self, tokens: int):
         """What every warm-up and capture of a `tokens`-token step runs in, this runner's own and a
-        round's: the linear kernel's switch and, when compiling, the inductor settings and cache."""
+        round's: the linear kernel's switch and, when compiling, the compiled layers (but for the
+        plain shapes), the inductor settings and cache."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._linear_context())
             from specgen.gpu.rewire import rotary_tables
@@ -326,7 +327,8 @@ class GraphRunner:
             stack.enter_context(rotary_tables(self.tables))
             if self.tap is not None:
                 stack.enter_context(self.tap.armed())
-            if self.compiled:
+            if self.compiled is not None and tokens not in self.plain_shapes:
+                stack.enter_context(self.compiled.engaged())
                 stack.enter_context(inductor_settings(self.inductor))
                 stack.enter_context(compile_cache(self.cache_folder))
             yield
@@ -341,7 +343,7 @@ class GraphRunner:
         self.length += n
         return _fit(out.logits[0], self.width) if want_logits else None
 
-    def _step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
+    def step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         """The captured step: forward at the shared position, logits into the owned buffer, advance."""
         logits = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
                             **self._step_inputs(ids.shape[0]), **self._attention_args()).logits[0]
@@ -378,28 +380,18 @@ class GraphRunner:
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        step = self._step if n in self.plain_shapes else self.step
         with torch.cuda.stream(stream), self.step_context(n):
             for _ in range(WARMUP_STEPS):
                 self.position.fill_(scratch)
-                step(ids, logits)
+                self.step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph), self.step_context(n):
-            raw = step(ids, logits)
+            raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
 
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def _raise_recompile_limit() -> None:
-    """One compiled step per (runner, shape): more entries than dynamo's default limit of 8."""
-    import torch._dynamo
-
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
