@@ -350,13 +350,16 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
 LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
                   tie_word_embeddings=True)
 POSITION = 512
-SPEC = KernelSpec(attention="sdpa", linear="torch", rope="model", split_k="off", norm="torch")  # cuBLAS and SDPA
+SPEC = KernelSpec(attention="sdpa", linear="torch", rope="model", split_k="off", norm="torch",
+                  step_io="torch")  # cuBLAS and SDPA
 VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
     "eager": (dict(use_graphs=False), {}),
     "graph-sdpa": ({}, {}),
     "graph-kernel": ({}, dict(attention="kernel", rope="auto")),
     "graph-linear": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
     "graph-norm": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel")),
+    "graph-io": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
+                          step_io="kernel")),
     "compile-sdpa": (dict(compile=True), {}),
     "compile-kernel": (dict(compile=True), dict(attention="kernel", rope="auto")),
     "compile-kernel-tuned": (dict(compile=True, autotune=True), dict(attention="kernel", rope="auto")),
@@ -365,7 +368,8 @@ VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
                                               norm="kernel")),
     "compile-linear-tuned": (dict(compile=True, autotune=True),
                              dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
-    "compile-default": (dict(compile=True), dict(attention="auto", linear="auto", rope="auto", split_k="auto")),
+    "compile-default": (dict(compile=True), dict(attention="auto", linear="auto", rope="auto", split_k="auto",
+                                                 norm="auto", step_io="auto")),
 }
 
 

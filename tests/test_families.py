@@ -222,7 +222,7 @@ def test_auto_on_a_gpu_takes_what_each_family_allows(family):
     model = _load(folder / "target")
     got = resolve(KernelSpec(split_k="off"), torch.device("cuda"), model)
     assert got == ResolvedKernels(attention=True, linear=True, rope=KERNEL_ROPE[name], split_k=False, warp=True,
-                                  norm=name != "gemma-2", head=True)
+                                  norm=name != "gemma-2", head=True, step_io=True)
     assert resolve(KernelSpec(attention="kernel", split_k="off"), torch.device("cuda"), model) == got
     if not KERNEL_ROPE[name]:
         with pytest.raises(UsageError, match="no attention module of") as caught:

@@ -34,17 +34,19 @@ def test_auto_resolves_everything_off_on_cpu():
     assert resolved == ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=False,
                                        norm=False, head=False)
     assert resolved.as_dict() == {"attention": "sdpa", "linear": "torch", "rope": "model", "split_k": "off",
-                                  "warp": "torch", "linear_table": "package", "norm": "torch", "head": "torch"}
+                                  "warp": "torch", "linear_table": "package", "norm": "torch", "head": "torch",
+                                  "step_io": "torch"}
 
 
 def test_explicit_values_win_on_cpu():
     """What the CPU tests ask for: the kernels in the Triton interpreter."""
-    spec = KernelSpec(attention="kernel", linear="kernel", rope="kernel", split_k="on", warp="kernel")
+    spec = KernelSpec(attention="kernel", linear="kernel", rope="kernel", split_k="on", warp="kernel", step_io="kernel")
     resolved = resolve(spec, CPU, _tiny())
     assert resolved == ResolvedKernels(attention=True, linear=True, rope=True, split_k=True, warp=True, norm=True,
-                                       head=True)
+                                       head=True, step_io=True)
     assert resolved.as_dict() == {"attention": "kernel", "linear": "kernel", "rope": "kernel", "split_k": "on",
-                                  "warp": "kernel", "linear_table": "package", "norm": "kernel", "head": "kernel"}
+                                  "warp": "kernel", "linear_table": "package", "norm": "kernel", "head": "kernel",
+                                  "step_io": "kernel"}
 
 
 def test_norm_auto_follows_the_linear_kernel_and_the_model():
@@ -164,13 +166,15 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
 
     cuda = torch.device("cuda")
     spec = KernelSpec(split_k="off")
-    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True, head=True)
+    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True, head=True,
+                                                           step_io=True)
     # Gemma 2: soft-capped attention in the kernel, its own rotary and (1 + w) norms
-    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True, head=True)
+    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True, head=True,
+                                                                                step_io=True)
     assert not resolve(spec, cuda, _tiny("Llama", attention_chunk_size=8)).attention
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
     assert resolve(spec, cuda, _tiny()) == ResolvedKernels(False, False, False, False, False)
-    for key in ("attention", "linear", "warp"):
+    for key in ("attention", "linear", "warp", "step_io"):
         with pytest.raises(UsageError, match=f'{key} = "kernel" needs Triton'):
             resolve(KernelSpec(**{key: "kernel"}), CPU, _tiny())

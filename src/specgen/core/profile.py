@@ -485,6 +485,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "kernels.warp": _one_of("auto", "kernel", "torch"),
     "kernels.norm": _one_of("auto", "kernel", "torch"),
     "kernels.head": _one_of("auto", "kernel", "torch"),
+    "kernels.step_io": _one_of("auto", "kernel", "torch"),
 }
 
 

@@ -73,6 +73,7 @@ class KernelSpec:
     tables: str = ""  # folder of `specgen tune-kernels`' tables; "" = specgen's in the user cache
     norm: str = "auto"  # auto | kernel | torch   (RMSNorm + residual add in one kernel, with the linear kernel)
     head: str = "auto"  # auto | kernel | torch   (an EAGLE-3 head's calls on the target's kernels)
+    step_io: str = "auto"  # auto | kernel | torch   (a step's inputs and outputs in one launch each)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class ResolvedKernels:
     linear_table: LinearTable = field(default_factory=linear_table.packaged)
     norm: bool = False  # gpu/norm.py for RMSNorm and the residual add before it (with the linear kernel)
     head: bool = False  # an EAGLE-3 head's round calls on these kernels (gpu/rewire_head.py; a target's)
+    step_io: bool = False  # gpu/step_io.py: a step's positions, embedding and rotary rows, then its logits copy
 
     def as_dict(self) -> dict[str, str]:
         """The resolved values in the profile's words, for reports (`bench --format json`, `-v`)."""
@@ -69,6 +70,7 @@ class ResolvedKernels:
             "linear_table": self.linear_table.source,
             "norm": "kernel" if self.norm else "torch",
             "head": "kernel" if self.head else "torch",
+            "step_io": "kernel" if self.step_io else "torch",
         }
 
 
@@ -87,6 +89,7 @@ def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
         linear_table=_table(spec.tables) if linear else linear_table.packaged(),
         norm=_norm(spec.norm, linear, model),
         head=_head(spec.head, linear),
+        step_io=_step_io(spec.step_io, cuda),
     )
 
 
@@ -142,6 +145,12 @@ def _warp(value: str, cuda: bool) -> bool:
     if value == "torch":
         return False
     return _triton("warp", value, "torch") or (cuda and triton_available())
+
+
+def _step_io(value: str, cuda: bool) -> bool:
+    if value == "torch":
+        return False
+    return _triton("step_io", value, "torch") or (cuda and triton_available())
 
 
 def _norm(value: str, linear: bool, model) -> bool:

@@ -71,3 +71,19 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     variance = (xf * xf).double().sum(-1, keepdim=True).div(x.shape[-1]).float()
     y = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
     return weight * y, summed
+
+
+def step_inputs_reference(ids, position, weight=None, table=None):
+    """gpu/step_io.py's inputs: (positions [n], embeds [n, H] or None, rows [n, R] or None)."""
+    positions = position + torch.arange(ids.shape[0], device=ids.device)
+    embeds = weight[ids] if weight is not None else None
+    rows = table[positions] if table is not None else None
+    return positions, embeds, rows
+
+
+def step_finish_reference(logits, width: int, position, advance: int):
+    """gpu/step_io.py's finish on a fresh out buffer of -inf: (out [n, width] float32, position)."""
+    out = torch.full((logits.shape[0], width), float("-inf"), dtype=torch.float32, device=logits.device)
+    cols = min(logits.shape[1], width)
+    out[:, :cols] = logits[:, :cols].float()
+    return out, position + advance

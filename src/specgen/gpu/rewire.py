@@ -377,6 +377,11 @@ class RotaryTable:
             cos, sin = base.forward(module, torch.empty(0, dtype=dtype, device=device), positions)
             self.table = torch.stack([cos[0], sin[0]], dim=1)
         self.capacity = capacity
+        self.current = None  # (cos, sin) a runner's step gathered already (gpu/step_io.py), for its forward
+
+    def rows(self) -> torch.Tensor:
+        """The table as [capacity, 2 * D]: gpu/step_io.py's view of it."""
+        return self.table.view(self.capacity, -1)
 
     def lookup(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward's (cos, sin) [B, n, D] for position_ids [B, n] below the capacity: views of one gather."""
@@ -388,6 +393,8 @@ def _rotary_forward(self, x, position_ids):
     table = self._specgen_table
     if table is None:
         return self._specgen_rotary_base.forward(self, x, position_ids)
+    if table.current is not None:
+        return table.current
     return table.lookup(position_ids)
 
 

@@ -186,6 +186,7 @@ class GraphRunner:
 
         self.rotary = rewire.install_rotary(model)
         self.tables = {}
+        self.io = StepIO(model, self.device, self.rotary) if kernels.step_io else None
         self.step_mask = None
         if kernels.attention and rewire.mask_free(model):
             self.step_mask = torch.zeros(rewire.STEP_MASK_SHAPE, dtype=torch.bool, device=self.device)
@@ -293,6 +294,8 @@ class GraphRunner:
 
         dtype = self.model.get_input_embeddings().weight.dtype
         self.tables = {module: RotaryTable(module, capacity, dtype) for module in self.rotary}
+        if self.io is not None:
+            self.io.rows_for(self.tables.get(self.io.rotary))  # sized before any capture holds it
         self._eager(self.ids[:1], want_logits=False)  # allocates every layer's K/V before capture
         self.reset()
         self.setup_seconds += time.perf_counter() - start
@@ -345,18 +348,40 @@ class GraphRunner:
 
     def step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         """The captured step: forward at the shared position, logits into the owned buffer, advance."""
-        logits = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
-                            **self._step_inputs(ids.shape[0]), **self._attention_args()).logits[0]
-        cols = min(logits.shape[-1], self.width)
-        logits_out[:, :cols].copy_(logits[:, :cols])
-        self.position.add_(ids.shape[0])
+        n = ids.shape[0]
+        if self.io is None:
+            inputs = {"input_ids": ids.unsqueeze(0), **self._step_inputs(self.position + self.steps[:n])}
+            logits = self.model(past_key_values=self.cache, use_cache=True, **inputs, **self._attention_args()).logits[0]
+            cols = min(logits.shape[-1], self.width)
+            logits_out[:, :cols].copy_(logits[:, :cols])
+            self.position.add_(n)
+            return logits
+        from specgen.gpu import step_io
+
+        io = self.io
+        table = self.tables.get(io.rotary)
+        step_io.inputs(ids, self.position, io.positions, io.weight(), io.embeds, *io.rows_for(table))
+        inputs = self._step_inputs(io.positions[:n])
+        if io.embeds is not None:
+            inputs["inputs_embeds"] = io.embeds[:n].unsqueeze(0)
+        else:
+            inputs["input_ids"] = ids.unsqueeze(0)
+        if table is not None:
+            rows = io.rows[:n].view(1, n, 2, -1)
+            table.current = (rows[..., 0, :], rows[..., 1, :])  # the views table.lookup would return
+        try:
+            logits = self.model(past_key_values=self.cache, use_cache=True, **inputs, **self._attention_args()).logits[0]
+        finally:
+            if table is not None:
+                table.current = None
+        step_io.finish(logits, logits_out, self.position, n)
         return logits
 
-    def _step_inputs(self, n: int) -> dict:
+    def _step_inputs(self, positions: torch.Tensor) -> dict:
         """What the model would derive from the cache per step, handed over instead: the positions
         (one add, where the model launches an arange and an add, twice on transformers versions
-        with cache_position) and, with the kernel in every attention call, the mask placeholder."""
-        positions = self.position + self.steps[:n]
+        with cache_position; or gpu/step_io.py's) and, with the kernel in every attention call,
+        the mask placeholder."""
         inputs = {"position_ids": positions.unsqueeze(0)}
         if self.cache_position:
             inputs["cache_position"] = positions
@@ -391,6 +416,39 @@ class GraphRunner:
             raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
+
+
+class StepIO:
+    """gpu/step_io.py's buffers for one runner's steps, and which inputs its kernel takes over: the
+    embedding (a plain nn.Embedding without hooks on the runner's device, of a model whose forward
+    takes inputs_embeds; else the model embeds the ids) and the rotary rows (of the model's one
+    tabled rotary embedding; with none or several, each module gathers its own)."""
+
+    def __init__(self, model, device: torch.device, rotary: list):
+        embed = model.get_input_embeddings()
+        takes = "inputs_embeds" in inspect.signature(type(model).forward).parameters
+        plain = type(embed) is torch.nn.Embedding and not (embed._forward_hooks or embed._forward_pre_hooks
+                                                            or "forward" in vars(embed))
+        self.embed = embed if takes and plain and embed.weight.device == device else None
+        self.rotary = rotary[0] if len(rotary) == 1 else None
+        self.positions = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=device)
+        self.embeds = None
+        if self.embed is not None:
+            weight = self.embed.weight
+            self.embeds = torch.zeros(MAX_GRAPH_TOKENS, weight.shape[1], dtype=weight.dtype, device=device)
+        self.rows = None  # [MAX_GRAPH_TOKENS, 2 * D], sized by the first table
+
+    def weight(self) -> torch.Tensor | None:
+        return self.embed.weight if self.embed is not None else None
+
+    def rows_for(self, table) -> tuple:
+        """(the table's rows, the buffer the kernel gathers them into), or (None, None)."""
+        if table is None:
+            return None, None
+        flat = table.rows()
+        if self.rows is None or self.rows.shape[1] != flat.shape[1] or self.rows.dtype != flat.dtype:
+            self.rows = torch.zeros(MAX_GRAPH_TOKENS, flat.shape[1], dtype=flat.dtype, device=flat.device)
+        return flat, self.rows
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -1,0 +1,95 @@
+"""A captured step's inputs and outputs, one kernel launch each (`[kernels] step_io`).
+
+Why: around its layers a step launched five small kernels: the positions (position + 0 .. n-1),
+the embedding gather, the rotary table's gather, the copy of the logits into the runner's float32
+buffer and the position's advance. Each is a launch gap of a microsecond or two; on a small draft
+(the bench pair's: 25 kernels a step) they were a fifth of its launches, and what whole-step
+torch.compile fused away. Here `inputs` writes the positions, the embedding rows and the rotary
+rows in one launch, and `finish` copies the logits and advances the position in another.
+
+Every value is a copy (the float32 logits hold the model's dtype exactly), so a step's logits are
+bit for bit those of the separate kernels. Torch reference: gpu/reference.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # columns per program
+
+
+def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor | None = None,
+           embeds: torch.Tensor | None = None, table: torch.Tensor | None = None,
+           rows: torch.Tensor | None = None) -> None:
+    """positions[:n] = position + arange(n); with weight: embeds[:n] = weight[ids]; with table
+    ([capacity, R], the rows of a RotaryTable flattened): rows[:n] = table[position + arange(n)].
+    ids [n] int64, position [] int64; every buffer contiguous and at least n rows long."""
+    n = ids.shape[0]
+    assert ids.dtype == position.dtype == positions.dtype == torch.int64 and positions.shape[0] >= n
+    width = 1
+    if weight is not None:
+        assert embeds is not None and embeds.dtype == weight.dtype and embeds.shape[0] >= n
+        assert embeds.shape[-1] == weight.shape[1] and embeds.is_contiguous() and weight.stride(1) == 1
+        width = max(width, weight.shape[1])
+    if table is not None:
+        assert rows is not None and rows.dtype == table.dtype and rows.shape[0] >= n
+        assert table.dim() == rows.dim() == 2 and table.shape[1] == rows.shape[1]
+        assert table.is_contiguous() and rows.is_contiguous()
+        width = max(width, table.shape[1])
+    if n == 0:
+        return
+    _inputs_kernel[(n, triton.cdiv(width, BLOCK))](
+        ids, position, positions,
+        weight if weight is not None else positions, embeds if embeds is not None else positions,
+        table if table is not None else positions, rows if rows is not None else positions,
+        weight.shape[1] if weight is not None else 0, weight.stride(0) if weight is not None else 0,
+        table.shape[1] if table is not None else 0,
+        EMBED=weight is not None, ROWS=table is not None, BLOCK=BLOCK,
+    )
+
+
+def finish(logits: torch.Tensor, out: torch.Tensor, position: torch.Tensor, advance: int) -> None:
+    """out[:, :cols] = logits[:, :cols] in float32 (cols = the narrower of the two), and
+    position += advance. logits [n, V] with unit column stride, out [n, width] float32."""
+    n, cols = logits.shape[0], min(logits.shape[1], out.shape[1])
+    assert out.dtype == torch.float32 and out.shape[0] == n > 0 and cols > 0 and position.dtype == torch.int64
+    assert logits.stride(1) == 1 and out.stride(1) == 1
+    _finish_kernel[(n, triton.cdiv(cols, BLOCK))](
+        logits, out, position, cols, logits.stride(0), out.stride(0), advance, BLOCK=BLOCK,
+    )
+
+
+@triton.jit
+def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr, table_ptr, rows_ptr,
+                   hidden, weight_stride, row_width,
+                   EMBED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    block = tl.program_id(1)
+    at = tl.load(position_ptr) + t
+    if block == 0:
+        tl.store(positions_ptr + t, at)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    if EMBED:
+        token = tl.load(ids_ptr + t)
+        ok = cols < hidden
+        values = tl.load(weight_ptr + token * weight_stride + cols, mask=ok)
+        tl.store(embeds_ptr + t * hidden + cols, values, mask=ok)
+    if ROWS:
+        ok = cols < row_width
+        values = tl.load(table_ptr + at * row_width + cols, mask=ok)
+        tl.store(rows_ptr + t * row_width + cols, values, mask=ok)
+
+
+@triton.jit
+def _finish_kernel(logits_ptr, out_ptr, position_ptr, cols, logits_stride, out_stride, advance,
+                   BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    c = block * BLOCK + tl.arange(0, BLOCK)
+    ok = c < cols
+    values = tl.load(logits_ptr + row * logits_stride + c, mask=ok)
+    tl.store(out_ptr + row * out_stride + c, values.to(tl.float32), mask=ok)
+    if (row == 0) & (block == 0):
+        tl.store(position_ptr, tl.load(position_ptr) + advance)
