@@ -90,10 +90,11 @@ def _steps(each, shapes) -> list[torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_one_trace_per_step_shape_serves_every_layer(traceable, tmp_path):
+@pytest.mark.parametrize("step_io", [False, True])  # gpu/step_io.py's buffers feed layer 0 and the rotary rows
+def test_one_trace_per_step_shape_serves_every_layer(traceable, tmp_path, step_io):
     """Four layers, two step shapes: two graphs, and the steps' logits are the uncompiled runner's."""
     model = _tiny()
-    fast = runner(model, kernels=kernels(**STEP_KERNELS), capacity=128, compile=True,
+    fast = runner(model, kernels=kernels(**STEP_KERNELS, step_io=step_io), capacity=128, compile=True,
                   compile_cache_folder=str(tmp_path))
     assert fast.compiled.layers == 4
     shapes = (3, 1, 1, 3)

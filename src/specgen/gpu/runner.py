@@ -431,11 +431,14 @@ class StepIO:
                                                             or "forward" in vars(embed))
         self.embed = embed if takes and plain and embed.weight.device == device else None
         self.rotary = rotary[0] if len(rotary) == 1 else None
-        self.positions = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=device)
-        self.embeds = None
-        if self.embed is not None:
-            weight = self.embed.weight
-            self.embeds = torch.zeros(MAX_GRAPH_TOKENS, weight.shape[1], dtype=weight.dtype, device=device)
+        # Inference tensors, as the model's own embedding and gathers return inside a step: a
+        # compiled layer (gpu/compiled.py) guards on that too, and would trace layer 0 again.
+        with torch.inference_mode():
+            self.positions = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=device)
+            self.embeds = None
+            if self.embed is not None:
+                weight = self.embed.weight
+                self.embeds = torch.zeros(MAX_GRAPH_TOKENS, weight.shape[1], dtype=weight.dtype, device=device)
         self.rows = None  # [MAX_GRAPH_TOKENS, 2 * D], sized by the first table
 
     def weight(self) -> torch.Tensor | None:
@@ -447,7 +450,8 @@ class StepIO:
             return None, None
         flat = table.rows()
         if self.rows is None or self.rows.shape[1] != flat.shape[1] or self.rows.dtype != flat.dtype:
-            self.rows = torch.zeros(MAX_GRAPH_TOKENS, flat.shape[1], dtype=flat.dtype, device=flat.device)
+            with torch.inference_mode():
+                self.rows = torch.zeros(MAX_GRAPH_TOKENS, flat.shape[1], dtype=flat.dtype, device=flat.device)
         return flat, self.rows
 
 
