@@ -266,3 +266,37 @@ def test_gemma2_generates_with_the_attention_kernel(tmp_path, cli):
         assert code == 0 and out.strip(), err
         outputs.append(out)
     assert outputs[0] == outputs[1]
+
+
+def test_soft_capped_attention_is_loaded_eager():
+    """core/models.py's capped_attention: a Gemma 2 that transformers gave SDPA (5.17's default),
+    which drops attn_logit_softcapping there (later versions refuse the call), gets eager attention
+    and the model's true logits; other models keep theirs."""
+    import transformers
+
+    from specgen.core.models import capped_attention
+
+    def tiny(family, attention, **extra):
+        config = getattr(transformers, f"{family}Config")(
+            vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, initializer_range=0.5, bos_token_id=None, eos_token_id=None,
+            pad_token_id=None, **extra)
+        torch.manual_seed(3)
+        model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+        model.config._attn_implementation = attention  # what the layers read per call (newer versions refuse
+        return model  # SDPA for Gemma 2 at construction)
+
+    capped = dict(attn_logit_softcapping=5.0, final_logit_softcapping=None)
+    ids = list(range(3, 20))
+    eager, sdpa = tiny("Gemma2", "eager", **capped), tiny("Gemma2", "sdpa", **capped)
+    try:
+        dropped = _logits(sdpa, ids)  # transformers 5.17: SDPA without the cap
+    except ValueError:  # later versions refuse SDPA's call with a cap
+        dropped = None
+    assert dropped is None or not torch.allclose(dropped, _logits(eager, ids), atol=1e-3)
+    capped_attention(sdpa)
+    assert sdpa.config._attn_implementation == "eager"
+    torch.testing.assert_close(_logits(sdpa, ids), _logits(eager, ids), rtol=0, atol=0)
+    llama = tiny("Llama", "sdpa")
+    capped_attention(llama)
+    assert llama.config._attn_implementation == "sdpa"

@@ -282,7 +282,23 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelError(f"out of GPU memory while loading {name}",
                          hint="use a smaller model, dtype = \"bfloat16\", or device_map = \"auto\"") from exc
+    capped_attention(model)
     return model.eval()
+
+
+def capped_attention(model) -> None:
+    """A model whose attention soft-caps its scores (Gemma 2's attn_logit_softcapping) gets eager
+    attention, the one transformers implementation that applies the cap: transformers 5.17 loads
+    Gemma 2 with SDPA by default, which drops it silently (logits 0.2-0.5 off from the second
+    token on a tiny Gemma 2), where later versions choose eager themselves. specgen's own
+    attention (gpu/rewire.py) caps in its kernel, and falls back to this eager computation."""
+    text = model.config.get_text_config(decoder=True)
+    if not getattr(text, "attn_logit_softcapping", None) or model.config._attn_implementation == "eager":
+        return
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
+    else:  # older transformers: the config attribute is what the attention layers read
+        model.config._attn_implementation = "eager"
 
 
 def placement(spec: ModelSpec, device: torch.device) -> dict:
