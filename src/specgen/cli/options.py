@@ -54,7 +54,9 @@ IgnoreEos = Annotated[Optional[bool], _sampling("--ignore-eos/--no-ignore-eos", 
 Dtype = Annotated[Optional[str], _models("--dtype", help="auto | float32 | bfloat16 | float16 (both models).")]
 Device = Annotated[Optional[str], _models("--device", help="auto | cpu | cuda | cuda:N (both models).")]
 Compile = Annotated[Optional[bool], _models(
-    "--compile/--no-compile", help="Also torch.compile the CUDA-graph steps: faster rounds, slower first start.")]
+    "--compile/--no-compile",
+    help="Also torch.compile the steps' decoder layers: a slower first start; with specgen's kernels, rounds "
+         "measured no faster.")]
 Autotune = Annotated[Optional[bool], _models(
     "--autotune/--no-autotune", help="With --compile: benchmark GEMM kernels at start-up (much slower first start).")]
 Threads = Annotated[Optional[int], _models(
