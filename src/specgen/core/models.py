@@ -292,8 +292,9 @@ def capped_attention(model) -> None:
     Gemma 2 with SDPA by default, which drops it silently (logits 0.2-0.5 off from the second
     token on a tiny Gemma 2), where later versions choose eager themselves. specgen's own
     attention (gpu/rewire.py) caps in its kernel, and falls back to this eager computation."""
-    text = model.config.get_text_config(decoder=True)
-    if not getattr(text, "attn_logit_softcapping", None) or model.config._attn_implementation == "eager":
+    config = getattr(model, "config", None)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if not getattr(text, "attn_logit_softcapping", None) or config._attn_implementation == "eager":
         return
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("eager")
