@@ -265,13 +265,14 @@ def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     switch = vars(mlp).get("_specgen_switch")
     down = getattr(mlp, "down_proj", None)
     if (switch is None or "_specgen_act" not in vars(mlp) or not isinstance(down, SkinnyLinear)
-            or not (_unhooked(mlp) and _unhooked(down)) or not switch.takes(x)):
+            or not (unhooked(mlp) and unhooked(down)) or not switch.takes(x)):
         return residual + mlp(x)
     return linear_kernels.linear(_gate_up(mlp, x), down.weight, down.bias, split_k=switch.split_k,
                                  counters=switch.counters, table=switch.table, residual=residual)
 
 
-def _unhooked(module) -> bool:
+def unhooked(module) -> bool:
+    """No forward hooks and no instance forward (accelerate's hooks replace it): the module's own call."""
     return not (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module))
 
 

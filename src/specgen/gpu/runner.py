@@ -427,8 +427,9 @@ class StepIO:
     def __init__(self, model, device: torch.device, rotary: list):
         embed = model.get_input_embeddings()
         takes = "inputs_embeds" in inspect.signature(type(model).forward).parameters
-        plain = type(embed) is torch.nn.Embedding and not (embed._forward_hooks or embed._forward_pre_hooks
-                                                            or "forward" in vars(embed))
+        from specgen.gpu.rewire import unhooked
+
+        plain = type(embed) is torch.nn.Embedding and unhooked(embed)
         self.embed = embed if takes and plain and embed.weight.device == device else None
         self.rotary = rotary[0] if len(rotary) == 1 else None
         # Inference tensors, as the model's own embedding and gathers return inside a step: a
