@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from triton_cpu import DEVICE
 
+from specgen.core.backend import TorchBackend
 from specgen.core.settings import KernelSpec
 from specgen.gpu.kernels import ResolvedKernels, resolve
 from specgen.gpu.workspace import Workspace
@@ -34,24 +35,16 @@ def resolved(model, **values) -> ResolvedKernels:
     return resolve(KernelSpec(**values), DEVICE, model)
 
 
-def kernel_decoder(engine, kernels: ResolvedKernels, capacity: int = 192):
-    """A greedy draft-model decoder for engine's profile (its k and sampling) whose round is the
-    real one (core/round.py, the torch backend's verifier) over runners with these kernels on
-    DEVICE: on the CPU, the Triton interpreter's kernels inside the round that a GPU would capture.
-    The runners rewire engine's models: run the engine's own decoders first."""
-    from specgen.core.backend import TorchBackend
-    from specgen.core.decode import Decoder, DecodeSetup
-    from specgen.core.round import Mode, Round, RoundShape
+class KernelRunners(TorchBackend):
+    """The torch backend (its verifier, its round run as it is) over GraphRunners with these
+    kernels and no capture: on the CPU, the Triton interpreter's kernels inside the real round that
+    a GPU would capture. Engine(profile, backend=KernelRunners(...)). capacity: each runner's cache
+    positions (the interpreted attention kernel runs a program per 64 of them)."""
 
-    profile, pair = engine.profile, engine.pair
-    assert profile.sampling.greedy and profile.proposer.kind == "draft"
-    shape = RoundShape(k=profile.speculation.k, width=engine.width, vocab_size=pair.vocab_size, has_draft=True,
-                       sample_draft=False, cut=False, penalties=False, min_tokens=False, p_min=0.0, insight=False)
-    target, draft = (runner(model, kernels=kernels, width=engine.width, capacity=capacity)
-                     for model in (pair.target, pair.draft))
-    backend = TorchBackend(DEVICE)
-    sampling = profile.sampling
-    stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else engine.eos_ids)
-    rnd = Round(shape, sampling, backend, target, draft, sorted(stop_ids))
-    setup = DecodeSetup(sampling=sampling, k=shape.k, eos_ids=engine.eos_ids, max_context=engine.max_context)
-    return Decoder(rnd, {Mode.MODEL: backend.program(rnd, Mode.MODEL)}, engine.tokenizer, setup)
+    def __init__(self, kernels: ResolvedKernels, capacity: int = 192):
+        super().__init__(DEVICE)
+        self.kernels = kernels
+        self.capacity = capacity
+
+    def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
+        return runner(model, kernels=self.kernels, width=width, capacity=self.capacity, name=name, tap=tap)

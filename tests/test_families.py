@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from decode_helpers import BACKENDS, finish, make_profile, random_prompts
-from gpu_helpers import kernel_decoder, kernels, resolved, runner
+from gpu_helpers import KernelRunners, kernels, resolved, runner
 from specgen.core import llama
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
@@ -238,11 +238,14 @@ def test_gemma2_greedy_speculative_with_the_attention_kernel_equals_target_only(
     tokens of the plain target's greedy decoding. On the CPU, in the Triton interpreter (the torch
     backend runs no kernel; test_greedy_speculative_equals_target_only's cuda case does on a GPU)."""
     folder = build_family(tmp_path, "gemma-2")
-    engine = Engine(make_profile(folder / "target", folder / "copy", k=4, max_tokens=12))
+    profile = make_profile(folder / "target", folder / "copy", k=4, max_tokens=12)
+    engine = Engine(profile)
     prompts = [list(range(10, 40)), random_prompts(engine.pair.vocab_size, 1, seed=3)[0]]
-    reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in prompts]
-    decoder = kernel_decoder(engine, kernels(attention=True))
-    assert decoder.round.target.kernels.attention and engine.pair.target.config._attn_implementation == "specgen"
+    reference = [finish(engine.decoder(target_only(profile)), p).token_ids for p in prompts]
+    kernel_engine = Engine(profile, backend=KernelRunners(kernels(attention=True)))
+    decoder = kernel_engine.decoder()
+    assert decoder.round.target.kernels.attention and decoder.round.draft.kernels.attention
+    assert kernel_engine.pair.target.config._attn_implementation == "specgen"
     accepted = 0
     for prompt, expected in zip(prompts, reference):
         result = finish(decoder, prompt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specgen.core.backend import make_backend
+from specgen.core.backend import Backend, make_backend
 from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
 from specgen.core.heads import build_heads
@@ -34,10 +34,11 @@ class Engine:
     Rounds (their static buffers and captured programs) are built once per shape and shared."""
 
     def __init__(self, profile: Profile, allow_pickle: bool = False, progress=None,
-                 proposers: tuple[str, ...] | None = None):
+                 proposers: tuple[str, ...] | None = None, backend: Backend | None = None):
         """progress(done, total, what): start-up steps (CUDA graph capture), for the CLI to show.
         proposers: the kinds this engine serves (default: the profile's); it loads what they draft
-        with: the draft model, an EAGLE-3 head, the target's MTP layers."""
+        with: the draft model, an EAGLE-3 head, the target's MTP layers. backend: what the rounds
+        and runners run on (default: make_backend's pick for the profile's device)."""
         self.profile = profile
         kinds = proposers or (profile.proposer.kind,)
         self.drafters = {profile.proposer.drafter(kind) for kind in kinds} - {"none"}
@@ -45,7 +46,7 @@ class Engine:
         self.width = logits_width(self.pair.target)
         self.eos_ids = eos_ids(self.pair)
         self.max_context = getattr(self.pair.target.config, "max_position_embeddings", None)
-        self.backend = make_backend(self.pair.device, profile, progress)
+        self.backend = backend or make_backend(self.pair.device, profile, progress)
         capacity = profile.speculation.k + 2 + profile.sampling.max_tokens + PROMPT_ROOM
         runtime = profile.runtime
         tap, self.heads = build_heads(
