@@ -65,11 +65,11 @@ def test_help_does_not_import_torch():
     assert "generate" in proc.stdout and "--max-tokens" in proc.stdout
 
 
-@pytest.mark.parametrize("how", ["console script", "python -m"])
+@pytest.mark.parametrize("how", ["console script", "python -m specgen", "python -m specgen.cli.main"])
 def test_console_script_and_module_both_run(how):
     if how == "console script" and shutil.which("specgen") is None:
         pytest.skip("specgen is not installed on PATH")
-    prefix = ["specgen"] if how == "console script" else [sys.executable, "-m", "specgen.cli.main"]
+    prefix = ["specgen"] if how == "console script" else [sys.executable, "-m", how.split()[-1]]
     proc = subprocess.run([*prefix, "--help"], capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert proc.returncode == 0 and proc.stderr == ""
     assert "Usage" in proc.stdout and "generate" in proc.stdout
