@@ -13,6 +13,11 @@ narrower layers, a small vocabulary).
     python benchmarks/family_pairs.py --family qwen3 --scale full --out /tmp/families --device cuda
     specgen bench -p /tmp/families/qwen3/pair.toml --k 4 -t 0 --num-prompts 2 -n 32
 
+With --head, the folder also gets a random-weight EAGLE-3 head for the target (`head/`, speculators
+format, named in pair.toml's [proposer]) of the published heads' shape: one decoder layer as wide
+as the target's, a 32,000-token draft vocabulary (EAGLE-3's heads for Llama 3.1 8B and Qwen3 8B),
+so `--proposer eagle` measures what a head's round costs at that scale.
+
 Seeded (target: --seed, draft: --seed + 1) and offline. Source of every number in FAMILIES:
 config.json and generation_config.json of each model's hub repository,
 https://huggingface.co/<hub id>/blob/main/config.json (and the same for generation_config.json);
@@ -130,6 +135,7 @@ TINY_POSITIONS = 1024
 TINY_WINDOW = 24  # sliding windows shorter than the tests' sequences
 TINY_ROPE_ORIGINAL = 64  # llama3 rope scaling then reshapes frequencies that short sequences reach
 TINY_INIT = 0.5  # peaky logits: greedy argmaxes far from ties (tests/tiny_models.py)
+HEAD_VOCAB = 32000  # the draft vocabulary of the published EAGLE-3 heads for these targets
 
 
 def token_id(family: Family, full_id: int, scale: str) -> int:
@@ -245,7 +251,7 @@ path = "./target"
 [draft]
 path = "./draft"
 
-[speculation]
+{proposer}[speculation]
 k = 4
 
 [sampling]
@@ -254,9 +260,26 @@ max_tokens = 128
 """
 
 
+def build_head(folder: Path, target, hub_id: str, seed: int, dtype: torch.dtype) -> Path:
+    """A random-weight EAGLE-3 head for `target` in the speculators format: core/train_head.py's
+    new head (the target's width, its embedding shared) over a seeded random draft vocabulary."""
+    from specgen.core.head_formats import save_speculators
+    from specgen.core.train_head import build_head as new_head
+    from specgen.core.train_plan import default_layers
+
+    vocab, layers = target.config.vocab_size, target.config.num_hidden_layers
+    generator = torch.Generator().manual_seed(seed)
+    kept = torch.randperm(vocab, generator=generator)[:min(HEAD_VOCAB, vocab // 2)].sort().values
+    head = new_head(target, default_layers(layers), kept, init_from_target=False, seed=seed,
+                    device=target.device)
+    save_speculators(head.to(dtype), folder, hub_id, target.config.architectures or ())
+    return folder
+
+
 def build_family(name: str, out: Path, scale: str = "tiny", seed: int = 0, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, prompts: int = 8) -> Path:
-    """Both checkpoints, tokenizer, prompts.jsonl and pair.toml in out/name; returns that folder."""
+                 dtype: torch.dtype = torch.float32, prompts: int = 8, head: bool = False) -> Path:
+    """Both checkpoints, tokenizer, prompts.jsonl and pair.toml in out/name (with `head`, an
+    EAGLE-3 head in out/name/head too); returns that folder."""
     family = FAMILIES[name]
     folder = out / name
     if folder.exists():
@@ -265,12 +288,15 @@ def build_family(name: str, out: Path, scale: str = "tiny", seed: int = 0, devic
         generation = {key: ids(family, value, scale) if key.endswith("token_id") else value
                       for key, value in family.generation.items()}
         model = build_model(folder / role, model_config(family, role, scale), generation, seed + offset, device, dtype)
+        if head and role == "target":
+            build_head(folder / "head", model, family.target.hub_id, seed + 2, dtype)
         del model
         if device != "cpu":
             torch.cuda.empty_cache()
         build_tokenizer(folder / role, family, scale)
     write_prompts(folder / "prompts.jsonl", prompts, 128 if scale == "full" else 24, seed)
-    (folder / "pair.toml").write_text(PROFILE.format(name=name, scale=scale, profile=family.profile,
+    proposer = '[proposer]\nhead = "./head"  # used by --proposer eagle\n\n' if head else ""
+    (folder / "pair.toml").write_text(PROFILE.format(name=name, scale=scale, profile=family.profile, proposer=proposer,
                                                      target=family.target.hub_id, draft=family.draft.hub_id))
     return folder
 
@@ -285,6 +311,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="weights as saved (default: bfloat16 at full scale, float32 tiny)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts in prompts.jsonl")
+    parser.add_argument("--head", action="store_true", help="also a random EAGLE-3 head for the target (head/)")
     return parser.parse_args(argv)
 
 
@@ -296,7 +323,7 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.scale == "full" else "float32"))
     names = list(FAMILIES) if args.family == "all" else [args.family]
     for name in names:
-        folder = build_family(name, args.out, args.scale, args.seed, args.device, dtype, args.prompts)
+        folder = build_family(name, args.out, args.scale, args.seed, args.device, dtype, args.prompts, args.head)
         print(f"{name}: {folder / 'pair.toml'}", file=sys.stderr)
 
 

@@ -28,7 +28,7 @@ from specgen.core import llama
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.models import load_model, load_pair
-from specgen.core.settings import KernelSpec, ModelSpec, SpeculationSpec
+from specgen.core.settings import KernelSpec, ModelSpec, ProposerSpec, SpeculationSpec
 from specgen.gpu.kernels import ResolvedKernels, attention_unsupported, resolve
 from tiny_models import build_family, family_pairs, write_profile
 
@@ -167,6 +167,30 @@ def test_greedy_speculative_equals_target_only(family, draft, backend):
             accepted += result.stats.accepted
     if draft == "copy":
         assert accepted > 0, "the noisy copy never agreed: acceptance paths untested"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama-3.1", "qwen3"])  # the families with published EAGLE-3 heads
+def test_a_built_head_drafts_for_its_target_and_changes_no_token(name, tmp_path):
+    """family_pairs.py --head: a head of the published heads' shape (the target's width, a draft
+    vocabulary of half the tiny one's) that specgen loads from the profile the script writes and
+    drafts with; greedy output equals target-only's."""
+    from specgen.core.head_formats import read_config
+    from specgen.core.profile import load_profile
+
+    folder = family_pairs().build_family(name, tmp_path, scale="tiny", head=True)
+    kind, config = read_config(folder / "head")
+    target = json.loads((folder / "target" / "config.json").read_text())
+    assert kind == "speculators" and config.hidden_size == target["hidden_size"]
+    assert config.draft_vocab_size == target["vocab_size"] // 2
+    assert load_profile(str(folder / "pair.toml")).proposer.head == str(folder / "head")
+    eagle = ProposerSpec(kind="eagle", head=str(folder / "head"))
+    engine = Engine(make_profile(folder / "target", None, k=4, proposer=eagle))
+    prompts = random_prompts(engine.pair.vocab_size, 3)
+    for prompt in prompts:
+        result = finish(engine.decoder(engine.profile), prompt)
+        assert result.token_ids == finish(engine.decoder(target_only(engine.profile)), prompt).token_ids
+        assert result.stats.drafted > 0
 
 
 def _script(each) -> list[torch.Tensor]:

@@ -64,15 +64,8 @@ class TrainPlan:
         return dataclasses.replace(self, batch_size=self.batch_size or batch, seq_len=max(seq, self.ttt_steps + 2))
 
     def resolved_layers(self, target_layers: int) -> tuple[int, int, int]:
-        """--layers, or EAGLE-3's (2, N // 2, N - 3) where those are three increasing ids of the
-        target's N layers, else (0, N // 2, N - 1): low, middle, high of a shallow target."""
-        if self.layers is not None:
-            return self.layers
-        n = target_layers
-        ids = (2, n // 2, n - 3)
-        if not (0 <= ids[0] < ids[1] < ids[2] < n):
-            ids = (0, n // 2, n - 1)
-        return tuple(min(max(i, 0), n - 1) for i in ids)
+        """--layers, else default_layers()."""
+        return self.layers if self.layers is not None else default_layers(target_layers)
 
     def resolved_draft_vocab(self, target_vocab: int) -> int:
         return self.draft_vocab if self.draft_vocab is not None else min(DEFAULT_DRAFT_VOCAB, target_vocab)
@@ -95,6 +88,15 @@ class TrainPlan:
 def _check(ok: bool, subject: str, rule: str) -> None:
     if not ok:
         raise UsageError(f"{subject} is not allowed: {rule}")
+
+
+def default_layers(n: int) -> tuple[int, int, int]:
+    """EAGLE-3's aux layer ids (2, N // 2, N - 3) for a target of N layers where those are three
+    increasing ids, else (0, N // 2, N - 1): low, middle, high of a shallow target."""
+    ids = (2, n // 2, n - 3)
+    if not (0 <= ids[0] < ids[1] < ids[2] < n):
+        ids = (0, n // 2, n - 1)
+    return tuple(min(max(i, 0), n - 1) for i in ids)
 
 
 def parse_layers(text: str | None) -> tuple[int, int, int] | None:
