@@ -106,3 +106,45 @@ def _tiny():
 
     return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+
+
+def test_head_shapes_are_the_calls_rewire_head_makes():
+    from tiny_models import tiny_head_config
+
+    config = tiny_head_config()  # width 32, 4 heads of 8 over 2 KV heads, target 48 wide, 24 draft ids
+    assert tune.head_shapes(config) == [(32, 3 * 48, False), (4 * 8 + 2 * 2 * 8, 2 * 32, False), (32, 32, False),
+                                        (64, 32, True), (32, 64, False), (24, 32, False)]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "draft"])
+def test_tune_kernels_times_the_head_when_the_proposer_drafts_with_it(kind, tmp_path, monkeypatch):
+    """The profile's target shapes, plus the head's (`[proposer] head`) with the eagle proposer,
+    or the draft model's with the draft proposer; the table goes to `[kernels] tables`."""
+    from transformers import LlamaConfig
+
+    from specgen.cli import tune as cli_tune
+    from specgen.core.head_formats import save_speculators
+    from specgen.core.profile import load_profile
+    from tiny_models import build_head, tiny_head_config, write_profile
+
+    for name, width in (("target", 48), ("draft", 24)):
+        LlamaConfig(vocab_size=40, hidden_size=width, intermediate_size=2 * width, num_attention_heads=4,
+                    num_key_value_heads=2, num_hidden_layers=4).save_pretrained(tmp_path / name)
+    save_speculators(build_head(), tmp_path / "head", "tiny")
+    profile = write_profile(tmp_path / "pair.toml", tmp_path / "target", tmp_path / "draft",
+                            proposer={"kind": kind, "head": str(tmp_path / "head")},
+                            kernels={"tables": str(tmp_path / "tables")})
+    timed = []
+
+    def fake_tune(shapes, rows, timer, **_):
+        timed.extend(shapes)
+        return T.LinearTable(), []
+
+    monkeypatch.setattr(tune, "tune", fake_tune)
+    path, lines = cli_tune.run(load_profile(str(profile)), (1, 5), DEVICE)
+    target = tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "target"))
+    other = (tune.head_shapes(tiny_head_config()) if kind == "eagle"
+             else tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "draft")))
+    assert timed == target + other and lines == []
+    assert path == str(tmp_path / "tables" / T.FILE)
+    T.load(tmp_path / "tables" / T.FILE)  # written, and readable as a table (else a UsageError)

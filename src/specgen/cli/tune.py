@@ -1,4 +1,5 @@
-"""`specgen tune-kernels`: time the linear kernel's configurations for a profile's pair on this GPU.
+"""`specgen tune-kernels`: time the linear kernel's configurations for a profile's pair on this GPU
+(the draft model's shapes when the proposer runs it, the EAGLE-3 head's when it drafts).
 
 Writes the winners to the profile's [kernels] tables folder (default $XDG_CACHE_HOME/specgen/kernels,
 gpu/linear_table.py), where every later run on this machine reads them. Shapes tuned before for
@@ -8,6 +9,7 @@ time against the package's choice.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,7 +24,7 @@ def tune_kernels(
                                       "(default: 1 and the profile's k + 1).")] = "",
     download: opt.Download = None,
 ) -> None:
-    """Time the linear kernel's configurations for the profile's target and draft shapes; keep the fastest."""
+    """Time the linear kernel's configurations for the profile's target, draft and head shapes; keep the fastest."""
     from specgen.core.profile import load_profile
 
     settings = load_profile(profile, opt.overrides(download=download))
@@ -60,6 +62,10 @@ def run(settings, sizes, device, timer=None) -> tuple[str, list[str]]:
     models = [settings.target] + ([settings.draft] if settings.draft is not None and settings.proposer.uses_draft
                                   else [])
     shapes = [shape for spec in models for shape in tune.model_shapes(load_config(spec, settings.runtime.download))]
+    if settings.proposer.drafter() == "eagle" and settings.proposer.head:
+        from specgen.core.head_formats import read_config
+
+        shapes += tune.head_shapes(read_config(Path(settings.proposer.head))[1])
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(settings.target.dtype, torch.bfloat16)
     table, choices = tune.tune(shapes, sizes, timer or tune.graph_timer, device=device, dtype=dtype)
     folder = linear_table.tables_dir(settings.kernels.tables)

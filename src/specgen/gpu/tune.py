@@ -61,6 +61,16 @@ def model_shapes(config) -> list[tuple[int, int, bool]]:
             (text.vocab_size, hidden, False)]
 
 
+def head_shapes(config) -> list[tuple[int, int, bool]]:
+    """(N, K, gated) of an EAGLE-3 head's calls (core/eagle.py's Eagle3Config) as gpu/rewire_head.py
+    makes them: fc over the target's three features, q+k+v fused over the embedding and feature
+    side by side, o, gate+up fused (gated), down, lm_head over the draft vocabulary."""
+    hidden, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    return [(hidden, 3 * config.target_hidden_size, False), (q + 2 * kv, 2 * hidden, False), (hidden, q, False),
+            (config.intermediate_size, hidden, True), (hidden, config.intermediate_size, False),
+            (config.draft_vocab_size, hidden, False)]
+
+
 @dataclass
 class Choice:
     shape: tuple[int, int, bool]
