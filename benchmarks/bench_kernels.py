@@ -35,7 +35,7 @@ they are timed between CUDA events around each call, host dispatch included.
   hooks: where rows first differ), the captured steps' logits likewise (torch.equal per row), and
   the 1-token and (k+1)-token captured step times against the model's bandwidth floor.
 - table: `specgen tune-kernels` over the projections of every real pair benchmarks/family_pairs.py
-  builds (targets and drafts) and of the bench pair, on this GPU: the linear table to ship as
+  builds (targets, drafts and the EAGLE-3 heads of its --head) and of the bench pair, on this GPU: the linear table to ship as
   src/specgen/gpu/linear_configs.json, with each shape's time against the current package's pick.
 - steps: a Llama-3-8B-shaped target (--model 1b: Llama-3.2-1B-shaped; --layers: fewer layers, the
   floor follows the weights) (random bf16 weights): the 1-token step and the 5-token
@@ -669,7 +669,8 @@ def bench_exact(args) -> dict:
 
 
 ABOUT_TABLE = ("gpu/linear.py's configurations by weight shape (gpu/linear_table.py): the projections of the real "
-               "pairs in benchmarks/family_pairs.py and of the bench pair, tuned with benchmarks/bench_kernels.py table")
+               "pairs in benchmarks/family_pairs.py (and of its EAGLE-3 heads) and of the bench pair, tuned with "
+               "benchmarks/bench_kernels.py table")
 
 
 def bench_table(args) -> dict:
@@ -680,20 +681,25 @@ def bench_table(args) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import family_pairs
 
-    configs = {}
+    configs = {}  # name -> its shapes
     for name in args.models:
         if name == "bench":
             for shape in ("bench-target", "bench-draft"):
-                configs[shape] = AutoConfig.for_model("llama", **EXACT_SHAPES[shape])
+                configs[shape] = tune.model_shapes(AutoConfig.for_model("llama", **EXACT_SHAPES[shape]))
             continue
-        family = family_pairs.FAMILIES[name]
+        family = family_pairs.FAMILIES[name.removesuffix("-head")]
+        if name.endswith("-head"):  # the EAGLE-3 head family_pairs.py --head builds for the target
+            configs[name] = tune.head_shapes(family_pairs.head_config(family))
+            continue
         for role, model in (("target", family.target), ("draft", family.draft)):
             values = dict(model.config)
-            configs[f"{name}-{role}"] = AutoConfig.for_model(values.pop("model_type"), **values)
+            configs[f"{name}-{role}"] = tune.model_shapes(AutoConfig.for_model(values.pop("model_type"), **values))
     shapes = {}
-    for name, config in configs.items():
-        for shape in tune.model_shapes(config):
-            shapes.setdefault(shape, name)
+    known = {shape for shape, _, _ in linear_table.packaged().entries} if args.missing else set()
+    for name, listed in configs.items():
+        for shape in listed:
+            if shape not in known:
+                shapes.setdefault(shape, name)
     print(f"{len(shapes)} shapes from {', '.join(configs)}", flush=True)
     start = time.perf_counter()
     tuned, choices = linear_table.LinearTable(source="tuned"), []
@@ -771,8 +777,11 @@ def main(argv=None) -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--position", type=int, default=POSITION)
     p = commands.add_parser("table")
-    p.add_argument("--models", type=names(["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench"]),
-                   default=["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench"])
+    p.add_argument("--models", type=names(["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench", "llama-3.1-head",
+                                           "qwen2.5-head", "qwen3-head"]),
+                   default=["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench", "llama-3.1-head", "qwen2.5-head",
+                            "qwen3-head"])
+    p.add_argument("--missing", action="store_true", help="only the shapes the package's table does not list")
     p.add_argument("--rows", type=ints, default=[1, 5])
     p.add_argument("--table", type=Path, required=True, help="write the tuned table (package format) here")
     for p in commands.choices.values():

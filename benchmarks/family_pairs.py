@@ -260,6 +260,21 @@ max_tokens = 128
 """
 
 
+def head_config(family: Family):
+    """The Eagle3Config of the head build_head() makes for the family's full-scale target."""
+    import transformers
+
+    from specgen.core.eagle import Eagle3Config
+    from specgen.core.train_head import target_shape
+    from specgen.core.train_plan import default_layers
+
+    values = dict(family.target.config)
+    target = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    return Eagle3Config(**target_shape(target), target_vocab_size=target.vocab_size, draft_vocab_size=HEAD_VOCAB,
+                        target_hidden_size=target.hidden_size,
+                        aux_layer_ids=default_layers(target.num_hidden_layers))
+
+
 def build_head(folder: Path, target, hub_id: str, seed: int, dtype: torch.dtype) -> Path:
     """A random-weight EAGLE-3 head for `target` in the speculators format: core/train_head.py's
     new head (the target's width, its embedding shared) over a seeded random draft vocabulary."""

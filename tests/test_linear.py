@@ -130,7 +130,8 @@ def test_split_k_sums_the_chunks_as_one_program_does(case, dtype):
 
 def test_package_table_lists_every_real_pairs_projections():
     """The package's table holds a configuration pair for each projection of the real pairs that
-    benchmarks/family_pairs.py builds (targets and drafts) and of the bench pair; its plain
+    benchmarks/family_pairs.py builds (targets, drafts, the EAGLE-3 heads of Llama 3.1, Qwen2.5
+    and Qwen3 that its --head builds) and of the bench pair; its plain
     configurations never split K, so a device where split-K does not pay runs none."""
     from transformers import AutoConfig
 
@@ -143,6 +144,8 @@ def test_package_table_lists_every_real_pairs_projections():
     for values in configs:
         config = AutoConfig.for_model(values.pop("model_type"), **values)
         assert set(tune.model_shapes(config)) <= set(listed), config.model_type
+    for name in ("llama-3.1", "qwen2.5", "qwen3"):
+        assert set(tune.head_shapes(family_pairs().head_config(family_pairs().FAMILIES[name]))) <= set(listed), name
     for (n, k, gated), (plain, split) in listed.items():
         assert len(plain) == 5 and len(split) in (5, 6)
         assert table.pick(n, k, gated, split_k=False) == plain and table.pick(n, k, gated, split_k=True) == split
