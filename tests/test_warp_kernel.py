@@ -212,3 +212,27 @@ def test_minus_inf_logits_are_fine():
     logits = make_logits(3, 100, gen)
     logits[:, ::3] = float("-inf")
     assert_warp_equal(logits, make_params(3, **OPTIONS["all"]), None, None, gen)
+
+
+@pytest.mark.parametrize("vocab,segment", [(1, None), (100, None), (4096, None), (128256, None), (100, 16),
+                                           (4096, 512), (128256, 16384)])  # the module's segments, and several a row
+def test_argmax_equals_torch(vocab, segment, monkeypatch):
+    """argmax() against torch.argmax, exactly: random rows, rows whose maximum repeats (the first
+    index wins, across segments too), a row of -inf, a row with -inf before its maximum."""
+    if segment is not None:
+        monkeypatch.setitem(gpu_warp.ARGMAX_SEGMENT, INTERPRETED, segment)
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(6, vocab, generator=gen)
+    top = logits.max() + 1.0
+    at = torch.randint(0, vocab, (3,), generator=gen).sort().values
+    logits[1, at] = top  # ties: the smallest of those indices
+    logits[2, -1] = top  # the last column
+    logits[3] = float("-inf")
+    logits[4, : vocab // 2] = float("-inf")
+    logits[5] = torch.round(logits[5])  # many ties at the top
+    logits = logits.to(DEVICE)
+    out = torch.full((6,), -1, dtype=torch.int64, device=DEVICE)
+    gpu_warp.argmax(logits, out, Workspace(DEVICE))
+    assert torch.equal(out, torch.argmax(logits, dim=-1))
+    if vocab > 1:
+        assert out[1].item() == at[0].item() and out[2].item() == vocab - 1

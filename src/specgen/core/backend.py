@@ -32,6 +32,8 @@ class Backend(Protocol):
 
     def warp(self, logits, params, penalties=None, bad_mask=None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
+    def argmax(self, logits, out) -> None: ...
+
     def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None) -> torch.Tensor | None: ...
 
     def gumbel_noise(self, out, key, first) -> None: ...
@@ -125,6 +127,9 @@ class TorchBackend:
 
     def warp(self, logits, params, penalties=None, bad_mask=None):
         return sampling.warp(logits, params, penalties, bad_mask)
+
+    def argmax(self, logits, out):
+        torch.argmax(logits, dim=-1, out=out)
 
     def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
         argmax, probs = sampling.warp(logits, params, penalties, bad_mask)

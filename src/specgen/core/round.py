@@ -299,7 +299,7 @@ class Round:
             if self.q is not None:
                 self.q[i : i + 1].copy_(probs)
         elif penalties is None and bad is None and not need_q:
-            torch.argmax(logits, dim=-1, out=out)
+            self.backend.argmax(logits, out)
         else:
             out.copy_(self.backend.warp(logits, params, penalties, bad)[0])
         if need_q:

@@ -90,6 +90,12 @@ class CudaBackend:
             return sampling.warp(logits, params, penalties, bad_mask)
         return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace)
 
+    def argmax(self, logits, out):
+        if self.warp_kernels:
+            gpu_warp.argmax(logits.contiguous(), out, self.workspace)
+        else:
+            torch.argmax(logits, dim=-1, out=out)
+
     def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
         if not self.warp_kernels:
             argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
