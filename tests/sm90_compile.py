@@ -354,6 +354,11 @@ def warp_scenarios(warp):
                         top_p=[0.9, 0.6], min_p=[0.05, 0.01], repetition_penalty=1.2))
     yield ("warp 4096 bf16 mixed greedy/sampled rows",
            lambda: call(4096, BF16, temperature=[0.0, 0.9, 1.2], top_k=[-1, 30, -1], top_p=[1.0, 0.9, 0.5]))
+    # a greedy draft's pick: one row of float32 logits, in segments and merged, or one segment
+    yield "argmax 128256 f32", lambda: warp.argmax(torch.empty(1, 128256), torch.empty(1, dtype=torch.int64),
+                                                    Workspace("cpu"))
+    yield "argmax 4096 f32", lambda: warp.argmax(torch.empty(1, 4096), torch.empty(1, dtype=torch.int64),
+                                                 Workspace("cpu"))
 
 
 # -- main -------------------------------------------------------------------------------------------
