@@ -351,7 +351,7 @@ LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidde
                   tie_word_embeddings=True)
 POSITION = 512
 SPEC = KernelSpec(attention="sdpa", linear="torch", rope="model", split_k="off", norm="torch",
-                  step_io="torch")  # cuBLAS and SDPA
+                  step_io="torch", dependent_launch="off")  # cuBLAS and SDPA
 VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
     "eager": (dict(use_graphs=False), {}),
     "graph-sdpa": ({}, {}),
@@ -359,7 +359,9 @@ VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
     "graph-linear": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
     "graph-norm": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel")),
     "graph-io": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
-                          step_io="kernel")),
+                          step_io="kernel", dependent_launch="off")),
+    "graph-dependent": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
+                                 step_io="kernel", dependent_launch="on")),
     "compile-sdpa": (dict(compile=True), {}),
     "compile-kernel": (dict(compile=True), dict(attention="kernel", rope="auto")),
     "compile-kernel-tuned": (dict(compile=True, autotune=True), dict(attention="kernel", rope="auto")),
@@ -499,7 +501,7 @@ def bench_steps(args) -> dict:
         options, values = VARIANTS[name]
         if options.get("compile"):
             options = dict(options, compile_cache_folder=args.compile_cache)
-        kernels = resolve(dataclasses.replace(SPEC, **values), "cuda", model)
+        kernels = resolve(dataclasses.replace(SPEC, **values), "cuda", model, compile=bool(options.get("compile")))
         torch._dynamo.reset()  # every compiled variant traces afresh
         start = time.perf_counter()
         runner = build_runner(model, width, kernels, workspace, options)

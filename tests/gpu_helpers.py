@@ -14,9 +14,10 @@ from specgen.gpu.workspace import Workspace
 
 
 def kernels(attention: bool = False, linear: bool = False, rope: bool = False, split_k: bool = False,
-            warp: bool = False, norm: bool = False, head: bool = False, step_io: bool = False) -> ResolvedKernels:
+            warp: bool = False, norm: bool = False, head: bool = False, step_io: bool = False,
+            dependent_launch: bool = False) -> ResolvedKernels:
     return ResolvedKernels(attention=attention, linear=linear, rope=rope, split_k=split_k, warp=warp, norm=norm,
-                           head=head, step_io=step_io)
+                           head=head, step_io=step_io, dependent_launch=dependent_launch)
 
 
 def runner(model, *, kernels: ResolvedKernels, shapes=(), use_graphs: bool = False, workspace=None, width: int = 96,

@@ -3,8 +3,8 @@
 Why: CI has no GPU, so there the kernels only run in the Triton interpreter (tests/triton_cpu.py),
 which does not type-check. A kernel whose loop-carried variable changes type ("Loop-carried variable
 x has initial type int32 but is re-assigned to int64 in loop") or shape passes every CPU test and
-fails on its first GPU launch. This script calls the wrappers (gpu/attention.py, linear.py,
-verify.py, warp.py) with CPU tensors, but with JITFunction.run replaced: each launch is specialised
+fails on its first GPU launch. This script calls the wrappers (gpu/attention.py, linear.py, norm.py,
+step_io.py, verify.py, warp.py) with CPU tensors, but with JITFunction.run replaced: each launch is specialised
 as Triton specialises a GPU launch (its own binder: an int argument equal to 1 becomes a constant,
 pointer alignment becomes a divisibility attribute), compiled for GPUTarget("cuda", 90, 32) up to
 STAGE, and not run. Outputs are garbage (torch.empty), which nothing reads.
@@ -23,7 +23,7 @@ tl.dot paths compile (F32_DOT = False) and warp.py picks the tile sizes of compi
 
 Run by tests/test_sm90_compile.py; by hand: `python tests/sm90_compile.py`. Prints one JSON object,
 the last line of stdout: {"triton", "stage", "skip" (null or why), "kernels" (every top-level
-*_kernel JITFunction of the four modules), "variants" (one per distinct compile: kernel,
+*_kernel JITFunction of the six modules), "variants" (one per distinct compile: kernel,
 constexprs, specialized (runtime arguments Triton made constants), options, scenario, status,
 error, seconds), "scenario_errors", "selfcheck", "seconds"}.
 """
@@ -213,7 +213,7 @@ def attention_scenarios(attention):
     not; then a sliding window (Mistral), float16, and the block sizes of other shapes."""
     batch = 1
 
-    def call(dtype, tokens, capacity, rope, window=0, heads=32, kv_heads=8, dim=128):
+    def call(dtype, tokens, capacity, rope, window=0, heads=32, kv_heads=8, dim=128, dependent=False):
         # query and new keys as the model makes them: [B, q, H, D] transposed, not contiguous
         query = torch.empty(batch, tokens, heads, dim, dtype=dtype).transpose(1, 2)
         key = torch.empty(batch, kv_heads, capacity, dim, dtype=dtype)
@@ -225,7 +225,7 @@ def attention_scenarios(attention):
             v_new = torch.empty(batch, tokens, kv_heads, dim, dtype=dtype).transpose(1, 2)
             cos = torch.empty(1, tokens, dim, dtype=dtype)
             new = (k_new, v_new, cos, torch.empty_like(cos))
-        attention.decode_attention(query, key, value, position, dim ** -0.5, window, new)
+        attention.decode_attention(query, key, value, position, dim ** -0.5, window, new, dependent=dependent)
 
     for dtype in (BF16, F32):
         for tokens in (1, 5):
@@ -235,6 +235,9 @@ def attention_scenarios(attention):
                     yield label, lambda a=(dtype, tokens, capacity, rope): call(*a)
     yield "attention bfloat16 tokens=5 splits=4 rope=True window=4096", lambda: call(BF16, 5, 256, True, window=4096)
     yield "attention float16 tokens=5 splits=4 rope=True", lambda: call(torch.float16, 5, 256, True)
+    for tokens, capacity, rope in ((1, 256, True), (5, 64, False)):  # gpu/dependent.py's wait and release
+        yield (f"attention bfloat16 tokens={tokens} capacity={capacity} rope={rope} dependent",
+               lambda a=(tokens, capacity, rope): call(BF16, *a, dependent=True))
     for heads, kv_heads, dim, model in ((28, 4, 128, "Qwen2-7B: 35 rows, BLOCK_M 64"),
                                         (8, 1, 256, "head dim 256: BLOCK_N 32"), (32, 8, 64, "Llama-3.2-1B")):
         yield (f"attention bfloat16 tokens=5 splits=4 rope=True {model}",
@@ -284,6 +287,41 @@ def linear_scenarios(linear):
                                counters=counters)
 
             yield f"linear and gate_up {name} split_k={split} rows={rows} N={n} K={k}", call
+    for split in (1, 4):  # launched dependent on the kernel before (gpu/dependent.py)
+        def call(split=split):
+            x, counters = torch.empty(1, 2048, dtype=BF16), linear.split_k_counters(Workspace("cpu"))
+            config = (False, 2, 1024, 4, 1, split)
+            linear.linear(x, torch.empty(2048, 2048, dtype=BF16), None, config, counters=counters,
+                          residual=torch.empty(1, 2048, dtype=BF16), dependent=True)
+            linear.gate_up(x, torch.empty(8192, 2048, dtype=BF16), torch.empty(8192, 2048, dtype=BF16), "silu",
+                           (True, 16, 256, 4, 4, split), counters=counters, dependent=True)
+
+        yield f"linear and gate_up bfloat16 dependent split_k={split}", call
+
+
+def norm_scenarios(norm):
+    """rms_norm and add_rms_norm, one row and five, bf16 and float32, launched plainly and dependent."""
+    for dtype in (BF16, F32):
+        for rows in (1, 5):
+            for dependent in (False, True):
+                def call(rows=rows, dtype=dtype, dependent=dependent):
+                    x, weight = torch.empty(rows, 2048, dtype=dtype), torch.empty(2048, dtype=dtype)
+                    norm.rms_norm(x, weight, 1e-5, dependent)
+                    norm.add_rms_norm(x, torch.empty_like(x), weight, 1e-5, dependent)
+
+                yield f"norm {str(dtype)[6:]} rows={rows} dependent={dependent}", call
+
+
+def step_io_scenarios(step_io):
+    """A step's inputs with the embedding and rotary rows, then its finish, plainly and dependent."""
+    for dependent in (False, True):
+        def call(dependent=dependent):
+            ids, position, positions = torch.zeros(5, dtype=torch.int64), torch.tensor(3), torch.empty(5, dtype=torch.int64)
+            step_io.inputs(ids, position, positions, torch.empty(100, 2048, dtype=BF16), torch.empty(5, 2048, dtype=BF16),
+                           torch.empty(64, 128, dtype=BF16), torch.empty(5, 128, dtype=BF16), dependent=dependent)
+            step_io.finish(torch.empty(5, 1000, dtype=BF16), torch.empty(5, 1000), position, 5, dependent=dependent)
+
+        yield f"step_io dependent={dependent}", call
 
 
 def verify_scenarios(verify):
@@ -380,21 +418,21 @@ def main() -> dict:
         return report
     JITFunction.run = _run
 
-    from specgen.gpu import attention, linear, verify, warp
+    from specgen.gpu import attention, linear, norm, step_io, verify, warp
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 
     report["selfcheck"] = selfcheck()
     scenario_errors = {}
     for scenarios in (attention_scenarios(attention), linear_scenarios(linear), verify_scenarios(verify),
-                      warp_scenarios(warp)):
+                      warp_scenarios(warp), norm_scenarios(norm), step_io_scenarios(step_io)):
         for label, call in scenarios:
             HARNESS.scenario = label
             try:
                 call()
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
-    report["kernels"] = kernels((attention, linear, verify, warp))
+    report["kernels"] = kernels((attention, linear, verify, warp, norm, step_io))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

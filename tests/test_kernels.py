@@ -3,6 +3,7 @@ gpu/workspace.py, the kernels' per-device state."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -35,7 +36,7 @@ def test_auto_resolves_everything_off_on_cpu():
                                        norm=False, head=False)
     assert resolved.as_dict() == {"attention": "sdpa", "linear": "torch", "rope": "model", "split_k": "off",
                                   "warp": "torch", "linear_table": "package", "norm": "torch", "head": "torch",
-                                  "step_io": "torch"}
+                                  "step_io": "torch", "dependent_launch": "off"}
 
 
 def test_explicit_values_win_on_cpu():
@@ -46,7 +47,7 @@ def test_explicit_values_win_on_cpu():
                                        head=True, step_io=True)
     assert resolved.as_dict() == {"attention": "kernel", "linear": "kernel", "rope": "kernel", "split_k": "on",
                                   "warp": "kernel", "linear_table": "package", "norm": "kernel", "head": "kernel",
-                                  "step_io": "kernel"}
+                                  "step_io": "kernel", "dependent_launch": "off"}
 
 
 def test_norm_auto_follows_the_linear_kernel_and_the_model():
@@ -166,11 +167,12 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
 
     cuda = torch.device("cuda")
     spec = KernelSpec(split_k="off")
+    monkeypatch.setattr(kernels, "_properties", lambda device: H200)
     assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True, head=True,
-                                                           step_io=True)
+                                                           step_io=True, dependent_launch=True)
     # Gemma 2: soft-capped attention in the kernel, its own rotary and (1 + w) norms
     assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True, head=True,
-                                                                                step_io=True)
+                                                                                step_io=True, dependent_launch=True)
     assert not resolve(spec, cuda, _tiny("Llama", attention_chunk_size=8)).attention
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
@@ -178,3 +180,31 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
     for key in ("attention", "linear", "warp", "step_io"):
         with pytest.raises(UsageError, match=f'{key} = "kernel" needs Triton'):
             resolve(KernelSpec(**{key: "kernel"}), CPU, _tiny())
+
+
+def test_dependent_launch_needs_hopper_step_kernels_and_no_compile(monkeypatch):
+    """`auto`: on for sm_90+ GPUs whose steps run specgen's kernels, without compile; `on` where it
+    cannot apply is a usage error naming the reason; `off` always wins."""
+    from specgen.gpu import kernels
+
+    cuda = torch.device("cuda")
+    gpu = {"props": H200}
+    monkeypatch.setattr(kernels, "_properties", lambda device: gpu["props"])
+    assert resolve(KernelSpec(), cuda, _tiny()).dependent_launch
+    assert not resolve(KernelSpec(), cuda, _tiny(), compile=True).dependent_launch
+    assert not resolve(KernelSpec(dependent_launch="off"), cuda, _tiny()).dependent_launch
+    plain = KernelSpec(attention="sdpa", linear="torch", step_io="torch")
+    assert not resolve(plain, cuda, _tiny()).dependent_launch
+    assert resolve(KernelSpec(attention="sdpa", linear="torch"), cuda, _tiny()).dependent_launch  # step_io alone
+    gpu["props"] = SimpleNamespace(**{**vars(H200), "major": 8})  # an A100
+    assert not resolve(KernelSpec(), cuda, _tiny()).dependent_launch
+    with pytest.raises(UsageError, match='dependent_launch = "on": it needs an NVIDIA GPU of compute capability 9.0'):
+        resolve(KernelSpec(dependent_launch="on"), cuda, _tiny())
+    gpu["props"] = H200
+    assert resolve(KernelSpec(dependent_launch="on"), cuda, _tiny()).dependent_launch
+    with pytest.raises(UsageError, match="torch.compile"):
+        resolve(KernelSpec(dependent_launch="on"), cuda, _tiny(), compile=True)
+    with pytest.raises(UsageError, match="uses none of them"):
+        resolve(dataclasses.replace(plain, dependent_launch="on"), cuda, _tiny())
+    with pytest.raises(UsageError, match="compute capability"):
+        resolve(KernelSpec(dependent_launch="on", attention="kernel"), CPU, _tiny())

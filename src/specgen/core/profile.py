@@ -486,6 +486,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "kernels.norm": _one_of("auto", "kernel", "torch"),
     "kernels.head": _one_of("auto", "kernel", "torch"),
     "kernels.step_io": _one_of("auto", "kernel", "torch"),
+    "kernels.dependent_launch": _one_of("auto", "on", "off"),
 }
 
 

@@ -74,6 +74,7 @@ class KernelSpec:
     norm: str = "auto"  # auto | kernel | torch   (RMSNorm + residual add in one kernel, with the linear kernel)
     head: str = "auto"  # auto | kernel | torch   (an EAGLE-3 head's calls on the target's kernels)
     step_io: str = "auto"  # auto | kernel | torch   (a step's inputs and outputs in one launch each)
+    dependent_launch: str = "auto"  # auto | on | off   (a step's kernels start while the one before ends)
 
 
 @dataclass(frozen=True)

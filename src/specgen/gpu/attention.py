@@ -40,6 +40,8 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from specgen.gpu import dependent as pdl
+
 # Keys per program: at least SPLIT_KEYS, more when the cache holds over MAX_SPLITS x SPLIT_KEYS. Short
 # splits spread even a short sequence over many programs; the merge reads at most MAX_SPLITS partials.
 SPLIT_KEYS = 64
@@ -58,6 +60,7 @@ def decode_attention(
     window: int = 0,  # sliding window (0: none)
     rope: tuple | None = None,  # (new keys, new values, cos, sin): see below
     softcap: float = 0.0,  # attention logit soft-capping (0: none)
+    dependent: bool = False,  # launched dependent on the kernel before (gpu/dependent.py)
 ) -> torch.Tensor:  # [B, q, H, D]
     """With rope = (k_new [B, KVH, q, D], v_new [B, KVH, q, D], cos [B, q, D], sin [B, q, D]): the
     query and the new keys come before their rotary embedding, and the kernel rotates them
@@ -101,12 +104,14 @@ def decode_attention(
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32 or INTERPRETED, ROPE=rope is not None,
-        BLOCK_T=max(16, triton.next_power_of_2(tokens)), num_warps=4,
+        BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, num_warps=4,
+        **pdl.options(dependent),
     )
     if splits > 1:
         _combine_kernel[(batch * heads * tokens,)](
             part, lse, out, heads, tokens, dim, splits,
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, DEPENDENT=dependent, num_warps=4,
+            **pdl.options(dependent),
         )
     return out
 
@@ -137,8 +142,9 @@ def _split_kernel(
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, ROPE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
+    pdl.wait_previous(DEPENDENT)  # first, in every program: gpu/dependent.py
     bkv = tl.program_id(0)
     b = bkv // kv_heads
     kvh = bkv % kv_heads
@@ -226,6 +232,7 @@ def _split_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
+    pdl.release_next(DEPENDENT)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     if SPLITS == 1:
@@ -256,8 +263,10 @@ def _combine_kernel(
     lse_ptr,  # [B, H, q, S] float32, base 2
     out_ptr,  # [B, q, H, D]
     heads, tokens, dim, splits,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
+    pdl.wait_previous(DEPENDENT)
+    pdl.release_next(DEPENDENT)  # all tail
     row = tl.program_id(0)  # (b * H + h) * q + t
     t = row % tokens
     bh = row // tokens

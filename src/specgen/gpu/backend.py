@@ -47,7 +47,7 @@ class CudaBackend:
     # -- runners ----------------------------------------------------------------------------------
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
-        kernels = resolve(self.kernel_spec, self.device, model)
+        kernels = resolve(self.kernel_spec, self.device, model, compile=self.speculation.compile)
         if name == "target":
             self.warp_kernels = kernels.warp
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
@@ -139,7 +139,7 @@ class CudaBackend:
         from specgen.gpu.rewire_head import install_head  # noqa: PLC0415 (only with a head)
 
         switch = install_head(head, kernels)
-        return lambda: switch.engaged(False, None, norm=kernels.norm)
+        return lambda: switch.engaged(False, None, norm=kernels.norm, dependent=kernels.dependent_launch)
 
     # -- capture ----------------------------------------------------------------------------------
 

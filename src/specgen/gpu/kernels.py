@@ -58,6 +58,7 @@ class ResolvedKernels:
     norm: bool = False  # gpu/norm.py for RMSNorm and the residual add before it (with the linear kernel)
     head: bool = False  # an EAGLE-3 head's round calls on these kernels (gpu/rewire_head.py; a target's)
     step_io: bool = False  # gpu/step_io.py: a step's positions, embedding and rotary rows, then its logits copy
+    dependent_launch: bool = False  # the step kernels above launched dependent on the one before (gpu/dependent.py)
 
     def as_dict(self) -> dict[str, str]:
         """The resolved values in the profile's words, for reports (`bench --format json`, `-v`)."""
@@ -71,15 +72,18 @@ class ResolvedKernels:
             "norm": "kernel" if self.norm else "torch",
             "head": "kernel" if self.head else "torch",
             "step_io": "kernel" if self.step_io else "torch",
+            "dependent_launch": "on" if self.dependent_launch else "off",
         }
 
 
-def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
-    """spec's values for `model` on `device`; raises UsageError for a value they cannot take."""
+def resolve(spec: KernelSpec, device: torch.device, model, compile: bool = False) -> ResolvedKernels:
+    """spec's values for `model` on `device` (compile: the runner torch.compiles its layers, which
+    dependent launch does not take); raises UsageError for a value they cannot take."""
     device = torch.device(device)
     cuda = device.type == "cuda"
     attention = _attention(spec.attention, cuda, model)
     linear = _linear(spec.linear, cuda, model)
+    step_io = _step_io(spec.step_io, cuda)
     return ResolvedKernels(
         attention=attention,
         linear=linear,
@@ -89,7 +93,8 @@ def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
         linear_table=_table(spec.tables) if linear else linear_table.packaged(),
         norm=_norm(spec.norm, linear, model),
         head=_head(spec.head, linear),
-        step_io=_step_io(spec.step_io, cuda),
+        step_io=step_io,
+        dependent_launch=_dependent(spec.dependent_launch, attention or linear or step_io, device, compile),
     )
 
 
@@ -151,6 +156,21 @@ def _step_io(value: str, cuda: bool) -> bool:
     if value == "torch":
         return False
     return _triton("step_io", value, "torch") or (cuda and triton_available())
+
+
+def _dependent(value: str, kernels: bool, device: torch.device, compile: bool) -> bool:
+    if value == "off":
+        return False
+    why = None
+    if not kernels:
+        why = "it changes how the step kernels launch, and this run uses none of them"
+    elif device.type != "cuda" or _properties(device).major < 9:
+        why = "it needs an NVIDIA GPU of compute capability 9.0 or later (Hopper)"
+    elif compile:
+        why = "torch.compile (`[speculation] compile`) does not take the launch attribute"
+    if value == "on" and why is not None:
+        raise UsageError(f'[kernels] dependent_launch = "on": {why}', hint='Set dependent_launch = "auto" or "off" in [kernels].')
+    return why is None
 
 
 def _norm(value: str, linear: bool, model) -> bool:

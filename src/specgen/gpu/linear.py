@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from specgen.gpu import dependent as pdl
 from specgen.gpu.linear_table import LinearTable, packaged
 from specgen.gpu.norm import rounded
 from specgen.gpu.workspace import Workspace
@@ -56,23 +57,25 @@ def split_k_counters(workspace: Workspace) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: tuple | None = None,
            *, split_k: bool = False, counters: torch.Tensor | None = None,
-           table: LinearTable | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+           table: LinearTable | None = None, residual: torch.Tensor | None = None,
+           dependent: bool = False) -> torch.Tensor:
     """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N].
     config: forced, else table's (packaged()'s) pick for the shape; split_k: allow split-K
     configurations (they need `counters`, split_k_counters(workspace)); residual [..., N]: return
     residual + F.linear(x, weight, bias), the sum in x's dtype as a decoder layer's add computes
-    it (one launch fewer than the add after the projection)."""
-    return _launch(x, weight, None, bias, 0, config, split_k, counters, table, residual)
+    it (one launch fewer than the add after the projection); dependent: launch it dependent on the
+    kernel before (gpu/dependent.py)."""
+    return _launch(x, weight, None, bias, 0, config, split_k, counters, table, residual, dependent)
 
 
 def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, config: tuple | None = None,
             *, split_k: bool = False, counters: torch.Tensor | None = None,
-            table: LinearTable | None = None) -> torch.Tensor:
+            table: LinearTable | None = None, dependent: bool = False) -> torch.Tensor:
     """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N]."""
-    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters, table, None)
+    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters, table, None, dependent)
 
 
-def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual):
+def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual, dependent):
     n, k = weight.shape
     lead = x.shape[:-1]
     assert x.shape[-1] == k, f"x has {x.shape[-1]} columns, weight {k}"
@@ -112,8 +115,8 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot and not INTERPRETED,
         # float32 products without TF32 for float32 models
         F32_DOT=x.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=chunks,
-        num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=chunks, DEPENDENT=dependent,
+        num_warps=warps, num_stages=stages, **pdl.options(dependent),
     )
     return out.reshape(*lead, n)
 
@@ -140,13 +143,16 @@ def _linear_kernel(
     M, N, K, k_chunk, tiles, sxm, swn, som, srm,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Program (c * tiles + t, s) computes rows [t * BLOCK_M, (t + 1) * BLOCK_M) of out[:, c * BLOCK_N :
     (c + 1) * BLOCK_N] over K (SPLIT_K == 1) or over its s-th chunk of k_chunk columns of K, one
     weight tile at a time: a tensor-core product with BLOCK_M = 16 rows (DOT), or products summed
     along K in registers (BLOCK_M = 1: a matrix-vector product). With SPLIT_K > 1 the last program
     of a row tile and column block to finish sums the chunks' partials in chunk order (the same sum
-    whichever arrives last) and stores."""
+    whichever arrives last) and stores. DEPENDENT: launched dependent on the kernel before
+    (gpu/dependent.py); the next one may be scheduled once the walk over K is done."""
+    pdl.wait_previous(DEPENDENT)
     pid = tl.program_id(0)
     tile = pid % tiles
     cols = (pid // tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
@@ -179,6 +185,7 @@ def _linear_kernel(
         if ACT > 0:
             u = tl.load(u_base + start, mask=w_mask, other=0.0)
             acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
+    pdl.release_next(DEPENDENT)
     if SPLIT_K == 1:
         _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
     else:

@@ -23,20 +23,23 @@ import torch
 import triton
 import triton.language as tl
 
+from specgen.gpu import dependent as pdl
+
 MAX_COLUMNS = 1 << 16  # one row per program, held in registers
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The module's RMSNorm of x [..., N] with weight [N]."""
-    return _launch(x, None, weight, eps)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dependent: bool = False) -> torch.Tensor:
+    """The module's RMSNorm of x [..., N] with weight [N]. dependent: launched dependent on the
+    kernel before (gpu/dependent.py)."""
+    return _launch(x, None, weight, eps, dependent)[0]
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, dependent: bool = False):
     """(RMSNorm(residual + x), residual + x): a decoder layer's add and the norm after it."""
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps, dependent)
 
 
-def _launch(x, residual, weight, eps):
+def _launch(x, residual, weight, eps, dependent):
     n = x.shape[-1]
     assert weight.shape == (n,) and weight.is_contiguous(), f"weight {tuple(weight.shape)} for {n} columns"
     assert 0 < n <= MAX_COLUMNS, f"{n} columns > MAX_COLUMNS {MAX_COLUMNS}"
@@ -54,7 +57,8 @@ def _launch(x, residual, weight, eps):
     block = triton.next_power_of_2(n)
     _norm_kernel[(rows,)](
         x2, r2, weight, out, summed, n, x2.stride(0), r2.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, DEPENDENT=dependent, num_warps=min(16, max(1, block // 512)),
+        **pdl.options(dependent),
     )
     return out, summed if residual is not None else None
 
@@ -73,9 +77,12 @@ def _norm_kernel(
     out_ptr,  # [M, N] contiguous: the normed rows
     sum_ptr,  # [M, N] contiguous: residual + x (HAS_RESIDUAL)
     N, sxm, srm, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    """Program m: row m, every rounding step of the module in its order."""
+    """Program m: row m, every rounding step of the module in its order. One row is all tail: the
+    next kernel may be scheduled at once (gpu/dependent.py)."""
+    pdl.wait_previous(DEPENDENT)
+    pdl.release_next(DEPENDENT)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N

@@ -65,18 +65,22 @@ class LinearSwitch:
         self.split_k = False
         self.counters: torch.Tensor | None = None  # linear.split_k_counters(workspace)
         self.norm = False
+        self.dependent = False  # launch the kernels dependent on the one before (gpu/dependent.py)
 
     @contextlib.contextmanager
-    def engaged(self, split_k: bool, counters: torch.Tensor | None, norm: bool | None = None):
+    def engaged(self, split_k: bool, counters: torch.Tensor | None, norm: bool | None = None,
+                dependent: bool | None = None):
         """The kernel path for the duration (restored after, so contexts nest). norm: whether the
-        norm kernel runs (install_norm); None: as in the enclosing context (off outside any)."""
-        saved = self.active, self.split_k, self.counters, self.norm
+        norm kernel runs (install_norm); dependent: whether the linear and norm kernels launch
+        dependent on the kernel before; None: as in the enclosing context (off outside any)."""
+        saved = self.active, self.split_k, self.counters, self.norm, self.dependent
         self.active, self.split_k, self.counters = True, split_k, counters
         self.norm = self.norm if norm is None else norm
+        self.dependent = self.dependent if dependent is None else dependent
         try:
             yield
         finally:
-            self.active, self.split_k, self.counters, self.norm = saved
+            self.active, self.split_k, self.counters, self.norm, self.dependent = saved
 
     def norms(self) -> bool:
         return self.active and self.norm
@@ -87,7 +91,7 @@ class LinearSwitch:
 
 def _linear(switch: LinearSwitch, x, weight, bias):
     return linear_kernels.linear(x, weight, bias, split_k=switch.split_k, counters=switch.counters,
-                                 table=switch.table)
+                                 table=switch.table, dependent=switch.dependent)
 
 
 class SkinnyLinear(torch.nn.Linear):
@@ -151,7 +155,8 @@ def _gate_up(mlp, x: torch.Tensor) -> torch.Tensor:
     """A rewired gated MLP's input projections and activation in one kernel."""
     switch = mlp._specgen_switch
     return linear_kernels.gate_up(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp._specgen_act,
-                                  split_k=switch.split_k, counters=switch.counters, table=switch.table)
+                                  split_k=switch.split_k, counters=switch.counters, table=switch.table,
+                                  dependent=switch.dependent)
 
 
 @functools.cache
@@ -239,7 +244,7 @@ def install_linear(model, table: LinearTable | None = None) -> LinearSwitch:
 
 def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     if self._specgen_switch.norms() and x.numel() > 0:
-        return norm_kernels.rms_norm(x, self.weight, self.variance_epsilon)
+        return norm_kernels.rms_norm(x, self.weight, self.variance_epsilon, self._specgen_switch.dependent)
     return self._specgen_norm_base.forward(self, x)
 
 
@@ -254,7 +259,8 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
         kwargs = {**dict(zip(names, args)), **kwargs}
     attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
     post = self.post_attention_layernorm
-    normed, residual = norm_kernels.add_rms_norm(attended, hidden_states, post.weight, post.variance_epsilon)
+    normed, residual = norm_kernels.add_rms_norm(attended, hidden_states, post.weight, post.variance_epsilon,
+                                                 self._specgen_switch.dependent)
     return _mlp_plus(self.mlp, normed, residual)
 
 
@@ -268,7 +274,8 @@ def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
             or not (unhooked(mlp) and unhooked(down)) or not switch.takes(x)):
         return residual + mlp(x)
     return linear_kernels.linear(_gate_up(mlp, x), down.weight, down.bias, split_k=switch.split_k,
-                                 counters=switch.counters, table=switch.table, residual=residual)
+                                 counters=switch.counters, table=switch.table, residual=residual,
+                                 dependent=switch.dependent)
 
 
 def unhooked(module) -> bool:
@@ -325,10 +332,11 @@ def switch_attention(model) -> None:
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-              specgen_position=None, sliding_window=None, softcap=None, **kwargs):
+              specgen_position=None, sliding_window=None, softcap=None, specgen_dependent=False, **kwargs):
     """transformers' attention-function protocol: query [B, H, q, D], key/value [B, KVH, C, D]
     (the whole cache) -> ([B, q, H, D], None). softcap: Gemma 2's attn_logit_softcapping, the
-    keyword its attention module passes (transformers 5.17 to 5.23 at least)."""
+    keyword its attention module passes (transformers 5.17 to 5.23 at least); specgen_dependent:
+    the runner's dependent launch (gpu/dependent.py)."""
     kwargs.pop("specgen_rope", None)  # a step whose module has no rotary path: the cache is written
     if specgen_position is None or query.shape[2] > attention_kernels.MAX_GRAPH_QUERY or kwargs.get("s_aux") is not None:
         if _placeholder(attention_mask):  # a runner's bug, never a user's: SDPA would attend to everything
@@ -342,7 +350,7 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
                                       scaling=scaling, sliding_window=sliding_window, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return attention_kernels.decode_attention(query, key, value, specgen_position, scale, sliding_window or 0,
-                                              softcap=softcap or 0.0), None
+                                              softcap=softcap or 0.0, dependent=specgen_dependent), None
 
 
 def softcapped_attention(module, query, key, value, mask, dropout: float, scaling, softcap: float) -> torch.Tensor:
@@ -512,5 +520,6 @@ def _rope_forward(self, hidden_states, *args, **kwargs):
     if window is None and base.__name__ == "MistralAttention":  # it passes the config's window per call
         window = getattr(self.config, "sliding_window", None)
     out = attention_kernels.decode_attention(query.transpose(1, 2), layer.keys, layer.values, position, self.scaling,
-                                             window or 0, (key.transpose(1, 2), value.transpose(1, 2), cos, sin))
+                                             window or 0, (key.transpose(1, 2), value.transpose(1, 2), cos, sin),
+                                             dependent=kwargs.get("specgen_dependent", False))
     return self.o_proj(out.reshape(batch, tokens, -1)), None

@@ -63,7 +63,7 @@ def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     if pending is not None and pending[0] is x:  # the layer's output: normed with its last add
         return pending[1]
     if self._specgen_switch.norms() and x.numel() > 0:
-        return norm_kernels.rms_norm(x, self.weight, self.eps)
+        return norm_kernels.rms_norm(x, self.weight, self.eps, self._specgen_switch.dependent)
     return self._specgen_norm_base.forward(self, x)
 
 
@@ -76,21 +76,21 @@ def _layer_forward(self, embeds, h, positions, rope, cache):
     residual = normed if self.norm_before_residual else h
     x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [N, 2H]
     if self._specgen_attention and h.shape[0] <= attention_kernels.MAX_GRAPH_QUERY and cache[0].dim() == 4:
-        attended = _attention(self.self_attn, x, positions, rope, cache)
+        attended = _attention(self.self_attn, x, positions, rope, cache, switch.dependent)
     else:
         attended = self.self_attn(x, positions, rope, cache)
     post = self.post_attention_layernorm
     if not switch.norms():
         h = residual + attended
         return h + self.mlp(post(h))
-    normed, h = norm_kernels.add_rms_norm(attended, residual, post.weight, post.eps)
+    normed, h = norm_kernels.add_rms_norm(attended, residual, post.weight, post.eps, switch.dependent)
     final = self._specgen_final_norm  # the head norms this layer's output next: one launch for both
-    normed, out = norm_kernels.add_rms_norm(self.mlp(normed), h, final.weight, final.eps)
+    normed, out = norm_kernels.add_rms_norm(self.mlp(normed), h, final.weight, final.eps, switch.dependent)
     final._specgen_pending = (out, normed)
     return out
 
 
-def _attention(attn, x, positions, rope, cache):
+def _attention(attn, x, positions, rope, cache, dependent: bool):
     """The head's attention in gpu/attention.py: x [N, 2H] at positions[0] .. positions[0] + N - 1."""
     n, dim = x.shape[0], attn.head_dim
     query = attn.q_proj(x).view(1, n, attn.heads, dim).transpose(1, 2)  # one fused q/k/v pass
@@ -98,5 +98,5 @@ def _attention(attn, x, positions, rope, cache):
     value = attn.v_proj(x).view(1, n, attn.kv_heads, dim).transpose(1, 2)
     cos, sin = (part.squeeze(1).unsqueeze(0) for part in rope)  # [N, 1, D] views -> [1, N, D]
     out = attention_kernels.decode_attention(query, cache[0], cache[1], positions[0], dim ** -0.5, 0,
-                                             (key, value, cos, sin))
+                                             (key, value, cos, sin), dependent=dependent)
     return attn.o_proj(out.reshape(n, attn.heads * dim))

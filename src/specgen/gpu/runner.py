@@ -316,7 +316,8 @@ class GraphRunner:
         """gpu/linear.py's path for this runner's forwards (with the linear kernel)."""
         if self.switch is None:
             return contextlib.nullcontext()
-        return self.switch.engaged(self.kernels.split_k, self.counters, norm=self.kernels.norm)
+        return self.switch.engaged(self.kernels.split_k, self.counters, norm=self.kernels.norm,
+                                   dependent=self.kernels.dependent_launch)
 
     @contextlib.contextmanager
     def step_context(self, tokens: int):
@@ -360,7 +361,8 @@ class GraphRunner:
 
         io = self.io
         table = self.tables.get(io.rotary)
-        step_io.inputs(ids, self.position, io.positions, io.weight(), io.embeds, *io.rows_for(table))
+        step_io.inputs(ids, self.position, io.positions, io.weight(), io.embeds, *io.rows_for(table),
+                       dependent=self.kernels.dependent_launch)
         inputs = self._step_inputs(io.positions[:n])
         if io.embeds is not None:
             inputs["inputs_embeds"] = io.embeds[:n].unsqueeze(0)
@@ -374,7 +376,7 @@ class GraphRunner:
         finally:
             if table is not None:
                 table.current = None
-        step_io.finish(logits, logits_out, self.position, n)
+        step_io.finish(logits, logits_out, self.position, n, dependent=self.kernels.dependent_launch)
         return logits
 
     def _step_inputs(self, positions: torch.Tensor) -> dict:
@@ -391,10 +393,12 @@ class GraphRunner:
 
     def _attention_args(self) -> dict:
         """What the model hands on to gpu/rewire.py's attention: where the step's first token sits,
-        and whether the kernel rotates and writes the new keys itself."""
+        whether the kernel rotates and writes the new keys itself, and whether it launches
+        dependent on the kernel before (only when it does, so that compiled layers see no new key)."""
         if not self.kernels.attention:
             return {}
-        return {"specgen_position": self.position, **({"specgen_rope": True} if self.kernels.rope else {})}
+        return {"specgen_position": self.position, **({"specgen_rope": True} if self.kernels.rope else {}),
+                **({"specgen_dependent": True} if self.kernels.dependent_launch else {})}
 
     @torch.inference_mode()
     def _capture(self, n: int) -> _Graph:

@@ -17,15 +17,18 @@ import torch
 import triton
 import triton.language as tl
 
+from specgen.gpu import dependent as pdl
+
 BLOCK = 1024  # columns per program
 
 
 def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor | None = None,
            embeds: torch.Tensor | None = None, table: torch.Tensor | None = None,
-           rows: torch.Tensor | None = None) -> None:
+           rows: torch.Tensor | None = None, dependent: bool = False) -> None:
     """positions[:n] = position + arange(n); with weight: embeds[:n] = weight[ids]; with table
     ([capacity, R], the rows of a RotaryTable flattened): rows[:n] = table[position + arange(n)].
-    ids [n] int64, position [] int64; every buffer contiguous and at least n rows long."""
+    ids [n] int64, position [] int64; every buffer contiguous and at least n rows long. dependent:
+    launched dependent on the kernel before (gpu/dependent.py), as `finish` too."""
     n = ids.shape[0]
     assert ids.dtype == position.dtype == positions.dtype == torch.int64 and positions.shape[0] >= n
     width = 1
@@ -46,25 +49,30 @@ def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, w
         table if table is not None else positions, rows if rows is not None else positions,
         weight.shape[1] if weight is not None else 0, weight.stride(0) if weight is not None else 0,
         table.shape[1] if table is not None else 0,
-        EMBED=weight is not None, ROWS=table is not None, BLOCK=BLOCK,
+        EMBED=weight is not None, ROWS=table is not None, BLOCK=BLOCK, DEPENDENT=dependent,
+        **pdl.options(dependent),
     )
 
 
-def finish(logits: torch.Tensor, out: torch.Tensor, position: torch.Tensor, advance: int) -> None:
+def finish(logits: torch.Tensor, out: torch.Tensor, position: torch.Tensor, advance: int,
+           dependent: bool = False) -> None:
     """out[:, :cols] = logits[:, :cols] in float32 (cols = the narrower of the two), and
     position += advance. logits [n, V] with unit column stride, out [n, width] float32."""
     n, cols = logits.shape[0], min(logits.shape[1], out.shape[1])
     assert out.dtype == torch.float32 and out.shape[0] == n > 0 and cols > 0 and position.dtype == torch.int64
     assert logits.stride(1) == 1 and out.stride(1) == 1
     _finish_kernel[(n, triton.cdiv(cols, BLOCK))](
-        logits, out, position, cols, logits.stride(0), out.stride(0), advance, BLOCK=BLOCK,
+        logits, out, position, cols, logits.stride(0), out.stride(0), advance, BLOCK=BLOCK, DEPENDENT=dependent,
+        **pdl.options(dependent),
     )
 
 
 @triton.jit
 def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr, table_ptr, rows_ptr,
                    hidden, weight_stride, row_width,
-                   EMBED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                   EMBED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
+    pdl.wait_previous(DEPENDENT)
+    pdl.release_next(DEPENDENT)
     t = tl.program_id(0)
     block = tl.program_id(1)
     at = tl.load(position_ptr) + t
@@ -84,7 +92,9 @@ def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr,
 
 @triton.jit
 def _finish_kernel(logits_ptr, out_ptr, position_ptr, cols, logits_stride, out_stride, advance,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
+    pdl.wait_previous(DEPENDENT)
+    pdl.release_next(DEPENDENT)
     row = tl.program_id(0)
     block = tl.program_id(1)
     c = block * BLOCK + tl.arange(0, BLOCK)

@@ -1,0 +1,127 @@
+"""gpu/dependent.py: a step's kernels launched dependent on the kernel before them.
+
+On every machine: a runner resolved with dependent launch hands it to every kernel its steps
+launch (and one without it to none), in the prefill's eager calls and in its steps; on the CPU the
+spied calls then run the interpreter's kernels without it. With an sm_90+ GPU: a long eager chain
+of the kernels, each reading what the one before wrote, and a runner's captured steps give
+bitwise what plain launches give (a missing wait would read a buffer before it is written).
+"""
+
+from __future__ import annotations
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import functools
+import inspect
+
+import pytest
+import torch
+
+from gpu_helpers import kernels, runner
+from specgen.gpu import attention, dependent, linear, norm, step_io
+from specgen.gpu.workspace import Workspace
+
+HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] >= 9
+STEP_KERNELS = dict(attention=True, linear=True, rope=True, norm=True, step_io=True)
+LAUNCHERS = [(linear, "linear"), (linear, "gate_up"), (norm, "rms_norm"), (norm, "add_rms_norm"),
+             (attention, "decode_attention"), (step_io, "inputs"), (step_io, "finish")]
+hopper = pytest.mark.skipif(not HOPPER, reason="needs an NVIDIA GPU of compute capability 9.0 or later")
+
+
+def _tiny(dtype=torch.float32):
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      initializer_range=0.5, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(5)
+    return transformers.LlamaForCausalLM(config).to(DEVICE).to(dtype).eval()
+
+
+def test_options_name_the_attribute_only_when_asked():
+    assert dependent.options(False) == {}  # the interpreter and old Triton never see the keyword
+    assert dependent.options(True) == {"launch_pdl": True}
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_runner_hands_its_setting_to_every_kernel_it_launches(monkeypatch, flag):
+    seen = []
+    for module, name in LAUNCHERS:
+        original = getattr(module, name)
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def spy(*args, _original=original, _signature=signature, _name=name, **kwargs):
+            bound = _signature.bind(*args, **kwargs)
+            seen.append((_name, bound.arguments.get("dependent", False)))
+            bound.arguments["dependent"] = bound.arguments.get("dependent", False) and HOPPER
+            return _original(*bound.args, **bound.kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    each = runner(_tiny(), kernels=kernels(**STEP_KERNELS, dependent_launch=flag), capacity=128)
+    with torch.inference_mode():
+        each.forward(torch.arange(9, device=DEVICE), want_logits=False)  # an eager prefill
+        for n in (1, 5):
+            with each.step_context(n):
+                each.step(torch.arange(n, device=DEVICE), torch.zeros(n, 96, device=DEVICE))
+    assert {name for name, _ in seen} == {name for _, name in LAUNCHERS}
+    assert {value for _, value in seen} == {flag}
+
+
+@hopper
+@pytest.mark.parametrize("split", [1, 4])
+def test_a_chain_of_dependent_kernels_equals_plain_launches(split):
+    """64 layers of norm -> q/k/v -> attention -> o + residual -> add + norm -> gate/up -> down +
+    residual, each kernel reading the one before's output, eagerly on one stream."""
+    gen = torch.Generator(device=DEVICE).manual_seed(split)
+    hidden, inter, heads, kv_heads, dim, capacity = 512, 1536, 8, 2, 64, 256
+
+    def w(*shape):
+        return (torch.randn(*shape, generator=gen, device=DEVICE) * 0.05).to(torch.bfloat16)
+
+    layers = [dict(qkv=w(hidden + 2 * kv_heads * dim, hidden), o=w(hidden, hidden), g=w(inter, hidden),
+                   u=w(inter, hidden), d=w(hidden, inter), n1=w(hidden) + 1, n2=w(hidden) + 1) for _ in range(64)]
+    caches = [(w(1, kv_heads, capacity, dim), w(1, kv_heads, capacity, dim)) for _ in layers]
+    x0 = w(5, hidden)
+    position = torch.tensor(capacity - 5, device=DEVICE)
+    counters = linear.split_k_counters(Workspace(DEVICE))
+    config = (True, 16, 256, 4, 4, split)
+
+    def chain(flag: bool) -> torch.Tensor:
+        x = x0
+        for layer, (keys, values) in zip(layers, caches):
+            keys, values = keys.clone(), values.clone()
+            h = norm.rms_norm(x, layer["n1"], 1e-5, flag)
+            qkv = linear.linear(h, layer["qkv"], None, config, counters=counters, dependent=flag)
+            q = qkv[:, :hidden].reshape(1, 5, heads, dim).transpose(1, 2)
+            k = qkv[:, hidden:hidden + kv_heads * dim].reshape(1, 5, kv_heads, dim).transpose(1, 2)
+            v = qkv[:, hidden + kv_heads * dim:].reshape(1, 5, kv_heads, dim).transpose(1, 2)
+            cos = torch.ones(1, 5, dim, dtype=torch.bfloat16, device=DEVICE)
+            out = attention.decode_attention(q, keys, values, position, dim ** -0.5, 0, (k, v, cos, cos * 0.5),
+                                             dependent=flag)
+            x = linear.linear(out.reshape(5, hidden), layer["o"], None, config, counters=counters,
+                              residual=x, dependent=flag)
+            h, x = norm.add_rms_norm(x, x, layer["n2"], 1e-5, flag)
+            a = linear.gate_up(h, layer["g"], layer["u"], "silu", config, counters=counters, dependent=flag)
+            x = linear.linear(a, layer["d"], None, config, counters=counters, residual=x, dependent=flag)
+        return x
+
+    want = chain(False)
+    for _ in range(3):
+        assert torch.equal(chain(True), want)
+
+
+@hopper
+def test_captured_steps_equal_plain_ones():
+    model = _tiny(torch.bfloat16)
+    results = []
+    for flag in (False, True):
+        each = runner(model, kernels=kernels(**STEP_KERNELS, split_k=True, dependent_launch=flag), shapes=(1, 5),
+                      use_graphs=True, capacity=256)
+        out = [each.forward(torch.arange(20, device=DEVICE) * 5 % 96)]
+        for n in (1, 5, 1, 5, 5):
+            out.append(each.forward(torch.arange(n, device=DEVICE) * 11 % 96).clone())
+            each.truncate(each.length - 1)  # a rejection's rollback
+        results.append(out)
+    for plain, fast in zip(*results):
+        assert torch.equal(fast, plain)
