@@ -397,6 +397,8 @@ def warp_scenarios(warp):
                                                     Workspace("cpu"))
     yield "argmax 4096 f32", lambda: warp.argmax(torch.empty(1, 4096), torch.empty(1, dtype=torch.int64),
                                                  Workspace("cpu"))
+    yield "argmax 128256 f32 dependent", lambda: warp.argmax(torch.empty(1, 128256), torch.empty(1, dtype=torch.int64),
+                                                              Workspace("cpu"), dependent=True)
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -406,6 +408,43 @@ def kernels(modules) -> list[str]:
     """Every top-level @triton.jit kernel (name ending in _kernel) of the modules."""
     return sorted(f"{m.__name__}.{name}" for m in modules for name, obj in vars(m).items()
                   if isinstance(obj, JITFunction) and name.endswith("_kernel"))
+
+
+def inductor_copies(modules) -> dict:
+    """With compile, inductor runs a kernel from a copy of its source plus the JIT functions and
+    triton names it loads unqualified (a module attribute such as `helpers.f` is not copied):
+    {kernel: global names a function of the copy loads that the copy does not define}, for each
+    kernel whose copy lacks some; {} when this torch has no such function."""
+    import ast
+    import builtins
+    import dis
+
+    try:
+        from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as copy
+    except ImportError:
+        return {}
+    missing = {}
+    for m in modules:
+        for name, kernel in vars(m).items():
+            if not (isinstance(kernel, JITFunction) and name.endswith("_kernel")):
+                continue
+            text = "import triton\nimport triton.language as tl\n" + copy(kernel)  # inductor's prelude
+            defined = set()
+            for node in ast.parse(text).body:
+                if isinstance(node, ast.FunctionDef):
+                    defined.add(node.name)
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+                elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    defined.update(t.id for t in targets if isinstance(t, ast.Name))
+            functions = [c for c in compile(text, "<copy>", "exec").co_consts if hasattr(c, "co_code")]
+            lacking = sorted({inst.argval for fn in functions for inst in dis.Bytecode(fn)
+                              if inst.opname == "LOAD_GLOBAL" and inst.argval not in defined
+                              and not hasattr(builtins, inst.argval)})
+            if lacking:
+                missing[f"{m.__name__}.{name}"] = lacking
+    return missing
 
 
 def main() -> dict:
@@ -433,6 +472,7 @@ def main() -> dict:
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
     report["kernels"] = kernels((attention, linear, verify, warp, norm, step_io))
+    report["inductor_copies"] = inductor_copies((attention, linear, verify, warp, norm, step_io))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
-from specgen.gpu import attention, dependent, linear, norm, step_io
+from specgen.gpu import attention, dependent, linear, norm, step_io, warp
 from specgen.gpu.workspace import Workspace
 
 HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] >= 9
@@ -39,8 +39,8 @@ def _tiny(dtype=torch.float32):
 
 
 def test_options_name_the_attribute_only_when_asked():
-    assert dependent.options(False) == {}  # the interpreter and old Triton never see the keyword
-    assert dependent.options(True) == {"launch_pdl": True}
+    assert dependent.launch_options(False) == {}  # the interpreter and old Triton never see the keyword
+    assert dependent.launch_options(True) == {"launch_pdl": True}
 
 
 @pytest.mark.parametrize("flag", [False, True])
@@ -72,7 +72,8 @@ def test_a_runner_hands_its_setting_to_every_kernel_it_launches(monkeypatch, fla
 @pytest.mark.parametrize("split", [1, 4])
 def test_a_chain_of_dependent_kernels_equals_plain_launches(split):
     """64 layers of norm -> q/k/v -> attention -> o + residual -> add + norm -> gate/up -> down +
-    residual, each kernel reading the one before's output, eagerly on one stream."""
+    residual -> an argmax over 20,000 logits, each kernel reading the one before's output, eagerly
+    on one stream."""
     gen = torch.Generator(device=DEVICE).manual_seed(split)
     hidden, inter, heads, kv_heads, dim, capacity = 512, 1536, 8, 2, 64, 256
 
@@ -82,9 +83,11 @@ def test_a_chain_of_dependent_kernels_equals_plain_launches(split):
     layers = [dict(qkv=w(hidden + 2 * kv_heads * dim, hidden), o=w(hidden, hidden), g=w(inter, hidden),
                    u=w(inter, hidden), d=w(hidden, inter), n1=w(hidden) + 1, n2=w(hidden) + 1) for _ in range(64)]
     caches = [(w(1, kv_heads, capacity, dim), w(1, kv_heads, capacity, dim)) for _ in layers]
+    head = w(20000, hidden)
     x0 = w(5, hidden)
     position = torch.tensor(capacity - 5, device=DEVICE)
-    counters = linear.split_k_counters(Workspace(DEVICE))
+    workspace = Workspace(DEVICE)
+    counters = linear.split_k_counters(workspace)
     config = (True, 16, 256, 4, 4, split)
 
     def chain(flag: bool) -> torch.Tensor:
@@ -104,6 +107,10 @@ def test_a_chain_of_dependent_kernels_equals_plain_launches(split):
             h, x = norm.add_rms_norm(x, x, layer["n2"], 1e-5, flag)
             a = linear.gate_up(h, layer["g"], layer["u"], "silu", config, counters=counters, dependent=flag)
             x = linear.linear(a, layer["d"], None, config, counters=counters, residual=x, dependent=flag)
+            picks = torch.empty(5, dtype=torch.int64, device=DEVICE)
+            warp.argmax(linear.linear(x, head, None, config, counters=counters, dependent=flag), picks,
+                        workspace, dependent=flag)  # a draft's pick, in 3 segments and merged
+            x = x + picks.to(x.dtype).unsqueeze(1) * 1e-3  # the next layer reads the pick
         return x
 
     want = chain(False)

@@ -76,3 +76,10 @@ def test_every_kernel_is_compiled(report):
     compiled = {v["kernel"] for v in report["variants"]}
     missing = [k for k in kernels if k not in compiled]
     assert not missing, f"kernels no scenario of {SCRIPT.name} launches (add one): {missing}"
+
+
+def test_inductors_copy_of_every_kernel_defines_the_names_it_loads(report):
+    """With compile, inductor compiles a copy of each kernel's source with the JIT functions it
+    names; a helper reached through a module attribute is missing there (a NameError at compile,
+    found on an H200 when the kernels' dependent-launch helpers were first called as `pdl.f`)."""
+    assert report["inductor_copies"] == {}

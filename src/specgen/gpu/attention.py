@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from specgen.gpu import dependent as pdl
+from specgen.gpu.dependent import launch_options, release_next, wait_previous
 
 # Keys per program: at least SPLIT_KEYS, more when the cache holds over MAX_SPLITS x SPLIT_KEYS. Short
 # splits spread even a short sequence over many programs; the merge reads at most MAX_SPLITS partials.
@@ -105,13 +105,13 @@ def decode_attention(
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32 or INTERPRETED, ROPE=rope is not None,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, num_warps=4,
-        **pdl.options(dependent),
+        **launch_options(dependent),
     )
     if splits > 1:
         _combine_kernel[(batch * heads * tokens,)](
             part, lse, out, heads, tokens, dim, splits,
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, DEPENDENT=dependent, num_warps=4,
-            **pdl.options(dependent),
+            **launch_options(dependent),
         )
     return out
 
@@ -144,7 +144,7 @@ def _split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    pdl.wait_previous(DEPENDENT)  # first, in every program: gpu/dependent.py
+    wait_previous(DEPENDENT)  # first, in every program: gpu/dependent.py
     bkv = tl.program_id(0)
     b = bkv // kv_heads
     kvh = bkv % kv_heads
@@ -232,7 +232,7 @@ def _split_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    pdl.release_next(DEPENDENT)
+    release_next(DEPENDENT)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     if SPLITS == 1:
@@ -265,8 +265,8 @@ def _combine_kernel(
     heads, tokens, dim, splits,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    pdl.wait_previous(DEPENDENT)
-    pdl.release_next(DEPENDENT)  # all tail
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)  # all tail
     row = tl.program_id(0)  # (b * H + h) * q + t
     t = row % tokens
     bh = row // tokens

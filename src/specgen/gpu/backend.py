@@ -42,6 +42,7 @@ class CudaBackend:
         self.workspace = Workspace(device)
         self.kernels: dict[str, ResolvedKernels] = {}  # by runner name, as resolved
         self.warp_kernels = True  # the target's resolution decides (set by runner("target"))
+        self.dependent_launch = False  # the draft pick's argmax launched dependent (the target's resolution)
         self.notes: list[str] = []  # fallbacks taken, for describe()
 
     # -- runners ----------------------------------------------------------------------------------
@@ -50,6 +51,7 @@ class CudaBackend:
         kernels = resolve(self.kernel_spec, self.device, model, compile=self.speculation.compile)
         if name == "target":
             self.warp_kernels = kernels.warp
+            self.dependent_launch = kernels.dependent_launch
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
                       compile=self.speculation.compile, autotune=self.speculation.autotune,
                       compile_cache_folder=self.speculation.compile_cache, tap=tap,
@@ -92,7 +94,7 @@ class CudaBackend:
 
     def argmax(self, logits, out):
         if self.warp_kernels:
-            gpu_warp.argmax(logits.contiguous(), out, self.workspace)
+            gpu_warp.argmax(logits.contiguous(), out, self.workspace, dependent=self.dependent_launch)
         else:
             torch.argmax(logits, dim=-1, out=out)
 

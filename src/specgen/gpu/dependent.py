@@ -18,7 +18,9 @@ The rules every kernel launched with it keeps, so that ordering stays what strea
 A kernel launched without the attribute (torch's) runs in plain stream order; `wait_previous` in a
 kernel whose predecessor gave no permission returns at once.
 
-Kernel files call these two and pass `options(dependent)` to their launch; runners decide
+Kernel files import these two by name and pass `launch_options(dependent)` to their launch: with
+compile, inductor copies a kernel's source together with the JIT functions it names unqualified,
+never a module's attribute (tests/sm90_compile.py checks every kernel's copy). Runners decide
 `dependent` from the profile (`[kernels] dependent_launch`, gpu/kernels.py).
 """
 
@@ -43,7 +45,7 @@ def release_next(DEPENDENT: tl.constexpr):
         gdc_launch_dependents()
 
 
-def options(dependent: bool) -> dict:
+def launch_options(dependent: bool) -> dict:
     """The launch keywords: the attribute only when asked, so that the interpreter and Triton
     versions without it never see the keyword."""
     return {"launch_pdl": True} if dependent else {}

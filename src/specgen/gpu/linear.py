@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from specgen.gpu import dependent as pdl
+from specgen.gpu.dependent import launch_options, release_next, wait_previous
 from specgen.gpu.linear_table import LinearTable, packaged
 from specgen.gpu.norm import rounded
 from specgen.gpu.workspace import Workspace
@@ -116,7 +116,7 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual
         # float32 products without TF32 for float32 models
         F32_DOT=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=chunks, DEPENDENT=dependent,
-        num_warps=warps, num_stages=stages, **pdl.options(dependent),
+        num_warps=warps, num_stages=stages, **launch_options(dependent),
     )
     return out.reshape(*lead, n)
 
@@ -152,7 +152,7 @@ def _linear_kernel(
     of a row tile and column block to finish sums the chunks' partials in chunk order (the same sum
     whichever arrives last) and stores. DEPENDENT: launched dependent on the kernel before
     (gpu/dependent.py); the next one may be scheduled once the walk over K is done."""
-    pdl.wait_previous(DEPENDENT)
+    wait_previous(DEPENDENT)
     pid = tl.program_id(0)
     tile = pid % tiles
     cols = (pid // tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # [N]
@@ -185,7 +185,7 @@ def _linear_kernel(
         if ACT > 0:
             u = tl.load(u_base + start, mask=w_mask, other=0.0)
             acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
-    pdl.release_next(DEPENDENT)
+    release_next(DEPENDENT)
     if SPLIT_K == 1:
         _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
     else:

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specgen.gpu import dependent as pdl
+from specgen.gpu.dependent import launch_options, release_next, wait_previous
 
 MAX_COLUMNS = 1 << 16  # one row per program, held in registers
 
@@ -58,7 +58,7 @@ def _launch(x, residual, weight, eps, dependent):
     _norm_kernel[(rows,)](
         x2, r2, weight, out, summed, n, x2.stride(0), r2.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block, DEPENDENT=dependent, num_warps=min(16, max(1, block // 512)),
-        **pdl.options(dependent),
+        **launch_options(dependent),
     )
     return out, summed if residual is not None else None
 
@@ -81,8 +81,8 @@ def _norm_kernel(
 ):
     """Program m: row m, every rounding step of the module in its order. One row is all tail: the
     next kernel may be scheduled at once (gpu/dependent.py)."""
-    pdl.wait_previous(DEPENDENT)
-    pdl.release_next(DEPENDENT)
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N

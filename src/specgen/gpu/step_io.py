@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specgen.gpu import dependent as pdl
+from specgen.gpu.dependent import launch_options, release_next, wait_previous
 
 BLOCK = 1024  # columns per program
 
@@ -50,7 +50,7 @@ def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, w
         weight.shape[1] if weight is not None else 0, weight.stride(0) if weight is not None else 0,
         table.shape[1] if table is not None else 0,
         EMBED=weight is not None, ROWS=table is not None, BLOCK=BLOCK, DEPENDENT=dependent,
-        **pdl.options(dependent),
+        **launch_options(dependent),
     )
 
 
@@ -63,7 +63,7 @@ def finish(logits: torch.Tensor, out: torch.Tensor, position: torch.Tensor, adva
     assert logits.stride(1) == 1 and out.stride(1) == 1
     _finish_kernel[(n, triton.cdiv(cols, BLOCK))](
         logits, out, position, cols, logits.stride(0), out.stride(0), advance, BLOCK=BLOCK, DEPENDENT=dependent,
-        **pdl.options(dependent),
+        **launch_options(dependent),
     )
 
 
@@ -71,8 +71,8 @@ def finish(logits: torch.Tensor, out: torch.Tensor, position: torch.Tensor, adva
 def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr, table_ptr, rows_ptr,
                    hidden, weight_stride, row_width,
                    EMBED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    pdl.wait_previous(DEPENDENT)
-    pdl.release_next(DEPENDENT)
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     t = tl.program_id(0)
     block = tl.program_id(1)
     at = tl.load(position_ptr) + t
@@ -93,8 +93,8 @@ def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr,
 @triton.jit
 def _finish_kernel(logits_ptr, out_ptr, position_ptr, cols, logits_stride, out_stride, advance,
                    BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    pdl.wait_previous(DEPENDENT)
-    pdl.release_next(DEPENDENT)
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     row = tl.program_id(0)
     block = tl.program_id(1)
     c = block * BLOCK + tl.arange(0, BLOCK)

@@ -56,6 +56,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from specgen.core.sampling import PenaltyRows, WarpParams
+from specgen.gpu.dependent import launch_options, release_next, wait_previous
 from specgen.gpu.workspace import Workspace
 
 SEGMENT = 4096  # vocab columns per program; also the capacity of the compacted cut candidates
@@ -167,20 +168,23 @@ def warp(
     return argmax, probs
 
 
-def argmax(logits: torch.Tensor, out: torch.Tensor, workspace: Workspace) -> torch.Tensor:
+def argmax(logits: torch.Tensor, out: torch.Tensor, workspace: Workspace, dependent: bool = False) -> torch.Tensor:
     """out [N] int64 = torch.argmax(logits [N, V], dim=-1): the first index of each row's maximum
     (on rows without NaN: torch's picks a NaN, this a number). Why not torch's: its reduction over one long row runs in
     few blocks (27.7 µs for one row of 128,256 on an H200, 4 times a round for a greedy draft);
-    here each row is spread over segments of ARGMAX_SEGMENT columns, then merged."""
+    here each row is spread over segments of ARGMAX_SEGMENT columns, then merged. dependent:
+    both launches dependent on the kernel before (gpu/dependent.py): a greedy draft phase is then
+    one chain from each step's logits through its pick into the next step's inputs."""
     rows, vocab = logits.shape
     assert logits.stride(-1) == 1 and out.shape == (rows,) and out.dtype == torch.int64, "argmax's shapes"
     segment = ARGMAX_SEGMENT[INTERPRETED]
     n_seg = triton.cdiv(vocab, segment)
     part = workspace.scratch("argmax_part", 2 * rows * n_seg)  # max, then first index (exact below 2^24)
     _argmax_kernel[(rows, n_seg)](logits, part, out, vocab, logits.stride(0), n_seg, BLOCK=segment,
-                                  num_warps=ARGMAX_WARPS)
+                                  DEPENDENT=dependent, num_warps=ARGMAX_WARPS, **launch_options(dependent))
     if n_seg > 1:
-        _argmax_merge_kernel[(rows,)](part, out, n_seg, BLOCK_S=triton.next_power_of_2(n_seg))
+        _argmax_merge_kernel[(rows,)](part, out, n_seg, BLOCK_S=triton.next_power_of_2(n_seg), DEPENDENT=dependent,
+                                      **launch_options(dependent))
     return out
 
 
@@ -906,9 +910,11 @@ def _race_segment(p, expo_ptr, offs, mask, cols, rows, row_ok, greedy, argmax, s
 
 
 @triton.jit
-def _argmax_kernel(l_ptr, part_ptr, out_ptr, vocab, stride, n_seg, BLOCK: tl.constexpr):
+def _argmax_kernel(l_ptr, part_ptr, out_ptr, vocab, stride, n_seg, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
     """Program (row, seg): the max of its columns and the first column holding it; a row of one
     segment stores its argmax directly."""
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
     cols = seg * BLOCK + tl.arange(0, BLOCK)
@@ -925,9 +931,11 @@ def _argmax_kernel(l_ptr, part_ptr, out_ptr, vocab, stride, n_seg, BLOCK: tl.con
 
 
 @triton.jit
-def _argmax_merge_kernel(part_ptr, out_ptr, n_seg, BLOCK_S: tl.constexpr):
+def _argmax_merge_kernel(part_ptr, out_ptr, n_seg, BLOCK_S: tl.constexpr, DEPENDENT: tl.constexpr):
     """Program row: the first segment holding the row's max (segments in column order) has its
     first index."""
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     row = tl.program_id(0).to(tl.int64)
     segs = tl.arange(0, BLOCK_S)
     ok = segs < n_seg
