@@ -39,7 +39,7 @@ def _attend(query, key, value, position, scale):
     return out.transpose(1, 2).to(query.dtype)
 
 
-def _decode_attention(query, key, value, position, scale, window=0, rope=None, softcap=0.0):
+def _decode_attention(query, key, value, position, scale, window=0, rope=None, softcap=0.0, dependent=False):
     """The kernel's contract in torch ops dynamo traces (no host read of the position)."""
     assert window == 0 and softcap == 0.0
     if rope is not None:
@@ -51,12 +51,13 @@ def _decode_attention(query, key, value, position, scale, window=0, rope=None, s
     return _attend(query, key, value, position, scale)
 
 
-def _linear(x, weight, bias=None, config=None, *, split_k=False, counters=None, table=None, residual=None):
+def _linear(x, weight, bias=None, config=None, *, split_k=False, counters=None, table=None, residual=None,
+            dependent=False):
     out = F.linear(x, weight, bias)
     return out if residual is None else residual + out
 
 
-def _gate_up(x, gate, up, activation, config=None, *, split_k=False, counters=None, table=None):
+def _gate_up(x, gate, up, activation, config=None, *, split_k=False, counters=None, table=None, dependent=False):
     return reference.gate_up_reference(x, gate, up, activation)
 
 
@@ -68,8 +69,8 @@ def traceable(monkeypatch):
     monkeypatch.setattr(attention, "decode_attention", _decode_attention)
     monkeypatch.setattr(linear, "linear", _linear)
     monkeypatch.setattr(linear, "gate_up", _gate_up)
-    monkeypatch.setattr(norm, "rms_norm", lambda x, w, eps: reference.rms_norm_reference(x, w, eps)[0])
-    monkeypatch.setattr(norm, "add_rms_norm", lambda x, r, w, eps: reference.rms_norm_reference(x, w, eps, r))
+    monkeypatch.setattr(norm, "rms_norm", lambda x, w, eps, dependent=False: reference.rms_norm_reference(x, w, eps)[0])
+    monkeypatch.setattr(norm, "add_rms_norm", lambda x, r, w, eps, dependent=False: reference.rms_norm_reference(x, w, eps, r))
     torch._dynamo.reset()
     counters.clear()
     yield counters
