@@ -238,16 +238,18 @@ def test_the_kernels_compute_the_plain_models_logits(family, role):
 
 
 def test_auto_on_a_gpu_takes_what_each_family_allows(family):
-    """`auto` on a CUDA device (decided from the model alone; split-K's device facts aside): every
+    """`auto` on a CUDA device (decided from the model alone; split-K's and dependent launch's device
+    facts aside, tests/test_kernels.py): every
     kernel, Gemma 2's soft-capped attention included, except the rotary path for Gemma 2 (its
     attention module is not one rewire reproduces; an explicit "kernel" is a usage error) and the
     norm kernel, which takes Llama-style RMSNorms only (not Gemma's 1 + w)."""
     name, folder = family
     model = _load(folder / "target")
-    got = resolve(KernelSpec(split_k="off"), torch.device("cuda"), model)
+    got = resolve(KernelSpec(split_k="off", dependent_launch="off"), torch.device("cuda"), model)
     assert got == ResolvedKernels(attention=True, linear=True, rope=KERNEL_ROPE[name], split_k=False, warp=True,
                                   norm=name != "gemma-2", head=True, step_io=True)
-    assert resolve(KernelSpec(attention="kernel", split_k="off"), torch.device("cuda"), model) == got
+    assert resolve(KernelSpec(attention="kernel", split_k="off", dependent_launch="off"), torch.device("cuda"),
+                   model) == got
     if not KERNEL_ROPE[name]:
         with pytest.raises(UsageError, match="no attention module of") as caught:
             resolve(KernelSpec(rope="kernel"), torch.device("cuda"), model)

@@ -167,7 +167,7 @@ def _dependent(value: str, kernels: bool, device: torch.device, compile: bool) -
     elif device.type != "cuda" or _properties(device).major < 9:
         why = "it needs an NVIDIA GPU of compute capability 9.0 or later (Hopper)"
     elif compile:
-        why = "torch.compile (`[speculation] compile`) does not take the launch attribute"
+        why = "specgen does not launch its kernels dependent inside torch.compile (`[speculation] compile`)"
     if value == "on" and why is not None:
         raise UsageError(f'[kernels] dependent_launch = "on": {why}', hint='Set dependent_launch = "auto" or "off" in [kernels].')
     return why is None
