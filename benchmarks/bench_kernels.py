@@ -501,7 +501,7 @@ def bench_steps(args) -> dict:
         options, values = VARIANTS[name]
         if options.get("compile"):
             options = dict(options, compile_cache_folder=args.compile_cache)
-        kernels = resolve(dataclasses.replace(SPEC, **values), "cuda", model, compile=bool(options.get("compile")))
+        kernels = resolve(dataclasses.replace(SPEC, **values), "cuda", model)
         torch._dynamo.reset()  # every compiled variant traces afresh
         start = time.perf_counter()
         runner = build_runner(model, width, kernels, workspace, options)

@@ -182,16 +182,16 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
             resolve(KernelSpec(**{key: "kernel"}), CPU, _tiny())
 
 
-def test_dependent_launch_needs_hopper_step_kernels_and_no_compile(monkeypatch):
-    """`auto`: on for sm_90+ GPUs whose steps run specgen's kernels, without compile; `on` where it
-    cannot apply is a usage error naming the reason; `off` always wins."""
+def test_dependent_launch_needs_hopper_and_step_kernels(monkeypatch):
+    """`auto`: on for sm_90+ GPUs whose steps run specgen's kernels (with compile too: they stay
+    operators of their own there, gpu/opaque.py); `on` where it cannot apply is a usage error
+    naming the reason; `off` always wins."""
     from specgen.gpu import kernels
 
     cuda = torch.device("cuda")
     gpu = {"props": H200}
     monkeypatch.setattr(kernels, "_properties", lambda device: gpu["props"])
     assert resolve(KernelSpec(), cuda, _tiny()).dependent_launch
-    assert not resolve(KernelSpec(), cuda, _tiny(), compile=True).dependent_launch
     assert not resolve(KernelSpec(dependent_launch="off"), cuda, _tiny()).dependent_launch
     plain = KernelSpec(attention="sdpa", linear="torch", step_io="torch")
     assert not resolve(plain, cuda, _tiny()).dependent_launch
@@ -202,8 +202,6 @@ def test_dependent_launch_needs_hopper_step_kernels_and_no_compile(monkeypatch):
         resolve(KernelSpec(dependent_launch="on"), cuda, _tiny())
     gpu["props"] = H200
     assert resolve(KernelSpec(dependent_launch="on"), cuda, _tiny()).dependent_launch
-    with pytest.raises(UsageError, match="torch.compile"):
-        resolve(KernelSpec(dependent_launch="on"), cuda, _tiny(), compile=True)
     with pytest.raises(UsageError, match="uses none of them"):
         resolve(dataclasses.replace(plain, dependent_launch="on"), cuda, _tiny())
     with pytest.raises(UsageError, match="compute capability"):

@@ -67,6 +67,15 @@ def decode_attention(
     (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
     position + t before attending. Otherwise the cache holds them already and the query is rotated.
     With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
+    if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
+        from specgen.gpu import opaque
+
+        return opaque.attention(query, key, value, position, scale, window, rope, softcap, dependent)
+    return run(query, key, value, position, scale, window, rope, softcap, dependent)
+
+
+def run(query, key, value, position, scale, window, rope, softcap, dependent):
+    """decode_attention's launches (the operator of gpu/opaque.py calls this too)."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0

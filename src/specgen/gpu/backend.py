@@ -48,7 +48,7 @@ class CudaBackend:
     # -- runners ----------------------------------------------------------------------------------
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
-        kernels = resolve(self.kernel_spec, self.device, model, compile=self.speculation.compile)
+        kernels = resolve(self.kernel_spec, self.device, model)
         if name == "target":
             self.warp_kernels = kernels.warp
             self.dependent_launch = kernels.dependent_launch

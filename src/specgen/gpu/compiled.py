@@ -76,6 +76,8 @@ def _compiled_class(base: type) -> type:
 def install(model) -> CompiledLayers:
     """Give the model's decoder layers the compiled call while the returned object is engaged.
     Idempotent: a second install (another runner on the same model) hands the layers a new object."""
+    import specgen.gpu.opaque  # noqa: F401  (registers the step kernels' operators before dynamo traces a layer)
+
     region = CompiledLayers()
     _raise_recompile_limit()
     layers = getattr(getattr(model, "model", None), "layers", None)  # transformers' and core/llama.py's

@@ -76,9 +76,8 @@ class ResolvedKernels:
         }
 
 
-def resolve(spec: KernelSpec, device: torch.device, model, compile: bool = False) -> ResolvedKernels:
-    """spec's values for `model` on `device` (compile: the runner torch.compiles its layers, which
-    dependent launch does not take); raises UsageError for a value they cannot take."""
+def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
+    """spec's values for `model` on `device`; raises UsageError for a value they cannot take."""
     device = torch.device(device)
     cuda = device.type == "cuda"
     attention = _attention(spec.attention, cuda, model)
@@ -94,7 +93,7 @@ def resolve(spec: KernelSpec, device: torch.device, model, compile: bool = False
         norm=_norm(spec.norm, linear, model),
         head=_head(spec.head, linear),
         step_io=step_io,
-        dependent_launch=_dependent(spec.dependent_launch, attention or linear or step_io, device, compile),
+        dependent_launch=_dependent(spec.dependent_launch, attention or linear or step_io, device),
     )
 
 
@@ -158,7 +157,7 @@ def _step_io(value: str, cuda: bool) -> bool:
     return _triton("step_io", value, "torch") or (cuda and triton_available())
 
 
-def _dependent(value: str, kernels: bool, device: torch.device, compile: bool) -> bool:
+def _dependent(value: str, kernels: bool, device: torch.device) -> bool:
     if value == "off":
         return False
     why = None
@@ -166,8 +165,6 @@ def _dependent(value: str, kernels: bool, device: torch.device, compile: bool) -
         why = "it changes how the step kernels launch, and this run uses none of them"
     elif device.type != "cuda" or _properties(device).major < 9:
         why = "it needs an NVIDIA GPU of compute capability 9.0 or later (Hopper)"
-    elif compile:
-        why = "specgen does not launch its kernels dependent inside torch.compile (`[speculation] compile`)"
     if value == "on" and why is not None:
         raise UsageError(f'[kernels] dependent_launch = "on": {why}', hint='Set dependent_launch = "auto" or "off" in [kernels].')
     return why is None

@@ -77,6 +77,17 @@ def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: s
 
 def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual, dependent):
     n, k = weight.shape
+    config = config or (table or packaged()).pick(n, k, act > 0, split_k)
+    if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
+        from specgen.gpu import opaque
+
+        return opaque.linear(x, weight, up, bias, residual, counters, config, act, dependent)
+    return run(x, weight, up, bias, act, config, counters, residual, dependent)
+
+
+def run(x, weight, up, bias, act, config, counters, residual, dependent):
+    """One launch with a picked configuration (the operator of gpu/opaque.py calls this too)."""
+    n, k = weight.shape
     lead = x.shape[:-1]
     assert x.shape[-1] == k, f"x has {x.shape[-1]} columns, weight {k}"
     x2 = x.reshape(-1, k)
@@ -90,7 +101,7 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual
         residual = residual.reshape(rows, n)
         if residual.stride(-1) != 1:
             residual = residual.contiguous()
-    dot, block_n, block_k, warps, stages, *rest = config or (table or packaged()).pick(n, k, act > 0, split_k)
+    dot, block_n, block_k, warps, stages, *rest = config
     block_m = DOT_ROWS if dot else 1
     tiles = triton.cdiv(rows, block_m)
     columns = triton.cdiv(n, block_n)

@@ -40,6 +40,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 def _launch(x, residual, weight, eps, dependent):
+    if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
+        from specgen.gpu import opaque
+
+        return opaque.norm(x, residual, weight, eps, dependent)
+    return run(x, residual, weight, eps, dependent)
+
+
+def run(x, residual, weight, eps, dependent):
+    """(normed, summed or None), one launch (the operator of gpu/opaque.py calls this too)."""
     n = x.shape[-1]
     assert weight.shape == (n,) and weight.is_contiguous(), f"weight {tuple(weight.shape)} for {n} columns"
     assert 0 < n <= MAX_COLUMNS, f"{n} columns > MAX_COLUMNS {MAX_COLUMNS}"
