@@ -372,6 +372,8 @@ VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
                              dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
     "compile-default": (dict(compile=True), dict(attention="auto", linear="auto", rope="auto", split_k="auto",
                                                  norm="auto", step_io="auto")),
+    "compile-dependent": (dict(compile=True), dict(attention="auto", linear="auto", rope="auto", split_k="auto",
+                                                   norm="auto", step_io="auto", dependent_launch="on")),
 }
 
 

@@ -17,6 +17,12 @@ up itself (the step kernels off) still traces once per layer: correct, only slow
 Rewiring is by class, like gpu/rewire.py's: a layer takes the compiled call only while its
 runner's CompiledLayers is engaged (inside a step_context), and its class's own forward otherwise.
 A layer whose instance forward was replaced (accelerate's hooks) keeps it, uncompiled.
+
+specgen's own kernels inside a layer are not compiled again: each call is one operator node
+(gpu/opaque.py), launched as without compile, dependent launch included; inductor compiles what
+runs between them. With every op of a layer on the step kernels, a compiled step runs what an
+uncompiled one does
+(docs/benchmarks.md, "Compile with the step kernels as operators (H200)").
 """
 
 from __future__ import annotations
