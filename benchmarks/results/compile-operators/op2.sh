@@ -18,21 +18,4 @@ run() {  # name tree [options]
 }
 run on new; run compile new --compile; run compile_old old --compile
 run on2 new; run compile2 new --compile; run compile_old2 old --compile
-OUT="$OUT" python3 - <<'PY' | tee -a "$LOG"
-import json, os
-for name in ("on", "compile", "compile_old", "on2", "compile2", "compile_old2"):
-    try:
-        data = json.load(open(f"{os.environ['OUT']}/{name}.json"))
-    except Exception as exc:
-        print(name, "unreadable", exc); continue
-    kern = data["environment"]["resolved"]["kernels"]["target"].get("dependent_launch")
-    print("==", name, "dependent", kern, "startup", data.get("startup_seconds"))
-    for b in data["baselines"]:
-        print(" target-only", b["temperature"], "tok/s %.0f" % b["tokens_per_second"]["median"])
-    for r in data["results"]:
-        med = lambda key: (r.get(key) or {}).get("median")
-        print(r["proposer"], r["k"], r["temperature"], "tok/s %.0f mal %.2f x %.2f identical %s" % (
-            med("tokens_per_second"), r["mean_accepted_length"],
-            r["speedup"]["target-only"]["median"], ((r.get("greedy_agreement") or {}).get("target-only") or {}).get("identical_fraction")),
-            {k: round(v, 3) for k, v in r["round_ms"].items()})
-PY
+python3 benchmarks/bench_summary.py $(for n in on compile compile_old on2 compile2 compile_old2; do echo "$OUT/$n.json"; done) | tee -a "$LOG"
