@@ -21,8 +21,7 @@ A layer whose instance forward was replaced (accelerate's hooks) keeps it, uncom
 specgen's own kernels inside a layer are not compiled again: each call is one operator node
 (gpu/opaque.py), launched as without compile, dependent launch included; inductor compiles what
 runs between them. With every op of a layer on the step kernels, a compiled step runs what an
-uncompiled one does
-(docs/benchmarks.md, "Compile with the step kernels as operators (H200)").
+uncompiled one does (docs/benchmarks.md, "Compile with the step kernels as operators (H200)").
 """
 
 from __future__ import annotations
