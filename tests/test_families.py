@@ -286,24 +286,31 @@ def test_gemma2_generates_with_the_attention_kernel(tmp_path, cli):
     """An explicit attention = "kernel" (once a usage error: the kernel did not soft-cap) runs with
     captured steps and prints the greedy tokens of a run with Gemma 2's own attention (float32:
     the two differ by rounding far below the tiny model's top-two gaps)."""
+    import warnings
+
     folder = build_family(tmp_path, "gemma-2")
     outputs = []
     for attention in ("kernel", "sdpa"):
         profile = write_profile(tmp_path / f"{attention}.toml", folder / "target", folder / "draft", device="cuda",
                                 dtype="float32", kernels={"attention": attention})
-        code, out, err = cli("generate", "-p", profile, "w1 w2 w3", "--max-tokens", "8", "-t", "0")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            code, out, err = cli("generate", "-p", profile, "w1 w2 w3", "--max-tokens", "8", "-t", "0")
         assert code == 0 and out.strip(), err
+        # both capture their steps (transformers 5.17's eager masks could not be captured)
+        assert not [str(w.message) for w in caught if "could not capture" in str(w.message)], attention
         outputs.append(out)
     assert outputs[0] == outputs[1]
 
 
-def test_soft_capped_attention_is_loaded_eager():
+def test_soft_capped_attention_is_loaded_with_the_cap():
     """core/models.py's capped_attention: a Gemma 2 that transformers gave SDPA (5.17's default),
-    which drops attn_logit_softcapping there (later versions refuse the call), gets eager attention
-    and the model's true logits; other models keep theirs."""
+    which drops attn_logit_softcapping there (later versions refuse the call), gets specgen's
+    soft-capped attention over SDPA's masks (eager's float masks cannot be captured in 5.17), and
+    bit for bit the logits of transformers' eager attention; other models keep theirs."""
     import transformers
 
-    from specgen.core.models import capped_attention
+    from specgen.core.models import SOFTCAPPED, capped_attention
 
     def tiny(family, attention, **extra):
         config = getattr(transformers, f"{family}Config")(
@@ -323,9 +330,13 @@ def test_soft_capped_attention_is_loaded_eager():
     except ValueError:  # later versions refuse SDPA's call with a cap
         dropped = None
     assert dropped is None or not torch.allclose(dropped, _logits(eager, ids), atol=1e-3)
+    want = _logits(eager, ids)  # transformers' eager attention
     capped_attention(sdpa)
-    assert sdpa.config._attn_implementation == "eager"
-    torch.testing.assert_close(_logits(sdpa, ids), _logits(eager, ids), rtol=0, atol=0)
+    assert sdpa.config._attn_implementation == SOFTCAPPED
+    assert torch.equal(_logits(sdpa, ids), want)
+    capped_attention(eager)  # a model transformers gave eager attention takes it too
+    assert eager.config._attn_implementation == SOFTCAPPED
+    assert torch.equal(_logits(eager, ids), want)
     llama = tiny("Llama", "sdpa")
     capped_attention(llama)
     assert llama.config._attn_implementation == "sdpa"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from specgen.core import llama
 from specgen.core.errors import ModelError
@@ -286,20 +287,56 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
     return model.eval()
 
 
+SOFTCAPPED = "specgen_softcapped"  # the attention function capped_attention registers with transformers
+
+
 def capped_attention(model) -> None:
-    """A model whose attention soft-caps its scores (Gemma 2's attn_logit_softcapping) gets eager
-    attention, the one transformers implementation that applies the cap: transformers 5.17 loads
-    Gemma 2 with SDPA by default, which drops it silently (logits 0.2-0.5 off from the second
-    token on a tiny Gemma 2), where later versions choose eager themselves. specgen's own
-    attention (gpu/rewire.py) caps in its kernel, and falls back to this eager computation."""
+    """A model whose attention soft-caps its scores (Gemma 2's attn_logit_softcapping) gets
+    softcapped_attention below, over SDPA's masks. Why not transformers' own choice: 5.17 loads
+    Gemma 2 with SDPA by default, which drops the cap silently (logits 0.2-0.5 off from the second
+    token on a tiny Gemma 2), and its eager attention, which caps, builds each call's float mask
+    with `torch.tensor(0.0, device=...)`, a host-to-device copy that CUDA-graph capture refuses: the
+    runners then ran every step eagerly. SDPA's boolean masks capture, and the scores, cap, mask
+    and softmax are eager's ops in eager's order. specgen's own attention (gpu/rewire.py) caps in
+    its kernel and falls back to this function."""
     config = getattr(model, "config", None)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    if not getattr(text, "attn_logit_softcapping", None) or config._attn_implementation == "eager":
+    if not getattr(text, "attn_logit_softcapping", None) or config._attn_implementation == SOFTCAPPED:
         return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(SOFTCAPPED, _softcapped_interface)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SOFTCAPPED, sdpa_mask)
     if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation("eager")
+        model.set_attn_implementation(SOFTCAPPED)
     else:  # older transformers: the config attribute is what the attention layers read
-        model.config._attn_implementation = "eager"
+        model.config._attn_implementation = SOFTCAPPED
+
+
+def _softcapped_interface(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          softcap=None, **kwargs):
+    """transformers' attention-function protocol -> ([B, q, H, D], None). The sliding window is in
+    the mask (SDPA's mask function builds windowed masks for the windowed layers)."""
+    return softcapped_attention(module, query, key, value, attention_mask, dropout, scaling, softcap), None
+
+
+def softcapped_attention(module, query, key, value, mask, dropout: float, scaling, softcap: float) -> torch.Tensor:
+    """transformers' Gemma 2 eager attention, op for op in the model's dtype (so a soft-capped
+    model's prefill is what its own attention computes), over the mask registered with ours:
+    SDPA's (boolean, windows included; None means what SDPA's is_causal does: causal from the top
+    left for several query tokens, everything for one). query [B, H, q, D] -> [B, q, H, D]."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else module.head_dim ** -0.5)
+    scores = torch.tanh(scores / softcap) * softcap  # [B, H, q, C]
+    if mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True):
+        mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
+    if mask is not None:  # eager adds a float mask of 0 and the dtype's minimum: the same as this fill
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous()
 
 
 def placement(spec: ModelSpec, device: torch.device) -> dict:

@@ -41,6 +41,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
+from specgen.core.models import softcapped_attention
 from specgen.gpu import attention as attention_kernels
 from specgen.gpu import linear as linear_kernels
 from specgen.gpu import norm as norm_kernels
@@ -351,24 +352,6 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return attention_kernels.decode_attention(query, key, value, specgen_position, scale, sliding_window or 0,
                                               softcap=softcap or 0.0, dependent=specgen_dependent), None
-
-
-def softcapped_attention(module, query, key, value, mask, dropout: float, scaling, softcap: float) -> torch.Tensor:
-    """transformers' Gemma 2 eager attention, op for op in the model's dtype (so a soft-capped
-    model's prefill is what its own attention computes), over the mask registered with ours:
-    SDPA's (boolean, windows included; None means what SDPA's is_causal does: causal from the top
-    left for several query tokens, everything for one). query [B, H, q, D] -> [B, q, H, D]."""
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(query, key.transpose(2, 3)) * (scaling if scaling is not None else module.head_dim ** -0.5)
-    scores = torch.tanh(scores / softcap) * softcap  # [B, H, q, C]
-    if mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True):
-        mask = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril()
-    if mask is not None:  # eager adds a float mask of 0 and the dtype's minimum: the same as this fill
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
-    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous()
 
 
 # -- a step's inputs: rotary tables and no mask ------------------------------------------------------
