@@ -338,7 +338,14 @@ def verify_scenarios(verify):
         draft, cu, workspace = common()
         verify.verify_greedy(draft, cu, torch.zeros(k + batch, dtype=torch.int64), k, workspace)
 
+    def dependent():
+        draft, cu, workspace = common()
+        verify.verify_greedy(draft, cu, torch.zeros(k + batch, dtype=torch.int64), k, workspace, dependent=True)
+        verify.verify_random(draft, cu, torch.empty(k, 128256), torch.empty(k + batch, 128256), torch.empty(k),
+                             torch.empty(batch, 128256), k, workspace, dependent=True)
+
     yield "verify_greedy k=4", greedy
+    yield "verify_greedy and verify_random k=4 dependent", dependent
     for vocab in (100, 151936):
         for with_q in (True, False):
             def call(vocab=vocab, with_q=with_q):
@@ -361,7 +368,7 @@ def warp_scenarios(warp):
     defaults = dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
                     presence_penalty=0.0, frequency_penalty=0.0)
 
-    def call(vocab, dtype, penalties=False, bad_mask=None, race=False, **values):
+    def call(vocab, dtype, penalties=False, bad_mask=None, race=False, dependent=False, **values):
         def column(name):
             value = values.get(name, defaults[name])
             value = value if isinstance(value, list) else [value]
@@ -378,7 +385,8 @@ def warp_scenarios(warp):
             mask = torch.zeros(*([rows] if bad_mask == "rows" else []), vocab, dtype=torch.bool)
         expo = torch.empty(rows, vocab) if race else None
         race_out = torch.empty(rows, dtype=torch.int64) if race else None
-        warp.warp(torch.empty(rows, vocab, dtype=dtype), params, penalty, mask, Workspace("cpu"), expo, race_out)
+        warp.warp(torch.empty(rows, vocab, dtype=dtype), params, penalty, mask, Workspace("cpu"), expo, race_out,
+                  dependent=dependent)
 
     yield "warp 151936 bf16 greedy race", lambda: call(151936, BF16, race=True, temperature=0.0)
     yield "warp 151936 f32 temperature race", lambda: call(151936, F32, race=True, temperature=0.8)
@@ -386,6 +394,10 @@ def warp_scenarios(warp):
            lambda: call(151936, BF16, penalties=True, bad_mask="vocab", race=True, temperature=0.7, top_k=50,
                         top_p=0.9, repetition_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.2))
     yield "warp 32000 f32 top_p", lambda: call(32000, F32, temperature=0.8, top_p=0.95)
+    # gpu/dependent.py's wait and release in each warp kernel: the parallel and one-program searches
+    yield ("warp 128256 bf16 top_k+top_p race dependent",
+           lambda: call(128256, BF16, race=True, dependent=True, temperature=0.8, top_k=50, top_p=0.9))
+    yield "warp 128256 bf16 min_p dependent", lambda: call(128256, BF16, dependent=True, temperature=1.0, min_p=0.05)
     yield "warp 128256 bf16 min_p (one-program cut)", lambda: call(128256, BF16, temperature=1.0, min_p=0.05)
     yield ("warp 100 f32 all options bad_mask[N,V] race",
            lambda: call(100, F32, penalties=True, bad_mask="rows", race=True, temperature=[0.7, 1.3], top_k=[40, 3],

@@ -4,7 +4,8 @@ On every machine: a runner resolved with dependent launch hands it to every kern
 launch (and one without it to none), in the prefill's eager calls and in its steps; on the CPU the
 spied calls then run the interpreter's kernels without it. With an sm_90+ GPU: a long eager chain
 of the kernels, each reading what the one before wrote, and a runner's captured steps give
-bitwise what plain launches give (a missing wait would read a buffer before it is written).
+bitwise what plain launches give (a missing wait would read a buffer before it is written), and so
+does a chain of a sampled round's warp and verify kernels.
 """
 
 from __future__ import annotations
@@ -116,6 +117,58 @@ def test_a_chain_of_dependent_kernels_equals_plain_launches(split):
     want = chain(False)
     for _ in range(3):
         assert torch.equal(chain(True), want)
+
+
+@hopper
+@pytest.mark.parametrize("vocab", [8192, 128256])
+def test_a_sampled_round_chain_equals_plain_launches(vocab):
+    """A sampled round's own kernels chained 40 times: a projection to logits, warp with its race
+    (stats, the parallel cut search's passes, cut, probs: top-p, and top-k with min-p for the
+    one-program search) into a row of q, the target's warp, verify_random and verify_greedy, each
+    reading what the kernel before wrote, eagerly on one stream."""
+    from specgen.core.sampling import WarpParams
+    from specgen.gpu import verify
+
+    gen = torch.Generator(device=DEVICE).manual_seed(vocab)
+    hidden, k = 256, 4
+    head = (torch.randn(vocab, hidden, generator=gen, device=DEVICE) * 0.3).to(torch.bfloat16)
+    x0 = torch.randn(k + 1, hidden, generator=gen, device=DEVICE).to(torch.bfloat16)
+    expo = -torch.rand(k + 1, vocab, generator=gen, device=DEVICE).log1p().neg().clamp_min(1e-6)
+    uniform = torch.rand(k, generator=gen, device=DEVICE).clamp_min(1e-6)
+    cu = torch.tensor([k], dtype=torch.int32, device=DEVICE)
+
+    def params(rows, **values):
+        base = dict(temperature=0.8, top_k=-1, top_p=0.95, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                    frequency_penalty=0.0) | values
+        return WarpParams(**{name: torch.full((rows,), value, dtype=torch.int32 if name == "top_k" else torch.float32,
+                                              device=DEVICE) for name, value in base.items()})
+
+    draft_rows = [params(1), params(1, top_k=40, min_p=0.02)]
+    target_rows = params(k + 1)
+    workspace = Workspace(DEVICE)
+
+    def chain(flag: bool) -> list[torch.Tensor]:
+        x, outs = x0, []
+        q = torch.zeros(k, vocab, device=DEVICE)
+        drafts = torch.zeros(k, dtype=torch.int64, device=DEVICE)
+        for turn in range(40):
+            for i in range(k):
+                logits = linear.linear(x[i : i + 1], head, None, dependent=flag)
+                warp.warp(logits, draft_rows[(turn + i) % 2], None, None, workspace, expo[i : i + 1],
+                          drafts[i : i + 1], probs_out=q[i : i + 1], dependent=flag)
+            argmax, probs = warp.warp(linear.linear(x, head, None, dependent=flag), target_rows, None, None,
+                                      workspace, dependent=flag)
+            out = verify.verify_random(drafts, cu, q, probs, uniform, expo[k:], k, workspace, dependent=flag)
+            greedy = verify.verify_greedy(drafts, cu, argmax, k, workspace, dependent=flag)
+            outs += [out, greedy, drafts.clone()]
+            x = x + (out[0, :1] % 7).to(x.dtype).unsqueeze(1) * 1e-2  # the next turn reads the verdict
+        return outs
+
+    want = chain(False)
+    assert int(workspace.error) == 0
+    for _ in range(2):
+        got = chain(True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @hopper

@@ -212,9 +212,9 @@ class RecordingBackend(TorchBackend):
         self._record(logits, penalties, bad_mask)
         return super().warp(logits, params, penalties, bad_mask)
 
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
         self._record(logits, penalties, bad_mask)
-        return super().warp_and_race(logits, params, expo, out, penalties, bad_mask)
+        return super().warp_and_race(logits, params, expo, out, penalties, bad_mask, probs_out)
 
 
 def stub_round(spec: SamplingSpec, k: int, width: int = 60, vocab: int = 50, stop_ids=(3, 7), **shape):

@@ -170,6 +170,25 @@ def test_warp_with_race_matches_sample_race(vocab):
     assert int(workspace.error) == 0
 
 
+def test_warp_writes_its_probs_where_asked():
+    """probs_out (a draft step's row of the round's q): the probs land there, equal to a warp
+    without it, and it is what warp returns; an all-greedy call leaves it alone."""
+    gen = torch.Generator().manual_seed(4)
+    logits = make_logits(2, 8193, gen)
+    params = make_params(2, temperature=[0.8, 1.0], top_p=[0.95, 1.0])
+    expo = sampling.exponentials((2, 8193), gen, "cpu").to(DEVICE)
+    workspace = Workspace(DEVICE)
+    _, alone = gpu_warp.warp(logits, params, None, None, workspace)
+    q = torch.full((3, 8193), -1.0, device=DEVICE)
+    out = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    _, probs = gpu_warp.warp(logits, params, None, None, workspace, expo, out, probs_out=q[1:])
+    assert probs.data_ptr() == q[1:].data_ptr()
+    assert torch.equal(q[1:], alone) and bool((q[0] == -1).all())
+    greedy = make_params(2, temperature=0.0)
+    assert gpu_warp.warp(logits, greedy, None, None, workspace, probs_out=q[1:])[1] is None
+    assert torch.equal(q[1:], alone)
+
+
 def test_warp_and_race_matches_the_reference():
     """warp with the race (the captured pick): same ids and probabilities as sampling's warp and race."""
     gen = torch.Generator().manual_seed(3)

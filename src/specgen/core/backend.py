@@ -34,7 +34,10 @@ class Backend(Protocol):
 
     def argmax(self, logits, out) -> None: ...
 
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None) -> torch.Tensor | None: ...
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None,
+                      probs_out=None) -> torch.Tensor | None:
+        """warp, then the race's ids into out; returns the probs (None when every row is greedy),
+        which are probs_out, filled, when it is given."""
 
     def gumbel_noise(self, out, key, first) -> None: ...
 
@@ -131,9 +134,11 @@ class TorchBackend:
     def argmax(self, logits, out):
         torch.argmax(logits, dim=-1, out=out)
 
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
         argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
         out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
+        if probs is not None and probs_out is not None:
+            probs = probs_out.copy_(probs)
         return probs
 
     def gumbel_noise(self, out, key, first):

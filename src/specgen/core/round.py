@@ -294,10 +294,9 @@ class Round:
             penalties = PenaltyRows(self.draft_counts.unsqueeze(0), (self.seen | (self.draft_counts > 0)).unsqueeze(0))
         need_q = shape.p_min > 0 or shape.insight
         probs = None
-        if self.draft_races:
-            probs = self.backend.warp_and_race(logits, params, self.noise[i : i + 1], out, penalties, bad)
-            if self.q is not None:
-                self.q[i : i + 1].copy_(probs)
+        if self.draft_races:  # the probs straight into q's row: no copy between the pick and the next step
+            probs = self.backend.warp_and_race(logits, params, self.noise[i : i + 1], out, penalties, bad,
+                                               probs_out=self.q[i : i + 1] if self.q is not None else None)
         elif penalties is None and bad is None and not need_q:
             self.backend.argmax(logits, out)
         else:

@@ -42,7 +42,8 @@ class CudaBackend:
         self.workspace = Workspace(device)
         self.kernels: dict[str, ResolvedKernels] = {}  # by runner name, as resolved
         self.warp_kernels = True  # the target's resolution decides (set by runner("target"))
-        self.dependent_launch = False  # the draft pick's argmax launched dependent (the target's resolution)
+        # the round's own kernels (warp, argmax, verify) launched dependent (the target's resolution)
+        self.dependent_launch = False
         self.notes: list[str] = []  # fallbacks taken, for describe()
 
     # -- runners ----------------------------------------------------------------------------------
@@ -90,7 +91,8 @@ class CudaBackend:
     def warp(self, logits, params, penalties=None, bad_mask=None):
         if not self.warp_kernels:
             return sampling.warp(logits, params, penalties, bad_mask)
-        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace)
+        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace,
+                             dependent=self.dependent_launch)
 
     def argmax(self, logits, out):
         if self.warp_kernels:
@@ -98,12 +100,13 @@ class CudaBackend:
         else:
             torch.argmax(logits, dim=-1, out=out)
 
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None):
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
         if not self.warp_kernels:
             argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
             out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
-            return probs
-        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, expo, out)[1]
+            return probs if probs is None or probs_out is None else probs_out.copy_(probs)
+        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, expo, out,
+                             probs_out=probs_out, dependent=self.dependent_launch)[1]
 
     def gumbel_noise(self, out, key, first):
         """The uniforms from the kernel (or the reference with warp = "torch"); the log by torch in
@@ -117,13 +120,14 @@ class CudaBackend:
     def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
         if not self.warp_kernels:
             return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)
-        return gpu_verify.verify_greedy(drafts, cu, target_argmax, max_spec_len, self.workspace)
+        return gpu_verify.verify_greedy(drafts, cu, target_argmax, max_spec_len, self.workspace,
+                                        dependent=self.dependent_launch)
 
     def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
         if not self.warp_kernels:
             return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
         return gpu_verify.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len,
-                                        self.workspace)
+                                        self.workspace, dependent=self.dependent_launch)
 
     def check(self, first_id: int) -> None:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""

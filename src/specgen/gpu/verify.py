@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from specgen.core import sampling
+from specgen.gpu.dependent import launch_options, release_next, wait_previous
 from specgen.gpu.warp import layout
 from specgen.gpu.workspace import Workspace
 
@@ -67,6 +68,7 @@ def verify_greedy(
     target_argmax: torch.Tensor,  # [T + B] int64
     max_spec_len: int,
     workspace: Workspace,  # its error flag turns into the sentinel
+    dependent: bool = False,  # launched dependent on the kernel before (gpu/dependent.py)
 ) -> torch.Tensor:  # [B, max_spec_len + 1] int64
     batch, num_tokens = cu_num_draft_tokens.shape[0], draft_token_ids.shape[0]
     _check_layout(draft_token_ids, cu_num_draft_tokens, workspace, target_argmax.device)
@@ -75,7 +77,8 @@ def verify_greedy(
     out = torch.empty(batch, max_spec_len + 1, dtype=torch.int64, device=target_argmax.device)
     _verify_greedy_kernel[(triton.cdiv(batch, _GREEDY_TILE),)](
         out, cu_num_draft_tokens, draft_token_ids, target_argmax, workspace.error, batch, max_spec_len,
-        BLOCK_R=_GREEDY_TILE, SPEC_BLOCK=_spec_block(max_spec_len), num_warps=4,
+        BLOCK_R=_GREEDY_TILE, SPEC_BLOCK=_spec_block(max_spec_len), DEPENDENT=dependent, num_warps=4,
+        **launch_options(dependent),
     )
     return out
 
@@ -89,6 +92,7 @@ def verify_random(
     exponential_draws: torch.Tensor,  # [B, V] float32 > 0
     max_spec_len: int,
     workspace: Workspace,  # slots and counters; its error flag turns into the sentinel
+    dependent: bool = False,  # launched dependent on the kernel before (gpu/dependent.py)
 ) -> torch.Tensor:  # [B, max_spec_len + 1] int64
     batch, num_tokens = cu_num_draft_tokens.shape[0], draft_token_ids.shape[0]
     vocab = target_probs.shape[-1]
@@ -110,8 +114,8 @@ def verify_random(
         target_probs, uniform_draws, exponential_draws, best, arrived, workspace.error,
         batch, vocab, max_spec_len,
         NO_DRAFT_PROBS=draft_probs is None, SEGMENTED=n_seg > 1,
-        BLOCK_R=block_r, BLOCK_V=block_v, SPEC_BLOCK=_spec_block(max_spec_len),
-        num_warps=max(1, min(8, block_r * block_v // 512)),
+        BLOCK_R=block_r, BLOCK_V=block_v, SPEC_BLOCK=_spec_block(max_spec_len), DEPENDENT=dependent,
+        num_warps=max(1, min(8, block_r * block_v // 512)), **launch_options(dependent),
     )
     return out
 
@@ -158,7 +162,10 @@ def _verify_greedy_kernel(
     max_spec_len,
     BLOCK_R: tl.constexpr,
     SPEC_BLOCK: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
+    wait_previous(DEPENDENT)  # one short pass: the next kernel may be scheduled at once
+    release_next(DEPENDENT)
     req, ok, start, num = _requests(cu_ptr, n_req, BLOCK_R)
     pos = tl.arange(0, SPEC_BLOCK)[None, :]  # [1, P]
     live = ok[:, None] & (pos < num[:, None])  # [R, P]
@@ -189,7 +196,10 @@ def _verify_random_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     SPEC_BLOCK: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     req, ok, start, num = _requests(cu_ptr, n_req, BLOCK_R)
     # accepted prefix: u * q(x) <= p(x) with q(x) > 0, up to the first failure
     pos = tl.arange(0, SPEC_BLOCK)[None, :]  # [1, P]

@@ -110,10 +110,15 @@ def warp(
     out: torch.Tensor | None = None,  # [N] int64: where the race's ids go (with expo)
     *,
     parallel_cut: bool = True,  # long top-k / top-p rows try the parallel cut search first
+    probs_out: torch.Tensor | None = None,  # [N, V] float32 contiguous: where the probs go (else new)
+    dependent: bool = False,  # every launch dependent on the kernel before (gpu/dependent.py)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as core/sampling.warp, except that errors land in workspace.error instead of
     raising. With expo, the probs kernel also writes sampling.sample_race(probs, expo) into out:
-    each program races its segment and the last of a row's programs to finish picks the winner."""
+    each program races its segment and the last of a row's programs to finish picks the winner.
+    probs_out: a draft step's row of the round's q, so no copy follows the warp; it is unwritten
+    when every row is greedy (None is returned for the probs, as without it).
+    dependent: a sampled draft step is then one chain from its logits through its pick."""
     rows, vocab = logits.shape
     error = workspace.error
     _check_inputs(logits, params, penalties, bad_mask, workspace)
@@ -121,7 +126,14 @@ def warp(
     flags = params.flags
     block_r, block_v, n_seg = layout(vocab)
     part = workspace.scratch("warp_part", 4 * rows * n_seg + 2 * rows)  # seg max/sum/min/argmax, cut, z
-    probs = None if flags.all_greedy else torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
+    probs = None
+    if not flags.all_greedy:
+        if probs_out is not None:
+            assert probs_out.shape == (rows, vocab) and probs_out.dtype == torch.float32 and probs_out.is_contiguous()
+            probs = probs_out
+        else:
+            probs = torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
+    launch = dict(DEPENDENT=dependent, **launch_options(dependent))
     dummy = error  # stands in for absent optional tensors (never dereferenced)
     counts = penalties.counts if penalties is not None else dummy
     seen = penalties.seen if penalties is not None else dummy
@@ -133,21 +145,21 @@ def warp(
         vocab if bad_mask is not None and bad_mask.ndim == 2 else 0,
         part, error, rows, vocab, n_seg,
         HAS_PENALTIES=penalties is not None, HAS_BAD_MASK=bad_mask is not None, STORE_L=probs is not None,
-        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=_warps(block_r * block_v), enable_fp_fusion=False,
+        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=_warps(block_r * block_v), enable_fp_fusion=False, **launch,
     )
     has_cut = probs is not None and (flags.top_k or flags.top_p or flags.min_p)
     if has_cut:
         cand = workspace.scratch("warp_cand", rows * SEGMENT) if n_seg > 1 else dummy
         fast = dummy
         if n_seg > 1 and parallel_cut and (flags.top_k or flags.top_p):
-            fast = _fast_cut_search(probs, part, params, cand, rows, vocab, n_seg, workspace)
+            fast = _fast_cut_search(probs, part, params, cand, rows, vocab, n_seg, workspace, launch)
         _warp_cut_kernel[(triton.cdiv(rows, block_r),)](
             probs, part, params.temperature, params.top_k, params.top_p, params.log_min_p, cand, fast,
             rows, vocab, n_seg,
             BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS, CAP=SEGMENT,
             PIVOTS=PIVOTS, CUT_BLOCK=CUT_BLOCK, MAX_PASSES=MAX_PASSES, DIRECT=n_seg == 1,
             FAST=fast is not dummy, FAST_CAP=FAST_CAP,
-            num_warps=_warps(block_r * block_v) if n_seg == 1 else 16,
+            num_warps=_warps(block_r * block_v) if n_seg == 1 else 16, **launch,
         )
     argmax = torch.empty(rows, dtype=torch.int64, device=logits.device)
     race = expo is not None and probs is not None
@@ -161,7 +173,7 @@ def warp(
         counter if race else dummy, rows, vocab, n_seg,
         HAS_CUT=has_cut, WRITE_PROBS=probs is not None, RACE=race,
         BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_S=1 if n_seg == 1 else MAX_SEGMENTS,
-        num_warps=_warps(block_r * block_v),
+        num_warps=_warps(block_r * block_v), **launch,
     )
     if expo is not None and probs is None:  # every row greedy: the race of one-hot rows is the argmax
         out.copy_(argmax)
@@ -188,7 +200,8 @@ def argmax(logits: torch.Tensor, out: torch.Tensor, workspace: Workspace, depend
     return out
 
 
-def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, workspace: Workspace) -> torch.Tensor:
+def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, workspace: Workspace,
+                     launch: dict) -> torch.Tensor:
     """The parallel cut search of long rows (parallel_cut, the comment above FAST_PIVOTS): bracket passes and the compaction of the
     candidates, each over every chunk of every row at once. Returns the per-row state buffer that
     _warp_cut_kernel reads ([N, STATE] float32: status 1 = candidates ready, else the row's cut is
@@ -207,6 +220,7 @@ def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, w
             *common, rows, vocab, n_seg, n_chunks, index, passes,
             FIRST=index == 0, COMPACT=index == passes, BLOCK_S=MAX_SEGMENTS, BLOCK_C=block_c,
             CHUNK=chunk, P=FAST_PIVOTS, CAP=FAST_CAP, KFAST=FAST_TOP_K, STRIDE=SEGMENT, num_warps=FAST_WARPS,
+            **launch,
         )
     return state
 
@@ -268,7 +282,12 @@ def _warp_stats_kernel(
     STORE_L: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
+    # One pass, all tail: the next kernel may be scheduled at once (gpu/dependent.py); so in the
+    # other warp kernels, whose programs are few or short.
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     seg = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
     cols = seg * BLOCK_V + tl.arange(0, BLOCK_V)  # [C]
@@ -349,7 +368,10 @@ def _warp_cut_kernel(
     DIRECT: tl.constexpr,
     FAST: tl.constexpr,
     FAST_CAP: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
     row_ok = rows < n_rows
     live, m, temperature, z_all, fmin, k, k_on, top_p, p_on, log_min_p = _cut_params(
@@ -485,11 +507,14 @@ def _warp_fast_pass_kernel(
     CAP: tl.constexpr,
     KFAST: tl.constexpr,
     STRIDE: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Grid (rows, chunks). A pass: the bracket from the previous pass's sums, P pivots in it, and this
     chunk's count / mass above each pivot. The compaction: the final bracket, and this chunk's ids in
     it stored at an offset counted from the last pass's per-chunk counts (the row's ids in column
     order). Chunk 0 of each row writes the pivots (passes) or the row's state (compaction)."""
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     fast, by_count, m, temperature, z_all, fmin, bound = _fast_row(
@@ -836,7 +861,10 @@ def _warp_probs_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
+    wait_previous(DEPENDENT)
+    release_next(DEPENDENT)
     seg = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R]
     row_ok = rows < n_rows
