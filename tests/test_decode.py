@@ -355,3 +355,58 @@ def test_chat_template_wraps_the_prompt(noisy_pair):
     ids = engine.encode("hi", chat=True)
     assert engine.tokenizer.decode(ids) == "<user>hi<assistant>"
     assert engine.encode("hi") != ids
+
+
+PIPELINE_CASES = {
+    "greedy": dict(),
+    "rejection": dict(temperature=0.8, top_p=0.9, seed=7),
+    "gumbel": dict(temperature=1.0, top_k=20, seed=3, coupling="gumbel"),
+    "penalties-min_tokens": dict(temperature=1.0, repetition_penalty=1.3, frequency_penalty=0.2, min_tokens=9,
+                                 ignore_eos=False, seed=11),
+}
+
+
+def _run(engine, profile, prompt) -> tuple:
+    events = list(engine.decoder(profile).run(prompt))
+    *rounds, done = events
+    per_round = [(e.token_ids, e.fates, e.drafted_ids, e.num_accepted, e.k_used, e.early_stop, e.text,
+                  e.target_p, e.draft_q)
+                 for e in rounds]
+    stats = done.stats
+    return per_round, (done.token_ids, done.reason, done.text, done.fates, stats.emitted, stats.drafted,
+                       stats.accepted, stats.rounds, stats.drafted_at, stats.accepted_at)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(PIPELINE_CASES))
+def test_two_rounds_in_flight_give_the_same_run(noisy_pair, backend, case):
+    """pipeline = "on" (round n + 1 queued before round n is read, its drafts capped at max_tokens on
+    the device) against "off": the same rounds, tokens, fates, drafts, budgets and statistics, for
+    every k and max_tokens near a round's size, with stop ids and a stop string ending runs early."""
+    engine = Engine(make_profile(*noisy_pair, backend=backend, **PIPELINE_CASES[case]))
+    free = finish(engine.decoder(), [5, 6, 7]).token_ids
+    endings = [{}, {"stop_token_ids": (free[6],)}, {"stop": (engine.tokenizer.decode(free[8:10]),)}]
+    for k in (1, 4):
+        for max_tokens in (1, 2, 6, 24):
+            for ending in endings:
+                runs = []
+                for pipeline in ("on", "off"):
+                    profile = replace(engine.profile, speculation=SpeculationSpec(k=k, pipeline=pipeline),
+                                      sampling=replace(engine.profile.sampling, max_tokens=max_tokens, **ending))
+                    assert engine.decoder(profile).pipelined == (pipeline == "on")
+                    runs.append(_run(engine, profile, [5, 6, 7]))
+                assert runs[0] == runs[1], f"k={k} max_tokens={max_tokens} {ending}"
+
+
+def test_one_round_in_flight_where_the_host_steers(noisy_pair):
+    """The n-gram and hybrid proposers, adaptive k and logprobs read a round before the next is
+    chosen: one round in flight whatever the setting; auto keeps one on the CPU's eager rounds."""
+    from specgen.core.settings import ProposerSpec
+
+    engine = Engine(make_profile(*noisy_pair))
+    on = replace(engine.profile, speculation=SpeculationSpec(pipeline="on"))
+    assert engine.decoder(on).pipelined
+    assert not engine.decoder().pipelined  # auto, eager rounds
+    assert not engine.decoder(replace(on, sampling=replace(on.sampling, logprobs=2))).pipelined
+    assert not engine.decoder(replace(on, proposer=ProposerSpec(adaptive_k=True))).pipelined
+    assert not engine.decoder(replace(on, proposer=ProposerSpec(kind="hybrid"))).pipelined

@@ -111,9 +111,14 @@ class Launches:
         modes = self.modes
 
         class Recorded:
-            def launch(self, clock):
+            asynchronous = program.asynchronous
+
+            def prepare(self, slots):
+                program.prepare(slots)
+
+            def launch(self, clock, slot=0):
                 modes.append(mode)
-                program.launch(clock)
+                program.launch(clock, slot)
 
         return Recorded()
 

@@ -361,6 +361,7 @@ OUT_OF_RANGE = [
     ("proposer.draft_p_min", "1.0", "must be in [0, 1)"),
     ("proposer.draft_p_min", "-0.1", "must be in [0, 1)"),
     ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample, temperature"),
+    ("speculation.pipeline", '"two"', "must be one of auto, on, off"),
     ("runtime.threads", "-1", "must be from 0 (auto) to 1024"),
     ("kernels.attention", '"flash"', "must be one of auto, kernel, sdpa"),
     ("kernels.linear", '"cublas"', "must be one of auto, kernel, torch"),

@@ -19,9 +19,16 @@ from specgen.core.runner import EagerRunner, Runner
 
 
 class Program(Protocol):
-    """One round of a given mode, ready to queue: launch() runs it or replays its capture."""
+    """One round of a given mode, ready to queue: launch() runs it or replays its capture.
+    asynchronous: launch() only queues the round (a captured graph), so the loop gains from
+    queueing the next one before reading this one; slot: which of the rounds in flight (0 or 1)
+    this is, each with timing events of its own; prepare(slots): have that many ready now."""
 
-    def launch(self, clock: "RoundClock") -> None: ...
+    asynchronous: bool
+
+    def launch(self, clock: "RoundClock", slot: int = 0) -> None: ...
+
+    def prepare(self, slots: int) -> None: ...
 
 
 class Backend(Protocol):
@@ -106,12 +113,17 @@ class RoundClock:
 
 
 class EagerProgram:
-    """The body run as it is, every launch."""
+    """The body run as it is, every launch (on the host's clock: one slot serves every round)."""
+
+    asynchronous = False
 
     def __init__(self, body: Callable[[Callable[[], None]], None]):
         self.body = body
 
-    def launch(self, clock: RoundClock) -> None:
+    def prepare(self, slots: int) -> None:
+        pass
+
+    def launch(self, clock: RoundClock, slot: int = 0) -> None:
         clock.begin()
         with torch.inference_mode():
             self.body(clock.mark)

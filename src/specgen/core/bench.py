@@ -377,6 +377,7 @@ class Bench:
             "repeat": self.plan.repeat,
             "warmup": self.plan.warmup,
             "compile": profile.speculation.compile,
+            "pipeline": profile.speculation.pipeline,
         }
 
 

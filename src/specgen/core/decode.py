@@ -1,10 +1,20 @@
 """The decode loop: prefill, then one round at a time, as a generator of events.
 
 Per round the loop chooses who drafts (the draft model on the device, or the host's n-gram
-lookup), launches the round (core/round.py) and reads its staged results once. Rounds are
-pipelined one deep: as soon as a round's results are on the host the next round is queued, and
-fates, stop ids and strings, detokenizing, statistics and the event are done while it runs. A
-round queued before a stop string is found is abandoned (the next run starts afresh).
+lookup), launches the round (core/round.py) and reads its staged results once. As soon as a
+round's results are on the host the next round is queued, and fates, stop ids and strings,
+detokenizing, statistics and the event are done while it runs.
+
+Two rounds in flight (`[speculation] pipeline`, DecodeSetup.pipeline): where nothing the host
+learns from a round changes the next one (the draft model or a head drafts; no n-gram lookup, no
+adaptive k, no logprobs, which read the round's logits), round n + 1 is queued before round n's
+results are read, so the GPU does not wait for the host between rounds: its sync, the Python of
+a round's bookkeeping and the next launch. Each round reads what the one before left on the
+device (its inputs, positions, counts; max_tokens caps the drafts there, Round.limit), and each
+of the two has its own staging buffers on the host and its own capture (timing events). The
+tokens are the same as one round at a time: every round computes what it would have, and the
+random numbers are drawn in the same order. A round queued past the end of a run (a stop id or
+string, or max_tokens reached by the round before) is abandoned: the next run starts afresh.
 
 The loop knows nothing about terminals: it yields RoundEvent per round and a final Finished.
 """
@@ -12,6 +22,7 @@ The loop knows nothing about terminals: it yields RoundEvent per round and a fin
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +40,9 @@ from specgen.core.settings import SamplingSpec
 from specgen.core.stats import AcceptanceStats
 
 
+PIPELINE = ("auto", "on", "off")  # [speculation] pipeline: auto = on where rounds are captured graphs
+
+
 @dataclass
 class DecodeSetup:
     """What the loop needs besides the round: built once per run by the caller."""
@@ -37,6 +51,7 @@ class DecodeSetup:
     k: int
     eos_ids: set[int]
     max_context: int | None = None  # positions the target supports; None = unbounded
+    pipeline: str = "auto"  # two rounds in flight where the loop allows it (see above)
 
 
 @dataclass
@@ -44,8 +59,9 @@ class _Launched:
     """A round queued on the device, waiting for its one sync."""
 
     mode: Mode
-    k_used: int  # the round's budget: the profile's k, cut near max_tokens or by adaptive k
+    k_used: int | None  # the round's budget: k, cut near max_tokens or by adaptive k (None: set at fetch)
     host: list[int] | None  # the host's drafts (n-gram rounds)
+    slot: int = 0  # its host buffers, clock and capture
 
 
 class Decoder:
@@ -60,12 +76,32 @@ class Decoder:
         self.backend = backend if backend is not None else rnd.backend
         spec = setup.sampling
         self.stop_ids = set(spec.stop_token_ids) | (set() if spec.ignore_eos else set(setup.eos_ids))
-        self.clock = RoundClock(rnd.device)
         pin = rnd.device.type == "cuda"
-        self.host_ids = torch.zeros(rnd.stage_ids.numel(), dtype=torch.long, pin_memory=pin)
-        self.host_f = torch.zeros(rnd.stage_f.numel(), dtype=torch.float32, pin_memory=pin)
+        self.depth = self._depth()  # rounds in flight
+        self.clocks = [RoundClock(rnd.device) for _ in range(self.depth)]
+        self.host_ids = [torch.zeros(rnd.stage_ids.numel(), dtype=torch.long, pin_memory=pin)
+                         for _ in range(self.depth)]
+        self.host_f = [torch.zeros(rnd.stage_f.numel(), dtype=torch.float32, pin_memory=pin)
+                       for _ in range(self.depth)]
+        for program in programs.values():
+            program.prepare(self.depth)  # the second capture now, not inside the first run
         self.stats = AcceptanceStats()  # of the current (or last) run, live while it goes
         self.proposer_rounds = {"ngram": 0, "draft": 0}  # rounds each proposer drafted (this run)
+
+    def _depth(self) -> int:
+        """2 when the next round may be queued before this one's results are read, else 1."""
+        setup = self.setup
+        if (setup.pipeline == "off" or self.lookup is not None or self.adaptive_k
+                or setup.sampling.logprobs is not None):
+            return 1
+        if setup.pipeline == "on":
+            return 2
+        return 2 if all(program.asynchronous for program in self.programs.values()) else 1
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether this decoder keeps two rounds in flight (reported by bench and generate -v)."""
+        return self.depth == 2
 
     def _generator(self, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.round.device)
@@ -91,24 +127,31 @@ class Decoder:
         seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
         gen = self._generator(seed)
         start = time.perf_counter()
-        rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2)
-        rnd.start(prompt_ids, seed)
+        past = self.setup.k + 1 if self.depth == 2 else 0  # the rows of a round queued past the end
+        rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2 + past)
+        rnd.start(prompt_ids, seed, max_tokens=spec.max_tokens)
         if self.lookup is not None:
             self.lookup.start(prompt_ids)
         stats.prefill_seconds = time.perf_counter() - start
         text = TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop)
         out = Output(spec.logprobs is not None)
         rnd.draw(gen)
-        launched = self._launch(0, spec)
+        flight = deque([self._launch(0, spec, 0)])
         rnd.draw(gen)  # the next round's numbers, queued behind this round
+        if self.depth == 2 and spec.max_tokens > 1:  # the first round emits one token at least
+            flight.append(self._launch(None, spec, 1))
+            rnd.draw(gen)
         round_end = time.perf_counter()
         index = 0
         while True:
+            launched = flight.popleft()
             ids, drafted, n, p, q, entropy = self._fetch(launched)
             # The round's tokens are on the host now: the time they count at. Not when the event is
             # yielded: on the CPU the next round's launch runs it to the end before that.
             fetched = time.perf_counter()
-            spans = self.clock.spans()
+            spans = self.clocks[launched.slot].spans()
+            if launched.k_used is None:  # queued before the round before it was read: its budget now
+                launched.k_used = max(0, min(self.setup.k, spec.max_tokens - len(out.ids) - 1))
             self.backend.check(ids[0])
             emitted = [t for t in ids if t >= 0]
             num_accepted = len(emitted) - 1
@@ -118,10 +161,13 @@ class Decoder:
             logprobs = self._logprobs(emitted, spec) if spec.logprobs is not None else None
             generated = len(out.ids) + len(emitted)
             self._follow(launched, emitted, num_accepted)
-            queued = None
             if reason is None and generated < spec.max_tokens:
-                queued = self._launch(generated, spec)
-                rnd.draw(gen)
+                if self.depth == 1:
+                    flight.append(self._launch(generated, spec, 0))
+                    rnd.draw(gen)
+                elif generated + 1 < spec.max_tokens:  # else the round in flight ends the run
+                    flight.append(self._launch(None, spec, launched.slot))
+                    rnd.draw(gen)
             pieces = [text.detok.add([t]) for t in emitted]
             before = len(text.text)
             delta, stop_hit = text.add("".join(pieces))
@@ -151,14 +197,19 @@ class Decoder:
                 tail = text.finish(reason == "stop")
                 yield Finished(reason, text.released, out.ids, out.fates, stats, out.pieces, tail, out.logprobs)
                 return
-            launched, index = queued, index + 1
+            index += 1
 
-    def _launch(self, generated: int, spec: SamplingSpec) -> _Launched:
-        """Choose who drafts, queue the round and the copy of its results (no sync)."""
+    def _launch(self, generated: int | None, spec: SamplingSpec, slot: int) -> _Launched:
+        """Choose who drafts, queue the round and the copy of its results (no sync). generated:
+        the tokens before this round; None when the round before it is still in flight (two rounds
+        in flight: the budget set for the run's first round stands, and the device caps it at
+        max_tokens)."""
         rnd = self.round
-        budget = min(self.setup.k, spec.max_tokens - generated - 1)
-        if self.adaptive is not None:
-            budget = self.adaptive.budget(budget)
+        budget = None
+        if generated is not None:
+            budget = min(self.setup.k, spec.max_tokens - generated - 1)
+            if self.adaptive is not None:
+                budget = self.adaptive.budget(budget)
         mode = Mode.MODEL if Mode.MODEL in self.programs else Mode.HOST
         host = None
         if self.lookup is not None:
@@ -167,22 +218,23 @@ class Decoder:
                 mode = Mode.HOST
         if mode is Mode.HOST:
             rnd.set_host_drafts(host or [])
-        else:
+        elif budget is not None:
             rnd.set_budget(budget)
         self.proposer_rounds["ngram" if mode is Mode.HOST else "draft"] += 1
-        self.programs[mode].launch(self.clock)
-        self.host_ids.copy_(rnd.stage_ids, non_blocking=True)
+        clock = self.clocks[slot]
+        self.programs[mode].launch(clock, slot)
+        self.host_ids[slot].copy_(rnd.stage_ids, non_blocking=True)
         if rnd.floats:
-            self.host_f.copy_(rnd.stage_f, non_blocking=True)
-        self.clock.finish()
-        return _Launched(mode, budget, host)
+            self.host_f[slot].copy_(rnd.stage_f, non_blocking=True)
+        clock.finish()
+        return _Launched(mode, budget, host, slot)
 
     def _fetch(self, launched: _Launched):
         """The round's one sync, then plain host reads of its staged results."""
-        self.clock.wait()
+        self.clocks[launched.slot].wait()
         k, rnd = self.setup.k, self.round
-        values = self.host_ids.tolist()
-        floats = self.host_f.tolist()
+        values = self.host_ids[launched.slot].tolist()
+        floats = self.host_f[launched.slot].tolist()
         p = floats[:k] if rnd.has_p else None
         q = floats[k : 2 * k] if rnd.has_q(launched.mode) else None
         entropy = floats[2 * k : 3 * k] if rnd.shape.insight else None

@@ -104,7 +104,8 @@ class Engine:
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
-        setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context)
+        setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context,
+                            pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
 
     def _round(self, shape: RoundShape, sampling, stop_ids: list[int], modes: list[Mode]):

@@ -461,6 +461,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "proposer.draft_p_min": (lambda v: 0 <= v < 1, "must be in [0, 1) (0 = off)"),
     "speculation.k": (lambda v: 1 <= v <= 32, "must be from 1 to 32"),
     "speculation.draft_sampling": _one_of("auto", "argmax", "sample", "temperature"),
+    "speculation.pipeline": _one_of("auto", "on", "off"),
     "sampling.temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
     "sampling.top_k": (lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1"),
     "sampling.top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),

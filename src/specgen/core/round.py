@@ -92,6 +92,9 @@ class Round:
         self.budget = torch.zeros(1, dtype=torch.int32, **z)  # [B] drafts the host allows
         self.num_drafts = torch.zeros(1, dtype=torch.int32, **z)  # [B] drafts that count (cu, B = 1)
         self.generated = torch.zeros((), dtype=torch.long, **z)  # tokens emitted so far
+        # the request's max_tokens: drafts stop counting where they would pass it, on the device, so
+        # that a round can be queued before the host has read how many tokens the one before emitted
+        self.limit = torch.full((), 1 << 62, dtype=torch.long, **z)
         self.params = WarpParams.from_spec(spec, k + 1, device)
         self.draft_params = WarpParams.from_spec(draft_spec(spec, shape.cut), 1, device)
         self.padding = None
@@ -125,6 +128,10 @@ class Round:
         self.q_token = torch.zeros(k, dtype=torch.float32, **z)  # q(d_i) (sampled or insight)
         self.confident = torch.ones(k, dtype=torch.bool, **z)  # per step: confidence >= p_min
         self.rows: tuple = ()  # the target rows' (params, penalties, bad_mask) of the last round
+        # ... in buffers of their own, so that rows reads the last round whichever capture ran it
+        self.row_counts = torch.zeros(k + 1, width, dtype=torch.int32, **z) if shape.penalties else None
+        self.row_seen = torch.zeros(k + 1, width, dtype=torch.bool, **z) if shape.penalties else None
+        self.row_bad = torch.zeros(k + 1, width, dtype=torch.bool, **z) if shape.min_tokens else None
         floats = 3 * k if shape.insight else (2 * k if sampled and not gumbel else 0)
         self.stage_ids = torch.zeros(2 * k + 2, dtype=torch.long, **z)  # [out (k+1) | drafts (k) | n]
         self.stage_f = torch.zeros(max(floats, 1), dtype=torch.float32, **z)  # [p(d) | q(d) | H(p)]
@@ -156,19 +163,21 @@ class Round:
         """The buffers a round reads and writes that outlive it (a capture's warm-up restores them)."""
         kept = [self.out, self.emitted, self.head.tap.out] if self.head is not None else []
         return [self.feed, self.pending, self.budget, self.num_drafts, self.generated, self.counts, self.seen,
-                self.draft_counts, self.confident, *kept]
+                self.draft_counts, self.confident, self.limit, *kept]
 
     def reserve(self, positions: int) -> None:
         """Room in both caches for a request that may reach `positions`."""
         for runner in self.runners:
             runner.reserve(positions)
 
-    def start(self, prompt_ids: list[int], seed: int = 0) -> None:
+    def start(self, prompt_ids: list[int], seed: int = 0, max_tokens: int | None = None) -> None:
         """Prefill both caches (target: all but the last id; draft: all but the last two) and set the
         first round's inputs. A one-token prompt: the draft sees that id twice (its cache needs two
         committed ids to start from); only its first guesses can change, never the output.
-        seed: Gumbel coupling's key (rejection coupling draws from the caller's generator)."""
+        seed: Gumbel coupling's key (rejection coupling draws from the caller's generator);
+        max_tokens: no round counts drafts past it (None: no limit but the host's budget)."""
         ids = list(prompt_ids)
+        self.limit.fill_(1 << 62 if max_tokens is None else max_tokens)
         self.key.copy_(torch.tensor(noise.split_seed(seed)))
         self.origin.fill_(len(ids))
         self.target.reset()
@@ -266,7 +275,8 @@ class Round:
         k = self.shape.k
         stop = self.confident.logical_not().int().argmax().int()  # first unsure step (0 if none)
         first_unsure = torch.where(self.confident.all(), k, stop)
-        torch.minimum(self.budget, first_unsure.view(1), out=self.num_drafts)
+        room = (self.limit - self.generated - 1).clamp(0, k).int()  # the round's last token is the target's
+        torch.minimum(torch.minimum(self.budget, first_unsure.view(1)), room.view(1), out=self.num_drafts)
 
     def _head_extend(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over the previous round's k + 1 target rows (core/heads.py): the logits and
@@ -308,13 +318,13 @@ class Round:
         if shape.penalties:
             self.draft_counts.index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
 
-    def _bad_mask(self, rows: int, first: int = 0) -> torch.Tensor | None:
-        """Rows first .. first+rows-1: padding columns, and stop ids while below min_tokens."""
+    def _bad_mask(self, rows: int, first: int = 0, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Rows first .. first+rows-1: padding columns, and stop ids while below min_tokens (into out)."""
         if not self.shape.min_tokens:
             return self.padding
         short = (self.generated + self.steps[first : first + rows]) < self.min_tokens  # [rows]
-        mask = short.unsqueeze(1) & self.stop_cols  # [rows, V]
-        return mask if self.padding is None else mask | self.padding
+        mask = torch.logical_and(short.unsqueeze(1), self.stop_cols, out=out)  # [rows, V]
+        return mask if self.padding is None else torch.logical_or(mask, self.padding, out=out)
 
     def _verify(self, mode: Mode) -> None:
         k, shape = self.shape.k, self.shape
@@ -323,8 +333,9 @@ class Round:
             step = torch.zeros(k + 1, shape.width, dtype=torch.int32, device=self.device)
             step.index_put_((self.steps[1:], self.drafts), self.ones)  # a device value: capturable
             cum = step.cumsum(0, dtype=torch.int32)  # row i also counts drafts[:i]
-            penalties = PenaltyRows(self.counts + cum, self.seen | (cum > 0))
-        bad = self._bad_mask(k + 1)
+            penalties = PenaltyRows(torch.add(self.counts, cum, out=self.row_counts),
+                                    torch.logical_or(self.seen, cum > 0, out=self.row_seen))
+        bad = self._bad_mask(k + 1, out=self.row_bad)
         self.rows = (self.params, penalties, bad)
         q = self.q if mode is Mode.MODEL and self.q is not None else None
         if shape.gumbel:  # x_i = argmax p̃_i / E_i; a draft is accepted iff it equals x_i

@@ -59,6 +59,7 @@ class SpeculationSpec:
     compile: bool = False
     autotune: bool = False  # with compile: inductor benchmarks GEMM kernels and tunes reductions
     compile_cache: str = ""  # compile's kernel folder, kept between runs; "" = specgen's in the user cache
+    pipeline: str = "auto"  # auto | on | off: queue a round before the one before it is read (core/decode.py)
 
 
 @dataclass(frozen=True)

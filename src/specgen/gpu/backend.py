@@ -185,31 +185,45 @@ class CudaBackend:
 
 
 class GraphProgram:
-    """rnd.body(mode) captured as one CUDA graph (re-captured when a runner re-allocates its cache)."""
+    """rnd.body(mode) captured as CUDA graphs, one per slot (re-captured when a runner re-allocates
+    its cache). Why slots: the decode loop queues a round before reading the one before it
+    (core/decode.py), and a capture's timing events are recorded anew by each replay, so two rounds
+    in flight need two captures to keep their phases apart."""
+
+    asynchronous = True  # launch() only queues the round: the host can go on while it runs
 
     def __init__(self, rnd: Round, mode: Mode, backend: CudaBackend):
         self.rnd, self.mode, self.backend = rnd, mode, backend
-        self.graph = None
-        self.events: list = []
+        self.graphs: dict[int, tuple] = {}  # slot -> (graph, events)
         self.generation = ()
         self.eager = None  # set when capture failed: the body runs eagerly
-        self._capture()
+        self._capture(0)
 
-    def launch(self, clock: RoundClock) -> None:
+    def prepare(self, slots: int) -> None:
+        """Capture the slots up to `slots` now (at start-up, not inside a timed run)."""
+        for slot in range(slots):
+            if self.eager is None and slot not in self.graphs:
+                self._capture(slot)
+
+    def launch(self, clock: RoundClock, slot: int = 0) -> None:
         if self.eager is not None:
             return self.eager.launch(clock)
         if self.generation != self._generations():
-            self._capture()
-            return self.launch(clock)
-        clock.begin(self.events)
-        if not self.events:
+            self.graphs.clear()
+            self.generation = self._generations()
+        if slot not in self.graphs:
+            self._capture(slot)
+            return self.launch(clock, slot)
+        graph, events = self.graphs[slot]
+        clock.begin(events)
+        if not events:
             clock.mark()
-        self.graph.replay()
+        graph.replay()
 
     def _generations(self) -> tuple:
         return tuple(r.generation for r in self.rnd.runners)
 
-    def _capture(self) -> None:
+    def _capture(self, slot: int) -> None:
         """Warm up at scratch positions, restore the state, capture with timing events inside
         (without them where this CUDA/torch cannot); if neither captures, warn once and run eagerly."""
         rnd, device = self.rnd, self.rnd.device
@@ -230,9 +244,12 @@ class GraphProgram:
                 self._restore(saved)
                 continue
             self._restore(saved)
-            self.graph, self.events, self.generation = graph, events, self._generations()
+            self.graphs[slot] = (graph, events)
+            self.generation = self._generations()
             return
+        self.graphs.clear()
         self.eager = EagerProgram(lambda mark: rnd.body(self.mode, mark))
+        self.asynchronous = False
         self.backend._warn(f"could not capture the round ({_first_line(error)}); rounds run eagerly")
 
     def _state(self) -> list[torch.Tensor]:
