@@ -367,8 +367,11 @@ PIPELINE_CASES = {
 
 
 def _run(engine, profile, prompt) -> tuple:
-    events = list(engine.decoder(profile).run(prompt))
+    decoder = engine.decoder(profile)
+    events = list(decoder.run(prompt))
     *rounds, done = events
+    if done.reason == "length":  # no round was left queued behind the run's last
+        draft_follows(engine, decoder, prompt, done.token_ids)
     per_round = [(e.token_ids, e.fates, e.drafted_ids, e.num_accepted, e.k_used, e.early_stop, e.text,
                   e.target_p, e.draft_q)
                  for e in rounds]
@@ -382,7 +385,8 @@ def _run(engine, profile, prompt) -> tuple:
 def test_two_rounds_in_flight_give_the_same_run(noisy_pair, backend, case):
     """pipeline = "on" (round n + 1 queued before round n is read, its drafts capped at max_tokens on
     the device) against "off": the same rounds, tokens, fates, drafts, budgets and statistics, for
-    every k and max_tokens near a round's size, with stop ids and a stop string ending runs early."""
+    every k and max_tokens near a round's size, with stop ids and a stop string ending runs early;
+    after a run that ended on length, both caches follow the committed sequence."""
     engine = Engine(make_profile(*noisy_pair, backend=backend, **PIPELINE_CASES[case]))
     free = finish(engine.decoder(), [5, 6, 7]).token_ids
     endings = [{}, {"stop_token_ids": (free[6],)}, {"stop": (engine.tokenizer.decode(free[8:10]),)}]

@@ -57,8 +57,9 @@ def test_captured_round_equals_the_round_run_eagerly(pair, settings):
     engine = Engine(cuda_profile(*pair, max_tokens=40, **settings))
     assert engine.backend.name == "cuda"
     decoder = engine.decoder()
-    assert all(type(p).__name__ == "GraphProgram" and p.graph is not None for p in decoder.programs.values()), \
-        "the round was not captured"
+    assert all(type(p).__name__ == "GraphProgram" and p.graphs and p.eager is None
+               for p in decoder.programs.values()), "the round was not captured"
+    assert decoder.pipelined and all(sorted(p.graphs) == [0, 1] for p in decoder.programs.values())
     for prompt in random_prompts(engine.pair.vocab_size, 4, seed=3) + [[7]]:  # [7]: a one-token prompt
         captured = finish(decoder, prompt)
         eager = finish(eager_twin(engine.decoder()), prompt)

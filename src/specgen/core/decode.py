@@ -13,8 +13,9 @@ a round's bookkeeping and the next launch. Each round reads what the one before 
 device (its inputs, positions, counts; max_tokens caps the drafts there, Round.limit), and each
 of the two has its own staging buffers on the host and its own capture (timing events). The
 tokens are the same as one round at a time: every round computes what it would have, and the
-random numbers are drawn in the same order. A round queued past the end of a run (a stop id or
-string, or max_tokens reached by the round before) is abandoned: the next run starts afresh.
+random numbers are drawn in the same order. No round is queued behind one that may reach
+max_tokens; a round queued behind one cut by a stop id or string is abandoned (the next run
+starts afresh).
 
 The loop knows nothing about terminals: it yields RoundEvent per round and a final Finished.
 """
@@ -138,9 +139,7 @@ class Decoder:
         rnd.draw(gen)
         flight = deque([self._launch(0, spec, 0)])
         rnd.draw(gen)  # the next round's numbers, queued behind this round
-        if self.depth == 2 and spec.max_tokens > 1:  # the first round emits one token at least
-            flight.append(self._launch(None, spec, 1))
-            rnd.draw(gen)
+        self._queue_ahead(flight, 0, spec, gen)
         round_end = time.perf_counter()
         index = 0
         while True:
@@ -162,12 +161,10 @@ class Decoder:
             generated = len(out.ids) + len(emitted)
             self._follow(launched, emitted, num_accepted)
             if reason is None and generated < spec.max_tokens:
-                if self.depth == 1:
-                    flight.append(self._launch(generated, spec, 0))
+                if not flight:
+                    flight.append(self._launch(generated, spec, launched.slot))
                     rnd.draw(gen)
-                elif generated + 1 < spec.max_tokens:  # else the round in flight ends the run
-                    flight.append(self._launch(None, spec, launched.slot))
-                    rnd.draw(gen)
+                self._queue_ahead(flight, generated, spec, gen)
             pieces = [text.detok.add([t]) for t in emitted]
             before = len(text.text)
             delta, stop_hit = text.add("".join(pieces))
@@ -198,6 +195,14 @@ class Decoder:
                 yield Finished(reason, text.released, out.ids, out.fates, stats, out.pieces, tail, out.logprobs)
                 return
             index += 1
+
+    def _queue_ahead(self, flight: deque, generated: int, spec: SamplingSpec, gen: torch.Generator) -> None:
+        """With two in flight: queue the round after the one in flight, unless that one may end the
+        run on length (it emits up to k + 1 tokens). So a run that ends on max_tokens leaves no round
+        behind it; one cut by a stop id or string may leave one, which the next run's start waits for."""
+        if self.depth == 2 and len(flight) == 1 and generated + self.setup.k + 1 < spec.max_tokens:
+            flight.append(self._launch(None, spec, 1 - flight[0].slot))
+            self.round.draw(gen)
 
     def _launch(self, generated: int | None, spec: SamplingSpec, slot: int) -> _Launched:
         """Choose who drafts, queue the round and the copy of its results (no sync). generated:
