@@ -337,3 +337,28 @@ def test_bench_measures_draft_and_eagle_side_by_side(headed, tmp_path, monkeypat
     speculative = [r for r in document["results"] if r.get("proposer")]
     assert sorted(r["proposer"] for r in speculative) == ["draft", "eagle"]
     assert all(r["greedy_agreement"]["target-only"]["identical_fraction"] == 1.0 for r in speculative), speculative
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.9, top_p=0.9, seed=4)])
+def test_heads_give_the_same_rounds_with_two_in_flight(headed, mtp_target, backend, sampling):
+    """pipeline = "on" against "off" with a head drafting (its extend reads the round before's
+    rows and emitted count on the device): the same rounds and tokens, for EAGLE-3 (whole and
+    reduced vocabularies) and MTP."""
+    from dataclasses import replace
+
+    target, _, whole, reduced = headed
+    profiles = [eagle_profile(target, folder, k=3, max_tokens=22, backend=backend, **sampling)
+                for folder in (whole, reduced)]
+    profiles.append(make_profile(mtp_target[0], None, k=2, proposer=ProposerSpec(kind="mtp"), max_tokens=22,
+                                 backend=backend, **sampling))
+    for profile in profiles:
+        engine = Engine(profile)
+        for prompt in ([3, 14, 15, 92, 65], [7]):
+            runs = []
+            for pipeline in ("on", "off"):
+                chosen = replace(profile, speculation=replace(profile.speculation, pipeline=pipeline))
+                decoder = engine.decoder(chosen)
+                assert decoder.pipelined == (pipeline == "on")
+                runs.append([(e.token_ids, e.drafted_ids, e.num_accepted) for e in rounds(decoder, prompt)])
+            assert runs[0] == runs[1], (profile.proposer.kind, prompt)
