@@ -41,9 +41,6 @@ from specgen.core.settings import SamplingSpec
 from specgen.core.stats import AcceptanceStats
 
 
-PIPELINE = ("auto", "on", "off")  # [speculation] pipeline: auto = on where rounds are captured graphs
-
-
 @dataclass
 class DecodeSetup:
     """What the loop needs besides the round: built once per run by the caller."""
@@ -101,7 +98,7 @@ class Decoder:
 
     @property
     def pipelined(self) -> bool:
-        """Whether this decoder keeps two rounds in flight (reported by bench and generate -v)."""
+        """Whether this decoder keeps two rounds in flight."""
         return self.depth == 2
 
     def _generator(self, seed: int) -> torch.Generator:
@@ -128,8 +125,7 @@ class Decoder:
         seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
         gen = self._generator(seed)
         start = time.perf_counter()
-        past = self.setup.k + 1 if self.depth == 2 else 0  # the rows of a round queued past the end
-        rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2 + past)
+        rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2)  # a queued round fits (_queue_ahead)
         rnd.start(prompt_ids, seed, max_tokens=spec.max_tokens)
         if self.lookup is not None:
             self.lookup.start(prompt_ids)

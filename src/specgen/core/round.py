@@ -92,8 +92,9 @@ class Round:
         self.budget = torch.zeros(1, dtype=torch.int32, **z)  # [B] drafts the host allows
         self.num_drafts = torch.zeros(1, dtype=torch.int32, **z)  # [B] drafts that count (cu, B = 1)
         self.generated = torch.zeros((), dtype=torch.long, **z)  # tokens emitted so far
-        # the request's max_tokens: drafts stop counting where they would pass it, on the device, so
-        # that a round can be queued before the host has read how many tokens the one before emitted
+        # the request's max_tokens - 1: drafts stop counting where they would pass max_tokens (the
+        # round's last token is the target's), on the device, so that a round can be queued before
+        # the host has read how many tokens the one before emitted
         self.limit = torch.full((), 1 << 62, dtype=torch.long, **z)
         self.params = WarpParams.from_spec(spec, k + 1, device)
         self.draft_params = WarpParams.from_spec(draft_spec(spec, shape.cut), 1, device)
@@ -177,7 +178,7 @@ class Round:
         seed: Gumbel coupling's key (rejection coupling draws from the caller's generator);
         max_tokens: no round counts drafts past it (None: no limit but the host's budget)."""
         ids = list(prompt_ids)
-        self.limit.fill_(1 << 62 if max_tokens is None else max_tokens)
+        self.limit.fill_(1 << 62 if max_tokens is None else max_tokens - 1)
         self.key.copy_(torch.tensor(noise.split_seed(seed)))
         self.origin.fill_(len(ids))
         self.target.reset()
@@ -275,7 +276,7 @@ class Round:
         k = self.shape.k
         stop = self.confident.logical_not().int().argmax().int()  # first unsure step (0 if none)
         first_unsure = torch.where(self.confident.all(), k, stop)
-        room = (self.limit - self.generated - 1).clamp(0, k).int()  # the round's last token is the target's
+        room = (self.limit - self.generated).clamp(0, k)
         torch.minimum(torch.minimum(self.budget, first_unsure.view(1)), room.view(1), out=self.num_drafts)
 
     def _head_extend(self) -> tuple[torch.Tensor, torch.Tensor]:
