@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cli_helpers import assert_error, option_names, specgen, subprocess_env
+from cli_helpers import Stream, assert_error, option_names, specgen, subprocess_env
 from tiny_models import build_pair, write_profile
 
 PROMPT = "def add(a, b):"
@@ -319,9 +319,17 @@ def test_shell_completion_answers_through_the_console_script():
 
 
 def test_show_completion_prints_a_script(monkeypatch):
+    import shellingham
+
+    # --show-completion takes no shell name: Typer prints the script of the shell it finds among this
+    # process's ancestors, so the test would pass or fail by how pytest was started (from bash; from sh,
+    # "Shell sh not supported."; from no shell at all, e.g. setsid, nohup &, a container's entry point).
+    monkeypatch.setattr(shellingham, "detect_shell", lambda pid=None, max_depth=10: ("bash", "/bin/bash"))
+    out = Stream()
     with pytest.raises(SystemExit) as done:  # Typer's callback exits by itself
-        specgen(monkeypatch, "--show-completion", "bash")
+        specgen(monkeypatch, "--show-completion", stdout=out)
     assert done.value.code == 0
+    assert "_SPECGEN_COMPLETE=complete_bash" in out.text()  # the script asks specgen, as the test above does
 
 
 def test_prompts_is_a_hidden_alias_of_prompts_file(monkeypatch, tiny, tmp_path):
