@@ -362,6 +362,9 @@ VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
                           step_io="kernel", dependent_launch="off")),
     "graph-dependent": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
                                  step_io="kernel", dependent_launch="on")),
+    # graph-dependent as a draft model's runner takes it: its table's draft picks (LinearTable.for_drafts)
+    "graph-draft": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
+                             step_io="kernel", dependent_launch="on")),
     "compile-sdpa": (dict(compile=True), {}),
     "compile-kernel": (dict(compile=True), dict(attention="kernel", rope="auto")),
     "compile-kernel-tuned": (dict(compile=True, autotune=True), dict(attention="kernel", rope="auto")),
@@ -504,6 +507,8 @@ def bench_steps(args) -> dict:
         if options.get("compile"):
             options = dict(options, compile_cache_folder=args.compile_cache)
         kernels = resolve(dataclasses.replace(SPEC, **values), "cuda", model)
+        if name == "graph-draft":
+            kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
         torch._dynamo.reset()  # every compiled variant traces afresh
         start = time.perf_counter()
         runner = build_runner(model, width, kernels, workspace, options)
@@ -720,6 +725,10 @@ def bench_table(args) -> dict:
     for choice in choices:
         n, k, gated = choice.shape
         row = {"model": shapes[choice.shape], "n": n, "k": k, "gated": gated}
+        if choice.draft is not None:
+            old = packaged.for_drafts().pick(n, k, gated, True)
+            row["draft"], row["draft_us"] = list(choice.draft), round(choice.one_row[choice.draft] * 1e6, 2)
+            row["draft_package_us"] = round(choice.one_row[old] * 1e6, 2) if old in choice.one_row else None
         for split in (False, True):
             old = packaged.pick(n, k, gated, split)
             new = choice.split if split else choice.plain
@@ -729,7 +738,7 @@ def bench_table(args) -> dict:
             row[key] = list(new)
         rows.append(row)
     print(table(rows, ["model", "n", "k", "gated", "plain", "plain_us", "plain_package_us", "split", "split_us",
-                        "split_package_us"]))
+                        "split_package_us", "draft", "draft_us", "draft_package_us"]))
     return {"device": torch.cuda.get_device_name(), "seconds": time.perf_counter() - start, "rows": rows}
 
 

@@ -40,7 +40,7 @@ def _layerish(t, key, value):
     """A decoder layer's kernel calls in one function: what a compiled layer traces."""
     normed, summed = norm.add_rms_norm(t["x"], t["x"], t["nw"], 1e-5)
     projected = linear.linear(normed, t["w"], residual=t["residual"], split_k=True, counters=t["counters"],
-                              config=(False, 16, 32, 4, 1, 2))  # split-K: two chunks of K
+                              config=(True, 16, 32, 4, 1, 2))  # split-K: two chunks of K
     mlp = linear.gate_up(norm.rms_norm(summed, t["nw"], 1e-5), t["gate"], t["up"], "silu", table=TABLE)
     out = attention.decode_attention(t["query"], key, value, t["position"], 0.125,
                                      rope=(t["k_new"], t["v_new"], t["cos"], t["sin"]))

@@ -57,6 +57,58 @@ def test_tune_picks_the_cheapest_correct_candidate(monkeypatch):
     assert table.pick(24, 40, False, False) == dot and table.pick(24, 40, False, True) == split
 
 
+def test_tune_picks_the_fastest_at_one_row_for_drafts(monkeypatch):
+    """A matrix-vector configuration that is fastest at one row but slow at three loses `plain` and
+    `split` (summed over both row counts) and wins `draft`; the table writes and reads it, and only
+    for_drafts() picks it. A split-K draft pick is not a `plain` one (devices without split-K)."""
+    gemv, dot, split = (False, 4, 64, 4, 1), (True, 16, 32, 4, 1), (True, 16, 32, 4, 1, 2)
+    monkeypatch.setattr(tune, "candidates", lambda k, split_on: [gemv, dot] + ([split] if split_on else []))
+    costs = {(gemv, 1): 0.1, (gemv, 3): 1.0, (dot, 1): 0.3, (dot, 3): 0.3, (split, 1): 0.2, (split, 3): 0.5}
+
+    def timer(run, calls, config):
+        return costs[config, run(0).shape[0]]
+
+    table, choices = tune.tune([(24, 40, False)], (1, 3), timer, device=DEVICE, dtype=torch.float32)
+    (choice,) = choices
+    assert (choice.plain, choice.split, choice.draft) == (dot, dot, gemv)
+    assert choice.one_row == {gemv: 0.1, dot: 0.3, split: 0.2}
+    read = T.LinearTable(*_round_trip(table))
+    for t in (table, read):
+        assert t.pick(24, 40, False, False) == dot and t.pick(24, 40, False, True) == dot
+        drafts = t.for_drafts()
+        assert drafts.pick(24, 40, False, False) == gemv and drafts.pick(24, 40, False, True) == gemv
+        assert drafts.source.endswith("draft picks")
+        assert drafts.pick(24, 40, False, False, rows=2) == dot == drafts.pick(24, 40, False, True, rows=64)
+    assert drafts.pick(2048, 8192, False, True) == T.draft_rule(2048, 8192, False)  # unlisted: the draft rule
+    assert T.draft_rule(2048, 8192, False)[0] is False and T.draft_rule(100, 60, True)[1] <= 16
+    split_draft = T.LinearTable(table.entries, "tuned", (((24, 40, False), split),)).for_drafts()
+    assert split_draft.pick(24, 40, False, False) == dot and split_draft.pick(24, 40, False, True) == split
+    _, untuned = tune.tune([(24, 40, False)], (3,), timer, device=DEVICE, dtype=torch.float32)
+    assert untuned[0].draft is None  # no one-row timing, no draft pick
+
+
+def _round_trip(table):
+    data = json.loads(table.to_json())
+    assert data["shapes"][0]["draft"] == list(table.drafts[0][1])
+    return tuple((((s["n"], s["k"], s["gated"]), tuple(s["plain"]), tuple(s["split"])) for s in data["shapes"])), \
+        "read", tuple((((s["n"], s["k"], s["gated"]), tuple(s["draft"])) for s in data["shapes"] if "draft" in s))
+
+
+def test_package_draft_picks_reach_draft_runners_only():
+    """The package's table holds draft picks for the real pairs' drafts; for_drafts() takes them
+    for one-row calls and leaves calls of more rows, and the shapes without one, as they were."""
+    package = T.packaged()
+    assert package.drafts, "the package's table has no draft picks"
+    drafts = package.for_drafts()
+    for shape, config in package.drafts:
+        assert drafts.pick(*shape, True) == config
+    listed = {shape for shape, _ in package.drafts}
+    for shape, plain, split in package.entries:
+        assert drafts.pick(*shape, False, rows=2) == plain and drafts.pick(*shape, True, rows=2) == split
+        if shape not in listed:
+            assert drafts.pick(*shape, False) == plain and drafts.pick(*shape, True) == split
+
+
 def test_model_shapes_follow_the_config():
     from transformers import LlamaConfig
 
@@ -92,6 +144,9 @@ def test_tuned_table_round_trips_and_wins_over_the_package(tmp_path):
                                           "split": [True, 16, 32, 4, 2]}]}), "shapes[0]"),
     (json.dumps({"format": 1, "shapes": [{"n": 1, "k": 2, "gated": False, "plain": [True, 24, 32, 4, 2],
                                           "split": [True, 16, 32, 4, 2]}]}), "powers of 2"),
+    (json.dumps({"format": 1, "shapes": [{"n": 1, "k": 2, "gated": False, "plain": [True, 16, 32, 4, 2],
+                                          "split": [True, 16, 32, 4, 2], "draft": [False, 4, 64, 4, 1, 2]}]}),
+     "matrix-vector"),
 ])
 def test_a_broken_tuned_table_is_a_usage_error_naming_the_file(tmp_path, content, expected):
     (tmp_path / T.FILE).write_text(content)

@@ -83,5 +83,7 @@ def run(settings, sizes, device, timer=None) -> tuple[str, list[str]]:
         lines.append(f"N={n} K={k}{' gated' if gated else ''}: plain {list(choice.plain)} "
                      f"{choice.seconds[choice.plain] * 1e6:.1f} us (package's {list(default)}: "
                      f"{'n/a' if before is None else f'{before * 1e6:.1f} us'}); split {list(choice.split)} "
-                     f"{choice.seconds[choice.split] * 1e6:.1f} us")
+                     f"{choice.seconds[choice.split] * 1e6:.1f} us"
+                     + (f"; draft {list(choice.draft)} {choice.one_row[choice.draft] * 1e6:.1f} us at one row"
+                        if choice.draft is not None else ""))
     return str(path), lines

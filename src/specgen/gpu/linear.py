@@ -10,11 +10,19 @@ rows cost what 1 row costs.
 Row invariance (bit-exact greedy decoding): a row's output is computed the same way whatever the
 number of rows in the call, so a (k+1)-row verification gives each row bitwise the logits of the
 one-row step at that position. The configuration is picked by shape (N, K, gated), never by the row
-count (gpu/linear_table.py); rows are cut into tiles of 16 (a tensor-core product, DOT) or of 1 (a
-matrix-vector product in registers), each tile one program along the grid's first axis, so a row
-sits at the same place in the same product whatever other rows share the call; split-K sums the
-chunks in chunk order. The row tiles of one column block are neighbours in the launch order, so
-they read its weights from L2 after the first.
+count (gpu/linear_table.py). Tensor-core configurations (DOT) cut rows into tiles of 16, each tile
+one program along the grid's first axis, so a row sits at the same place in the same product
+whatever other rows share the call; split-K sums the chunks in chunk order. The row tiles of one
+column block are neighbours in the launch order, so they read its weights from L2 after the first.
+
+Matrix-vector configurations (not DOT, `_gemv_kernel`): a program owns BLOCK_N columns over the
+whole of K, issues the loads of all its weights at once (K in BLOCK_K pieces, unrolled), multiplies
+them by one row in float32 element by element and reduces once; further rows repeat the same code
+one after another, reading the weights again from L1 or L2. Why: a 1B-class draft's projections
+are 4 to 34 MB, 1 to 8 µs of memory time, and a tensor-core tile walking K with split-K's handoff
+adds 2 to 3 µs of latency to each (loop start-up, the partials' store, the arrival counter, the
+last program's loads); here a program is one round trip to memory and one reduction, with no
+split-K (docs/benchmarks.md, "Matrix-vector projections (H200)").
 
 Split-K (a configuration's 6th entry): K in chunks, one program per chunk, row tile and column
 block, each storing a float32 partial; the last program of a (row tile, column block) to finish (an
@@ -45,6 +53,9 @@ from specgen.gpu.workspace import Workspace
 MAX_ROWS = 64
 DOT_ROWS = 16  # rows per tensor-core tile
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
+# Rows one matrix-vector program computes one after another (its weights loaded once from memory):
+# a verification's k + 1 rows in one program per column block, a prefill chunk in a few.
+GEMV_ROWS = 8
 COUNTER_SLOTS = 1 << 16  # split-K arrival counters: (row tile, column block) pairs of one call at most
 
 
@@ -77,7 +88,7 @@ def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: s
 
 def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual, dependent):
     n, k = weight.shape
-    config = config or (table or packaged()).pick(n, k, act > 0, split_k)
+    config = config or (table or packaged()).pick(n, k, act > 0, split_k, x.numel() // k if k else 1)
     if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
         from specgen.gpu import opaque
 
@@ -102,14 +113,26 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent):
         if residual.stride(-1) != 1:
             residual = residual.contiguous()
     dot, block_n, block_k, warps, stages, *rest = config
-    block_m = DOT_ROWS if dot else 1
+    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    second = up if up is not None else weight
+    assert second.shape == weight.shape and second.stride() == weight.stride()
+    if not dot:
+        assert not rest or rest[0] == 1, f"{config}: matrix-vector configurations do not split K"
+        groups = triton.cdiv(rows, GEMV_ROWS)
+        _gemv_kernel[(triton.cdiv(n, block_n) * groups,)](
+            x2, weight, second, bias if bias is not None else weight, residual if residual is not None else out, out,
+            rows, n, k, groups, x2.stride(0), weight.stride(0), out.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0,
+            BLOCK_N=block_n, BLOCK_K=block_k, PIECES=triton.cdiv(k, block_k), ROWS=GEMV_ROWS, DEPENDENT=dependent,
+            num_warps=warps, num_stages=1, **launch_options(dependent),
+        )
+        return out.reshape(*lead, n)
+    block_m = DOT_ROWS
     tiles = triton.cdiv(rows, block_m)
     columns = triton.cdiv(n, block_n)
     k_chunk = block_k * triton.cdiv(triton.cdiv(k, rest[0] if rest else 1), block_k)
     chunks = triton.cdiv(k, k_chunk)  # chunks of whole tiles: every chunk has columns of K
-    out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    second = up if up is not None else weight
-    assert second.shape == weight.shape and second.stride() == weight.stride()
     if chunks > 1:
         assert counters is not None and counters.dtype == torch.int32 and counters.numel() >= columns * tiles
         part = torch.empty(2 if act else 1, chunks, tiles * block_m, n, dtype=torch.float32, device=x.device)
@@ -123,7 +146,7 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent):
         # sits in the matrix (OpenBLAS's micro-kernels): there a tile's products are summed per row
         # instead, so the CPU tests see the row invariance that tensor cores give (the cuda tests
         # check those).
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=dot and not INTERPRETED,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=not INTERPRETED,
         # float32 products without TF32 for float32 models
         F32_DOT=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=chunks, DEPENDENT=dependent,
@@ -158,8 +181,8 @@ def _linear_kernel(
 ):
     """Program (c * tiles + t, s) computes rows [t * BLOCK_M, (t + 1) * BLOCK_M) of out[:, c * BLOCK_N :
     (c + 1) * BLOCK_N] over K (SPLIT_K == 1) or over its s-th chunk of k_chunk columns of K, one
-    weight tile at a time: a tensor-core product with BLOCK_M = 16 rows (DOT), or products summed
-    along K in registers (BLOCK_M = 1: a matrix-vector product). With SPLIT_K > 1 the last program
+    weight tile at a time: a tensor-core product of BLOCK_M = 16 rows (DOT; in the interpreter each
+    row's products summed along K instead). With SPLIT_K > 1 the last program
     of a row tile and column block to finish sums the chunks' partials in chunk order (the same sum
     whichever arrives last) and stores. DEPENDENT: launched dependent on the kernel before
     (gpu/dependent.py); the next one may be scheduled once the walk over K is done."""
@@ -222,6 +245,53 @@ def _linear_kernel(
                     acc_u += tl.load(part_ptr + (SPLIT_K + chunk) * slab + slot_rows, mask=tile_ok, other=0.0,
                                      cache_modifier=".cg")
             _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K]
+    u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
+    b_ptr,  # [N] when HAS_BIAS
+    r_ptr,  # [M, N] added to the output when HAS_RESIDUAL
+    out_ptr,  # [M, N]
+    M, N, K, groups, sxm, swn, som, srm,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr, DEPENDENT: tl.constexpr,
+):
+    """Program c * groups + g computes out[r, c * BLOCK_N : (c + 1) * BLOCK_N] for the rows r of group
+    g (ROWS of them), one row after another, each by the same code: the K pieces' products summed
+    element by element in float32 in piece order, then one sum over the piece's width. The pieces
+    are unrolled, so a row's loads are all issued before the first product needs one."""
+    wait_previous(DEPENDENT)
+    pid = tl.program_id(0)
+    group = pid % groups
+    cols = (pid // groups) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    kk = tl.arange(0, BLOCK_K)
+    w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
+    u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
+    for row in range(group * ROWS, tl.minimum(group * ROWS + ROWS, M)):
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for piece in tl.static_range(PIECES):
+            start = piece * BLOCK_K
+            if EVEN_K:
+                w_mask = col_ok[:, None]
+                x_mask = kk >= 0
+            else:
+                x_mask = (start + kk) < K
+                w_mask = col_ok[:, None] & x_mask[None, :]
+            xf = tl.load(x_ptr + row * sxm + start + kk, mask=x_mask, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(w_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf
+            if ACT > 0:
+                acc_u += tl.load(u_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf
+        # Once the first row's weights are in, the next kernel's programs may be scheduled (a hint,
+        # idempotent): the reduction and the store are this kernel's tail.
+        release_next(DEPENDENT)
+        rows = row + tl.arange(0, 1)
+        _finish(tl.sum(acc, axis=1)[None, :], tl.sum(acc_u, axis=1)[None, :], b_ptr, r_ptr, out_ptr, rows, rows < M,
+                cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
 
 
 @triton.jit

@@ -1,9 +1,10 @@
 """The linear kernel's configurations as data: which configuration each weight shape takes.
 
 A configuration is (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages) with an optional 6th entry, the
-number of K chunks (split-K). It is picked by (N, K, gated) and by nothing else: never by the row
-count (each row must be computed the same way in a 1-row and a (k+1)-row call, gpu/linear.py) and
-never by the GPU's name (a table tuned on a GPU lives on that machine, not in the code).
+number of K chunks (split-K, tensor-core configurations only; matrix-vector ones, DOT false, read
+the whole of K per program, in BLOCK_K pieces, with num_stages 1). It is picked by (N, K, gated) and by nothing else: never by the row
+count (each row must be computed the same way in a 1-row and a (k+1)-row call, gpu/linear.py; a
+draft model's table is the one exception, LinearTable.for_drafts) and never by the GPU's name (a table tuned on a GPU lives on that machine, not in the code).
 
 Where a shape's configuration comes from, first match wins:
 1. the table `specgen tune-kernels` wrote on this machine (tables_dir()/linear.json), when the
@@ -11,10 +12,13 @@ Where a shape's configuration comes from, first match wins:
 2. the package's table (linear_configs.json beside this file: every projection of the real pairs
    benchmarks/family_pairs.py builds and of the bench pair, tuned on an H200 with
    `benchmarks/bench_kernels.py table`, docs/benchmarks.md "Step inputs and draft-shaped tables (H200)");
-3. rule() for shapes no table lists: the same measurements as rules of thumb.
+3. rule() for shapes no table lists (draft_rule() in a draft's runner): the same measurements as
+   rules of thumb.
 
 Each entry holds two configurations: `plain` (split-K off) and `split` (split-K allowed: the
-[kernels] split_k setting resolved on), as gpu/kernels.py decides split-K per device.
+[kernels] split_k setting resolved on), as gpu/kernels.py decides split-K per device, both the best
+over one row and a verification's rows; and it may hold a third, `draft`, the best at one row,
+which a draft model's runner takes instead (LinearTable.for_drafts).
 
 Imports no torch and no Triton: gpu/kernels.py loads tables while resolving a run's settings.
 """
@@ -45,6 +49,18 @@ SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32
 SPLIT_NARROW = (True, 32, 128, 4, 3, 8)  # N <= 2048, K >= 2 N
 
 
+DRAFT_ROWS = 1  # calls of at most this many rows take a draft's picks (LinearTable.for_drafts)
+
+
+def draft_rule(n: int, k: int, gated: bool) -> tuple:
+    """The configuration of a draft's shape no table lists: a matrix-vector one of about 4K weights
+    per program (2K per weight when gated), K in pieces of at most 2048. Every draft shape the
+    H200 tuning of 2026-11-25 timed was fastest at one row in a matrix-vector configuration of 2K to
+    8K weights (docs/benchmarks.md, "Matrix-vector projections (H200)")."""
+    piece = min(2048, 1 << max(0, k - 1).bit_length())
+    return (False, max(1, min(16, max(2, 4096 // piece) // (2 if gated else 1))), piece, 4, 1)
+
+
 class TableError(ValueError):
     """A table file that cannot be read as a table: the message names the file and what is wrong."""
 
@@ -68,14 +84,26 @@ def rule(n: int, k: int, gated: bool, split_k: bool) -> tuple:
 @dataclass(frozen=True)
 class LinearTable:
     """Configurations by shape: entries ((n, k, gated), plain, split), sorted; `source` says where
-    they came from (a path, or "package"), for reports."""
+    they came from (a path, or "package"), for reports; drafts ((n, k, gated), config), sorted: the
+    best configuration at one row, for draft models (for_drafts)."""
 
     entries: tuple = ()
     source: str = "rules"
+    drafts: tuple = ()
+    for_draft: bool = False  # for_drafts()'s: unlisted shapes take draft_rule
 
-    def pick(self, n: int, k: int, gated: bool, split_k: bool) -> tuple:
+    def pick(self, n: int, k: int, gated: bool, split_k: bool, rows: int = 1) -> tuple:
+        """The configuration of a call of `rows` rows: the same for every row count, except in a
+        draft's table (for_drafts), where calls of DRAFT_ROWS rows take the draft picks."""
+        key = (n, k, bool(gated))
+        if self.for_draft and rows <= DRAFT_ROWS:
+            for shape, config in self.drafts:
+                if shape == key and (split_k or len(config) == 5):
+                    return config
+            if all(shape != key for shape, _, _ in self.entries):
+                return draft_rule(n, k, gated)
         for shape, plain, split in self.entries:
-            if shape == (n, k, bool(gated)):
+            if shape == key:
                 return split if split_k else plain
         return rule(n, k, gated, split_k)
 
@@ -83,10 +111,25 @@ class LinearTable:
         """This table's entries, and base's for the shapes this one does not list."""
         mine = {shape for shape, _, _ in self.entries}
         entries = self.entries + tuple(e for e in base.entries if e[0] not in mine)
-        return LinearTable(tuple(sorted(entries)), f"{self.source} over {base.source}")
+        drafts = self.drafts + tuple(d for d in base.drafts if d[0] not in mine)
+        return LinearTable(tuple(sorted(entries)), f"{self.source} over {base.source}", tuple(sorted(drafts)))
+
+    def for_drafts(self) -> LinearTable:
+        """The table a draft model's runner uses: its one-row calls take each shape's draft
+        configuration (a split-K one only where split-K is on; draft_rule for shapes no table
+        lists), its other calls (a round's first step over two ids, prefill chunks) the same as a
+        target's. Why: a draft's steps are one row but for the first of a round, and the
+        configuration fastest at one row, for a 1B-class draft a matrix-vector one, is the one the
+        objective of `plain` and `split` (one row plus a verification's) passes over; at two rows
+        and more it is slower (docs/benchmarks.md, "Matrix-vector projections (H200)"). Choosing by
+        row count here costs nothing exact: a draft's numerics never decide the output, and its
+        cache need not match what a one-row step would have written."""
+        return LinearTable(self.entries, f"{self.source}, draft picks", self.drafts, for_draft=True)
 
     def to_json(self, **notes) -> str:
-        shapes = [{"n": n, "k": k, "gated": gated, "plain": list(plain), "split": list(split)}
+        drafts = dict(self.drafts)
+        shapes = [{"n": n, "k": k, "gated": gated, "plain": list(plain), "split": list(split),
+                   **({"draft": list(drafts[(n, k, gated)])} if (n, k, gated) in drafts else {})}
                   for (n, k, gated), plain, split in self.entries]
         return json.dumps({"format": FORMAT, **notes, "shapes": shapes}, indent=1) + "\n"
 
@@ -99,14 +142,16 @@ def load(path: Path) -> LinearTable:
         raise TableError(f"{path}: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("shapes"), list):
         raise TableError(f"{path}: not a linear-kernel table of format {FORMAT}")
-    entries = []
+    entries, drafts = [], []
     for i, item in enumerate(data["shapes"]):
         try:
             shape = (int(item["n"]), int(item["k"]), bool(item["gated"]))
             entries.append((shape, _config(item["plain"], split=False), _config(item["split"], split=True)))
+            if "draft" in item:
+                drafts.append((shape, _config(item["draft"], split=True)))
         except (KeyError, TypeError, ValueError) as exc:
             raise TableError(f"{path}: shapes[{i}]: {exc}") from None
-    return LinearTable(tuple(sorted(entries)), str(path))
+    return LinearTable(tuple(sorted(entries)), str(path), tuple(sorted(drafts)))
 
 
 def _config(value, split: bool) -> tuple:
@@ -120,6 +165,8 @@ def _config(value, split: bool) -> tuple:
         raise ValueError(f"{value!r}: dot is true or false; block_n, block_k and warps are powers of 2")
     if (dot and (block_n < 16 or block_k < 16)) or not 1 <= stages <= 8 or any(c < 1 for c in chunks):
         raise ValueError(f"{value!r}: tensor-core tiles need block_n, block_k >= 16; 1 <= stages <= 8; chunks >= 1")
+    if not dot and (stages != 1 or any(c > 1 for c in chunks)):
+        raise ValueError(f"{value!r}: matrix-vector configurations (dot false) take stages 1 and no split-K chunks")
     return tuple(value)
 
 
@@ -127,7 +174,7 @@ def _config(value, split: bool) -> tuple:
 def packaged() -> LinearTable:
     """The package's table (over the rules)."""
     table = load(PACKAGED)
-    return LinearTable(table.entries, "package")
+    return LinearTable(table.entries, "package", table.drafts)
 
 
 def tables_dir(folder: str = "") -> Path:

@@ -5,8 +5,10 @@ checked against the torch reference on the inputs it is timed on (a candidate th
 that fails to compile, is dropped), then timed at each row count a run uses (1 for draft and
 target-only steps, k + 1 for a verification); the configuration with the least total time wins.
 Two winners per shape: among configurations without split-K (`plain`) and among all (`split`), as
-gpu/kernels.py decides split-K per device. Every candidate computes each row the same way whatever
-the row count, so any winner keeps greedy decoding bit-exact.
+gpu/kernels.py decides split-K per device; and, when one row is among the row counts, the fastest
+at one row (`draft`: what a draft model's runner takes, LinearTable.for_drafts). Every candidate
+computes each row the same way whatever the row count, so any winner keeps greedy decoding
+bit-exact.
 
 The timer is passed in: graph_timer on a GPU, a fake one in the tests (never real timing there).
 """
@@ -37,9 +39,12 @@ class Timer(Protocol):
 
 def candidates(k: int, split: bool) -> list[tuple]:
     """The configurations tried for a shape with K = k (with split-K ones when `split`)."""
-    wide_k = min(2048, triton.next_power_of_2(k))
     plain = [(True, n, bk, 4, 4) for n in (16, 32, 64) for bk in (128, 256)]
-    plain += [(False, n, bk, 4, 1) for n in (2, 4) for bk in sorted({min(1024, wide_k), wide_k})]
+    # Matrix-vector programs of 2K to 16K weights (8 to 64 per thread at 4 warps): fewer leave too
+    # few bytes in flight per program, more spill registers; K's piece at most K rounded up.
+    pieces = sorted({min(triton.next_power_of_2(k), bk) for bk in (512, 1024, 2048, 4096)})
+    plain += [(False, n, bk, warps, 1) for bk in pieces for n in (1, 2, 4, 8, 16) for warps in (4, 8)
+              if 2048 <= n * bk <= 16384 and (n <= 8 or bk < 512)]
     if not split:
         return plain
     # Narrow tiles and more chunks: a 1B-class draft's projections (2,048 wide) have too few column
@@ -77,6 +82,8 @@ class Choice:
     plain: tuple
     split: tuple
     seconds: dict  # config -> total seconds over the row counts
+    draft: tuple | None = None  # the fastest at one row (when 1 is among the row counts)
+    one_row: dict | None = None  # config -> seconds at one row
 
 
 def tune(shapes, rows: tuple[int, ...], timer: Timer, *, device, dtype=torch.bfloat16, split: bool = True,
@@ -85,16 +92,20 @@ def tune(shapes, rows: tuple[int, ...], timer: Timer, *, device, dtype=torch.bfl
     counters = linear.split_k_counters(Workspace(device))
     choices = []
     for n, k, gated in dict.fromkeys(shapes):
-        seconds = _time_shape(n, k, gated, rows, timer, device, dtype, counters, split)
-        if not seconds:
+        by_rows = _time_shape(n, k, gated, rows, timer, device, dtype, counters, split)
+        if not by_rows:
             continue
+        seconds = {config: sum(times.values()) for config, times in by_rows.items()}
         plain = min((c for c in seconds if len(c) == 5), key=seconds.get)
         best = min(seconds, key=seconds.get)
-        choices.append(Choice((n, k, gated), plain, best, seconds))
+        one_row = {config: times[1] for config, times in by_rows.items()} if 1 in rows else None
+        draft = min(one_row, key=one_row.get) if one_row else None
+        choices.append(Choice((n, k, gated), plain, best, seconds, draft, one_row))
         if progress is not None:
-            progress(f"N={n} K={k}{' gated' if gated else ''}: {plain} / {best}")
+            progress(f"N={n} K={k}{' gated' if gated else ''}: {plain} / {best} / draft {draft}")
     entries = tuple(sorted((c.shape, c.plain, c.split) for c in choices))
-    return LinearTable(entries, "tuned"), choices
+    drafts = tuple(sorted((c.shape, c.draft) for c in choices if c.draft is not None))
+    return LinearTable(entries, "tuned", drafts), choices
 
 
 def _time_shape(n, k, gated, rows, timer, device, dtype, counters, split) -> dict:
@@ -105,9 +116,9 @@ def _time_shape(n, k, gated, rows, timer, device, dtype, counters, split) -> dic
     ups = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)] \
         if gated else weights
     inputs = {r: torch.randn(r, k, device=device, generator=gen).to(dtype) for r in rows}
-    seconds = {}
+    seconds = {}  # config -> {rows: seconds a call}
     for config in candidates(k, split):
-        total = 0.0
+        total = {}
         for r, x in inputs.items():
             def run(i, x=x, config=config):
                 if gated:
@@ -120,7 +131,7 @@ def _time_shape(n, k, gated, rows, timer, device, dtype, counters, split) -> dic
             except Exception:  # noqa: BLE001 (a configuration this GPU cannot compile or run: not a candidate)
                 total = None
                 break
-            total += timer(run, copies, config)
+            total[r] = timer(run, copies, config)
         if total is not None:
             seconds[config] = total
     return seconds
