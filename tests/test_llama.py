@@ -10,6 +10,7 @@ import torch
 
 from specgen.core import llama
 from specgen.core.errors import ModelError
+from specgen.core.models import cache_keyword
 
 CONFIGS = {  # the shapes Llama checkpoints come in
     "gqa-tied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
@@ -54,9 +55,24 @@ def test_logits_match_transformers_with_and_without_a_cache(tmp_path, name, cach
                 if crop:
                     cache.crop(-crop)
                 positions = torch.arange(start, stop)[None]
-                out.append(net(input_ids=ids[:, start:stop], past_key_values=cache, position_ids=positions,
-                               cache_position=positions[0], use_cache=True, logits_to_keep=stop - start).logits)
+                out.append(net(input_ids=ids[:, start:stop], **{cache_keyword(type(net).forward): cache},
+                               position_ids=positions, cache_position=positions[0], use_cache=True,
+                               logits_to_keep=stop - start).logits)
             torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_cache_goes_by_the_keyword_forward_takes():
+    """transformers 5.24 renamed the models' and layers' `past_key_values` to `cache` (the old name
+    warns); 5.17 to 5.23, unrenamed families and this package's Llama take `past_key_values`."""
+    def renamed(self, input_ids=None, cache=None, **kwargs): ...
+
+    def before(self, input_ids=None, past_key_values=None, cache_position=None, **kwargs): ...
+
+    def both(self, input_ids=None, past_key_values=None, cache=None, **kwargs): ...
+
+    assert cache_keyword(renamed) == "cache"
+    assert cache_keyword(before) == cache_keyword(both) == cache_keyword(llama.LlamaForCausalLM.forward) == \
+        "past_key_values"
 
 
 def test_bfloat16_weights_load_in_the_dtype_asked_for(tmp_path):

@@ -12,6 +12,7 @@ transformers' Auto classes.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -381,6 +382,14 @@ def new_cache(model):
     from transformers import DynamicCache
 
     return DynamicCache()
+
+
+def cache_keyword(forward) -> str:
+    """The keyword `forward` (a model's or a decoder layer's) takes its KV cache by: `cache` where
+    transformers renamed it (5.24, where `past_key_values` still works but warns), else
+    `past_key_values` (5.17 to 5.23, the families not renamed yet, and core/llama.py's model)."""
+    params = inspect.signature(forward).parameters
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
 
 
 def check_tokenizers(target_tok, draft_tok) -> None:

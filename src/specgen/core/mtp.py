@@ -202,6 +202,9 @@ class MtpLayer(nn.Module):
         hidden, vocab = cfg.hidden_size, cfg.vocab_size
         self.config, self.index = cfg, index
         self.block = getattr(modeling, layout.decoder)(cfg, 0)
+        from specgen.core.models import cache_keyword
+
+        self.cache_keyword = cache_keyword(type(self.block).forward)
         norm = type(self.block.input_layernorm)  # the family's own RMSNorm
         self.enorm, self.hnorm, self.norm = (norm(hidden, eps=cfg.rms_norm_eps) for _ in range(3))
         self.proj = nn.Linear(2 * hidden, hidden, bias=False)
@@ -219,7 +222,7 @@ class MtpLayer(nn.Module):
         positions = torch.arange(past, past + steps, device=ids.device).expand(batch, steps)  # [B, T]
         x = self.proj(torch.cat([self.enorm(self.embed(ids)), self.hnorm(hidden.to(self.proj.weight.dtype))], -1))
         out = self.block(x, attention_mask=self._mask(past, steps, x), position_ids=positions,
-                         past_key_values=cache.kv if cache is not None else None, use_cache=cache is not None,
+                         **{self.cache_keyword: cache.kv if cache is not None else None}, use_cache=cache is not None,
                          position_embeddings=self.rotary(x, positions))
         return self.head(self.norm(out)), out
 

@@ -56,6 +56,9 @@ class EagerRunner:
         self.capacity = capacity  # not a limit here: the cache grows as needed
         self.generation = 0
         self.length = 0  # tokens in the cache (may run ahead of position until the next step)
+        from specgen.core.models import cache_keyword
+
+        self.cache_keyword = cache_keyword(type(model).forward)
         self.reset()
 
     def reset(self) -> None:
@@ -93,8 +96,9 @@ class EagerRunner:
         n = ids.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
         with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
-            out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, position_ids=positions.unsqueeze(0),
-                             cache_position=positions, use_cache=True, logits_to_keep=n_logits)
+            out = self.model(input_ids=ids.unsqueeze(0), **{self.cache_keyword: self.cache},
+                             position_ids=positions.unsqueeze(0), cache_position=positions, use_cache=True,
+                             logits_to_keep=n_logits)
         self.length = start + n
         self.position.add_(n)
         return out.logits[0]

@@ -238,12 +238,12 @@ def continue_greedily(target, prompts: torch.Tensor, new_tokens: int, temperatur
                       generator: torch.Generator | None = None) -> torch.Tensor:
     """prompts [N, P] -> [N, P + new_tokens]: the target's continuation (greedy, or sampled at
     `temperature` with `generator`), with a KV cache."""
-    from specgen.core.models import new_cache
+    from specgen.core.models import cache_keyword, new_cache
 
-    cache = new_cache(target)
+    cache = {cache_keyword(type(target).forward): new_cache(target)}
     seqs, step = prompts, prompts
     for _ in range(new_tokens):
-        logits = target(input_ids=step, past_key_values=cache, use_cache=True).logits[:, -1].float()  # [N, V]
+        logits = target(input_ids=step, **cache, use_cache=True).logits[:, -1].float()  # [N, V]
         if temperature > 0:
             step = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)
         else:

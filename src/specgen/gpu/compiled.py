@@ -31,6 +31,8 @@ import functools
 
 import torch
 
+from specgen.gpu.rewire import CACHE_KEYWORDS
+
 # Cache entries per compiled function: a step shape per model per layer variant (Gemma 2's sliding
 # and global layers), or per layer where attention looks its K/V up itself; past dynamo's default
 # limit of 8, a frame would silently run uncompiled.
@@ -64,7 +66,7 @@ def _compiled_forward(self, hidden_states, *args, **kwargs):
     if not region.active:
         return self._specgen_compiled_base.forward(self, hidden_states, *args, **kwargs)
     attention = getattr(self, "self_attn", None)
-    cache = kwargs.get("past_key_values")
+    cache = next((kwargs[name] for name in CACHE_KEYWORDS if kwargs.get(name) is not None), None)
     layers = getattr(cache, "layers", None)
     index = getattr(attention, "layer_idx", None)
     if "_specgen_rope_base" in vars(attention or object()) and layers is not None and isinstance(index, int) \

@@ -49,6 +49,9 @@ from specgen.gpu.kernels import layer_capable, norm_capable, rope_capable, rotar
 from specgen.gpu.linear_table import LinearTable, packaged
 
 NAME = "specgen"  # the attention implementation's name in transformers
+# What a decoder layer hands its attention the KV cache as: `cache` from transformers 5.24 on,
+# `past_key_values` before (and in families not renamed yet), `past_key_value` in 4.x.
+CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")
 
 
 # -- linear layers ----------------------------------------------------------------------------------
@@ -484,7 +487,7 @@ def _rope_forward(self, hidden_states, *args, **kwargs):
     embeddings = kwargs.get("position_embeddings")
     layer = kwargs.pop("specgen_slot", None)  # gpu/compiled.py's layer entry looked it up: no layer_idx here
     if layer is None:
-        cache = kwargs.get("past_key_values", kwargs.get("past_key_value"))
+        cache = next((kwargs[name] for name in CACHE_KEYWORDS if kwargs.get(name) is not None), None)
         layers = getattr(cache, "layers", None)
         layer = layers[self.layer_idx] if layers is not None and self.layer_idx < len(layers) else None
     tokens = hidden_states.shape[1]

@@ -191,6 +191,9 @@ class GraphRunner:
         if kernels.attention and rewire.mask_free(model):
             self.step_mask = torch.zeros(rewire.STEP_MASK_SHAPE, dtype=torch.bool, device=self.device)
         self.cache_position = "cache_position" in inspect.signature(type(model).forward).parameters
+        from specgen.core.models import cache_keyword
+
+        self.cache_keyword = cache_keyword(type(model).forward)
         self.compiled = None  # gpu/compiled.py's CompiledLayers, with compile
         # With compile, captured shapes whose graphs hold the uncompiled step: the backend names its
         # prefill chunk, which spares each start one dynamo trace (and inductor load) per model;
@@ -340,7 +343,7 @@ class GraphRunner:
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
         with self._linear_context(), self.tap.armed() if self.tap is not None else contextlib.nullcontext():
-            out = self.model(input_ids=ids.unsqueeze(0), past_key_values=self.cache, use_cache=True,
+            out = self.model(input_ids=ids.unsqueeze(0), **{self.cache_keyword: self.cache}, use_cache=True,
                              logits_to_keep=0 if want_logits else 1, **self._attention_args())
         n = ids.shape[0]
         self.position.add_(n)
@@ -352,7 +355,8 @@ class GraphRunner:
         n = ids.shape[0]
         if self.io is None:
             inputs = {"input_ids": ids.unsqueeze(0), **self._step_inputs(self.position + self.steps[:n])}
-            logits = self.model(past_key_values=self.cache, use_cache=True, **inputs, **self._attention_args()).logits[0]
+            logits = self.model(**{self.cache_keyword: self.cache}, use_cache=True, **inputs,
+                                **self._attention_args()).logits[0]
             cols = min(logits.shape[-1], self.width)
             logits_out[:, :cols].copy_(logits[:, :cols])
             self.position.add_(n)
@@ -372,7 +376,8 @@ class GraphRunner:
             rows = io.rows[:n].view(1, n, 2, -1)
             table.current = (rows[..., 0, :], rows[..., 1, :])  # the views table.lookup would return
         try:
-            logits = self.model(past_key_values=self.cache, use_cache=True, **inputs, **self._attention_args()).logits[0]
+            logits = self.model(**{self.cache_keyword: self.cache}, use_cache=True, **inputs,
+                                **self._attention_args()).logits[0]
         finally:
             if table is not None:
                 table.current = None
