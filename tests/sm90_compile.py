@@ -290,11 +290,13 @@ def linear_scenarios(linear):
     for split in (1, 4):  # launched dependent on the kernel before (gpu/dependent.py)
         def call(split=split):
             x, counters = torch.empty(1, 2048, dtype=BF16), linear.split_k_counters(Workspace("cpu"))
-            config = (False, 2, 1024, 4, 1, split)
-            linear.linear(x, torch.empty(2048, 2048, dtype=BF16), None, config, counters=counters,
-                          residual=torch.empty(1, 2048, dtype=BF16), dependent=True)
+            for config in ((True, 32, 128, 4, 4, split), (False, 2, 1024, 4, 1)):  # tensor cores, matrix-vector
+                linear.linear(x, torch.empty(2048, 2048, dtype=BF16), None, config, counters=counters,
+                              residual=torch.empty(1, 2048, dtype=BF16), dependent=True)
             linear.gate_up(x, torch.empty(8192, 2048, dtype=BF16), torch.empty(8192, 2048, dtype=BF16), "silu",
                            (True, 16, 256, 4, 4, split), counters=counters, dependent=True)
+            linear.gate_up(x, torch.empty(8192, 2048, dtype=BF16), torch.empty(8192, 2048, dtype=BF16), "silu",
+                           (False, 2, 1024, 4, 1), dependent=True)
 
         yield f"linear and gate_up bfloat16 dependent split_k={split}", call
 

@@ -126,4 +126,4 @@ for name in only:
         print(f"  {label}: {us:.2f} us ({us / floor:.2f}x)", flush=True)
     best = sorted(results)[:4]
     print("  best:", "; ".join(f"{l} {u:.2f}" for u, l in best), flush=True)
-    del W, U
+    W = U = None  # free the chain before the next shape

@@ -72,4 +72,4 @@ for name in (sys.argv[1].split(",") if len(sys.argv) > 1 else SHAPES):
             us = timed(lambda: [call(cfg, i) for i in range(CHAIN)])
             print(f"  rows {rows} {label} {cfg}: {us:.2f} us ({us / floor:.2f}x)  rel diff to table {err:.2g}", flush=True)
             L.GEMV_ROWS = 8
-    del W, U
+    W = U = None  # free the chain before the next shape
