@@ -2,9 +2,11 @@
 
 A configuration is (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages) with an optional 6th entry, the
 number of K chunks (split-K, tensor-core configurations only; matrix-vector ones, DOT false, read
-the whole of K per program, in BLOCK_K pieces, with num_stages 1). It is picked by (N, K, gated) and by nothing else: never by the row
-count (each row must be computed the same way in a 1-row and a (k+1)-row call, gpu/linear.py; a
-draft model's table is the one exception, LinearTable.for_drafts) and never by the GPU's name (a table tuned on a GPU lives on that machine, not in the code).
+the whole of K per program, in BLOCK_K pieces, with num_stages 1). It is picked by (N, K, gated)
+and by nothing else: never by the row count (each row must be computed the same way in a 1-row
+and a (k+1)-row call, gpu/linear.py; a draft model's table is the one exception,
+LinearTable.for_drafts) and never by the GPU's name (a table tuned on a GPU lives on that machine,
+not in the code).
 
 Where a shape's configuration comes from, first match wins:
 1. the table `specgen tune-kernels` wrote on this machine (tables_dir()/linear.json), when the
