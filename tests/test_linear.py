@@ -104,59 +104,6 @@ def test_residual_epilogue_is_the_add_after_the_projection(config, dtype):
         L.linear(x, w, residual=residual[:, :-1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config", [PATHS["gemv"], (True, 32, 64, 4, 2, 3)])
-def test_residual_pair_is_the_add_before_the_norm_then_the_add_after(config, dtype):
-    """residual=(a, b) is (a + b) + linear(...) bit for bit: the pair's own add rounded first, as the
-    decoder layer's add before its norm is, then the projection's add."""
-    counters = L.split_k_counters(Workspace(DEVICE))
-    for rows, n, k, bias in CASES[:4]:
-        x, w, _, b = _data(rows, n, k, dtype, seed=8)
-        gen = torch.Generator().manual_seed(rows)
-        a, r = (torch.randn(rows, n, generator=gen).to(dtype).to(DEVICE) * 4 for _ in range(2))
-        plain = L.linear(x, w, b if bias else None, config, counters=counters)
-        fused = L.linear(x, w, b if bias else None, config, counters=counters, residual=(a, r))
-        assert torch.equal(fused, (a + r) + plain), (rows, n, k)
-
-
-def _norm_inputs(rows, k, dtype, seed):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k, generator=gen) * 3
-    added = torch.randn(rows, k, generator=gen) * 2
-    weight = 1 + torch.randn(k, generator=gen) / 4
-    return [t.to(dtype).to(DEVICE) for t in (x, added, weight)]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("with_added", [False, True])
-def test_prenorm_is_the_norm_kernel_then_the_projection(with_added, dtype):
-    """A matrix-vector call with a prologue norm gives bitwise what the norm kernel (gpu/norm.py)
-    hands the same call without it: one and several rows (the rows one after another), K a
-    multiple of the piece and not, a plain projection with bias and the gated pair."""
-    from specgen.gpu import norm as N
-
-    eps = 1e-5
-    for rows, n, k, bias in [(1, 40, 96, True), (1, 96, 1024, False), (5, 33, 200, True), (9, 64, 512, False)]:
-        _, w, u, b = _data(rows, n, k, dtype, seed=9)
-        x, added, weight = _norm_inputs(rows, k, dtype, seed=rows)
-        prenorm = L.Prenorm(weight, eps, added if with_added else None)
-        if with_added:
-            normed, _ = N.add_rms_norm(x, added, weight, eps)
-        else:
-            normed = N.rms_norm(x, weight, eps)
-        for config in (PATHS["gemv"], (False, 8, 64, 4, 1)):
-            fused = L.linear(x, w, b if bias else None, config, prenorm=prenorm)
-            assert torch.equal(fused, L.linear(normed, w, b if bias else None, config)), (rows, n, k, config)
-            gated = L.gate_up(x, w, u, "silu", config, prenorm=prenorm)
-            assert torch.equal(gated, L.gate_up(normed, w, u, "silu", config)), (rows, n, k, config)
-
-
-def test_prenorm_needs_a_matrix_vector_configuration():
-    x, w, _, _ = _data(1, 16, 64, torch.float32)
-    with pytest.raises(AssertionError, match="matrix-vector"):
-        L.linear(x, w, config=PATHS["dot"], prenorm=L.Prenorm(torch.ones(64, device=DEVICE), 1e-5))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", [(1, 96, 512, True), (5, 70, 300, False)])
 def test_split_k_sums_the_chunks_as_one_program_does(case, dtype):

@@ -151,42 +151,6 @@ def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launch
             assert torch.equal(a, b)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", ["Llama", "Qwen2", "Qwen3"])
-def test_draft_norms_in_the_projections_prologue_change_no_bit(family, monkeypatch):
-    """A draft's runner (LinearTable.for_drafts: its one-row calls take matrix-vector
-    configurations) runs each layer's input norm in the q/k/v projection's prologue and the add
-    and norm after the attention in gate/up's (the add again in down's epilogue): bitwise the
-    logits of the same runner with the norm kernels, and no norm launch in a one-row step but the
-    final norm's. Qwen2: q/k/v biases; Qwen3: per-head q/k norms after the fused projection."""
-    import dataclasses
-
-    from specgen.gpu.linear_table import LinearTable
-
-    model = _tiny(family, torch.bfloat16)
-    table = LinearTable(source="test").for_drafts()
-    drafty = dataclasses.replace(kernels(linear=True, norm=True), linear_table=table)
-    fast = runner(model, kernels=drafty)
-    plain = runner(copy.deepcopy(model), kernels=drafty)
-    gen = torch.Generator().manual_seed(0)
-    feeds = [torch.randint(0, 96, (n,), generator=gen) for n in (12, 1, 5, 1, 1)]
-    with monkeypatch.context() as patch:
-        patch.setattr(rewire, "_prologue_config", lambda *a: None)
-        want = _feed(plain, feeds, norm=True)
-    norms, prologues = [], []
-    real, real_linear = N._launch, L._launch
-    monkeypatch.setattr(N, "_launch", lambda x, *a: norms.append(x.shape[1]) or real(x, *a))  # tokens
-    monkeypatch.setattr(L, "_launch", lambda *a: prologues.append(a[10] is not None) or real_linear(*a))  # prenorm
-    got = _feed(fast, feeds, norm=True)
-    per_head = 2 if family == "Qwen3" else 0  # q and k norms a layer
-    one_row = 2 * per_head + 1  # two layers, then the final norm
-    several = 2 * (2 + per_head) + 1
-    assert norms == [12] * several + [1] * one_row + [5] * several + [1] * (2 * one_row)
-    assert sum(prologues) == 3 * 2 * 2  # one-row steps: q/k/v and gate/up in each of the 2 layers
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
-
-
 def test_install_changes_nothing_outside_an_engaged_norm():
     """Outside a norm engagement (no runner, or a runner without the norm) the model's own norms
     and layers run, bit for bit; Gemma's norm (1 + weight, in float32) is not rewired."""

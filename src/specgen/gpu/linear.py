@@ -38,8 +38,6 @@ Torch references: gpu/reference.py. Routing a model's modules here: gpu/rewire.p
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -61,19 +59,6 @@ GEMV_ROWS = 8
 COUNTER_SLOTS = 1 << 16  # split-K arrival counters: (row tile, column block) pairs of one call at most
 
 
-class Prenorm(NamedTuple):
-    """The RMSNorm before a projection, computed in a matrix-vector kernel's prologue: the
-    projection of x becomes that of RMSNorm(added + x), with gpu/norm.py's rounding steps, so
-    bitwise what the norm kernel would hand the projection. Why: a 1B-class draft's one-row step
-    launches a norm kernel before its q/k/v and gate/up projections, each about 2 µs of a
-    0.8 ms step; every matrix-vector program reads the whole row anyway, and its norm overlaps the
-    weight loads (docs/benchmarks.md, "Norms in the draft's projections")."""
-
-    weight: torch.Tensor  # [K], x's dtype
-    eps: float
-    added: torch.Tensor | None = None  # [..., K]: the decoder layer's residual, added to x first
-
-
 def split_k_counters(workspace: Workspace) -> torch.Tensor:
     """The device's split-K arrival counters (int32, zero between calls: the last program of each
     row tile and column block resets its own). Calls on a device run in stream order, so one buffer
@@ -83,45 +68,35 @@ def split_k_counters(workspace: Workspace) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: tuple | None = None,
            *, split_k: bool = False, counters: torch.Tensor | None = None,
-           table: LinearTable | None = None, residual: torch.Tensor | tuple | None = None,
-           prenorm: Prenorm | None = None, dependent: bool = False) -> torch.Tensor:
+           table: LinearTable | None = None, residual: torch.Tensor | None = None,
+           dependent: bool = False) -> torch.Tensor:
     """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N].
     config: forced, else table's (packaged()'s) pick for the shape; split_k: allow split-K
     configurations (they need `counters`, split_k_counters(workspace)); residual [..., N]: return
     residual + F.linear(x, weight, bias), the sum in x's dtype as a decoder layer's add computes
-    it (one launch fewer than the add after the projection); a pair (a, b) is the residual a + b,
-    that sum rounded first, as the add before a norm computes it; prenorm: project
-    RMSNorm(x) instead (matrix-vector configurations only: Prenorm); dependent: launch it
-    dependent on the kernel before (gpu/dependent.py)."""
-    return _launch(x, weight, None, bias, 0, config, split_k, counters, table, residual, prenorm, dependent)
+    it (one launch fewer than the add after the projection); dependent: launch it dependent on the
+    kernel before (gpu/dependent.py)."""
+    return _launch(x, weight, None, bias, 0, config, split_k, counters, table, residual, dependent)
 
 
 def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str, config: tuple | None = None,
             *, split_k: bool = False, counters: torch.Tensor | None = None,
-            table: LinearTable | None = None, prenorm: Prenorm | None = None,
-            dependent: bool = False) -> torch.Tensor:
-    """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N].
-    prenorm: of RMSNorm(x) instead (as linear's)."""
-    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters, table, None, prenorm,
-                   dependent)
+            table: LinearTable | None = None, dependent: bool = False) -> torch.Tensor:
+    """act(x gate^T) * (x up^T) with the rounding of the unfused module: x [..., K] -> [..., N]."""
+    return _launch(x, gate, up, None, ACTIVATIONS[activation], config, split_k, counters, table, None, dependent)
 
 
-def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual, prenorm, dependent):
+def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual, dependent):
     n, k = weight.shape
     config = config or (table or packaged()).pick(n, k, act > 0, split_k, x.numel() // k if k else 1)
     if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
         from specgen.gpu import opaque
 
-        return opaque.linear(x, weight, up, bias, residual, counters, config, act, prenorm, dependent)
-    return run(x, weight, up, bias, act, config, counters, residual, prenorm, dependent)
+        return opaque.linear(x, weight, up, bias, residual, counters, config, act, dependent)
+    return run(x, weight, up, bias, act, config, counters, residual, dependent)
 
 
-def _as_rows(t: torch.Tensor, rows: int, width: int) -> torch.Tensor:
-    t = t.reshape(rows, width)
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def run(x, weight, up, bias, act, config, counters, residual, prenorm, dependent):
+def run(x, weight, up, bias, act, config, counters, residual, dependent):
     """One launch with a picked configuration (the operator of gpu/opaque.py calls this too)."""
     n, k = weight.shape
     lead = x.shape[:-1]
@@ -132,36 +107,27 @@ def run(x, weight, up, bias, act, config, counters, residual, prenorm, dependent
     rows = x2.shape[0]
     assert rows <= MAX_ROWS and weight.ndim == 2 and weight.stride(-1) == 1
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
-    pair = residual if isinstance(residual, tuple) else (residual,) if residual is not None else ()
-    for part in pair:
-        assert part.shape == (*lead, n) and part.dtype == x.dtype, "residual and output differ in shape or dtype"
-    pair = [_as_rows(part, rows, n) for part in pair]
+    if residual is not None:
+        assert residual.shape == (*lead, n) and residual.dtype == x.dtype, "residual and output differ in shape or dtype"
+        residual = residual.reshape(rows, n)
+        if residual.stride(-1) != 1:
+            residual = residual.contiguous()
     dot, block_n, block_k, warps, stages, *rest = config
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    r1, r2 = (pair + [out, out])[:2]  # unread placeholders for the missing ones
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
     if not dot:
         assert not rest or rest[0] == 1, f"{config}: matrix-vector configurations do not split K"
-        added = x2
-        if prenorm is not None:
-            assert prenorm.weight.shape == (k,) and prenorm.weight.is_contiguous() and prenorm.weight.dtype == x.dtype
-            if prenorm.added is not None:
-                assert prenorm.added.shape == x.shape and prenorm.added.dtype == x.dtype, "added and x differ"
-                added = _as_rows(prenorm.added, rows, k)
         groups = triton.cdiv(rows, GEMV_ROWS)
         _gemv_kernel[(triton.cdiv(n, block_n) * groups,)](
-            x2, added, prenorm.weight if prenorm is not None else weight, weight, second,
-            bias if bias is not None else weight, r1, r2, out,
-            rows, n, k, groups, x2.stride(0), added.stride(0), weight.stride(0), out.stride(0), r1.stride(0),
-            r2.stride(0), float(prenorm.eps) if prenorm is not None else 0.0,
-            HAS_BIAS=bias is not None, RESIDUALS=len(pair), ACT=act, EVEN_K=k % block_k == 0,
-            NORM=prenorm is not None, ADDED=prenorm is not None and prenorm.added is not None,
+            x2, weight, second, bias if bias is not None else weight, residual if residual is not None else out, out,
+            rows, n, k, groups, x2.stride(0), weight.stride(0), out.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0,
             BLOCK_N=block_n, BLOCK_K=block_k, PIECES=triton.cdiv(k, block_k), ROWS=GEMV_ROWS, DEPENDENT=dependent,
             num_warps=warps, num_stages=1, **launch_options(dependent),
         )
         return out.reshape(*lead, n)
-    assert prenorm is None, f"{config}: a norm in the prologue needs a matrix-vector configuration"
     block_m = DOT_ROWS
     tiles = triton.cdiv(rows, block_m)
     columns = triton.cdiv(n, block_n)
@@ -173,14 +139,14 @@ def run(x, weight, up, bias, act, config, counters, residual, prenorm, dependent
     else:
         part = counters = out  # unused
     _linear_kernel[(columns * tiles, chunks)](
-        x2, weight, second, bias if bias is not None else weight, r1, r2, out,
+        x2, weight, second, bias if bias is not None else weight, residual if residual is not None else out, out,
         part, counters, rows, n, k, k_chunk, tiles, x2.stride(0), weight.stride(0), out.stride(0),
-        r1.stride(0), r2.stride(0),
+        residual.stride(0) if residual is not None else 0,
         # The interpreter's tl.dot is numpy's matmul, whose result for a row depends on where the row
         # sits in the matrix (OpenBLAS's micro-kernels): there a tile's products are summed per row
         # instead, so the CPU tests see the row invariance that tensor cores give (the cuda tests
         # check those).
-        HAS_BIAS=bias is not None, RESIDUALS=len(pair), ACT=act, EVEN_K=k % block_k == 0, DOT=not INTERPRETED,
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0, DOT=not INTERPRETED,
         # float32 products without TF32 for float32 models
         F32_DOT=x.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=chunks, DEPENDENT=dependent,
@@ -204,13 +170,12 @@ def _linear_kernel(
     w_ptr,  # [N, K]
     u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
     b_ptr,  # [N] when HAS_BIAS
-    r_ptr,  # [M, N] added to the output (RESIDUALS > 0)
-    r2_ptr,  # [M, N] added to r first (RESIDUALS == 2)
+    r_ptr,  # [M, N] added to the output when HAS_RESIDUAL
     out_ptr,  # [M, N]
     part_ptr,  # [2 if ACT else 1, SPLIT_K, tiles x BLOCK_M, N] float32 partial sums (SPLIT_K > 1)
     count_ptr,  # [>= column blocks x tiles] int32 arrivals, zero on entry and on exit (SPLIT_K > 1)
-    M, N, K, k_chunk, tiles, sxm, swn, som, srm, sr2m,
-    HAS_BIAS: tl.constexpr, RESIDUALS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
+    M, N, K, k_chunk, tiles, sxm, swn, som, srm,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, F32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
@@ -256,8 +221,7 @@ def _linear_kernel(
             acc_u = _accumulate(acc_u, x, u, DOT, F32_DOT)
     release_next(DEPENDENT)
     if SPLIT_K == 1:
-        _finish(acc, acc_u, b_ptr, r_ptr, r2_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, sr2m, HAS_BIAS,
-                RESIDUALS, ACT)
+        _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
     else:
         slot_rows = rows[:, None] * N + cols[None, :]  # [M, N] in one [tiles x BLOCK_M, N] slab
         tile_ok = row_ok[:, None] & col_ok[None, :]
@@ -280,35 +244,25 @@ def _linear_kernel(
                 if ACT > 0:
                     acc_u += tl.load(part_ptr + (SPLIT_K + chunk) * slab + slot_rows, mask=tile_ok, other=0.0,
                                      cache_modifier=".cg")
-            _finish(acc, acc_u, b_ptr, r_ptr, r2_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, sr2m,
-                    HAS_BIAS, RESIDUALS, ACT)
+            _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
 
 
 @triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K]
-    a_ptr,  # [M, K] added to x before the norm (ADDED)
-    g_ptr,  # [K] the norm's weight (NORM)
     w_ptr,  # [N, K]
     u_ptr,  # [N, K] the up projection when ACT > 0 (else w_ptr again, unread)
     b_ptr,  # [N] when HAS_BIAS
-    r_ptr,  # [M, N] added to the output (RESIDUALS > 0)
-    r2_ptr,  # [M, N] added to r first (RESIDUALS == 2)
+    r_ptr,  # [M, N] added to the output when HAS_RESIDUAL
     out_ptr,  # [M, N]
-    M, N, K, groups, sxm, sam, swn, som, srm, sr2m, eps,
-    HAS_BIAS: tl.constexpr, RESIDUALS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-    NORM: tl.constexpr, ADDED: tl.constexpr,
+    M, N, K, groups, sxm, swn, som, srm,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Program c * groups + g computes out[r, c * BLOCK_N : (c + 1) * BLOCK_N] for the rows r of group
     g (ROWS of them), one row after another, each by the same code: the K pieces' products summed
     element by element in float32 in piece order, then one sum over the piece's width. The pieces
-    are unrolled, so a row's loads are all issued before the first product needs one.
-
-    NORM: the row is first normalised as gpu/norm.py's kernel does (ADDED: a + x rounded first;
-    squares summed in float64, so the variance does not depend on the summation order), each
-    program for itself: the row is a few KB read from L2, and its reduction overlaps the weights'
-    loads, which do not depend on it."""
+    are unrolled, so a row's loads are all issued before the first product needs one."""
     wait_previous(DEPENDENT)
     pid = tl.program_id(0)
     group = pid % groups
@@ -317,74 +271,45 @@ def _gemv_kernel(
     kk = tl.arange(0, BLOCK_K)
     w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
-    dtype = x_ptr.dtype.element_ty
     for row in range(group * ROWS, tl.minimum(group * ROWS + ROWS, M)):
-        inverse = 1.0
-        if NORM:
-            squares = tl.zeros([BLOCK_K], tl.float64)
-            for piece in tl.static_range(PIECES):
-                xf = _row_piece(x_ptr, a_ptr, row, sxm, sam, piece * BLOCK_K, kk, K, EVEN_K, ADDED)
-                squares += (xf * xf).to(tl.float64)  # each square rounded in float32, as the module's
-            variance = (tl.sum(squares, axis=0) / K).to(tl.float32)
-            inverse = tl.math.rsqrt(variance + tl.cast(eps, tl.float32))
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for piece in tl.static_range(PIECES):
             start = piece * BLOCK_K
             if EVEN_K:
                 w_mask = col_ok[:, None]
+                x_mask = kk >= 0
             else:
-                w_mask = col_ok[:, None] & ((start + kk) < K)[None, :]
-            xf = _row_piece(x_ptr, a_ptr, row, sxm, sam, start, kk, K, EVEN_K, ADDED)
-            if NORM:  # the norm kernel's steps: x * inverse in x's dtype, then times the weight
-                g = tl.load(g_ptr + start + kk, mask=(start + kk) < K, other=0.0).to(tl.float32)
-                xf = rounded(g * rounded(xf * inverse, dtype), dtype)
-            acc += tl.load(w_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf[None, :]
+                x_mask = (start + kk) < K
+                w_mask = col_ok[:, None] & x_mask[None, :]
+            xf = tl.load(x_ptr + row * sxm + start + kk, mask=x_mask, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(w_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf
             if ACT > 0:
-                acc_u += tl.load(u_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf[None, :]
+                acc_u += tl.load(u_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf
         # Once the first row's weights are in, the next kernel's programs may be scheduled (a hint,
         # idempotent): the reduction and the store are this kernel's tail.
         release_next(DEPENDENT)
         rows = row + tl.arange(0, 1)
-        _finish(tl.sum(acc, axis=1)[None, :], tl.sum(acc_u, axis=1)[None, :], b_ptr, r_ptr, r2_ptr, out_ptr, rows,
-                rows < M, cols, col_ok, som, srm, sr2m, HAS_BIAS, RESIDUALS, ACT)
+        _finish(tl.sum(acc, axis=1)[None, :], tl.sum(acc_u, axis=1)[None, :], b_ptr, r_ptr, out_ptr, rows, rows < M,
+                cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
 
 
 @triton.jit
-def _row_piece(x_ptr, a_ptr, row, sxm, sam, start, kk, K, EVEN_K: tl.constexpr, ADDED: tl.constexpr):
-    """Columns [start, start + BLOCK_K) of row `row` of x (ADDED: of a + x, rounded to x's dtype as
-    the decoder layer's add) in float32, zero past K."""
-    if EVEN_K:
-        mask = kk >= 0
-    else:
-        mask = (start + kk) < K
-    xf = tl.load(x_ptr + row * sxm + start + kk, mask=mask, other=0.0).to(tl.float32)
-    if ADDED:
-        af = tl.load(a_ptr + row * sam + start + kk, mask=mask, other=0.0).to(tl.float32)
-        xf = rounded(af + xf, x_ptr.dtype.element_ty)
-    return xf
-
-
-@triton.jit
-def _finish(acc, acc_u, b_ptr, r_ptr, r2_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, sr2m,
-            HAS_BIAS: tl.constexpr, RESIDUALS: tl.constexpr, ACT: tl.constexpr):
+def _finish(acc, acc_u, b_ptr, r_ptr, out_ptr, rows, row_ok, cols, col_ok, som, srm, HAS_BIAS: tl.constexpr,
+            HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr):
     """The epilogue: bias, activation and product in the model's dtype, the residual added to the
-    rounded projection (the module's add; with two, their own add rounded first), then the store."""
+    rounded projection (the module's add), then the store."""
     dtype = out_ptr.dtype.element_ty
     if HAS_BIAS:
         acc = acc.to(dtype).to(tl.float32) + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if ACT > 0:  # each rounding step of act(gate(x)) * up(x) in the model's dtype
         g = _act(acc.to(dtype).to(tl.float32), ACT).to(dtype).to(tl.float32)
         acc = g * acc_u.to(dtype).to(tl.float32)
-    if RESIDUALS > 0:
-        mask = row_ok[:, None] & col_ok[None, :]
-        r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if RESIDUALS == 2:
-            r2 = tl.load(r2_ptr + rows[:, None] * sr2m + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            r = rounded(r + r2, dtype)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + rows[:, None] * srm + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         # the projection rounded as the plain call stores it; the sum rounded to nearest even on
         # the Triton interpreter too (its casts truncate), as torch's add is
-        acc = rounded(acc.to(dtype).to(tl.float32) + r, dtype)
+        acc = rounded(acc.to(dtype).to(tl.float32) + r.to(tl.float32), dtype)
     tl.store(out_ptr + rows[:, None] * som + cols[None, :], acc.to(dtype), mask=row_ok[:, None] & col_ok[None, :])
 
 

@@ -31,16 +31,13 @@ from specgen.gpu import norm as norm_kernels
 
 @torch.library.custom_op("specgen::linear", mutates_args=())
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, up: torch.Tensor | None, bias: torch.Tensor | None,
-               residual: torch.Tensor | None, residual2: torch.Tensor | None, counters: torch.Tensor | None,
-               config: list[int], act: int, norm_weight: torch.Tensor | None, norm_added: torch.Tensor | None,
-               eps: float, dependent: bool) -> torch.Tensor:
-    pair = residual if residual2 is None else (residual, residual2)
-    prenorm = None if norm_weight is None else linear_kernels.Prenorm(norm_weight, eps, norm_added)
-    return linear_kernels.run(x, weight, up, bias, act, unpack(config), counters, pair, prenorm, dependent)
+               residual: torch.Tensor | None, counters: torch.Tensor | None, config: list[int], act: int,
+               dependent: bool) -> torch.Tensor:
+    return linear_kernels.run(x, weight, up, bias, act, unpack(config), counters, residual, dependent)
 
 
 @_linear_op.register_fake
-def _(x, weight, up, bias, residual, residual2, counters, config, act, norm_weight, norm_added, eps, dependent):
+def _(x, weight, up, bias, residual, counters, config, act, dependent):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
@@ -81,11 +78,8 @@ def unpack(config: list[int]) -> tuple:
     return (bool(config[0]), *config[1:])
 
 
-def linear(x, weight, up, bias, residual, counters, config: tuple, act: int, prenorm, dependent: bool) -> torch.Tensor:
-    first, second = residual if isinstance(residual, tuple) else (residual, None)
-    norm_weight, eps, added = prenorm if prenorm is not None else (None, 0.0, None)
-    return _linear_op(x, weight, up, bias, first, second, counters, pack(config), act, norm_weight, added, float(eps),
-                      dependent)
+def linear(x, weight, up, bias, residual, counters, config: tuple, act: int, dependent: bool) -> torch.Tensor:
+    return _linear_op(x, weight, up, bias, residual, counters, pack(config), act, dependent)
 
 
 def norm(x, residual, weight, eps: float, dependent: bool):

@@ -125,7 +125,6 @@ class _Fused:
                 part.bias = torch.nn.Parameter(self.bias[at:at + rows], requires_grad=False)
             at += rows
         self.pending = None  # (input, fused output) between the q call and the v call
-        self.prenorm_config = None  # the layer's pick when the input norm runs in the prologue
 
 
 class SkinnyQKV(SkinnyLinear):
@@ -138,15 +137,15 @@ class SkinnyQKV(SkinnyLinear):
             return F.linear(x, self.weight, self.bias)
         fused, role = self._specgen_fused, self._specgen_role
         lo, hi = fused.bounds[role]
-        pending = fused.pending
-        if pending is not None and pending[0] is x:  # the q call's, or the layer's (_layer_forward)
-            if role == len(fused.bounds) - 1:
-                fused.pending = None
-            return pending[1][..., lo:hi]
         if role == 0:
             y = _linear(switch, x, fused.weight, fused.bias)
             fused.pending = (x, y)
             return y[..., lo:hi]
+        pending = fused.pending
+        if pending is not None and pending[0] is x:
+            if role == len(fused.bounds) - 1:
+                fused.pending = None
+            return pending[1][..., lo:hi]
         return _linear(switch, x, self.weight, self.bias)
 
 
@@ -262,68 +261,11 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
         if len(args) > len(names):
             return base.forward(self, hidden_states, *args, **kwargs)
         kwargs = {**dict(zip(names, args)), **kwargs}
-    switch = self._specgen_switch
-    fused = _prenormed_qkv(self, hidden_states)
-    if fused is None:
-        attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
-    else:  # the input norm in the q/k/v projection's prologue; the attention's q/k/v calls take its output
-        norm = self.input_layernorm
-        fused.pending = (hidden_states, linear_kernels.linear(
-            hidden_states, fused.weight, fused.bias, fused.prenorm_config, table=switch.table,
-            prenorm=linear_kernels.Prenorm(norm.weight, norm.variance_epsilon), dependent=switch.dependent))
-        attended, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
-        if fused.pending is not None:  # a projection was computed from the un-normed input
-            raise RuntimeError("the attention did not take the fused q/k/v projection of its input")
+    attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
     post = self.post_attention_layernorm
-    config = _prenormed_mlp(self.mlp, post, attended)
-    if config is not None:  # the add and the norm in gate/up's prologue, the add again in down's epilogue
-        mlp, down = self.mlp, self.mlp.down_proj
-        prenorm = linear_kernels.Prenorm(post.weight, post.variance_epsilon, hidden_states)
-        inner = linear_kernels.gate_up(attended, mlp.gate_proj.weight, mlp.up_proj.weight, mlp._specgen_act,
-                                       config, table=switch.table, prenorm=prenorm, dependent=switch.dependent)
-        return linear_kernels.linear(inner, down.weight, down.bias, split_k=switch.split_k, counters=switch.counters,
-                                     table=switch.table, residual=(attended, hidden_states),
-                                     dependent=switch.dependent)
     normed, residual = norm_kernels.add_rms_norm(attended, hidden_states, post.weight, post.variance_epsilon,
-                                                 switch.dependent)
+                                                 self._specgen_switch.dependent)
     return _mlp_plus(self.mlp, normed, residual)
-
-
-def _prologue_config(switch: LinearSwitch, weight: torch.Tensor, gated: bool, x: torch.Tensor, norm) -> tuple | None:
-    """The configuration of a projection of norm(x) when it is a matrix-vector one (a draft's
-    one-row call: LinearTable.for_drafts), which can take the norm in its prologue
-    (linear.Prenorm); None otherwise, or when the norm is not the module's plain call."""
-    if not (switch.takes(x) and unhooked(norm) and norm.weight.dtype == x.dtype and norm.weight.is_contiguous()):
-        return None
-    n, k = weight.shape
-    config = switch.table.pick(n, k, gated, switch.split_k, x.numel() // k)
-    return None if config[0] else config
-
-
-def _prenormed_qkv(layer, x: torch.Tensor):
-    """The attention's fused q/k/v (_Fused, with `prenorm_config` set) when the layer's input norm
-    can run in that projection's prologue, else None. Its three modules and the attention must be
-    the modules' own calls: they are handed the un-normed input and must return the fused output's
-    slices (a hook could move or replace the input)."""
-    attn = layer.self_attn
-    parts = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    if not all(isinstance(p, SkinnyQKV) and unhooked(p) for p in parts) or not unhooked(attn):
-        return None
-    fused = parts[0]._specgen_fused
-    if len(fused.bounds) != 3 or any(p._specgen_fused is not fused for p in parts):
-        return None
-    fused.prenorm_config = _prologue_config(layer._specgen_switch, fused.weight, False, x, layer.input_layernorm)
-    return fused if fused.prenorm_config is not None else None
-
-
-def _prenormed_mlp(mlp, norm, x: torch.Tensor) -> tuple | None:
-    """gate/up's configuration when the norm before a rewired gated MLP can run in its prologue."""
-    switch = vars(mlp).get("_specgen_switch")
-    down = getattr(mlp, "down_proj", None)
-    if (switch is None or "_specgen_act" not in vars(mlp) or not isinstance(down, SkinnyLinear)
-            or not (unhooked(mlp) and unhooked(down))):
-        return None
-    return _prologue_config(switch, mlp.gate_proj.weight, True, x, norm)
 
 
 def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
