@@ -9,7 +9,8 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--compile] [--profile]
                                                  [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N] [--compile-cache DIR]
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
-    python benchmarks/bench_kernels.py table     [--models llama-3.1,qwen2.5,qwen3,gemma-2,bench] [--rows 1,5] --table FILE
+    python benchmarks/bench_kernels.py table     [--models llama-3.1,qwen2.5,qwen3,gemma-2,bench] [--rows 1,5]
+                                                 [--missing | --undrafted] --table FILE
 
 Every subcommand takes --out FILE (the JSON report) and prints a Markdown table. Settings are passed
 to the kernels as arguments (parallel_cut, split_k, [kernels] values), never set on modules.
@@ -704,7 +705,12 @@ def bench_table(args) -> dict:
             values = dict(model.config)
             configs[f"{name}-{role}"] = tune.model_shapes(AutoConfig.for_model(values.pop("model_type"), **values))
     shapes = {}
-    known = {shape for shape, _, _ in linear_table.packaged().entries} if args.missing else set()
+    package = linear_table.packaged()
+    known = set()
+    if args.missing:
+        known = {shape for shape, _, _ in package.entries}
+    elif args.undrafted:
+        known = {shape for shape, _ in package.drafts}
     for name, listed in configs.items():
         for shape in listed:
             if shape not in known:
@@ -795,6 +801,7 @@ def main(argv=None) -> None:
                    default=["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench", "llama-3.1-head", "qwen2.5-head",
                             "qwen3-head"])
     p.add_argument("--missing", action="store_true", help="only the shapes the package's table does not list")
+    p.add_argument("--undrafted", action="store_true", help="only the shapes without a draft pick in the package")
     p.add_argument("--rows", type=ints, default=[1, 5])
     p.add_argument("--table", type=Path, required=True, help="write the tuned table (package format) here")
     for p in commands.choices.values():
