@@ -151,9 +151,11 @@ def ids(family: Family, value, scale: str):
     return value if value is None else token_id(family, value, scale)
 
 
-def model_config(family: Family, role: str, scale: str) -> dict:
-    """config.json of the target or the draft at `scale`."""
+def model_config(family: Family, role: str, scale: str, layers: int = 0) -> dict:
+    """config.json of the target or the draft at `scale` (layers: that many decoder layers instead)."""
     config = dict(getattr(family, role).config)
+    if layers:
+        config["num_hidden_layers"] = layers
     if scale == "full":
         return config
     config.update(TINY[role], max_position_embeddings=TINY_POSITIONS, initializer_range=TINY_INIT)
@@ -292,9 +294,11 @@ def build_head(folder: Path, target, hub_id: str, seed: int, dtype: torch.dtype)
 
 
 def build_family(name: str, out: Path, scale: str = "tiny", seed: int = 0, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, prompts: int = 8, head: bool = False) -> Path:
+                 dtype: torch.dtype = torch.float32, prompts: int = 8, head: bool = False,
+                 target_layers: int = 0) -> Path:
     """Both checkpoints, tokenizer, prompts.jsonl and pair.toml in out/name (with `head`, an
-    EAGLE-3 head in out/name/head too); returns that folder."""
+    EAGLE-3 head in out/name/head too); returns that folder. target_layers: a target that deep
+    instead of the family's (a larger model of the same widths: 64 makes Llama 3.1 8B's 15B)."""
     family = FAMILIES[name]
     folder = out / name
     if folder.exists():
@@ -302,7 +306,8 @@ def build_family(name: str, out: Path, scale: str = "tiny", seed: int = 0, devic
     for offset, role in enumerate(("target", "draft")):
         generation = {key: ids(family, value, scale) if key.endswith("token_id") else value
                       for key, value in family.generation.items()}
-        model = build_model(folder / role, model_config(family, role, scale), generation, seed + offset, device, dtype)
+        config = model_config(family, role, scale, target_layers if role == "target" else 0)
+        model = build_model(folder / role, config, generation, seed + offset, device, dtype)
         if head and role == "target":
             build_head(folder / "head", model, family.target.hub_id, seed + 2, dtype)
         del model
@@ -327,6 +332,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="weights as saved (default: bfloat16 at full scale, float32 tiny)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts in prompts.jsonl")
     parser.add_argument("--head", action="store_true", help="also a random EAGLE-3 head for the target (head/)")
+    parser.add_argument("--target-layers", type=int, default=0,
+                        help="decoder layers of the target (default: the family's); 64 doubles Llama 3.1 8B")
     return parser.parse_args(argv)
 
 
@@ -338,7 +345,8 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.scale == "full" else "float32"))
     names = list(FAMILIES) if args.family == "all" else [args.family]
     for name in names:
-        folder = build_family(name, args.out, args.scale, args.seed, args.device, dtype, args.prompts, args.head)
+        folder = build_family(name, args.out, args.scale, args.seed, args.device, dtype, args.prompts, args.head,
+                              args.target_layers)
         print(f"{name}: {folder / 'pair.toml'}", file=sys.stderr)
 
 

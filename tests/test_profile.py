@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -89,6 +90,7 @@ dtype = "bfloat16"
 device = "cuda:1"
 device_map = "balanced"
 trust_remote_code = true
+max_memory = { "0" = "20GiB", "cuda:1" = "70GiB", cpu = 1000 }
 [draft]
 path = "org/d"
 dtype = "float16"
@@ -135,7 +137,8 @@ warp = "kernel"
     assert load_profile(path) == Profile(
         name="full",
         source=path,
-        target=ModelSpec("org/t", "v2", "bfloat16", "cuda:1", "balanced", True),
+        target=ModelSpec("org/t", "v2", "bfloat16", "cuda:1", "balanced", True,
+                             (("0", "20GiB"), ("1", "70GiB"), ("cpu", "1000"))),
         draft=ModelSpec("org/d", dtype="float16", device="cpu"),
         proposer=ProposerSpec("ngram", 2, 5, 0.3, True),
         speculation=SpeculationSpec(7, "sample", False, True, True),
@@ -671,3 +674,32 @@ def test_profiles_cli_does_not_import_torch():
     code = "import sys, specgen.cli.profiles; sys.exit('torch' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+@pytest.mark.parametrize("literal, message", [
+    ('{ gpu0 = "20GiB" }', 'devices are GPU indices ("0", "1") or cpu'),
+    ('{ "0" = "lots" }', 'sizes like "70GiB"'),
+    ('{ "0" = 1.5 }', "expected a table of sizes by device"),
+    ('"20GiB"', "expected a table of sizes by device"),
+])
+def test_a_bad_max_memory_says_what_is_allowed(tmp_path, literal, message):
+    path = write(tmp_path, f'[target]\npath = "t"\ndevice_map = "auto"\nmax_memory = {literal}\n[proposer]\nkind = "none"\n')
+    with pytest.raises(ProfileError, match=rf"^{path}:4: .*{re.escape(message)}"):
+        load_profile(path)
+
+
+def test_max_memory_needs_a_device_map_that_reads_it(tmp_path):
+    for device_map in ("", 'device_map = "cuda:1"\n'):
+        path = write(tmp_path, f'[target]\npath = "t"\n{device_map}max_memory = {{ "0" = "20GiB" }}\n'
+                               '[proposer]\nkind = "none"\n')
+        with pytest.raises(ProfileError, match=r"`target.max_memory` needs a device_map that places the model by it"):
+            load_profile(path)
+
+
+def test_max_memory_survives_the_round_trip_through_toml(tmp_path):
+    path = write(tmp_path, '[target]\npath = "t"\ndevice_map = "balanced"\nmax_memory = { "1" = "70GiB", cpu = "1GB" }\n'
+                           '[proposer]\nkind = "none"\n')
+    profile = load_profile(path)
+    assert profile.target.max_memory == (("1", "70GiB"), ("cpu", "1GB"))
+    again = write(tmp_path, profile_as_toml(profile).replace('path = "t"', f'path = "{profile.target.path}"'))
+    assert load_profile(again).target == profile.target

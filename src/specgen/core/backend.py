@@ -179,11 +179,14 @@ class TorchBackend:
         return {"backend": self.name, "device": str(self.device)}
 
 
-def make_backend(device: torch.device, profile, progress=None) -> Backend:
-    """The CUDA backend on one CUDA device with CUDA graphs on (gpu/ imported only then), else torch.
-    A device_map spreads a model over devices: no static graphs there, the torch backend runs it."""
-    spread = any(spec is not None and spec.device_map is not None for spec in (profile.target, profile.draft))
-    if device.type == "cuda" and profile.speculation.cuda_graphs and not spread:
+def make_backend(device: torch.device, profile, progress=None, models=()) -> Backend:
+    """The CUDA backend on a CUDA device with CUDA graphs on (gpu/ imported only then), else torch.
+    models: the loaded models; one with weights off the GPUs (a device_map that offloads to the CPU
+    or disk) runs on the torch backend, whose eager forwards accelerate's hooks feed. A model over
+    several GPUs takes the CUDA backend (gpu/stages.py)."""
+    offloaded = any(t.device.type != "cuda" for model in models if model is not None
+                    for t in (*model.parameters(), *model.buffers()))
+    if device.type == "cuda" and profile.speculation.cuda_graphs and not offloaded:
         from specgen.gpu.backend import CudaBackend  # noqa: PLC0415 (gpu/ only with CUDA)
 
         return CudaBackend(device, profile, progress)

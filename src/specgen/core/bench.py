@@ -290,6 +290,9 @@ class Bench:
             base = target_only(profile)
             return lambda i: self._ours(base, i)
         hf_generation_config(profile.sampling, self.engine.eos_ids)  # raises Unavailable early
+        if self.engine.backend.describe().get("placement"):
+            raise Unavailable("a model is spread over several GPUs, which specgen's CUDA backend steps itself "
+                              "(accelerate's hooks, which Hugging Face generate needs, are off)")
         if name in HF_BASELINES:
             return lambda i: self._hf(profile, i, None, static=name == "hf-static")
         draft = self.engine.pair.draft

@@ -46,7 +46,8 @@ class Engine:
         self.width = logits_width(self.pair.target)
         self.eos_ids = eos_ids(self.pair)
         self.max_context = getattr(self.pair.target.config, "max_position_embeddings", None)
-        self.backend = backend or make_backend(self.pair.device, profile, progress)
+        models = (self.pair.target, self.pair.draft)
+        self.backend = backend or make_backend(self.pair.device, profile, progress, models)
         capacity = profile.speculation.k + 2 + profile.sampling.max_tokens + PROMPT_ROOM
         runtime = profile.runtime
         tap, self.heads = build_heads(

@@ -12,6 +12,8 @@ transformers' Auto classes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 import json
 import os
@@ -346,7 +348,8 @@ def placement(spec: ModelSpec, device: torch.device) -> dict:
     without one it builds the model on the CPU, over the file's pages, and `.to(device)` then
     copies tensor after tensor from there (docs/benchmarks.md, "Start-up of real pairs")."""
     if spec.device_map is not None:
-        return {"device_map": spec.device_map}
+        memory = {int(k) if k.isdigit() else k: int(v) if v.isdigit() else v for k, v in spec.max_memory}
+        return {"device_map": spec.device_map, **({"max_memory": memory} if memory else {})}
     return {"device_map": {"": device}} if device.type == "cuda" else {}
 
 
@@ -444,6 +447,16 @@ def checkpoint_folder(spec: ModelSpec, allow_pickle: bool = False, download: boo
     return _locate(spec, allow_pickle, download)[0]
 
 
+def beside(draft: ModelSpec, target_spec: ModelSpec, target) -> ModelSpec:
+    """The draft's spec, placed on the GPU the target's logits come out of when the target has a
+    device_map and the draft's own placement is left to auto: the round runs there, so the draft's
+    steps then cross no device."""
+    home = target.get_output_embeddings().weight.device
+    if draft.device != "auto" or draft.device_map is not None or target_spec.device_map is None or home.type != "cuda":
+        return draft
+    return dataclasses.replace(draft, device=str(home))
+
+
 def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | None = None) -> LoadedPair:
     """need_draft: load the [draft] model (None: when the profile's proposer runs it)."""
     threads = cpu_threads(profile.runtime)
@@ -458,7 +471,7 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
         if not same_tokenizer_files(checkpoint_folder(profile.target, allow_pickle, download),
                                     checkpoint_folder(profile.draft, allow_pickle, download)):
             check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
-        draft = load_model(profile.draft, allow_pickle, download, modeling)
+        draft = load_model(beside(profile.draft, profile.target, target), allow_pickle, download, modeling)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(
                 f"the draft has {logits_width(draft)} output rows but the tokenizer has {len(tokenizer)} tokens"

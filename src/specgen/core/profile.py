@@ -338,6 +338,14 @@ def _check_together(profile: Profile, merged: _Merged) -> None:
             f"the {proposer.kind} proposer needs a draft model: add a [draft] table with `path = ...`, "
             "pass --draft PATH, or use --proposer ngram",
         )
+    for table, spec in (("target", profile.target), ("draft", profile.draft)):
+        if spec is not None and spec.max_memory and spec.device_map not in _STRATEGIES:
+            origin = merged.blame(f"{table}.max_memory", f"{table}.device_map")
+            raise origin.error(
+                f"{table}.max_memory",
+                f"{origin.name(f'{table}.max_memory')} needs a device_map that places the model by it: set "
+                f"`device_map = \"auto\"` (or balanced, balanced_low_0, sequential) in [{table}]",
+            )
     if proposer.drafter() == "eagle" and not proposer.head:
         origin = merged.blame("proposer.kind")
         raise origin.error(
@@ -392,6 +400,32 @@ def _to_strs(value: object) -> object:
     return _INVALID
 
 
+_MEMORY_KEY = re.compile(r"(?:cuda:)?(\d+)|cpu")
+_MEMORY_SIZE = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B|B)?", re.IGNORECASE)
+
+
+def _to_sizes(value: object) -> object:
+    """max_memory: a table (or the (device, size) pairs profile_as_toml writes back) -> pairs with
+    GPUs by index ("cuda:1" -> "1") and sizes as strings (bytes as an integer -> "123")."""
+    items = value.items() if isinstance(value, dict) else value
+    if not isinstance(items, (list, tuple)) and not isinstance(value, dict):
+        return _INVALID
+    pairs = []
+    for item in items:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            return _INVALID
+        device, size = item
+        if not isinstance(device, str) or _to_int(size) is _INVALID and not isinstance(size, str):
+            return _INVALID
+        match = _MEMORY_KEY.fullmatch(device)
+        pairs.append((match.group(1) or "cpu" if match else device, str(size)))
+    return tuple(pairs)
+
+
+def _sizes_ok(pairs: tuple) -> bool:
+    return all(_MEMORY_KEY.fullmatch(device) and _MEMORY_SIZE.fullmatch(size) for device, size in pairs)
+
+
 def _to_ints(value: object) -> object:
     if isinstance(value, (list, tuple)) and all(_to_int(item) is not _INVALID for item in value):
         return tuple(value)
@@ -408,6 +442,7 @@ _TYPES: dict[str, tuple[Callable[[object], object], str]] = {
     "float": (_to_float, "a finite number"),
     "tuple[str, ...]": (_to_strs, "a string or an array of strings"),
     "tuple[int, ...]": (_to_ints, "an array of integers"),
+    "tuple[tuple[str, str], ...]": (_to_sizes, 'a table of sizes by device: { "0" = "70GiB", cpu = "64GiB" }'),
 }
 
 
@@ -446,6 +481,7 @@ def _for_models(field: str, rule: tuple[Callable[[object], bool], str]) -> dict:
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 # accelerate's named strategies, or one device for the whole model
 _DEVICE_MAP = re.compile(r"auto|balanced|balanced_low_0|sequential|cpu|cuda(:\d+)?")
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # the device_maps that read max_memory
 
 # dotted key -> (check, what is allowed); types are already checked when these run.
 _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
@@ -454,6 +490,8 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     **_for_models("device", (_DEVICE.fullmatch, "must be auto, cpu, cuda or cuda:N")),
     **_for_models("device_map", (_DEVICE_MAP.fullmatch,
                                  "must be auto, balanced, balanced_low_0, sequential, cpu, cuda or cuda:N")),
+    **_for_models("max_memory", (_sizes_ok, 'devices are GPU indices ("0", "1") or cpu, sizes like "70GiB", '
+                                            '"512MB" or a number of bytes')),
     "proposer.kind": _one_of(*PROPOSER_KINDS),
     "proposer.hybrid_with": _one_of(*MODEL_PROPOSERS),
     "proposer.ngram_min": (lambda v: v >= 1, "must be >= 1"),
@@ -553,6 +591,8 @@ def _toml_value(value: object) -> str:
     if isinstance(value, str):
         # JSON string escapes are TOML basic-string escapes, except that TOML wants DEL escaped.
         return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, (list, tuple)) and value and all(isinstance(item, tuple) for item in value):
+        return "{ " + ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value) + " }"  # max_memory
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, dict):

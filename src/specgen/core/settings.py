@@ -19,6 +19,9 @@ class ModelSpec:
     device: str = "auto"  # auto = cuda if available else cpu; or cpu / cuda / cuda:N
     device_map: str | None = None  # accelerate device_map ("auto", "balanced", ...); overrides device
     trust_remote_code: bool = False
+    # with a device_map: the most each device may hold, as (device, size) pairs: ("0", "70GiB"),
+    # ("cpu", "64GiB"); a TOML table in the profile (docs/profiles.md)
+    max_memory: tuple[tuple[str, str], ...] = ()
 
 
 PROPOSER_KINDS = ("draft", "ngram", "hybrid", "eagle", "mtp", "none")

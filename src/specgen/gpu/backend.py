@@ -12,6 +12,7 @@ captured without them (SDPA, cuBLAS), and if not even that works, they run eager
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 
@@ -19,13 +20,14 @@ import torch
 
 from specgen.core import noise, rejection, sampling
 from specgen.core.backend import EagerProgram, RoundClock
-from specgen.core.errors import SpecgenError
+from specgen.core.errors import SpecgenError, UsageError
 from specgen.core.round import Mode, Round
 from specgen.gpu import noise as gpu_noise
 from specgen.gpu import verify as gpu_verify
 from specgen.gpu import warp as gpu_warp
 from specgen.gpu.kernels import ResolvedKernels, resolve
 from specgen.gpu import runner as gpu_runner
+from specgen.gpu import stages
 from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
 from specgen.gpu.workspace import Workspace
 
@@ -37,6 +39,10 @@ class CudaBackend:
 
     def __init__(self, device: torch.device, profile, progress=None):
         self.device = device
+        # The current device, for the launches that take it rather than their tensors' (Triton's
+        # kernels, a graph's capture stream, the round's timing events): the rounds run here.
+        if device.index is not None:
+            torch.cuda.set_device(device)
         self.speculation = profile.speculation
         self.kernel_spec = profile.kernels
         self.progress = progress
@@ -46,10 +52,19 @@ class CudaBackend:
         # the round's own kernels (warp, argmax, verify) launched dependent (the target's resolution)
         self.dependent_launch = False
         self.notes: list[str] = []  # fallbacks taken, for describe()
+        self.spread: dict[str, GraphRunner] = {}  # runners of models over several devices (gpu/stages.py)
 
     # -- runners ----------------------------------------------------------------------------------
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
+        spread = stages.spread(model, self.device)
+        if spread and tap is not None:
+            raise UsageError(f"a head drafts from the {name}'s hidden states, which this run spreads over several "
+                             "devices; heads need the whole target on one GPU",
+                             hint="drop the target's device_map, or use --proposer draft")
+        if spread and self.speculation.compile:
+            self._warn(f"{name}: lies on several devices ({', '.join(sorted(map(str, stages.model_devices(model))))}); "
+                       "its steps run uncompiled")
         kernels = resolve(self.kernel_spec, self.device, model)
         if name == "draft":  # it steps one row at a time: its projections' fastest at one row
             kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
@@ -69,6 +84,8 @@ class CudaBackend:
             runner = self._fallback(model, width, capacity, plain, common, exc, name)
             kernels = plain
         self.kernels[name] = kernels
+        if runner.stages is not None:
+            self.spread[name] = runner
         if runner.compiled is not None and runner.compiled.layers == 0:
             self._warn(f"{name}: compile found no decoder layers at model.layers it could compile; its steps run "
                        "uncompiled")
@@ -184,7 +201,8 @@ class CudaBackend:
                 "cuda_graphs": True, "compile": self.speculation.compile, "autotune": self.speculation.autotune,
                 "compile_cache": str(gpu_runner.cache_dir(self.speculation.compile_cache)) if self.speculation.compile
                 else None,
-                "kernels": {name: k.as_dict() for name, k in self.kernels.items()}, "fallbacks": self.notes}
+                "kernels": {name: k.as_dict() for name, k in self.kernels.items()}, "fallbacks": self.notes,
+                **({"placement": {name: r.stages.describe() for name, r in self.spread.items()}} if self.spread else {})}
 
 
 class GraphProgram:
@@ -223,6 +241,20 @@ class GraphProgram:
             clock.mark()
         graph.replay()
 
+    def _graph(self):
+        """(graph, the context that captures into it): a SegmentedGraph when a runner's model lies on
+        several devices (gpu/stages.py), else one CUDA graph."""
+        spread = [r for r in self.rnd.runners if any(r is s for s in self.backend.spread.values())]
+        if not spread:
+            graph = torch.cuda.CUDAGraph()
+            return graph, torch.cuda.graph(graph)
+        graph = stages.SegmentedGraph()
+        stack = contextlib.ExitStack()
+        stack.enter_context(graph.capturing(self.rnd.device))
+        for runner in spread:
+            stack.enter_context(runner.stages.recording(graph))
+        return graph, stack
+
     def _generations(self) -> tuple:
         return tuple(r.generation for r in self.rnd.runners)
 
@@ -238,8 +270,8 @@ class GraphProgram:
                 self._restore(saved)
                 events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if timed else []
                 marks = iter(events)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph), torch.inference_mode():
+                graph, capturing = self._graph()
+                with capturing, torch.inference_mode():
                     rnd.body(self.mode, (lambda: next(marks).record()) if timed else (lambda: None))
             except Exception as exc:  # noqa: BLE001 (whatever capture raises: without events, then eager)
                 error = exc

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from specgen.core.compile_cache import cache_dir, check_writable
+from specgen.gpu import stages
 from specgen.gpu.kernels import ResolvedKernels
-from specgen.gpu.workspace import Workspace, device_of
+from specgen.gpu.workspace import Workspace
 
 WARMUP_STEPS = 3  # eager runs before capture: cuBLAS handles, lazy allocations, torch.compile
 SLACK = 64  # positions past the longest request: where warm-ups and padded steps may write
@@ -89,10 +90,16 @@ def _slot_layer_class():
     class SlotLayer(StaticLayer):
         """A StaticLayer that writes at the shared position instead of its own counter."""
 
-        def __init__(self, capacity: int, position: torch.Tensor, steps: torch.Tensor):
+        def __init__(self, capacity: int, position: torch.Tensor, steps: torch.Tensor, mirrors=None):
             super().__init__(max_cache_len=capacity)
             self.position = position  # [] int64, shared by every layer
             self.steps = steps  # [capacity] int64: 0, 1, 2, ...
+            self.mirrors = mirrors  # device -> (position, steps) of a model over several GPUs
+
+        def lazy_initialization(self, key_states, *args, **kwargs):
+            super().lazy_initialization(key_states, *args, **kwargs)
+            if self.mirrors is not None:  # this layer's device: read the position's copy there
+                self.position, self.steps = self.mirrors[key_states.device]
 
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
@@ -108,19 +115,20 @@ def _slot_layer_class():
     return SlotLayer
 
 
-def slot_cache(config, capacity: int, position: torch.Tensor, steps: torch.Tensor):
+def slot_cache(config, capacity: int, position: torch.Tensor, steps: torch.Tensor, mirrors: dict | None = None):
     """A transformers Cache of full-length SlotLayers (sliding-window layers too: their window is
-    applied by the model's mask on absolute positions, so a full layer is correct, only larger)."""
+    applied by the model's mask on absolute positions, so a full layer is correct, only larger).
+    mirrors: a model over several GPUs: each layer reads the (position, steps) of its own device."""
     from transformers.cache_utils import Cache
 
     layer = _slot_layer_class()
     layers = config.get_text_config(decoder=True).num_hidden_layers
-    return Cache(layers=[layer(capacity, position, steps) for _ in range(layers)])
+    return Cache(layers=[layer(capacity, position, steps, mirrors) for _ in range(layers)])
 
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | stages.SegmentedGraph
     logits: torch.Tensor  # [n, width] float32: written by every replay
     raw: torch.Tensor  # the model's own output inside the graph's pool, kept alive with it
 
@@ -156,8 +164,14 @@ class GraphRunner:
         self.model = model
         self.tap = tap  # core/heads.py's AuxTap: armed in every forward and capture of this runner
         self.width = width  # logits columns handed out, as in EagerRunner
-        self.device = model.get_output_embeddings().weight.device
-        assert workspace.device == device_of(self.device), f"workspace on {workspace.device}, model on {self.device}"
+        # home: where its inputs, logits and position live (the round's device); the weights may
+        # lie on other GPUs too (gpu/stages.py carries each step there and back)
+        self.device = workspace.device
+        self.stages = None
+        self.stage_counters: dict = {}  # split-K counters of the other devices
+        if self.device.type == "cuda" and stages.spread(model, self.device):
+            self.stages = stages.Stages(model, self.device, self._entered)
+            compile = False  # the backend says so in its notes
         self.kernels = kernels
         self.workspace = workspace
         self.name = name
@@ -180,6 +194,9 @@ class GraphRunner:
                     rewire.install_norm(model, self.switch)
                 if kernels.split_k:
                     self.counters = linear.split_k_counters(workspace)
+                    if self.stages is not None:
+                        self.stage_counters = {d: linear.split_k_counters(Workspace(d))
+                                               for d in self.stages.devices if d != self.device}
         # A step's inputs (gpu/rewire.py): its rotary embeddings read tables, which _allocate fills
         # for the cache's positions; with the attention kernel in every call, no mask is built.
         from specgen.gpu import rewire
@@ -292,7 +309,8 @@ class GraphRunner:
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
         self.steps = torch.arange(capacity, device=self.device)
         self.ids = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
-        self.cache = slot_cache(self.model.config, capacity, self.position, self.steps)
+        mirrors = self.stages.allocate(self.position, self.steps) if self.stages is not None else None
+        self.cache = slot_cache(self.model.config, capacity, self.position, self.steps, mirrors)
         from specgen.gpu.rewire import RotaryTable
 
         dtype = self.model.get_input_embeddings().weight.dtype
@@ -343,20 +361,45 @@ class GraphRunner:
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
         with self._linear_context(), self.tap.armed() if self.tap is not None else contextlib.nullcontext():
-            out = self.model(input_ids=ids.unsqueeze(0), **{self.cache_keyword: self.cache}, use_cache=True,
-                             logits_to_keep=0 if want_logits else 1, **self._attention_args())
+            positions = {}
+            if self.stages is not None:
+                self.stages.sync_positions()  # the cache's layers read their device's copy
+                # given, not derived by the model from the cache's length, which lies on another device
+                at = self.position + self.steps[:ids.shape[0]]
+                positions = {"position_ids": at.unsqueeze(0), **({"cache_position": at} if self.cache_position else {})}
+            with self._stepping():
+                logits = self._call(input_ids=ids.unsqueeze(0), **{self.cache_keyword: self.cache}, use_cache=True,
+                                    logits_to_keep=0 if want_logits else 1, **positions, **self._attention_args())
         n = ids.shape[0]
         self.position.add_(n)
         self.length += n
-        return _fit(out.logits[0], self.width) if want_logits else None
+        return _fit(logits[0], self.width) if want_logits else None
+
+    def _stepping(self):
+        """A forward's span: with Stages, it starts and ends on the home device."""
+        return self.stages.step() if self.stages is not None else contextlib.nullcontext()
+
+    def _call(self, **inputs) -> torch.Tensor:
+        """The model's logits for `inputs`, on the home device."""
+        logits = self.model(**inputs).logits
+        return self.stages.bring(self.device, logits) if self.stages is not None else logits
+
+    def _entered(self, device: torch.device) -> None:
+        """Stages moved a step to `device`: the linear kernel takes that device's split-K counters."""
+        if self.switch is not None and self.switch.active and self.counters is not None:
+            self.switch.counters = self.stage_counters.get(device, self.counters)
 
     def step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         """The captured step: forward at the shared position, logits into the owned buffer, advance."""
+        with self._stepping():
+            return self._step(ids, logits_out)
+
+    def _step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         n = ids.shape[0]
         if self.io is None:
             inputs = {"input_ids": ids.unsqueeze(0), **self._step_inputs(self.position + self.steps[:n])}
-            logits = self.model(**{self.cache_keyword: self.cache}, use_cache=True, **inputs,
-                                **self._attention_args()).logits[0]
+            logits = self._call(**{self.cache_keyword: self.cache}, use_cache=True, **inputs,
+                                **self._attention_args())[0]
             cols = min(logits.shape[-1], self.width)
             logits_out[:, :cols].copy_(logits[:, :cols])
             self.position.add_(n)
@@ -376,8 +419,8 @@ class GraphRunner:
             rows = io.rows[:n].view(1, n, 2, -1)
             table.current = (rows[..., 0, :], rows[..., 1, :])  # the views table.lookup would return
         try:
-            logits = self.model(**{self.cache_keyword: self.cache}, use_cache=True, **inputs,
-                                **self._attention_args()).logits[0]
+            logits = self._call(**{self.cache_keyword: self.cache}, use_cache=True, **inputs,
+                                **self._attention_args())[0]
         finally:
             if table is not None:
                 table.current = None
@@ -420,9 +463,14 @@ class GraphRunner:
                 self.step(ids, logits)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.position.fill_(scratch)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), self.step_context(n):
-            raw = self.step(ids, logits)
+        if self.stages is not None:
+            graph = stages.SegmentedGraph()
+            with graph.capturing(self.device), self.stages.recording(graph), self.step_context(n):
+                raw = self.step(ids, logits)
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), self.step_context(n):
+                raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
 
@@ -440,7 +488,8 @@ class StepIO:
 
         plain = type(embed) is torch.nn.Embedding and unhooked(embed)
         self.embed = embed if takes and plain and embed.weight.device == device else None
-        self.rotary = rotary[0] if len(rotary) == 1 else None
+        # (a table off the home device, in a model over several GPUs: its module gathers its own)
+        self.rotary = rotary[0] if len(rotary) == 1 and rotary[0].inv_freq.device == device else None
         # Inference tensors, as the model's own embedding and gathers return inside a step: a
         # compiled layer (gpu/compiled.py) guards on that too, and would trace layer 0 again.
         with torch.inference_mode():

@@ -1,0 +1,35 @@
+"""Where a split 8B step's time goes: each stretch's graph and each copy of a 1-token
+SegmentedGraph replay, timed alone (CUDA events on its device), for the default kernels and
+with split-K and dependent launch off."""
+import statistics, sys, torch
+from transformers import AutoModelForCausalLM
+from specgen.core.settings import KernelSpec, ModelSpec, Profile
+from specgen.gpu.backend import CudaBackend
+
+def timed(device, fn, n=20):
+    out = []
+    for _ in range(4):
+        with torch.cuda.device(device):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(n):
+                fn()
+            b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / n)
+    return round(statistics.median(out[1:]), 4)
+
+for spec in (KernelSpec(), KernelSpec(split_k="off", dependent_launch="off")):
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16, device_map="balanced")
+    home = model.get_output_embeddings().weight.device
+    runner = CudaBackend(home, Profile("p", "<p>", ModelSpec(sys.argv[1]), kernels=spec)).runner(
+        model, model.get_output_embeddings().weight.shape[0], 1024, "target", shapes=(1,))
+    runner.forward(torch.arange(100, 228, device=home))
+    seg = runner.graphs[1].graph
+    row = {"spec": f"split_k={spec.split_k} dependent={spec.dependent_launch}", "whole_replay": timed(home, seg.replay)}
+    for i, part in enumerate(seg.parts):
+        row[f"part{i}@{part.device}"] = timed(part.device, part.graph.replay)
+        for j, (src, dst) in enumerate(part.after):
+            row[f"copy{i}.{j} {tuple(src.shape)}"] = timed(src.device, lambda: dst.copy_(src))
+    print(row, runner.kernels, flush=True)
+    del runner, model, seg; torch.cuda.empty_cache()
