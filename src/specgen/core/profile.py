@@ -126,7 +126,8 @@ def profile_as_toml(profile: Profile) -> str:
             continue
         lines += ["", f"[{table}]"]
         for key, value in data[table].items():
-            lines.append(f"# {key}: not set" if value is None else f"{key} = {_toml_value(value)}")
+            unset = value is None or (key == "max_memory" and not value)  # an empty table reads oddly
+            lines.append(f"# {key}: not set" if unset else f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 
