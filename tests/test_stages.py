@@ -95,6 +95,15 @@ def test_a_packed_transfer_gives_each_tensor_back_bit_for_bit():
         assert view.dtype == t.dtype and view.shape == t.shape and torch.equal(view, t)
 
 
+def test_a_segmented_graphs_summary_counts_graphs_copies_and_bytes():
+    graph = stages.SegmentedGraph()
+    a, b = torch.zeros(256, dtype=torch.uint8), torch.zeros(3, dtype=torch.int64)
+    graph.parts = [stages._Part(torch.device("cuda", 1), None, [(a, a.clone()), (b, b.clone())]),
+                   stages._Part(torch.device("cuda", 0), None, [(a, a.clone())]),
+                   stages._Part(torch.device("cuda", 1), None, [])]
+    assert graph.summary() == "3 graphs (cuda:1, cuda:0, cuda:1), 3 copies, 536 bytes"
+
+
 def test_bring_maps_nested_arguments_and_leaves_others_alone():
     a, b = torch.zeros(2), torch.ones(2)
     moved = {(id(a), torch.device("cuda", 1)): b}
@@ -215,7 +224,9 @@ def test_a_split_pair_decodes_the_one_gpu_pairs_tokens(pair, settings, monkeypat
         graph = program.graphs[0][0]
         assert isinstance(graph, stages.SegmentedGraph) == split
         if split:
-            assert set(engine.describe()["placement"]["target"]) == {"cuda:0", "cuda:1"}
+            placement = engine.describe()["placement"]["target"]
+            assert set(placement["units"]) == {"cuda:0", "cuda:1"}
+            assert placement["steps"]["64-token step"].startswith("3 graphs (cuda:1, cuda:0, cuda:1)")
         results.append([finish(decoder, prompt).token_ids for prompt in random_prompts(engine.pair.vocab_size, 4, 7)])
     assert results[0] == results[1]
 

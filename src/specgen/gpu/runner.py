@@ -384,6 +384,11 @@ class GraphRunner:
         logits = self.model(**inputs).logits
         return self.stages.bring(self.device, logits) if self.stages is not None else logits
 
+    def crossings(self) -> dict[str, str]:
+        """Per captured step of a model over several devices, what its replay runs (describe())."""
+        return {f"{n}-token step": g.graph.summary() for n, g in sorted(self.graphs.items())
+                if isinstance(g.graph, stages.SegmentedGraph)}
+
     def _entered(self, device: torch.device) -> None:
         """Stages moved a step to `device`: the linear kernel takes that device's split-K counters."""
         if self.switch is not None and self.switch.active and self.counters is not None:

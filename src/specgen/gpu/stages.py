@@ -125,6 +125,13 @@ class SegmentedGraph:
         self._begin(device)
         return [out[id(t)] for t in tensors]
 
+    def summary(self) -> str:
+        """What a replay runs: '3 graphs (cuda:1, cuda:0, cuda:1), 3 copies, 33,536 bytes'."""
+        copies = [pair for part in self.parts for pair in part.after]
+        size = sum(source.numel() * source.element_size() for source, _ in copies)
+        devices = ", ".join(str(part.device) for part in self.parts)
+        return f"{len(self.parts)} graphs ({devices}), {len(copies)} copies, {size:,} bytes"
+
     @torch.inference_mode()  # the buffers are inference tensors, as everything a step makes
     def replay(self) -> None:
         for part in self.parts:
