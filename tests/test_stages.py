@@ -51,7 +51,16 @@ def test_units_are_the_largest_modules_on_one_device(pair):
     assert stages.units(model) == [inner.embed_tokens, inner.layers[0], inner.layers[1], inner.norm,
                                    inner.rotary_emb, model.lm_head]
     assert stages.unit_device(inner.layers[1]) == torch.device("meta")
-    assert stages.spread(model, torch.device("cpu")) and not stages.spread(load(pair[0], None), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("devices, spread", [
+    ({"cuda:0", "cuda:1"}, True),  # another GPU than home (cuda:1)
+    ({"cuda:1"}, False),
+    ({"cuda:1", "cpu"}, False),  # weights offloaded to the CPU: the torch backend's case, not Stages'
+])
+def test_a_model_is_spread_when_a_weight_lies_on_another_gpu(monkeypatch, devices, spread):
+    monkeypatch.setattr(stages, "model_devices", lambda model: {torch.device(d) for d in devices})
+    assert stages.spread(object(), torch.device("cuda", 1)) == spread
 
 
 def test_stages_describe_where_each_unit_lies(pair):

@@ -184,8 +184,7 @@ def make_backend(device: torch.device, profile, progress=None, models=()) -> Bac
     models: the loaded models; one with weights off the GPUs (a device_map that offloads to the CPU
     or disk) runs on the torch backend, whose eager forwards accelerate's hooks feed. A model over
     several GPUs takes the CUDA backend (gpu/stages.py)."""
-    offloaded = any(t.device.type != "cuda" for model in models if model is not None
-                    for t in (*model.parameters(), *model.buffers()))
+    offloaded = any(p.device.type != "cuda" for model in models if model is not None for p in model.parameters())
     if device.type == "cuda" and profile.speculation.cuda_graphs and not offloaded:
         from specgen.gpu.backend import CudaBackend  # noqa: PLC0415 (gpu/ only with CUDA)
 

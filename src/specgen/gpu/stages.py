@@ -159,8 +159,8 @@ def model_devices(model) -> set[torch.device]:
 
 
 def spread(model, home: torch.device) -> bool:
-    """Whether any weight of `model` lies off `home` (then its runner needs Stages)."""
-    return any(device != home for device in model_devices(model))
+    """Whether any weight of `model` lies on another GPU than `home` (then its runner needs Stages)."""
+    return any(device.type == "cuda" and device != home for device in model_devices(model))
 
 
 def units(module) -> list:
