@@ -1,7 +1,9 @@
 """Where a split 8B step's time goes: each stretch's graph and each copy of a 1-token
 SegmentedGraph replay, timed alone (CUDA events on its device), for the default kernels and
-with split-K and dependent launch off."""
+with split-K and dependent launch off; then the profiler's kernel table of ten replays (device
+time by kernel, both GPUs), written to argv[2]."""
 import statistics, sys, torch
+from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM
 from specgen.core.settings import KernelSpec, ModelSpec, Profile
 from specgen.gpu.backend import CudaBackend
@@ -19,17 +21,25 @@ def timed(device, fn, n=20):
         out.append(a.elapsed_time(b) / n)
     return round(statistics.median(out[1:]), 4)
 
-for spec in (KernelSpec(), KernelSpec(split_k="off", dependent_launch="off")):
+for index, spec in enumerate((KernelSpec(), KernelSpec(split_k="off", dependent_launch="off"))):
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16, device_map="balanced")
     home = model.get_output_embeddings().weight.device
     runner = CudaBackend(home, Profile("p", "<p>", ModelSpec(sys.argv[1]), kernels=spec)).runner(
         model, model.get_output_embeddings().weight.shape[0], 1024, "target", shapes=(1,))
     runner.forward(torch.arange(100, 228, device=home))
     seg = runner.graphs[1].graph
-    row = {"spec": f"split_k={spec.split_k} dependent={spec.dependent_launch}", "whole_replay": timed(home, seg.replay)}
+    row = {"spec": f"split_k={spec.split_k} dependent={spec.dependent_launch}", "summary": seg.summary(),
+           "whole_replay": timed(home, seg.replay)}
     for i, part in enumerate(seg.parts):
         row[f"part{i}@{part.device}"] = timed(part.device, part.graph.replay)
         for j, (src, dst) in enumerate(part.after):
             row[f"copy{i}.{j} {tuple(src.shape)}"] = timed(src.device, lambda: dst.copy_(src))
-    print(row, runner.kernels, flush=True)
+    print(row, flush=True)
+    if index == 0:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                seg.replay()
+            torch.cuda.synchronize(0), torch.cuda.synchronize(1)
+        with open(sys.argv[2], "w") as file:
+            file.write(prof.key_averages(group_by_input_shape=False).table(sort_by="cuda_time_total", row_limit=40))
     del runner, model, seg; torch.cuda.empty_cache()
