@@ -176,7 +176,7 @@ class TorchBackend:
         """The references raise inside warp: nothing is left to report after the round."""
 
     def describe(self) -> dict:
-        return {"backend": self.name, "device": str(self.device)}
+        return {"backend": self.name, "device": str(self.device), "placement": None}  # accelerate places spread models
 
 
 def make_backend(device: torch.device, profile, progress=None, models=()) -> Backend:

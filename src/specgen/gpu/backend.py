@@ -202,8 +202,8 @@ class CudaBackend:
                 "compile_cache": str(gpu_runner.cache_dir(self.speculation.compile_cache)) if self.speculation.compile
                 else None,
                 "kernels": {name: k.as_dict() for name, k in self.kernels.items()}, "fallbacks": self.notes,
-                **({"placement": {name: {"units": r.stages.describe(), "steps": r.crossings()}
-                                  for name, r in self.spread.items()}} if self.spread else {})}
+                "placement": {name: {"units": r.stages.describe(), "steps": r.crossings()}
+                              for name, r in self.spread.items()} or None}
 
 
 class GraphProgram:
