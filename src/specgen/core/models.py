@@ -12,12 +12,10 @@ transformers' Auto classes.
 
 from __future__ import annotations
 
-import dataclasses
-
 import inspect
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -348,7 +346,7 @@ def placement(spec: ModelSpec, device: torch.device) -> dict:
     without one it builds the model on the CPU, over the file's pages, and `.to(device)` then
     copies tensor after tensor from there (docs/benchmarks.md, "Start-up of real pairs")."""
     if spec.device_map is not None:
-        memory = {int(k) if k.isdigit() else k: int(v) if v.isdigit() else v for k, v in spec.max_memory}
+        memory = {int(k) if k.isdigit() else k: int(v) if v.isdigit() else v for k, v in spec.max_memory or ()}
         return {"device_map": spec.device_map, **({"max_memory": memory} if memory else {})}
     return {"device_map": {"": device}} if device.type == "cuda" else {}
 
@@ -454,7 +452,7 @@ def beside(draft: ModelSpec, target_spec: ModelSpec, target) -> ModelSpec:
     home = target.get_output_embeddings().weight.device
     if draft.device != "auto" or draft.device_map is not None or target_spec.device_map is None or home.type != "cuda":
         return draft
-    return dataclasses.replace(draft, device=str(home))
+    return replace(draft, device=str(home))
 
 
 def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | None = None) -> LoadedPair:

@@ -126,8 +126,7 @@ def profile_as_toml(profile: Profile) -> str:
             continue
         lines += ["", f"[{table}]"]
         for key, value in data[table].items():
-            unset = value is None or (key == "max_memory" and not value)  # an empty table reads oddly
-            lines.append(f"# {key}: not set" if unset else f"{key} = {_toml_value(value)}")
+            lines.append(f"# {key}: not set" if value is None else f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -408,8 +407,11 @@ _MEMORY_SIZE = re.compile(r"\d+(\.\d+)?\s*([KMGT]i?B|B)?", re.IGNORECASE)
 def _to_sizes(value: object) -> object:
     """max_memory: a table (or the (device, size) pairs profile_as_toml writes back) -> pairs with
     GPUs by index ("cuda:1" -> "1") and sizes as strings (bytes as an integer -> "123")."""
-    items = value.items() if isinstance(value, dict) else value
-    if not isinstance(items, (list, tuple)) and not isinstance(value, dict):
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
         return _INVALID
     pairs = []
     for item in items:
@@ -419,7 +421,7 @@ def _to_sizes(value: object) -> object:
         if not isinstance(device, str) or _to_int(size) is _INVALID and not isinstance(size, str):
             return _INVALID
         match = _MEMORY_KEY.fullmatch(device)
-        pairs.append((match.group(1) or "cpu" if match else device, str(size)))
+        pairs.append(((match.group(1) or "cpu") if match else device, str(size)))
     return tuple(pairs)
 
 
@@ -443,7 +445,7 @@ _TYPES: dict[str, tuple[Callable[[object], object], str]] = {
     "float": (_to_float, "a finite number"),
     "tuple[str, ...]": (_to_strs, "a string or an array of strings"),
     "tuple[int, ...]": (_to_ints, "an array of integers"),
-    "tuple[tuple[str, str], ...]": (_to_sizes, 'a table of sizes by device: { "0" = "70GiB", cpu = "64GiB" }'),
+    "tuple[tuple[str, str], ...] | None": (_to_sizes, 'a table of sizes by device: { "0" = "70GiB", cpu = "64GiB" }'),
 }
 
 

@@ -21,7 +21,7 @@ class ModelSpec:
     trust_remote_code: bool = False
     # with a device_map: the most each device may hold, as (device, size) pairs: ("0", "70GiB"),
     # ("cpu", "64GiB"); a TOML table in the profile (docs/profiles.md)
-    max_memory: tuple[tuple[str, str], ...] = ()
+    max_memory: tuple[tuple[str, str], ...] | None = None
 
 
 PROPOSER_KINDS = ("draft", "ngram", "hybrid", "eagle", "mtp", "none")

@@ -320,14 +320,11 @@ def _collect(tree, device: torch.device, out: list) -> None:
 def _replace(tree, device: torch.device, moved: dict):
     if isinstance(tree, torch.Tensor):
         return moved.get((id(tree), device), tree)
-    if isinstance(tree, tuple):
-        return type(tree)(*(_replace(t, device, moved) for t in tree)) if hasattr(tree, "_fields") else tuple(
-            _replace(t, device, moved) for t in tree)
-    if isinstance(tree, list):
-        return [_replace(t, device, moved) for t in tree]
+    if isinstance(tree, (tuple, list)):
+        items = [_replace(t, device, moved) for t in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)  # namedtuples by field
     if isinstance(tree, dict):
-        return type(tree)({k: _replace(v, device, moved) for k, v in tree.items()}) if type(tree) is dict else {
-            k: _replace(v, device, moved) for k, v in tree.items()}
+        return {k: _replace(v, device, moved) for k, v in tree.items()}
     return tree
 
 
