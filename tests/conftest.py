@@ -12,6 +12,18 @@ import torch
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _current_gpu():
+    """A CUDA backend makes its GPU the current one for the rest of the process (gpu/backend.py):
+    each test starts where the last one did not leave it."""
+    saved = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    yield
+    if saved is not None:
+        torch.cuda.set_device(saved)
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_device(0)
+
+
 @pytest.fixture
 def cli(capsys, monkeypatch):
     """cli(*args) -> (exit code, stdout, stderr), through cli/errors.py's exit-code mapping."""

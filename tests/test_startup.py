@@ -46,6 +46,16 @@ def test_a_cuda_load_reads_the_weights_onto_the_device(monkeypatch):
     assert _placements(monkeypatch, cuda)["device_map"] == {"": cuda}
 
 
+@pytest.mark.parametrize("asked, expected", [("auto", "cuda:1"), ("cuda", "cuda:1"), ("cuda:0", "cuda:0"), ("cpu", "cpu")])
+def test_a_gpu_left_unnamed_is_the_current_one_named(monkeypatch, asked, expected):
+    """'cuda' resolved at load: a device compared with the weights' own (always indexed) is the
+    same GPU, and a backend that later makes another GPU current cannot move the pair."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert models.resolve_device(ModelSpec(path="/checkpoint", device=asked)) == torch.device(expected)
+
+
 def test_a_profiles_device_map_and_the_cpu_keep_their_placement(monkeypatch):
     assert _placements(monkeypatch, torch.device("cuda", 0), device_map="balanced")["device_map"] == "balanced"
     assert "device_map" not in _placements(monkeypatch, torch.device("cpu"))

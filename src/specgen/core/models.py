@@ -57,8 +57,11 @@ def cpu_threads(spec: RuntimeSpec, cpus: int | None = None) -> int:
 
 def resolve_device(spec: ModelSpec) -> torch.device:
     if spec.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(spec.device)
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        device = torch.device("cuda")
+    else:
+        device = torch.device(spec.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelError(
             f"device {spec.device!r} was requested but CUDA is not available on this machine",
@@ -66,6 +69,11 @@ def resolve_device(spec: ModelSpec) -> torch.device:
         )
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ModelError(f"device {spec.device!r} does not exist: {torch.cuda.device_count()} GPU(s) visible")
+    if device.type == "cuda" and device.index is None:
+        # "cuda" means the current GPU; named, so that every comparison of devices (which GPU a
+        # weight lies on, gpu/stages.py) sees one device, and later changes of the current GPU
+        # (a backend's, on another GPU) cannot move this pair's tensors
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

@@ -28,7 +28,7 @@ from specgen.gpu import warp as gpu_warp
 from specgen.gpu.kernels import ResolvedKernels, resolve
 from specgen.gpu import runner as gpu_runner
 from specgen.gpu import stages
-from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
+from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner, capturing
 from specgen.gpu.workspace import Workspace
 
 WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, torch.compile
@@ -38,11 +38,13 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, device: torch.device, profile, progress=None):
+        if device.index is None:  # "cuda": the current GPU, named (as models.resolve_device does)
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         # The current device, for the launches that take it rather than their tensors' (Triton's
-        # kernels, a graph's capture stream, the round's timing events): the rounds run here.
-        if device.index is not None:
-            torch.cuda.set_device(device)
+        # kernels, a graph's capture stream, the round's timing events): the rounds run here. It
+        # stays set after the backend is built: a process runs one pair's rounds.
+        torch.cuda.set_device(device)
         self.speculation = profile.speculation
         self.kernel_spec = profile.kernels
         self.progress = progress
@@ -182,7 +184,7 @@ class CudaBackend:
                     fn()
             torch.cuda.current_stream(device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.inference_mode():
+            with capturing(graph, device), torch.inference_mode():
                 fn()
         except Exception as exc:  # noqa: BLE001 (an optimisation: run it eagerly instead)
             torch.cuda.synchronize(device)
@@ -248,7 +250,7 @@ class GraphProgram:
         spread = [r for r in self.rnd.runners if any(r is s for s in self.backend.spread.values())]
         if not spread:
             graph = torch.cuda.CUDAGraph()
-            return graph, torch.cuda.graph(graph)
+            return graph, capturing(graph, self.rnd.device)
         graph = stages.SegmentedGraph()
         stack = contextlib.ExitStack()
         stack.enter_context(graph.capturing(self.rnd.device))

@@ -83,6 +83,14 @@ def compile_cache(folder: str = ""):
                 os.environ[name] = value
 
 
+def capturing(graph: torch.cuda.CUDAGraph, device: torch.device):
+    """torch.cuda.graph on a capture stream of `device`. torch's own default capture stream is one
+    per process, made on whichever GPU was current at its first capture: a later capture for
+    another GPU would switch to that one and record its kernels there, where the round's events
+    never wait for them (a pair on GPU 0 after a capture on GPU 1 read its tokens unfinished)."""
+    return torch.cuda.graph(graph, stream=torch.cuda.Stream(device))
+
+
 @functools.cache
 def _slot_layer_class():
     from transformers.cache_utils import StaticLayer
@@ -474,7 +482,7 @@ class GraphRunner:
                 raw = self.step(ids, logits)
         else:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), self.step_context(n):
+            with capturing(graph, self.device), self.step_context(n):
                 raw = self.step(ids, logits)
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
