@@ -1,13 +1,16 @@
 """Where a split 8B step's time goes: each stretch's graph and each copy of a 1-token
 SegmentedGraph replay, timed alone (CUDA events on its device), for the default kernels and
 with split-K and dependent launch off; then the profiler's kernel table of ten replays (device
-time by kernel, both GPUs), written to argv[2]."""
-import statistics, sys, torch
+time by kernel, both GPUs), written to argv[2]. Every Triton launch, captures included, is checked
+for tensors on another device than the current one (peer access makes such a launch work, slowly)."""
+import collections, statistics, sys, torch
+import triton.runtime.jit as jit
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM
 from specgen.core.settings import KernelSpec, ModelSpec, Profile
 from specgen.gpu.backend import CudaBackend
 
+@torch.inference_mode()  # the graphs' buffers are inference tensors
 def timed(device, fn, n=20):
     out = []
     for _ in range(4):
@@ -20,6 +23,18 @@ def timed(device, fn, n=20):
         b.synchronize()
         out.append(a.elapsed_time(b) / n)
     return round(statistics.median(out[1:]), 4)
+
+away = collections.Counter()
+_run = jit.JITFunction.run
+
+def checked(self, *args, **kwargs):
+    here = torch.cuda.current_device()
+    for i, a in enumerate((*args, *kwargs.values())):
+        if isinstance(a, torch.Tensor) and a.is_cuda and a.device.index != here:
+            away[(self.fn.__name__, i, str(a.device), here)] += 1
+    return _run(self, *args, **kwargs)
+
+jit.JITFunction.run = checked
 
 for index, spec in enumerate((KernelSpec(), KernelSpec(split_k="off", dependent_launch="off"))):
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16, device_map="balanced")
@@ -35,6 +50,8 @@ for index, spec in enumerate((KernelSpec(), KernelSpec(split_k="off", dependent_
         for j, (src, dst) in enumerate(part.after):
             row[f"copy{i}.{j} {tuple(src.shape)}"] = timed(src.device, lambda: dst.copy_(src))
     print(row, flush=True)
+    print("launches with a tensor on another device:", dict(away) or "none", flush=True)
+    away.clear()
     if index == 0:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
