@@ -275,3 +275,24 @@ def test_a_split_pair_decodes_the_one_gpu_pairs_tokens(pair, settings, monkeypat
         results.append([finish(decoder, prompt).token_ids for prompt in random_prompts(engine.pair.vocab_size, 4, 7)])
     assert results[0] == results[1]
 
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_a_draft_on_another_gpu_than_the_target_decodes_the_same_tokens(pair):
+    """The profile puts the draft on GPU 0, the target on GPU 1: the draft's runner works from the
+    round's GPU (Stages carries each of its steps there and back), and the pair decodes the tokens
+    of the same pair on GPU 1 alone."""
+    from specgen.core.engine import Engine
+
+    profile = make_profile(*pair, k=4, backend="cuda", max_tokens=40)
+    results = []
+    for draft_device in ("cuda:1", "cuda:0"):
+        placed = replace(profile, target=replace(profile.target, device="cuda:1"),
+                         draft=replace(profile.draft, device=draft_device))
+        engine = Engine(placed)
+        assert engine.pair.device == torch.device("cuda", 1)
+        decoder = engine.decoder()
+        assert sorted(engine.backend.spread) == ([] if draft_device == "cuda:1" else ["draft"])
+        results.append([finish(decoder, prompt).token_ids for prompt in random_prompts(engine.pair.vocab_size, 4, 7)])
+    assert results[0] == results[1]
