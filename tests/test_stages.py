@@ -272,6 +272,8 @@ def test_a_split_pair_decodes_the_one_gpu_pairs_tokens(pair, settings, monkeypat
             placement = engine.describe()["placement"]["target"]
             assert set(placement["units"]) == {"cuda:0", "cuda:1"}
             assert placement["steps"]["64-token step"].startswith("3 graphs (cuda:1, cuda:0, cuda:1)")
+            # a round: the draft's steps on GPU 1, the target's verification there and back
+            assert placement["rounds"]["k=4 model"].startswith("3 graphs (cuda:1, cuda:0, cuda:1)")
         results.append([finish(decoder, prompt).token_ids for prompt in random_prompts(engine.pair.vocab_size, 4, 7)])
     assert results[0] == results[1]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
+import weakref
 
 import torch
 
@@ -55,6 +56,7 @@ class CudaBackend:
         self.dependent_launch = False
         self.notes: list[str] = []  # fallbacks taken, for describe()
         self.spread: dict[str, GraphRunner] = {}  # runners of models over several devices (gpu/stages.py)
+        self.programs = weakref.WeakSet()  # the live GraphPrograms: describe() reports their captures
 
     # -- runners ----------------------------------------------------------------------------------
 
@@ -196,7 +198,9 @@ class CudaBackend:
         runners = rnd.runners
         if not self.warp_kernels or not all(r.use_graphs for r in runners):
             return EagerProgram(lambda mark: rnd.body(mode, mark))  # the references sync: no capture
-        return GraphProgram(rnd, mode, self)
+        program = GraphProgram(rnd, mode, self)
+        self.programs.add(program)
+        return program
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": torch.cuda.get_device_name(self.device),
@@ -204,8 +208,17 @@ class CudaBackend:
                 "compile_cache": str(gpu_runner.cache_dir(self.speculation.compile_cache)) if self.speculation.compile
                 else None,
                 "kernels": {name: k.as_dict() for name, k in self.kernels.items()}, "fallbacks": self.notes,
-                "placement": {name: {"units": r.stages.describe(), "steps": r.crossings()}
+                "placement": {name: {"units": r.stages.describe(), "steps": r.crossings(), "rounds": self._rounds(r)}
                               for name, r in self.spread.items()} or None}
+
+    def _rounds(self, runner: GraphRunner) -> dict[str, str]:
+        """What each captured round that steps `runner` replays (SegmentedGraph.summary), by k and mode."""
+        rounds = {}
+        for program in list(self.programs):
+            graph = program.graphs.get(0, (None,))[0]
+            if isinstance(graph, stages.SegmentedGraph) and any(r is runner for r in program.rnd.runners):
+                rounds[f"k={program.rnd.shape.k} {program.mode.value}"] = graph.summary()
+        return dict(sorted(rounds.items()))
 
 
 class GraphProgram:
