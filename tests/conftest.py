@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _current_gpu():
     """A CUDA backend makes its GPU the current one for the rest of the process (gpu/backend.py):
-    each test starts where the last one did not leave it."""
+    the current GPU goes back after each test, so that no test inherits another's."""
     saved = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     yield
     if saved is not None:
