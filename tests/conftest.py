@@ -16,12 +16,10 @@ torch.set_num_threads(1)
 def _current_gpu():
     """A CUDA backend makes its GPU the current one for the rest of the process (gpu/backend.py):
     the current GPU goes back after each test, so that no test inherits another's."""
-    saved = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    saved = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
     yield
-    if saved is not None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.set_device(saved)
-    elif torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.set_device(0)
 
 
 @pytest.fixture

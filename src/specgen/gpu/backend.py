@@ -30,7 +30,7 @@ from specgen.gpu.kernels import ResolvedKernels, resolve
 from specgen.gpu import runner as gpu_runner
 from specgen.gpu import stages
 from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner, capturing
-from specgen.gpu.workspace import Workspace
+from specgen.gpu.workspace import Workspace, device_of
 
 WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, torch.compile
 
@@ -39,9 +39,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, device: torch.device, profile, progress=None):
-        if device.index is None:  # "cuda": the current GPU, named (as models.resolve_device does)
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
+        self.device = device = device_of(device)  # "cuda": the current GPU, named
         # The current device, for the launches that take it rather than their tensors' (Triton's
         # kernels, a graph's capture stream, the round's timing events): the rounds run here. It
         # stays set after the backend is built: a process runs one pair's rounds.
