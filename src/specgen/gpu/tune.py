@@ -27,7 +27,7 @@ from specgen.gpu import linear
 from specgen.gpu.linear_table import LinearTable
 from specgen.gpu.reference import gate_up_reference
 from specgen.gpu.runner import capturing
-from specgen.gpu.workspace import Workspace
+from specgen.gpu.workspace import Workspace, device_of
 
 L2_BYTES = 256 * 2**20  # weight bytes per timing: more than any L2, so weights come from memory
 TOLERANCE = 2e-2  # relative to the output's scale: two bf16 rounding steps
@@ -153,7 +153,7 @@ def graph_timer(run: Callable[[int], object], calls: int, config: tuple, replays
             run(i)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with capturing(graph, torch.device("cuda", torch.cuda.current_device())):
+    with capturing(graph, device_of("cuda")):
         for i in range(calls):
             run(i)
     graph.replay()
