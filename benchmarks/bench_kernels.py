@@ -6,7 +6,7 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py verify    [--vocab 128256] [--k 4] [--batch 1,32]
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
-    python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--compile] [--profile]
+    python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--compile] [--profile [--profile-tokens 5]]
                                                  [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N] [--compile-cache DIR]
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
     python benchmarks/bench_kernels.py table     [--models llama-3.1,qwen2.5,qwen3,gemma-2,bench] [--rows 1,5]
@@ -439,10 +439,10 @@ def step_logits(runner: GraphRunner, ids: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def kernel_table(runner: GraphRunner, steps: int = 20) -> tuple[str, dict]:
-    """torch.profiler's CUDA kernel table over `steps` 1-token steps at POSITION, and per step: the
-    kernels launched and their summed time (the rest of a step's time is gaps between them)."""
-    ids = torch.randint(0, runner.width, (1,), device="cuda")
+def kernel_table(runner: GraphRunner, tokens: int = 1, steps: int = 20) -> tuple[str, dict]:
+    """torch.profiler's CUDA kernel table over `steps` steps of `tokens` tokens at POSITION, and per
+    step: the kernels launched and their summed time (the rest of a step's time is gaps between them)."""
+    ids = torch.randint(0, runner.width, (tokens,), device="cuda")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             runner.forward(ids)
@@ -524,7 +524,7 @@ def bench_steps(args) -> dict:
         report["rows"].append(row)
         print(json.dumps(row), flush=True)
         if args.profile:
-            text, summary = kernel_table(runner)
+            text, summary = kernel_table(runner, args.profile_tokens)
             row.update(summary)
             print(text, json.dumps(summary), flush=True)
         del runner
@@ -786,7 +786,9 @@ def main(argv=None) -> None:
     p = commands.add_parser("steps")
     p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"])
     p.add_argument("--compile", action="store_true", help="add compile-kernel")
-    p.add_argument("--profile", action="store_true", help="kernel table of each variant's 1-token step")
+    p.add_argument("--profile", action="store_true", help="kernel table of each variant's step")
+    p.add_argument("--profile-tokens", type=int, choices=(1, 5), default=1,
+                   help="the profiled step's tokens (both are captured)")
     p.add_argument("--model", choices=list(MODELS), default="8b", help="Llama-3-8B, Llama-3.2-1B or a bench-pair shape")
     p.add_argument("--layers", type=int, default=0, help="fewer decoder layers (0: the model's)")
     p.add_argument("--compile-cache", default="", help="compile variants' cache folder (speculation.compile_cache)")
