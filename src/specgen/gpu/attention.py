@@ -6,11 +6,14 @@ costs far more for the 5 tokens of a k = 4 verification than for 1 token, and th
 is most of what a verification step costs over a 1-token step. This kernel reads the position
 straight from the runner's device tensor and visits only keys [0, position + q): its cost follows
 the sequence, not the cache, and barely grows with q: every key block is loaded from memory once
-for all query heads that share its KV head (GQA), and the q tokens' programs read it from L2.
+for all query heads that share its KV head (GQA), and a step's other row tiles read it from L2.
 
-Layout (flash decoding): program (b * KVH + kv head, t * head tiles + head tile, split) takes query
-token t's query heads kv * G + g of its head tile as its rows, and keys [split * split_keys, ...)
-up to that token's last visible key; an online softmax in base 2. One split writes the output
+Layout (flash decoding): program (b * KVH + kv head, tile, split) takes BLOCK_M rows of the step's
+(query token, query head of the group) pairs, token-major, and keys [split * split_keys, ...) up to
+its last token's last visible key; an online softmax in base 2. A step of several tokens shares each
+key block between the tokens of a tile instead of loading it once per token (Llama-3-8B shape,
+H200: the 5-token step's split kernel took twice the one-token step's time with a program per
+token, docs/benchmarks.md "Dependent launch (H200)"). One split writes the output
 directly; several write normalised partial outputs and their log-sum-exp, and _combine_kernel
 merges them in split order. Query token t sits at position + t and sees keys n with
 n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
@@ -20,11 +23,14 @@ Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becom
 softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
 computes it (see the kernel).
 
-Row invariance (bit-exact greedy decoding): a token's program is the same whatever the number of
-query tokens in the step: the same rows in the same tile, the same key blocks (its own last key
-bounds the walk; block and split boundaries are absolute positions), the same splits (set by the
-cache's capacity). So the token at position p gets bitwise the same output from a 1-token step at
-p as from a (k+1)-token step that holds it.
+Row invariance (bit-exact greedy decoding): a row's result is the same whatever the number of query
+tokens in the step: the same tile size (set by the model), the same key blocks and splits (block
+and split boundaries are absolute positions, splits set by the cache's capacity), and the blocks
+it walks beyond its own keys leave it bitwise unchanged (see the kernel). Its place in the tile
+moves with its token; a tensor-core product computes each row by itself, which the GPU tests check
+(tests/test_exact.py); in the Triton interpreter, whose matmul does not, the products are summed
+per row. So the token at position p gets bitwise the same output from a 1-token step at p as from
+a (k+1)-token step that holds it.
 
 With rope (the [kernels] rope setting), the query and the step's new keys arrive before their
 rotary embedding: the kernel rotates them, and each split writes the new keys and values that
@@ -85,7 +91,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent):
     assert softcap >= 0.0, f"softcap {softcap} < 0"
     group = heads // kv_heads
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(group)))  # by the model, never by tokens
-    head_tiles = triton.cdiv(group, block_m)
+    tiles = triton.cdiv(tokens * group, block_m)  # rows: (token, head of the group), token-major
     block_d = max(16, triton.next_power_of_2(dim))
     block_n = 64 if block_d <= 128 else 32
     split_keys = max(SPLIT_KEYS, block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
@@ -96,7 +102,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent):
     else:
         part = torch.empty(batch, heads, tokens, splits, dim, dtype=torch.float32, device=query.device)
         lse = torch.empty(batch, heads, tokens, splits, dtype=torch.float32, device=query.device)
-    grid = (batch * kv_heads, tokens * head_tiles, splits)
+    grid = (batch * kv_heads, tiles, splits)
     if rope is None:
         k_new = v_new = cos = sin = query  # unused
         new_strides = (0,) * 8
@@ -109,10 +115,10 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent):
     _split_kernel[grid](
         query, key, value, position, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides,
-        kv_heads, group, head_tiles, tokens, dim, capacity, scale if softcap else scale * LOG2E.value,
+        kv_heads, group, tokens, dim, capacity, scale if softcap else scale * LOG2E.value,
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
-        F32_DOT=query.dtype == torch.float32 or INTERPRETED, ROPE=rope is not None,
+        F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, num_warps=4,
         **launch_options(dependent),
     )
@@ -147,10 +153,11 @@ def _split_kernel(
     snkb, snkh, snkt,
     snvb, snvh, snvt,
     scb, sct,
-    kv_heads, group, head_tiles, tokens, dim, capacity,
+    kv_heads, group, tokens, dim, capacity,
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, ROPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
+    ROPE: tl.constexpr,
     BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     wait_previous(DEPENDENT)  # first, in every program: gpu/dependent.py
@@ -158,26 +165,30 @@ def _split_kernel(
     b = bkv // kv_heads
     kvh = bkv % kv_heads
     split = tl.program_id(2)
-    t = tl.program_id(1) // head_tiles  # this program's query token
-    g = (tl.program_id(1) % head_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] heads of the group
-    row_ok = g < group
+    first_row = tl.program_id(1) * BLOCK_M
+    f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows, token-major
+    t = f // group  # [M] each row's query token
+    g = f % group  # [M] and its head within the group
+    row_ok = t < tokens
     head = kvh * group + g
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
     position = tl.load(position_ptr)
-    at = position + t  # the token's position: it sees keys [.., at]
-    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t * sqt + d[None, :],
+    at = position + t  # [M] each row's position: it sees keys [.., at]
+    at_first = position + first_row // group  # the tile's first and last tokens' positions
+    at_last = position + tl.minimum((first_row + BLOCK_M - 1) // group, tokens - 1)
+    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
     if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
         half = dim // 2
         partner = tl.where(d < half, d + half, d - half)
         sign = tl.where(d < half, -1.0, 1.0)
         q_mask = row_ok[:, None] & d_ok[None, :]
-        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t * sqt + partner[None, :],
+        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + partner[None, :],
                             mask=q_mask, other=0.0)
-        trig = b * scb + t * sct + d  # [D]: one token's
-        cos = tl.load(cos_ptr + trig, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        sin = tl.load(sin_ptr + trig, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        trig = b * scb + t[:, None] * sct + d[None, :]  # [M, D]: each row's token's
+        cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
         q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
         # the new keys and values whose positions fall in this split: rotated, into the cache
         j = tl.arange(0, BLOCK_T)
@@ -199,11 +210,16 @@ def _split_kernel(
                  mask=new_mask)
         tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
 
+    # The walk covers every row's keys. A key block outside a row's keys (past its last one, or
+    # before its window) leaves that row's running max, sum and output bitwise as they were: its
+    # scores are -inf, so it adds products of 0 and rescales by exp2(0) = 1, or, before the row's
+    # first key, leaves them at their start. So a row's result does not depend on the other tokens
+    # in its tile.
     lo = (split * SPLIT_KEYS).to(tl.int64)
-    hi = tl.minimum(lo + SPLIT_KEYS, at + 1)
+    hi = tl.minimum(lo + SPLIT_KEYS, at_last + 1)
     hi = tl.minimum(hi, capacity)
     if WINDOW > 0:
-        first = tl.maximum(at - WINDOW + 1, 0)
+        first = tl.maximum(at_first - WINDOW + 1, 0)
         lo = tl.maximum(lo, first - first % BLOCK_N)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -214,7 +230,9 @@ def _split_kernel(
         n = start + tl.arange(0, BLOCK_N)  # [N]
         n_ok = n < hi
         k = tl.load(k_base + n[:, None] * skn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if F32_DOT:
+        if PER_ROW:
+            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        elif F32_DOT:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
@@ -226,9 +244,9 @@ def _split_kernel(
             # scaled score and each soft-cap step to bf16; flash-attention's soft-capping does not
             # either). The base-2 factor joins the last product, as it joins the scale without a cap.
             s = _tanh(s / SOFTCAP) * (SOFTCAP * LOG2E)
-        visible = n_ok[None, :] & (n[None, :] <= at)
+        visible = n_ok[None, :] & (n[None, :] <= at[:, None])
         if WINDOW > 0:
-            visible = visible & (n[None, :] > at - WINDOW)
+            visible = visible & (n[None, :] > at[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
@@ -236,7 +254,9 @@ def _split_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + n[:, None] * svn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if F32_DOT:
+        if PER_ROW:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        elif F32_DOT:
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -246,7 +266,7 @@ def _split_kernel(
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     if SPLITS == 1:
         heads = kv_heads * group
-        dst = out_ptr + ((b * tokens + t) * heads + head[:, None]) * dim + d[None, :]
+        dst = out_ptr + ((b * tokens + t[:, None]) * heads + head[:, None]) * dim + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     else:
         heads = kv_heads * group
@@ -300,7 +320,8 @@ def _combine_kernel(
         release_next(DEPENDENT)
     tl.store(out_ptr + ((b * tokens + t) * heads + h) * dim + d, o.to(out_ptr.dtype.element_ty), mask=d < dim)
 
-# float32 products without TF32 for float32 models (their graph-vs-eager checks are exact to 1e-5);
-# the Triton interpreter (CPU tests: Triton made interpreted functions, not JITFunctions) also takes
-# that path for 16-bit inputs, as its bf16 tl.dot is wrong.
+# float32 products without TF32 for float32 models (their graph-vs-eager checks are exact to 1e-5).
+# The Triton interpreter (CPU tests: Triton made interpreted functions, not JITFunctions) sums float32
+# products per row instead (PER_ROW): its bf16 tl.dot is wrong, and its matmul's result for a row
+# depends on where the row sits in the tile.
 INTERPRETED = not isinstance(_split_kernel, JITFunction)
