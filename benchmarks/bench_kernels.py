@@ -11,6 +11,7 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
     python benchmarks/bench_kernels.py table     [--models llama-3.1,qwen2.5,qwen3,gemma-2,bench] [--rows 1,5]
                                                  [--missing | --undrafted] --table FILE
+    python benchmarks/bench_kernels.py step-table [--models llama-3.1,qwen2.5,qwen3] --table FILE
 
 Every subcommand takes --out FILE (the JSON report) and prints a Markdown table. Settings are passed
 to the kernels as arguments (parallel_cut, split_k, [kernels] values), never set on modules.
@@ -38,6 +39,9 @@ they are timed between CUDA events around each call, host dispatch included.
 - table: `specgen tune-kernels` over the projections of every real pair benchmarks/family_pairs.py
   builds (targets, drafts and the EAGLE-3 heads of its --head) and of the bench pair, on this GPU: the linear table to ship as
   src/specgen/gpu/linear_configs.json, with each shape's time against the current package's pick.
+- step-table: each family's draft (random weights of its public config, the kernels `auto`
+  resolves): its one-row projections' picks chosen inside its captured one-token step by
+  gpu/tune.py's tune_in_step, starting from the package's; writes the package's table with them.
 - steps: a Llama-3-8B-shaped target (--model 1b: Llama-3.2-1B-shaped; --layers: fewer layers, the
   floor follows the weights) (random bf16 weights): the 1-token step and the 5-token
   verification step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth floor
@@ -748,6 +752,52 @@ def bench_table(args) -> dict:
     return {"device": torch.cuda.get_device_name(), "seconds": time.perf_counter() - start, "rows": rows}
 
 
+def bench_step_table(args) -> dict:
+    """Each family's draft (random bf16 weights of its public config) as the CUDA backend runs it:
+    its one-row picks chosen inside its captured step (gpu/tune.py's tune_in_step), from the current
+    package's picks; the package's table with those picks written to --table."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specgen.core.settings import KernelSpec
+    from specgen.gpu import linear_table, tune
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import family_pairs
+
+    package = linear_table.packaged()
+    drafts = dict(package.drafts)
+    rows, start = [], time.perf_counter()
+    for name in args.models:
+        values = dict(family_pairs.FAMILIES[name].draft.config)
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        kernels = resolve(KernelSpec(), "cuda", model)
+        kernels = dataclasses.replace(kernels, linear_table=package.for_drafts())
+        shapes = tune.model_shapes(config)
+        first = {shape: kernels.linear_table.pick(*shape, kernels.split_k, 1) for shape in shapes}
+        timer = tune.draft_step_timer(model, config.vocab_size, kernels, Workspace("cuda"), position=POSITION)
+        found = tune.tune_in_step(shapes, first, timer, progress=lambda line: print(f"{name}: {line}", flush=True))
+        drafts.update(found.picks)
+        for shape in shapes:
+            n, k, gated = shape
+            rows.append({"model": name, "n": n, "k": k, "gated": gated, "package": list(first[shape]),
+                         "in_step": list(found.picks[shape])})
+        print(f"{name}: step {found.before * 1e3:.4f} -> {found.after * 1e3:.4f} ms "
+              f"({len(found.trials)} timings, {time.perf_counter() - start:.0f} s)", flush=True)
+        rows[-1].update(step_before_ms=found.before * 1e3, step_after_ms=found.after * 1e3)
+        del model, timer
+        torch.cuda.empty_cache()
+        tuned = linear_table.LinearTable(package.entries, "package, in-step draft picks", tuple(sorted(drafts.items())))
+        notes = json.loads(linear_table.PACKAGED.read_text())
+        notes = {key: value for key, value in notes.items() if key not in ("format", "shapes")}
+        args.table.write_text(tuned.to_json(**notes, draft_picks_in_step=f"{', '.join(args.models)} on "
+                                            f"{torch.cuda.get_device_name()}"))
+    print(table(rows, ["model", "n", "k", "gated", "package", "in_step", "step_before_ms", "step_after_ms"]))
+    return {"device": torch.cuda.get_device_name(), "seconds": time.perf_counter() - start, "rows": rows}
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 
@@ -806,13 +856,18 @@ def main(argv=None) -> None:
     p.add_argument("--undrafted", action="store_true", help="only the shapes without a draft pick in the package")
     p.add_argument("--rows", type=ints, default=[1, 5])
     p.add_argument("--table", type=Path, required=True, help="write the tuned table (package format) here")
+    p = commands.add_parser("step-table")
+    p.add_argument("--models", type=names(["llama-3.1", "qwen2.5", "qwen3", "gemma-2"]),
+                   default=["llama-3.1", "qwen2.5", "qwen3"])
+    p.add_argument("--table", type=Path, required=True, help="the package's table with the new draft picks")
     for p in commands.choices.values():
         p.add_argument("--out", type=Path, help="write the JSON report here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not (args.command == "attention" and args.runners):
         raise SystemExit("bench_kernels: needs a CUDA GPU (only `attention --runners` runs on a CPU)")
     run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "attention": bench_attention,
-           "steps": bench_steps, "exact": bench_exact, "table": bench_table}[args.command]
+           "steps": bench_steps, "exact": bench_exact, "table": bench_table,
+           "step-table": bench_step_table}[args.command]
     report = run(args)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

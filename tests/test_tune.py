@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
+import dataclasses
 import json
 
 import pytest
 import torch
+import triton
 
 from specgen.core.errors import UsageError
 from specgen.core.settings import KernelSpec
@@ -203,3 +205,124 @@ def test_tune_kernels_times_the_head_when_the_proposer_drafts_with_it(kind, tmp_
     assert timed == target + other and lines == []
     assert path == str(tmp_path / "tables" / T.FILE)
     T.load(tmp_path / "tables" / T.FILE)  # written, and readable as a table (else a UsageError)
+
+
+# -- a draft's picks chosen inside its step (tune_in_step; fake step timers, never real timing) ----
+
+A, B = (24, 40, False), (48, 24, True)
+X, Y, Z = (False, 2, 64, 4, 1), (False, 4, 64, 4, 1), (False, 8, 64, 4, 1)
+START = {A: (False, 1, 64, 4, 1), B: (False, 1, 32, 4, 1)}
+
+
+def _step_timer(cost):
+    """A StepTimer from cost(picks, call number) in seconds; records the picks of every call."""
+    calls = []
+
+    def timer(picks):
+        calls.append(dict(picks))
+        return cost(picks, len(calls))
+
+    return timer, calls
+
+
+def test_in_step_descent_takes_clear_gains_and_leaves_noise():
+    """A: X takes 1% off the step (taken), Y 0.1% (under the margin: left); B: nothing gains. Every
+    candidate's timing is followed by one of the current picks, and B is tried with A's new pick."""
+    gains = {(A, X): 0.01, (A, Y): 0.001}
+
+    def cost(picks, _):
+        return 1.0 - sum(gains.get((shape, config), 0.0) for shape, config in picks.items())
+
+    timer, calls = _step_timer(cost)
+    found = tune.tune_in_step([A, B], START, timer, candidates_of=lambda *shape: [X, Y, Z])
+    assert found.picks == {A: X, B: START[B]}
+    assert found.before == 1.0 and found.after == pytest.approx(0.99)
+    once = [(shape, config) for shape, config, _, _ in found.trials]
+    assert once[:3] == [(A, X), (A, Y), (A, Z)]
+    for i in range(0, 6, 2):  # the first six calls: A's candidates, each beside the start
+        assert calls[i + 1] == START and calls[i] != START
+    b_calls = [c for c in calls if c[B] != START[B]]
+    assert b_calls and all(c[A] == X for c in b_calls)
+
+
+def test_in_step_descent_rejects_a_win_that_does_not_repeat():
+    """Z beats the current picks in its one timing only (a slow replay of the current picks):
+    the confirmation, alternating three times, keeps the current pick."""
+    def cost(picks, n):
+        return 1.05 if n == 6 else 1.0  # call 6: the current picks' timing beside Z (A's third candidate)
+
+    timer, _ = _step_timer(cost)
+    found = tune.tune_in_step([A], {A: START[A]}, timer, candidates_of=lambda *shape: [X, Y, Z])
+    assert found.picks == {A: START[A]}
+    shortlisted = [t for t in found.trials if t[1] == Z]
+    assert len(shortlisted) == 2 and shortlisted[1][2] == shortlisted[1][3] == 1.0
+
+
+def test_step_candidates_are_matrix_vector_and_bounded():
+    for n, k, gated in ((3072, 2048, False), (8192, 2048, True), (896, 4864, False), (1152, 896, False)):
+        found = tune.step_candidates(n, k, gated)
+        assert found and all(c[0] is False and c[4] == 1 and c[3] in (4, 8) for c in found)
+        assert all(c[1] * c[2] <= (4096 if gated else 8192) for c in found)
+        assert max(c[2] for c in found) <= triton.next_power_of_2(k)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_draft_step_timer_times_a_captured_step_with_the_picks():
+    """On a GPU: a tiny Llama's captured one-token step is timed with each pick set, and the
+    descent returns a pick for every shape."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specgen.gpu.workspace import Workspace
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    kernels = resolve(KernelSpec(), torch.device("cuda"), model)
+    kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
+    shapes = tune.model_shapes(config)
+    start = {shape: kernels.linear_table.pick(*shape, kernels.split_k, 1) for shape in shapes}
+    timer = tune.draft_step_timer(model, 256, kernels, Workspace("cuda"), capacity=128, position=64, steps=2,
+                                  repeats=1)
+    assert timer(start) > 0
+    found = tune.tune_in_step(shapes[:1], start, timer, confirm=1)
+    assert set(found.picks) == set(shapes) and found.after > 0
+
+
+def test_tune_kernels_chooses_the_drafts_picks_inside_its_step(tmp_path, monkeypatch):
+    """With a draft model and in_step, the table written holds the draft's one-row picks the step
+    timer chose (here: two columns a program for q/k/v, 1% faster), the others left as tuned, and
+    the report says what changed and the step's time before and after. Without in_step, the
+    draft's picks stay as the per-shape tuning left them."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specgen.cli import tune as cli_tune
+    from specgen.core.profile import load_profile
+    from tiny_models import write_profile
+
+    for name, width in (("target", 48), ("draft", 24)):
+        config = LlamaConfig(vocab_size=40, hidden_size=width, intermediate_size=2 * width, num_attention_heads=4,
+                             num_key_value_heads=2, num_hidden_layers=2)
+        LlamaForCausalLM(config).save_pretrained(tmp_path / name)
+    profile = load_profile(str(write_profile(tmp_path / "pair.toml", tmp_path / "target", tmp_path / "draft",
+                                             kernels={"tables": str(tmp_path / "tables")})))
+    shapes = tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "draft"))
+    gemv, dot, better = (False, 1, 32, 4, 1), (True, 16, 32, 4, 4), (False, 2, 32, 4, 1)
+
+    def fake_tune(listed, rows, timer, **_):
+        entries = tuple(sorted((shape, dot, dot) for shape in dict.fromkeys(listed)))
+        return T.LinearTable(entries, "tuned", tuple(sorted((shape, gemv) for shape in dict.fromkeys(listed)))), []
+
+    monkeypatch.setattr(tune, "tune", fake_tune)
+    seen = []
+
+    def step_timer(picks):
+        seen.append(picks)
+        return 0.99 if picks[shapes[0]] == better else 1.0
+
+    path, lines = cli_tune.run(profile, (1, 5), DEVICE, in_step=True, step_timer=step_timer)
+    drafts = dict(T.load(path).drafts)
+    assert drafts[shapes[0]] == better and all(drafts[shape] == gemv for shape in shapes[1:])
+    assert set(seen[0]) == set(shapes)
+    assert any("-> [False, 2, 32, 4, 1]" in line for line in lines) and "1000.0000 ms" in lines[-1]
+    path, lines = cli_tune.run(profile, (1, 5), DEVICE, step_timer=step_timer)
+    assert dict(T.load(path).drafts)[shapes[0]] == gemv and lines == []

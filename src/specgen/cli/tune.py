@@ -5,6 +5,12 @@ Writes the winners to the profile's [kernels] tables folder (default $XDG_CACHE_
 gpu/linear_table.py), where every later run on this machine reads them. Shapes tuned before for
 another pair stay in the file. stdout gets one line per shape: the chosen configurations and their
 time against the package's choice.
+
+With a draft model (and --in-step, the default), the draft's one-row picks are then chosen again
+inside its captured one-token step (gpu/tune.py's tune_in_step): a projection's fastest
+configuration alone is not always its fastest between the step's other kernels. That loads the
+draft's weights and takes a few minutes; stdout gets a line per pick it changes and the step's
+time before and after.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ def tune_kernels(
     rows: Annotated[str, typer.Option("--rows", help="Step sizes timed, comma-separated "
                                       "(default: 1 and the profile's k + 1).")] = "",
     download: opt.Download = None,
+    in_step: Annotated[bool, typer.Option("--in-step/--no-in-step", help="Choose the draft model's one-row "
+                                          "configurations inside its captured step (loads the draft).")] = True,
 ) -> None:
     """Time the linear kernel's configurations for the profile's target, draft and head shapes; keep the fastest."""
     from specgen.core.profile import load_profile
@@ -34,7 +42,7 @@ def tune_kernels(
     if not torch.cuda.is_available():
         raise UsageError("tune-kernels times the kernels on a CUDA GPU, and none is visible",
                          hint="Run it on the machine (and GPU) that runs specgen.")
-    table, lines = run(settings, sizes, torch.device("cuda"))
+    table, lines = run(settings, sizes, torch.device("cuda"), in_step=in_step)
     for line in lines:
         typer.echo(line)
     typer.echo(f"written: {table}")
@@ -52,8 +60,10 @@ def _rows(text: str, k: int) -> tuple[int, ...]:
     return sizes
 
 
-def run(settings, sizes, device, timer=None) -> tuple[str, list[str]]:
-    """Tune the profile's shapes on `device`; write the table; (its path, report lines)."""
+def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_timer=None) -> tuple[str, list[str]]:
+    """Tune the profile's shapes on `device`; write the table; with in_step and a draft model, choose
+    the draft's one-row picks inside its step (timed by step_timer, else on the draft's GPU) and
+    write them too; (its path, report lines)."""
     import torch
 
     from specgen.core.models import load_config
@@ -73,7 +83,12 @@ def run(settings, sizes, device, timer=None) -> tuple[str, list[str]]:
     previous = linear_table.load(path) if path.is_file() else linear_table.LinearTable()
     folder.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-    path.write_text(table.over(previous).to_json(tuned_on=name, rows=list(sizes)))
+    written = table.over(previous)
+    path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))
+    step_lines = []
+    if in_step and settings.draft is not None and settings.proposer.uses_draft:
+        written, step_lines = _in_step(settings, written, step_timer)
+        path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))
     lines = []
     packaged = linear_table.packaged()
     for choice in choices:
@@ -86,4 +101,35 @@ def run(settings, sizes, device, timer=None) -> tuple[str, list[str]]:
                      f"{choice.seconds[choice.split] * 1e6:.1f} us"
                      + (f"; draft {list(choice.draft)} {choice.one_row[choice.draft] * 1e6:.1f} us at one row"
                         if choice.draft is not None else ""))
-    return str(path), lines
+    return str(path), lines + step_lines
+
+
+def _in_step(settings, table, step_timer):
+    """The table with the draft's one-row picks chosen inside its captured step; report lines."""
+    import dataclasses
+
+    from specgen.core.models import load_model, resolve_device
+    from specgen.gpu import tune
+    from specgen.gpu.kernels import resolve
+    from specgen.gpu.linear_table import LinearTable, packaged
+    from specgen.gpu.workspace import Workspace
+
+    device = resolve_device(settings.draft)
+    if step_timer is None and device.type != "cuda":
+        return table, [f"draft on {device}: its picks are chosen inside its step only on a CUDA GPU"]
+    # transformers' modules, which the CUDA backend rewires (specgen's own Llama is the CPU's)
+    model = load_model(settings.draft, False, settings.runtime.download, "transformers")
+    kernels = resolve(settings.kernels, device, model)
+    kernels = dataclasses.replace(kernels, linear_table=table.over(packaged()).for_drafts())
+    config = model.config
+    shapes = [shape for shape in tune.model_shapes(config) if shape in {s for s, _, _ in table.entries}]
+    start = {shape: kernels.linear_table.pick(*shape, kernels.split_k, 1) for shape in shapes}
+    lines = []
+    if step_timer is None:
+        step_timer = tune.draft_step_timer(model, config.get_text_config(decoder=True).vocab_size, kernels,
+                                           Workspace(device))
+    found = tune.tune_in_step(shapes, start, step_timer, progress=lambda line: lines.append(f"draft step: {line}"))
+    lines.append(f"draft step: {found.before * 1e3:.4f} ms with the shapes' own picks, {found.after * 1e3:.4f} ms "
+                 "with the picks chosen inside it")
+    drafts = dict(table.drafts) | found.picks
+    return LinearTable(table.entries, table.source, tuple(sorted(drafts.items()))), lines

@@ -15,6 +15,7 @@ The timer is passed in: graph_timer on a GPU, a fake one in the tests (never rea
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -166,3 +167,120 @@ def graph_timer(run: Callable[[int], object], calls: int, config: tuple, replays
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3 / calls)
     return statistics.median(times)
+
+
+# -- a draft's one-row picks, chosen inside its captured step ----------------------------------------
+#
+# Why: tune() times each shape alone, 16 weights of that shape captured one after another. In a
+# draft's step each projection follows a different kernel (a norm, the attention merge) and is
+# followed by another, and with dependent launch how soon the next kernel's programs are scheduled
+# depends on how many programs a projection launches. On an H200 the Llama-3.2-1B step's q/k/v pick
+# from tune() (one column a program: 3,072 programs, more than the GPU holds at once) cost 14 µs a
+# step against two columns a program, which tune() had timed as slower (docs/benchmarks.md, "Draft
+# picks chosen inside the step (H200)"). So a draft's picks are chosen by the step's own time.
+
+
+class StepTimer(Protocol):
+    def __call__(self, picks: dict) -> float:
+        """Seconds of one captured one-row step of the draft with these picks ((n, k, gated) ->
+        configuration) for its one-row calls."""
+
+
+@dataclass
+class InStep:
+    picks: dict  # (n, k, gated) -> configuration: where the descent ended
+    before: float  # the starting picks' step, seconds (median of the final comparison)
+    after: float  # the final picks' step, seconds
+    trials: list  # (shape, configuration, candidate's seconds, current picks' seconds), in order
+
+
+def step_candidates(n: int, k: int, gated: bool) -> list[tuple]:
+    """The matrix-vector configurations a draft's shape is tried with inside its step: 1 to 8
+    columns a program, K in pieces of 512 to 4096, 4 or 8 warps, at most 8K weights a program
+    (4K a weight when gated: two weights' loads in flight)."""
+    pieces = sorted({min(triton.next_power_of_2(k), piece) for piece in (512, 1024, 2048, 4096)})
+    most = 4096 if gated else 8192
+    return [(False, columns, piece, warps, 1) for columns in (1, 2, 4, 8) for piece in pieces for warps in (4, 8)
+            if columns * piece <= most]
+
+
+def tune_in_step(shapes, start: dict, timer: StepTimer, *, candidates_of=step_candidates, confirm: int = 3,
+                 margin: float = 0.004, shortlist: int = 3,
+                 progress: Callable[[str], None] | None = None) -> InStep:
+    """Coordinate descent over the shapes in order: each candidate of a shape is timed once, each
+    time beside the current picks (so that a drifting clock shifts both); the `shortlist` that beat
+    the current picks most are timed `confirm` more times each, alternating, and the first whose
+    median beats the current picks' median by more than `margin` (a fraction of the step) replaces
+    them. A step moves by a few µs between replays of the same graph, so smaller gains are noise."""
+    current = dict(start)
+    trials = []
+    for shape in dict.fromkeys(shapes):
+        scores = []
+        for config in candidates_of(*shape):
+            if config == current[shape]:
+                continue
+            mine, theirs = timer({**current, shape: config}), timer(current)
+            trials.append((shape, config, mine, theirs))
+            scores.append((mine - theirs, config))
+        scores.sort()
+        for gain, config in scores[:shortlist]:
+            if gain >= 0:
+                break
+            mine, theirs = _alternate(timer, {**current, shape: config}, current, confirm)
+            trials.append((shape, config, mine, theirs))
+            if mine < theirs * (1 - margin):
+                if progress is not None:
+                    progress(f"N={shape[0]} K={shape[1]}{' gated' if shape[2] else ''}: {list(current[shape])} -> "
+                             f"{list(config)}: step {theirs * 1e3:.4f} -> {mine * 1e3:.4f} ms")
+                current[shape] = config
+                break
+    after, before = _alternate(timer, current, dict(start), confirm)
+    return InStep(current, before, after, trials)
+
+
+def _alternate(timer: StepTimer, a: dict, b: dict, times: int) -> tuple[float, float]:
+    """Medians of a's and b's steps timed `times` times each, alternating."""
+    first, second = [], []
+    for _ in range(times):
+        first.append(timer(a))
+        second.append(timer(b))
+    return statistics.median(first), statistics.median(second)
+
+
+def draft_step_timer(model, width: int, kernels, workspace: Workspace, *, capacity: int = 1024,
+                     position: int = 512, steps: int = 50, repeats: int = 5) -> StepTimer:
+    """A StepTimer for `model` (a draft, on a GPU): each call builds a runner with the picks over
+    `kernels`' table, captures its one-token step and times it at `position` after a random prefix
+    (median over `repeats` runs of `steps` steps)."""
+    from specgen.gpu.runner import GraphRunner  # noqa: PLC0415 (the runner pulls in transformers)
+
+    base = kernels.linear_table
+
+    def timer(picks: dict) -> float:
+        drafts = dict(base.drafts) | picks
+        table = LinearTable(base.entries, f"{base.source}, in-step picks", tuple(sorted(drafts.items())),
+                            for_draft=True)
+        runner = GraphRunner(model, width, capacity, kernels=dataclasses.replace(kernels, linear_table=table),
+                             workspace=workspace, shapes=(1,))
+        try:
+            device = workspace.device
+            runner.forward(torch.randint(0, width, (position,), device=device), want_logits=False)
+            ids = torch.randint(0, width, (1,), device=device)
+            for _ in range(3):
+                runner.forward(ids)
+                runner.truncate(position)
+            times = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(steps):
+                    runner.forward(ids)
+                    runner.truncate(position)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3 / steps)
+            return statistics.median(times)
+        finally:
+            del runner
+
+    return timer
