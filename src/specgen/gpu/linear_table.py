@@ -13,7 +13,9 @@ Where a shape's configuration comes from, first match wins:
    run's [kernels] tables folder holds one;
 2. the package's table (linear_configs.json beside this file: every projection of the real pairs
    benchmarks/family_pairs.py builds and of the bench pair, tuned on an H200 with
-   `benchmarks/bench_kernels.py table`, docs/benchmarks.md "Step inputs and draft-shaped tables (H200)");
+   `benchmarks/bench_kernels.py table`, docs/benchmarks.md "Step inputs and draft-shaped tables (H200)";
+   the drafts' one-row picks then chosen inside each draft's captured step with `bench_kernels.py
+   step-table`, "Draft picks chosen inside the step (H200)");
 3. rule() for shapes no table lists (draft_rule() in a draft's runner): the same measurements as
    rules of thumb.
 
