@@ -16,6 +16,7 @@ The timer is passed in: graph_timer on a GPU, a fake one in the tests (never rea
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -281,6 +282,10 @@ def draft_step_timer(model, width: int, kernels, workspace: Workspace, *, capaci
                 times.append(start.elapsed_time(end) / 1e3 / steps)
             return statistics.median(times)
         finally:
+            # each runner holds a cache and graphs, and a descent builds a few hundred runners: free
+            # them before the next build, not whenever the collector reaches the runner's cycles
             del runner
+            gc.collect()
+            torch.cuda.empty_cache()
 
     return timer
