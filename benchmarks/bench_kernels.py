@@ -71,7 +71,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from specgen.core import rejection, sampling  # noqa: E402
 from specgen.core.settings import KernelSpec  # noqa: E402
-from specgen.gpu import attention, linear, rewire, verify, warp  # noqa: E402
+from specgen.gpu import attention, linear, rewire, tune, verify, warp  # noqa: E402
 from specgen.gpu.kernels import ResolvedKernels, resolve  # noqa: E402
 from specgen.gpu.reference import decode_attention_reference, gate_up_reference  # noqa: E402
 from specgen.gpu.runner import GraphRunner  # noqa: E402
@@ -91,9 +91,7 @@ class Mismatch(SystemExit):
 def graph_us(fn, calls: int = 1, replays: int = 20) -> float:
     """Median microseconds per call of fn(i), i < calls, captured in one CUDA graph and replayed
     (gpu/tune.py's timer, which `specgen tune-kernels` uses)."""
-    from specgen.gpu.tune import graph_timer
-
-    return graph_timer(fn, calls, (), replays) * 1e6
+    return tune.graph_timer(fn, calls, (), replays) * 1e6
 
 
 def event_us(fn, calls: int = 20) -> float:
@@ -414,23 +412,7 @@ def random_llama(config_kwargs: dict):
 
 
 def step_seconds(runner: GraphRunner, n: int, steps: int = 50, repeats: int = 5) -> float:
-    ids = torch.randint(0, runner.width, (n,), device="cuda")
-    runner.reset()
-    runner.forward(torch.randint(0, runner.width, (POSITION,), device="cuda"), want_logits=False)
-    for _ in range(3):
-        runner.forward(ids)
-        runner.truncate(POSITION)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            runner.forward(ids)
-            runner.truncate(POSITION)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / steps)
-    return statistics.median(times)
+    return tune.step_seconds(runner, n, POSITION, steps, repeats)
 
 
 def step_logits(runner: GraphRunner, ids: torch.Tensor) -> torch.Tensor:
@@ -690,7 +672,7 @@ ABOUT_TABLE = ("gpu/linear.py's configurations by weight shape (gpu/linear_table
 def bench_table(args) -> dict:
     from transformers import AutoConfig
 
-    from specgen.gpu import linear_table, tune
+    from specgen.gpu import linear_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import family_pairs
@@ -759,7 +741,7 @@ def bench_step_table(args) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from specgen.core.settings import KernelSpec
-    from specgen.gpu import linear_table, tune
+    from specgen.gpu import linear_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import family_pairs

@@ -264,23 +264,7 @@ def draft_step_timer(model, width: int, kernels, workspace: Workspace, *, capaci
         runner = GraphRunner(model, width, capacity, kernels=dataclasses.replace(kernels, linear_table=table),
                              workspace=workspace, shapes=(1,))
         try:
-            device = workspace.device
-            runner.forward(torch.randint(0, width, (position,), device=device), want_logits=False)
-            ids = torch.randint(0, width, (1,), device=device)
-            for _ in range(3):
-                runner.forward(ids)
-                runner.truncate(position)
-            times = []
-            for _ in range(repeats):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(steps):
-                    runner.forward(ids)
-                    runner.truncate(position)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3 / steps)
-            return statistics.median(times)
+            return step_seconds(runner, 1, position, steps, repeats)
         finally:
             # each runner holds a cache and graphs, and a descent builds a few hundred runners: free
             # them before the next build, not whenever the collector reaches the runner's cycles
@@ -289,3 +273,26 @@ def draft_step_timer(model, width: int, kernels, workspace: Workspace, *, capaci
             torch.cuda.empty_cache()
 
     return timer
+
+
+def step_seconds(runner, tokens: int, position: int, steps: int = 50, repeats: int = 5) -> float:
+    """Median seconds of `runner`'s captured `tokens`-token step at `position` (after a random
+    prefix; rolled back after each step), over `repeats` runs of `steps` steps timed with CUDA events."""
+    device = runner.device
+    ids = torch.randint(0, runner.width, (tokens,), device=device)
+    runner.reset()
+    runner.forward(torch.randint(0, runner.width, (position,), device=device), want_logits=False)
+    for _ in range(3):
+        runner.forward(ids)
+        runner.truncate(position)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            runner.forward(ids)
+            runner.truncate(position)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / steps)
+    return statistics.median(times)
