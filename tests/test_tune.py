@@ -291,8 +291,8 @@ def test_draft_step_timer_times_a_captured_step_with_the_picks():
 def test_tune_kernels_chooses_the_drafts_picks_inside_its_step(tmp_path, monkeypatch):
     """With a draft model and in_step, the table written holds the draft's one-row picks the step
     timer chose (here: two columns a program for q/k/v, 1% faster), the others left as tuned, and
-    the report says what changed and the step's time before and after. Without in_step, the
-    draft's picks stay as the per-shape tuning left them."""
+    the report says what changed and the step's time before and after. Without in_step, or with
+    the draft on the CPU, the draft's picks stay as the per-shape tuning left them."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specgen.cli import tune as cli_tune
@@ -326,3 +326,6 @@ def test_tune_kernels_chooses_the_drafts_picks_inside_its_step(tmp_path, monkeyp
     assert any("-> [False, 2, 32, 4, 1]" in line for line in lines) and "1000.0000 ms" in lines[-1]
     path, lines = cli_tune.run(profile, (1, 5), DEVICE, step_timer=step_timer)
     assert dict(T.load(path).drafts)[shapes[0]] == gemv and lines == []
+    path, lines = cli_tune.run(profile, (1, 5), DEVICE, in_step=True)  # no timer, and the draft on the CPU
+    assert dict(T.load(path).drafts)[shapes[0]] == gemv
+    assert lines == ["draft on cpu: its picks are chosen inside its step only on a CUDA GPU"]
