@@ -319,7 +319,9 @@ def test_tune_kernels_chooses_the_drafts_picks_inside_its_step(tmp_path, monkeyp
         seen.append(picks)
         return 0.99 if picks[shapes[0]] == better else 1.0
 
-    path, lines = cli_tune.run(profile, (1, 5), DEVICE, in_step=True, step_timer=step_timer)
+    heard = []
+    path, lines = cli_tune.run(profile, (1, 5), DEVICE, in_step=True, step_timer=step_timer, progress=heard.append)
+    assert heard[0].startswith("draft step: choosing") and heard[1:] == lines[:-1]  # the change, as it happens
     drafts = dict(T.load(path).drafts)
     assert drafts[shapes[0]] == better and all(drafts[shape] == gemv for shape in shapes[1:])
     assert set(seen[0]) == set(shapes)

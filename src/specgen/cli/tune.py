@@ -15,6 +15,7 @@ time before and after.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -42,7 +43,9 @@ def tune_kernels(
     if not torch.cuda.is_available():
         raise UsageError("tune-kernels times the kernels on a CUDA GPU, and none is visible",
                          hint="Run it on the machine (and GPU) that runs specgen.")
-    table, lines = run(settings, sizes, torch.device("cuda"), in_step=in_step)
+    # progress on stderr, each shape as it is done (the whole takes minutes); the report on stdout
+    table, lines = run(settings, sizes, torch.device("cuda"), in_step=in_step,
+                       progress=lambda line: print(f"specgen: {line}", file=sys.stderr, flush=True))
     for line in lines:
         typer.echo(line)
     typer.echo(f"written: {table}")
@@ -60,10 +63,11 @@ def _rows(text: str, k: int) -> tuple[int, ...]:
     return sizes
 
 
-def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_timer=None) -> tuple[str, list[str]]:
+def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_timer=None,
+        progress=None) -> tuple[str, list[str]]:
     """Tune the profile's shapes on `device`; write the table; with in_step and a draft model, choose
     the draft's one-row picks inside its step (timed by step_timer, else on the draft's GPU) and
-    write them too; (its path, report lines)."""
+    write them too; (its path, report lines). progress(line), if given, hears of each step as done."""
     import torch
 
     from specgen.core.models import load_config
@@ -77,7 +81,7 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
 
         shapes += tune.head_shapes(read_config(Path(settings.proposer.head))[1])
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(settings.target.dtype, torch.bfloat16)
-    table, choices = tune.tune(shapes, sizes, timer or tune.graph_timer, device=device, dtype=dtype)
+    table, choices = tune.tune(shapes, sizes, timer or tune.graph_timer, device=device, dtype=dtype, progress=progress)
     folder = linear_table.tables_dir(settings.kernels.tables)
     path = folder / linear_table.FILE
     previous = linear_table.load(path) if path.is_file() else linear_table.LinearTable()
@@ -87,7 +91,7 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
     path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))
     step_lines = []
     if in_step and settings.draft is not None and settings.proposer.uses_draft:
-        written, step_lines = _in_step(settings, written, step_timer)
+        written, step_lines = _in_step(settings, written, step_timer, progress)
         path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))
     lines = []
     packaged = linear_table.packaged()
@@ -104,7 +108,7 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
     return str(path), lines + step_lines
 
 
-def _in_step(settings, table, step_timer):
+def _in_step(settings, table, step_timer, progress=None):
     """The table with the draft's one-row picks chosen inside its captured step; report lines."""
     import dataclasses
 
@@ -128,7 +132,15 @@ def _in_step(settings, table, step_timer):
     if step_timer is None:
         step_timer = tune.draft_step_timer(model, config.get_text_config(decoder=True).vocab_size, kernels,
                                            Workspace(device))
-    found = tune.tune_in_step(shapes, start, step_timer, progress=lambda line: lines.append(f"draft step: {line}"))
+    if progress is not None:
+        progress(f"draft step: choosing the draft's one-row picks inside its captured step ({len(shapes)} shapes)")
+
+    def changed(line: str) -> None:
+        lines.append(f"draft step: {line}")
+        if progress is not None:
+            progress(lines[-1])
+
+    found = tune.tune_in_step(shapes, start, step_timer, progress=changed)
     lines.append(f"draft step: {found.before * 1e3:.4f} ms with the shapes' own picks, {found.after * 1e3:.4f} ms "
                  "with the picks chosen inside it")
     drafts = dict(table.drafts) | found.picks
