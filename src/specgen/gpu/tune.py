@@ -174,11 +174,12 @@ def graph_timer(run: Callable[[int], object], calls: int, config: tuple, replays
 #
 # Why: tune() times each shape alone, 16 weights of that shape captured one after another. In a
 # draft's step each projection follows a different kernel (a norm, the attention merge) and is
-# followed by another, and with dependent launch how soon the next kernel's programs are scheduled
-# depends on how many programs a projection launches. On an H200 the Llama-3.2-1B step's q/k/v pick
-# from tune() (one column a program: 3,072 programs, more than the GPU holds at once) cost 14 µs a
-# step against two columns a program, which tune() had timed as slower (docs/benchmarks.md, "Draft
-# picks chosen inside the step (H200)"). So a draft's picks are chosen by the step's own time.
+# followed by another, and with dependent launch the next kernel's programs are scheduled only once
+# every program of this one has passed its release. On an H200 the Llama-3.2-1B step's q/k/v pick
+# from tune() (one column a program, 3,072 programs) cost 14 µs a step against two columns a
+# program, which tune() had timed as slower; Qwen3-0.6B's step gained 5% from three such changes
+# (docs/benchmarks.md, "Draft picks chosen inside the step (H200)"). Why is measured, not explained,
+# so a draft's picks are chosen by the step's own time.
 
 
 class StepTimer(Protocol):
