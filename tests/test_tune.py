@@ -258,6 +258,19 @@ def test_in_step_descent_rejects_a_win_that_does_not_repeat():
     assert len(shortlisted) == 2 and shortlisted[1][2] == shortlisted[1][3] == 1.0
 
 
+def test_in_step_descent_passes_over_a_candidate_that_fails():
+    """A candidate whose step raises (a configuration the GPU cannot compile) is skipped; the next
+    one is still tried and taken."""
+    def cost(picks, _):
+        if picks[A] == X:
+            raise RuntimeError("out of resources")
+        return 0.9 if picks[A] == Y else 1.0
+
+    timer, _ = _step_timer(cost)
+    found = tune.tune_in_step([A], {A: START[A]}, timer, candidates_of=lambda *shape: [X, Y])
+    assert found.picks == {A: Y} and [t[1] for t in found.trials][0] == Y
+
+
 def test_step_candidates_are_matrix_vector_and_bounded():
     for n, k, gated in ((3072, 2048, False), (8192, 2048, True), (896, 4864, False), (1152, 896, False)):
         found = tune.step_candidates(n, k, gated)

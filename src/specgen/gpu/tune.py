@@ -213,7 +213,8 @@ def tune_in_step(shapes, start: dict, timer: StepTimer, *, candidates_of=step_ca
     time beside the current picks (so that a drifting clock shifts both); the `shortlist` that beat
     the current picks most are timed `confirm` more times each, alternating, and the first whose
     median beats the current picks' median by more than `margin` (a fraction of the step) replaces
-    them. A step moves by a few µs between replays of the same graph, so smaller gains are noise."""
+    them. A step moves by a few µs between replays of the same graph, so smaller gains are noise.
+    A candidate whose step fails to build or run (this GPU cannot compile it) is passed over."""
     current = dict(start)
     trials = []
     for shape in dict.fromkeys(shapes):
@@ -221,7 +222,11 @@ def tune_in_step(shapes, start: dict, timer: StepTimer, *, candidates_of=step_ca
         for config in candidates_of(*shape):
             if config == current[shape]:
                 continue
-            mine, theirs = timer({**current, shape: config}), timer(current)
+            try:
+                mine = timer({**current, shape: config})
+            except Exception:  # noqa: BLE001 (a configuration this GPU cannot compile or run: not a candidate)
+                continue
+            theirs = timer(current)
             trials.append((shape, config, mine, theirs))
             scores.append((mine - theirs, config))
         scores.sort()
