@@ -758,18 +758,18 @@ def bench_step_table(args) -> dict:
         kernels = resolve(KernelSpec(), "cuda", model)
         kernels = dataclasses.replace(kernels, linear_table=package.for_drafts())
         shapes = tune.model_shapes(config)
-        first = {shape: kernels.linear_table.pick(*shape, kernels.split_k, 1) for shape in shapes}
-        timer = tune.draft_step_timer(model, config.vocab_size, kernels, Workspace("cuda"), position=POSITION)
-        found = tune.tune_in_step(shapes, first, timer, progress=lambda line: print(f"{name}: {line}", flush=True))
+        found = tune.tune_draft(model, kernels, shapes, Workspace("cuda"), position=POSITION,
+                                progress=lambda line: print(f"{name}: {line}", flush=True))
         drafts.update(found.picks)
         for shape in shapes:
             n, k, gated = shape
-            rows.append({"model": name, "n": n, "k": k, "gated": gated, "package": list(first[shape]),
+            rows.append({"model": name, "n": n, "k": k, "gated": gated,
+                         "package": list(kernels.linear_table.pick(*shape, kernels.split_k, 1)),
                          "in_step": list(found.picks[shape])})
         print(f"{name}: step {found.before * 1e3:.4f} -> {found.after * 1e3:.4f} ms "
               f"({len(found.trials)} timings, {time.perf_counter() - start:.0f} s)", flush=True)
         rows[-1].update(step_before_ms=found.before * 1e3, step_after_ms=found.after * 1e3)
-        del model, timer
+        del model
         torch.cuda.empty_cache()
         tuned = linear_table.LinearTable(package.entries, "package, in-step draft picks", tuple(sorted(drafts.items())))
         notes = json.loads(linear_table.PACKAGED.read_text())

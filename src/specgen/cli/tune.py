@@ -92,7 +92,8 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
     step_lines = []
     if in_step and settings.draft is not None and settings.proposer.uses_draft:
         written, step_lines = _in_step(settings, written, step_timer, progress)
-        path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))
+        path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))  # written twice: an interrupted
+        # descent (minutes) leaves the per-shape results in the file
     lines = []
     packaged = linear_table.packaged()
     for choice in choices:
@@ -125,13 +126,9 @@ def _in_step(settings, table, step_timer, progress=None):
     model = load_model(settings.draft, False, settings.runtime.download, "transformers")
     kernels = resolve(settings.kernels, device, model)
     kernels = dataclasses.replace(kernels, linear_table=table.over(packaged()).for_drafts())
-    config = model.config
-    shapes = [shape for shape in tune.model_shapes(config) if shape in {s for s, _, _ in table.entries}]
-    start = {shape: kernels.linear_table.pick(*shape, kernels.split_k, 1) for shape in shapes}
+    # the shapes this file lists: a table file holds draft picks only beside a shape's entry
+    shapes = [shape for shape in tune.model_shapes(model.config) if shape in {s for s, _, _ in table.entries}]
     lines = []
-    if step_timer is None:
-        step_timer = tune.draft_step_timer(model, config.get_text_config(decoder=True).vocab_size, kernels,
-                                           Workspace(device))
     if progress is not None:
         progress(f"draft step: choosing the draft's one-row picks inside its captured step ({len(shapes)} shapes)")
 
@@ -140,7 +137,7 @@ def _in_step(settings, table, step_timer, progress=None):
         if progress is not None:
             progress(lines[-1])
 
-    found = tune.tune_in_step(shapes, start, step_timer, progress=changed)
+    found = tune.tune_draft(model, kernels, shapes, Workspace(device), timer=step_timer, progress=changed)
     lines.append(f"draft step: {found.before * 1e3:.4f} ms with the shapes' own picks, {found.after * 1e3:.4f} ms "
                  "with the picks chosen inside it")
     drafts = dict(table.drafts) | found.picks

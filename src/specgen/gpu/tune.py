@@ -245,6 +245,19 @@ def tune_in_step(shapes, start: dict, timer: StepTimer, *, candidates_of=step_ca
     return InStep(current, before, after, trials)
 
 
+def tune_draft(model, kernels, shapes, workspace: Workspace, *, timer: StepTimer | None = None,
+               position: int = 512, progress: Callable[[str], None] | None = None) -> InStep:
+    """tune_in_step for a draft model on a GPU: `kernels` as its runner takes them (a draft's table,
+    LinearTable.for_drafts), starting from that table's one-row picks of `shapes`; timed by
+    draft_step_timer unless `timer` is given."""
+    table = kernels.linear_table
+    start = {shape: table.pick(*shape, kernels.split_k, 1) for shape in shapes}
+    if timer is None:
+        width = model.config.get_text_config(decoder=True).vocab_size
+        timer = draft_step_timer(model, width, kernels, workspace, position=position)
+    return tune_in_step(shapes, start, timer, progress=progress)
+
+
 def _alternate(timer: StepTimer, a: dict, b: dict, times: int) -> tuple[float, float]:
     """Medians of a's and b's steps timed `times` times each, alternating."""
     first, second = [], []
