@@ -37,8 +37,9 @@ def _rows(call, x: torch.Tensor, picks) -> list[tuple[int, torch.Tensor, torch.T
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_linear_rows_do_not_depend_on_the_row_count(name, dtype):
-    """Rows of a 20-row call (two tensor-core tiles, or 20 register-path programs) equal the same
-    rows computed alone, for linear (with a bias, K not a multiple of BLOCK_K) and gate_up."""
+    """Rows of a 20-row and a 5-row call (tensor-core tiles, or the register path's rows one after
+    another) equal the same rows computed alone, for linear (with a bias, K not a multiple of
+    BLOCK_K) and gate_up."""
     gen = torch.Generator().manual_seed(4)
     n, k = 24, 40
     x, w, u = (torch.randn(*shape, generator=gen).to(dtype).to(DEVICE) for shape in ((20, k), (n, k), (n, k)))
@@ -47,8 +48,10 @@ def test_linear_rows_do_not_depend_on_the_row_count(name, dtype):
     calls = [lambda rows: L.linear(rows, w, b, config, counters=counters),
              lambda rows: L.gate_up(rows, w, u, "silu", config, counters=counters)]
     for call in calls:
-        for i, together, alone in _rows(call, x, (0, 4, 17)):
-            assert torch.equal(together, alone), (name, i)
+        # rows in the second tensor-core tile and the third register-path group; a short call
+        for rows, picks in ((x, (0, 4, 17)), (x[:5], (3, 4))):
+            for i, together, alone in _rows(call, rows, picks):
+                assert torch.equal(together, alone), (name, i)
     assert int(counters.abs().sum()) == 0
 
 
@@ -195,3 +198,27 @@ def test_step_rows_equal_one_token_steps_on_gpu(shape):
     graphs.truncate(300)
     alone = torch.cat([graphs.forward(ids[i:i + 1]).clone() for i in range(5)])
     assert torch.equal(together, alone)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("gated", [False, True], ids=["linear", "gate_up"])
+def test_matrix_vector_rows_equal_single_rows_on_gpu(gated):
+    """Compiled for the GPU, the register path gives each row of a call bitwise what a one-row call
+    gives: the package's draft picks of every real draft's shapes, at two rows (a draft round's
+    first step) and five (a verification, where such a configuration is a target's pick)."""
+    shapes = [(shape, config) for shape, config in T.packaged().drafts if shape[2] == gated and not config[0]]
+    assert shapes, "the package's table has no matrix-vector draft picks"
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for (n, k, _), config in shapes:
+        x = torch.randn(5, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w, u = (torch.randn(n, k, device="cuda", generator=gen).div_(k ** 0.5).to(torch.bfloat16) for _ in range(2))
+        if gated:
+            def call(rows, w=w, u=u, config=config):
+                return L.gate_up(rows, w, u, "silu", config)
+        else:
+            def call(rows, w=w, config=config):
+                return L.linear(rows, w, None, config)
+        for rows in (x[:2], x):
+            for i, together, alone in _rows(call, rows, range(rows.shape[0])):
+                assert torch.equal(together, alone), ((n, k, gated), config, rows.shape[0], i)
