@@ -69,7 +69,8 @@ def traceable(monkeypatch):
     monkeypatch.setattr(attention, "decode_attention", _decode_attention)
     monkeypatch.setattr(linear, "linear", _linear)
     monkeypatch.setattr(linear, "gate_up", _gate_up)
-    monkeypatch.setattr(norm, "rms_norm", lambda x, w, eps, dependent=False: reference.rms_norm_reference(x, w, eps)[0])
+    monkeypatch.setattr(norm, "rms_norm", lambda x, w, eps, dependent=False, offset=False:
+                        reference.rms_norm_reference(x, w, eps, offset=offset)[0])
     monkeypatch.setattr(norm, "add_rms_norm", lambda x, r, w, eps, dependent=False: reference.rms_norm_reference(x, w, eps, r))
     torch._dynamo.reset()
     counters.clear()

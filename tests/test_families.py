@@ -241,13 +241,13 @@ def test_auto_on_a_gpu_takes_what_each_family_allows(family):
     """`auto` on a CUDA device (decided from the model alone; split-K's and dependent launch's device
     facts aside, tests/test_kernels.py): every
     kernel, Gemma 2's soft-capped attention included, except the rotary path for Gemma 2 (its
-    attention module is not one rewire reproduces; an explicit "kernel" is a usage error) and the
-    norm kernel, which takes Llama-style RMSNorms only (not Gemma's 1 + w)."""
+    attention module is not one rewire reproduces; an explicit "kernel" is a usage error); Gemma's
+    1 + w norms take the norm kernel's offset form."""
     name, folder = family
     model = _load(folder / "target")
     got = resolve(KernelSpec(split_k="off", dependent_launch="off"), torch.device("cuda"), model)
     assert got == ResolvedKernels(attention=True, linear=True, rope=KERNEL_ROPE[name], split_k=False, warp=True,
-                                  norm=name != "gemma-2", head=True, step_io=True)
+                                  norm=True, head=True, step_io=True)
     assert resolve(KernelSpec(attention="kernel", split_k="off", dependent_launch="off"), torch.device("cuda"),
                    model) == got
     if not KERNEL_ROPE[name]:

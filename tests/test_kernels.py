@@ -54,7 +54,8 @@ def test_norm_auto_follows_the_linear_kernel_and_the_model():
     assert resolve(KernelSpec(linear="kernel"), CPU, _tiny()).norm  # Llama's RMSNorm
     assert resolve(KernelSpec(linear="kernel"), CPU, _tiny("Qwen3")).norm
     assert not resolve(KernelSpec(linear="kernel", norm="torch"), CPU, _tiny()).norm
-    assert not resolve(KernelSpec(linear="kernel"), CPU, _tiny("Gemma", head_dim=16)).norm  # 1 + weight, in float32
+    assert resolve(KernelSpec(linear="kernel"), CPU, _tiny("Gemma", head_dim=16)).norm  # 1 + weight: the offset form
+    assert not resolve(KernelSpec(linear="kernel"), CPU, _tiny("Olmo")).norm  # a LayerNorm
     assert not resolve(KernelSpec(linear="torch"), CPU, _tiny()).norm
 
 
@@ -88,7 +89,7 @@ def test_rope_auto_follows_the_attention_kernel_and_the_model():
         (KernelSpec(attention="kernel", rope="kernel"), ("Gemma", {"head_dim": 16}), "no attention module of"),
         (KernelSpec(linear="torch", split_k="on"), ("Llama", {}), "needs the linear kernel"),
         (KernelSpec(linear="torch", norm="kernel"), ("Llama", {}), "runs in the linear kernel's steps"),
-        (KernelSpec(linear="kernel", norm="kernel"), ("Gemma", {"head_dim": 16}), "no RMSNorm of"),
+        (KernelSpec(linear="kernel", norm="kernel"), ("Olmo", {}), "no RMSNorm of"),
         (KernelSpec(linear="torch", head="kernel"), ("Llama", {}), "a head runs on the linear kernel"),
     ],
 )
@@ -170,9 +171,10 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
     monkeypatch.setattr(kernels, "_properties", lambda device: H200)
     assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True, head=True,
                                                            step_io=True, dependent_launch=True)
-    # Gemma 2: soft-capped attention in the kernel, its own rotary and (1 + w) norms
-    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True, head=True,
-                                                                                step_io=True, dependent_launch=True)
+    # Gemma 2: soft-capped attention and its (1 + w) norms in the kernels, its own rotary
+    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True, norm=True,
+                                                                                head=True, step_io=True,
+                                                                                dependent_launch=True)
     assert not resolve(spec, cuda, _tiny("Llama", attention_chunk_size=8)).attention
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
     monkeypatch.setattr(kernels, "triton_available", lambda: False)

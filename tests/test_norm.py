@@ -67,6 +67,33 @@ def test_module_rounding_reproduced_exactly(dtype):
     assert torch.equal(out, module(residual + x))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_offset_form_equals_reference(shape, dtype):
+    """Gemma's form, (x * rsqrt) * (1 + weight) in float32, rounded once: kernel and reference agree
+    bit for bit, and the output keeps x's dtype even with a float32 weight (the module's type_as)."""
+    x, _, weight = _data(*shape, dtype)
+    assert torch.equal(N.rms_norm(x, weight, 1e-6, offset=True), rms_norm_reference(x, weight, 1e-6, offset=True)[0])
+    x, _, weight = _data(*shape, dtype, weight_dtype=torch.float32)
+    out = N.rms_norm(x, weight, 1e-6, offset=True)
+    assert out.dtype == dtype and torch.equal(out, rms_norm_reference(x, weight, 1e-6, offset=True)[0])
+
+
+@pytest.mark.parametrize("family", ["Gemma", "Gemma2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_offset_form_reproduces_gemma_modules_exactly(family, dtype):
+    """On inputs whose float32 sum of squares is exact, the offset form equals transformers'
+    GemmaRMSNorm and Gemma2RMSNorm bit for bit."""
+    import importlib
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randint(-32, 32, (5, 2304), generator=gen).to(dtype).to(DEVICE) / 8
+    module = importlib.import_module(f"transformers.models.{family.lower()}.modeling_{family.lower()}")
+    norm = getattr(module, f"{family}RMSNorm")(2304, eps=1e-6).to(DEVICE)
+    norm.weight.data = (torch.randn(2304, generator=gen) / 4).to(dtype).to(DEVICE)
+    assert torch.equal(N.rms_norm(x, norm.weight, 1e-6, offset=True), norm(x))
+
+
 def test_rows_are_computed_alike_whatever_the_row_count():
     x, residual, weight = _data(5, 2048, torch.bfloat16, seed=2)
     out, summed = N.add_rms_norm(x, residual, weight, 1e-5)
@@ -119,12 +146,14 @@ def _feed(each, feeds, norm: bool) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,dtype,modules,launches", [("Llama", torch.bfloat16, 7, 5),
-                                                           ("Qwen3", torch.bfloat16, 11, 9),
-                                                           ("Llama", torch.float32, 7, 5)])
-def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches, monkeypatch):
+@pytest.mark.parametrize("family,dtype,modules,launches,adds", [("Llama", torch.bfloat16, 7, 5, 2),
+                                                                ("Qwen3", torch.bfloat16, 11, 9, 2),
+                                                                ("Gemma2", torch.bfloat16, 9, 9, 0),
+                                                                ("Llama", torch.float32, 7, 5, 2)])
+def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches, adds, monkeypatch):
     """A prefill, then 5- and 1-token steps of a rewired model (2 layers: 2 norms and 1 fused add
-    each, the MLP's add in its down projection, the final norm; Qwen3's per-head q/k norms) against the same weights without it, both
+    each, the MLP's add in its down projection, the final norm; Qwen3's per-head q/k norms; Gemma
+    2's four (1 + w) norms a layer, its adds the model's) against the same weights without it, both
     with the linear kernel: identical bfloat16 logits; float32 ones within the float32 sum's order."""
     model = _tiny(family, dtype)
     plain_model = copy.deepcopy(model)
@@ -143,7 +172,7 @@ def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launch
     monkeypatch.setattr(L, "_launch", lambda *a: added.append(a[9] is not None) or real_linear(*a))  # residual
     got = _feed(fast, feeds, norm=True)
     assert len(calls) == 3 * launches  # per layer: norm, add + norm (Qwen3: q and k norms); final norm
-    assert sum(added) == 3 * 2  # per layer: the MLP's residual add in the down projection
+    assert sum(added) == 3 * adds  # per layer: the MLP's residual add in the down projection
     for a, b in zip(got, want):
         if dtype == torch.float32:
             assert (a - b).abs().max().item() < 1e-4 * max(1.0, b.abs().max().item())
@@ -153,7 +182,7 @@ def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launch
 
 def test_install_changes_nothing_outside_an_engaged_norm():
     """Outside a norm engagement (no runner, or a runner without the norm) the model's own norms
-    and layers run, bit for bit; Gemma's norm (1 + weight, in float32) is not rewired."""
+    and layers run, bit for bit."""
     model = _tiny("Llama", torch.float32)
     ids = torch.randint(0, 96, (1, 4), device=DEVICE)
     with torch.no_grad():
@@ -172,8 +201,6 @@ def test_install_changes_nothing_outside_an_engaged_norm():
                 inside = model(ids).logits
             assert len(calls) == 2 * 2 + 1 and not switch.norms()
         assert (inside - before).abs().max().item() < 1e-4
-    gemma = _tiny("Gemma", torch.float32)
-    assert rewire.install_norm(gemma, rewire.install_linear(gemma)) == 0
 
 
 def test_hooked_mlp_keeps_its_call_and_the_separate_add():
@@ -206,9 +233,9 @@ def test_norm_paths_trace_without_graph_breaks(monkeypatch):
     rewire.install_norm(model, switch)
     calls = []
 
-    def fake(x, residual, weight, eps, dependent):
+    def fake(x, residual, weight, eps, dependent, offset=False):
         calls.append(residual is not None)
-        return rms_norm_reference(x, weight, eps, residual)
+        return rms_norm_reference(x, weight, eps, residual, offset)
 
     monkeypatch.setattr(N, "_launch", fake)
     monkeypatch.setattr(rewire.linear_kernels, "linear", lambda x, w, b=None, config=None, **_:

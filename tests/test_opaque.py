@@ -91,7 +91,7 @@ def test_operators_pass_torchs_checks(name):
     cases = {
         "linear": (torch.ops.specgen.linear.default,
                    (t["x"], t["gate"], t["up"], None, None, None, opaque.pack((False, 16, 32, 4, 1)), 1, False)),
-        "norm": (torch.ops.specgen.norm.default, (t["x"], t["x"], t["nw"], 1e-5, False)),
+        "norm": (torch.ops.specgen.norm.default, (t["x"], t["x"], t["nw"], 1e-5, False, False)),
         "attention": (torch.ops.specgen.attention.default,
                       (t["query"], t["key"].clone(), t["value"].clone(), t["position"], 0.125, 0, t["k_new"],
                        t["v_new"], t["cos"], t["sin"], 0.0, False)),

@@ -29,9 +29,11 @@ LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
 ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_idx")
 # RMSNorm modules computing weight * (x * rsqrt(mean(x^2) + eps)).to(dtype) (gpu/norm.py's kernel),
+# or, OFFSET_NORM_CLASSES, ((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(dtype) (its `offset`);
 # and decoder layers whose forward is norm -> attention -> add -> norm -> MLP -> add, which
 # gpu/rewire.py reproduces with the add and the norm after it in one kernel.
-NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+OFFSET_NORM_CLASSES = ("GemmaRMSNorm", "Gemma2RMSNorm")
+NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", *OFFSET_NORM_CLASSES)
 LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 # Rotary embeddings whose forward(x, position_ids) is cos and sin of position x fixed frequencies
 # (rope types without a dynamic update): a step reads them from a table (gpu/rewire.py).
@@ -266,7 +268,18 @@ def norm_capable(module) -> bool:
     if module is None:
         return False
     base = vars(module).get("_specgen_norm_base", type(module))
-    return base.__name__ in NORM_CLASSES and hasattr(module, "weight") and hasattr(module, "variance_epsilon")
+    return base.__name__ in NORM_CLASSES and hasattr(module, "weight") and norm_eps(module) is not None
+
+
+def norm_eps(module) -> float | None:
+    """An RMSNorm's epsilon: `variance_epsilon` (Llama and its copies) or `eps` (Gemma's)."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    return float(eps) if isinstance(eps, (int, float)) else None
+
+
+def norm_offset(module) -> bool:
+    """Whether an RMSNorm scales by 1 + weight (Gemma's form, OFFSET_NORM_CLASSES)."""
+    return vars(module).get("_specgen_norm_base", type(module)).__name__ in OFFSET_NORM_CLASSES
 
 
 def layer_capable(module) -> bool:

@@ -8,7 +8,9 @@ so a row is computed the same way whatever the number of rows.
 
 Rounding follows the module (LlamaRMSNorm and the Mistral/Qwen2/Qwen3 copies): the residual add in
 the model's dtype; x in float32; x * rsqrt(mean(x^2) + eps) in float32, cast back to the input's
-dtype; then times the weight in the weight's and input's common dtype. One difference: the sum of
+dtype; then times the weight in the weight's and input's common dtype. With `offset` (GemmaRMSNorm,
+Gemma2RMSNorm), the module's other form: x * rsqrt(mean(x^2) + eps) times (1 + weight), all in
+float32, rounded once to the input's dtype. One difference: the sum of
 squares is accumulated in float64 (each square rounded to float32 first, as the module does), so
 the variance is the correctly rounded float32 mean whatever the summation order. The module's
 float32 sum depends on torch's reduction order, which can also change with the number of rows;
@@ -28,10 +30,11 @@ from specgen.gpu.dependent import launch_options, release_next, wait_previous
 MAX_COLUMNS = 1 << 16  # one row per program, held in registers
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dependent: bool = False) -> torch.Tensor:
-    """The module's RMSNorm of x [..., N] with weight [N]. dependent: launched dependent on the
-    kernel before (gpu/dependent.py)."""
-    return _launch(x, None, weight, eps, dependent)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, dependent: bool = False,
+             offset: bool = False) -> torch.Tensor:
+    """The module's RMSNorm of x [..., N] with weight [N]; offset: Gemma's, scaled by 1 + weight.
+    dependent: launched dependent on the kernel before (gpu/dependent.py)."""
+    return _launch(x, None, weight, eps, dependent, offset)[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, dependent: bool = False):
@@ -39,22 +42,27 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return _launch(x, residual, weight, eps, dependent)
 
 
-def _launch(x, residual, weight, eps, dependent):
+def _launch(x, residual, weight, eps, dependent, offset=False):
     if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
         from specgen.gpu import opaque
 
-        return opaque.norm(x, residual, weight, eps, dependent)
-    return run(x, residual, weight, eps, dependent)
+        return opaque.norm(x, residual, weight, eps, dependent, offset)
+    return run(x, residual, weight, eps, dependent, offset)
 
 
-def run(x, residual, weight, eps, dependent):
+def out_dtype(x: torch.Tensor, weight: torch.Tensor, offset: bool) -> torch.dtype:
+    """The module's output dtype: the input's (Gemma's), else the weight's and input's common one."""
+    return x.dtype if offset else torch.promote_types(weight.dtype, x.dtype)
+
+
+def run(x, residual, weight, eps, dependent, offset=False):
     """(normed, summed or None), one launch (the operator of gpu/opaque.py calls this too)."""
     n = x.shape[-1]
     assert weight.shape == (n,) and weight.is_contiguous(), f"weight {tuple(weight.shape)} for {n} columns"
     assert 0 < n <= MAX_COLUMNS, f"{n} columns > MAX_COLUMNS {MAX_COLUMNS}"
     x2 = _rows(x, n)
     rows = x2.shape[0]
-    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    out = torch.empty(x.shape, dtype=out_dtype(x, weight, offset), device=x.device)
     if residual is None:
         r2 = summed = x2  # unread and unwritten
     else:
@@ -66,7 +74,8 @@ def run(x, residual, weight, eps, dependent):
     block = triton.next_power_of_2(n)
     _norm_kernel[(rows,)](
         x2, r2, weight, out, summed, n, x2.stride(0), r2.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, DEPENDENT=dependent, num_warps=min(16, max(1, block // 512)),
+        HAS_RESIDUAL=residual is not None, OFFSET=offset, BLOCK=block, DEPENDENT=dependent,
+        num_warps=min(16, max(1, block // 512)),
         **launch_options(dependent),
     )
     return out, summed if residual is not None else None
@@ -86,7 +95,7 @@ def _norm_kernel(
     out_ptr,  # [M, N] contiguous: the normed rows
     sum_ptr,  # [M, N] contiguous: residual + x (HAS_RESIDUAL)
     N, sxm, srm, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, OFFSET: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Program m: row m, every rounding step of the module in its order. One row is all tail: the
     next kernel may be scheduled at once (gpu/dependent.py)."""
@@ -105,9 +114,12 @@ def _norm_kernel(
     variance = (tl.sum(squares, axis=0) / N).to(tl.float32)
     # eps arrives as float64 when inductor traces the call: the module adds it in float32
     inverse = tl.math.rsqrt(variance + tl.cast(eps, tl.float32))
-    y = rounded(xf * inverse, x_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    out = rounded(w * y, out_ptr.dtype.element_ty)
+    if OFFSET:  # Gemma: (x * inverse) * (1 + w) in float32, one rounding
+        out = rounded((xf * inverse) * (1.0 + w), out_ptr.dtype.element_ty)
+    else:
+        y = rounded(xf * inverse, x_ptr.dtype.element_ty)
+        out = rounded(w * y, out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 

@@ -43,14 +43,14 @@ def _(x, weight, up, bias, residual, counters, config, act, dependent):
 
 @torch.library.custom_op("specgen::norm", mutates_args=())
 def _norm_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-             dependent: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    out, summed = norm_kernels.run(x, residual, weight, eps, dependent)
+             dependent: bool, offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    out, summed = norm_kernels.run(x, residual, weight, eps, dependent, offset)
     return out, summed if summed is not None else x.new_empty(0)  # an operator returns tensors
 
 
 @_norm_op.register_fake
-def _(x, residual, weight, eps, dependent):
-    out = x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype))
+def _(x, residual, weight, eps, dependent, offset):
+    out = x.new_empty(x.shape, dtype=norm_kernels.out_dtype(x, weight, offset))
     return out, x.new_empty(x.shape) if residual is not None else x.new_empty(0)
 
 
@@ -82,8 +82,8 @@ def linear(x, weight, up, bias, residual, counters, config: tuple, act: int, dep
     return _linear_op(x, weight, up, bias, residual, counters, pack(config), act, dependent)
 
 
-def norm(x, residual, weight, eps: float, dependent: bool):
-    out, summed = _norm_op(x, residual, weight, float(eps), dependent)
+def norm(x, residual, weight, eps: float, dependent: bool, offset: bool = False):
+    out, summed = _norm_op(x, residual, weight, float(eps), dependent, offset)
     return out, summed if residual is not None else None
 
 

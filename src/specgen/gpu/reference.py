@@ -61,14 +61,18 @@ def rope_attention_reference(query, k_new, v_new, cos, sin, key, value, position
     return out, key, value
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                       offset: bool = False):
     """gpu/norm.py's kernel: (RMSNorm(x + residual), x + residual), or (RMSNorm(x), None), with the
-    module's rounding steps and the sum of float32 squares taken in float64."""
+    module's rounding steps and the sum of float32 squares taken in float64; offset: Gemma's form,
+    (x * rsqrt) * (1 + weight) in float32, rounded once to x's dtype."""
     summed = None
     if residual is not None:
         x = summed = residual + x
     xf = x.float()
     variance = (xf * xf).double().sum(-1, keepdim=True).div(x.shape[-1]).float()
+    if offset:
+        return ((xf * torch.rsqrt(variance + eps)) * (1.0 + weight.float())).to(x.dtype), summed
     y = (xf * torch.rsqrt(variance + eps)).to(x.dtype)
     return weight * y, summed
 

@@ -45,7 +45,7 @@ from specgen.core.models import softcapped_attention
 from specgen.gpu import attention as attention_kernels
 from specgen.gpu import linear as linear_kernels
 from specgen.gpu import norm as norm_kernels
-from specgen.gpu.kernels import layer_capable, norm_capable, rope_capable, rotary_capable
+from specgen.gpu.kernels import layer_capable, norm_capable, norm_eps, norm_offset, rope_capable, rotary_capable
 from specgen.gpu.linear_table import LinearTable, packaged
 
 NAME = "specgen"  # the attention implementation's name in transformers
@@ -248,7 +248,8 @@ def install_linear(model, table: LinearTable | None = None) -> LinearSwitch:
 
 def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     if self._specgen_switch.norms() and x.numel() > 0:
-        return norm_kernels.rms_norm(x, self.weight, self.variance_epsilon, self._specgen_switch.dependent)
+        return norm_kernels.rms_norm(x, self.weight, norm_eps(self), self._specgen_switch.dependent,
+                                     offset=norm_offset(self))
     return self._specgen_norm_base.forward(self, x)
 
 
