@@ -302,7 +302,7 @@ def test_families_step_like_eager_steps(family):
     assert attention_unsupported(model.config) is None
     fast = runner(model, capacity=SMALL_CACHE, kernels=resolved(model, attention="kernel"), shapes=(1, 5),
                   use_graphs=True)
-    assert fast.kernels.rope == (family in ("llama", "mistral", "qwen2", "qwen3"))
+    assert fast.kernels.rope == (family in ("llama", "mistral", "qwen2", "qwen3", "gemma2"))
     reference = runner(model, capacity=SMALL_CACHE, kernels=kernels())
     assert bool(fast.graphs) == (torch.device(DEVICE).type == "cuda")
     gen = torch.Generator().manual_seed(1)

@@ -26,7 +26,6 @@ from decode_helpers import BACKENDS, finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners, kernels, resolved, runner
 from specgen.core import llama
 from specgen.core.engine import Engine, target_only
-from specgen.core.errors import UsageError
 from specgen.core.models import load_model, load_pair
 from specgen.core.settings import KernelSpec, ModelSpec, ProposerSpec, SpeculationSpec
 from specgen.gpu.kernels import ResolvedKernels, attention_unsupported, resolve
@@ -36,7 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 FAMILIES = list(family_pairs().FAMILIES)
 CLASSES = {"llama-3.1": "LlamaForCausalLM", "qwen2.5": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
            "gemma-2": "Gemma2ForCausalLM"}
-KERNEL_ROPE = {"llama-3.1": True, "qwen2.5": True, "qwen3": True, "gemma-2": False}  # Gemma 2: the model's rotary
 # Max logit difference between kernel and plain runners (tests/test_attention.py's RUNNER_TOLERANCE:
 # rounding reaches ~3e-5 on such models; a stale key or a wrong window moves logits by 1e-2 or more).
 RUNNER_TOLERANCE = 3e-4
@@ -223,7 +221,7 @@ def test_the_kernels_compute_the_plain_models_logits(family, role):
     model = load()
     assert attention_unsupported(model.config) is None
     chosen = resolved(model, attention="kernel", linear="kernel")
-    assert chosen.attention and chosen.linear and chosen.rope == KERNEL_ROPE[name]
+    assert chosen.attention and chosen.linear and chosen.rope
     if name == "gemma-2":  # what the kernel must take from the call: that scale, the cap, each layer's window
         attention = model.model.layers[0].self_attn
         assert attention.scaling != attention.head_dim ** -0.5 and attention.attn_logit_softcapping
@@ -240,20 +238,15 @@ def test_the_kernels_compute_the_plain_models_logits(family, role):
 def test_auto_on_a_gpu_takes_what_each_family_allows(family):
     """`auto` on a CUDA device (decided from the model alone; split-K's and dependent launch's device
     facts aside, tests/test_kernels.py): every
-    kernel, Gemma 2's soft-capped attention included, except the rotary path for Gemma 2 (its
-    attention module is not one rewire reproduces; an explicit "kernel" is a usage error); Gemma's
-    1 + w norms take the norm kernel's offset form."""
+    kernel, Gemma 2's soft-capped attention and its rotary path included; Gemma's 1 + w norms take
+    the norm kernel's offset form."""
     name, folder = family
     model = _load(folder / "target")
     got = resolve(KernelSpec(split_k="off", dependent_launch="off"), torch.device("cuda"), model)
-    assert got == ResolvedKernels(attention=True, linear=True, rope=KERNEL_ROPE[name], split_k=False, warp=True,
+    assert got == ResolvedKernels(attention=True, linear=True, rope=True, split_k=False, warp=True,
                                   norm=True, head=True, step_io=True)
     assert resolve(KernelSpec(attention="kernel", split_k="off", dependent_launch="off"), torch.device("cuda"),
                    model) == got
-    if not KERNEL_ROPE[name]:
-        with pytest.raises(UsageError, match="no attention module of") as caught:
-            resolve(KernelSpec(rope="kernel"), torch.device("cuda"), model)
-        assert caught.value.exit_code == 2 and "\n" not in caught.value.message
 
 
 @pytest.mark.slow

@@ -59,10 +59,10 @@ def test_norm_auto_follows_the_linear_kernel_and_the_model():
     assert not resolve(KernelSpec(linear="torch"), CPU, _tiny()).norm
 
 
-def test_soft_capped_attention_takes_the_kernel_and_keeps_the_models_rotary():
-    """Gemma 2 (attention logit soft-capping): the attention kernel on request, its rotary the model's."""
+def test_soft_capped_attention_takes_the_kernel_and_its_rotary():
+    """Gemma 2 (attention logit soft-capping): the attention kernel on request, and its rotary path."""
     resolved = resolve(KernelSpec(attention="kernel"), CPU, _tiny("Gemma2", head_dim=16))
-    assert resolved.attention and not resolved.rope
+    assert resolved.attention and resolved.rope
 
 
 def test_head_auto_follows_the_linear_kernel():
@@ -171,8 +171,8 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
     monkeypatch.setattr(kernels, "_properties", lambda device: H200)
     assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True, head=True,
                                                            step_io=True, dependent_launch=True)
-    # Gemma 2: soft-capped attention and its (1 + w) norms in the kernels, its own rotary
-    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, False, False, True, norm=True,
+    # Gemma 2: soft-capped attention with its rotary and its (1 + w) norms in the kernels
+    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, True, False, True, norm=True,
                                                                                 head=True, step_io=True,
                                                                                 dependent_launch=True)
     assert not resolve(spec, cuda, _tiny("Llama", attention_chunk_size=8)).attention

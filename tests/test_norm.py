@@ -20,7 +20,7 @@ from gpu_helpers import kernels, runner
 from specgen.gpu import linear as L
 from specgen.gpu import norm as N
 from specgen.gpu import rewire
-from specgen.gpu.reference import rms_norm_reference
+from specgen.gpu.reference import offset_norm_add_reference, rms_norm_reference
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 SHAPES = [(1, 64), (5, 4096), (3, 100), (16, 2048)]  # rows, columns: one row, a power of two, an odd width
@@ -94,6 +94,23 @@ def test_offset_form_reproduces_gemma_modules_exactly(family, dtype):
     assert torch.equal(N.rms_norm(x, norm.weight, 1e-6, offset=True), norm(x))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_norm_then_add_equals_reference(shape, dtype):
+    """Gemma 2's layer in one launch: residual + RMSNorm(x), then RMSNorm of that with a second
+    weight, or without it the sum alone; bit for bit the reference, and each the module's steps."""
+    x, residual, weight = _data(*shape, dtype)
+    weight2 = _data(*shape, dtype, seed=5)[2]
+    summed, normed = N.offset_norm_add(x, residual, weight, 1e-6, (weight2, 1e-5))
+    want_summed, want_normed = offset_norm_add_reference(x, residual, weight, 1e-6, (weight2, 1e-5))
+    assert torch.equal(summed, want_summed) and torch.equal(normed, want_normed)
+    assert summed.dtype == normed.dtype == dtype
+    alone, none = N.offset_norm_add(x, residual, weight, 1e-6)
+    assert none is None and torch.equal(alone, want_summed)
+    assert torch.equal(want_summed, residual + N.rms_norm(x, weight, 1e-6, offset=True))
+    assert torch.equal(want_normed, N.rms_norm(want_summed, weight2, 1e-5, offset=True))
+
+
 def test_rows_are_computed_alike_whatever_the_row_count():
     x, residual, weight = _data(5, 2048, torch.bfloat16, seed=2)
     out, summed = N.add_rms_norm(x, residual, weight, 1e-5)
@@ -148,12 +165,12 @@ def _feed(each, feeds, norm: bool) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("family,dtype,modules,launches,adds", [("Llama", torch.bfloat16, 7, 5, 2),
                                                                 ("Qwen3", torch.bfloat16, 11, 9, 2),
-                                                                ("Gemma2", torch.bfloat16, 9, 9, 0),
+                                                                ("Gemma2", torch.bfloat16, 11, 7, 0),
                                                                 ("Llama", torch.float32, 7, 5, 2)])
 def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches, adds, monkeypatch):
     """A prefill, then 5- and 1-token steps of a rewired model (2 layers: 2 norms and 1 fused add
     each, the MLP's add in its down projection, the final norm; Qwen3's per-head q/k norms; Gemma
-    2's four (1 + w) norms a layer, its adds the model's) against the same weights without it, both
+    2's four (1 + w) norms a layer in three launches with its two adds) against the same weights without it, both
     with the linear kernel: identical bfloat16 logits; float32 ones within the float32 sum's order."""
     model = _tiny(family, dtype)
     plain_model = copy.deepcopy(model)
@@ -233,7 +250,8 @@ def test_norm_paths_trace_without_graph_breaks(monkeypatch):
     rewire.install_norm(model, switch)
     calls = []
 
-    def fake(x, residual, weight, eps, dependent, offset=False):
+    def fake(x, residual, weight, eps, dependent, offset=False, after=False, weight2=None, eps2=0.0):
+        assert not after  # Llama's layers
         calls.append(residual is not None)
         return rms_norm_reference(x, weight, eps, residual, offset)
 

@@ -85,13 +85,17 @@ def test_compiled_calls_equal_uncompiled_ones_bit_for_bit():
     assert not t["counters"].any()  # split-K's counters are left zero
 
 
-@pytest.mark.parametrize("name", ["linear", "norm", "attention"])
+@pytest.mark.parametrize("name", ["linear", "norm", "norm-add-norm", "norm-add", "attention"])
 def test_operators_pass_torchs_checks(name):
     t = _inputs(2)
     cases = {
         "linear": (torch.ops.specgen.linear.default,
                    (t["x"], t["gate"], t["up"], None, None, None, opaque.pack((False, 16, 32, 4, 1)), 1, False)),
-        "norm": (torch.ops.specgen.norm.default, (t["x"], t["x"], t["nw"], 1e-5, False, False)),
+        "norm": (torch.ops.specgen.norm.default, (t["x"], t["x"], t["nw"], 1e-5, False, False, False, None, 0.0)),
+        # Gemma 2's layer: norm, add, norm; and norm, add
+        "norm-add-norm": (torch.ops.specgen.norm.default,
+                          (t["x"], t["x"], t["nw"], 1e-5, False, True, True, t["nw"], 1e-6)),
+        "norm-add": (torch.ops.specgen.norm.default, (t["x"], t["x"], t["nw"], 1e-5, False, True, True, None, 0.0)),
         "attention": (torch.ops.specgen.attention.default,
                       (t["query"], t["key"].clone(), t["value"].clone(), t["position"], 0.125, 0, t["k_new"],
                        t["v_new"], t["cos"], t["sin"], 0.0, False)),

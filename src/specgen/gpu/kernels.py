@@ -24,9 +24,9 @@ from specgen.gpu.linear_table import LinearTable
 
 LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Attention modules whose forward is q/k/v projections -> (Qwen3: per-head q/k RMSNorm) ->
-# rotate-half rotary embedding -> cache update -> attention -> o_proj, which gpu/rewire.py's
-# rotary path reproduces inside the kernel.
-ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
+# rotate-half rotary embedding -> cache update -> attention (Gemma 2: soft-capped) -> o_proj, which
+# gpu/rewire.py's rotary path reproduces inside the kernel.
+ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Gemma2Attention")
 ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_idx")
 # RMSNorm modules computing weight * (x * rsqrt(mean(x^2) + eps)).to(dtype) (gpu/norm.py's kernel),
 # or, OFFSET_NORM_CLASSES, ((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(dtype) (its `offset`);
@@ -35,6 +35,11 @@ ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_id
 OFFSET_NORM_CLASSES = ("GemmaRMSNorm", "Gemma2RMSNorm")
 NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", *OFFSET_NORM_CLASSES)
 LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
+# Decoder layers whose forward is norm -> attention -> norm -> add -> norm -> MLP -> norm -> add
+# (Gemma 2's four norms), which gpu/rewire.py reproduces with each add between the norms around it.
+SANDWICH_LAYER_CLASSES = ("Gemma2DecoderLayer",)
+SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm")
 # Rotary embeddings whose forward(x, position_ids) is cos and sin of position x fixed frequencies
 # (rope types without a dynamic update): a step reads them from a table (gpu/rewire.py).
 ROTARY_CLASSES = ("LlamaRotaryEmbedding", "MistralRotaryEmbedding", "Qwen2RotaryEmbedding", "Qwen3RotaryEmbedding",
@@ -287,6 +292,14 @@ def layer_capable(module) -> bool:
     base = vars(module).get("_specgen_layer_base", type(module))
     return base.__name__ in LAYER_CLASSES and all(
         norm_capable(getattr(module, name, None)) for name in ("input_layernorm", "post_attention_layernorm"))
+
+
+def sandwich_capable(module) -> bool:
+    """A Gemma 2 decoder layer (SANDWICH_LAYER_CLASSES) whose four norms take Gemma's form in the
+    norm kernel: gpu/rewire.py runs each residual add in the norm kernel beside the norms around it."""
+    base = vars(module).get("_specgen_layer_base", type(module))
+    return base.__name__ in SANDWICH_LAYER_CLASSES and all(
+        norm_capable(getattr(module, name, None)) and norm_offset(getattr(module, name)) for name in SANDWICH_NORMS)
 
 
 def norm_modules(model) -> int:

@@ -42,12 +42,22 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return _launch(x, residual, weight, eps, dependent)
 
 
-def _launch(x, residual, weight, eps, dependent, offset=False):
+def offset_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                    second: tuple[torch.Tensor, float] | None = None, dependent: bool = False):
+    """(residual + RMSNorm(x), RMSNorm2(residual + RMSNorm(x)) or None), Gemma's form throughout: a
+    Gemma 2 layer's norm after its attention or MLP, the residual add after that norm, and, with
+    second = (weight, eps), the norm before its MLP, in one launch."""
+    weight2, eps2 = second if second is not None else (None, 0.0)
+    out, summed = _launch(x, residual, weight, eps, dependent, True, True, weight2, eps2)
+    return summed, out
+
+
+def _launch(x, residual, weight, eps, dependent, offset=False, after=False, weight2=None, eps2=0.0):
     if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
         from specgen.gpu import opaque
 
-        return opaque.norm(x, residual, weight, eps, dependent, offset)
-    return run(x, residual, weight, eps, dependent, offset)
+        return opaque.norm(x, residual, weight, eps, dependent, offset, after, weight2, eps2)
+    return run(x, residual, weight, eps, dependent, offset, after, weight2, eps2)
 
 
 def out_dtype(x: torch.Tensor, weight: torch.Tensor, offset: bool) -> torch.dtype:
@@ -55,14 +65,20 @@ def out_dtype(x: torch.Tensor, weight: torch.Tensor, offset: bool) -> torch.dtyp
     return x.dtype if offset else torch.promote_types(weight.dtype, x.dtype)
 
 
-def run(x, residual, weight, eps, dependent, offset=False):
-    """(normed, summed or None), one launch (the operator of gpu/opaque.py calls this too)."""
+def run(x, residual, weight, eps, dependent, offset=False, after=False, weight2=None, eps2=0.0):
+    """(normed or None, summed or None), one launch (the operator of gpu/opaque.py calls this too).
+    Without `after`: normed = RMSNorm(residual + x), summed = residual + x (with a residual). With
+    `after` (Gemma's form only): summed = residual + RMSNorm(x), normed = RMSNorm(summed) with
+    weight2 and eps2, or None without weight2."""
     n = x.shape[-1]
     assert weight.shape == (n,) and weight.is_contiguous(), f"weight {tuple(weight.shape)} for {n} columns"
     assert 0 < n <= MAX_COLUMNS, f"{n} columns > MAX_COLUMNS {MAX_COLUMNS}"
+    assert not after or (offset and residual is not None), "a norm before the add takes Gemma's form and a residual"
+    assert weight2 is None or (after and weight2.shape == (n,) and weight2.is_contiguous())
     x2 = _rows(x, n)
     rows = x2.shape[0]
-    out = torch.empty(x.shape, dtype=out_dtype(x, weight, offset), device=x.device)
+    normed = not after or weight2 is not None
+    out = torch.empty(x.shape, dtype=out_dtype(x, weight, offset), device=x.device) if normed else None
     if residual is None:
         r2 = summed = x2  # unread and unwritten
     else:
@@ -73,9 +89,10 @@ def run(x, residual, weight, eps, dependent, offset=False):
         return out, summed if residual is not None else None
     block = triton.next_power_of_2(n)
     _norm_kernel[(rows,)](
-        x2, r2, weight, out, summed, n, x2.stride(0), r2.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, OFFSET=offset, BLOCK=block, DEPENDENT=dependent,
-        num_warps=min(16, max(1, block // 512)),
+        x2, r2, weight, weight2 if weight2 is not None else weight, out if normed else summed, summed, n,
+        x2.stride(0), r2.stride(0), eps, eps2,
+        HAS_RESIDUAL=residual is not None, OFFSET=offset, AFTER=after, SECOND=weight2 is not None, BLOCK=block,
+        DEPENDENT=dependent, num_warps=min(16, max(1, block // 512)),
         **launch_options(dependent),
     )
     return out, summed if residual is not None else None
@@ -92,35 +109,51 @@ def _norm_kernel(
     x_ptr,  # [M, N]
     r_ptr,  # [M, N] the residual (HAS_RESIDUAL)
     w_ptr,  # [N]
-    out_ptr,  # [M, N] contiguous: the normed rows
-    sum_ptr,  # [M, N] contiguous: residual + x (HAS_RESIDUAL)
-    N, sxm, srm, eps,
-    HAS_RESIDUAL: tl.constexpr, OFFSET: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr,
+    w2_ptr,  # [N] the second norm's weight (SECOND)
+    out_ptr,  # [M, N] contiguous: the normed rows (unwritten when AFTER and not SECOND)
+    sum_ptr,  # [M, N] contiguous: residual + x, or with AFTER residual + RMSNorm(x) (HAS_RESIDUAL)
+    N, sxm, srm, eps, eps2,
+    HAS_RESIDUAL: tl.constexpr, OFFSET: tl.constexpr, AFTER: tl.constexpr, SECOND: tl.constexpr,
+    BLOCK: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    """Program m: row m, every rounding step of the module in its order. One row is all tail: the
+    """Program m: row m, every rounding step of the modules in their order. One row is all tail: the
     next kernel may be scheduled at once (gpu/dependent.py)."""
     wait_previous(DEPENDENT)
     release_next(DEPENDENT)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
+    dtype = x_ptr.dtype.element_ty
     x = tl.load(x_ptr + row * sxm + cols, mask=ok, other=0.0)
-    if HAS_RESIDUAL:
+    if AFTER:  # Gemma 2's layer: the norm, the residual add (in the model's dtype), the next norm
+        y = _normed(x.to(tl.float32), w_ptr, cols, ok, N, eps, OFFSET, dtype, dtype)
         r = tl.load(r_ptr + row * srm + cols, mask=ok, other=0.0)
-        x = rounded(r.to(tl.float32) + x.to(tl.float32), x_ptr.dtype.element_ty)
-        tl.store(sum_ptr + row * N + cols, x.to(x_ptr.dtype.element_ty), mask=ok)
-    xf = x.to(tl.float32)
+        summed = rounded(r.to(tl.float32) + y, dtype)
+        tl.store(sum_ptr + row * N + cols, summed.to(dtype), mask=ok)
+        if SECOND:
+            out = _normed(summed, w2_ptr, cols, ok, N, eps2, OFFSET, dtype, out_ptr.dtype.element_ty)
+            tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        if HAS_RESIDUAL:
+            r = tl.load(r_ptr + row * srm + cols, mask=ok, other=0.0)
+            x = rounded(r.to(tl.float32) + x.to(tl.float32), dtype)
+            tl.store(sum_ptr + row * N + cols, x.to(dtype), mask=ok)
+        out = _normed(x.to(tl.float32), w_ptr, cols, ok, N, eps, OFFSET, dtype, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _normed(xf, w_ptr, cols, ok, N, eps, OFFSET: tl.constexpr, IN_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """One row's RMSNorm from its float32 values, rounded as the module rounds (as float32)."""
     squares = (xf * xf).to(tl.float64)  # each square rounded in float32, as the module's pow(2)
     variance = (tl.sum(squares, axis=0) / N).to(tl.float32)
     # eps arrives as float64 when inductor traces the call: the module adds it in float32
     inverse = tl.math.rsqrt(variance + tl.cast(eps, tl.float32))
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     if OFFSET:  # Gemma: (x * inverse) * (1 + w) in float32, one rounding
-        out = rounded((xf * inverse) * (1.0 + w), out_ptr.dtype.element_ty)
+        return rounded((xf * inverse) * (1.0 + w), OUT_DTYPE)
     else:
-        y = rounded(xf * inverse, x_ptr.dtype.element_ty)
-        out = rounded(w * y, out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+        return rounded(w * rounded(xf * inverse, IN_DTYPE), OUT_DTYPE)
 
 
 @triton.jit

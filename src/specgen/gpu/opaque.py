@@ -43,14 +43,17 @@ def _(x, weight, up, bias, residual, counters, config, act, dependent):
 
 @torch.library.custom_op("specgen::norm", mutates_args=())
 def _norm_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-             dependent: bool, offset: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    out, summed = norm_kernels.run(x, residual, weight, eps, dependent, offset)
-    return out, summed if summed is not None else x.new_empty(0)  # an operator returns tensors
+             dependent: bool, offset: bool, after: bool, weight2: torch.Tensor | None,
+             eps2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, summed = norm_kernels.run(x, residual, weight, eps, dependent, offset, after, weight2, eps2)
+    # an operator returns tensors: an empty one stands for None
+    return (out if out is not None else x.new_empty(0)), (summed if summed is not None else x.new_empty(0))
 
 
 @_norm_op.register_fake
-def _(x, residual, weight, eps, dependent, offset):
-    out = x.new_empty(x.shape, dtype=norm_kernels.out_dtype(x, weight, offset))
+def _(x, residual, weight, eps, dependent, offset, after, weight2, eps2):
+    normed = not after or weight2 is not None
+    out = x.new_empty(x.shape, dtype=norm_kernels.out_dtype(x, weight, offset)) if normed else x.new_empty(0)
     return out, x.new_empty(x.shape) if residual is not None else x.new_empty(0)
 
 
@@ -82,9 +85,10 @@ def linear(x, weight, up, bias, residual, counters, config: tuple, act: int, dep
     return _linear_op(x, weight, up, bias, residual, counters, pack(config), act, dependent)
 
 
-def norm(x, residual, weight, eps: float, dependent: bool, offset: bool = False):
-    out, summed = _norm_op(x, residual, weight, float(eps), dependent, offset)
-    return out, summed if residual is not None else None
+def norm(x, residual, weight, eps: float, dependent: bool, offset: bool = False, after: bool = False,
+         weight2=None, eps2: float = 0.0):
+    out, summed = _norm_op(x, residual, weight, float(eps), dependent, offset, after, weight2, float(eps2))
+    return out if not after or weight2 is not None else None, summed if residual is not None else None
 
 
 def attention(query, key, value, position, scale: float, window: int, rope, softcap: float,

@@ -77,6 +77,13 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     return weight * y, summed
 
 
+def offset_norm_add_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                              second: tuple[torch.Tensor, float] | None = None):
+    """gpu/norm.py's offset_norm_add: (residual + RMSNorm(x), RMSNorm2 of that or None), Gemma's form."""
+    summed = residual + rms_norm_reference(x, weight, eps, offset=True)[0]
+    return summed, rms_norm_reference(summed, *second, offset=True)[0] if second is not None else None
+
+
 def step_inputs_reference(ids, position, weight=None, table=None):
     """gpu/step_io.py's inputs: (positions [n], embeds [n, H] or None, rows [n, R] or None)."""
     positions = position + torch.arange(ids.shape[0], device=ids.device)

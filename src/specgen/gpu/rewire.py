@@ -15,7 +15,7 @@ object in a benchmark).
   with transformers' AttentionInterface: gpu/attention.py when the runner passes
   `specgen_position`, SDPA (with SDPA's mask) otherwise, or for soft-capped attention (Gemma 2),
   which SDPA cannot compute, the model's eager computation over that mask.
-- Rotary embedding in the kernel (install_rope): Llama / Mistral / Qwen2 / Qwen3 attention modules
+- Rotary embedding in the kernel (install_rope): Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 attention modules
   get a forward that, when the runner also passes `specgen_rope=True`, hands the un-rotated query,
   new keys and values to the kernel, which rotates them and writes the cache itself: two fewer
   kernels a layer.
@@ -26,10 +26,12 @@ object in a benchmark).
 - The step's mask (mask_free, STEP_MASK_SHAPE): when every attention call of a step is the kernel's,
   which reads the position and not the mask, a runner hands the model an already-built 4D
   placeholder, which transformers passes through as it is, so no mask is built per step.
-- RMSNorm (install_norm): Llama / Mistral / Qwen2 / Qwen3 RMSNorm modules take gpu/norm.py's kernel,
-  and their decoder layers add the attention output to the residual in the same kernel as the norm
-  after it, and the MLP's output in the down projection's epilogue (a rewired gated MLP), while the
-  model's switch is engaged with the norm on (a runner's step).
+- RMSNorm (install_norm): Llama / Mistral / Qwen2 / Qwen3 RMSNorm modules, and Gemma's (1 + w) ones,
+  take gpu/norm.py's kernel, and their decoder layers add the attention output to the residual in
+  the same kernel as the norm after it, and the MLP's output in the down projection's epilogue (a
+  rewired gated MLP); Gemma 2's layers run the norm after their attention, the add and the norm
+  before their MLP in one launch, and the norm after their MLP with its add in another; all while
+  the model's switch is engaged with the norm on (a runner's step).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from specgen.core.models import softcapped_attention
 from specgen.gpu import attention as attention_kernels
 from specgen.gpu import linear as linear_kernels
 from specgen.gpu import norm as norm_kernels
-from specgen.gpu.kernels import layer_capable, norm_capable, norm_eps, norm_offset, rope_capable, rotary_capable
+from specgen.gpu.kernels import (layer_capable, norm_capable, norm_eps, norm_offset, rope_capable, rotary_capable,
+                                 sandwich_capable)
 from specgen.gpu.linear_table import LinearTable, packaged
 
 NAME = "specgen"  # the attention implementation's name in transformers
@@ -269,6 +272,25 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
     return _mlp_plus(self.mlp, normed, residual)
 
 
+def _sandwich_forward(self, hidden_states, *args, **kwargs):
+    """Gemma 2's layer: its attention's norm, the residual add and the norm before its MLP in one
+    launch; its MLP's norm and the add after it in another (gpu/norm.py's offset_norm_add)."""
+    base = self._specgen_layer_base
+    if not self._specgen_switch.norms() or hidden_states.numel() == 0:
+        return base.forward(self, hidden_states, *args, **kwargs)
+    if args:  # read them by name, as the layer's own forward would
+        names = _positional_names(base)
+        if len(args) > len(names):
+            return base.forward(self, hidden_states, *args, **kwargs)
+        kwargs = {**dict(zip(names, args)), **kwargs}
+    dependent = self._specgen_switch.dependent
+    attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    post, pre, after = self.post_attention_layernorm, self.pre_feedforward_layernorm, self.post_feedforward_layernorm
+    summed, normed = norm_kernels.offset_norm_add(attended, hidden_states, post.weight, norm_eps(post),
+                                                  (pre.weight, norm_eps(pre)), dependent)
+    return norm_kernels.offset_norm_add(self.mlp(normed), summed, after.weight, norm_eps(after), None, dependent)[0]
+
+
 def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """residual + mlp(x): for a rewired gated MLP the add is the down projection's epilogue. The
     MLP's and down projection's own calls are skipped, so either one with hooks (a user's, or
@@ -301,7 +323,8 @@ def install_norm(model, switch: LinearSwitch) -> int:
     switched = 0
     for module in model.modules():
         for key, capable, forward in (("_specgen_norm_base", norm_capable, _norm_forward),
-                                      ("_specgen_layer_base", layer_capable, _layer_forward)):
+                                      ("_specgen_layer_base", layer_capable, _layer_forward),
+                                      ("_specgen_layer_base", sandwich_capable, _sandwich_forward)):
             if key in vars(module) or not capable(module):
                 continue
             setattr(module, key, type(module))
@@ -508,5 +531,6 @@ def _rope_forward(self, hidden_states, *args, **kwargs):
         window = getattr(self.config, "sliding_window", None)
     out = attention_kernels.decode_attention(query.transpose(1, 2), layer.keys, layer.values, position, self.scaling,
                                              window or 0, (key.transpose(1, 2), value.transpose(1, 2), cos, sin),
+                                             softcap=getattr(self, "attn_logit_softcapping", None) or 0.0,
                                              dependent=kwargs.get("specgen_dependent", False))
     return self.o_proj(out.reshape(batch, tokens, -1)), None
