@@ -302,14 +302,18 @@ def linear_scenarios(linear):
 
 
 def norm_scenarios(norm):
-    """rms_norm and add_rms_norm, one row and five, bf16 and float32, launched plainly and dependent."""
+    """rms_norm (Llama's form and Gemma's), add_rms_norm and Gemma 2's offset_norm_add (with and
+    without the second norm), one row and five, bf16 and float32, launched plainly and dependent."""
     for dtype in (BF16, F32):
         for rows in (1, 5):
             for dependent in (False, True):
                 def call(rows=rows, dtype=dtype, dependent=dependent):
                     x, weight = torch.empty(rows, 2048, dtype=dtype), torch.empty(2048, dtype=dtype)
                     norm.rms_norm(x, weight, 1e-5, dependent)
+                    norm.rms_norm(x, weight, 1e-6, dependent, offset=True)
                     norm.add_rms_norm(x, torch.empty_like(x), weight, 1e-5, dependent)
+                    norm.offset_norm_add(x, torch.empty_like(x), weight, 1e-6, (weight, 1e-6), dependent)
+                    norm.offset_norm_add(x, torch.empty_like(x), weight, 1e-6, None, dependent)
 
                 yield f"norm {str(dtype)[6:]} rows={rows} dependent={dependent}", call
 
