@@ -124,3 +124,16 @@ def test_models_with_attention_sinks_keep_their_mask():
     model.model.layers[0].self_attn.sinks = torch.nn.Parameter(torch.zeros(4))
     assert not rewire.mask_free(model)
     assert runner(model, kernels=kernels(attention=True)).step_mask is None
+
+
+def test_positional_arguments_are_read_by_name():
+    """A rewired forward reads a caller's positional arguments by the module's own parameter names,
+    and hands back to the module's forward a call with more of them than it names."""
+    class Layer:
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+            return hidden_states
+
+    assert rewire._by_name(Layer, (), {"cache": 1}) == {"cache": 1}
+    assert rewire._by_name(Layer, ("pe", "mask"), {"cache": 1}) == {"position_embeddings": "pe",
+                                                                    "attention_mask": "mask", "cache": 1}
+    assert rewire._by_name(Layer, ("pe", "mask", "extra"), {}) is None

@@ -260,11 +260,10 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
     base = self._specgen_layer_base
     if not self._specgen_switch.norms() or hidden_states.numel() == 0:
         return base.forward(self, hidden_states, *args, **kwargs)
-    if args:  # read them by name, as the layer's own forward would
-        names = _positional_names(base)
-        if len(args) > len(names):
-            return base.forward(self, hidden_states, *args, **kwargs)
-        kwargs = {**dict(zip(names, args)), **kwargs}
+    named = _by_name(base, args, kwargs)  # read them by name, as the module's own forward would
+    if named is None:
+        return base.forward(self, hidden_states, *args, **kwargs)
+    kwargs = named
     attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
     post = self.post_attention_layernorm
     normed, residual = norm_kernels.add_rms_norm(attended, hidden_states, post.weight, post.variance_epsilon,
@@ -278,11 +277,10 @@ def _sandwich_forward(self, hidden_states, *args, **kwargs):
     base = self._specgen_layer_base
     if not self._specgen_switch.norms() or hidden_states.numel() == 0:
         return base.forward(self, hidden_states, *args, **kwargs)
-    if args:  # read them by name, as the layer's own forward would
-        names = _positional_names(base)
-        if len(args) > len(names):
-            return base.forward(self, hidden_states, *args, **kwargs)
-        kwargs = {**dict(zip(names, args)), **kwargs}
+    named = _by_name(base, args, kwargs)  # read them by name, as the module's own forward would
+    if named is None:
+        return base.forward(self, hidden_states, *args, **kwargs)
+    kwargs = named
     dependent = self._specgen_switch.dependent
     attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
     post, pre, after = self.post_attention_layernorm, self.pre_feedforward_layernorm, self.post_feedforward_layernorm
@@ -499,13 +497,21 @@ def _positional_names(base: type) -> tuple:
     return tuple(p.name for p in params if p.kind in kinds)
 
 
+def _by_name(base: type, args: tuple, kwargs: dict) -> dict | None:
+    """kwargs with base.forward's positional arguments after hidden_states named, or None when
+    there are more of them than it names."""
+    if not args:
+        return kwargs
+    names = _positional_names(base)
+    return {**dict(zip(names, args)), **kwargs} if len(args) <= len(names) else None
+
+
 def _rope_forward(self, hidden_states, *args, **kwargs):
     base = self._specgen_rope_base
-    if args:  # read them by name, as the model's own forward would
-        names = _positional_names(base)
-        if len(args) > len(names):
-            return base.forward(self, hidden_states, *args, **kwargs)
-        kwargs = {**dict(zip(names, args)), **kwargs}
+    named = _by_name(base, args, kwargs)  # read them by name, as the module's own forward would
+    if named is None:
+        return base.forward(self, hidden_states, *args, **kwargs)
+    kwargs = named
     rope = kwargs.pop("specgen_rope", False)
     position = kwargs.get("specgen_position")
     embeddings = kwargs.get("position_embeddings")
