@@ -165,12 +165,13 @@ def _feed(each, feeds, norm: bool) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("family,dtype,modules,launches,adds", [("Llama", torch.bfloat16, 7, 5, 2),
                                                                 ("Qwen3", torch.bfloat16, 11, 9, 2),
-                                                                ("Gemma2", torch.bfloat16, 11, 7, 0),
+                                                                ("Gemma2", torch.bfloat16, 11, 5, 0),
                                                                 ("Llama", torch.float32, 7, 5, 2)])
 def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches, adds, monkeypatch):
     """A prefill, then 5- and 1-token steps of a rewired model (2 layers: 2 norms and 1 fused add
     each, the MLP's add in its down projection, the final norm; Qwen3's per-head q/k norms; Gemma
-    2's four (1 + w) norms a layer in three launches with its two adds) against the same weights without it, both
+    2's four (1 + w) norms a layer and its two adds in two launches, the next layer's input norm or
+    the final norm joining the second, the first layer's input norm in one) against the same weights without it, both
     with the linear kernel: identical bfloat16 logits; float32 ones within the float32 sum's order."""
     model = _tiny(family, dtype)
     plain_model = copy.deepcopy(model)
@@ -218,6 +219,33 @@ def test_install_changes_nothing_outside_an_engaged_norm():
                 inside = model(ids).logits
             assert len(calls) == 2 * 2 + 1 and not switch.norms()
         assert (inside - before).abs().max().item() < 1e-4
+
+
+def test_gemma2_norm_computed_ahead_is_taken_only_for_its_tensor():
+    """A Gemma 2 layer's last launch also computes the next norm (the next layer's input norm, the
+    final norm after the last layer) and hands it on. A hook that replaces a layer's output makes
+    the next norm compute its own: one launch more, and the hook's effect in the logits."""
+    model = _tiny("Gemma2", torch.float32)
+    ids = torch.randint(0, 96, (1, 4), device=DEVICE)
+    switch = rewire.install_linear(model)
+    rewire.install_norm(model, switch)
+    launches = []
+    real = N._launch
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(N, "_launch", lambda x, *a: launches.append(x.shape) or real(x, *a))
+        plain = model(ids).logits
+        with switch.engaged(split_k=False, counters=None, norm=True):
+            fused = model(ids).logits
+        assert len(launches) == 5 and switch.handed is None  # 2 layers: 3 + 2 launches; none left over
+        handle = model.model.layers[0].register_forward_hook(lambda module, args, out: out * 0.5)
+        hooked_plain = model(ids).logits
+        with switch.engaged(split_k=False, counters=None, norm=True):
+            hooked = model(ids).logits
+        handle.remove()
+    assert len(launches) == 5 + 6
+    assert (fused - plain).abs().max().item() < 1e-4 * max(1.0, plain.abs().max().item())
+    assert (hooked - hooked_plain).abs().max().item() < 1e-4 * max(1.0, hooked_plain.abs().max().item())
+    assert (hooked_plain - plain).abs().max().item() > 1e-2
 
 
 def test_hooked_mlp_keeps_its_call_and_the_separate_add():

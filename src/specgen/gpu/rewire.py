@@ -30,8 +30,9 @@ object in a benchmark).
   take gpu/norm.py's kernel, and their decoder layers add the attention output to the residual in
   the same kernel as the norm after it, and the MLP's output in the down projection's epilogue (a
   rewired gated MLP); Gemma 2's layers run the norm after their attention, the add and the norm
-  before their MLP in one launch, and the norm after their MLP with its add in another; all while
-  the model's switch is engaged with the norm on (a runner's step).
+  before their MLP in one launch, and the norm after their MLP with its add and the norm the model
+  applies next (the next layer's input norm, or the final norm) in another; all while the model's
+  switch is engaged with the norm on (a runner's step).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class LinearSwitch:
         self.counters: torch.Tensor | None = None  # linear.split_k_counters(workspace)
         self.norm = False
         self.dependent = False  # launch the kernels dependent on the one before (gpu/dependent.py)
+        self.handed: tuple | None = None  # hand()'s: (norm module, its input, the input's version, output)
 
     @contextlib.contextmanager
     def engaged(self, split_k: bool, counters: torch.Tensor | None, norm: bool | None = None,
@@ -80,20 +82,39 @@ class LinearSwitch:
         """The kernel path for the duration (restored after, so contexts nest). norm: whether the
         norm kernel runs (install_norm); dependent: whether the linear and norm kernels launch
         dependent on the kernel before; None: as in the enclosing context (off outside any)."""
-        saved = self.active, self.split_k, self.counters, self.norm, self.dependent
+        saved = self.active, self.split_k, self.counters, self.norm, self.dependent, self.handed
         self.active, self.split_k, self.counters = True, split_k, counters
         self.norm = self.norm if norm is None else norm
         self.dependent = self.dependent if dependent is None else dependent
         try:
             yield
         finally:
-            self.active, self.split_k, self.counters, self.norm, self.dependent = saved
+            self.active, self.split_k, self.counters, self.norm, self.dependent, self.handed = saved
+
+    def hand(self, norm, source: torch.Tensor, normed: torch.Tensor) -> None:
+        """`normed` is norm's output for `source`, computed ahead by the launch before it (a Gemma 2
+        layer's last norm launch also normalises its output with the next layer's input norm)."""
+        self.handed = (norm, source, _version(source), normed)
+
+    def take(self, norm, x: torch.Tensor) -> torch.Tensor | None:
+        """hand()'s output if norm's call is the one it was computed for: the same tensor, not
+        modified in place since (a hook between the layers may replace or modify it). One use."""
+        handed, self.handed = self.handed, None
+        if handed is None or handed[0] is not norm or handed[1] is not x or _version(x) != handed[2]:
+            return None
+        return handed[3]
 
     def norms(self) -> bool:
         return self.active and self.norm
 
     def takes(self, x: torch.Tensor) -> bool:
         return self.active and 0 < x.numel() and x.numel() // x.shape[-1] <= linear_kernels.MAX_ROWS
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's in-place modification counter; inference tensors (a runner's) keep none, and
+    there the hand-off relies on identity alone, as no module between two layers writes into one."""
+    return -1 if t.is_inference() else t._version
 
 
 def _linear(switch: LinearSwitch, x, weight, bias):
@@ -251,6 +272,10 @@ def install_linear(model, table: LinearTable | None = None) -> LinearSwitch:
 
 def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     if self._specgen_switch.norms() and x.numel() > 0:
+        if self._specgen_switch.handed is not None:
+            normed = self._specgen_switch.take(self, x)
+            if normed is not None:
+                return normed
         return norm_kernels.rms_norm(x, self.weight, norm_eps(self), self._specgen_switch.dependent,
                                      offset=norm_offset(self))
     return self._specgen_norm_base.forward(self, x)
@@ -273,7 +298,10 @@ def _layer_forward(self, hidden_states, *args, **kwargs):
 
 def _sandwich_forward(self, hidden_states, *args, **kwargs):
     """Gemma 2's layer: its attention's norm, the residual add and the norm before its MLP in one
-    launch; its MLP's norm and the add after it in another (gpu/norm.py's offset_norm_add)."""
+    launch; its MLP's norm, the add after it and the norm the model applies next to the layer's
+    output (the next layer's input norm, or the final norm: `_specgen_following`) in another
+    (gpu/norm.py's offset_norm_add). The layer hands that last norm's output to the norm module,
+    which then takes it instead of a launch of its own: one launch fewer a layer, the same bits."""
     base = self._specgen_layer_base
     if not self._specgen_switch.norms() or hidden_states.numel() == 0:
         return base.forward(self, hidden_states, *args, **kwargs)
@@ -286,7 +314,27 @@ def _sandwich_forward(self, hidden_states, *args, **kwargs):
     post, pre, after = self.post_attention_layernorm, self.pre_feedforward_layernorm, self.post_feedforward_layernorm
     summed, normed = norm_kernels.offset_norm_add(attended, hidden_states, post.weight, norm_eps(post),
                                                   (pre.weight, norm_eps(pre)), dependent)
-    return norm_kernels.offset_norm_add(self.mlp(normed), summed, after.weight, norm_eps(after), None, dependent)[0]
+    mlp = self.mlp(normed)
+    following = _following(self, summed)
+    if following is None:
+        return norm_kernels.offset_norm_add(mlp, summed, after.weight, norm_eps(after), None, dependent)[0]
+    out, ahead = norm_kernels.offset_norm_add(mlp, summed, after.weight, norm_eps(after),
+                                              (following.weight, norm_eps(following)), dependent)
+    self._specgen_switch.hand(following, out, ahead)
+    return out
+
+
+def _following(layer, x: torch.Tensor):
+    """The norm install_norm linked to the layer's output, if it can be computed ahead here: a
+    Gemma-form norm on the kernel, on x's device, whose own forward will run (no hook replaced
+    it). Not inside compile, whose graphs would carry the hand-off across their boundaries."""
+    following = vars(layer).get("_specgen_following")
+    if following is None or torch.compiler.is_compiling():
+        return None
+    norm = following[0]
+    if not (unhooked(norm) and norm.weight.device == x.device and norm_offset(norm)):
+        return None
+    return norm
 
 
 def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -329,7 +377,27 @@ def install_norm(model, switch: LinearSwitch) -> int:
             module._specgen_switch = switch
             module.__class__ = _norm_class(type(module), forward)
             switched += 1
+    _link_following_norms(model)
     return switched
+
+
+def _link_following_norms(model) -> None:
+    """Each Gemma 2 layer rewired to _sandwich_forward (transformers may wrap a class's forward, so
+    the base's name tells, not the function) learns which norm the model applies next to
+    its output: the next layer's input norm, or after the last layer the final norm of the module
+    holding the layers (transformers' `norm`). Held in a tuple, so that it is no submodule."""
+    for parent in model.modules():
+        for child in parent.children():
+            if not isinstance(child, torch.nn.ModuleList):
+                continue
+            layers = list(child)
+            for i, layer in enumerate(layers):
+                if "_specgen_layer_base" not in vars(layer) or not sandwich_capable(layer):
+                    continue
+                following = (getattr(layers[i + 1], "input_layernorm", None) if i + 1 < len(layers)
+                             else getattr(parent, "norm", None))
+                if following is not None and "_specgen_norm_base" in vars(following):
+                    layer._specgen_following = (following,)
 
 
 # -- attention --------------------------------------------------------------------------------------
