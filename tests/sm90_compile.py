@@ -319,15 +319,19 @@ def norm_scenarios(norm):
 
 
 def step_io_scenarios(step_io):
-    """A step's inputs with the embedding and rotary rows, then its finish, plainly and dependent."""
+    """A step's inputs with the embedding (Gemma's scaled one too) and rotary rows, then its finish,
+    plainly and dependent."""
     for dependent in (False, True):
-        def call(dependent=dependent):
-            ids, position, positions = torch.zeros(5, dtype=torch.int64), torch.tensor(3), torch.empty(5, dtype=torch.int64)
-            step_io.inputs(ids, position, positions, torch.empty(100, 2048, dtype=BF16), torch.empty(5, 2048, dtype=BF16),
-                           torch.empty(64, 128, dtype=BF16), torch.empty(5, 128, dtype=BF16), dependent=dependent)
-            step_io.finish(torch.empty(5, 1000, dtype=BF16), torch.empty(5, 1000), position, 5, dependent=dependent)
+        for scale in (None, 48.0):
+            def call(dependent=dependent, scale=scale):
+                ids, position = torch.zeros(5, dtype=torch.int64), torch.tensor(3)
+                positions = torch.empty(5, dtype=torch.int64)
+                step_io.inputs(ids, position, positions, torch.empty(100, 2048, dtype=BF16),
+                               torch.empty(5, 2048, dtype=BF16), torch.empty(64, 128, dtype=BF16),
+                               torch.empty(5, 128, dtype=BF16), dependent=dependent, scale=scale)
+                step_io.finish(torch.empty(5, 1000, dtype=BF16), torch.empty(5, 1000), position, 5, dependent=dependent)
 
-        yield f"step_io dependent={dependent}", call
+            yield f"step_io dependent={dependent} scale={scale}", call
 
 
 def verify_scenarios(verify):

@@ -18,22 +18,26 @@ STEP_KERNELS = dict(attention=True, linear=True, rope=True, norm=True)
 
 
 @pytest.mark.parametrize("n", [1, 5, MAX_GRAPH_TOKENS])
-@pytest.mark.parametrize("parts", ["all", "embedding", "rows", "positions"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("parts", ["all", "embedding", "scaled", "rows", "positions"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_inputs_equal_the_reference(n, parts, dtype):
     gen = torch.Generator().manual_seed(n)
     weight = torch.randn(300, 1100, generator=gen).to(dtype).to(DEVICE)  # more columns than one block
     table = torch.randn(200, 2 * 48, generator=gen).to(dtype).to(DEVICE)
     ids = torch.randint(0, 300, (n,), generator=gen).to(DEVICE)
     position = torch.tensor(200 - MAX_GRAPH_TOKENS - 3, device=DEVICE)
-    weight = weight if parts in ("all", "embedding") else None
+    weight = weight if parts in ("all", "embedding", "scaled") else None
     table = table if parts in ("all", "rows") else None
+    # Gemma-2-2B's sqrt(2304) = 48 is exact; sqrt(3584) is not, so products round (ties included)
+    scale = float(torch.tensor(3584**0.5).to(dtype)) if parts == "scaled" else None
     positions = torch.full((MAX_GRAPH_TOKENS,), -1, dtype=torch.long, device=DEVICE)
     embeds = torch.zeros(MAX_GRAPH_TOKENS, 1100, dtype=dtype, device=DEVICE)
     rows = torch.zeros(MAX_GRAPH_TOKENS, 96, dtype=dtype, device=DEVICE)
     step_io.inputs(ids, position, positions, weight, embeds if weight is not None else None, table,
-                   rows if table is not None else None)
-    want_positions, want_embeds, want_rows = step_inputs_reference(ids, position, weight, table)
+                   rows if table is not None else None, scale=scale)
+    want_positions, want_embeds, want_rows = step_inputs_reference(ids, position, weight, table, scale)
+    if scale is not None:  # the reference is the module's own product
+        assert torch.equal(want_embeds, weight[ids] * torch.tensor(3584**0.5, device=DEVICE).to(dtype))
     assert torch.equal(positions[:n], want_positions) and bool((positions[n:] == -1).all())
     assert want_embeds is None or torch.equal(embeds[:n], want_embeds)
     assert want_rows is None or torch.equal(rows[:n], want_rows)
@@ -86,9 +90,9 @@ def test_runner_steps_are_bit_for_bit_those_without_it(family, width):
     model = _tiny(family)
     plain = runner(model, kernels=kernels(**STEP_KERNELS), capacity=128, width=width)
     fused = runner(model, kernels=kernels(**STEP_KERNELS, step_io=True), capacity=128, width=width)
-    embed = model.get_input_embeddings()  # Gemma 2's scales inside it on newer transformers: the model's call
-    assert fused.io.embed is (embed if type(embed) is torch.nn.Embedding else None) and fused.io.rotary is not None
-    assert family == "Gemma2" or fused.io.embed is embed
+    embed = model.get_input_embeddings()  # Gemma 2's scales inside it on newer transformers: the kernel scales too
+    assert fused.io.embed is embed and fused.io.rotary is not None
+    assert (fused.io.scale is not None) == (type(embed) is not torch.nn.Embedding) == (family == "Gemma2")
     for (want, at), (got, position) in zip(_steps(plain, width), _steps(fused, width)):
         assert torch.equal(got, want) and position == at
 

@@ -422,7 +422,7 @@ class GraphRunner:
         io = self.io
         table = self.tables.get(io.rotary)
         step_io.inputs(ids, self.position, io.positions, io.weight(), io.embeds, *io.rows_for(table),
-                       dependent=self.kernels.dependent_launch)
+                       dependent=self.kernels.dependent_launch, scale=io.scale)
         inputs = self._step_inputs(io.positions[:n])
         if io.embeds is not None:
             inputs["inputs_embeds"] = io.embeds[:n].unsqueeze(0)
@@ -490,8 +490,8 @@ class GraphRunner:
 
 class StepIO:
     """gpu/step_io.py's buffers for one runner's steps, and which inputs its kernel takes over: the
-    embedding (a plain nn.Embedding without hooks on the runner's device, of a model whose forward
-    takes inputs_embeds; else the model embeds the ids) and the rotary rows (of the model's one
+    embedding (a plain nn.Embedding or Gemma's scaled one, without hooks, on the runner's device,
+    of a model whose forward takes inputs_embeds; else the model embeds the ids) and the rotary rows (of the model's one
     tabled rotary embedding; with none or several, each module gathers its own)."""
 
     def __init__(self, model, device: torch.device, rotary: list):
@@ -499,8 +499,11 @@ class StepIO:
         takes = "inputs_embeds" in inspect.signature(type(model).forward).parameters
         from specgen.gpu.rewire import unhooked
 
-        plain = type(embed) is torch.nn.Embedding and unhooked(embed)
-        self.embed = embed if takes and plain and embed.weight.device == device else None
+        plain = type(embed) is torch.nn.Embedding or scaled_embedding(embed)
+        self.embed = embed if takes and plain and unhooked(embed) and embed.weight.device == device else None
+        # Gemma's scale as its forward multiplies by it: the float32 buffer in the weight's dtype
+        self.scale = (float(embed.embed_scale.to(embed.weight.dtype)) if self.embed is not None
+                      and scaled_embedding(embed) else None)
         # (a table off the home device, in a model over several GPUs: its module gathers its own)
         self.rotary = rotary[0] if len(rotary) == 1 and rotary[0].inv_freq.device == device else None
         # Inference tensors, as the model's own embedding and gathers return inside a step: a
@@ -525,6 +528,16 @@ class StepIO:
             with torch.inference_mode():
                 self.rows = torch.zeros(MAX_GRAPH_TOKENS, flat.shape[1], dtype=flat.dtype, device=flat.device)
         return flat, self.rows
+
+
+def scaled_embedding(module) -> bool:
+    """Gemma's scaled embedding (transformers' Gemma2TextScaledWordEmbedding and its kin): an
+    nn.Embedding whose forward returns the rows times its `embed_scale` buffer in the weight's
+    dtype, which gpu/step_io.py's gather computes too (tests/test_step_io.py checks it against the
+    module). Older transformers scale in the model's forward, with a plain nn.Embedding."""
+    base = type(module)
+    return (base.__name__.endswith("ScaledWordEmbedding") and base.__bases__ == (torch.nn.Embedding,)
+            and isinstance(getattr(module, "embed_scale", None), torch.Tensor) and module.embed_scale.numel() == 1)
 
 
 def _round_up(value: int, multiple: int) -> int:

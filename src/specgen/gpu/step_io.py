@@ -4,11 +4,12 @@ Why: around its layers a step launched five small kernels: the positions (positi
 the embedding gather, the rotary table's gather, the copy of the logits into the runner's float32
 buffer and the position's advance. Each is a launch gap of a microsecond or two; on a small draft
 (the bench pair's: 25 kernels a step) they were a fifth of its launches, and what whole-step
-torch.compile fused away. Here `inputs` writes the positions, the embedding rows and the rotary
-rows in one launch, and `finish` copies the logits and advances the position in another.
+torch.compile fused away. Here `inputs` writes the positions, the embedding rows (scaled, for
+Gemma's embedding, which launched a multiplication of its own too) and the rotary rows in one
+launch, and `finish` copies the logits and advances the position in another.
 
-Every value is a copy (the float32 logits hold the model's dtype exactly), so a step's logits are
-bit for bit those of the separate kernels. Torch reference: gpu/reference.py.
+Every value is a copy (the float32 logits hold the model's dtype exactly) or, for Gemma's scale,
+the product torch computes, so a step's logits are bit for bit those of the separate kernels. Torch reference: gpu/reference.py.
 """
 
 from __future__ import annotations
@@ -18,17 +19,20 @@ import triton
 import triton.language as tl
 
 from specgen.gpu.dependent import launch_options, release_next, wait_previous
+from specgen.gpu.norm import rounded
 
 BLOCK = 1024  # columns per program
 
 
 def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor | None = None,
            embeds: torch.Tensor | None = None, table: torch.Tensor | None = None,
-           rows: torch.Tensor | None = None, dependent: bool = False) -> None:
-    """positions[:n] = position + arange(n); with weight: embeds[:n] = weight[ids]; with table
-    ([capacity, R], the rows of a RotaryTable flattened): rows[:n] = table[position + arange(n)].
-    ids [n] int64, position [] int64; every buffer contiguous and at least n rows long. dependent:
-    launched dependent on the kernel before (gpu/dependent.py), as `finish` too."""
+           rows: torch.Tensor | None = None, dependent: bool = False, scale: float | None = None) -> None:
+    """positions[:n] = position + arange(n); with weight: embeds[:n] = weight[ids], times `scale`
+    if given (Gemma's scaled embedding: each product in float32, rounded once to the weight's
+    dtype, as torch multiplies two tensors of that dtype; `scale` is the scale in that dtype); with
+    table ([capacity, R], the rows of a RotaryTable flattened): rows[:n] = table[position +
+    arange(n)]. ids [n] int64, position [] int64; every buffer contiguous and at least n rows long.
+    dependent: launched dependent on the kernel before (gpu/dependent.py), as `finish` too."""
     n = ids.shape[0]
     assert ids.dtype == position.dtype == positions.dtype == torch.int64 and positions.shape[0] >= n
     width = 1
@@ -48,8 +52,8 @@ def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, w
         weight if weight is not None else positions, embeds if embeds is not None else positions,
         table if table is not None else positions, rows if rows is not None else positions,
         weight.shape[1] if weight is not None else 0, weight.stride(0) if weight is not None else 0,
-        table.shape[1] if table is not None else 0,
-        EMBED=weight is not None, ROWS=table is not None, BLOCK=BLOCK, DEPENDENT=dependent,
+        table.shape[1] if table is not None else 0, 1.0 if scale is None else float(scale),
+        EMBED=weight is not None, SCALED=scale is not None, ROWS=table is not None, BLOCK=BLOCK, DEPENDENT=dependent,
         **launch_options(dependent),
     )
 
@@ -69,8 +73,9 @@ def finish(logits: torch.Tensor, out: torch.Tensor, position: torch.Tensor, adva
 
 @triton.jit
 def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr, table_ptr, rows_ptr,
-                   hidden, weight_stride, row_width,
-                   EMBED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
+                   hidden, weight_stride, row_width, scale,
+                   EMBED: tl.constexpr, SCALED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                   DEPENDENT: tl.constexpr):
     wait_previous(DEPENDENT)
     release_next(DEPENDENT)
     t = tl.program_id(0)
@@ -83,6 +88,8 @@ def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr,
         token = tl.load(ids_ptr + t)
         ok = cols < hidden
         values = tl.load(weight_ptr + token * weight_stride + cols, mask=ok)
+        if SCALED:
+            values = rounded(values.to(tl.float32) * tl.cast(scale, tl.float32), values.dtype).to(values.dtype)
         tl.store(embeds_ptr + t * hidden + cols, values, mask=ok)
     if ROWS:
         ok = cols < row_width
