@@ -50,6 +50,9 @@ from specgen.gpu.dependent import launch_options, release_next, wait_previous
 
 # Keys per program: at least SPLIT_KEYS, more when the cache holds over MAX_SPLITS x SPLIT_KEYS. Short
 # splits spread even a short sequence over many programs; the merge reads at most MAX_SPLITS partials.
+# Heads wider than 128 take key blocks of 32 and splits of one block: Gemma 2's (head_dim 256, 4 or
+# 8 KV heads) otherwise ran too few programs, each two dependent blocks long (H200: its 2B step
+# 1.741 -> 1.723 ms, docs/benchmarks.md). Splits depend on the model and the cache, never on tokens.
 SPLIT_KEYS = 64
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
@@ -94,7 +97,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent):
     tiles = triton.cdiv(tokens * group, block_m)  # rows: (token, head of the group), token-major
     block_d = max(16, triton.next_power_of_2(dim))
     block_n = 64 if block_d <= 128 else 32
-    split_keys = max(SPLIT_KEYS, block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
+    split_keys = max(min(SPLIT_KEYS, block_n), block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
     splits = triton.cdiv(capacity, split_keys)
     out = torch.empty(batch, tokens, heads, dim, dtype=query.dtype, device=query.device)
     if splits == 1:
