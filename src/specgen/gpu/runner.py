@@ -491,8 +491,9 @@ class GraphRunner:
 class StepIO:
     """gpu/step_io.py's buffers for one runner's steps, and which inputs its kernel takes over: the
     embedding (a plain nn.Embedding or Gemma's scaled one, without hooks, on the runner's device,
-    of a model whose forward takes inputs_embeds; else the model embeds the ids) and the rotary rows (of the model's one
-    tabled rotary embedding; with none or several, each module gathers its own)."""
+    of a model whose forward takes inputs_embeds; else the model embeds the ids) and the rotary
+    rows (of the model's one tabled rotary embedding; with none or several, each module gathers
+    its own)."""
 
     def __init__(self, model, device: torch.device, rotary: list):
         embed = model.get_input_embeddings()

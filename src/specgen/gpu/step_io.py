@@ -9,7 +9,8 @@ Gemma's embedding, which launched a multiplication of its own too) and the rotar
 launch, and `finish` copies the logits and advances the position in another.
 
 Every value is a copy (the float32 logits hold the model's dtype exactly) or, for Gemma's scale,
-the product torch computes, so a step's logits are bit for bit those of the separate kernels. Torch reference: gpu/reference.py.
+the product torch computes, so a step's logits are bit for bit those of the separate kernels.
+Torch reference: gpu/reference.py.
 """
 
 from __future__ import annotations
