@@ -281,15 +281,20 @@ def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     return self._specgen_norm_base.forward(self, x)
 
 
+def _layer_arguments(layer, hidden_states, args: tuple, kwargs: dict) -> dict | None:
+    """A rewired decoder layer's arguments by name, as the module's own forward would read them, when
+    its norm path runs (the switch engaged with the norm, a non-empty input, names it can read);
+    None: the module's own forward runs."""
+    if not layer._specgen_switch.norms() or hidden_states.numel() == 0:
+        return None
+    return _by_name(layer._specgen_layer_base, args, kwargs)
+
+
 def _layer_forward(self, hidden_states, *args, **kwargs):
-    base = self._specgen_layer_base
-    if not self._specgen_switch.norms() or hidden_states.numel() == 0:
-        return base.forward(self, hidden_states, *args, **kwargs)
-    named = _by_name(base, args, kwargs)  # read them by name, as the module's own forward would
+    named = _layer_arguments(self, hidden_states, args, kwargs)
     if named is None:
-        return base.forward(self, hidden_states, *args, **kwargs)
-    kwargs = named
-    attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        return self._specgen_layer_base.forward(self, hidden_states, *args, **kwargs)
+    attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **named)
     post = self.post_attention_layernorm
     normed, residual = norm_kernels.add_rms_norm(attended, hidden_states, post.weight, post.variance_epsilon,
                                                  self._specgen_switch.dependent)
@@ -302,39 +307,32 @@ def _sandwich_forward(self, hidden_states, *args, **kwargs):
     output (the next layer's input norm, or the final norm: `_specgen_following`) in another
     (gpu/norm.py's offset_norm_add). The layer hands that last norm's output to the norm module,
     which then takes it instead of a launch of its own: one launch fewer a layer, the same bits."""
-    base = self._specgen_layer_base
-    if not self._specgen_switch.norms() or hidden_states.numel() == 0:
-        return base.forward(self, hidden_states, *args, **kwargs)
-    named = _by_name(base, args, kwargs)  # read them by name, as the module's own forward would
+    named = _layer_arguments(self, hidden_states, args, kwargs)
     if named is None:
-        return base.forward(self, hidden_states, *args, **kwargs)
-    kwargs = named
+        return self._specgen_layer_base.forward(self, hidden_states, *args, **kwargs)
     dependent = self._specgen_switch.dependent
-    attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **named)
     post, pre, after = self.post_attention_layernorm, self.pre_feedforward_layernorm, self.post_feedforward_layernorm
     summed, normed = norm_kernels.offset_norm_add(attended, hidden_states, post.weight, norm_eps(post),
                                                   (pre.weight, norm_eps(pre)), dependent)
-    mlp = self.mlp(normed)
     following = _following(self, summed)
-    if following is None:
-        return norm_kernels.offset_norm_add(mlp, summed, after.weight, norm_eps(after), None, dependent)[0]
-    out, ahead = norm_kernels.offset_norm_add(mlp, summed, after.weight, norm_eps(after),
-                                              (following.weight, norm_eps(following)), dependent)
-    self._specgen_switch.hand(following, out, ahead)
+    second = None if following is None else (following.weight, norm_eps(following))
+    out, ahead = norm_kernels.offset_norm_add(self.mlp(normed), summed, after.weight, norm_eps(after), second,
+                                              dependent)
+    if following is not None:
+        self._specgen_switch.hand(following, out, ahead)
     return out
 
 
 def _following(layer, x: torch.Tensor):
-    """The norm install_norm linked to the layer's output, if it can be computed ahead here: a
-    Gemma-form norm on the kernel, on x's device, whose own forward will run (no hook replaced
-    it). Not inside compile, whose graphs would carry the hand-off across their boundaries."""
+    """The norm install_norm linked to the layer's output, if it can be computed ahead here: on x's
+    device, and its own forward will run (no hook replaced it). Not inside compile, whose graphs
+    would carry the hand-off across their boundaries."""
     following = vars(layer).get("_specgen_following")
     if following is None or torch.compiler.is_compiling():
         return None
     norm = following[0]
-    if not (unhooked(norm) and norm.weight.device == x.device and norm_offset(norm)):
-        return None
-    return norm
+    return norm if unhooked(norm) and norm.weight.device == x.device else None
 
 
 def _mlp_plus(mlp, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -385,7 +383,8 @@ def _link_following_norms(model) -> None:
     """Each Gemma 2 layer rewired to _sandwich_forward (transformers may wrap a class's forward, so
     the base's name tells, not the function) learns which norm the model applies next to
     its output: the next layer's input norm, or after the last layer the final norm of the module
-    holding the layers (transformers' `norm`). Held in a tuple, so that it is no submodule."""
+    holding the layers (transformers' `norm`), if that norm is on the kernel in Gemma's form (the
+    form the layer's launch computes it in). Held in a tuple, so that it is no submodule."""
     for parent in model.modules():
         for child in parent.children():
             if not isinstance(child, torch.nn.ModuleList):
@@ -396,7 +395,7 @@ def _link_following_norms(model) -> None:
                     continue
                 following = (getattr(layers[i + 1], "input_layernorm", None) if i + 1 < len(layers)
                              else getattr(parent, "norm", None))
-                if following is not None and "_specgen_norm_base" in vars(following):
+                if following is not None and "_specgen_norm_base" in vars(following) and norm_offset(following):
                     layer._specgen_following = (following,)
 
 
