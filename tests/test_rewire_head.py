@@ -20,6 +20,7 @@ import torch
 from gpu_helpers import kernels
 from tiny_models import build_head, tiny_head_config
 from specgen.core.heads import AuxTap, EagleDrafter
+from specgen.gpu.linear_table import packaged
 from specgen.gpu.rewire_head import install_head
 
 CAPACITY = 128  # the interpreted attention kernel runs a program per 64 cache positions
@@ -88,6 +89,18 @@ def test_switch_off_is_the_module_itself():
     a, b = plain(ids, features, positions), fast(ids, features, positions)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert torch.equal(plain.k_cache, fast.k_cache)
+
+
+def test_one_row_calls_take_the_draft_picks():
+    """After a round's extend a head steps one row at a time, as a draft model does: its one-row
+    calls take the table's draft picks (Llama 3.1 8B's o projection: a matrix-vector one), the
+    extend's k + 1 rows the configuration a target's call of that shape takes."""
+    _, _, switch = _heads(torch.float32)
+    package, shape = packaged(), (4096, 4096, False)
+    draft = dict(package.drafts)[shape]
+    assert not draft[0] and draft != package.pick(*shape, False)  # the test needs two picks that differ
+    assert switch.table.pick(*shape, False, rows=1) == draft
+    assert switch.table.pick(*shape, False, rows=5) == package.pick(*shape, False)
 
 
 class _Backend:

@@ -36,8 +36,12 @@ from specgen.gpu.rewire import LinearSwitch, install_linear
 
 def install_head(head, kernels: ResolvedKernels) -> LinearSwitch:
     """Rewire `head` (an Eagle3Head) for `kernels` (the target runner's resolution: the head uses
-    the kernels its target uses). Returns the switch to engage around its calls; idempotent."""
-    switch = install_linear(head, kernels.linear_table)
+    the kernels its target uses). Returns the switch to engage around its calls; idempotent.
+    Its one-row calls (a round's drafting steps after the first) take the table's draft picks, as
+    a draft model's do (LinearTable.for_drafts): at one row a matrix-vector program is faster than
+    the tensor-core tile the target's verification shares, and a head's numerics never decide the
+    output."""
+    switch = install_linear(head, kernels.linear_table.for_drafts())
     layer = head.layers[0]
     if "_specgen_layer_base" not in vars(layer):
         layer._specgen_layer_base = type(layer)
