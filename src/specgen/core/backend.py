@@ -14,7 +14,8 @@ from typing import Callable, ContextManager, Protocol
 
 import torch
 
-from specgen.core import noise, rejection, sampling
+from specgen.core import bookkeeping, noise, rejection, sampling
+from specgen.core.bookkeeping import CommitBuffers
 from specgen.core.runner import EagerRunner, Runner
 
 
@@ -51,6 +52,10 @@ class Backend(Protocol):
     def verify_greedy(self, drafts, cu, target_argmax, max_spec_len: int) -> torch.Tensor: ...
 
     def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len: int) -> torch.Tensor: ...
+
+    def count_drafts(self, confident, budget, limit, generated, out) -> None: ...
+
+    def commit(self, buffers: CommitBuffers) -> None: ...
 
     def program(self, rnd, mode) -> Program: ...
 
@@ -162,6 +167,12 @@ class TorchBackend:
 
     def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
         return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
+
+    def count_drafts(self, confident, budget, limit, generated, out):
+        bookkeeping.count_drafts(confident, budget, limit, generated, out)
+
+    def commit(self, buffers):
+        bookkeeping.commit(buffers)
 
     def program(self, rnd, mode) -> Program:
         return EagerProgram(lambda mark: rnd.body(mode, mark))

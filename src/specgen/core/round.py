@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 
 from specgen.core import noise
+from specgen.core.bookkeeping import CommitBuffers
 from specgen.core.heads import prefill_head
 from specgen.core.sampling import MIN_EXPONENTIAL, PenaltyRows, WarpParams, logprobs_from_logits
 from specgen.core.settings import SamplingSpec
@@ -272,12 +273,9 @@ class Round:
         self._count_drafts()
 
     def _count_drafts(self) -> None:
-        """Drafts that count: the host's budget, cut at the first step below p_min."""
-        k = self.shape.k
-        stop = self.confident.logical_not().int().argmax().int()  # first unsure step (0 if none)
-        first_unsure = torch.where(self.confident.all(), k, stop)
-        room = (self.limit - self.generated).clamp(0, k)
-        torch.minimum(torch.minimum(self.budget, first_unsure.view(1)), room.view(1), out=self.num_drafts)
+        """Drafts that count: the host's budget, cut at the first step below p_min and at max_tokens
+        (core/bookkeeping.py)."""
+        self.backend.count_drafts(self.confident, self.budget, self.limit, self.generated, self.num_drafts)
 
     def _head_extend(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over the previous round's k + 1 target rows (core/heads.py): the logits and
@@ -355,9 +353,9 @@ class Round:
         self._stage(mode, probs, q)
 
     def _stage(self, mode: Mode, probs, q) -> None:
-        """What the host reads, into two buffers (before commit rewrites feed[0])."""
+        """The float results the host reads (p(d), q(d), entropy), into stage_f; the ids go into
+        stage_ids with the commit."""
         k = self.shape.k
-        torch.cat([self.out[0], self.drafts, self.num_drafts.long()], out=self.stage_ids)
         if k == 0 or (not self.shape.insight and probs is None):
             return
         index = self.steps[:k]
@@ -374,21 +372,16 @@ class Round:
         torch.cat(parts, out=self.stage_f)
 
     def _commit(self, mode: Mode) -> None:
-        """Both caches back to the accepted length; the next round's inputs from this one's output."""
-        k, row = self.shape.k, self.out[0]
-        emitted = (row >= 0).sum()  # m = accepted + 1 (an error sentinel makes it garbage: the host raises)
-        last = (emitted - 1).clamp(0, k).view(1)
-        newest = row.index_select(0, last)  # the recovered or bonus token
-        self.target.position.sub_(k + 1 - emitted)
-        if self.draft is not None:
-            ran = k + 2 if mode is Mode.HOST else k + 1  # rows the draft ran past committed[:-2], less one
-            self.draft.position.sub_(ran - emitted)
-            self.pending[0, :1].copy_(self.feed[0].index_select(0, last))  # the last accepted (or `last`)
-            self.pending[0, 1:].copy_(newest)
-        self.feed[0, :1].copy_(newest)
-        self.emitted.copy_(emitted)
+        """The ids staged for the host; both caches back to the accepted length; the next round's
+        inputs from this one's output (core/bookkeeping.py)."""
+        k, row, draft = self.shape.k, self.out[0], self.draft
+        self.backend.commit(CommitBuffers(
+            row=row, feed=self.feed[0], num_drafts=self.num_drafts, stage=self.stage_ids,
+            target_position=self.target.position, emitted=self.emitted, generated=self.generated,
+            draft_position=draft.position if draft is not None else None,
+            pending=self.pending[0] if draft is not None else None,
+            ran=k + 2 if mode is Mode.HOST else k + 1))  # rows the draft ran past committed[:-2], less one
         if self.shape.penalties:
             valid = row >= 0
             self.counts.index_add_(0, row.clamp_min(0), valid.int())
             self.seen |= self.counts > 0
-        self.generated.add_(emitted)

@@ -19,10 +19,11 @@ import weakref
 
 import torch
 
-from specgen.core import noise, rejection, sampling
+from specgen.core import bookkeeping, noise, rejection, sampling
 from specgen.core.backend import EagerProgram, RoundClock
 from specgen.core.errors import SpecgenError, UsageError
 from specgen.core.round import Mode, Round
+from specgen.gpu import commit as gpu_commit
 from specgen.gpu import noise as gpu_noise
 from specgen.gpu import verify as gpu_verify
 from specgen.gpu import warp as gpu_warp
@@ -150,6 +151,19 @@ class CudaBackend:
             return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
         return gpu_verify.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len,
                                         self.workspace, dependent=self.dependent_launch)
+
+    def count_drafts(self, confident, budget, limit, generated, out):
+        if self.warp_kernels:
+            gpu_commit.count_drafts(confident, budget, limit, generated, out, dependent=self.dependent_launch)
+        else:
+            bookkeeping.count_drafts(confident, budget, limit, generated, out)
+
+    def commit(self, buffers):
+        tensors = [getattr(buffers, f) for f in ("target_position", "draft_position", "pending")]
+        if self.warp_kernels and all(t is None or t.device == buffers.row.device for t in tensors):
+            gpu_commit.commit(buffers, dependent=self.dependent_launch)
+        else:  # the warp kernels off, or a runner's position on another device than the round's buffers
+            bookkeeping.commit(buffers)
 
     def check(self, first_id: int) -> None:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""

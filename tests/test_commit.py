@@ -1,0 +1,101 @@
+"""gpu/commit.py against core/bookkeeping.py (the torch reference): every buffer equal after
+count_drafts and after commit, over the states a round leaves (every accepted count, an error
+sentinel, with and without a draft model, k from 0 to 32). On CPU (CI) the kernels run in the
+Triton interpreter (tests/triton_cpu.py); on a GPU the same tests run the compiled kernels, with
+and without dependent launch.
+"""
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import dataclasses
+
+import pytest
+import torch
+
+from specgen.core import bookkeeping
+from specgen.core.rejection import PLACEHOLDER
+from specgen.gpu import commit as gpu_commit
+
+DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
+LONG = dict(dtype=torch.long, device=DEVICE)
+
+
+def _buffers(k: int, accepted: int, draft: bool, seed: int, sentinel: bool = False) -> bookkeeping.CommitBuffers:
+    """A round's state after verification: `accepted` drafts kept, then the new token, then -1."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50_000, (2 * k + 4,), generator=gen)
+    row = torch.full((k + 1,), PLACEHOLDER, dtype=torch.long)
+    row[: accepted + 1] = ids[: accepted + 1]
+    if sentinel:
+        row[0] = -2  # gpu/verify.py's ERROR_BAD_LOGITS
+    return bookkeeping.CommitBuffers(
+        row=row.to(DEVICE), feed=ids[k + 2: 2 * k + 3].to(DEVICE),
+        num_drafts=torch.tensor([accepted + int(ids[-1]) % (k + 1 - accepted)], dtype=torch.int32, device=DEVICE),
+        stage=torch.full((2 * k + 2,), 7, **LONG), target_position=torch.tensor(1000 + seed, **LONG),
+        emitted=torch.tensor(99, **LONG), generated=torch.tensor(40 + seed, **LONG),
+        draft_position=torch.tensor(990 + seed, **LONG) if draft else None,
+        pending=torch.tensor([3, 4], **LONG) if draft else None, ran=k + 1 + seed % 2)
+
+
+def _copy(b: bookkeeping.CommitBuffers) -> bookkeeping.CommitBuffers:
+    return dataclasses.replace(b, **{f.name: getattr(b, f.name).clone() for f in dataclasses.fields(b)
+                                     if isinstance(getattr(b, f.name), torch.Tensor)})
+
+
+def _assert_same(a: bookkeeping.CommitBuffers, b: bookkeeping.CommitBuffers) -> None:
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), f"{field.name}: kernel {x.tolist()} reference {y.tolist()}"
+
+
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("draft", [True, False], ids=["draft-model", "no-draft"])
+@pytest.mark.parametrize("k", [0, 1, 4, 7, 32])
+def test_commit_matches_reference(k, draft, dependent):
+    for accepted in sorted({0, k // 2, k}):
+        ours = _buffers(k, accepted, draft, seed=accepted)
+        theirs = _copy(ours)
+        before = ours.feed.clone()
+        gpu_commit.commit(ours, dependent=dependent)
+        bookkeeping.commit(theirs)
+        _assert_same(ours, theirs)
+        # what the reference does, spelled out: the newest token leads the next feed
+        assert ours.emitted.item() == accepted + 1 and ours.feed[0].item() == ours.row[accepted].item()
+        assert torch.equal(ours.feed[1:], before[1:])
+        if draft:
+            assert ours.pending.tolist() == [before[accepted].item(), ours.row[accepted].item()]
+
+
+def test_commit_error_sentinel_matches_reference():
+    """A sentinel in the row's first id makes the counts garbage (the host raises on it); the
+    kernel's garbage is the reference's."""
+    ours = _buffers(4, 0, True, seed=3, sentinel=True)
+    theirs = _copy(ours)
+    gpu_commit.commit(ours)
+    bookkeeping.commit(theirs)
+    _assert_same(ours, theirs)
+    assert ours.stage[0].item() == -2
+
+
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("k", [1, 4, 8, 32])
+def test_count_drafts_matches_reference(k, dependent):
+    gen = torch.Generator().manual_seed(k)
+    cases = [(torch.ones(k, dtype=torch.bool), k, 1 << 62, 0),  # everything counts
+             (torch.ones(k, dtype=torch.bool), 0, 1 << 62, 5),  # the host allows none
+             (torch.ones(k, dtype=torch.bool), k, 10, 8),  # two before max_tokens
+             (torch.ones(k, dtype=torch.bool), k, 10, 12)]  # past it: none, never negative
+    for _ in range(6):
+        cases.append((torch.rand(k, generator=gen) > 0.3, int(torch.randint(0, k + 1, (1,), generator=gen)),
+                      int(torch.randint(0, 60, (1,), generator=gen)), int(torch.randint(0, 60, (1,), generator=gen))))
+    for confident, budget, limit, generated in cases:
+        args = (confident.to(DEVICE), torch.tensor([budget], dtype=torch.int32, device=DEVICE),
+                torch.tensor(limit, **LONG), torch.tensor(generated, **LONG))
+        ours = torch.full((1,), -5, dtype=torch.int32, device=DEVICE)
+        theirs = ours.clone()
+        gpu_commit.count_drafts(*args, ours, dependent=dependent)
+        bookkeeping.count_drafts(*args, theirs)
+        assert torch.equal(ours, theirs), (confident.tolist(), budget, limit, generated, ours, theirs)
+        unsure = [i for i, sure in enumerate(confident.tolist()) if not sure]
+        assert ours.item() == min(budget, unsure[0] if unsure else k, max(0, min(k, limit - generated)))
