@@ -269,15 +269,15 @@ def test_device_penalty_rows_and_masks_equal_the_reference():
 
 def test_draws_follow_the_documented_order():
     """A seed gives the same numbers as the allocating definitions in core/sampling.py, in the order
-    round.py documents: one Exp(1) row per sampled draft step, the uniforms, the target's row."""
+    round.py documents: the Exp(1) rows (one per sampled draft step, then the target's row) in one
+    draw, then the uniforms."""
     k, width = 3, 33
     rnd, _ = stub_round(SamplingSpec(temperature=1.0), k, width=width, vocab=width, stop_ids=())
     rnd.draw(torch.Generator().manual_seed(7))
     gen = torch.Generator().manual_seed(7)
-    rows = [sampling.exponentials((1, width), gen, "cpu") for _ in range(k)]
+    rows = sampling.exponentials((k + 1, width), gen, "cpu")
     uniforms = sampling.uniforms((k,), gen, "cpu")
-    rows.append(sampling.exponentials((1, width), gen, "cpu"))
-    assert torch.equal(rnd.noise, torch.cat(rows)) and torch.equal(rnd.uniform, uniforms)
+    assert torch.equal(rnd.noise, rows) and torch.equal(rnd.uniform, uniforms)
     assert bool((rnd.noise > 0).all()) and bool((rnd.uniform > 0).all())
     greedy, _ = stub_round(SamplingSpec(), k, width=width, vocab=width, stop_ids=())
     gen = torch.Generator().manual_seed(7)

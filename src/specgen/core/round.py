@@ -40,7 +40,7 @@ import torch
 from specgen.core import noise
 from specgen.core.bookkeeping import CommitBuffers
 from specgen.core.heads import prefill_head
-from specgen.core.sampling import MIN_EXPONENTIAL, PenaltyRows, WarpParams, logprobs_from_logits
+from specgen.core.sampling import PenaltyRows, WarpParams, exponentials_, logprobs_from_logits, uniforms_
 from specgen.core.settings import SamplingSpec
 
 
@@ -215,16 +215,14 @@ class Round:
         self.budget.fill_(n)
 
     def draw(self, generator: torch.Generator) -> None:
-        """The next round's random numbers, in place: Exp(1) rows for sampled draft steps, the
-        uniforms, then the target's recovery row (greedy rounds draw nothing)."""
+        """The next round's random numbers, in place: the Exp(1) rows (sampled draft steps, then the
+        target's recovery row) in one draw, then the uniforms (greedy rounds draw nothing). The host
+        launches these between replays, so they are as few calls as the buffers allow: on the GPU
+        each call costs the decode loop a few microseconds of host time a round."""
         if self.noise is None or self.shape.gumbel:
             return
-        rows = self.noise.shape[0]
-        for i in range(rows - 1):
-            self.noise[i : i + 1].exponential_(generator=generator)
-        self.uniform.uniform_(0.0, 1.0, generator=generator).neg_().add_(1.0)  # (0, 1]: never 0
-        self.noise[rows - 1 :].exponential_(generator=generator)
-        self.noise.clamp_min_(MIN_EXPONENTIAL)
+        exponentials_(self.noise, generator)
+        uniforms_(self.uniform, generator)
 
     # -- the device program -----------------------------------------------------------------------
 

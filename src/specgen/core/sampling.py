@@ -269,8 +269,9 @@ def uniforms(shape, generator: torch.Generator | None, device) -> torch.Tensor:
 
 
 def uniforms_(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """uniforms() into an existing float32 buffer: 1 - U[0, 1), computed as -u + 1 (the same value)."""
-    return out.uniform_(0.0, 1.0, generator=generator).neg_().add_(1.0)
+    """uniforms() into an existing float32 buffer: 1 - U[0, 1), drawn as -U[-1, 0) (the same values
+    for the same generator state, both exact in float32, in two calls instead of three)."""
+    return out.uniform_(-1.0, 0.0, generator=generator).neg_()
 
 
 def sample_race(probs: torch.Tensor, expo: torch.Tensor) -> torch.Tensor:
