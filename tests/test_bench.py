@@ -64,8 +64,9 @@ def documented_paths() -> list[str]:
     return paths
 
 
-def resolve(node, parts: list[str], baselines: list[str], where: str) -> None:
-    """Check that the path exists in node (stopping at null, which documented nullable fields may be)."""
+def resolve(node, parts: list[str], baselines: list[str], where: str, proposers: tuple[str, ...] = ("draft",)) -> None:
+    """Check that the path exists in node (stopping at null, which documented nullable fields may be).
+    <baseline> and <proposer> stand for each baseline and each proposer (but ngram) of the sweep."""
     if not parts or node is None:
         return
     head, rest = parts[0], parts[1:]
@@ -73,12 +74,12 @@ def resolve(node, parts: list[str], baselines: list[str], where: str) -> None:
         node = node[head[:-2]] if head[:-2] else node
         assert isinstance(node, list), where
         for item in node:
-            resolve(item, rest, baselines, where)
+            resolve(item, rest, baselines, where, proposers)
         return
-    keys = baselines if head == "<baseline>" else [head]
+    keys = {"<baseline>": baselines, "<proposer>": [p for p in proposers if p != "ngram"]}.get(head, [head])
     for key in keys:
         assert isinstance(node, dict) and key in node, f"{where}: missing {key!r}"
-        resolve(node[key], rest, baselines, where)
+        resolve(node[key], rest, baselines, where, proposers)
 
 
 def test_bench_json_has_every_documented_field(sweep):
@@ -86,7 +87,8 @@ def test_bench_json_has_every_documented_field(sweep):
     paths = documented_paths()
     assert len(paths) > 80
     for path in paths:
-        resolve(document, path.split("."), document["settings"]["baselines"], path)
+        resolve(document, path.split("."), document["settings"]["baselines"], path,
+                tuple(document["settings"]["proposers"]))
     assert document["schema"] == "specgen.bench/1"
 
 
@@ -411,6 +413,27 @@ def test_table_never_truncates_numbers(width, names, proposers):
     for number in ("12345.6", "10234.5–15432.1", "13579.2", "123.45×", "87.6%", "7.65", "10.2/20.5/30.8/40.5", "1234.5",
                    "117738"):
         assert number in text, (number, text)
+
+
+def test_the_floor_column_appears_with_a_floor():
+    """`× floor` shows round_over_floor where a result has one, `–` where another has none, and is
+    absent from a bench without any (the CPU's)."""
+    from rich.console import Console
+
+    from specgen.cli.bench import show
+
+    document = _document(["target-only"], cuda=True, proposers=("draft", "hybrid"))
+    document["results"][0]["round_over_floor"] = 1.234
+    document["results"][1]["round_over_floor"] = None
+    console = Console(width=200, record=True, highlight=False)
+    show(document, console)
+    text = console.export_text()
+    assert "× floor" in text and "1.23×" in text
+    rows = {name: next(line for line in text.splitlines() if f" {name} " in line) for name in ("draft", "hybrid")}
+    assert rows["hybrid"].count("–") == rows["draft"].count("–") + 1  # its floor cell (p25–p75 has one too)
+    console = Console(width=200, record=True, highlight=False)
+    show(_document(["target-only"], cuda=False), console)
+    assert "× floor" not in console.export_text()
 
 
 def test_a_table_too_wide_for_the_console_wraps_numbers_instead_of_cutting_them():

@@ -357,6 +357,8 @@ def tables(document: dict, console: Console) -> list[Table]:
     keys = ("T", "proposer", "method") if len(proposers(document)) > 1 else ("T", "method")
     speed = (*SPEED, *(f"× {n}" for n in names))
     latency = ("TTFT ms", *(["peak MiB"] if cuda else []))
+    floored = any(r.get("round_over_floor") is not None for r in document["results"])
+    acceptance = ACCEPTANCE[:-1] + (("× floor",) if floored else ()) + ACCEPTANCE[-1:]
     rows = []
     sweeps = dict.fromkeys((r["temperature"], r.get("coupling")) for r in document["baselines"] + document["results"])
     for temperature, coupling in sweeps:
@@ -371,8 +373,8 @@ def tables(document: dict, console: Console) -> list[Table]:
              f"{document['settings']['max_tokens']} tokens · {env['device']} ({env['device_name']})"
              + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""))
     # One table; else two, TTFT and peak memory with whichever half leaves both room; else three.
-    layouts = [[speed + latency + ACCEPTANCE], [speed + latency, ACCEPTANCE], [speed, latency + ACCEPTANCE],
-               [speed, latency, ACCEPTANCE]]
+    layouts = [[speed + latency + acceptance], [speed + latency, acceptance], [speed, latency + acceptance],
+               [speed, latency, acceptance]]
     for layout in layouts:
         grids = [_fitted(title if i == 0 else None, (*keys, *columns), rows, console) for i, columns in enumerate(layout)]
         if all(grids):
@@ -434,6 +436,7 @@ def _result_row(result: dict, names: list[str]) -> dict:
         "accept": f"{result['acceptance_rate']:.1%}", "mean len": f"{result['mean_accepted_length']:.2f}",
         "per position": render.position_bars(result["per_position_acceptance"]),
         "round ms d/v/s/o": "/".join(f"{split[p]:.1f}" for p in ("draft", "verify", "sample", "other")),
+        "× floor": f"{result['round_over_floor']:.2f}×" if result.get("round_over_floor") is not None else "–",
         "same text": _agreement(result["greedy_agreement"] or result.get("sampled_agreement")),
     }
 

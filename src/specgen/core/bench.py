@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from specgen.core import floors
 from specgen.core.bench_plan import BASELINES, HF_BASELINES, Plan  # noqa: F401 - BASELINES is part of this API
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
@@ -106,6 +107,7 @@ class Bench:
         self.progress = progress or (lambda steps, label: None)
         self.device = engine.pair.device
         self.startup_seconds = startup_seconds
+        self.bandwidth: float | None = None  # copy bandwidth, measured when the run starts (CUDA)
         self.skipped: list[dict] = []
         self.indices, self.prompts, self.prompt_ids = self._admit(prompts, warn or (lambda message: None))
 
@@ -140,6 +142,7 @@ class Bench:
     def run(self) -> dict:
         """The whole sweep as the `--format json` document; `incomplete` is true after Ctrl-C."""
         baselines, results, incomplete = [], [], False
+        self.bandwidth = floors.copy_bandwidth(self.device)  # before any timing: it empties torch's cache
         for temperature, coupling in self.plan.sweeps():
             sweep = self._sweep(temperature, coupling)
             try:
@@ -322,6 +325,7 @@ class Bench:
             "mean_accepted_length": stats.mean_accepted_length,
             "per_position_acceptance": stats.per_position,
             "round_ms": _round_ms(stats),
+            **self._floor(proposer, k, stats),
             "peak_gpu_memory_bytes": peak,
             "greedy_agreement": greedy_agreement(samples, available) if temperature == 0 else None,
             # same seed, same prompt: under Gumbel coupling the text must be target-only's
@@ -335,6 +339,29 @@ class Bench:
         if self.plan.records:
             result["records"] = [s.record.as_dict() for s in samples]
         return result
+
+    def _drafter_bytes(self, proposer: str) -> int | None:
+        """Bytes one call of the proposer's drafter streams: 0 for prompt lookup, None where a
+        round's drafting has no one cost (hybrid rounds mix lookup and model; MTP layers are not
+        captured and borrow the target's output projection)."""
+        drafter = self.engine.profile.proposer.drafter(proposer)
+        if proposer == "ngram" or drafter == "none":
+            return 0
+        if proposer == "draft" and self.engine.pair.draft is not None:
+            return floors.streamed_bytes(self.engine.pair.draft)
+        head = self.engine.heads.get("eagle") if proposer == "eagle" else None
+        if head is not None:
+            return floors.streamed_bytes(head.head)  # its embedding is the target's, gathered
+        return None
+
+    def _floor(self, proposer: str, k: int, stats: AcceptanceStats) -> dict:
+        """round_floor_ms and round_over_floor (docs/bench-schema.md; core/floors.py)."""
+        drafter = self._drafter_bytes(proposer)
+        if self.bandwidth is None or drafter is None or not stats.rounds:
+            return {"round_floor_ms": None, "round_over_floor": None}
+        floor = floors.floor_ms(floors.streamed_bytes(self.engine.pair.target), drafter, k if drafter else 0,
+                                self.bandwidth)
+        return {"round_floor_ms": floor, "round_over_floor": _round_ms(stats)["total"] / floor}
 
     # -- describing the run ----------------------------------------------------------------
 
@@ -353,8 +380,18 @@ class Bench:
             "device_name": name or platform.machine(),
             "dtype": str(self.engine.pair.target.dtype).removeprefix("torch."),
             "cpu_threads": torch.get_num_threads(),
+            "copy_bandwidth_bytes_per_s": self.bandwidth,
+            "streamed_bytes": self._streamed(),
             "resolved": self.engine.describe(),  # backend, graphs, compile, kernels as resolved
         }
+
+    def _streamed(self) -> dict:
+        """Bytes a step of each model streams (core/floors.py), by proposer drafter."""
+        out = {"target": floors.streamed_bytes(self.engine.pair.target)}
+        for proposer in self.plan.proposers:
+            if proposer != "ngram":
+                out[proposer] = self._drafter_bytes(proposer)
+        return out
 
     def _profile_info(self) -> dict:
         profile = self.engine.profile

@@ -1,0 +1,79 @@
+"""The weight-streaming floor: the least time a batch-1 step or round can take on a device.
+
+At batch 1 a decode step reads every weight it multiplies by once, so its time cannot fall below
+those bytes over the device's memory bandwidth; how near a step or round comes to that floor says
+how much of its time is anything else (launches, latency, small kernels). `specgen bench` reports
+it beside each round's time (docs/bench-schema.md).
+
+The bytes are the model's parameters as a step reads them: each stored tensor once (tied weights
+once), less the input embedding unless the output projection is that same tensor, since a step
+gathers one row of it. The bandwidth is a device-to-device copy's, bytes read plus bytes written,
+measured in the same process, as docs/benchmarks.md's floors are.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+COPY_BYTES = 2**30  # each of the copy's two buffers: far past any L2, small beside a model
+COPY_RUNS = 10  # timed copies; the first two are left out of the median
+
+
+def streamed_bytes(model: torch.nn.Module, gathered: torch.Tensor | None = None) -> int:
+    """Bytes of weights one decode step of `model` reads. gathered: a weight the step only gathers
+    rows of (default: the model's input embedding, unless it is tied to the output projection)."""
+    if gathered is None:
+        gathered = _untied_input_embedding(model)
+    skip = gathered.data_ptr() if gathered is not None else None
+    total = 0
+    for parameter in model.parameters():  # each shared parameter once
+        if skip is not None and parameter.data_ptr() == skip:
+            continue
+        total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def _untied_input_embedding(model) -> torch.Tensor | None:
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    embedding = get_in() if get_in is not None else None
+    if not isinstance(embedding, torch.nn.Module) or not isinstance(getattr(embedding, "weight", None), torch.Tensor):
+        return None
+    output = get_out() if get_out is not None else None
+    weight = getattr(output, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.data_ptr() == embedding.weight.data_ptr():
+        return None  # tied: the LM head streams it
+    return embedding.weight
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = COPY_BYTES) -> float | None:
+    """Bytes per second of a device-to-device copy on a CUDA `device` (read plus written): the
+    median of COPY_RUNS - 2 timed copies. None on other devices, or where two buffers of `nbytes`
+    do not fit beside what the device holds."""
+    if device.type != "cuda":
+        return None
+    try:
+        source = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+        target = torch.empty_like(source)
+    except torch.cuda.OutOfMemoryError:
+        return None
+    times = []
+    with torch.cuda.device(device):
+        for _ in range(COPY_RUNS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.copy_(source)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    del source, target
+    torch.cuda.empty_cache()
+    return 2 * (nbytes // 4) * 4 / statistics.median(times[2:])
+
+
+def floor_ms(target_bytes: int, drafter_bytes: int, calls: int, bandwidth: float) -> float:
+    """A round's floor in ms: one target step, and `calls` drafter calls (k for a draft model or a
+    head: a round's first call extends over two or more rows, the rest step one)."""
+    return (target_bytes + calls * drafter_bytes) / bandwidth * 1e3
