@@ -69,7 +69,7 @@ if not torch.cuda.is_available():  # only `attention --runners` runs on a CPU: t
 
 import torch.nn.functional as F  # noqa: E402
 
-from specgen.core import rejection, sampling  # noqa: E402
+from specgen.core import floors, rejection, sampling  # noqa: E402
 from specgen.core.settings import KernelSpec  # noqa: E402
 from specgen.gpu import attention, linear, rewire, tune, verify, warp  # noqa: E402
 from specgen.gpu.kernels import ResolvedKernels, resolve  # noqa: E402
@@ -384,19 +384,11 @@ VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
 
 
 def copy_bandwidth(gib: int = 4) -> float:
-    """Bytes per second of a device-to-device copy, counting bytes read and bytes written."""
-    a = torch.randn(gib * 2**28, device="cuda")
-    b = torch.empty_like(a)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        b.copy_(a)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    assert torch.equal(a, b)
-    return 2 * a.numel() * a.element_size() / statistics.median(times[2:])
+    """Bytes per second of a device-to-device copy, counting bytes read and bytes written
+    (core/floors.py, the measurement `specgen bench` makes, with buffers of `gib` GiB)."""
+    bandwidth = floors.copy_bandwidth(torch.device("cuda"), gib * 2**30)
+    assert bandwidth is not None, f"two {gib} GiB buffers do not fit on the GPU"
+    return bandwidth
 
 
 def random_llama(config_kwargs: dict):

@@ -58,6 +58,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = COPY_BYTES) -> float | No
         source = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
         target = torch.empty_like(source)
     except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()  # hand back what the first buffer took, for the models' caches
         return None
     times = []
     with torch.cuda.device(device):
