@@ -107,3 +107,12 @@ def test_bench_reports_no_floor_where_there_is_no_bandwidth(engine):
 def test_the_copy_bandwidth_on_the_gpu():
     bandwidth = floors.copy_bandwidth(torch.device("cuda"))
     assert bandwidth is not None and 1e11 < bandwidth < 2e13  # bytes/s: between 0.1 and 20 TB/s
+
+
+def test_offloaded_weights_count_as_loaded_ones():
+    """Weights on the meta device (offloaded by accelerate) all have data_ptr 0: the count goes by
+    the parameter objects, so they are not mistaken for the embedding."""
+    for tied in (False, True):
+        with torch.device("meta"):
+            meta = _llama(tied)
+        assert floors.streamed_bytes(meta) == floors.streamed_bytes(_llama(tied)) > 0

@@ -26,10 +26,9 @@ def streamed_bytes(model: torch.nn.Module, gathered: torch.Tensor | None = None)
     rows of (default: the model's input embedding, unless it is tied to the output projection)."""
     if gathered is None:
         gathered = _untied_input_embedding(model)
-    skip = gathered.data_ptr() if gathered is not None else None
     total = 0
     for parameter in model.parameters():  # each shared parameter once
-        if skip is not None and parameter.data_ptr() == skip:
+        if parameter is gathered:  # identity, not data_ptr: offloaded (meta) weights all have 0
             continue
         total += parameter.numel() * parameter.element_size()
     return total
@@ -43,7 +42,7 @@ def _untied_input_embedding(model) -> torch.Tensor | None:
         return None
     output = get_out() if get_out is not None else None
     weight = getattr(output, "weight", None)
-    if isinstance(weight, torch.Tensor) and weight.data_ptr() == embedding.weight.data_ptr():
+    if weight is embedding.weight:  # transformers ties by sharing the parameter
         return None  # tied: the LM head streams it
     return embedding.weight
 
