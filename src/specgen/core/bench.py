@@ -108,6 +108,7 @@ class Bench:
         self.device = engine.pair.device
         self.startup_seconds = startup_seconds
         self.bandwidth: float | None = None  # copy bandwidth, measured when the run starts (CUDA)
+        self.streamed: dict = {}  # bytes a step streams, target and drafters (_streamed), at run start
         self.skipped: list[dict] = []
         self.indices, self.prompts, self.prompt_ids = self._admit(prompts, warn or (lambda message: None))
 
@@ -143,6 +144,7 @@ class Bench:
         """The whole sweep as the `--format json` document; `incomplete` is true after Ctrl-C."""
         baselines, results, incomplete = [], [], False
         self.bandwidth = floors.copy_bandwidth(self.device)  # before any timing: it empties torch's cache
+        self.streamed = self._streamed()
         for temperature, coupling in self.plan.sweeps():
             sweep = self._sweep(temperature, coupling)
             try:
@@ -356,11 +358,10 @@ class Bench:
 
     def _floor(self, proposer: str, k: int, stats: AcceptanceStats) -> dict:
         """round_floor_ms and round_over_floor (docs/bench-schema.md; core/floors.py)."""
-        drafter = self._drafter_bytes(proposer)
+        drafter = 0 if proposer == "ngram" else self.streamed[proposer]
         if self.bandwidth is None or drafter is None or not stats.rounds:
             return {"round_floor_ms": None, "round_over_floor": None}
-        floor = floors.floor_ms(floors.streamed_bytes(self.engine.pair.target), drafter, k if drafter else 0,
-                                self.bandwidth)
+        floor = floors.floor_ms(self.streamed["target"], drafter, k if drafter else 0, self.bandwidth)
         return {"round_floor_ms": floor, "round_over_floor": _round_ms(stats)["total"] / floor}
 
     # -- describing the run ----------------------------------------------------------------
@@ -381,7 +382,7 @@ class Bench:
             "dtype": str(self.engine.pair.target.dtype).removeprefix("torch."),
             "cpu_threads": torch.get_num_threads(),
             "copy_bandwidth_bytes_per_s": self.bandwidth,
-            "streamed_bytes": self._streamed(),
+            "streamed_bytes": self.streamed,
             "resolved": self.engine.describe(),  # backend, graphs, compile, kernels as resolved
         }
 
