@@ -19,7 +19,7 @@ from tiny_models import build_family, write_profile
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    """The tiny Llama 3.1 pair (llama3 rope scaling: transformers runs it, not core/llama.py); its
+    """The tiny Llama 3.1 pair (llama3 rope scaling); its
     target and draft have the same tokenizer files."""
     return build_family(tmp_path_factory.mktemp("startup"), "llama-3.1")
 

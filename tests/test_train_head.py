@@ -15,6 +15,7 @@ from tiny_models import CORPUS, build_head, build_pair, tiny_head_config, write_
 
 from specgen.core import head_data as hd
 from specgen.core import train_head as th
+from specgen.core.step.model import OwnedModel
 from specgen.core.train_plan import TrainPlan
 
 
@@ -44,12 +45,12 @@ def load_target(folder: Path, modeling: str):
 @pytest.mark.parametrize("modeling", ["transformers", "auto"])
 def test_hooks_capture_exactly_the_hidden_states_entering_each_layer(pair, modeling):
     """`aux_layer_ids` id i is transformers' output_hidden_states[i]: bit-equal on transformers'
-    model, equal to float32 rounding on specgen's own Llama (core/llama.py, "auto")."""
+    model, equal to float32 rounding on specgen's own model step (core/step/, "auto")."""
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32).eval()
     model = load_target(pair[0], modeling)
-    assert (type(model).__module__ == "specgen.core.llama") == (modeling == "auto")
+    assert isinstance(model, OwnedModel) == (modeling == "auto")
     ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(0))
     capture = th.AuxCapture(model, (0, 1, 1))
     with torch.no_grad():
@@ -184,7 +185,7 @@ def test_the_head_simulation_counts_what_cached_drafting_would_accept():
 
 @pytest.mark.parametrize("modeling", ["transformers", "auto"])
 def test_a_few_steps_lower_the_loss(pair, modeling):
-    """A tiny random Llama target, through transformers and through core/llama.py: the TTT loss
+    """A tiny random Llama target, through transformers and through core/step/: the TTT loss
     on a fixed batch falls over a few steps."""
     target = load_target(pair[0], modeling)
     from specgen.core.models import load_tokenizer

@@ -34,7 +34,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.core.llama import RMSNorm  # the same norm as the target's Llama layers
+from specgen.core.step.ops import TorchOps
+
+NORM = TorchOps().norm  # the same norm as the target's Llama layers
+
+
+class RMSNorm(nn.Module):
+    """A Llama RMSNorm whose weight the head trains."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return NORM(x, self.weight, self.eps)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
-    """The target's decoder layers (transformers' and core/llama.py's models keep them at model.layers)."""
+    """The target's decoder layers (transformers' and core/step/'s models keep them at model.layers)."""
     body = getattr(model, "model", None)
     layers = getattr(body, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):

@@ -4,10 +4,10 @@ A `path` is a local folder or a hub id, which specgen finds in the local Hugging
 any network access; only [runtime] download = true (--download) fetches what the cache lacks.
 Weights load from safetensors; pickle-based weights (.bin, .pt) only with allow_pickle.
 
-Llama checkpoints on the CPU run on specgen's own forward (core/llama.py) and a tokenizer declared
-as a plain PreTrainedTokenizerFast loads as one, without AutoTokenizer: both skip the imports of
-transformers' modeling code, most of the demo's start-up. Everything else loads through
-transformers' Auto classes.
+Checkpoints of the families specgen's own model step covers (core/step/: Llama, Mistral, Qwen2,
+Qwen3, Gemma 2) run on it on the CPU, and a tokenizer declared as a plain PreTrainedTokenizerFast
+loads as one, without AutoTokenizer: both skip the imports of transformers' modeling code, most
+of the demo's start-up. Everything else loads through transformers' Auto classes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specgen.core import llama
+from specgen.core.step import config as step_config
+from specgen.core.step.model import GrowingCache, OwnedModel
 from specgen.core.errors import ModelError
 from specgen.core.settings import ModelSpec, Profile, RuntimeSpec
 
@@ -39,8 +40,8 @@ class LoadedPair:
 
     @property
     def modeling(self) -> str:
-        """Which code runs the target: "specgen" (core/llama.py) or "transformers"."""
-        return "specgen" if isinstance(self.target, llama.LlamaForCausalLM) else "transformers"
+        """Which code runs the target: "specgen" (core/step/) or "transformers"."""
+        return "specgen" if isinstance(self.target, OwnedModel) else "transformers"
 
 
 def cpu_threads(spec: RuntimeSpec, cpus: int | None = None) -> int:
@@ -256,7 +257,7 @@ def _plain_fast_tokenizer(folder: Path) -> bool:
         return False  # AutoTokenizer then says what is wrong
     return (isinstance(declared, dict) and declared.get("tokenizer_class") in ("PreTrainedTokenizerFast",
                                                                                "TokenizersBackend")
-            and "auto_map" not in declared and model_type == llama.MODEL_TYPE)
+            and "auto_map" not in declared and model_type == "llama")
 
 
 def _plain_tokenizer(folder: Path, config: dict):
@@ -276,12 +277,12 @@ _TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.*", "merges.txt", "*.tik
 
 def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = False,
                modeling: str = "auto") -> torch.nn.Module:
-    """modeling: [runtime] modeling ("auto": specgen's own Llama where own_llama says so)."""
+    """modeling: [runtime] modeling ("auto": specgen's own model step where `owned` says so)."""
     name, use_safetensors = _locate(spec, allow_pickle, download)
     device = resolve_device(spec)
-    shape = own_llama(Path(name), spec, device, use_safetensors, modeling)
-    if shape is not None:
-        return _load_llama(Path(name), shape, resolve_dtype(spec, device), device)
+    config = owned(Path(name), spec, device, use_safetensors, modeling)
+    if config is not None:
+        return _load_owned(Path(name), config, resolve_dtype(spec, device), device)
     _quiet_transformers()
     from transformers import AutoModelForCausalLM
 
@@ -359,21 +360,23 @@ def placement(spec: ModelSpec, device: torch.device) -> dict:
     return {"device_map": {"": device}} if device.type == "cuda" else {}
 
 
-def own_llama(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
-              modeling: str) -> llama.LlamaShape | None:
-    """The checkpoint's shape when specgen's own Llama runs it: modeling "auto", on the CPU (the
-    CUDA backend rewires transformers' modules), from safetensors, with a config that core/llama.py
-    covers; else None."""
+def owned(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
+          modeling: str) -> step_config.StepConfig | None:
+    """The checkpoint's config when specgen's own model step runs it: modeling "auto", on the CPU
+    (the CUDA backend still runs transformers' modules), from safetensors, with a config that
+    core/step/config.py covers; else None."""
     if modeling != "auto" or device.type != "cpu" or spec.device_map is not None or not use_safetensors:
         return None
-    return llama.shape_of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    return step_config.of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
 
 
-def _load_llama(folder: Path, shape: llama.LlamaShape, dtype: torch.dtype, device: torch.device):
+def _load_owned(folder: Path, config: step_config.StepConfig, dtype: torch.dtype, device: torch.device):
     from safetensors import SafetensorError
 
+    from specgen.core.step.load import load
+
     try:
-        return llama.load(folder, shape, dtype, device)
+        return load(folder, config, dtype, device)
     except SafetensorError as exc:
         raise _damaged(str(folder), exc) from None
     except (ValueError, RuntimeError) as exc:  # a tensor missing, left over or of another shape than config.json's
@@ -385,9 +388,9 @@ def _load_llama(folder: Path, shape: llama.LlamaShape, dtype: torch.dtype, devic
 
 
 def new_cache(model):
-    """An empty KV cache for `model`: specgen's Llama has its own (no transformers import)."""
-    if isinstance(model, llama.LlamaForCausalLM):
-        return llama.KVCache()
+    """An empty KV cache for `model`: specgen's own models have their own (no transformers import)."""
+    if isinstance(model, OwnedModel):
+        return GrowingCache(model)
     from transformers import DynamicCache
 
     return DynamicCache()
@@ -396,7 +399,7 @@ def new_cache(model):
 def cache_keyword(forward) -> str:
     """The keyword `forward` (a model's or a decoder layer's) takes its KV cache by: `cache` where
     transformers renamed it (5.24, where `past_key_values` still works but warns), else
-    `past_key_values` (5.17 to 5.23, the families not renamed yet, and core/llama.py's model)."""
+    `past_key_values` (5.17 to 5.23, the families not renamed yet, and core/step/'s models)."""
     params = inspect.signature(forward).parameters
     return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
 

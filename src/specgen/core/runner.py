@@ -2,8 +2,9 @@
 
 Every runner owns one position tensor: a step writes at it and advances it, and a round rolls
 back by moving it (`position.sub_(n)`), on the device, without a host sync. EagerRunner (the
-torch backend) keeps a DynamicCache cropped to that position; gpu/runner.py's GraphRunner keeps a
-static slot cache whose layers all write at it, so its steps can be captured as CUDA graphs.
+torch backend) steps specgen's own models over a slot cache (core/step/) and keeps transformers'
+models' DynamicCache cropped to that position; gpu/runner.py's GraphRunner keeps a static slot
+cache whose layers all write at it, so its steps can be captured as CUDA graphs.
 """
 
 from __future__ import annotations
@@ -42,12 +43,16 @@ def fit_logits(logits: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class EagerRunner:
-    """The torch backend's runner: eager steps over a growing cache (models.new_cache). Its `position`
-    is the Runner protocol's (a round moves it back to roll back); the cache is cropped to it
-    before the next step. On a CPU that read costs nothing, and attention covers only the live
-    keys, where a static cache would attend (and build a mask) over its whole length each step."""
+    """The torch backend's runner: eager steps at its `position` (the Runner protocol's: a round
+    moves it back to roll back). specgen's own models (core/step/) step over a slot cache whose
+    rows see the slots before the position, so a rollback needs nothing more; transformers' models
+    keep a DynamicCache (models.new_cache) cropped to the position before the next step. Either way
+    attention covers only the live keys: on a CPU, reading the position costs nothing."""
 
     def __init__(self, model, width: int, capacity: int = 0, tap=None):
+        from specgen.core.models import cache_keyword
+        from specgen.core.step.model import OwnedModel
+
         self.model = model
         self.tap = tap  # core/heads.py's AuxTap: copies hidden states during this runner's forwards
         self.width = width  # logits columns handed out: padded with -inf or cut to the target's width
@@ -55,16 +60,15 @@ class EagerRunner:
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
         self.capacity = capacity  # not a limit here: the cache grows as needed
         self.generation = 0
-        self.length = 0  # tokens in the cache (may run ahead of position until the next step)
-        from specgen.core.models import cache_keyword
-
-        self.cache_keyword = cache_keyword(type(model).forward)
+        self.owned = isinstance(model, OwnedModel)
+        self.length = 0  # transformers' cache: tokens in it (may run ahead of position until the next step)
+        self.cache_keyword = None if self.owned else cache_keyword(type(model).forward)
         self.reset()
 
     def reset(self) -> None:
         from specgen.core.models import new_cache
 
-        self.cache = new_cache(self.model)
+        self.cache = self.model.new_cache(1, max(self.capacity, 64)) if self.owned else new_cache(self.model)
         self.length = 0
         self.position.zero_()
 
@@ -90,15 +94,25 @@ class EagerRunner:
         return logits
 
     def _run(self, ids: torch.Tensor, n_logits: int) -> torch.Tensor:
-        start = int(self.position)
+        start, n = int(self.position), ids.shape[0]
+        with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
+            logits = self._owned(ids, start, n_logits) if self.owned else self._transformers(ids, start, n_logits)
+        self.position.add_(n)
+        return logits
+
+    def _owned(self, ids: torch.Tensor, start: int, n_logits: int) -> torch.Tensor:
+        from specgen.core.step.rows import chain
+
+        if start + ids.shape[0] > self.cache.capacity:
+            self.cache = self.cache.grown(max(2 * self.cache.capacity, start + ids.shape[0]))
+        return self.model.step(chain(ids[None], start), self.cache, keep=n_logits)[0]
+
+    def _transformers(self, ids: torch.Tensor, start: int, n_logits: int) -> torch.Tensor:
         if self.length > start:  # a round moved the position back: drop what it rejected
             self.cache.crop(start - self.length)  # negative: drop that many (works across versions)
-        n = ids.shape[0]
-        positions = torch.arange(start, start + n, device=self.device)
-        with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
-            out = self.model(input_ids=ids.unsqueeze(0), **{self.cache_keyword: self.cache},
-                             position_ids=positions.unsqueeze(0), cache_position=positions, use_cache=True,
-                             logits_to_keep=n_logits)
-        self.length = start + n
-        self.position.add_(n)
+        positions = torch.arange(start, start + ids.shape[0], device=self.device)
+        out = self.model(input_ids=ids.unsqueeze(0), **{self.cache_keyword: self.cache},
+                         position_ids=positions.unsqueeze(0), cache_position=positions, use_cache=True,
+                         logits_to_keep=n_logits)
+        self.length = start + ids.shape[0]
         return out.logits[0]

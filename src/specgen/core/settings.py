@@ -121,7 +121,7 @@ class RuntimeSpec:
     # Fetch a hub id that is not in the local cache. Off: specgen never opens a network connection
     # (not even the metadata requests huggingface_hub makes for cached files).
     download: bool = False
-    # Which code runs the models: auto = specgen's own Llama (core/llama.py) on the CPU where it
+    # Which code runs the models: auto = specgen's own model step (core/step/) on the CPU where it
     # covers the checkpoint, which starts seconds sooner than transformers' modeling code, and
     # transformers for everything else; transformers = always transformers.
     modeling: str = "auto"

@@ -63,7 +63,7 @@ REGEN_POOL = 8  # --regenerate: batches continued together
 
 def decoder_layers(target) -> torch.nn.ModuleList:
     """The target's decoder layers: `model.layers` in transformers' Llama-family models and in
-    core/llama.py."""
+    specgen's own (core/step/)."""
     try:
         layers = target.model.layers
     except AttributeError:
@@ -256,7 +256,7 @@ def continue_greedily(target, prompts: torch.Tensor, new_tokens: int, temperatur
 
 
 def target_shape(config) -> dict:
-    """The fields of a target's config (transformers', or LlamaShape of core/llama.py) the head copies."""
+    """The fields of a target's config (transformers', or core/step/'s StepConfig) the head copies."""
     heads = config.num_attention_heads
     rope = dict(getattr(config, "rope_parameters", None) or {})  # transformers 5; 4 had rope_theta/rope_scaling
     theta = getattr(config, "rope_theta", None) or rope.get("rope_theta", 10000.0)
@@ -277,7 +277,7 @@ def build_head(target, layer_ids: tuple[int, ...], draft_ids: torch.Tensor, init
     vocab, hidden = target.config.vocab_size, shape["hidden_size"]
     config = Eagle3Config(**shape, target_vocab_size=vocab, draft_vocab_size=len(draft_ids),
                           target_hidden_size=hidden, aux_layer_ids=tuple(layer_ids))
-    embedding = target.model.embed_tokens.weight  # transformers' Llama family and core/llama.py
+    embedding = target.model.embed_tokens.weight  # transformers' Llama family and core/step/
     torch.manual_seed(seed)
     head = Eagle3Head(config, embedding.detach().float().to(device), capacity=1).to(device)
     with torch.no_grad():

@@ -87,7 +87,7 @@ def install(model) -> CompiledLayers:
 
     region = CompiledLayers()
     _raise_recompile_limit()
-    layers = getattr(getattr(model, "model", None), "layers", None)  # transformers' and core/llama.py's
+    layers = getattr(getattr(model, "model", None), "layers", None)  # transformers' models
     for module in layers if isinstance(layers, torch.nn.ModuleList) else ():
         if "forward" in vars(module):  # accelerate's hooks (or the user's): keep them, uncompiled
             continue
