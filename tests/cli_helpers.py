@@ -136,18 +136,20 @@ def visible_text(text: str) -> str:
 
 
 def llama_classes() -> tuple:
-    """The classes that run Llama checkpoints: specgen's own (on the CPU) and transformers'."""
+    """(class, method) pairs that run Llama checkpoints: specgen's own model step (on the CPU and one
+    GPU) and transformers' forward."""
     from transformers import LlamaForCausalLM
 
-    from specgen.core import llama
+    from specgen.core.step.model import OwnedModel
 
-    return llama.LlamaForCausalLM, LlamaForCausalLM
+    return (OwnedModel, "step"), (LlamaForCausalLM, "forward")
 
 
 def wrap_forwards(monkeypatch, wrapper) -> None:
-    """Replace the forward of every Llama class by wrapper(real_forward, self, *args, **kwargs)."""
-    for cls in llama_classes():
-        monkeypatch.setattr(cls, "forward", lambda self, *a, real=cls.forward, **k: wrapper(real, self, *a, **k))
+    """Replace each Llama class's step or forward by wrapper(real_method, self, *args, **kwargs)."""
+    for cls, name in llama_classes():
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, real=real, **k: wrapper(real, self, *a, **k))
 
 
 def count_forwards(monkeypatch, interrupt_at: int | None = None) -> list:

@@ -67,30 +67,21 @@ class RowwiseOps(TorchOps):
         out = torch.stack([F.linear(row, weight, bias) for row in rows]).reshape(*x.shape[:-1], -1)
         return out if residual is None else residual + out
 
-    def gate_up(self, x, gate, up, activation, gate_bias=None, up_bias=None):
-        from specgen.core.step.ops import ACTIVATIONS
-
-        return ACTIVATIONS[activation](self.linear(x, gate, gate_bias)) * self.linear(x, up, up_bias)
-
-    def logits(self, x, weight, softcap=None):
-        out = self.linear(x, weight)
-        return torch.tanh(out / softcap) * softcap if softcap is not None else out
-
-    def attention(self, q, k, v, cache, layer, rows, inv_freq, scale, window=None, softcap=None):
+    def attention(self, q, k, v, cache, layer, rows, rotary, scale, window=None, softcap=None):
         """Each row over exactly the keys it sees, gathered: slots it does not see cannot change the
         length of its reductions."""
         b, n, heads, d = q.shape
-        q, k = self.rope(q, rows.positions, inv_freq), self.rope(k, rows.positions, inv_freq)
+        q, k = self.rope(q, rotary), self.rope(k, rotary)
         self.write(k, v, cache, layer, rows)
         out = torch.empty(b, n, heads * d, dtype=q.dtype)
         for s in range(b):
             for i in range(n):
-                seen = rows.visible[s, i].clone()
+                seen = rows.seen(cache.capacity)[s, i].clone()
                 if window is not None:
-                    seen &= rows.positions[s, i] - cache.positions[s, :rows.span] < window
+                    seen &= rows.positions[s, i] - cache.positions[s, :len(seen)] < window
                 keep = seen.nonzero()[:, 0]
                 gathered = SimpleNamespace(keys={layer: cache.keys[layer][s:s + 1, :, keep]},
-                                           values={layer: cache.values[layer][s:s + 1, :, keep]})
+                                           values={layer: cache.values[layer][s:s + 1, :, keep]}, capacity=len(keep))
                 one = Rows(rows.ids[s:s + 1, i:i + 1], rows.positions[s:s + 1, i:i + 1],
                            rows.slots[s:s + 1, i:i + 1], torch.ones(1, 1, len(keep), dtype=torch.bool))
                 out[s, i] = self.read(q[s:s + 1, i:i + 1], gathered, layer, one, scale, None, softcap)[0, 0]
@@ -284,7 +275,8 @@ def test_the_loader_takes_the_owned_step_on_the_cpu_for_every_family(family):
     assert isinstance(new_cache(pair.target), GrowingCache)
     spec = ModelSpec(path=str(folder / "target"), device="cpu")
     assert isinstance(load_model(spec, modeling="transformers"), PreTrainedModel)
-    assert owned(folder / "target", spec, torch.device("cuda"), True, "auto") is None  # CUDA: transformers' modules
+    assert owned(folder / "target", spec, torch.device("cuda"), True, "auto") is not None
+    assert owned(folder / "target", spec, torch.device("cuda"), True, "auto", compile=True) is None  # compiled steps
     assert owned(folder / "target", spec, torch.device("cpu"), False, "auto") is None  # pickle weights
 
 

@@ -276,11 +276,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.*", "merges.txt", "*.tik
 
 
 def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = False,
-               modeling: str = "auto") -> torch.nn.Module:
+               modeling: str = "auto", compile: bool = False) -> torch.nn.Module:
     """modeling: [runtime] modeling ("auto": specgen's own model step where `owned` says so)."""
     name, use_safetensors = _locate(spec, allow_pickle, download)
     device = resolve_device(spec)
-    config = owned(Path(name), spec, device, use_safetensors, modeling)
+    config = owned(Path(name), spec, device, use_safetensors, modeling, compile)
     if config is not None:
         return _load_owned(Path(name), config, resolve_dtype(spec, device), device)
     _quiet_transformers()
@@ -361,11 +361,13 @@ def placement(spec: ModelSpec, device: torch.device) -> dict:
 
 
 def owned(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
-          modeling: str) -> step_config.StepConfig | None:
-    """The checkpoint's config when specgen's own model step runs it: modeling "auto", on the CPU
-    (the CUDA backend still runs transformers' modules), from safetensors, with a config that
-    core/step/config.py covers; else None."""
-    if modeling != "auto" or device.type != "cpu" or spec.device_map is not None or not use_safetensors:
+          modeling: str, compile: bool = False) -> step_config.StepConfig | None:
+    """The checkpoint's config when specgen's own model step runs it: modeling "auto", on the CPU or
+    one GPU (a model over several GPUs, and compiled steps, still run transformers' modules), from
+    safetensors, with a config that core/step/config.py covers; else None."""
+    if modeling != "auto" or spec.device_map is not None or not use_safetensors:
+        return None
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and compile):
         return None
     return step_config.of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
 
@@ -471,8 +473,9 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
     threads = cpu_threads(profile.runtime)
     torch.set_num_threads(threads)  # before any model runs
     download, modeling = profile.runtime.download, profile.runtime.modeling
+    compile = profile.speculation.compile
     tokenizer = load_tokenizer(profile.target, allow_pickle, download, modeling)
-    target = load_model(profile.target, allow_pickle, download, modeling)
+    target = load_model(profile.target, allow_pickle, download, modeling, compile)
     draft = None
     if need_draft is None:
         need_draft = profile.proposer.uses_draft
@@ -480,7 +483,7 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
         if not same_tokenizer_files(checkpoint_folder(profile.target, allow_pickle, download),
                                     checkpoint_folder(profile.draft, allow_pickle, download)):
             check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
-        draft = load_model(beside(profile.draft, profile.target, target), allow_pickle, download, modeling)
+        draft = load_model(beside(profile.draft, profile.target, target), allow_pickle, download, modeling, compile)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(
                 f"the draft has {logits_width(draft)} output rows but the tokenizer has {len(tokenizer)} tokens"

@@ -135,12 +135,19 @@ def _table(folder: str) -> LinearTable:
 def _rope(value: str, attention: bool, model) -> bool:
     if value == "model":
         return False
-    capable = attention and rope_modules(model) > 0
+    capable = attention and (_owned(model) or rope_modules(model) > 0)
     if value == "kernel" and not capable:
         why = "it needs the attention kernel" if not attention else \
             f"the model has no attention module of {', '.join(ROPE_CLASSES)}"
         raise UsageError(f"[kernels] rope = \"kernel\": {why}", hint='Set rope = "auto" or "model" in [kernels].')
     return capable
+
+
+def _owned(model) -> bool:
+    """specgen's own model (core/step/): its table (gpu/ops.py) runs rotary and norms in the kernels."""
+    from specgen.core.step.model import OwnedModel
+
+    return isinstance(model, OwnedModel)
 
 
 def _split_k(value: str, linear: bool, device: torch.device) -> bool:
@@ -180,7 +187,7 @@ def _dependent(value: str, kernels: bool, device: torch.device) -> bool:
 def _norm(value: str, linear: bool, model) -> bool:
     if value == "torch":
         return False
-    capable = linear and norm_modules(model) > 0
+    capable = linear and (_owned(model) or norm_modules(model) > 0)
     if value == "kernel" and not capable:
         why = "it runs in the linear kernel's steps, which this run does not use" if not linear else \
             f"the model has no RMSNorm of {', '.join(NORM_CLASSES)}"

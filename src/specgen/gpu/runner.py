@@ -189,7 +189,15 @@ class GraphRunner:
         self.graphs: dict[int, _Graph] = {}
         self.switch = None  # the model's rewire.LinearSwitch, with the linear kernel
         self.counters = None  # split-K's arrival counters: taken before any capture or compile holds them
-        if kernels.attention or kernels.linear:
+        from specgen.core.step.model import OwnedModel
+
+        # specgen's own model (core/step/): its steps run on gpu/ops.py's table; no module is rewired
+        self.owned = isinstance(model, OwnedModel)
+        self.ops = None
+        if self.owned:
+            self.ops = self._owned_ops(kernels, workspace)
+            compile = False  # the loader picks transformers' modules for compiled runs
+        elif kernels.attention or kernels.linear:
             from specgen.gpu import linear, rewire
 
             if kernels.attention:
@@ -209,16 +217,16 @@ class GraphRunner:
         # for the cache's positions; with the attention kernel in every call, no mask is built.
         from specgen.gpu import rewire
 
-        self.rotary = rewire.install_rotary(model)
+        self.rotary = [] if self.owned else rewire.install_rotary(model)
         self.tables = {}
-        self.io = StepIO(model, self.device, self.rotary) if kernels.step_io else None
+        self.io = StepIO(model, self.device, self.rotary) if kernels.step_io and not self.owned else None
         self.step_mask = None
-        if kernels.attention and rewire.mask_free(model):
+        if kernels.attention and not self.owned and rewire.mask_free(model):
             self.step_mask = torch.zeros(rewire.STEP_MASK_SHAPE, dtype=torch.bool, device=self.device)
         self.cache_position = "cache_position" in inspect.signature(type(model).forward).parameters
         from specgen.core.models import cache_keyword
 
-        self.cache_keyword = cache_keyword(type(model).forward)
+        self.cache_keyword = None if self.owned else cache_keyword(type(model).forward)
         self.compiled = None  # gpu/compiled.py's CompiledLayers, with compile
         # With compile, captured shapes whose graphs hold the uncompiled step: the backend names its
         # prefill chunk, which spares each start one dynamo trace (and inductor load) per model;
@@ -318,7 +326,11 @@ class GraphRunner:
         self.steps = torch.arange(capacity, device=self.device)
         self.ids = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)
         mirrors = self.stages.allocate(self.position, self.steps) if self.stages is not None else None
-        self.cache = slot_cache(self.model.config, capacity, self.position, self.steps, mirrors)
+        if self.owned:
+            self.cache = self.model.new_cache(1, capacity)
+            self.ops.tabulate(self.model.inv_freq, self.model.dtype, capacity)
+        else:
+            self.cache = slot_cache(self.model.config, capacity, self.position, self.steps, mirrors)
         from specgen.gpu.rewire import RotaryTable
 
         dtype = self.model.get_input_embeddings().weight.dtype
@@ -366,8 +378,35 @@ class GraphRunner:
                 stack.enter_context(compile_cache(self.cache_folder))
             yield
 
+    def _owned_ops(self, kernels: ResolvedKernels, workspace: Workspace):
+        from specgen.gpu import linear
+        from specgen.gpu.ops import TritonOps
+
+        if kernels.split_k:
+            self.counters = linear.split_k_counters(workspace)
+        if kernels.linear:
+            for layer in self.model.model.layers:
+                layer.self_attn.fuse()
+        with torch.inference_mode():
+            self.positions = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.long, device=self.device)  # a step's rows
+        return TritonOps(kernels, self.counters)
+
+    def _owned_step(self, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        """The owned model's logits [n or keep, V] for ids [n] after the position (not advanced)."""
+        from specgen.core.step.rows import chain_at
+
+        buffer = self.positions if ids.shape[0] <= MAX_GRAPH_TOKENS else None
+        rows = chain_at(ids.unsqueeze(0), self.position, self.steps, buffer)
+        return self.model.step(rows, self.cache, self.ops, keep)[0]
+
     @torch.inference_mode()
     def _eager(self, ids: torch.Tensor, want_logits: bool) -> torch.Tensor | None:
+        if self.owned:
+            with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
+                logits = self._owned_step(ids, keep=0 if want_logits else 1)
+            self.position.add_(ids.shape[0])
+            self.length += ids.shape[0]
+            return _fit(logits, self.width) if want_logits else None
         with self._linear_context(), self.tap.armed() if self.tap is not None else contextlib.nullcontext():
             positions = {}
             if self.stages is not None:
@@ -409,6 +448,17 @@ class GraphRunner:
 
     def _step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         n = ids.shape[0]
+        if self.owned:
+            logits = self._owned_step(ids)
+            from specgen.gpu import step_io
+
+            if self.kernels.step_io:
+                step_io.finish(logits, logits_out, self.position, n, dependent=self.kernels.dependent_launch)
+            else:
+                cols = min(logits.shape[-1], self.width)
+                logits_out[:, :cols].copy_(logits[:, :cols])
+                self.position.add_(n)
+            return logits
         if self.io is None:
             inputs = {"input_ids": ids.unsqueeze(0), **self._step_inputs(self.position + self.steps[:n])}
             logits = self._call(**{self.cache_keyword: self.cache}, use_cache=True, **inputs,

@@ -20,6 +20,11 @@ class SlotCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)  # [B, capacity]
 
+    def place(self, rows) -> None:
+        """Record the rows' positions at their slots."""
+        seq = torch.arange(rows.batch, device=rows.ids.device)[:, None]  # [B, 1]
+        self.positions[seq, rows.slots] = rows.positions
+
     @property
     def capacity(self) -> int:
         return self.positions.shape[1]

@@ -23,9 +23,9 @@ class Gemma2Layer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(size, eps, offset=True)
         self.post_feedforward_layernorm = RMSNorm(size, eps, offset=True)
 
-    def forward(self, h: torch.Tensor, rows, cache, ops, inv_freq: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rows, cache, ops, rotary) -> torch.Tensor:
         attn, post, pre = self.self_attn, self.post_attention_layernorm, self.pre_feedforward_layernorm
-        a = attn.project(attn(self.input_layernorm(h, ops), rows, cache, ops, inv_freq), ops)
+        a = attn.project(attn(self.input_layernorm(h, ops), rows, cache, ops, rotary), ops)
         h, x = ops.norm_add_norm(a, h, post.weight, post.eps, pre.weight, pre.eps)
         return h + self.post_feedforward_layernorm(self.mlp(x, ops), ops)
 

@@ -19,10 +19,10 @@ class LlamaLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, rows, cache, ops, inv_freq: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rows, cache, ops, rotary) -> torch.Tensor:
         """h: the residual stream [B, n, H] entering the layer -> the one leaving it."""
         attn = self.self_attn
-        h = attn.project(attn(self.input_layernorm(h, ops), rows, cache, ops, inv_freq), ops, residual=h)
+        h = attn.project(attn(self.input_layernorm(h, ops), rows, cache, ops, rotary), ops, residual=h)
         return self.mlp(self.post_attention_layernorm(h, ops), ops, residual=h)
 
 

@@ -57,6 +57,7 @@ class OwnedModel(nn.Module):
         # Not a buffer: Module.to(dtype) would round it; transformers keeps it in float32 too.
         self.inv_freq = inv_freq(config)
         self.embed_scale = config.hidden_size ** 0.5 if config.sandwich else None
+        self.windowed = any(w is not None for w in config.windows)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -80,9 +81,11 @@ class OwnedModel(nn.Module):
     def step(self, rows: Rows, cache: SlotCache, ops=REFERENCE, keep: int = 0) -> torch.Tensor:
         """The rows' logits [B, n (or the last `keep`), V] in the model's dtype; every row's key and
         value are written to the cache."""
-        h = ops.embed(self.model.embed_tokens.weight, rows.ids, self.embed_scale)  # [B, n, H]
+        h, rotary = ops.inputs(rows, self.model.embed_tokens.weight, self.embed_scale, self.inv_freq)  # [B, n, H]
+        if self.windowed:  # a sliding window compares the positions of the keys it reads
+            cache.place(rows)
         for layer in self.model.layers:
-            h = layer(h, rows, cache, ops, self.inv_freq)
+            h = layer(h, rows, cache, ops, rotary)
         h = self.model.norm(h, ops)
         return ops.logits(h[:, -keep:] if keep else h, self.lm_head.weight, self.config.final_logit_softcapping)
 

@@ -32,16 +32,28 @@ class TorchOps:
         x = F.embedding(ids, weight)
         return x * torch.tensor(scale, dtype=x.dtype, device=x.device) if scale is not None else x
 
+    def inputs(self, rows: Rows, weight: torch.Tensor, scale: float | None, inv_freq: torch.Tensor):
+        """A step's inputs: the rows' embeddings [B, n, H] and their rotary (cos, sin); pending chain
+        positions are written first."""
+        if rows.pending:
+            torch.add(rows.start, torch.arange(rows.count, device=rows.ids.device), out=rows.positions[0])
+        h = self.embed(weight, rows.ids, scale)
+        return h, self.rotary(rows.positions, inv_freq, h.dtype)
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None) -> torch.Tensor:
         """x W^T + b, plus `residual` (the residual stream's add, which a kernel does in its epilogue)."""
         out = F.linear(x, weight, bias)
         return out if residual is None else residual + out
 
+    def qkv(self, x: torch.Tensor, attn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An attention module's q, k and v projections of x."""
+        return tuple(self.linear(x, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+
     def gate_up(self, x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str,
                 gate_bias: torch.Tensor | None = None, up_bias: torch.Tensor | None = None) -> torch.Tensor:
         """act(x gate^T) * (x up^T): a gated MLP's first half."""
-        return ACTIVATIONS[activation](F.linear(x, gate, gate_bias)) * F.linear(x, up, up_bias)
+        return ACTIVATIONS[activation](self.linear(x, gate, gate_bias)) * self.linear(x, up, up_bias)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool = False) -> torch.Tensor:
         """RMSNorm: Llama's `w * norm(x)` in x's dtype, or Gemma's `(1 + w) * norm(x)` in float32."""
@@ -58,21 +70,26 @@ class TorchOps:
         total = residual + self.norm(x, weight, eps, offset=True)
         return total, self.norm(total, after, after_eps, offset=True)
 
-    def rope(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-        """x [B, n, heads, d] rotated by each row's position (the table's angles in float32)."""
+    def rotary(self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype):
+        """(cos, sin) [B, n, d] of each row's position, computed in float32 and rounded to `dtype`
+        once a step, as transformers' rotary embedding module does."""
         freqs = positions[..., None].float() * inv_freq  # [B, n, d/2]
-        table = torch.cat((freqs, freqs), dim=-1)[:, :, None]  # [B, n, 1, d]
-        cos, sin = table.cos().to(x.dtype), table.sin().to(x.dtype)
+        table = torch.cat((freqs, freqs), dim=-1)
+        return table.cos().to(dtype), table.sin().to(dtype)
+
+    def rope(self, x: torch.Tensor, rotary) -> torch.Tensor:
+        """x [B, n, heads, d] rotated (rotate-half form) by the rows' (cos, sin)."""
+        cos, sin = (t[:, :, None] for t in rotary)  # [B, n, 1, d]
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: SlotCache, layer: int,
-                  rows: Rows, inv_freq: torch.Tensor, scale: float, window: int | None = None,
+                  rows: Rows, rotary, scale: float, window: int | None = None,
                   softcap: float | None = None) -> torch.Tensor:
-        """q [B, n, h, d] and k, v [B, n, g, d] before rotary: rotates q and k by each row's position,
+        """q [B, n, h, d] and k, v [B, n, g, d] before rotary: rotates q and k by the rows' (cos, sin),
         writes k, v at the rows' slots, then each row attends over the slots it sees (within `window`
         positions of its own) -> [B, n, h * d]."""
-        q, k = self.rope(q, rows.positions, inv_freq), self.rope(k, rows.positions, inv_freq)
+        q, k = self.rope(q, rotary), self.rope(k, rotary)
         self.write(k, v, cache, layer, rows)
         return self.read(q, cache, layer, rows, scale, window, softcap)
 
@@ -80,14 +97,13 @@ class TorchOps:
         seq = torch.arange(k.shape[0], device=k.device)[:, None]  # [B, 1]
         cache.keys[layer][seq, :, rows.slots] = k
         cache.values[layer][seq, :, rows.slots] = v
-        cache.positions[seq, rows.slots] = rows.positions
 
     def read(self, q: torch.Tensor, cache: SlotCache, layer: int, rows: Rows, scale: float,
              window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         b, n, heads, d = q.shape
-        span = rows.span
+        mask = rows.seen(cache.capacity)  # [B, n, S]
+        span = mask.shape[-1]
         keys, values = cache.keys[layer][:, :, :span], cache.values[layer][:, :, :span]  # [B, g, S, d]
-        mask = rows.visible  # [B, n, S]
         if window is not None:
             mask = mask & (rows.positions[:, :, None] - cache.positions[:, None, :span] < window)
         query = q.transpose(1, 2)  # [B, h, n, d]
@@ -100,7 +116,7 @@ class TorchOps:
 
     def logits(self, x: torch.Tensor, weight: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
         """x [B, n, H] -> [B, n, V] in x's dtype; softcap: Gemma 2's final tanh cap."""
-        out = F.linear(x, weight)
+        out = self.linear(x, weight)
         return torch.tanh(out / softcap) * softcap if softcap is not None else out
 
 

@@ -8,10 +8,19 @@ and random initialisation would only cost time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from specgen.core.step.config import StepConfig
+
+
+@dataclass(frozen=True)
+class Fused:
+    weight: torch.Tensor  # [sum(widths), H]
+    bias: torch.Tensor | None
+    widths: list
 
 
 def weight(*shape: int) -> nn.Parameter:
@@ -53,19 +62,33 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rows, cache, ops, inv_freq: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rows, cache, ops, rotary) -> torch.Tensor:
         """x [B, n, H] -> the attention's output [B, n, h * d], before o_proj (which the layer
         applies, so that its residual add can be the projection's epilogue)."""
         b, n, _ = x.shape
-        q = ops.linear(x, self.q_proj.weight, self.q_proj.bias).view(b, n, -1, self.head_dim)  # [B, n, h, d]
-        k = ops.linear(x, self.k_proj.weight, self.k_proj.bias).view(b, n, -1, self.head_dim)  # [B, n, g, d]
-        v = ops.linear(x, self.v_proj.weight, self.v_proj.bias).view(b, n, -1, self.head_dim)
+        q, k, v = (t.view(b, n, -1, self.head_dim) for t in ops.qkv(x, self))  # [B, n, h or g, d]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q, ops), self.k_norm(k, ops)
-        return ops.attention(q, k, v, cache, self.index, rows, inv_freq, self.scale, self.window, self.softcap)
+        return ops.attention(q, k, v, cache, self.index, rows, rotary, self.scale, self.window, self.softcap)
 
     def project(self, x: torch.Tensor, ops, residual: torch.Tensor | None = None) -> torch.Tensor:
         return ops.linear(x, self.o_proj.weight, self.o_proj.bias, residual)
+
+    def fuse(self) -> None:
+        """Lay q, k and v's weights out as one [q + 2 kv widths, H] tensor (the three projections'
+        parameters become views of it), so that a kernel table streams them in one launch."""
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        if getattr(self, "fused", None) is not None:
+            return
+        weight = torch.cat([p.weight.detach() for p in parts])
+        bias = torch.cat([p.bias.detach() for p in parts]) if parts[0].bias is not None else None
+        widths = [p.weight.shape[0] for p in parts]
+        for part, piece in zip(parts, weight.split(widths)):
+            part.weight = nn.Parameter(piece, requires_grad=False)
+        if bias is not None:
+            for part, piece in zip(parts, bias.split(widths)):
+                part.bias = nn.Parameter(piece, requires_grad=False)
+        self.fused = Fused(weight, bias, widths)
 
 
 class MLP(nn.Module):

@@ -1,0 +1,116 @@
+"""The kernel table on CUDA: specgen's Triton kernels behind the ops of core/step/ops.py.
+
+An owned model step (core/step/) calls its ops through one table; this one launches
+gpu/linear.py, gpu/norm.py and gpu/attention.py, each with the launch options the run resolved
+(gpu/kernels.py: the linear configurations by shape, split-K and its counters, dependent launch)
+held here once instead of passed with every call. Where a kernel is turned off, or a call is
+outside what the kernel takes (more rows than a captured step has, rows that are not one chain,
+biases the fused gate/up projection lacks), the op is the reference's own, so both tables compute
+every model. Each kernel's exactness against its torch reference is tested where the kernel is
+(tests/test_linear.py, test_norm.py, test_attention.py); tests/test_gpu_ops.py runs whole steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.core.step.ops import TorchOps
+from specgen.gpu import attention as attention_kernels
+from specgen.gpu import linear as linear_kernels
+from specgen.gpu import norm as norm_kernels
+from specgen.gpu import step_io
+from specgen.gpu.kernels import ResolvedKernels
+
+
+MAX_STEP = 64  # rows of the longest captured step (gpu/runner.py's MAX_GRAPH_TOKENS)
+
+
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
+
+
+class TritonOps(TorchOps):
+    name = "triton"
+
+    def __init__(self, kernels: ResolvedKernels, counters: torch.Tensor | None = None):
+        self.kernels = kernels
+        self.table = None  # [capacity, 2, d]: cos and sin of every position, in the model's dtype
+        self.embeds = None  # [MAX_STEP, H]: a step's embedding rows (step_io), sized at its first call
+        self.dependent = kernels.dependent_launch
+        self.launch = dict(split_k=kernels.split_k, counters=counters, table=kernels.linear_table,
+                           dependent=kernels.dependent_launch)
+
+    def tabulate(self, inv_freq: torch.Tensor, dtype: torch.dtype, capacity: int) -> None:
+        """Compute the rotary (cos, sin) of positions 0 .. capacity - 1 once, as the reference
+        computes them a step at a time: a step then gathers its rows (one launch, not six)."""
+        with torch.inference_mode():
+            cos, sin = super().rotary(torch.arange(capacity, device=inv_freq.device)[None], inv_freq, dtype)
+            self.table = torch.stack([cos[0], sin[0]], dim=1)
+            self.rotary_rows = torch.zeros(MAX_STEP, 2 * cos.shape[-1], dtype=dtype, device=inv_freq.device)
+            self.spare = torch.zeros(MAX_STEP, dtype=torch.long, device=inv_freq.device)
+
+    def inputs(self, rows, weight, scale, inv_freq):
+        """One launch (gpu/step_io.py) for a chain's positions, embedding rows and rotary rows."""
+        n = rows.count
+        if (not self.kernels.step_io or rows.start is None or self.table is None or n > MAX_STEP
+                or self.table.dtype != weight.dtype or rows.batch != 1):
+            return super().inputs(rows, weight, scale, inv_freq)
+        if self.embeds is None or self.embeds.shape[1] != weight.shape[1]:
+            with torch.inference_mode():  # as the reference's gathers return inside a step
+                self.embeds = torch.zeros(MAX_STEP, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        positions = rows.positions[0] if rows.pending else torch.empty_like(self.spare)
+        rounded = float(torch.tensor(scale, dtype=weight.dtype)) if scale is not None else None
+        step_io.inputs(rows.ids[0], rows.start, positions, weight, self.embeds, self.table.view(len(self.table), -1),
+                       self.rotary_rows, dependent=self.dependent, scale=rounded)
+        both = self.rotary_rows[:n].view(1, n, 2, -1)
+        return self.embeds[None, :n], (both[..., 0, :], both[..., 1, :])
+
+    def rotary(self, positions, inv_freq, dtype):
+        if self.table is None or self.table.dtype != dtype:
+            return super().rotary(positions, inv_freq, dtype)
+        rows = self.table[positions]  # [B, n, 2, d]
+        return rows[..., 0, :], rows[..., 1, :]
+
+    def linear(self, x, weight, bias=None, residual=None):
+        if not self.kernels.linear or _rows(x) > linear_kernels.MAX_ROWS:
+            return super().linear(x, weight, bias, residual)
+        return linear_kernels.linear(x, weight, bias, residual=residual, **self.launch)
+
+    def qkv(self, x, attn):
+        fused = getattr(attn, "fused", None)
+        if fused is None or not self.kernels.linear or _rows(x) > linear_kernels.MAX_ROWS:
+            return super().qkv(x, attn)
+        return linear_kernels.linear(x, fused.weight, fused.bias, **self.launch).split(fused.widths, dim=-1)
+
+    def gate_up(self, x, gate, up, activation, gate_bias=None, up_bias=None):
+        if (not self.kernels.linear or gate_bias is not None or _rows(x) > linear_kernels.MAX_ROWS
+                or activation not in linear_kernels.ACTIVATIONS):
+            return super().gate_up(x, gate, up, activation, gate_bias, up_bias)
+        return linear_kernels.gate_up(x, gate, up, activation, **self.launch)
+
+    def norm(self, x, weight, eps, offset=False):
+        if not self.kernels.norm:
+            return super().norm(x, weight, eps, offset)
+        return norm_kernels.rms_norm(x, weight, eps, dependent=self.dependent, offset=offset)
+
+    def norm_add_norm(self, x, residual, weight, eps, after, after_eps):
+        if not self.kernels.norm:
+            return super().norm_add_norm(x, residual, weight, eps, after, after_eps)
+        return norm_kernels.offset_norm_add(x, residual, weight, eps, second=(after, after_eps),
+                                            dependent=self.dependent)
+
+    def attention(self, q, k, v, cache, layer, rows, rotary, scale, window=None, softcap=None):
+        b, n, heads, d = q.shape
+        if not self.kernels.attention or rows.start is None or n > attention_kernels.MAX_GRAPH_QUERY:
+            return super().attention(q, k, v, cache, layer, rows, rotary, scale, window, softcap)
+        keys, values = cache.keys[layer], cache.values[layer]
+        if self.kernels.rope:  # the kernel rotates q and k and writes k, v into the cache itself
+            rope = (k.transpose(1, 2), v.transpose(1, 2), *rotary)
+            query = q.transpose(1, 2)
+        else:
+            q, k = self.rope(q, rotary), self.rope(k, rotary)
+            self.write(k, v, cache, layer, rows)
+            rope, query = None, q.transpose(1, 2)
+        out = attention_kernels.decode_attention(query, keys, values, rows.start, scale, window or 0, rope=rope,
+                                                 softcap=softcap or 0.0, dependent=self.dependent)
+        return out.reshape(b, n, heads * d)  # [B, n, h, d] from the kernel
