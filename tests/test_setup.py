@@ -1,10 +1,11 @@
-"""Set-up: a CPU install takes no Triton.
+"""Set-up: CI installs and tests exactly as the README says, and a CPU install takes no Triton.
 
 Text only but for the last test (the demo in a process where Triton cannot be imported).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,22 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _readme_install_section() -> str:
+    return (REPO / "README.md").read_text().split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_ci_runs_the_readme_set_up_commands_verbatim():
+    """.ci/run is what the README tells a user of a CPU-only machine: the torch command of its
+    sentence for such machines, then its two fenced commands, word for word and in that order."""
+    section = _readme_install_section()
+    cpu_torch = re.findall(r"`(pip install torch[^`]*)`", section)[:1]
+    fenced = re.findall(r"```sh\n(.*?)\n```", section, re.S)
+    steps = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+             if line and not line.startswith(("#", "set ", "cd ", "export "))]
+    assert cpu_torch and len(fenced) == 2
+    assert steps == cpu_torch + fenced
 
 
 def test_a_cpu_install_takes_no_triton():
