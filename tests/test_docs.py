@@ -206,7 +206,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         ["gpu/loop.py", "benchmarks/bench_e2e.py"]
     assert missing_paths("core/backend.make_backend, core/backend.nothing") == ["core/backend.nothing"]
     assert missing_paths("benchmarks/results/proposers-cpu/bench_draft_{1,2,9}.json") != []
-    assert missing_paths("docs/benchmarks.md#proposers docs/benchmarks.md#split-k") == \
+    assert missing_paths("docs/benchmarks.md#claims docs/benchmarks.md#split-k") == \
         ["docs/benchmarks.md#split-k"]
     assert missing_paths("https://example.org/docs/x.md .pairs/bench/pair.toml /tmp/docs/x") == []
     doc = tmp_path / "x.md"

@@ -14,11 +14,13 @@ from typer.testing import CliRunner
 
 from specgen.cli.profiles import app
 from specgen.core.errors import ProfileError, UsageError
+from specgen.core import profile as profile_module
 from specgen.core.profile import (
     list_profiles,
     load_profile,
     profile_as_dict,
     profile_as_toml,
+    repository_profile_dir,
     user_profile_dir,
 )
 from specgen.core.settings import (
@@ -221,6 +223,25 @@ def test_a_builtin_name_wins_over_a_user_profile_of_that_name(user_dir):
     assert load_profile("demo").source == "<built-in>/demo.toml"
     sources = [source for name, source in list_profiles() if name == "demo"]
     assert sources == ["<built-in>/demo.toml"]
+
+
+def test_the_checkout_finds_its_example_profiles_by_name(user_dir):
+    """From the checkout (`pip install -e .`, or PYTHONPATH=src) `-p qwen2.5-7b-instruct` is
+    profiles/qwen2.5-7b-instruct.toml; a user's profile of that name comes first."""
+    assert repository_profile_dir() == REPO / "profiles"
+    example = str(REPO / "profiles" / "qwen2.5-7b-instruct.toml")
+    assert load_profile("qwen2.5-7b-instruct").source == example
+    assert ("qwen2.5-7b-instruct", example) in list_profiles()
+    assert "qwen2.5-7b-instruct" in runner.invoke(app, ["list"]).stdout
+    mine = write(user_dir, toml_of({}), name="qwen2.5-7b-instruct.toml")
+    assert load_profile("qwen2.5-7b-instruct").source == mine
+    assert [source for name, source in list_profiles() if name == "qwen2.5-7b-instruct"] == [mine]
+
+
+def test_an_installed_package_has_no_example_profiles(tmp_path, monkeypatch):
+    (tmp_path / "profiles").mkdir()  # a folder of that name beside site-packages is not a checkout
+    monkeypatch.setattr(profile_module, "_builtin_base", lambda: tmp_path / "site-packages" / "specgen" / "builtin")
+    assert repository_profile_dir() is None
 
 
 def test_missing_profile_file_is_named(tmp_path):

@@ -23,6 +23,7 @@ from specgen.core.profile import (
     load_profile,
     profile_as_dict,
     profile_as_toml,
+    repository_profile_dir,
     user_profile_dir,
 )
 
@@ -38,10 +39,11 @@ class OutputFormat(str, enum.Enum):
 
 @app.command("list", cls=Command)
 def list_command() -> None:
-    """List built-in profiles and those in the user profile folder."""
+    """List built-in profiles, those in the user profile folder and, in a checkout, its profiles/."""
     columns = ("name", "source", "target", "draft / proposer")
     table = Table(*columns, box=box.SIMPLE_HEAD, show_edge=False)
-    table.caption = Text(f"user profiles: {user_profile_dir()}")
+    examples = repository_profile_dir()
+    table.caption = Text(f"user profiles: {user_profile_dir()}" + (f"; examples: {examples}" if examples else ""))
     for name, source in list_profiles():
         # Text, not str: Rich would read "[draft]" in a message as markup.
         table.add_row(*map(Text, (name, source, *_summary(name))))

@@ -88,19 +88,20 @@ def load_profile(
 
 
 def list_profiles() -> list[tuple[str, str]]:
-    """(name, source) of every profile reachable by name: built-in first, then the user folder.
-
-    A user profile named like a built-in one is left out: a name finds the built-in first.
+    """(name, source) of every profile reachable by name, in lookup order: built-in, then each of
+    _profile_folders(). A profile named like one found earlier is left out: the name finds that one.
     """
-    builtin = {
+    found = {
         entry.name[: -len(".toml")]: f"{BUILTIN_SOURCE}/{entry.name}"
         for entry in _builtin_dir().iterdir()
         if entry.name.endswith(".toml")
     }
-    folder = user_profile_dir()
-    user = {path.stem: str(path) for path in folder.glob("*.toml")} if folder.is_dir() else {}
-    shadowed = builtin.keys() & user.keys()
-    return sorted(builtin.items()) + sorted((n, s) for n, s in user.items() if n not in shadowed)
+    listed = sorted(found.items())
+    for folder in _profile_folders():
+        more = sorted((path.stem, str(path)) for path in folder.glob("*.toml") if path.stem not in found)
+        found.update(more)
+        listed += more
+    return listed
 
 
 def user_profile_dir() -> Path:
@@ -109,6 +110,14 @@ def user_profile_dir() -> Path:
         return Path(os.environ["SPECGEN_PROFILE_DIR"]).expanduser()
     config = os.environ.get("XDG_CONFIG_HOME") or "~/.config"  # XDG: empty means unset
     return Path(config).expanduser() / "specgen" / "profiles"
+
+
+def repository_profile_dir() -> Path | None:
+    """The profiles/ folder of the checkout specgen runs from (installed with `pip install -e .`, or
+    on PYTHONPATH), so that its examples are found by name there; None for an installed package."""
+    root = _builtin_base().parents[2]  # src/specgen/builtin -> the checkout
+    folder = root / "profiles"
+    return folder if (root / "pyproject.toml").is_file() and folder.is_dir() else None
 
 
 def profile_as_dict(profile: Profile) -> dict:
@@ -153,10 +162,17 @@ def _locate(name_or_path: str) -> _Located:
     if builtin.is_file():
         source = f"{BUILTIN_SOURCE}/{name_or_path}.toml"
         return _Located(name_or_path, source, builtin.read_text("utf-8"), _builtin_base())
-    user = user_profile_dir() / f"{name_or_path}.toml"
-    if user.is_file():
-        return _Located(name_or_path, str(user), _read(user, str(user)), user.absolute().parent)
+    for folder in _profile_folders():
+        path = folder / f"{name_or_path}.toml"
+        if path.is_file():
+            return _Located(name_or_path, str(path), _read(path, str(path)), path.absolute().parent)
     raise _unknown_profile(name_or_path)
+
+
+def _profile_folders() -> list[Path]:
+    """Where a name is looked up after the built-in profiles: the user's folder, then the checkout's
+    examples (a user's copy of an example, edited, is the one a name finds)."""
+    return [folder for folder in (user_profile_dir(), repository_profile_dir()) if folder is not None]
 
 
 def _read(path: Path, source: str) -> str:

@@ -1,9 +1,9 @@
 """Attention for captured steps: a Triton kernel over the live part of a static KV cache.
 
 Why: a captured step attends over the whole static cache (capacity positions) through SDPA with a
-[q, capacity] mask. On an H200 (docs/benchmarks.md, "Linear and attention kernels") cuDNN SDPA then
-costs far more for the 5 tokens of a k = 4 verification than for 1 token, and that one difference
-is most of what a verification step costs over a 1-token step. This kernel reads the position
+[q, capacity] mask. On an H200 (`git show 1b54921:docs/benchmarks.md`, "Linear and attention kernels")
+cuDNN SDPA then costs far more for the 5 tokens of a k = 4 verification than for 1 token, and that
+one difference is most of what a verification step costs over a 1-token step. This kernel reads the position
 straight from the runner's device tensor and visits only keys [0, position + q): its cost follows
 the sequence, not the cache, and barely grows with q: every key block is loaded from memory once
 for all query heads that share its KV head (GQA), and a step's other row tiles read it from L2.
@@ -13,8 +13,8 @@ Layout (flash decoding): program (b * KVH + kv head, tile, split) takes BLOCK_M 
 its last token's last visible key; an online softmax in base 2. A step of several tokens shares each
 key block between the tokens of a tile instead of loading it once per token (Llama-3-8B shape,
 H200: the 5-token step's split kernel took twice the one-token step's time with a program per
-token, docs/benchmarks.md "Dependent launch (H200)"). One split writes the output
-directly; several write normalised partial outputs and their log-sum-exp, and _combine_kernel
+token, `git show 1b54921:docs/benchmarks.md`, "Dependent launch (H200)"). One split writes the
+output directly; several write normalised partial outputs and their log-sum-exp, and _combine_kernel
 merges them in split order. Query token t sits at position + t and sees keys n with
 n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
 applies).
@@ -52,7 +52,8 @@ from specgen.gpu.dependent import launch_options, release_next, wait_previous
 # splits spread even a short sequence over many programs; the merge reads at most MAX_SPLITS partials.
 # Heads wider than 128 take key blocks of 32 and splits of one block: Gemma 2's (head_dim 256, 4 or
 # 8 KV heads) otherwise ran too few programs, each two dependent blocks long (H200: its 2B step
-# 1.741 -> 1.723 ms, docs/benchmarks.md). Splits depend on the model and the cache, never on tokens.
+# 1.741 -> 1.723 ms, `git show 1b54921:docs/benchmarks.md`, "Gemma 2's layers on the kernels (H200)").
+# Splits depend on the model and the cache, never on tokens.
 SPLIT_KEYS = 64
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
@@ -299,10 +300,10 @@ def _combine_kernel(
 ):
     """Program (b * H + h) * q + t merges the splits of head h, token t in split order. HOLD (steps of
     several tokens): the next kernel is released once the partials are loaded and merged, not at the
-    start. Measured, not explained (H200, captured steps, docs/benchmarks.md "Dependent launch
-    (H200)"): released at the start, the Llama-3-8B-shaped 5-token step took 4.47 ms against 4.37
-    and the Llama-3.2-1B-shaped one 0.999 against 0.960 ms, while the 1B's 1-token step was 4 µs
-    faster than with HOLD. Where the release sits never changes a result."""
+    start. Measured, not explained (H200, captured steps, `git show 1b54921:docs/benchmarks.md`,
+    "Dependent launch (H200)"): released at the start, the Llama-3-8B-shaped 5-token step took
+    4.47 ms against 4.37 and the Llama-3.2-1B-shaped one 0.999 against 0.960 ms, while the 1B's
+    1-token step was 4 µs faster than with HOLD. Where the release sits never changes a result."""
     wait_previous(DEPENDENT)
     if not HOLD:  # a one-token step's merge is all tail
         release_next(DEPENDENT)

@@ -173,8 +173,9 @@ class CudaBackend:
         """An EAGLE-3 head's calls on the kernels its target's steps use (gpu/rewire_head.py), when
         the target's [kernels] head resolved on (with its linear kernel), else None (torch's ops,
         or compile). No split-K: a small head's products do not gain from it; at Llama 3.1 8B's
-        width it would save 3% of a head call (docs/benchmarks.md, "An EAGLE-3 head on Llama 3.1 8B
-        (H200)"), about 1% of a round, not yet worth a split-K table for every head's shapes."""
+        width it would save 3% of a head call (`git show 1b54921:docs/benchmarks.md`, "An EAGLE-3 head on
+        Llama 3.1 8B (H200)"), about 1% of a round, not yet worth a split-K table for every
+        head's shapes."""
         kernels = self.kernels.get("target")
         if kernels is None or not kernels.head:
             return None

@@ -2,7 +2,9 @@
 
 Why: captured, each tensor operation of the reference is a kernel of about a microsecond plus its
 gap; the two together were some 25 kernels, and moving them here took about 45 µs off a round
-on an H200, 7-8% of the bench pair's (docs/benchmarks.md). Each kernel here is one program of one warp over the round's k + 1 positions:
+on an H200, 7-8% of the bench pair's (`git show 1b54921:docs/benchmarks.md`, "A round's bookkeeping in
+two kernels (H200)"). Each kernel here is one program of one warp over the round's k + 1
+positions:
 every load comes before any store, and a scalar's read-modify-write (the positions, generated)
 is stored by one thread from its own load. Integers only, so they equal the reference exactly
 (tests/test_commit.py, in the Triton interpreter and on the GPU).

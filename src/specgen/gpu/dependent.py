@@ -6,7 +6,7 @@ the launch attribute (`launch_pdl`), the next kernel's programs are scheduled on
 of the running one has passed `release_next` (or ended), and they wait in `wait_previous` until it
 has ended and its writes are visible. Launch and set-up overlap the previous kernel's tail: on an
 H200 a captured Llama-3.2-1B-shaped step went from 0.973 to 0.896 ms, a Llama-3-8B-shaped one from
-4.32 to 4.11 ms (docs/benchmarks.md, "Dependent launch (H200)").
+4.32 to 4.11 ms (`git show 1b54921:docs/benchmarks.md`, "Dependent launch (H200)").
 
 The rules every kernel launched with it keeps, so that ordering stays what stream order gives:
 - `wait_previous` first, in every program, before any load or store: nothing is read early (a

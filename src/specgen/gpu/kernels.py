@@ -215,13 +215,13 @@ def _triton(key: str, value: str, other: str) -> bool:
 def split_k_pays(props) -> bool:
     """Whether split-K is on under `auto` for a GPU with these torch.cuda device properties.
 
-    Measured (docs/benchmarks.md, "Llama-3-8B-shaped step against the bandwidth floor"): faster
-    on an H200 (141 GB of HBM3e, 4.8 TB/s) and slower on an H100 80GB (HBM3, 3.35 TB/s), the same
-    sm_90 chip with the same 132 SMs. Split-K puts more programs in flight per output column block;
-    that pays only where each SM has more bandwidth to fill than one program per block can draw, so
-    the fact that decides is peak memory bandwidth, taken from the memory clock and bus width where
-    torch reports them, else from the memory size (on sm_90, more than 100 GiB means HBM3e). Other
-    architectures were not measured: off.
+    Measured (`git show 1b54921:docs/benchmarks.md`, "Llama-3-8B-shaped step against the bandwidth
+    floor"): faster on an H200 (141 GB of HBM3e, 4.8 TB/s) and slower on an H100 80GB (HBM3,
+    3.35 TB/s), the same sm_90 chip with the same 132 SMs. Split-K puts more programs in flight per
+    output column block; that pays only where each SM has more bandwidth to fill than one program
+    per block can draw, so the fact that decides is peak memory bandwidth, taken from the memory
+    clock and bus width where torch reports them, else from the memory size (on sm_90, more than 100
+    GiB means HBM3e). Other architectures were not measured: off.
     """
     if (props.major, props.minor) != (9, 0):
         return False

@@ -2,10 +2,10 @@
 
 Why: a decode step of a large target reads every weight once, so its floor is weight bytes over
 memory bandwidth. cuBLAS picks different kernels for 1 row and for the 5 rows of a k = 4
-verification, and neither reaches the floor on a Llama-3-8B shape on an H200 (docs/benchmarks.md,
-"Linear and attention kernels"). Here one program owns BLOCK_N output columns and a tile of rows,
-walks K once, and multiplies each weight tile by every row of its tile while it is loaded, so 5
-rows cost what 1 row costs.
+verification, and neither reaches the floor on a Llama-3-8B shape on an H200
+(`git show 1b54921:docs/benchmarks.md`, "Linear and attention kernels"). Here one program owns
+BLOCK_N output columns and a tile of rows, walks K once, and multiplies each weight tile by every
+row of its tile while it is loaded, so 5 rows cost what 1 row costs.
 
 Row invariance (bit-exact greedy decoding): a row's output is computed the same way whatever the
 number of rows in the call, so a (k+1)-row verification gives each row bitwise the logits of the
@@ -22,7 +22,7 @@ one after another, reading the weights again from L1 or L2. Why: a 1B-class draf
 are 4 to 34 MB, 1 to 8 µs of memory time, and a tensor-core tile walking K with split-K's handoff
 adds 2 to 3 µs of latency to each (loop start-up, the partials' store, the arrival counter, the
 last program's loads); here a program is one round trip to memory and one reduction, with no
-split-K (docs/benchmarks.md, "Matrix-vector projections (H200)").
+split-K (`git show 1b54921:docs/benchmarks.md`, "Matrix-vector projections (H200)").
 
 Split-K (a configuration's 6th entry): K in chunks, one program per chunk, row tile and column
 block, each storing a float32 partial; the last program of a (row tile, column block) to finish (an

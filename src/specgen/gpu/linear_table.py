@@ -13,7 +13,8 @@ Where a shape's configuration comes from, first match wins:
    run's [kernels] tables folder holds one;
 2. the package's table (linear_configs.json beside this file: every projection of the real pairs
    benchmarks/family_pairs.py builds and of the bench pair, tuned on an H200 with
-   `benchmarks/bench_kernels.py table`, docs/benchmarks.md "Step inputs and draft-shaped tables (H200)";
+   `benchmarks/bench_kernels.py table`, `git show 1b54921:docs/benchmarks.md`, "Step inputs and
+   draft-shaped tables (H200)";
    the drafts' one-row picks then chosen inside each draft's captured step with `bench_kernels.py
    step-table`, "Draft picks chosen inside the step (H200)");
 3. rule() for shapes no table lists (draft_rule() in a draft's runner): the same measurements as
@@ -60,7 +61,7 @@ def draft_rule(n: int, k: int, gated: bool) -> tuple:
     """The configuration of a draft's shape no table lists: a matrix-vector one of about 4K weights
     per program (2K per weight when gated), K in pieces of at most 2048. Every draft shape the
     H200 tuning of 2026-11-25 timed was fastest at one row in a matrix-vector configuration of 2K to
-    8K weights (docs/benchmarks.md, "Matrix-vector projections (H200)")."""
+    8K weights (`git show 1b54921:docs/benchmarks.md`, "Matrix-vector projections (H200)")."""
     piece = min(2048, 1 << max(0, k - 1).bit_length())
     return (False, max(1, min(16, max(2, 4096 // piece) // (2 if gated else 1))), piece, 4, 1)
 
@@ -125,8 +126,8 @@ class LinearTable:
         target's. Why: a draft's steps are one row but for the first of a round, and the
         configuration fastest at one row, for a 1B-class draft a matrix-vector one, is the one the
         objective of `plain` and `split` (one row plus a verification's) passes over; at two rows
-        and more it is slower (docs/benchmarks.md, "Matrix-vector projections (H200)"). Choosing by
-        row count here costs nothing exact: a draft's numerics never decide the output, and its
+        and more it is slower (`git show 1b54921:docs/benchmarks.md`, "Matrix-vector projections (H200)").
+        Choosing by row count here costs nothing exact: a draft's numerics never decide the output, and its
         cache need not match what a one-row step would have written."""
         return LinearTable(self.entries, f"{self.source}, draft picks", self.drafts, for_draft=True)
 

@@ -3,8 +3,8 @@
 Why: traced as plain Python, a kernel call inside a compiled layer becomes inductor's own copy of
 the Triton kernel, launched by inductor's launcher, which passes none of specgen's launch options:
 compile lost programmatic dependent launch (gpu/dependent.py), and with it the bench pair ran
-10-16% slower compiled than not (docs/benchmarks.md, "Dependent launch (H200)"). Here each call of
-linear / gate_up, the norms and attention is one operator node: dynamo records it without
+10-16% slower compiled than not (`git show 1b54921:docs/benchmarks.md`, "Dependent launch (H200)"). Here
+each call of linear / gate_up, the norms and attention is one operator node: dynamo records it without
 tracing in, inductor calls it from its generated code, and the operator launches specgen's kernel
 exactly as a run without compile does (same configuration, same grid, the attribute included).
 Inductor still compiles whatever torch ops a layer runs between them.

@@ -4,7 +4,8 @@ Why: a head's drafting call is one decoder layer plus fc and lm_head, about 20M 
 weights take microseconds to read on an H200, so a call costs what it launches. On torch's ops it
 launches about fifty small kernels (norms, rotary, the cache writes, a masked attention over the
 whole static cache, the gated MLP's three products), about 80 µs a call with compile and 190 µs
-without on the bench pair (docs/benchmarks.md), which made the head's draft phase dearer than a
+without on the bench pair (`git show 9b5844a:docs/benchmarks.md`, "EAGLE-3 heads on the bench
+pair (H200)"), which made the head's draft phase dearer than a
 two-layer draft model's on the same kernels. Here a call is the models' own kernels:
 
 - fc, the fused q/k/v projection, o_proj, the gated MLP and lm_head: gpu/linear.py, through

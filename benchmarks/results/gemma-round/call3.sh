@@ -1,6 +1,0 @@
-#!/usr/bin/env bash
-set -u
-export PYTHONUNBUFFERED=1
-LOG=$OUT/log.txt
-nvidia-smi --query-gpu=name --format=csv,noheader | tee $LOG
-PYTHONPATH=$PWD/src timeout 200 python3 .gpu/gemma_prof.py $OUT 2>&1 | grep -v Warn | tee -a $LOG
