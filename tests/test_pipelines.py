@@ -179,8 +179,9 @@ def test_ctrl_c_writes_the_json_of_what_was_generated_marked_incomplete(monkeypa
     assert 0 < generated < 100 and record["token_ids"] == reference["token_ids"][:generated]
     assert reference["text"].startswith(record["text"]) and record["text"]
     assert len(record["fates"]) == len(record["token_ids"]) == record["stats"]["generated_tokens"]
-    summary = SUMMARY.match(result.stderr.splitlines()[-1])
-    assert summary and int(summary.group(1)) == len(record["token_ids"])
+    last = result.stderr.splitlines()[-1]
+    summary = SUMMARY.match(last.replace(" rounds (interrupted), ", " rounds, "))
+    assert summary and int(summary.group(1)) == len(record["token_ids"]) and " (interrupted), " in last
 
 
 # ---------------------------------------------------------------- JSONL

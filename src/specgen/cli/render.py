@@ -123,10 +123,12 @@ class LiveView:
         return Text("\n").join(lines[-room:])
 
 
-def summary(stats, console: Console | None = None, label: str | None = None, startup=None) -> None:
+def summary(stats, console: Console | None = None, label: str | None = None, startup=None,
+            interrupted: bool = False) -> None:
     """One line on stderr at the end (off a terminal, or after the live view); label names the
     prompt when there are several; startup (cli/loading.Startup) ends it when given."""
-    line = f"{label}: {stats.summary_line()}" if label else stats.summary_line()
+    line = stats.summary_line(interrupted)
+    line = f"{label}: {line}" if label else line
     if startup is not None:
         line += f"; {startup.text()}"
     (console or stderr_console()).print(line, style="dim", highlight=False, markup=False)
