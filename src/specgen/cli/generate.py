@@ -90,7 +90,8 @@ def generate(
     engine, decoder, startup = start_engine(settings, allow_pickle, status=not quiet)
     if verbose and not quiet:
         warn(describe({**engine.describe(), "startup": startup.as_dict()}))
-    show_live = live and not quiet and render.can_draw(render.stderr_console()) and output_format == Format.text
+    show_live = (live and not quiet and output_format == Format.text
+                 and render.can_draw_beside_stdout(render.stderr_console()))
     jobs = fitting(texts, lambda text: prompt_ids(engine, settings, text, chat, system, truncate_prompt),
                    decoder.check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
@@ -168,7 +169,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     from specgen.cli import render
     from specgen.core.events import Finished
 
-    stream = output_format == Format.text and not (show_live and sys.stdout.isatty())
+    stream = output_format == Format.text and not show_live
     if label is not None and output_format == Format.text:
         sys.stdout.write(f"==> {label} <==\n")
     view = render.LiveView() if show_live else None
