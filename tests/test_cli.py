@@ -296,6 +296,18 @@ def test_docs_cli_md_lists_every_option_of_every_command(command):
     assert documented == actual, (sorted(actual - documented), sorted(documented - actual))
 
 
+def test_docs_cli_md_shows_the_real_top_level_help(monkeypatch):
+    """docs/cli.md's `specgen --help` block is the help at 80 columns, every command included."""
+    text = CLI_DOC.read_text()
+    block = text[text.index("$ specgen --help\n") + len("$ specgen --help\n"):]
+    block = block[: block.index("```")]
+    real = specgen(monkeypatch, "--help", env={"COLUMNS": "80"}).stdout
+    def lines(text: str) -> list[str]:
+        return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n").splitlines()
+
+    assert lines(block) == lines(real)
+
+
 def test_seed_help_says_the_text_depends_on_the_settings_too(monkeypatch):
     """k and the proposer change the text a seed gives: the help must not promise 'same seed, same text'."""
     for command in ("generate", "bench", "inspect-acceptance"):
@@ -431,6 +443,26 @@ def test_json_records_name_their_schema_and_count_the_prompt_tokens(monkeypatch,
     assert record["schema"] == "specgen.generate/2"
     assert record["prompt_tokens"] == len(Engine(load_profile(str(tiny.profile))).encode(PROMPT))
     assert list(record) == [f for f in documented_record_fields() if f != "incomplete"]  # Ctrl-C's alone
+
+
+def test_a_stop_token_id_ends_token_ids_and_its_text_ends_the_text(monkeypatch, tiny):
+    """As docs/cli.md says (and vLLM's stop_token_ids do): the stop id is the last of token_ids, and
+    its text ends the text (a special token's text is never shown: the detokenizer skips them)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from specgen.core.profile import load_profile
+
+    tok = PreTrainedTokenizerFast.from_pretrained(load_profile(str(tiny.profile)).target.path)
+    free = json.loads(generate(monkeypatch, tiny, "--format", "json", PROMPT).stdout)["token_ids"]
+    stop = next(t for t in free[2:] if t not in tok.all_special_ids and tok.decode([t]).strip())
+    ids = free[: free.index(stop) + 1]
+    record = json.loads(generate(monkeypatch, tiny, "--format", "json", "--stop-token-id", stop, PROMPT).stdout)
+    assert (record["finish_reason"], record["token_ids"]) == ("stop_token", ids)
+    assert record["text"] == tok.decode(ids) and record["text"].endswith(tok.decode([stop]))
+    text = generate(monkeypatch, tiny, "--stop-token-id", stop, PROMPT).stdout
+    assert text == record["text"] + "\n"
+    row = next(line for line in CLI_DOC.read_text().splitlines() if line.startswith("| `--stop TEXT`"))
+    assert "it is the last of `token_ids` and its text ends the text" in row
 
 
 def test_target_only_says_acceptance_is_not_applicable(monkeypatch, tiny):
