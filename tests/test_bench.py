@@ -17,6 +17,9 @@ from cli_helpers import specgen
 from tiny_models import build_pair, write_profile
 
 SCHEMA_DOC = Path(__file__).resolve().parents[1] / "docs" / "bench-schema.md"
+CLI_DOC = SCHEMA_DOC.parent / "cli.md"
+# The JSON documents of the bench runs docs/cli.md shows (records and per-prompt rows left out).
+DOC_RUNS = Path(__file__).resolve().parent / "data"
 PROMPTS = ["def add(a, b):", "class Point:"]
 KS = (1, 3)
 BASELINES = ("target-only", "hf", "hf-static", "hf-assisted")
@@ -90,6 +93,17 @@ def test_bench_json_has_every_documented_field(sweep):
         resolve(document, path.split("."), document["settings"]["baselines"], path,
                 tuple(document["settings"]["proposers"]))
     assert document["schema"] == "specgen.bench/1"
+
+
+def test_docs_cli_md_shows_a_whole_result(sweep):
+    """The result docs/cli.md shows from its bench has the fields a real result has (records aside,
+    which only --records keeps), and its per-prompt row those of a real row."""
+    text = CLI_DOC.read_text()
+    shown = text[text.index("```json\n", text.index("one result of it")) + len("```json\n"):]
+    shown = json.loads(shown[: shown.index("```")])
+    real = json.loads(sweep.read_text())["results"][0]
+    assert list(shown) == [key for key in real if key != "records"]
+    assert list(shown["per_prompt"][0]) == list(real["per_prompt"][0])
 
 
 def test_bench_values_are_sane(sweep):
@@ -485,6 +499,24 @@ def test_the_recommendation_says_its_statistic_and_the_faster_row():
     at = next(i for i, line in enumerate(lines) if line.startswith("recommended k"))
     assert lines[at] == "recommended k at temperature 0: 4  (best median × target-only: 1.29×, at 25.7 tok/s)"
     assert lines[at + 1].startswith("k=2 has the highest median tok/s (28.1) but a lower median × target-only (1.10×)")
+
+
+def doc_bench_tables() -> dict[str, list[str]]:
+    """The bench output docs/cli.md shows, by the file name of its run's JSON: each fenced block
+    that follows a `<!-- tests/data/NAME.json -->` line, without its `$ specgen ...` command lines."""
+    found = re.findall(r"<!-- tests/data/([\w.-]+\.json) -->\n```\n(.*?)```", CLI_DOC.read_text(), re.S)
+    return {name: re.sub(r"^\$ (.*\\\n)*.*\n", "", block, flags=re.M).splitlines() for name, block in found}
+
+
+def test_docs_cli_md_shows_what_bench_prints_for_its_runs():
+    """The bench examples of docs/cli.md are what `show` prints off a terminal for the JSON those
+    runs wrote, line for line."""
+    tables = doc_bench_tables()
+    assert len(tables) == 2
+    for name, lines in tables.items():
+        document = json.loads((DOC_RUNS / name).read_text())
+        text = rendered(document, 80, terminal=False)
+        assert [line.rstrip() for line in text.splitlines()] == lines, name
 
 
 def test_the_floor_column_appears_with_a_floor():

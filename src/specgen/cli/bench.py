@@ -488,11 +488,18 @@ def _mib(value: int | None) -> str:
     return f"{value / 2**20:.0f}" if value is not None else "–"
 
 
+def _agreement(result: dict) -> dict | None:
+    """The row's comparison of texts: greedy, or sampled with Gumbel coupling; none under rejection
+    coupling, whose text is not expected to be target-only's."""
+    if result.get("coupling") == "rejection":
+        return None
+    return result["greedy_agreement"] or result.get("sampled_agreement")
+
+
 def _same_text(result: dict) -> str:
     """The share of prompts whose tokens are all the reference's (_reference), and the earliest
-    divergence; `–` where the same text is not to be expected (rejection coupling when sampling)."""
-    agreement = None if result.get("coupling") == "rejection" else (result["greedy_agreement"]
-                                                                     or result.get("sampled_agreement"))
+    divergence; `–` where there is no comparison."""
+    agreement = _agreement(result)
     if not agreement:
         return "–"
     entry = agreement[_reference(agreement)]
@@ -508,8 +515,7 @@ def _reference(agreement: dict) -> str:
 def legend_lines(document: dict) -> list[Text]:
     """What the table's marks mean: the `same text` figures and dashes, and why a cell is n/a."""
     results, lines = document["results"], []
-    compared = next((_reference(a) for r in results if r.get("coupling") != "rejection"
-                     for a in (r["greedy_agreement"] or r.get("sampled_agreement"),) if a), None)
+    compared = next((_reference(a) for a in map(_agreement, results) if a), None)
     if compared is not None:
         lines.append(f"same text: the share of prompts whose tokens are all {compared}'s "
                      "(tok N: the earliest divergence)")
