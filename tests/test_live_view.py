@@ -134,3 +134,10 @@ def test_fates_stay_apart_without_colour(monkeypatch):
     assert text.startswith("acc\x1b[4mrec\x1b[0m\x1b[1mbon")  # accepted plain, recovered underlined, bonus bold
     assert "\x1b[4mrecovered" in text and "\x1b[1mbonus" in text and "■" not in text
     assert not any(f"[{c}m" in text or f";{c}m" in text for c in (32, 33, 36))  # no colour
+
+
+def test_the_start_up_status_stays_on_one_line():
+    """A status redrawn in place climbs over the line above it if it wraps: it is cut to the width."""
+    capture = "capturing CUDA graphs 3/12: target step k=4 rows 5 " * 3
+    assert render.one_line(capture, 40) == capture[:39] + "…"
+    assert render.one_line("loading the models…", 40) == "loading the models…"
