@@ -125,6 +125,103 @@ def run_on_terminals(args: list[str], *, stdout_tty: bool, stderr_tty: bool, env
     return proc.wait(timeout=60), data["stdout"], data["stderr"]
 
 
+def run_teed(args: list[str], *, env: dict, timeout: float = 300) -> tuple[int, bytes]:
+    """Run a real process as `specgen ... | tee out.txt` runs in a terminal: stderr on a 100x24
+    pseudo-terminal, stdout on a pipe whose reader writes what it reads back to that terminal as it
+    arrives. Returns (exit code, every byte the terminal got, in order)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    pipe_out, pipe_in = os.pipe()
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=pipe_in, stderr=follower, env=env)
+    os.close(pipe_in)
+    shown, deadline = b"", time.monotonic() + timeout
+    piped = True
+    while True:
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"{args} ran past {timeout} s")
+        ready, _, _ = select.select([leader] + ([pipe_out] if piped else []), [], [], 0.1)
+        if pipe_out in ready:
+            chunk = os.read(pipe_out, 65536)
+            if chunk:
+                os.write(follower, chunk)  # tee's copy, on the terminal stderr draws on
+            else:
+                piped = False
+        if leader in ready:
+            shown += os.read(leader, 65536)
+        elif not piped and proc.poll() is not None:
+            break
+    os.close(pipe_out)
+    os.close(follower)
+    os.close(leader)
+    return proc.wait(timeout=60), shown
+
+
+CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
+
+
+class Screen:
+    """Just enough of a terminal to say what is left on it: characters, CR, LF, cursor up and erase
+    in line (what Rich's live displays use); styles and the cursor's visibility change nothing that
+    is read here. Any other control sequence is an error, so that the test cannot miss a move. The
+    rows do not scroll away: what a real terminal scrolls off stays readable."""
+
+    def __init__(self, width: int = 100):
+        self.width, self.rows, self.row, self.col = width, [[]], 0, 0
+
+    def feed(self, text: str) -> "Screen":
+        at = 0
+        while at < len(text):
+            control = CSI.match(text, at)
+            if control:
+                self._control(*control.groups())
+                at = control.end()
+                continue
+            self._char(text[at])
+            at += 1
+        return self
+
+    def _char(self, char: str) -> None:
+        if char == "\r":
+            self.col = 0
+        elif char == "\n":
+            self._down()
+        elif char == "\x1b":
+            raise AssertionError("unexpected escape sequence")
+        elif char == "\t":
+            self.col = min(self.width, (self.col // 8 + 1) * 8)
+        elif unicodedata.category(char) == "Cc":  # bell and the like: nothing to see
+            pass
+        else:
+            if self.col >= self.width:
+                self._down()
+                self.col = 0
+            line = self.rows[self.row]
+            line.extend(" " * (self.col + 1 - len(line)))
+            line[self.col] = char
+            self.col += 1
+
+    def _down(self) -> None:
+        self.row += 1
+        if self.row == len(self.rows):
+            self.rows.append([])
+
+    def _control(self, params: str, final: str) -> None:
+        if final == "m" or (params.startswith("?") and final in "hl"):
+            return
+        if final == "A":
+            self.row = max(0, self.row - int(params or 1))
+        elif final == "K" and params in ("", "0"):
+            del self.rows[self.row][self.col:]
+        elif final == "K" and params == "2":
+            self.rows[self.row] = []
+        else:
+            raise AssertionError(f"unexpected control sequence ESC[{params}{final}")
+
+    def lines(self) -> list[str]:
+        return ["".join(row).rstrip() for row in self.rows]
+
+
 TERMINAL_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")  # styles, cursor moves, titles
 
 

@@ -17,6 +17,9 @@ from cli_helpers import specgen
 from tiny_models import build_pair, write_profile
 
 SCHEMA_DOC = Path(__file__).resolve().parents[1] / "docs" / "bench-schema.md"
+CLI_DOC = SCHEMA_DOC.parent / "cli.md"
+# The JSON documents of the bench runs docs/cli.md shows (records and per-prompt rows left out).
+DOC_RUNS = Path(__file__).resolve().parent / "data"
 PROMPTS = ["def add(a, b):", "class Point:"]
 KS = (1, 3)
 BASELINES = ("target-only", "hf", "hf-static", "hf-assisted")
@@ -90,6 +93,17 @@ def test_bench_json_has_every_documented_field(sweep):
         resolve(document, path.split("."), document["settings"]["baselines"], path,
                 tuple(document["settings"]["proposers"]))
     assert document["schema"] == "specgen.bench/1"
+
+
+def test_docs_cli_md_shows_a_whole_result(sweep):
+    """The result docs/cli.md shows from its bench has the fields a real result has (records aside,
+    which only --records keeps), and its per-prompt row those of a real row."""
+    text = CLI_DOC.read_text()
+    shown = text[text.index("```json\n", text.index("one result of it")) + len("```json\n"):]
+    shown = json.loads(shown[: shown.index("```")])
+    real = json.loads(sweep.read_text())["results"][0]
+    assert list(shown) == [key for key in real if key != "records"]
+    assert list(shown["per_prompt"][0]) == list(real["per_prompt"][0])
 
 
 def test_bench_values_are_sane(sweep):
@@ -396,23 +410,113 @@ def _document(names: list[str], cuda: bool, proposers: tuple[str, ...] = ("draft
             "recommendation": [], "notes": [], "fp32_check": None, "skipped_prompts": []}
 
 
-@pytest.mark.parametrize("width, names, proposers", [
-    (120, BASELINES, ("draft",)), (80, ("target-only",), ("draft",)), (100, ("target-only", "hf"), ("draft",)),
-    (100, ("target-only",), ("draft", "ngram", "hybrid")),
-])
-def test_table_never_truncates_numbers(width, names, proposers):
-    """Where the numbers fit (on one table, or split into speed and acceptance tables), each is whole."""
+NUMBERS = ("12345.6", "10234.5–15432.1", "13579.2", "123.45×", "87.6%", "7.65", "10.2/20.5/30.8/40.5", "1234.5",
+           "117738", "95% (tok 103)")
+
+
+def rendered(document: dict, width: int, terminal: bool) -> str:
+    """What `show` prints on a console of that width, a terminal or a file, without styles."""
+    import io
+
     from rich.console import Console
 
     from specgen.cli.bench import show
 
-    console = Console(width=width, record=True, highlight=False)
-    show(_document(list(names), cuda=True, proposers=proposers), console)
-    text = console.export_text()
+    console = Console(file=io.StringIO(), width=width, record=True, highlight=False, force_terminal=terminal)
+    show(document, console)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width, names, proposers", [
+    (120, BASELINES, ("draft",)), (80, ("target-only",), ("draft",)), (100, ("target-only", "hf"), ("draft",)),
+    (100, ("target-only",), ("draft", "ngram", "hybrid")), (60, BASELINES, ("draft",)),
+])
+def test_a_terminal_table_splits_to_fit_and_never_cuts_or_wraps_a_number(width, names, proposers):
+    """On a terminal each number is whole on one line; where one table does not fit, the columns go
+    to as few tables as fit, each with the rows' keys."""
+    text = rendered(_document(list(names), cuda=True, proposers=proposers), width, terminal=True)
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
-    for number in ("12345.6", "10234.5–15432.1", "13579.2", "123.45×", "87.6%", "7.65", "10.2/20.5/30.8/40.5", "1234.5",
-                   "117738"):
+    for number in NUMBERS:
         assert number in text, (number, text)
+    tables = sum(line.split()[:1] == ["T"] for line in text.splitlines())  # each table's header
+    assert tables >= 1 and text.count("k=8") == tables * len(proposers)
+
+
+def test_off_a_terminal_the_table_is_one_and_no_line_wraps():
+    """A pipe or a log file gets one table as wide as its cells: every row on one line, whatever
+    the width the console would have had."""
+    document = _document(list(BASELINES), cuda=True, proposers=("draft",))
+    text = rendered(document, 80, terminal=False)
+    lines = text.splitlines()
+    header = next(line for line in lines if "tok/s" in line)
+    assert all(head in header for head in ("p25–p75", "× hf-assisted", "TTFT ms", "round ms d/v/s/o", "same text"))
+    [row] = [line for line in lines if "k=8" in line]
+    assert all(number in row for number in NUMBERS)
+    assert len(row.rstrip()) > 80  # not wrapped at the console's width
+
+
+def test_a_baseline_that_did_not_run_gets_n_a_cells_and_its_reason_below():
+    document = _document(["target-only", "hf"], cuda=False)
+    reason = "transformers generate has no presence or frequency penalty"
+    document["baselines"][1] |= {"available": False, "reason": reason, "tokens_per_second": None,
+                                 "decode_tokens_per_second": None, "time_to_first_token_seconds": None}
+    document["results"][0]["speedup"]["hf"] = None
+    text = rendered(document, 80, terminal=False)
+    [row] = [line for line in text.splitlines() if line.split()[:2] == ["0", "hf"]]
+    assert row.split()[2:] == ["n/a"] * 4  # tok/s, p25–p75, decode tok/s, TTFT ms
+    assert f"n/a: hf at T=0: {reason}" in text.splitlines()
+    assert reason not in row
+
+
+def test_same_text_is_a_dash_under_rejection_coupling_with_a_legend():
+    """A sampled row under rejection coupling follows the target's distribution, not its text: no
+    percentage that would read as a losslessness failure."""
+    document = _document(["target-only"], cuda=False)
+    greedy = document["results"][0]
+    sampled = {"temperature": 0.8, "greedy_agreement": None}
+    agreement = {"target-only": {"identical_fraction": 0.0, "first_divergence": [0, 0]}}
+    document["results"] = [greedy, greedy | sampled | {"coupling": "rejection", "sampled_agreement": agreement},
+                           greedy | sampled | {"coupling": "gumbel", "sampled_agreement": {"target-only": {
+                               "identical_fraction": 1.0, "first_divergence": [None, None]}}}]
+    text = rendered(document, 80, terminal=False)
+    rows = {line.split()[1]: line for line in text.splitlines() if "k=8" in line and line.split()[0] == "0.8"}
+    assert rows["rejection"].rstrip().endswith(" –") and "0%" not in rows["rejection"]
+    assert rows["gumbel"].rstrip().endswith(" 100%")
+    assert "same text –: rejection coupling: same distribution, not the same text" in text
+    assert "same text: the share of prompts whose tokens are all target-only's" in text
+
+
+def test_the_recommendation_says_its_statistic_and_the_faster_row():
+    """The pick follows the median per-prompt ratio; where another row has the higher median tok/s,
+    a line says so, so that the table and the recommendation do not seem to disagree."""
+    document = _document(["target-only"], cuda=False)
+    one, two = (document["results"][0] | {"k": k, "tokens_per_second": {"median": tps, "p25": tps, "p75": tps},
+                                          "speedup": {"target-only": {"median": ratio}}}
+                for k, tps, ratio in ((4, 25.7, 1.29), (2, 28.1, 1.10)))
+    document["results"] = [one, two]
+    document["recommendation"] = recommend(document["results"])
+    lines = rendered(document, 200, terminal=False).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("recommended k"))
+    assert lines[at] == "recommended k at temperature 0: 4  (best median × target-only: 1.29×, at 25.7 tok/s)"
+    assert lines[at + 1].startswith("k=2 has the highest median tok/s (28.1) but a lower median × target-only (1.10×)")
+
+
+def doc_bench_tables() -> dict[str, list[str]]:
+    """The bench output docs/cli.md shows, by the file name of its run's JSON: each fenced block
+    that follows a `<!-- tests/data/NAME.json -->` line, without its `$ specgen ...` command lines."""
+    found = re.findall(r"<!-- tests/data/([\w.-]+\.json) -->\n```\n(.*?)```", CLI_DOC.read_text(), re.S)
+    return {name: re.sub(r"^\$ (.*\\\n)*.*\n", "", block, flags=re.M).splitlines() for name, block in found}
+
+
+def test_docs_cli_md_shows_what_bench_prints_for_its_runs():
+    """The bench examples of docs/cli.md are what `show` prints off a terminal for the JSON those
+    runs wrote, line for line."""
+    tables = doc_bench_tables()
+    assert len(tables) == 2
+    for name, lines in tables.items():
+        document = json.loads((DOC_RUNS / name).read_text())
+        text = rendered(document, 80, terminal=False)
+        assert [line.rstrip() for line in text.splitlines()] == lines, name
 
 
 def test_the_floor_column_appears_with_a_floor():
@@ -434,18 +538,6 @@ def test_the_floor_column_appears_with_a_floor():
     console = Console(width=200, record=True, highlight=False)
     show(_document(["target-only"], cuda=False), console)
     assert "× floor" not in console.export_text()
-
-
-def test_a_table_too_wide_for_the_console_wraps_numbers_instead_of_cutting_them():
-    from rich.console import Console
-
-    from specgen.cli.bench import show
-
-    console = Console(width=60, record=True, highlight=False)
-    show(_document(list(BASELINES), cuda=True), console)
-    text = console.export_text()
-    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 60
-    assert "".join(text.split()).count("k=8") == 3  # the rows are in each of the three tables
 
 
 def test_progress_shows_an_eta_on_a_terminal(tiny, monkeypatch):

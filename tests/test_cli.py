@@ -296,11 +296,29 @@ def test_docs_cli_md_lists_every_option_of_every_command(command):
     assert documented == actual, (sorted(actual - documented), sorted(documented - actual))
 
 
+def test_docs_cli_md_shows_the_real_top_level_help(monkeypatch):
+    """docs/cli.md's `specgen --help` block is the help at 80 columns, every command included."""
+    text = CLI_DOC.read_text()
+    block = text[text.index("$ specgen --help\n") + len("$ specgen --help\n"):]
+    block = block[: block.index("```")]
+    real = specgen(monkeypatch, "--help", env={"COLUMNS": "80"}).stdout
+    def lines(text: str) -> list[str]:
+        return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n").splitlines()
+
+    assert lines(block) == lines(real)
+
+
 def test_seed_help_says_the_text_depends_on_the_settings_too(monkeypatch):
     """k and the proposer change the text a seed gives: the help must not promise 'same seed, same text'."""
     for command in ("generate", "bench", "inspect-acceptance"):
         out = " ".join(specgen(monkeypatch, command, "--help", env={"COLUMNS": "200"}).stdout.split())
         assert "Same seed, same settings (k and proposer too), same text on the same device." in out, command
+
+
+def test_train_head_help_does_not_speak_of_two_models(monkeypatch):
+    """train-head loads the target alone: --device and --dtype must not say "both models"."""
+    out = " ".join(specgen(monkeypatch, "train-head", "--help", env={"COLUMNS": "200"}).stdout.split())
+    assert "bfloat16 | float16 (every model loaded)" in out and "both models" not in out
 
 
 def test_version(monkeypatch):
@@ -405,8 +423,46 @@ def test_json_logprobs_carry_the_token_text(monkeypatch, tiny):
     assert [e["token_id"] for e in record["logprobs"]] == record["token_ids"]
     for entry in record["logprobs"]:
         assert entry["token"] == tok.decode([entry["token_id"]])
-        assert len(entry["top"]) == 2
-        assert all(alt["token"] == tok.decode([alt["token_id"]]) for alt in entry["top"])
+        assert len(entry["top_logprobs"]) == 2 and "top" not in entry  # the OpenAI / vLLM name, schema 2
+        assert all(alt["token"] == tok.decode([alt["token_id"]]) for alt in entry["top_logprobs"])
+
+
+def documented_record_fields() -> list[str]:
+    """The fields of docs/cli.md's table of generate's JSON record, in order."""
+    text = CLI_DOC.read_text()
+    table = text[text.index("### `--format json` and `jsonl` (schema `specgen.generate/2`)"):]
+    table = table[table.index("| field |"):table.index("\n\n", table.index("| field |"))]
+    return re.findall(r"^\| `(\w+)` \|", table, re.M)
+
+
+def test_json_records_name_their_schema_and_count_the_prompt_tokens(monkeypatch, tiny):
+    from specgen.core.engine import Engine
+    from specgen.core.profile import load_profile
+
+    record = json.loads(generate(monkeypatch, tiny, "--format", "json", "--logprobs", "1", PROMPT).stdout)
+    assert record["schema"] == "specgen.generate/2"
+    assert record["prompt_tokens"] == len(Engine(load_profile(str(tiny.profile))).encode(PROMPT))
+    assert list(record) == [f for f in documented_record_fields() if f != "incomplete"]  # Ctrl-C's alone
+
+
+def test_a_stop_token_id_ends_token_ids_and_its_text_ends_the_text(monkeypatch, tiny):
+    """As docs/cli.md says (and vLLM's stop_token_ids do): the stop id is the last of token_ids, and
+    its text ends the text (a special token's text is never shown: the detokenizer skips them)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from specgen.core.profile import load_profile
+
+    tok = PreTrainedTokenizerFast.from_pretrained(load_profile(str(tiny.profile)).target.path)
+    free = json.loads(generate(monkeypatch, tiny, "--format", "json", PROMPT).stdout)["token_ids"]
+    stop = next(t for t in free[2:] if t not in tok.all_special_ids and tok.decode([t]).strip())
+    ids = free[: free.index(stop) + 1]
+    record = json.loads(generate(monkeypatch, tiny, "--format", "json", "--stop-token-id", stop, PROMPT).stdout)
+    assert (record["finish_reason"], record["token_ids"]) == ("stop_token", ids)
+    assert record["text"] == tok.decode(ids) and record["text"].endswith(tok.decode([stop]))
+    text = generate(monkeypatch, tiny, "--stop-token-id", stop, PROMPT).stdout
+    assert text == record["text"] + "\n"
+    row = next(line for line in CLI_DOC.read_text().splitlines() if line.startswith("| `--stop TEXT`"))
+    assert "it is the last of `token_ids` and its text ends the text" in row
 
 
 def test_target_only_says_acceptance_is_not_applicable(monkeypatch, tiny):
@@ -478,7 +534,7 @@ def test_json_logprobs_leave_out_alternatives_the_warp_removed(monkeypatch, tiny
         raise AssertionError(f"not JSON: {constant}")
 
     record = json.loads(result.stdout, parse_constant=refuse)  # no -Infinity / NaN
-    assert all(len(entry["top"]) == 1 for entry in record["logprobs"])  # top-k 1: one token survives
+    assert all(len(entry["top_logprobs"]) == 1 for entry in record["logprobs"])  # top-k 1: one token survives
 
 
 def test_download_fetches_only_what_loading_needs(monkeypatch, tmp_path):
@@ -527,8 +583,9 @@ def test_generate_reports_start_up_first_token_and_decode_rate_apart(monkeypatch
                                                             stats["generation_seconds"])
     assert stats["tokens_per_second"] == generation_rate(24, stats["generation_seconds"])
     lines = result.stderr.splitlines()
-    assert f"startup.load_seconds: {startup['load_seconds']}" in lines
-    assert f"startup.setup_seconds: {startup['setup_seconds']}" in lines
+    assert f"startup.load_seconds: {startup['load_seconds']:.2f}" in lines
+    assert f"startup.setup_seconds: {startup['setup_seconds']:.2f}" in lines
+    assert not any(line.endswith(": None") for line in lines)  # e.g. placement, on one device
     summary = lines[-1]
     assert SUMMARY.match(summary), summary
     assert (f", first token {1000 * stats['time_to_first_token_seconds']:.0f} ms, "

@@ -1,4 +1,5 @@
-"""The live view of `specgen generate`: on a terminal's stderr, in colour, with the footer; never in a pipe.
+"""The live view of `specgen generate`: on a terminal's stderr, in colour, with the footer, while stdout is
+a terminal too; never in a pipe, and never while stdout is a pipe that may come back to the terminal.
 
 The terminal is a pseudo-terminal (the pty module), so no tmux or `script` is needed.
 """
@@ -6,12 +7,13 @@ The terminal is a pseudo-terminal (the pty module), so no tmux or `script` is ne
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from cli_helpers import run_on_terminals, subprocess_env, visible_text
+from cli_helpers import Screen, run_on_terminals, run_teed, subprocess_env, visible_text
 from specgen.cli import render
 from specgen.core.stats import AcceptanceStats
 from tiny_models import build_pair, write_profile
@@ -39,8 +41,13 @@ def reference(command):
     return json.loads(proc.stdout)["text"]
 
 
+# The demo pair writes plain, Python-like text, which a terminal shows as it is.
+DEMO = [sys.executable, "-m", "specgen.cli.main", "generate", "-n", "40", "--ignore-eos", "def add(a, b):"]
+MOVES = re.compile(r"\x1b\[[0-9;?]*[A-HJKlh]|\r(?!\n)")  # cursor moves, erasing, a return that does not end a line
+
+
 def test_live_view_on_a_terminal(command):
-    code, out, err = run_on_terminals(command, stdout_tty=False, stderr_tty=True, env=environment())
+    code, out, err = run_on_terminals(command, stdout_tty=True, stderr_tty=True, env=environment())
     assert code == 0, err.decode(errors="replace")
     text = err.decode("utf-8", errors="replace")
     assert "\x1b[32m" in text  # green: accepted tokens (and the legend)
@@ -49,8 +56,28 @@ def test_live_view_on_a_terminal(command):
         assert word in text
     assert "■ accepted" in text and "■ recovered" in text and "■ bonus" in text
     assert "loading the models" in text  # the status line while models load
-    assert b"\x1b[" not in out  # stdout, a pipe, gets the plain text only
-    assert out.strip()
+    assert b"\x1b[32m" in out  # the text, printed once in colour when the view ends
+
+
+def test_a_pipe_back_to_the_terminal_keeps_every_line_on_screen():
+    """`specgen generate ... | tee out.txt` in a terminal: tee prints the text on the terminal that
+    stderr draws on. No live view then, so nothing wipes tee's lines: the screen ends with the
+    whole text and the summary line below it."""
+    code, shown = run_teed(DEMO, env=environment())
+    text = shown.decode("utf-8", errors="replace")
+    assert code == 0, text
+    assert not MOVES.search(after_status(text)) and "per position" not in text and "■" not in text
+    screen = visible_text("".join(Screen().feed(text).lines()))
+    plain = visible_text(subprocess.run([*DEMO, "-q"], capture_output=True, text=True, env=environment(),
+                                        timeout=300).stdout)
+    assert plain and screen.startswith(plain) and screen[len(plain):].startswith("40tokensin")  # then the summary
+
+
+def after_status(stderr: str) -> str:
+    """What a terminal got after the start-up's status line ended, erasing its own line; the status
+    must be the only display that hid the cursor."""
+    assert stderr.count("\x1b[?25l") == 1, stderr
+    return stderr.rpartition("\x1b[?25h")[2].removeprefix("\r\x1b[1A\x1b[2K")
 
 
 @pytest.mark.parametrize("stdout_tty, stderr_tty", [(True, True), (False, True), (True, False), (False, False)],
@@ -65,8 +92,11 @@ def test_stdout_gets_the_whole_text_whichever_stream_is_a_terminal(command, refe
     else:  # a pipe gets the exact text, plain, and one newline
         assert out_text == reference + "\n"
     assert "\x1b[" not in err_text or stderr_tty
-    if stderr_tty:
+    if stderr_tty and stdout_tty:
         assert "■ accepted" in err_text and "per position" in err_text  # the live view ran
+    elif stderr_tty:  # stdout may be read back onto this terminal: at most the start-up's one line
+        assert not MOVES.search(after_status(err_text)) and "■" not in err_text
+        assert after_status(err_text).endswith(" s\x1b[0m\r\n") and "40 tokens in " in after_status(err_text)
     else:
         assert err_text.startswith("40 tokens in ") and err_text.count("\n") == 1  # only the summary line
         assert "■" not in err_text
@@ -104,3 +134,10 @@ def test_fates_stay_apart_without_colour(monkeypatch):
     assert text.startswith("acc\x1b[4mrec\x1b[0m\x1b[1mbon")  # accepted plain, recovered underlined, bonus bold
     assert "\x1b[4mrecovered" in text and "\x1b[1mbonus" in text and "■" not in text
     assert not any(f"[{c}m" in text or f";{c}m" in text for c in (32, 33, 36))  # no colour
+
+
+def test_the_start_up_status_stays_on_one_line():
+    """A status redrawn in place climbs over the line above it if it wraps: it is cut to the width."""
+    capture = "capturing CUDA graphs 3/12: target step k=4 rows 5 " * 3
+    assert render.one_line(capture, 40) == capture[:39] + "…"
+    assert render.one_line("loading the models…", 40) == "loading the models…"

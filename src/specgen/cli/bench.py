@@ -19,6 +19,7 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
+from rich.cells import cell_len
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -130,9 +131,9 @@ def bench(
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
         sys.stdout.flush()
         if not quiet:
-            show(document, wide(render.stderr_console()))
+            show(document, render.stderr_console())
     else:
-        show(document, wide(Console(highlight=False, no_color=render.no_color())))
+        show(document, Console(highlight=False, no_color=render.no_color()))
     if document["incomplete"]:
         print("specgen: interrupted", file=sys.stderr)
         raise typer.Exit(130)
@@ -322,43 +323,71 @@ def progress_bar(console: Console, enabled: bool):
                     TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=True, disable=not enabled)
 
 
-def wide(console: Console) -> Console:
-    if not console.is_terminal:
-        console.width = 200  # a pipe or file gets the whole table, not one squeezed into 80 columns
-    return console
-
-
 # -- rendering -------------------------------------------------------------------------------
 
 
 def show(document: dict, console: Console) -> None:
-    for grid in tables(document, console):
+    """The title, the table, what its marks mean, the recommendation and the notes. On a terminal
+    too narrow for the table, it is split into as few tables as fit; off a terminal (a pipe, a log
+    file) it stays one, as wide as its cells, and no line is wrapped. Cells never wrap."""
+    grids = tables(document, console)
+    needed = max(_width(grid, console) for grid in grids)
+    if not console.is_terminal or needed > console.width:
+        console.width = max(console.width, needed)  # wider than a terminal: it wraps lines, never a cell
+    lines = (*legend_lines(document), *recommendation_lines(document), *footer_lines(document))
+    console.print(title(document), soft_wrap=True)
+    for grid in grids:
         console.print(grid)
-    for line in (*recommendation_lines(document), *footer_lines(document)):
-        console.print(line)
+    for line in lines:
+        console.print(line, soft_wrap=not console.is_terminal)
 
 
 SPEED = ("tok/s", "p25–p75", "decode tok/s")  # then one × column per baseline; then TTFT and (CUDA) peak memory
 ACCEPTANCE = ("accept", "mean len", "per position", "round ms d/v/s/o", "same text")
 TEXT_COLUMNS = ("proposer", "method", "per position", "same text")
+BASELINE_CELLS = ("tok/s", "p25–p75", "decode tok/s", "TTFT ms", "peak MiB")  # n/a where a baseline did not run
 
 
 def proposers(document: dict) -> list[str]:
     return document["settings"].get("proposers") or [document["profile"]["proposer"]]
 
 
+def title(document: dict) -> str:
+    env = document["environment"]
+    return (f"{document['profile']['name']} · {len(document['prompts'])} prompts × "
+            f"{document['settings']['max_tokens']} tokens · {env['device']} ({env['device_name']})"
+            + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""))
+
+
 def tables(document: dict, console: Console) -> list[Table]:
-    """One table, or two or three (speed; latency and memory; acceptance) where one would not fit the
-    console. Numbers are never cut: columns keep their widest cell's width where the tables fit, and
-    wrap where they cannot.
-    A proposer column only when the bench compared several."""
+    """One table; on a terminal too narrow for it, as few as fit, each with the key columns (the
+    temperature, the proposer where the bench compared several, the method). A proposer column only
+    when the bench compared several."""
+    keys, groups = _columns(document)
+    rows = _rows(document)
+    if not console.is_terminal:
+        return [_grid((*keys, *(c for group in groups for c in group)), rows, "whole")]
+
+    def fitted(columns: tuple[str, ...]) -> Table | None:
+        return _fitted((*keys, *columns), rows, console)
+
+    packed = _pack(groups, lambda columns: fitted(columns) is not None)
+    return [fitted(columns) or _grid((*keys, *columns), rows, "wrapped") for columns in packed]
+
+
+def _columns(document: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The key columns, and the others in groups: speed, latency and memory, acceptance."""
     names = document["settings"]["baselines"]
     cuda = any(r["peak_gpu_memory_bytes"] is not None for r in document["results"])
     keys = ("T", "proposer", "method") if len(proposers(document)) > 1 else ("T", "method")
-    speed = (*SPEED, *(f"× {n}" for n in names))
-    latency = ("TTFT ms", *(["peak MiB"] if cuda else []))
     floored = any(r.get("round_over_floor") is not None for r in document["results"])
-    acceptance = ACCEPTANCE[:-1] + (("× floor",) if floored else ()) + ACCEPTANCE[-1:]
+    return keys, [(*SPEED, *(f"× {n}" for n in names)), ("TTFT ms", *(["peak MiB"] if cuda else [])),
+                  ACCEPTANCE[:-1] + (("× floor",) if floored else ()) + ACCEPTANCE[-1:]]
+
+
+def _rows(document: dict) -> list[tuple[dict, bool]]:
+    """(cells, last of its sweep) per row: per sweep, the baselines, then the results."""
+    names = document["settings"]["baselines"]
     rows = []
     sweeps = dict.fromkeys((r["temperature"], r.get("coupling")) for r in document["baselines"] + document["results"])
     for temperature, coupling in sweeps:
@@ -368,45 +397,49 @@ def tables(document: dict, console: Console) -> list[Table]:
         block = [_baseline_row(b) for b in document["baselines"] if ours(b)]
         block += [_result_row(r, names) for r in document["results"] if ours(r)]
         rows += [(row, i == len(block) - 1) for i, row in enumerate(block)]
-    env = document["environment"]
-    title = (f"{document['profile']['name']} · {len(document['prompts'])} prompts × "
-             f"{document['settings']['max_tokens']} tokens · {env['device']} ({env['device_name']})"
-             + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""))
-    # One table; else two, TTFT and peak memory with whichever half leaves both room; else three.
-    layouts = [[speed + latency + acceptance], [speed + latency, acceptance], [speed, latency + acceptance],
-               [speed, latency, acceptance]]
-    for layout in layouts:
-        grids = [_fitted(title if i == 0 else None, (*keys, *columns), rows, console) for i, columns in enumerate(layout)]
-        if all(grids):
-            return grids
-    return [_grid(title if i == 0 else None, (*keys, *columns), rows, None) for i, columns in enumerate(layouts[-1])]
+    return rows
 
 
-def _fitted(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bool]],
-            console: Console) -> Table | None:
-    """The table with whole headers, else with wrapped headers; None when neither fits."""
+def _pack(groups: list[tuple[str, ...]], fits) -> list[tuple[str, ...]]:
+    """The columns, in order, into as few tables as `fits` allows: whole groups where they fit, a
+    group's columns one by one where it does not fit alone (a column that fits nowhere stands alone)."""
+    packed, current = [], ()
+    for group in groups:
+        if fits(current + group):
+            current += group
+            continue
+        if current:
+            packed.append(current)
+        current = group if fits(group) else ()
+        for column in (() if current else group):
+            if current and not fits(current + (column,)):
+                packed.append(current)
+                current = ()
+            current += (column,)
+    return packed + [current] if current else packed
+
+
+def _fitted(columns: tuple[str, ...], rows: list[tuple[dict, bool]], console: Console) -> Table | None:
+    """The table with whole headers, else with headers wrapped between words; None when neither fits."""
     for headers in ("whole", "wrapped"):
-        grid = _grid(title, columns, rows, headers)
-        if _fits(grid, console):
+        grid = _grid(columns, rows, headers)
+        if _width(grid, console) <= console.width:
             return grid
     return None
 
 
-def _fits(grid: Table, console: Console) -> bool:
-    return Measurement.get(console, console.options.update_width(100_000), grid).minimum <= console.width
+def _width(grid: Table, console: Console) -> int:
+    return Measurement.get(console, console.options.update_width(100_000), grid).maximum
 
 
-def _grid(title: str | None, columns: tuple[str, ...], rows: list[tuple[dict, bool]], headers: str | None) -> Table:
-    """Numeric columns get a fixed width, their widest cell's (and the header's, or its longest word's
-    with headers="wrapped"); text columns wrap between words. headers=None: nothing fits, so every
-    column folds (numbers wrap onto a second line, never cut)."""
-    grid = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, title_justify="left")
+def _grid(columns: tuple[str, ...], rows: list[tuple[dict, bool]], headers: str) -> Table:
+    """Every column as wide as its widest cell (and its header, or with headers="wrapped" the
+    header's longest word), so that no cell wraps."""
+    grid = Table(box=box.SIMPLE_HEAD, show_edge=False)
     for column in columns:
-        width = None
-        if headers is not None and column not in TEXT_COLUMNS:
-            head = len(column) if headers == "whole" else max(len(word) for word in column.split())
-            width = max(head, *(len(str(row.get(column, ""))) for row, _ in rows))
-        grid.add_column(column, justify="left" if column in TEXT_COLUMNS else "right", overflow="fold", width=width)
+        head = len(column) if headers == "whole" else max(len(word) for word in column.split())
+        width = max(head, *(cell_len(str(row.get(column, ""))) for row, _ in rows))
+        grid.add_column(column, justify="left" if column in TEXT_COLUMNS else "right", width=width)
     for row, last in rows:
         grid.add_row(*(row.get(column, "") for column in columns), end_section=last)
     return grid
@@ -419,11 +452,11 @@ def _sweep_label(entry: dict) -> str:
 
 
 def _baseline_row(base: dict) -> dict:
-    row = {"T": _sweep_label(base)}
-    if not base["available"]:
-        return row | {"method": Text(f"{base['method']} n/a: {base['reason']}", style="dim")}
-    return row | {"method": Text(base["method"], style="dim"), **_speed_cells(base),
-                  "TTFT ms": _ms(base["time_to_first_token_seconds"]), "peak MiB": _mib(base["peak_gpu_memory_bytes"])}
+    row = {"T": _sweep_label(base), "method": Text(base["method"], style="dim")}
+    if not base["available"]:  # the reason goes below the table (legend_lines)
+        return row | dict.fromkeys(BASELINE_CELLS, "n/a")
+    return row | {**_speed_cells(base), "TTFT ms": _ms(base["time_to_first_token_seconds"]),
+                  "peak MiB": _mib(base["peak_gpu_memory_bytes"])}
 
 
 def _result_row(result: dict, names: list[str]) -> dict:
@@ -431,13 +464,13 @@ def _result_row(result: dict, names: list[str]) -> dict:
     return {
         "T": _sweep_label(result), "proposer": result.get("proposer", ""), "method": f"k={result['k']}",
         **_speed_cells(result),
-        **{f"× {n}": f"{s['median']:.2f}×" if s else "–" for n, s in ((n, result["speedup"][n]) for n in names)},
+        **{f"× {n}": f"{s['median']:.2f}×" if s else "n/a" for n, s in ((n, result["speedup"][n]) for n in names)},
         "TTFT ms": _ms(result["time_to_first_token_seconds"]), "peak MiB": _mib(result["peak_gpu_memory_bytes"]),
         "accept": f"{result['acceptance_rate']:.1%}", "mean len": f"{result['mean_accepted_length']:.2f}",
         "per position": render.position_bars(result["per_position_acceptance"]),
         "round ms d/v/s/o": "/".join(f"{split[p]:.1f}" for p in ("draft", "verify", "sample", "other")),
         "× floor": f"{result['round_over_floor']:.2f}×" if result.get("round_over_floor") is not None else "–",
-        "same text": _agreement(result["greedy_agreement"] or result.get("sampled_agreement")),
+        "same text": _same_text(result),
     }
 
 
@@ -455,29 +488,61 @@ def _mib(value: int | None) -> str:
     return f"{value / 2**20:.0f}" if value is not None else "–"
 
 
-def _agreement(agreement: dict | None) -> str:
-    """Identical fraction against target-only (else the first greedy baseline), and the earliest divergence."""
+def _agreement(result: dict) -> dict | None:
+    """The row's comparison of texts: greedy, or sampled with Gumbel coupling; none under rejection
+    coupling, whose text is not expected to be target-only's."""
+    if result.get("coupling") == "rejection":
+        return None
+    return result["greedy_agreement"] or result.get("sampled_agreement")
+
+
+def _same_text(result: dict) -> str:
+    """The share of prompts whose tokens are all the reference's (_reference), and the earliest
+    divergence; `–` where there is no comparison."""
+    agreement = _agreement(result)
     if not agreement:
         return "–"
-    name = "target-only" if "target-only" in agreement else next(iter(agreement))
-    entry = agreement[name]
+    entry = agreement[_reference(agreement)]
     cut = [d for d in entry["first_divergence"] if d is not None]
-    tail = f" (from tok {min(cut)})" if cut else ""
-    return f"{entry['identical_fraction']:.0%} vs {name}{tail}"
+    return f"{entry['identical_fraction']:.0%}" + (f" (tok {min(cut)})" if cut else "")
+
+
+def _reference(agreement: dict) -> str:
+    """target-only, else the first greedy baseline."""
+    return "target-only" if "target-only" in agreement else next(iter(agreement))
+
+
+def legend_lines(document: dict) -> list[Text]:
+    """What the table's marks mean: the `same text` figures and dashes, and why a cell is n/a."""
+    results, lines = document["results"], []
+    compared = next((_reference(a) for a in map(_agreement, results) if a), None)
+    if compared is not None:
+        lines.append(f"same text: the share of prompts whose tokens are all {compared}'s "
+                     "(tok N: the earliest divergence)")
+    if any(r["temperature"] > 0 and r.get("coupling") == "rejection" for r in results):
+        lines.append("same text –: rejection coupling: same distribution, not the same text")
+    missing: dict[tuple[str, str], list[str]] = {}
+    for base in document["baselines"]:
+        if not base["available"]:
+            missing.setdefault((_sweep_label(base), base["reason"]), []).append(base["method"])
+    lines += [f"n/a: {', '.join(methods)} at T={sweep}: {reason}" for (sweep, reason), methods in missing.items()]
+    return [Text(line, style="dim") for line in lines]
 
 
 def recommendation_lines(document: dict) -> list[Text]:
     """Per sweep, the recommended k; with several proposers, the recommended proposer and k, then
-    each proposer's best k, indented."""
+    each proposer's best k, indented. Each says the statistic it was chosen by, and where another
+    row has the highest median tok/s, which one."""
     several = len(proposers(document)) > 1
     lines = []
     for rec in document["recommendation"]:
         coupling = f" ({rec['coupling']} coupling)" if rec.get("coupling") else ""
         sweep = f"at temperature {rec['temperature']:g}{coupling}: "
         if not several:
-            lines.append(_recommendation(f"recommended k {sweep}", str(rec["k"]), rec))
+            lines += [_recommendation(f"recommended k {sweep}", str(rec["k"]), rec), *_fastest(document, rec, "")]
             continue
-        lines.append(_recommendation(f"recommended proposer and k {sweep}", f"{rec['proposer']} k={rec['k']}", rec))
+        lines += [_recommendation(f"recommended proposer and k {sweep}", f"{rec['proposer']} k={rec['k']}", rec),
+                  *_fastest(document, rec, "  ")]
         lines += [_recommendation(f"  best k for {each['proposer']}: ", str(each["k"]), each)
                   for each in document["recommendation_per_proposer"]
                   if (each["temperature"], each.get("coupling")) == (rec["temperature"], rec.get("coupling"))]
@@ -487,13 +552,33 @@ def recommendation_lines(document: dict) -> list[Text]:
 def _recommendation(head: str, choice: str, rec: dict) -> Text:
     line = Text(head, style="bold")
     line.append(choice, style="bold green" if rec["faster_than_target_only"] is not False else "bold red")
-    line.append(f"  ({rec['tokens_per_second']:.1f} tok/s")
     if rec["speedup"] is not None:
-        line.append(f", median {rec['speedup']:.2f}× {rec['by'].removeprefix('speedup.')}")
+        line.append(f"  (best median × {rec['by'].removeprefix('speedup.')}: {rec['speedup']:.2f}×, "
+                    f"at {rec['tokens_per_second']:.1f} tok/s")
+    else:
+        line.append(f"  (best median tok/s: {rec['tokens_per_second']:.1f}")
     if rec["faster_than_target_only"] is False:
         line.append("; speculation does not pay off here")
     line.append(")")
     return line
+
+
+def _fastest(document: dict, rec: dict, indent: str) -> list[Text]:
+    """A line when the recommended row, chosen by its median ratio, is not the one of highest
+    median tok/s: a ratio pairs each prompt with its own baseline run, so the two can disagree."""
+    if rec["speedup"] is None:
+        return []
+    rows = [r for r in document["results"]
+            if (r["temperature"], r.get("coupling")) == (rec["temperature"], rec.get("coupling"))]
+    fastest = max(rows, key=lambda r: r["tokens_per_second"]["median"])
+    if (fastest.get("proposer"), fastest["k"]) == (rec.get("proposer"), rec["k"]):
+        return []
+    against = rec["by"].removeprefix("speedup.")
+    ratio = (fastest["speedup"].get(against) or {}).get("median")
+    name = f"{fastest['proposer']} k={fastest['k']}" if len(proposers(document)) > 1 else f"k={fastest['k']}"
+    return [Text(f"{indent}{name} has the highest median tok/s ({fastest['tokens_per_second']['median']:.1f}) but "
+                 f"a lower median × {against} ({f'{ratio:.2f}×' if ratio is not None else 'n/a'}): the ratio is "
+                 f"taken prompt by prompt, against the same prompt's {against} run", style="dim")]
 
 
 def footer_lines(document: dict) -> list[Text]:

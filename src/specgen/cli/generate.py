@@ -90,7 +90,8 @@ def generate(
     engine, decoder, startup = start_engine(settings, allow_pickle, status=not quiet)
     if verbose and not quiet:
         warn(describe({**engine.describe(), "startup": startup.as_dict()}))
-    show_live = live and not quiet and render.can_draw(render.stderr_console()) and output_format == Format.text
+    show_live = (live and not quiet and output_format == Format.text
+                 and render.can_draw_beside_stdout(render.stderr_console()))
     jobs = fitting(texts, lambda text: prompt_ids(engine, settings, text, chat, system, truncate_prompt),
                    decoder.check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
@@ -98,19 +99,23 @@ def generate(
         label = (item.source or "prompt") if several else None
         # start-up happens once: said on the first summary line, and in every record
         result = run_one(engine.decoder(), ids, output_format, show_live, quiet, label, startup if n == 0 else None)
-        emit_json(result, item.text, settings, output_format, engine.tokenizer,
+        emit_json(result, item.text, len(ids), settings, output_format, engine.tokenizer,
                   {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
 
 
 def describe(resolved: dict) -> str:
-    """The resolved run settings as `key: value` lines (nested tables flattened with dots)."""
+    """The resolved run settings as `key: value` lines (nested tables flattened with dots). A key
+    whose value is None does not apply to this run (placement on one device) and is left out;
+    seconds are rounded as the summary line rounds them."""
     lines = []
     for key, value in resolved.items():
         if isinstance(value, dict):
             lines += [f"{key}.{sub}" for sub in describe(value).splitlines()]
-        else:
+        elif key.endswith("_seconds") and isinstance(value, float):
+            lines.append(f"{key}: {value:.2f}")
+        elif value is not None:
             lines.append(f"{key}: {value}")
     return "\n".join(lines)
 
@@ -164,7 +169,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
     from specgen.cli import render
     from specgen.core.events import Finished
 
-    stream = output_format == Format.text and not (show_live and sys.stdout.isatty())
+    stream = output_format == Format.text and not show_live
     if label is not None and output_format == Format.text:
         sys.stdout.write(f"==> {label} <==\n")
     view = render.LiveView() if show_live else None
@@ -178,7 +183,7 @@ def run_one(decoder, ids: list[int], output_format: Format, show_live: bool, qui
         elif view is not None and output_format == Format.text:
             _print_text(view.text)  # the live view was transient: keep what was generated
         if not quiet:
-            render.summary(decoder.stats, label=label, startup=startup)
+            render.summary(decoder.stats, label=label, startup=startup, interrupted=True)
         return Partial.of(events, decoder.stats)
     if stream:
         sys.stdout.write(finished.tail + "\n")
@@ -217,12 +222,18 @@ def _print_text(text) -> None:
     Console(no_color=render.no_color(), highlight=False, soft_wrap=True).print(text)
 
 
-def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer, times: dict) -> None:
+SCHEMA = "specgen.generate/2"  # 2: logprob alternatives are `top_logprobs` (records without a schema: `top`)
+
+
+def emit_json(finished, prompt: str, prompt_tokens: int, settings, output_format: Format, tokenizer,
+              times: dict) -> None:
     """times: the process's start-up and the wall seconds so far (docs/cli.md, "Times and rates")."""
     if output_format == Format.text:
         return
     record = {
+        "schema": SCHEMA,
         "prompt": prompt,
+        "prompt_tokens": prompt_tokens,
         "text": finished.text,
         "finish_reason": finished.reason,
         "token_ids": finished.token_ids,
@@ -240,14 +251,16 @@ def emit_json(finished, prompt: str, settings, output_format: Format, tokenizer,
 
 
 def with_token_text(logprobs: list[dict], tokenizer) -> list[dict]:
-    """Each logprob entry (and each of its `top` alternatives) with its token's text beside its id.
-    A token that holds part of a multi-byte character decodes to U+FFFD on its own. Alternatives
-    the warp removed (top-k / top-p / min-p: logprob -inf) are left out: JSON has no -inf, and
-    json.dumps would write `-Infinity`, which strict parsers reject."""
+    """Each logprob entry (and each of its alternatives, the loop's `top`, written `top_logprobs` as
+    the OpenAI and vLLM APIs name them) with its token's text beside its id. A token that holds part
+    of a multi-byte character decodes to U+FFFD on its own. Alternatives the warp removed (top-k /
+    top-p / min-p: logprob -inf) are left out: JSON has no -inf, and json.dumps would write
+    `-Infinity`, which strict parsers reject."""
     def named(entry: dict) -> dict:
-        out = {"token": tokenizer.decode([entry["token_id"]]), **entry}
+        out = {"token": tokenizer.decode([entry["token_id"]]),
+               **{key: value for key, value in entry.items() if key != "top"}}
         if "top" in entry:
-            out["top"] = [named(alt) for alt in entry["top"] if alt["logprob"] != float("-inf")]
+            out["top_logprobs"] = [named(alt) for alt in entry["top"] if alt["logprob"] != float("-inf")]
         return out
 
     return [named(entry) for entry in logprobs]

@@ -51,8 +51,8 @@ Stop = Annotated[Optional[list[str]], _sampling(
 StopTokenId = Annotated[Optional[list[int]], _sampling(
     "--stop-token-id", metavar="<int>", help="Stop token id (repeatable).")]
 IgnoreEos = Annotated[Optional[bool], _sampling("--ignore-eos/--no-ignore-eos", help="Keep going past EOS.")]
-Dtype = Annotated[Optional[str], _models("--dtype", help="auto | float32 | bfloat16 | float16 (both models).")]
-Device = Annotated[Optional[str], _models("--device", help="auto | cpu | cuda | cuda:N (both models).")]
+Dtype = Annotated[Optional[str], _models("--dtype", help="auto | float32 | bfloat16 | float16 (every model loaded).")]
+Device = Annotated[Optional[str], _models("--device", help="auto | cpu | cuda | cuda:N (every model loaded).")]
 Compile = Annotated[Optional[bool], _models(
     "--compile/--no-compile",
     help="Also torch.compile the steps' decoder layers: a slower first start; with specgen's kernels, rounds "

@@ -1,7 +1,8 @@
 """Showing a generation: the live view on stderr, plain text or JSON on stdout.
 
 stdout carries results only. The live view (tokens coloured by fate, a footer with the acceptance
-statistics) goes to stderr, and only when stderr is a terminal; NO_COLOR turns colours off.
+statistics) goes to stderr, and only when stdout and stderr are both terminals; NO_COLOR turns
+colours off.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ def can_draw(console: Console) -> bool:
     return console.is_terminal and not console.is_dumb_terminal
 
 
+def can_draw_beside_stdout(console: Console) -> bool:
+    """A view that redraws lines while the results stream also needs stdout on a terminal: stdout on
+    a pipe may come back to the same terminal (`| tee out.txt`, `| cat`, `| head`), where each
+    redraw would wipe the lines that the pipe's reader printed between two frames."""
+    return can_draw(console) and sys.stdout.isatty()
+
+
 def legend() -> Text:
     text = Text()
     for fate in FATE_STYLES:
@@ -56,9 +64,15 @@ def startup_status(enabled: bool):
         return
     with console.status("loading the models…") as status:
         def progress(done: int, total: int, what: str) -> None:
-            status.update(f"capturing CUDA graphs {done}/{total}: {what}")
+            status.update(one_line(f"capturing CUDA graphs {done}/{total}: {what}", console.width - 2))
 
         yield progress
+
+
+def one_line(line: str, width: int) -> str:
+    """The line cut to `width` columns: a status redrawn in place must not wrap, or each redraw
+    would climb over the line above it."""
+    return line if len(line) <= width else line[: max(0, width - 1)] + "…"
 
 
 def _plain_progress(done: int, total: int, what: str) -> None:
@@ -100,9 +114,8 @@ class LiveView:
     def __init__(self):
         self.console = stderr_console()
         self.text = Text()
-        # Live would take sys.stdout over by default and show what is written there on the terminal:
-        # with stdout on a pipe or a file (`specgen generate > out.txt` from a terminal) the text
-        # would land on the terminal instead. stdout stays the results' own stream.
+        # Live would take sys.stdout over by default and print what is written there through the
+        # view: stdout stays the results' own stream, written by the command alone.
         self.live = Live(console=self.console, transient=True, refresh_per_second=12, auto_refresh=True,
                          redirect_stdout=False)
 
@@ -123,10 +136,12 @@ class LiveView:
         return Text("\n").join(lines[-room:])
 
 
-def summary(stats, console: Console | None = None, label: str | None = None, startup=None) -> None:
+def summary(stats, console: Console | None = None, label: str | None = None, startup=None,
+            interrupted: bool = False) -> None:
     """One line on stderr at the end (off a terminal, or after the live view); label names the
     prompt when there are several; startup (cli/loading.Startup) ends it when given."""
-    line = f"{label}: {stats.summary_line()}" if label else stats.summary_line()
+    line = stats.summary_line(interrupted)
+    line = f"{label}: {line}" if label else line
     if startup is not None:
         line += f"; {startup.text()}"
     (console or stderr_console()).print(line, style="dim", highlight=False, markup=False)

@@ -157,12 +157,15 @@ class AcceptanceStats:
             "round_seconds": {k: v for k, v in self.seconds.items()},
         }
 
-    def summary_line(self) -> str:
-        """Time to first token, then the decode rate (not the generation rate, which mixes the two)."""
+    def summary_line(self, interrupted: bool = False) -> str:
+        """Time to first token, then the decode rate (not the generation rate, which mixes the two);
+        interrupted: Ctrl-C ended the run, said before the rates so the counts read as partial."""
         rate = self.decode_tokens_per_second
         then = f", then {rate:.1f} tok/s" if rate is not None else ""  # nothing to rate after a single round
+        state = " (interrupted)" if interrupted else ""
         return (
-            f"{self.emitted} tokens in {self.rounds} rounds, first token {1000 * (self.first_token_seconds or 0.0):.0f}"
+            f"{self.emitted} tokens in {self.rounds} rounds{state}, first token "
+            f"{1000 * (self.first_token_seconds or 0.0):.0f}"
             f" ms{then}, "
             f"acceptance {self.acceptance_text}, mean accepted length {self.mean_accepted_length:.2f}"
         )
