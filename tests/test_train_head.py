@@ -4,7 +4,9 @@ output folder, and the command's errors."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,9 @@ from cli_helpers import assert_error, specgen
 from tiny_models import CORPUS, build_head, build_pair, tiny_head_config, write_profile
 
 from specgen.core import head_data as hd
+from specgen.core import head_folder
 from specgen.core import train_head as th
+from specgen.core.head_folder import FILES
 from specgen.core.train_plan import TrainPlan
 
 
@@ -325,7 +329,7 @@ FAST = ("--steps", "2", "--seq-len", "32", "--batch-size", "2", "--eval-prompts"
 def trained(pair, profile_file, corpus_file, tmp_path_factory):
     """One run of the command on the tiny pair, shared by the tests that read its output."""
     monkeypatch = pytest.MonkeyPatch()
-    out = tmp_path_factory.mktemp("run") / "head"
+    out = tmp_path_factory.mktemp("run") / "heads" / "demo"  # a missing parent is created, as mkdir -p does
     result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", out, "--data", corpus_file, *FAST,
                      "--draft-vocab", "100", "--format", "json")
     monkeypatch.undo()
@@ -349,6 +353,9 @@ def test_the_command_writes_a_head_that_loads_back(pair, trained):
     assert head.config.draft_vocab_size == 100 and head.config.aux_layer_ids == (0, 1, 1)
     assert int(head.t2d.sum()) == 100
     assert result.stderr.startswith("trained 2 steps") and len(result.stderr.splitlines()) == 1
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(FILES, 0o666 & ~mask)
 
 
 def test_the_ready_profile_names_the_target_the_draft_and_the_head(pair, trained, profile_file):
@@ -462,8 +469,8 @@ def test_data_errors(profile_file, tmp_path, monkeypatch):
     (tmp_path / "used" / "notes.txt").write_text("x")
     assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "used"), 2,
                  "holds other files (notes.txt, ...)")
-    assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "a" / "h"), 2,
-                 "does not exist")
+    assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "file" / "h"), 2,
+                 "cannot be reached (Not a directory)")
 
 
 def test_usage_errors_answer_before_torch_is_imported(profile_file, tmp_path):
@@ -553,3 +560,115 @@ def test_a_trained_head_proposes_the_same_through_both_formats(pair, trained, tm
         events = [e for e in engine.decoder().run([5, 6, 7, 8, 9]) if isinstance(e, RoundEvent)]
         drafted.append([e.drafted_ids for e in events])
     assert drafted[0] == drafted[1] and sum(map(len, drafted[0])) > 0
+
+
+# ---------------------------------------------------------------- the output folder
+
+
+def test_out_is_checked_before_training(profile_file, corpus_file, tmp_path, monkeypatch):
+    """What would stop the head from being saved stops the command before any training."""
+    def error(out):
+        return specgen(monkeypatch, "train-head", "-p", profile_file, "--out", out, "--data", corpus_file, *FAST)
+
+    (tmp_path / "old" / "config.json").mkdir(parents=True)
+    assert_error(error(tmp_path / "old"), 2, "config.json is not a file, and train-head writes a file of that name")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert_error(error(tmp_path / "loop"), 2, "--out", "loop cannot be reached (Too many levels of symbolic links)")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert_error(error(tmp_path / "dangling" / "h"), 2, "is a link to", "which does not exist")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_run_that_fails_leaves_no_folder_behind(profile_file, tmp_path, monkeypatch):
+    """The folder is created when the head is saved: an error once the target has loaded (here:
+    too little held-out text) leaves none."""
+    (tmp_path / "short.txt").write_text("x = 1\n" * 20)
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", "--data",
+                     tmp_path / "short.txt", *FAST)
+    assert_error(result, 2, "the held-out data has")
+    assert not (tmp_path / "h").exists()
+
+
+def old_head(folder: Path) -> dict:
+    folder.mkdir(parents=True)
+    for name in FILES:
+        (folder / name).write_text(f"earlier {name}")
+    return {name: f"earlier {name}" for name in FILES}
+
+
+def contents(folder: Path) -> dict:
+    return {p.name: p.read_text() for p in folder.iterdir()}
+
+
+def full_disk(writes: int):
+    """A stand-in writer: `writes` files written, then the disk is full."""
+    def writer(folder: Path) -> None:
+        for name in FILES[:writes]:
+            (folder / name).write_text("new")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return writer
+
+
+@pytest.mark.parametrize("writes", [0, 2])
+def test_a_full_disk_keeps_the_earlier_head(tmp_path, writes):
+    earlier = old_head(tmp_path / "h")
+    with pytest.raises(head_folder.SpecgenError, match=f"^no space left on {tmp_path / 'h'}: "):
+        head_folder.write(tmp_path / "h", full_disk(writes))
+    assert contents(tmp_path / "h") == earlier  # and no hidden folder of the failed write
+
+
+def test_a_failed_write_removes_the_folders_it_created(tmp_path):
+    with pytest.raises(head_folder.SpecgenError, match="no space left on"):
+        head_folder.write(tmp_path / "a" / "b" / "h", full_disk(1))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_files_replace_the_earlier_ones_with_the_usual_mode(tmp_path):
+    """Written privately (0600, as safetensors and tempfile do), published as any new file is."""
+    old_head(tmp_path / "h")
+
+    def writer(folder: Path) -> None:
+        for name in FILES:
+            (folder / name).write_text("new")
+            (folder / name).chmod(0o600)
+
+    head_folder.write(tmp_path / "h", writer)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert contents(tmp_path / "h") == dict.fromkeys(FILES, "new")
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "h").iterdir()} == {0o666 & ~mask}
+
+
+def test_a_full_disk_after_training_is_one_line(profile_file, corpus_file, tmp_path, monkeypatch):
+    """safetensors reports a full disk as SafetensorError naming the OS error: one line, exit 1,
+    and the earlier head stays."""
+    from safetensors import SafetensorError
+
+    from specgen.core import head_formats
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    earlier = old_head(tmp_path / "h")
+    monkeypatch.setattr(head_formats, "save_speculators", full)
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", "--data", corpus_file,
+                     *FAST, "--steps", "1")
+    assert_error(result, 1, f"no space left on {tmp_path / 'h'}")
+    assert contents(tmp_path / "h") == earlier
+
+
+def test_data_without_end_is_bounded(tmp_path):
+    """--data /dev/zero stops at the limit (as stdin does) instead of filling memory; a regular
+    file over it is refused by its size."""
+    from specgen.core.corpus import read_data
+    from specgen.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="--data /dev/zero holds more than 4 KiB"):
+        read_data(Path("/dev/zero"), limit=4096)
+    (tmp_path / "big.txt").write_text("a" * 5000)
+    with pytest.raises(UsageError, match="big.txt holds more than 4 KiB"):
+        read_data(tmp_path / "big.txt", limit=4096)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "big.txt").write_text("a" * 5000)
+    with pytest.raises(UsageError, match="big.txt holds more than 4 KiB"):
+        read_data(tmp_path / "docs", limit=4096)

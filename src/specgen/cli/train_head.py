@@ -67,7 +67,7 @@ def train_head(
     quiet: opt.Quiet = False,
 ) -> None:
     """Train an EAGLE-3 draft head for the profile's target; stdout gets where it is and its acceptance."""
-    from specgen.core import train_plan
+    from specgen.core import head_folder, train_plan
     from specgen.core.profile import load_profile
 
     started = time.perf_counter()
@@ -75,7 +75,7 @@ def train_head(
         minutes=minutes, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, ttt_steps=ttt_steps,
         layers=train_plan.parse_layers(layers), draft_vocab=draft_vocab, seed=seed, regenerate=regenerate,
         init_from_target=init_from_target, eval_prompts=eval_prompts)
-    train_plan.check_out_folder(out)
+    head_folder.check(out)
     written = load_profile(profile, opt.overrides(target=target))
     settings = load_profile(profile, opt.overrides(target=target, device=device, dtype=dtype, threads=threads,
                                                    download=download, trust_remote_code=trust_remote_code))
@@ -86,7 +86,6 @@ def train_head(
         plan.check_against_target(config["num_hidden_layers"], config["vocab_size"],
                                   context if isinstance(context, int) else None)
     texts = read_data(data, settings.target.path)
-    out.mkdir(exist_ok=True)
     command = shlex.join(["specgen", "train-head", *sys.argv[2:]]) if sys.argv[1:2] == ["train-head"] else None
     document = run(settings, plan, texts, out, started, written, command, allow_pickle, quiet)
     show(document, out, output_format)

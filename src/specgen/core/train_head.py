@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from specgen.core.corpus import Data
 from specgen.core.eagle import Eagle3Config, Eagle3Head, rotate
+from specgen.core import head_folder
 from specgen.core.errors import ModelError
 from specgen.core.head_data import (
     EVAL_PROMPT_TOKENS,
@@ -477,12 +478,19 @@ def train_head(profile, plan: TrainPlan, data: Data, out: Path, started: float, 
                 **_results(plan, head, outcome, evalset, windows),
                 "wall_seconds": round(time.perf_counter() - started, 1), **versions()}
     with _interrupts_held():
-        head_formats.save_speculators(head, out, verifier_name=profile.target.path,
-                                      verifier_architectures=list(getattr(config, "architectures", None) or []),
-                                      speculative_tokens=SHOWN_K)
-        (out / "profile.toml").write_text(head_profile(written_profile, out), encoding="utf-8")
-        (out / "report.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        head_folder.write(out, lambda folder: _write(folder, head, config, profile, written_profile, document, out))
     return document
+
+
+def _write(folder: Path, head: Eagle3Head, config, profile, written_profile, document: dict, out: Path) -> None:
+    """The head, its profile (paths relative to `out`, where the files end up) and report.json."""
+    from specgen.core import head_formats
+
+    head_formats.save_speculators(head, folder, verifier_name=profile.target.path,
+                                  verifier_architectures=list(getattr(config, "architectures", None) or []),
+                                  speculative_tokens=SHOWN_K)
+    (folder / "profile.toml").write_text(head_profile(written_profile, out), encoding="utf-8")
+    (folder / "report.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
 def _results(plan: TrainPlan, head: Eagle3Head, outcome: Outcome, evalset: EvalSet, windows: Windows) -> dict:

@@ -123,23 +123,3 @@ def local_target_config(path: str) -> dict | None:
         return None  # the loader says what is wrong with it
     return config if isinstance(config, dict) else None
 
-
-def check_out_folder(out: Path) -> None:
-    """--out: a new or empty folder, or one an earlier train-head wrote (its files are replaced)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file", hint="give a folder for the head")
-    if out.is_dir():
-        names = {p.name for p in out.iterdir()}
-        ours = {"config.json", "model.safetensors", "profile.toml", "report.json"}
-        if names - ours:
-            raise UsageError(f"--out {out} holds other files ({sorted(names - ours)[0]}, ...)",
-                             hint="give a new or empty folder, or one that train-head wrote")
-    elif not out.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist", hint="create it first")
-    import tempfile
-
-    try:  # before minutes of training: the head could not be saved
-        with tempfile.TemporaryFile(dir=out if out.is_dir() else out.parent):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write there ({exc.strerror})", hint="choose another folder") from None
