@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from specgen.core.train_plan import TrainPlan
 
 
 def plan(**changes) -> TrainPlan:
-    fields = dict(minutes=5.0, steps=0, batch_size=2, seq_len=32, lr=1e-3, ttt_steps=3, layers=None,
+    fields = dict(minutes=5.0, steps=0, batch_size=2, seq_len=32, lr=1e-3, warmup_steps=50, ttt_steps=3, layers=None,
                   draft_vocab=None, seed=0, regenerate=False, init_from_target=True, eval_prompts=2)
     return TrainPlan(**{**fields, **changes})
 
@@ -307,6 +309,65 @@ def test_default_layers_are_eagle3s_where_they_fit():
     assert plan(layers=(1, 2, 3)).resolved_layers(32) == (1, 2, 3)
 
 
+# ---------------------------------------------------------------- the schedule, divergence, time left
+
+
+def test_warmup_is_a_number_of_steps_not_a_share_of_the_run():
+    """A run of a few slow steps (a time budget 20% spent at step 2) still warms up: step 1 runs
+    at 2/50 of the peak, not at the peak as a warmup of 5% of the run had it."""
+    assert th.lr_factor(1, 0.2, warmup_steps=50) == pytest.approx(2 / 50 * (0.1 + 0.45 * (1 + math.cos(0.2 * math.pi))))
+    assert [th.lr_factor(s, 0.0, warmup_steps=4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert th.lr_factor(500, 1.0, warmup_steps=50) == pytest.approx(0.1)  # cosine down to 10%
+    assert th.lr_factor(0, 0.5, warmup_steps=0) == pytest.approx(0.55)  # no warmup
+
+
+def test_a_diverging_loss_halves_the_rate_then_stops():
+    watch = th.Divergence(ratio=2.0, cooldown=3, max_drops=2)
+    assert all(watch.observe(step, loss) for step, loss in [(1, 18.5), (2, 12.0), (3, 20.0)])
+    assert watch.scale == 1.0 and not watch.drops  # under twice the lowest: noise, not divergence
+    assert watch.observe(4, 35.0) and watch.scale == 0.5
+    assert watch.observe(5, 40.0) and watch.scale == 0.5  # the lower rate gets `cooldown` steps
+    assert watch.observe(7, 30.0) and watch.scale == 0.25
+    assert not watch.observe(10, 26.0) and "after 2 halvings" in watch.stopped
+    assert watch.as_dict(1e-3) == {"lr_drops": [{"step": 4, "loss": 35.0, "lowest": 12.0, "lr": 5e-4},
+                                                {"step": 7, "loss": 30.0, "lowest": 12.0, "lr": 2.5e-4}],
+                                   "stopped": watch.stopped}
+    nan = th.Divergence()
+    assert nan.observe(1, 3.0) and not nan.observe(2, math.nan) and nan.stopped == "the loss became nan at step 2"
+
+
+def test_a_nan_loss_stops_training_with_the_weights_of_before(pair, corpus_file, monkeypatch):
+    """A step whose loss and gradient are NaN moves no weight, and the loop stops at its read."""
+    from specgen.core.models import load_tokenizer
+    from specgen.core.settings import ModelSpec
+
+    target = load_target(pair[0], "auto")
+    tokenizer = load_tokenizer(ModelSpec(path=str(pair[0])))
+    layers, draft_ids = (0, 1, 1), torch.arange(target.config.vocab_size)
+    head = th.build_head(target, layers, draft_ids, True, 0, torch.device("cpu"))
+    windows = hd.Windows(tokenizer, CORPUS * 20, tokenizer.eos_token_id, 32, 2, seed=1)
+    trainer = th.Trainer(target, head, plan(steps=3), windows, None, th.AuxCapture(target, layers),
+                         torch.device("cpu"))
+    monkeypatch.setattr(th.Trainer, "evaluate", lambda self: [1.0] * 8)
+    monkeypatch.setattr(th, "ttt_loss", lambda head, batch, steps: head.fc.weight.sum() * math.nan)
+    before = {name: p.clone() for name, p in head.named_parameters()}
+    outcome = trainer.run(time.perf_counter() + 60, lambda progress: None)
+    trainer.capture.remove()
+    assert outcome.steps == 1 and outcome.divergence.stopped == "the loss became nan at step 1"
+    assert outcome.losses == []  # report.json's curve holds numbers only
+    assert all(torch.equal(p, before[name]) for name, p in head.named_parameters())
+
+
+def test_time_left_comes_from_measured_steps():
+    assert th.remaining_seconds(step=0, steps=10, elapsed=5.0, budget=600.0) is None  # nothing measured yet
+    assert th.remaining_seconds(step=2, steps=10, elapsed=94.0, budget=600.0) == pytest.approx(8 * 47.0)
+    assert th.remaining_seconds(step=2, steps=100, elapsed=94.0, budget=600.0) == pytest.approx(506.0)  # the cap
+    assert th.remaining_seconds(step=0, steps=0, elapsed=30.0, budget=600.0) == 570.0  # a time budget
+    from specgen.cli.train_head import time_left
+
+    assert time_left(None) == "estimating the time left" and time_left(3725.4) == "~1:02:05 left"
+
+
 # ---------------------------------------------------------------- the command
 
 
@@ -346,6 +407,7 @@ def test_the_command_writes_a_head_that_loads_back(pair, trained):
     assert report["complete"] and report["steps"] == 2 and report["aux_layer_ids"] == [0, 1, 1]
     assert set(report["simulated_acceptance"]) == {str(k) for k in range(1, 9)}
     assert all(1 <= v <= k + 1 for k, v in zip(range(1, 9), report["simulated_acceptance"].values()))
+    assert report["plan"]["warmup_steps"] == 50 and report["divergence"] == {"lr_drops": [], "stopped": None}
     assert "draft_model_simulated_acceptance" in report and report["loss"]["first"] > 0
     assert report["command"] is None or report["command"].startswith("specgen train-head")
     target = load_target(pair[0], "auto")
@@ -383,6 +445,7 @@ def test_quiet_and_a_terminal(pair, profile_file, corpus_file, tmp_path, monkeyp
     shown = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "t", "--data", corpus_file,
                     *FAST, "--steps", "1", tty=True)
     assert shown.code == 0 and "accept@4" in shown.stderr and "trained 1 steps" in shown.stderr
+    assert " left" in shown.stderr and "-:--:--" not in shown.stderr
 
 
 def test_ctrl_c_in_the_final_evaluation_still_saves(pair, profile_file, corpus_file, tmp_path, monkeypatch):
@@ -433,6 +496,7 @@ def test_ctrl_c_keeps_a_usable_head(pair, profile_file, corpus_file, tmp_path, m
     (("--ttt-steps", "0"), "--ttt-steps 0 is not allowed"),
     (("--seq-len", "8", "--ttt-steps", "9"), "must exceed --ttt-steps + 1"),
     (("--lr", "2"), "--lr 2 is not allowed"),
+    (("--warmup-steps", "-1"), "--warmup-steps -1 is not allowed"),
     (("--layers", "1,2"), "--layers takes three comma-separated layer ids"),
     (("--layers", "1,x,2"), "--layers takes three comma-separated layer ids"),
     (("--layers", "0,1,2"), "the target has 2 layers"),
