@@ -413,3 +413,124 @@ def test_rejected_tokens_that_differ_in_white_space_look_different(cli, tiny, tm
     assert re.search(r"code \{[^}]*white-space: pre;", page)
     for entry in json.loads(out)["rejected"]:
         assert f"<code>{escape(repr(entry['text']))}</code>" in page
+
+
+# ---------------------------------------------------------------- exports through links, progress, details
+
+
+def test_export_through_a_symlink_writes_where_it_points(cli, tiny, tmp_path):
+    (tmp_path / "reports").mkdir()
+    real, link = tmp_path / "reports" / "latest.json", tmp_path / "link.json"
+    real.write_text("an earlier report")
+    link.symlink_to(real)
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "4", "--export", link, "--format", "json", "def f():")
+    assert code == 0, err
+    assert link.is_symlink() and json.loads(real.read_text()) == json.loads(out)
+    assert err.splitlines()[-1] == f"report written to {link} (→ {real})"
+    (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "4", "--export", tmp_path / "loop.json", "def f():")
+    assert code == 2 and "cannot be reached (Too many levels of symbolic links)" in err
+    assert (tmp_path / "loop.json").is_symlink()
+
+
+CURSOR = re.compile(r"\x1b\[\??[0-9;]*[A-HJKSTfhl]|\r")  # cursor moves, erasing, hiding the cursor
+
+
+@pytest.mark.parametrize("stdout_tty, stderr_tty", [(True, True), (False, True), (True, False)])
+def test_progress_while_generating(tiny, monkeypatch, stdout_tty, stderr_tty):
+    """On stderr, only when it is a terminal: a status line while stdout is a terminal too, else a
+    plain line per prompt, nothing that moves the cursor over what stdout prints there."""
+    from cli_helpers import Stream, specgen
+
+    result = specgen(monkeypatch, "inspect-acceptance", "-p", tiny, "-n", "6", "--prompts-file",
+                     tiny.parent / "prompts.txt", stdout=Stream(tty=stdout_tty), tty=stderr_tty,
+                     env={"TERM": "xterm-256color"})
+    assert result.code == 0, result
+    if not stderr_tty:
+        assert result.stderr == ""
+    elif stdout_tty:
+        assert "inspecting prompt 2 of 2" in result.stderr
+    else:
+        assert "inspected prompt 1 of 2: 6 tokens\ninspected prompt 2 of 2: 6 tokens" in render_plain(result.stderr)
+        progress = result.stderr[result.stderr.index("inspected prompt 1"):]  # the loading status is generate's
+        assert not CURSOR.search(progress), repr(result.stderr)
+
+
+def render_plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def test_a_bench_without_the_temperature_says_so_without_none(cli, tiny, tmp_path):
+    code, out, err = cli("bench", "-p", tiny, "--prompts", tiny.parent / "prompts.txt", "--k", "2", "-n", "4",
+                         "--warmup", "0", "--records", "--format", "json", "-q")
+    assert code == 0, err
+    (tmp_path / "bench.json").write_text(out)
+    code, _, err = cli("inspect-acceptance", "--bench", tmp_path / "bench.json", "-t", "0.5")
+    assert code == 2 and "the bench has no result for temperature 0.5" in err and "None" not in err
+
+
+def test_a_chat_reply_starts_its_own_line(cli, tmp_path):
+    from cli_helpers import add_chat_template
+
+    target, draft = build_pair(tmp_path, noisy=0.1)
+    add_chat_template(target, draft)
+    profile = write_profile(tmp_path / "chat.toml", target, draft, sampling={"ignore_eos": True})
+    code, out, err = cli("inspect-acceptance", "-p", profile, "-n", "6", "--chat", "hello there")
+    assert code == 0, err
+    assert out.splitlines()[1] == "hello there"
+    document = inspect_json(cli, "-p", profile, "-n", "6", "--chat", "hello there")
+    assert document["source"]["chat"] is True
+
+
+def test_the_target_choosing_eos_shows_its_name():
+    """The pieces leave EOS out (''), so the rejected table takes the token's own text."""
+    from types import SimpleNamespace as NS
+
+    from specgen.core.insight import RunRecord, analyse
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            return {0: "" if skip_special_tokens else "<eos>", 7: "x"}[ids[0]]
+
+    event = NS(drafted_ids=[7, 7], num_accepted=0, token_ids=[0], target_p=[0.1, 0.2], draft_q=[0.5, 0.5],
+               target_entropy=[1.0, 1.0], k_used=2, early_stop=False)
+    finished = NS(text="", token_ids=[0], fates=[NS(value="recovered")], pieces=[""])
+    run = RunRecord.build("p", finished, [event], Tokenizer())
+    [entry] = analyse([run])["rejected"]
+    assert entry["text"] == "x" and entry["examples"][0]["target_text"] == "<eos>"
+
+
+def test_html_tooltips_hold_p_q_and_entropy(cli, tiny, tmp_path):
+    path = tmp_path / "report.html"
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "16", "--export", path, "--format", "json", "x = 1")
+    assert code == 0, err
+    page = path.read_text()
+    titles = re.findall(r'<span class="(accepted|recovered|bonus)" title="([^"]*)"', page)
+    fates = json.loads(out)["runs"][0]["fates"]
+    assert [fate for fate, _ in titles] == fates and "recovered" in fates
+    for fate, title in titles:
+        if fate == "bonus":
+            assert title == "bonus"
+        else:
+            assert re.search(r"p\(x\) target \d\.\d{3} · q\(x\) draft \d\.\d{3}\ntarget entropy \d+\.\d\d nats", title)
+            assert ("drafted" in title) == (fate == "recovered")
+    assert re.search(r"body \{[^}]*padding: 0 1rem", page)  # a side margin on narrow screens too
+
+
+def test_png_bar_labels_stay_under_the_panel_title():
+    pytest.importorskip("matplotlib")
+    from specgen.cli.inspect_export import png_figure
+
+    bins = [{"lower": lo, "upper": hi, "verified": 100, "accepted": 100, "rate": 1.0}
+            for lo, hi in [(0, 0.25), (0.25, 0.5), (0.5, 1), (1, 2), (2, 4), (4, None)]]
+    document = {"per_position": [{"position": 1, "rate": 1.0}], "fates": {"accepted": 5, "recovered": 1, "bonus": 1},
+                "totals": {"generated_tokens": 7}, "entropy": bins,
+                "source": {"profile": "p", "k": 4, "temperature": 0.0}}
+    fig = png_figure(document)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    panel = fig.axes[2]
+    title, frame = panel.title.get_window_extent(renderer), panel.get_window_extent(renderer)
+    labels = [text.get_window_extent(renderer) for text in panel.texts]
+    assert len(labels) == 6
+    assert all(not label.overlaps(title) and label.y1 <= frame.y1 for label in labels)

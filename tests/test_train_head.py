@@ -4,7 +4,11 @@ output folder, and the command's errors."""
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -14,13 +18,15 @@ from cli_helpers import assert_error, specgen
 from tiny_models import CORPUS, build_head, build_pair, tiny_head_config, write_profile
 
 from specgen.core import head_data as hd
+from specgen.core import head_folder
 from specgen.core import train_head as th
+from specgen.core.head_folder import FILES
 from specgen.core.step.model import OwnedModel
 from specgen.core.train_plan import TrainPlan
 
 
 def plan(**changes) -> TrainPlan:
-    fields = dict(minutes=5.0, steps=0, batch_size=2, seq_len=32, lr=1e-3, ttt_steps=3, layers=None,
+    fields = dict(minutes=5.0, steps=0, batch_size=2, seq_len=32, lr=1e-3, warmup_steps=50, ttt_steps=3, layers=None,
                   draft_vocab=None, seed=0, regenerate=False, init_from_target=True, eval_prompts=2)
     return TrainPlan(**{**fields, **changes})
 
@@ -304,6 +310,65 @@ def test_default_layers_are_eagle3s_where_they_fit():
     assert plan(layers=(1, 2, 3)).resolved_layers(32) == (1, 2, 3)
 
 
+# ---------------------------------------------------------------- the schedule, divergence, time left
+
+
+def test_warmup_is_a_number_of_steps_not_a_share_of_the_run():
+    """A run of a few slow steps (a time budget 20% spent at step 2) still warms up: step 1 runs
+    at 2/50 of the peak, not at the peak as a warmup of 5% of the run had it."""
+    assert th.lr_factor(1, 0.2, warmup_steps=50) == pytest.approx(2 / 50 * (0.1 + 0.45 * (1 + math.cos(0.2 * math.pi))))
+    assert [th.lr_factor(s, 0.0, warmup_steps=4) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    assert th.lr_factor(500, 1.0, warmup_steps=50) == pytest.approx(0.1)  # cosine down to 10%
+    assert th.lr_factor(0, 0.5, warmup_steps=0) == pytest.approx(0.55)  # no warmup
+
+
+def test_a_diverging_loss_halves_the_rate_then_stops():
+    watch = th.Divergence(ratio=2.0, cooldown=3, max_drops=2)
+    assert all(watch.observe(step, loss) for step, loss in [(1, 18.5), (2, 12.0), (3, 20.0)])
+    assert watch.scale == 1.0 and not watch.drops  # under twice the lowest: noise, not divergence
+    assert watch.observe(4, 35.0) and watch.scale == 0.5
+    assert watch.observe(5, 40.0) and watch.scale == 0.5  # the lower rate gets `cooldown` steps
+    assert watch.observe(7, 30.0) and watch.scale == 0.25
+    assert not watch.observe(10, 26.0) and "after 2 halvings" in watch.stopped
+    assert watch.as_dict(1e-3) == {"lr_drops": [{"step": 4, "loss": 35.0, "lowest": 12.0, "lr": 5e-4},
+                                                {"step": 7, "loss": 30.0, "lowest": 12.0, "lr": 2.5e-4}],
+                                   "stopped": watch.stopped}
+    nan = th.Divergence()
+    assert nan.observe(1, 3.0) and not nan.observe(2, math.nan) and nan.stopped == "the loss became nan at step 2"
+
+
+def test_a_nan_loss_stops_training_with_the_weights_of_before(pair, corpus_file, monkeypatch):
+    """A step whose loss and gradient are NaN moves no weight, and the loop stops at its read."""
+    from specgen.core.models import load_tokenizer
+    from specgen.core.settings import ModelSpec
+
+    target = load_target(pair[0], "auto")
+    tokenizer = load_tokenizer(ModelSpec(path=str(pair[0])))
+    layers, draft_ids = (0, 1, 1), torch.arange(target.config.vocab_size)
+    head = th.build_head(target, layers, draft_ids, True, 0, torch.device("cpu"))
+    windows = hd.Windows(tokenizer, CORPUS * 20, tokenizer.eos_token_id, 32, 2, seed=1)
+    trainer = th.Trainer(target, head, plan(steps=3), windows, None, th.AuxCapture(target, layers),
+                         torch.device("cpu"))
+    monkeypatch.setattr(th.Trainer, "evaluate", lambda self: [1.0] * 8)
+    monkeypatch.setattr(th, "ttt_loss", lambda head, batch, steps: head.fc.weight.sum() * math.nan)
+    before = {name: p.clone() for name, p in head.named_parameters()}
+    outcome = trainer.run(time.perf_counter() + 60, lambda progress: None)
+    trainer.capture.remove()
+    assert outcome.steps == 1 and outcome.divergence.stopped == "the loss became nan at step 1"
+    assert outcome.losses == []  # report.json's curve holds numbers only
+    assert all(torch.equal(p, before[name]) for name, p in head.named_parameters())
+
+
+def test_time_left_comes_from_measured_steps():
+    assert th.remaining_seconds(step=0, steps=10, elapsed=5.0, budget=600.0) is None  # nothing measured yet
+    assert th.remaining_seconds(step=2, steps=10, elapsed=94.0, budget=600.0) == pytest.approx(8 * 47.0)
+    assert th.remaining_seconds(step=2, steps=100, elapsed=94.0, budget=600.0) == pytest.approx(506.0)  # the cap
+    assert th.remaining_seconds(step=0, steps=0, elapsed=30.0, budget=600.0) == 570.0  # a time budget
+    from specgen.cli.train_head import time_left
+
+    assert time_left(None) == "estimating the time left" and time_left(3725.4) == "~1:02:05 left"
+
+
 # ---------------------------------------------------------------- the command
 
 
@@ -326,7 +391,7 @@ FAST = ("--steps", "2", "--seq-len", "32", "--batch-size", "2", "--eval-prompts"
 def trained(pair, profile_file, corpus_file, tmp_path_factory):
     """One run of the command on the tiny pair, shared by the tests that read its output."""
     monkeypatch = pytest.MonkeyPatch()
-    out = tmp_path_factory.mktemp("run") / "head"
+    out = tmp_path_factory.mktemp("run") / "heads" / "demo"  # a missing parent is created, as mkdir -p does
     result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", out, "--data", corpus_file, *FAST,
                      "--draft-vocab", "100", "--format", "json")
     monkeypatch.undo()
@@ -343,6 +408,7 @@ def test_the_command_writes_a_head_that_loads_back(pair, trained):
     assert report["complete"] and report["steps"] == 2 and report["aux_layer_ids"] == [0, 1, 1]
     assert set(report["simulated_acceptance"]) == {str(k) for k in range(1, 9)}
     assert all(1 <= v <= k + 1 for k, v in zip(range(1, 9), report["simulated_acceptance"].values()))
+    assert report["plan"]["warmup_steps"] == 50 and report["divergence"] == {"lr_drops": [], "stopped": None}
     assert "draft_model_simulated_acceptance" in report and report["loss"]["first"] > 0
     assert report["command"] is None or report["command"].startswith("specgen train-head")
     target = load_target(pair[0], "auto")
@@ -350,6 +416,9 @@ def test_the_command_writes_a_head_that_loads_back(pair, trained):
     assert head.config.draft_vocab_size == 100 and head.config.aux_layer_ids == (0, 1, 1)
     assert int(head.t2d.sum()) == 100
     assert result.stderr.startswith("trained 2 steps") and len(result.stderr.splitlines()) == 1
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(FILES, 0o666 & ~mask)
 
 
 def test_the_ready_profile_names_the_target_the_draft_and_the_head(pair, trained, profile_file):
@@ -377,6 +446,7 @@ def test_quiet_and_a_terminal(pair, profile_file, corpus_file, tmp_path, monkeyp
     shown = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "t", "--data", corpus_file,
                     *FAST, "--steps", "1", tty=True)
     assert shown.code == 0 and "accept@4" in shown.stderr and "trained 1 steps" in shown.stderr
+    assert " left" in shown.stderr and "-:--:--" not in shown.stderr
 
 
 def test_ctrl_c_in_the_final_evaluation_still_saves(pair, profile_file, corpus_file, tmp_path, monkeypatch):
@@ -427,6 +497,7 @@ def test_ctrl_c_keeps_a_usable_head(pair, profile_file, corpus_file, tmp_path, m
     (("--ttt-steps", "0"), "--ttt-steps 0 is not allowed"),
     (("--seq-len", "8", "--ttt-steps", "9"), "must exceed --ttt-steps + 1"),
     (("--lr", "2"), "--lr 2 is not allowed"),
+    (("--warmup-steps", "-1"), "--warmup-steps -1 is not allowed"),
     (("--layers", "1,2"), "--layers takes three comma-separated layer ids"),
     (("--layers", "1,x,2"), "--layers takes three comma-separated layer ids"),
     (("--layers", "0,1,2"), "the target has 2 layers"),
@@ -463,8 +534,8 @@ def test_data_errors(profile_file, tmp_path, monkeypatch):
     (tmp_path / "used" / "notes.txt").write_text("x")
     assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "used"), 2,
                  "holds other files (notes.txt, ...)")
-    assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "a" / "h"), 2,
-                 "does not exist")
+    assert_error(specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "file" / "h"), 2,
+                 "cannot be reached (Not a directory)")
 
 
 def test_usage_errors_answer_before_torch_is_imported(profile_file, tmp_path):
@@ -554,3 +625,115 @@ def test_a_trained_head_proposes_the_same_through_both_formats(pair, trained, tm
         events = [e for e in engine.decoder().run([5, 6, 7, 8, 9]) if isinstance(e, RoundEvent)]
         drafted.append([e.drafted_ids for e in events])
     assert drafted[0] == drafted[1] and sum(map(len, drafted[0])) > 0
+
+
+# ---------------------------------------------------------------- the output folder
+
+
+def test_out_is_checked_before_training(profile_file, corpus_file, tmp_path, monkeypatch):
+    """What would stop the head from being saved stops the command before any training."""
+    def error(out):
+        return specgen(monkeypatch, "train-head", "-p", profile_file, "--out", out, "--data", corpus_file, *FAST)
+
+    (tmp_path / "old" / "config.json").mkdir(parents=True)
+    assert_error(error(tmp_path / "old"), 2, "config.json is not a file, and train-head writes a file of that name")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert_error(error(tmp_path / "loop"), 2, "--out", "loop cannot be reached (Too many levels of symbolic links)")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert_error(error(tmp_path / "dangling" / "h"), 2, "is a link to", "which does not exist")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_run_that_fails_leaves_no_folder_behind(profile_file, tmp_path, monkeypatch):
+    """The folder is created when the head is saved: an error once the target has loaded (here:
+    too little held-out text) leaves none."""
+    (tmp_path / "short.txt").write_text("x = 1\n" * 20)
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", "--data",
+                     tmp_path / "short.txt", *FAST)
+    assert_error(result, 2, "the held-out data has")
+    assert not (tmp_path / "h").exists()
+
+
+def old_head(folder: Path) -> dict:
+    folder.mkdir(parents=True)
+    for name in FILES:
+        (folder / name).write_text(f"earlier {name}")
+    return {name: f"earlier {name}" for name in FILES}
+
+
+def contents(folder: Path) -> dict:
+    return {p.name: p.read_text() for p in folder.iterdir()}
+
+
+def full_disk(writes: int):
+    """A stand-in writer: `writes` files written, then the disk is full."""
+    def writer(folder: Path) -> None:
+        for name in FILES[:writes]:
+            (folder / name).write_text("new")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return writer
+
+
+@pytest.mark.parametrize("writes", [0, 2])
+def test_a_full_disk_keeps_the_earlier_head(tmp_path, writes):
+    earlier = old_head(tmp_path / "h")
+    with pytest.raises(head_folder.SpecgenError, match=f"^no space left on {tmp_path / 'h'}: "):
+        head_folder.write(tmp_path / "h", full_disk(writes))
+    assert contents(tmp_path / "h") == earlier  # and no hidden folder of the failed write
+
+
+def test_a_failed_write_removes_the_folders_it_created(tmp_path):
+    with pytest.raises(head_folder.SpecgenError, match="no space left on"):
+        head_folder.write(tmp_path / "a" / "b" / "h", full_disk(1))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_files_replace_the_earlier_ones_with_the_usual_mode(tmp_path):
+    """Written privately (0600, as safetensors and tempfile do), published as any new file is."""
+    old_head(tmp_path / "h")
+
+    def writer(folder: Path) -> None:
+        for name in FILES:
+            (folder / name).write_text("new")
+            (folder / name).chmod(0o600)
+
+    head_folder.write(tmp_path / "h", writer)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert contents(tmp_path / "h") == dict.fromkeys(FILES, "new")
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "h").iterdir()} == {0o666 & ~mask}
+
+
+def test_a_full_disk_after_training_is_one_line(profile_file, corpus_file, tmp_path, monkeypatch):
+    """safetensors reports a full disk as SafetensorError naming the OS error: one line, exit 1,
+    and the earlier head stays."""
+    from safetensors import SafetensorError
+
+    from specgen.core import head_formats
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    earlier = old_head(tmp_path / "h")
+    monkeypatch.setattr(head_formats, "save_speculators", full)
+    result = specgen(monkeypatch, "train-head", "-p", profile_file, "--out", tmp_path / "h", "--data", corpus_file,
+                     *FAST, "--steps", "1")
+    assert_error(result, 1, f"no space left on {tmp_path / 'h'}")
+    assert contents(tmp_path / "h") == earlier
+
+
+def test_data_without_end_is_bounded(tmp_path):
+    """--data /dev/zero stops at the limit (as stdin does) instead of filling memory; a regular
+    file over it is refused by its size."""
+    from specgen.core.corpus import read_data
+    from specgen.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="--data /dev/zero holds more than 4 KiB"):
+        read_data(Path("/dev/zero"), limit=4096)
+    (tmp_path / "big.txt").write_text("a" * 5000)
+    with pytest.raises(UsageError, match="big.txt holds more than 4 KiB"):
+        read_data(tmp_path / "big.txt", limit=4096)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "big.txt").write_text("a" * 5000)
+    with pytest.raises(UsageError, match="big.txt holds more than 4 KiB"):
+        read_data(tmp_path / "docs", limit=4096)

@@ -9,6 +9,7 @@ contexts, and acceptance against the target's entropy. stdout gets the report (t
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -114,6 +115,8 @@ def inspect_acceptance(
         show(document, Console(highlight=False, no_color=render.no_color()))
     if failure is not None:
         raise failure
+    if export is not None and not quiet:
+        print(f"report written to {_where(export)}", file=sys.stderr)
     if not complete:
         raise typer.Exit(130)
 
@@ -149,7 +152,24 @@ def check_export(path: Path | None) -> None:
         inspect_export.require_matplotlib()
 
 
+def _destination(path: Path) -> Path:
+    """Where the export goes: through a symlink to the file it points to, as a shell's `>` writes."""
+    return Path(os.path.realpath(path))
+
+
+def _where(path: Path) -> str:
+    destination = _destination(path)
+    return str(path) if destination == path.absolute() else f"{path} (→ {destination})"
+
+
 def _destination_problem(path: Path) -> str | None:
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # a new file; a parent that is a file is said below
+    except OSError as exc:  # a symlink loop
+        return f"cannot be reached ({exc.strerror})"
+    path = _destination(path)
     folder = path.parent
     if path.is_dir():
         return "is a directory"
@@ -199,28 +219,57 @@ def _generate(request: Request, allow_pickle: bool):
                    engine.decoder().check_prompt, skip_long=request.skip_long,
                    warn=None if request.quiet else (lambda line: print(line, file=sys.stderr)))
     runs, complete = [], True
-    for item, ids in jobs:
-        run, complete = _record(engine.decoder(insight=True), item.text, ids, engine.tokenizer)
-        runs += [run] if run is not None else []
-        if not complete:
-            break
+    with progress(len(jobs), enabled=not request.quiet) as shown:
+        for number, (item, ids) in enumerate(jobs, start=1):
+            run, complete = _record(engine.decoder(insight=True), item.text, ids, engine.tokenizer,
+                                    lambda tokens, done: shown(number, tokens, done))
+            runs += [run] if run is not None else []
+            if not complete:
+                break
     if not runs:  # interrupted before a single round: nothing to report
         raise KeyboardInterrupt
     source = {"kind": "prompts", "file": str(request.prompts_file) if request.prompts_file else None,
               "profile": settings.name, "proposer": settings.proposer.kind, "k": settings.speculation.k,
-              "temperature": settings.sampling.temperature}
+              "temperature": settings.sampling.temperature, "chat": request.chat or request.system is not None}
     return source, runs, complete
 
 
-def _record(decoder, prompt: str, ids: list[int], tokenizer):
-    """(the run's record, True), or after Ctrl-C (the record of its rounds so far or None, False)."""
+@contextlib.contextmanager
+def progress(total: int, enabled: bool):
+    """Yields shown(prompt number, tokens so far, done) for the minutes a prompts file takes: on
+    stderr, only when it is a terminal; a transient status line where stdout is a terminal too,
+    else one plain line per finished prompt (a redrawn line would garble what stdout prints to
+    the same terminal through a pipe)."""
+    console = render.stderr_console()
+    if not enabled or not console.is_terminal:
+        yield lambda number, tokens, done: None
+        return
+    if not (render.can_draw(console) and sys.stdout is not None and sys.stdout.isatty()):
+        def line(number: int, tokens: int, done: bool) -> None:
+            if done:
+                console.print(f"inspected prompt {number} of {total}: {tokens} tokens", style="dim")
+
+        yield line
+        return
+    with console.status(f"inspecting prompt 1 of {total}") as status:
+        yield lambda number, tokens, done: status.update(f"inspecting prompt {number} of {total}: {tokens} tokens")
+
+
+def _record(decoder, prompt: str, ids: list[int], tokenizer, shown):
+    """(the run's record, True), or after Ctrl-C (the record of its rounds so far or None, False).
+    shown(tokens, done) is told of every round."""
     from specgen.cli.generate import Partial
+    from specgen.core.events import RoundEvent
     from specgen.core.insight import RunRecord
 
-    events = []
+    events, tokens = [], 0
     try:
         for event in decoder.run(ids):
             events.append(event)
+            if isinstance(event, RoundEvent):
+                tokens += len(event.token_ids)
+                shown(tokens, False)
+        shown(tokens, True)
     except KeyboardInterrupt:
         partial = Partial.of(events, decoder.stats)
         return (RunRecord.build(prompt, partial, events, tokenizer) if events else None), False
@@ -234,8 +283,9 @@ def write_export(document: dict, path: Path):
 
     suffix = path.suffix.lower()
     # A new file renamed over the destination: a failure leaves no half-written report (and any
-    # earlier one stays as it was).
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # earlier one stays as it was). A symlink stays: the file it points to is the one replaced.
+    destination = _destination(path)
+    temporary = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
     try:
         if suffix == ".json":
             temporary.write_text(json.dumps(document, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
@@ -243,7 +293,7 @@ def write_export(document: dict, path: Path):
             temporary.write_text(inspect_export.html_page(document), encoding="utf-8")
         else:
             inspect_export.png_plot(document, temporary)
-        os.replace(temporary, path)
+        os.replace(temporary, destination)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         return SpecgenError(f"cannot write --export {path}: {exc.strerror or exc}",
@@ -257,7 +307,7 @@ def write_export(document: dict, path: Path):
 def show(document: dict, console: Console) -> None:
     for i, run in enumerate(document["runs"]):
         console.rule(Text(f"prompt {i + 1}", style="dim"), align="left", style="dim")
-        text = Text(run["prompt"], style="dim")
+        text = Text(run["prompt"] + ("\n" if document["source"].get("chat") else ""), style="dim")
         text.append_text(render.coloured(run["pieces"], run["fates"], len(run["text"])))
         console.print(text)
     console.print(render.legend())

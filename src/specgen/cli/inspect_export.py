@@ -14,7 +14,7 @@ from specgen.core.errors import SpecgenError
 COLOURS = {"accepted": "#1a7f37", "recovered": "#b08800", "bonus": "#0969da"}  # render.FATE_STYLES in CSS
 
 CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #1f2328; }
+body { font-family: system-ui, sans-serif; margin: 2rem auto; padding: 0 1rem; max-width: 60rem; color: #1f2328; }
 pre { white-space: pre-wrap; word-break: break-word; background: #f6f8fa; padding: .75rem; border-radius: 6px; }
 .prompt { color: #6e7781; }
 .accepted { color: #1a7f37; } .recovered { color: #b08800; background: #fff8c5; } .bonus { color: #0969da; }
@@ -39,7 +39,7 @@ def html_page(document: dict) -> str:
         "<p>" + " ".join(f'<span class="{fate}">■ {fate}</span>' for fate in COLOURS) + "</p>",
     ]
     for i, run in enumerate(document["runs"]):
-        parts.append(f"<h2>Prompt {i + 1}</h2>{_text(run)}")
+        parts.append(f"<h2>Prompt {i + 1}</h2>{_text(run, source.get('chat', False))}")
     parts += [
         "<h2>Per-position acceptance</h2>",
         _table(("position", "drafted", "accepted", "rate", ""),
@@ -69,12 +69,29 @@ def _totals(document: dict) -> str:
             f"mean accepted length {t['mean_accepted_length']:.2f}")
 
 
-def _text(run: dict) -> str:
+def _text(run: dict, chat: bool) -> str:
+    """The prompt, then the generated tokens coloured by fate, each with a tooltip of what the
+    report knows of it (p, q, the target's entropy)."""
+    from specgen.core.insight import RunRecord, token_details
+
     spans, room = [], len(run["text"])
-    for piece, fate in zip(run["pieces"], run["fates"]):
+    details = token_details(RunRecord.from_dict(run))
+    for piece, fate, known in zip(run["pieces"], run["fates"], details):
         piece, room = piece[:max(room, 0)], room - len(piece)
-        spans.append(f'<span class="{fate}" title="{fate}">{escape(piece)}</span>')
-    return f'<pre><span class="prompt">{escape(run["prompt"])}</span>{"".join(spans)}</pre>'
+        spans.append(f'<span class="{fate}" title="{escape(_tooltip(fate, known))}">{escape(piece)}</span>')
+    prompt = run["prompt"] + ("\n" if chat else "")  # a chat's reply starts a line; a completion goes on
+    return f'<pre><span class="prompt">{escape(prompt)}</span>{"".join(spans)}</pre>'
+
+
+def _tooltip(fate: str, known: dict) -> str:
+    lines = [fate]
+    if "rejected" in known:
+        lines.append(f"drafted {known['rejected']!r}, rejected:")
+    if "p" in known:
+        lines.append(f"p(x) target {known['p']:.3f} · q(x) draft {known['q']:.3f}")
+    if "entropy" in known:
+        lines.append(f"target entropy {known['entropy']:.2f} nats")
+    return "\n".join(lines)
 
 
 def _table(header: tuple, rows: list[tuple]) -> str:
@@ -123,6 +140,16 @@ def require_matplotlib():
 
 
 def png_plot(document: dict, path: Path) -> None:
+    from matplotlib import pyplot as plt
+
+    fig = png_figure(document)
+    try:
+        fig.savefig(path, dpi=120, format="png")  # the path may end in .tmp
+    finally:
+        plt.close(fig)
+
+
+def png_figure(document: dict):
     require_matplotlib().use("Agg")  # no display needed
     from matplotlib import pyplot as plt
 
@@ -138,11 +165,10 @@ def png_plot(document: dict, path: Path) -> None:
         bins = document["entropy"]
         bars = axes[2].bar([_range(b) for b in bins], [b["rate"] or 0.0 for b in bins], color=COLOURS["accepted"])
         axes[2].bar_label(bars, labels=[f"n={b['verified']}" for b in bins], fontsize=8)
-        axes[2].set(title="acceptance by target entropy", xlabel="entropy (nats)", ylim=(0, 1))
+        # room above a full bar for its label, under the panel's title
+        axes[2].set(title="acceptance by target entropy", xlabel="entropy (nats)", ylim=(0, 1.15),
+                    yticks=[0, 0.2, 0.4, 0.6, 0.8, 1.0])
         axes[2].tick_params(axis="x", labelrotation=45)
     source = document["source"]
     fig.suptitle(f"{source['profile']} · k={source['k']} · T={source['temperature']:g}")
-    try:
-        fig.savefig(path, dpi=120, format="png")  # the path may end in .tmp
-    finally:
-        plt.close(fig)
+    return fig

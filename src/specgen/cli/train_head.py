@@ -47,6 +47,8 @@ def train_head(
     seq_len: Annotated[Optional[int], _training(
         "--seq-len", help="Tokens per sequence (default: 1024 on CUDA, 256 on the CPU).")] = None,
     lr: Annotated[float, _training("--lr", help="Peak learning rate (warmup, then cosine to 10%).")] = 1e-3,
+    warmup_steps: Annotated[int, _training(
+        "--warmup-steps", help="Steps of linear warmup to the peak learning rate.")] = 50,
     ttt_steps: Annotated[int, _training(
         "--ttt-steps", help="Drafting steps unrolled in training (training-time test).")] = 4,
     layers: Annotated[Optional[str], _training(
@@ -67,15 +69,16 @@ def train_head(
     quiet: opt.Quiet = False,
 ) -> None:
     """Train an EAGLE-3 draft head for the profile's target; stdout gets where it is and its acceptance."""
-    from specgen.core import train_plan
+    from specgen.core import head_folder, train_plan
     from specgen.core.profile import load_profile
 
     started = time.perf_counter()
     plan = train_plan.TrainPlan(
-        minutes=minutes, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, ttt_steps=ttt_steps,
+        minutes=minutes, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, warmup_steps=warmup_steps,
+        ttt_steps=ttt_steps,
         layers=train_plan.parse_layers(layers), draft_vocab=draft_vocab, seed=seed, regenerate=regenerate,
         init_from_target=init_from_target, eval_prompts=eval_prompts)
-    train_plan.check_out_folder(out)
+    head_folder.check(out)
     written = load_profile(profile, opt.overrides(target=target))
     settings = load_profile(profile, opt.overrides(target=target, device=device, dtype=dtype, threads=threads,
                                                    download=download, trust_remote_code=trust_remote_code))
@@ -86,7 +89,6 @@ def train_head(
         plan.check_against_target(config["num_hidden_layers"], config["vocab_size"],
                                   context if isinstance(context, int) else None)
     texts = read_data(data, settings.target.path)
-    out.mkdir(exist_ok=True)
     command = shlex.join(["specgen", "train-head", *sys.argv[2:]]) if sys.argv[1:2] == ["train-head"] else None
     document = run(settings, plan, texts, out, started, written, command, allow_pickle, quiet)
     show(document, out, output_format)
@@ -127,13 +129,7 @@ def progress_bar(console, enabled: bool, plan):
     """A context manager yielding the trainer's progress callback: a Rich bar on a terminal."""
     import contextlib
 
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     @contextlib.contextmanager
     def bar():
@@ -142,26 +138,49 @@ def progress_bar(console, enabled: bool, plan):
             return
         columns = (TextColumn("train-head"), BarColumn(), TextColumn("step {task.fields[step]}"),
                    TextColumn("loss {task.fields[loss]}"), TextColumn("accept@4 {task.fields[accept]}"),
-                   TimeElapsedColumn(), TimeRemainingColumn())
+                   TimeElapsedColumn(), TextColumn("{task.fields[left]}"))
         with Progress(*columns, console=console, transient=True) as view:
-            task = view.add_task("train", total=plan.steps or 1.0, step=0, loss="–", accept="–")
+            task = view.add_task("train", total=plan.steps or 1.0, step=0, loss="–", accept="–", left="")
 
             def update(progress) -> None:
                 done = progress.step if plan.steps else min(1.0, progress.elapsed / progress.budget)
                 accept = f"{progress.acceptance[3]:.2f}" if len(progress.acceptance) >= 4 else "–"
                 loss = f"{progress.loss:.3f}" if progress.loss == progress.loss else "–"
-                view.update(task, completed=done, step=progress.step, loss=loss, accept=accept)
+                view.update(task, completed=done, step=progress.step, loss=loss, accept=accept,
+                            left=time_left(progress.remaining))
 
             yield update
 
     return bar()
 
 
+def time_left(seconds: float | None) -> str:
+    """The progress bar's estimate, from the steps measured so far (Rich's own needs a step every
+    few seconds, which a large target on a CPU does not make)."""
+    if seconds is None:
+        return "estimating the time left"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"~{minutes // 60}:{minutes % 60:02d}:{secs:02d} left"
+
+
 def summary(document: dict) -> str:
     state = "" if document["complete"] else " (interrupted)"
-    return (f"trained {document['steps']} steps in {document['train_seconds']:.0f} s{state}: loss "
+    line = (f"trained {document['steps']} steps in {document['train_seconds']:.0f} s{state}: loss "
             f"{document['loss']['last'] if document['loss']['last'] is not None else 'n/a'}, simulated acceptance "
             f"length at k=4 {document['simulated_acceptance']['4']:.2f}")
+    note = divergence_note(document["divergence"])
+    return f"{line}; {note}" if note else line
+
+
+def divergence_note(divergence: dict) -> str | None:
+    """What report.json's "divergence" says, in a clause; None when the loss never diverged."""
+    if divergence["stopped"]:
+        return f"training stopped early: {divergence['stopped']}"
+    if divergence["lr_drops"]:
+        first, last = divergence["lr_drops"][0], divergence["lr_drops"][-1]
+        return (f"the loss diverged at step {first['step']} ({first['loss']:g}, lowest {first['lowest']:g}): "
+                f"learning rate lowered to {last['lr']:.3g}")
+    return None
 
 
 def show(document: dict, out: Path, output_format: Format) -> None:
@@ -171,6 +190,9 @@ def show(document: dict, out: Path, output_format: Format) -> None:
     lines = [f"head: {out}", f"profile: {out / 'profile.toml'}",
              "simulated acceptance length, k = 1..8: "
              + " ".join(f"{v:.2f}" for v in document["simulated_acceptance"].values())]
+    note = divergence_note(document["divergence"])
+    if note:
+        lines.append(f"note: {note} (report.json: divergence)")
     if "draft_model_simulated_acceptance" in document:
         lines.append("the profile's draft model, same simulation: "
                      + " ".join(f"{v:.2f}" for v in document["draft_model_simulated_acceptance"].values()))

@@ -129,27 +129,30 @@ def pair_texts(spec: CorpusSpec, stdlib: Path | None = None) -> tuple[list[str],
 
 DATA_HOLDOUT_MOD = 20  # --data: a document is held out when the sha1 of its name % this == 0
 DATA_TAIL = 0.05  # --data with too few documents for that: the end of the last one is held out
+# A file of --data is read whole: larger ones are better split into a folder of files, and a
+# stream without end (`--data /dev/zero`) stops here instead of filling memory.
+DATA_FILE_LIMIT = 2**30
 
 
-def read_data(path: Path) -> tuple[list[str], list[str], str]:
+def read_data(path: Path, limit: int = DATA_FILE_LIMIT) -> tuple[list[str], list[str], str]:
     """(training texts, held-out texts, description) of --data: a text file, a folder of text
     files (every UTF-8 file under it; others are skipped), or JSONL (*.jsonl) with a "text" or
     "prompt" field per line. A document is held out by the hash of its name (the folder's
     relative path, or the JSONL line number), as make_pair holds out files; where that leaves
     either side empty (one file, a few documents), the last 5% of the last document is held out
-    instead. Raises UsageError for what the user must fix."""
+    instead. A file over `limit` bytes is refused. Raises UsageError for what the user must fix."""
     from specgen.core.errors import UsageError
 
     if not path.exists():
         raise UsageError(f"--data {path} not found", hint="give a text file, a folder of text files, or JSONL")
     if path.is_dir():
-        docs = _folder_documents(path)
+        docs = _folder_documents(path, limit)
         kind = f"{len(docs)} text files under {path}"
     elif path.suffix.lower() == ".jsonl":
-        docs = _jsonl_documents(path)
+        docs = _jsonl_documents(path, limit)
         kind = f"{len(docs)} records of {path}"
     else:
-        docs = [(path.name, _text_file(path))]
+        docs = [(path.name, _text_file(path, limit))]
         kind = f"text file {path}"
     docs = [(name, text) for name, text in docs if text.strip()]
     if not docs:
@@ -163,11 +166,11 @@ def read_data(path: Path) -> tuple[list[str], list[str], str]:
     return texts[:-1] + [texts[-1][:cut]], [texts[-1][cut:]], f"{kind} (the last {DATA_TAIL:.0%} held out)"
 
 
-def _text_file(path: Path) -> str:
+def _text_file(path: Path, limit: int) -> str:
     from specgen.core.errors import UsageError
 
     try:
-        return path.read_bytes().decode("utf-8")
+        return _read_bounded(path, limit).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"--data {path} is not UTF-8 text (byte {exc.start})",
                          hint="convert it with iconv, or give a folder of text files") from None
@@ -175,25 +178,47 @@ def _text_file(path: Path) -> str:
         raise UsageError(f"cannot read --data {path}: {exc.strerror}") from None
 
 
-def _folder_documents(folder: Path) -> list[tuple[str, str]]:
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """The file's bytes; UsageError past `limit` (checked by its size first where it has one)."""
+    import os
+
+    from specgen.core.errors import UsageError
+
+    with path.open("rb") as file:
+        too_large = os.fstat(file.fileno()).st_size > limit
+        raw = b"" if too_large else file.read(limit + 1)
+    if too_large or len(raw) > limit:
+        raise UsageError(f"--data {path} holds more than {_size(limit)}, more than train-head reads from one file",
+                         hint="give a part of it, or a folder of smaller files")
+    return raw
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:g} {unit}"
+    return f"{count} bytes"
+
+
+def _folder_documents(folder: Path, limit: int) -> list[tuple[str, str]]:
     docs = []
     for path in sorted(folder.rglob("*")):
         if not path.is_file() or any(part.startswith(".") for part in path.relative_to(folder).parts):
             continue
         try:
-            docs.append((path.relative_to(folder).as_posix(), path.read_bytes().decode("utf-8")))
+            docs.append((path.relative_to(folder).as_posix(), _read_bounded(path, limit).decode("utf-8")))
         except (UnicodeDecodeError, OSError):
             continue  # binary files of the folder
     return docs
 
 
-def _jsonl_documents(path: Path) -> list[tuple[str, str]]:
+def _jsonl_documents(path: Path, limit: int) -> list[tuple[str, str]]:
     import json
 
     from specgen.core.errors import UsageError
 
     docs = []
-    for number, line in enumerate(_text_file(path).splitlines(), start=1):
+    for number, line in enumerate(_text_file(path, limit).splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -56,13 +56,16 @@ class RunRecord:
     fates: list[str]
     pieces: list[str]  # per-token text
     rounds: list[RoundRecord]
-    token_text: dict[int, str] = field(default_factory=dict)  # text of every rejected draft token
+    # the text of every rejected draft token and of the target's choice there, each decoded alone
+    # with its special tokens named (the pieces leave out EOS, which would read '')
+    token_text: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def build(cls, prompt: str, finished, events, tokenizer) -> "RunRecord":
         rounds = [RoundRecord.from_event(e) for e in events]
         rejected = {r.drafted_ids[r.num_accepted] for r in rounds if r.rejected}
-        token_text = {t: tokenizer.decode([t]) for t in sorted(rejected)}
+        chosen = {r.token_ids[r.num_accepted] for r in rounds if r.rejected}
+        token_text = {t: tokenizer.decode([t], skip_special_tokens=False) for t in sorted(rejected | chosen)}
         return cls(prompt, finished.text, finished.token_ids, [f.value for f in finished.fates],
                    finished.pieces, rounds, token_text)
 
@@ -153,8 +156,28 @@ def rejected_tokens(runs: list[RunRecord], top: int) -> list[dict]:
 
 def _example(run: RunRecord, position: int, p: float | None, q: float | None) -> dict:
     before = (run.prompt + "".join(run.pieces[:position]))[-CONTEXT_CHARS:]
-    return {"context": before, "target_token_id": run.token_ids[position], "target_text": run.pieces[position],
+    chosen = run.token_ids[position]
+    return {"context": before, "target_token_id": chosen, "target_text": run.token_text.get(chosen, run.pieces[position]),
             "p": p, "q": q}
+
+
+def token_details(run: RunRecord) -> list[dict]:
+    """For each emitted token of the run, what the insight decoder knew of it: an accepted draft
+    token's p(x), q(x) and the target's entropy there; for a recovered token, the same of the
+    draft token it replaced (`rejected`: that token's text); a bonus token has none. Empty dicts
+    where the records carry no probabilities (bench records)."""
+    details = []
+    for r in run.rounds:
+        for i in range(len(r.token_ids)):
+            known = {}
+            if i < len(r.drafted_ids) and r.target_p is not None:
+                known = {"p": r.target_p[i], "q": r.draft_q[i]}
+                if r.target_entropy is not None:
+                    known["entropy"] = r.target_entropy[i]
+                if i == r.num_accepted:
+                    known["rejected"] = run.token_text.get(r.drafted_ids[i], "")
+            details.append(known)
+    return details
 
 
 def entropy_bins(runs: list[RunRecord]) -> list[dict]:
@@ -198,14 +221,15 @@ def runs_from_bench(document: dict, k: int | None, temperature: float | None) ->
     if temperature is None:
         temperature = results[0]["temperature"] if results else 0.0
     proposer = None
-    if k is None:
+    if k is None:  # the recommended k, else the first result's at that temperature
         rec = [r for r in document.get("recommendation", []) if r["temperature"] == temperature]
         k, proposer = (rec[0]["k"], rec[0].get("proposer")) if rec else (None, None)
-    chosen = [r for r in results if r["k"] == k and r["temperature"] == temperature
+    chosen = [r for r in results if k in (None, r["k"]) and r["temperature"] == temperature
               and proposer in (None, r.get("proposer"))]
     if not chosen:
         have = ", ".join(f"k={r['k']} T={r['temperature']:g}" for r in results)
-        raise UsageError(f"the bench has no result for k={k} temperature={temperature:g}", hint=f"it has: {have}")
+        asked = f"k={k} at temperature {temperature:g}" if k is not None else f"temperature {temperature:g}"
+        raise UsageError(f"the bench has no result for {asked}", hint=f"it has: {have}")
     if "records" not in chosen[0]:
         raise UsageError("this bench JSON has no per-round records",
                          hint="run `specgen bench --records --format json` to keep them")

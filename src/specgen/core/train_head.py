@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from specgen.core.corpus import Data
 from specgen.core.eagle import Eagle3Config, Eagle3Head, rotate
+from specgen.core import head_folder
 from specgen.core.errors import ModelError
 from specgen.core.head_data import (
     EVAL_PROMPT_TOKENS,
@@ -302,6 +303,22 @@ class Progress:
     acceptance: list[float] = field(default_factory=list)  # at k = 1..EVAL_K, last evaluation
     elapsed: float = 0.0
     budget: float = 0.0  # seconds the loop may run
+    steps: int = 0  # the plan's step count; 0 = until the budget is spent
+
+    @property
+    def remaining(self) -> float | None:
+        return remaining_seconds(self.step, self.steps, self.elapsed, self.budget)
+
+
+def remaining_seconds(step: int, steps: int, elapsed: float, budget: float) -> float | None:
+    """Seconds the loop has left: the budget's rest, or for a step count the steps left at the
+    rate measured so far (at most the budget's rest); None before a step has been measured."""
+    left = max(0.0, budget - elapsed)
+    if not steps:
+        return left
+    if step == 0:
+        return None
+    return min(left, (steps - step) * elapsed / step)
 
 
 @dataclass
@@ -313,15 +330,57 @@ class Outcome:
     train_seconds: float
     tokens_seen: int
     regenerated_tokens: int
+    divergence: Divergence
     draft_acceptance: list[float] | None = None  # the profile's draft model's, for comparison
 
 
-def lr_factor(progress: float, warmup: float = 0.05) -> float:
-    """Linear warmup over the first 5%, then cosine down to 10% of the peak (make_pair's shape)."""
-    if progress < warmup:
-        return max(progress / warmup, 0.01)
-    done = min(1.0, (progress - warmup) / (1 - warmup))
-    return 0.1 + 0.45 * (1.0 + math.cos(math.pi * done))
+def lr_factor(step: int, progress: float, warmup_steps: int) -> float:
+    """The learning rate of step `step` (from 0) as a share of the peak: linear warmup over the
+    first `warmup_steps` steps, whatever the run's length (a share of a few slow steps would
+    reach the peak at step 2), times a cosine from 1 down to 10% over `progress` (0..1: the
+    share of the steps or of the time spent)."""
+    warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+    return warm * (0.1 + 0.45 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+@dataclass
+class Divergence:
+    """Watches the loss as the loop reads it: a loss over `ratio` times the lowest so far halves
+    the learning rate (at most once every `cooldown` steps, which the lower rate needs to show
+    its effect); a further rise after `max_drops` halvings, or a loss that is not a number, stops
+    the training. What happened goes to report.json."""
+
+    ratio: float = 2.0
+    cooldown: int = 10
+    max_drops: int = 3
+    scale: float = 1.0  # of the learning rate
+    lowest: float = math.inf
+    calm_from: int = 0  # the first step at which another halving may come
+    drops: list[dict] = field(default_factory=list)
+    stopped: str | None = None
+
+    def observe(self, step: int, loss: float) -> bool:
+        """Takes the mean loss of the steps up to `step`; False: stop training."""
+        if not math.isfinite(loss):
+            self.stopped = f"the loss became {loss} at step {step}"
+            return False
+        if loss > self.ratio * self.lowest and step >= self.calm_from:
+            if len(self.drops) == self.max_drops:
+                self.stopped = (f"the loss rose to {loss:.4g} at step {step} (lowest {self.lowest:.4g}) after "
+                                f"{self.max_drops} halvings of the learning rate")
+                return False
+            self.scale /= 2
+            self.calm_from = step + self.cooldown
+            self.drops.append({"step": step, "loss": round(loss, 4), "lowest": round(self.lowest, 4),
+                               "scale": self.scale})
+        self.lowest = min(self.lowest, loss)
+        return True
+
+    def as_dict(self, peak: float) -> dict:
+        """report.json's "divergence": each halving (its step, the loss, the lowest before it, the
+        peak learning rate from then on) and why the training stopped early, or null."""
+        return {"lr_drops": [{"step": d["step"], "loss": d["loss"], "lowest": d["lowest"], "lr": d["scale"] * peak}
+                             for d in self.drops], "stopped": self.stopped}
 
 
 class Trainer:
@@ -372,6 +431,11 @@ class Trainer:
             loss = ttt_loss(self.head, batch, self.plan.ttt_steps)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+        # A non-finite gradient comes out of clipping all NaN: zeroed, it moves no weight to NaN
+        # (without a host sync; Divergence stops the loop once it reads the loss).
+        for p in self.head.parameters():
+            if p.grad is not None:
+                p.grad.nan_to_num_(0.0, 0.0, 0.0)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
@@ -387,28 +451,27 @@ class Trainer:
         """Train until plan.steps (0: the deadline, a time.perf_counter() value); Ctrl-C ends the
         loop and keeps what the head has learnt. `report` is called after every step."""
         plan, start = self.plan, time.perf_counter()
-        progress = Progress()
+        progress = Progress(steps=plan.steps)
         progress.acceptance = self.evaluate()
         evaluation = time.perf_counter() - start
         eval_seconds = max(eval_seconds, 5 * evaluation)  # evaluating takes at most a sixth of the time
         # room for the final evaluation (the same size) and saving before the hard deadline
         deadline -= 2 * evaluation + 2.0
         progress.budget = max(1e-3, deadline - start)
-        last_eval, last_read, sums, count, losses, complete = time.perf_counter(), 0.0, None, 0, [], True
+        watch, losses, complete = Divergence(), [], True
+        last_eval, last_read, sums, count = time.perf_counter(), 0.0, None, 0
         report(progress)
         try:
-            while plan.steps == 0 or progress.step < plan.steps:
-                now = time.perf_counter()
-                if now >= deadline:
-                    break
-                fraction = progress.step / plan.steps if plan.steps else (now - start) / progress.budget
-                loss = self.step(lr_factor(fraction))
+            while (plan.steps == 0 or progress.step < plan.steps) and time.perf_counter() < deadline:
+                fraction = progress.step / plan.steps if plan.steps else (time.perf_counter() - start) / progress.budget
+                loss = self.step(lr_factor(progress.step, fraction, plan.warmup_steps) * watch.scale)
                 sums, count, progress.step = (loss if sums is None else sums + loss), count + 1, progress.step + 1
                 now = time.perf_counter()
                 if now - last_read >= 0.5 or progress.step == plan.steps:  # the loop's one host read
-                    progress.loss, last_read = (sums / count).item(), now
+                    progress.loss, last_read, sums, count = (sums / count).item(), now, None, 0
+                    if not watch.observe(progress.step, progress.loss):
+                        break
                     losses.append((progress.step, round(progress.loss, 4)))
-                    sums, count = None, 0
                 if now - last_eval >= eval_seconds:
                     progress.acceptance, last_eval = self.evaluate(), time.perf_counter()
                 progress.elapsed = time.perf_counter() - start
@@ -416,7 +479,7 @@ class Trainer:
         except KeyboardInterrupt:
             complete = False
         return Outcome(progress.step, complete, losses, progress.acceptance, time.perf_counter() - start,
-                       progress.step * plan.batch_size * plan.seq_len, self.regenerated)
+                       progress.step * plan.batch_size * plan.seq_len, self.regenerated, watch)
 
 
 def curve_summary(losses: list[tuple[int, float]], points: int = 20) -> dict:
@@ -477,12 +540,19 @@ def train_head(profile, plan: TrainPlan, data: Data, out: Path, started: float, 
                 **_results(plan, head, outcome, evalset, windows),
                 "wall_seconds": round(time.perf_counter() - started, 1), **versions()}
     with _interrupts_held():
-        head_formats.save_speculators(head, out, verifier_name=profile.target.path,
-                                      verifier_architectures=list(getattr(config, "architectures", None) or []),
-                                      speculative_tokens=SHOWN_K)
-        (out / "profile.toml").write_text(head_profile(written_profile, out), encoding="utf-8")
-        (out / "report.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        head_folder.write(out, lambda folder: _write(folder, head, config, profile, written_profile, document, out))
     return document
+
+
+def _write(folder: Path, head: Eagle3Head, config, profile, written_profile, document: dict, out: Path) -> None:
+    """The head, its profile (paths relative to `out`, where the files end up) and report.json."""
+    from specgen.core import head_formats
+
+    head_formats.save_speculators(head, folder, verifier_name=profile.target.path,
+                                  verifier_architectures=list(getattr(config, "architectures", None) or []),
+                                  speculative_tokens=SHOWN_K)
+    (folder / "profile.toml").write_text(head_profile(written_profile, out), encoding="utf-8")
+    (folder / "report.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
 def _results(plan: TrainPlan, head: Eagle3Head, outcome: Outcome, evalset: EvalSet, windows: Windows) -> dict:
@@ -493,7 +563,8 @@ def _results(plan: TrainPlan, head: Eagle3Head, outcome: Outcome, evalset: EvalS
         "draft_vocab_size": head.config.draft_vocab_size, "head_params": sum(p.numel() for p in head.parameters()),
         "steps": outcome.steps, "tokens_seen": outcome.tokens_seen, "regenerated_tokens": outcome.regenerated_tokens,
         "epochs": windows.epochs, "train_seconds": round(outcome.train_seconds, 1),
-        "loss": curve_summary(outcome.losses), "simulated_acceptance": _by_k(outcome.acceptance),
+        "loss": curve_summary(outcome.losses), "divergence": outcome.divergence.as_dict(plan.lr),
+        "simulated_acceptance": _by_k(outcome.acceptance),
         "eval": {"prompts": evalset.batch.ids.shape[0], "prompt_tokens": evalset.prompt_tokens,
                  "new_tokens": EVAL_NEW_TOKENS, "chains": chains,
                  "what": "the target's greedy continuations of held-out prompts; the mean accepted length "

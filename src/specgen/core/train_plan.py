@@ -28,6 +28,7 @@ class TrainPlan:
     batch_size: int | None  # sequences per step; None = by device (`for_device`)
     seq_len: int | None  # tokens per sequence; None = by device, at most the target's context
     lr: float  # peak learning rate (AdamW; warmup, then cosine to 10%)
+    warmup_steps: int  # steps of linear warmup to the peak, whatever the run's length
     ttt_steps: int  # training-time-test unroll depth: the head's drafting steps trained per position
     layers: tuple[int, int, int] | None  # aux layer ids; None = EAGLE-3's default, made valid for the target
     draft_vocab: int | None  # None = DEFAULT_DRAFT_VOCAB capped at the target's vocabulary
@@ -44,6 +45,8 @@ class TrainPlan:
         if self.seq_len is not None:
             _check(8 <= self.seq_len <= 1 << 20, f"--seq-len {self.seq_len}", "must be from 8 to 1048576")
         _check(0 < self.lr < 1 and math.isfinite(self.lr), f"--lr {self.lr:g}", "must be in (0, 1)")
+        _check(0 <= self.warmup_steps <= 1_000_000, f"--warmup-steps {self.warmup_steps}",
+               "must be from 0 (none) to 1000000")
         _check(1 <= self.ttt_steps <= 16, f"--ttt-steps {self.ttt_steps}", "must be from 1 to 16")
         if self.seq_len is not None:
             _check(self.seq_len > self.ttt_steps + 1, f"--seq-len {self.seq_len}",
@@ -123,23 +126,3 @@ def local_target_config(path: str) -> dict | None:
         return None  # the loader says what is wrong with it
     return config if isinstance(config, dict) else None
 
-
-def check_out_folder(out: Path) -> None:
-    """--out: a new or empty folder, or one an earlier train-head wrote (its files are replaced)."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file", hint="give a folder for the head")
-    if out.is_dir():
-        names = {p.name for p in out.iterdir()}
-        ours = {"config.json", "model.safetensors", "profile.toml", "report.json"}
-        if names - ours:
-            raise UsageError(f"--out {out} holds other files ({sorted(names - ours)[0]}, ...)",
-                             hint="give a new or empty folder, or one that train-head wrote")
-    elif not out.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist", hint="create it first")
-    import tempfile
-
-    try:  # before minutes of training: the head could not be saved
-        with tempfile.TemporaryFile(dir=out if out.is_dir() else out.parent):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write there ({exc.strerror})", hint="choose another folder") from None
