@@ -238,9 +238,80 @@ def copy_checkpoint(source: Path, dest: Path, *patterns: str) -> Path:
     return dest
 
 
-def test_missing_checkpoint_folder(monkeypatch, tiny, tmp_path):
+def test_missing_checkpoint_folder_names_where_its_path_was_given(monkeypatch, tiny, tmp_path):
     result = run(monkeypatch, tiny, "--target", tmp_path / "nowhere", "hi")
-    assert_error(result, 1, f"checkpoint folder {tmp_path / 'nowhere'} not found", "hint: ")
+    assert_error(result, 1, f"checkpoint folder {tmp_path / 'nowhere'} not found", "hint: give --target a checkpoint "
+                 "folder")
+    assert "profile" not in result.stderr
+    profile = write_profile(tmp_path / "p.toml", tmp_path / "gone", None, proposer={"kind": "ngram"})
+    result = specgen(monkeypatch, "generate", "-p", profile, "hi")
+    assert_error(result, 1, f"checkpoint folder {tmp_path / 'gone'} not found", f"hint: set `path` in [target] of "
+                 f"{profile} to a checkpoint folder")
+
+
+def test_a_number_for_draft_is_taken_for_llama_cpps_draft_length(monkeypatch, tiny, tmp_path):
+    result = run(monkeypatch, tiny, "--draft", "4", "hi", env={"HF_HOME": str(tmp_path)})
+    assert_error(result, 1, "4 is neither a local folder nor in the local Hugging Face cache",
+                 "hint: --draft takes the draft model (a folder or a cached hub id); the draft tokens per round are --k")
+
+
+# The command runs in a fresh process with an empty hub cache and no GPU visible; it prints the
+# exit code and which of torch and transformers it imported.
+BEFORE_TORCH = (
+    "import json, sys\n"
+    "from specgen.cli import errors\n"
+    "from specgen.cli.main import app\n"
+    "code = errors.run(app, sys.argv[1:])\n"
+    "print(json.dumps([code, sorted({'torch', 'transformers'} & set(sys.modules))]))\n"
+)
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (["generate", "--target", "{tmp}/nowhere", "hi"], 1, "checkpoint folder {tmp}/nowhere not found"),
+    (["generate", "--target", "specgen-tests/not-cached", "hi"], 1, "specgen-tests/not-cached is neither a local "
+                                                                    "folder nor in the local Hugging Face cache"),
+    (["generate", "--draft", "{tmp}/nowhere", "hi"], 1, "checkpoint folder {tmp}/nowhere not found"),
+    (["generate", "--proposer", "eagle", "--head", "{tmp}/nowhere", "hi"], 2, "head folder {tmp}/nowhere not found"),
+    (["inspect-acceptance", "--target", "{tmp}/nowhere", "hi"], 1, "checkpoint folder {tmp}/nowhere not found"),
+    (["bench", "--target", "specgen-tests/not-cached"], 1, "specgen-tests/not-cached is neither"),
+    (["bench", "--proposer", "draft,eagle", "--head", "{tmp}/nowhere"], 2, "head folder {tmp}/nowhere not found"),
+    (["tune-kernels"], 2, "tune-kernels times the kernels on a CUDA GPU, and none is visible"),
+], ids=["target folder", "hub id", "draft folder", "head folder", "inspect", "bench hub id", "bench head",
+        "tune-kernels"])
+def test_what_needs_no_model_is_reported_before_torch_is_imported(tmp_path, args, code, fragment):
+    """Importing torch takes seconds: a path that names nothing, or a machine without a GPU, is
+    answered without it."""
+    env = subprocess_env(HF_HOME=str(tmp_path / "hf-home"), CUDA_VISIBLE_DEVICES="")
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        env.pop(name, None)
+    args = [arg.format(tmp=tmp_path) for arg in args]
+    proc = subprocess.run([sys.executable, "-c", BEFORE_TORCH, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert json.loads(proc.stdout) == [code, []], proc.stderr
+    assert proc.stderr.startswith(f"specgen: error: {fragment.format(tmp=tmp_path)}"), proc.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads a Linux machine's device files")
+def test_a_gpu_is_told_apart_from_none_without_torch(tmp_path):
+    """A GPU machine is never refused: NVIDIA's driver or device files, WSL's or ROCm's GPU device
+    each leave the answer to torch; only their absence, or CUDA_VISIBLE_DEVICES hiding every
+    device, is certain."""
+    from specgen.cli.tune import no_gpu_visible
+
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "proc").mkdir()
+    assert no_gpu_visible(tmp_path, {})
+    assert no_gpu_visible(tmp_path, {"CUDA_VISIBLE_DEVICES": "0"})
+    for device in ("dev/nvidia0", "dev/dxg", "dev/kfd", "proc/driver/nvidia"):
+        (tmp_path / device).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / device).touch()
+        assert not no_gpu_visible(tmp_path, {}), device
+        assert not no_gpu_visible(tmp_path, {"CUDA_VISIBLE_DEVICES": "1,0"}), device
+        assert no_gpu_visible(tmp_path, {"CUDA_VISIBLE_DEVICES": ""}) and no_gpu_visible(
+            tmp_path, {"CUDA_VISIBLE_DEVICES": "-1"}), device
+        (tmp_path / device).unlink()
+    (tmp_path / "dev" / "nvidiactl").touch()  # the control device alone: no GPU
+    assert no_gpu_visible(tmp_path, {})
 
 
 @pytest.mark.parametrize("patterns, message", [

@@ -140,8 +140,8 @@ def bench(
 
 def validate(settings_for, plan, named: bool) -> None:
     """Every (proposer, k, temperature) through the profile's own checks (a proposer kind the settings
-    do not define; one the profile cannot run, such as draft without [draft]), before torch is
-    imported and any model loads. The target-only kind is the baseline, not a proposer to compare.
+    do not define; one the profile cannot run, such as draft without [draft]), and the checkpoints
+    they need on disk, before torch is imported and any model loads. The target-only kind is the baseline, not a proposer to compare.
     named: the proposers came from --proposer (else the profile's own)."""
     from specgen.core.errors import UsageError
 
@@ -154,6 +154,9 @@ def validate(settings_for, plan, named: bool) -> None:
             raise UsageError(f"{what} drafts nothing: it is the target-only baseline",
                              hint="pass --proposer with proposers that draft; target-only runs as "
                                   "--baseline target-only")
+    from specgen.cli.loading import check_before_loading
+
+    check_before_loading(engine_settings(settings_for, plan), plan.proposers)
 
 
 def engine_settings(settings_for, plan):

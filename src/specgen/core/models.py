@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.core import llama
+from specgen.core.checkpoints import folder_not_found, is_local_path, no_config, not_in_hub_cache
 from specgen.core.errors import ModelError
 from specgen.core.settings import ModelSpec, Profile, RuntimeSpec
 
@@ -83,10 +84,6 @@ def resolve_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
     return DTYPES[spec.dtype]
 
 
-def _is_local_path(path: str) -> bool:
-    return os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path) or path.count("/") > 1
-
-
 def _check_weights(folder: Path, allow_pickle: bool) -> bool:
     """Returns whether to insist on safetensors; refuses pickle-only checkpoints unless allowed."""
     if any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
@@ -106,13 +103,13 @@ def _check_weights(folder: Path, allow_pickle: bool) -> bool:
 def _locate(spec: ModelSpec, allow_pickle: bool, download: bool) -> tuple[str, bool]:
     """Returns (checkpoint folder, use_safetensors); a hub id becomes its snapshot folder in the cache."""
     path = os.path.expanduser(spec.path)
-    if not _is_local_path(path):
+    if not is_local_path(path):
         path = _hub_snapshot(spec, allow_pickle, download)
     folder = Path(path)
     if not folder.is_dir():
-        raise ModelError(f"checkpoint folder {spec.path} not found", hint="check the profile's path")
+        raise folder_not_found(spec)
     if not (folder / "config.json").is_file():
-        raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder")
+        raise no_config(spec)
     _check_json(folder / "config.json")
     return str(folder), _check_weights(folder, allow_pickle)
 
@@ -122,10 +119,9 @@ def load_config(spec: ModelSpec, download: bool = False):
     from transformers import AutoConfig
 
     path = os.path.expanduser(spec.path)
-    folder = Path(path if _is_local_path(path) else _hub_snapshot(spec, False, download))
+    folder = Path(path if is_local_path(path) else _hub_snapshot(spec, False, download))
     if not (folder / "config.json").is_file():
-        raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder",
-                         hint="check the profile's path")
+        raise no_config(spec)
     _check_json(folder / "config.json")
     return AutoConfig.from_pretrained(folder, trust_remote_code=spec.trust_remote_code)
 
@@ -143,10 +139,7 @@ def _hub_snapshot(spec: ModelSpec, allow_pickle: bool, download: bool) -> str:
         return snapshot_download(spec.path, revision=spec.revision, local_files_only=not download,
                                  allow_patterns=patterns)
     except LocalEntryNotFoundError:
-        revision = f" at revision {spec.revision}" if spec.revision else ""
-        raise ModelError(f"{spec.path}{revision} is neither a local folder nor in the local Hugging Face cache",
-                         hint=f"download it first (`hf download {spec.path}`), pass --download to let specgen "
-                         "fetch it, or point path at a local folder") from None
+        raise not_in_hub_cache(spec) from None
     except (OSError, ValueError) as exc:  # a malformed hub id, or the network when downloading
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"could not {'download' if download else 'find'} {spec.path}: {first_line}") from None
@@ -179,7 +172,7 @@ def _from_pretrained(loader, name: str, spec: ModelSpec, **kwargs):
 
 def _damaged(name: str, exc: Exception) -> ModelError:
     """A weights file cut short (an interrupted copy or download) or damaged."""
-    damaged = _damaged_safetensors(Path(name)) if _is_local_path(name) else None
+    damaged = _damaged_safetensors(Path(name)) if is_local_path(name) else None
     return ModelError(f"{damaged or name}: damaged or incomplete weights ({str(exc).splitlines()[0]})",
                       hint="copy or download the checkpoint again")
 

@@ -113,7 +113,18 @@ def user_profile_dir() -> Path:
 
 def profile_as_dict(profile: Profile) -> dict:
     """The resolved settings as nested dicts (draft is None without one; stop lists are tuples)."""
-    return dataclasses.asdict(profile)
+    data = dataclasses.asdict(profile)
+    del data["options"]  # how the settings were given, not a setting
+    return data
+
+
+def origin(profile: Profile, key: str) -> str:
+    """Where a dotted key's value was given, as a message names it: its option (`--target`) when the
+    command line set it, else the key in the profile (`path` in [target] of p.toml)."""
+    if key in profile.options:
+        return _option(key)
+    table, _, name = key.rpartition(".")
+    return f"`{name}` in [{table}] of {profile.source}"
 
 
 def profile_as_toml(profile: Profile) -> str:
@@ -296,6 +307,7 @@ def _build(merged: _Merged, name: str) -> Profile:
         sampling=SamplingSpec(**merged.table("sampling")),
         runtime=RuntimeSpec(**merged.table("runtime")),
         kernels=KernelSpec(**merged.table("kernels")),
+        options=frozenset(merged.from_cli),
     )
 
 
