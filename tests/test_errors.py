@@ -333,6 +333,33 @@ def test_truncated_weights_name_the_file(monkeypatch, tiny, tmp_path):
     assert_error(result, 1, f"{weights}: damaged or incomplete weights", "hint: copy or download the checkpoint again")
 
 
+@pytest.mark.parametrize("modeling", ["auto", "transformers"], ids=["specgen's Llama", "transformers"])
+@pytest.mark.parametrize("damage, reason", [
+    ("shape", "_proj.weight` has shape [%d, %d] in the files but config.json implies [%d, %d])"),
+    ("missing", "(1 tensors missing, e.g. model.layers.1.mlp.up_proj.weight)"),
+], ids=["shape", "missing"])
+def test_weights_that_do_not_match_config_json(monkeypatch, tiny, tmp_path, modeling, damage, reason):
+    """Whichever code runs the model: transformers would leave a missing tensor at random values and
+    tell a shape only in a report its quieted logging hides."""
+    from safetensors.torch import load_file, save_file
+
+    folder = copy_checkpoint(tiny.target, tmp_path / "damaged", "*")
+    if damage == "shape":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"intermediate_size": 100}))
+    else:
+        tensors = load_file(folder / "model.safetensors")
+        del tensors["model.layers.1.mlp.up_proj.weight"]
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    profile = write_profile(tmp_path / "p.toml", folder, None, proposer={"kind": "none"},
+                            runtime={"threads": 1, "modeling": modeling})
+    result = specgen(monkeypatch, "generate", "-p", profile, "hi")
+    assert_error(result, 1, f"{folder}: the weights do not match config.json (", "hint: copy or download the checkpoint "
+                 "again")
+    shapes = [(128, 64, 100, 64), (64, 128, 64, 100)]  # gate or up, or down (the first named)
+    assert any(reason % shape in result.stderr for shape in shapes) if damage == "shape" else reason in result.stderr
+
+
 def test_invalid_config_json_gives_line_and_column(monkeypatch, tiny, tmp_path):
     folder = copy_checkpoint(tiny.target, tmp_path / "bad-config", "*")
     (folder / "config.json").write_text('{\n  "model_type": "llama",\n}\n')

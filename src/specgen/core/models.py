@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -281,12 +282,56 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
     kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None,
               **placement(spec, device)}
     try:
-        model = _from_pretrained(AutoModelForCausalLM, name, spec, **kwargs)
+        # the loading report, to refuse what transformers would only log (tensors left random) or
+        # raise as "look at the above report" that its quieted logging never printed (shapes)
+        model, report = _from_pretrained(AutoModelForCausalLM, name, spec, output_loading_info=True,
+                                         ignore_mismatched_sizes=True, **kwargs)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelError(f"out of GPU memory while loading {name}",
                          hint="use a smaller model, dtype = \"bfloat16\", or device_map = \"auto\"") from exc
+    except RuntimeError as exc:
+        if "loading state_dict" not in str(exc):
+            raise
+        raise _weights_do_not_match(name, _state_dict_reason(exc)) from None
+    _check_report(name, report)
     capped_attention(model)
     return model.eval()
+
+
+def _check_report(name: str, report: dict) -> None:
+    """Weights of another shape than config.json implies, or missing from the files (transformers
+    would leave them at random values), as core/llama.py refuses them."""
+    mismatched = sorted(report.get("mismatched_keys") or (), key=lambda entry: entry[0])
+    missing = sorted(report.get("missing_keys") or ())
+    if mismatched:
+        key, stored, wanted = mismatched[0]
+        raise _weights_do_not_match(name, _shape_mismatch(key, stored, wanted))
+    if missing:
+        raise _weights_do_not_match(name, f"{len(missing)} tensors missing, e.g. {missing[0]}")
+
+
+def _weights_do_not_match(name: str, reason: str) -> ModelError:
+    return ModelError(f"{name}: the weights do not match config.json ({reason})",
+                      hint="copy or download the checkpoint again")
+
+
+def _shape_mismatch(key: str, stored, wanted) -> str:
+    return f"`{key}` has shape {list(stored)} in the files but config.json implies {list(wanted)}"
+
+
+_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
+                            r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def _state_dict_reason(exc: Exception) -> str:
+    """torch's "Error(s) in loading state_dict for X:" and a line per problem -> the first problem."""
+    found = _SIZE_MISMATCH.search(str(exc))
+    if found:
+        key, stored, wanted = found.groups()
+        return _shape_mismatch(key, [int(n) for n in stored.split(",") if n.strip()],
+                               [int(n) for n in wanted.split(",") if n.strip()])
+    lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 SOFTCAPPED = "specgen_softcapped"  # the attention function capped_attention registers with transformers
@@ -369,10 +414,10 @@ def _load_llama(folder: Path, shape: llama.LlamaShape, dtype: torch.dtype, devic
         return llama.load(folder, shape, dtype, device)
     except SafetensorError as exc:
         raise _damaged(str(folder), exc) from None
-    except (ValueError, RuntimeError) as exc:  # a tensor missing, left over or of another shape than config.json's
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{folder}: the weights do not match config.json ({first_line})",
-                         hint="copy or download the checkpoint again") from None
+    except ValueError as exc:  # a tensor missing, or left over
+        raise _weights_do_not_match(str(folder), str(exc)) from None
+    except RuntimeError as exc:  # a tensor of another shape than config.json's
+        raise _weights_do_not_match(str(folder), _state_dict_reason(exc)) from None
     except OSError as exc:
         raise ModelError(f"could not load {folder}: {exc.strerror or exc}") from None
 
