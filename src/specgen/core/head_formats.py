@@ -167,11 +167,13 @@ def _layer_fields(layer: dict) -> dict[str, Any]:
         if layer.get(key, wanted) != wanted:
             raise ValueError(f"{key} = {json.dumps(layer[key])} is not supported: specgen's EAGLE-3 head "
                              f"is one Llama layer ({key} = {json.dumps(wanted)})")
-    heads = layer["num_attention_heads"]
+    heads, hidden = layer["num_attention_heads"], layer["hidden_size"]
+    whole = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (heads, hidden))
     return {
-        "hidden_size": layer["hidden_size"], "intermediate_size": layer["intermediate_size"],
+        "hidden_size": hidden, "intermediate_size": layer["intermediate_size"],
         "num_attention_heads": heads, "num_key_value_heads": layer.get("num_key_value_heads", heads),
-        "head_dim": layer.get("head_dim") or layer["hidden_size"] // heads,
+        # else Eagle3Config names the field that is not a positive integer
+        "head_dim": layer.get("head_dim") or (hidden // heads if whole else None),
         "rms_norm_eps": float(layer.get("rms_norm_eps", 1e-6)), "rope_theta": float(layer.get("rope_theta", 10000.0)),
         "rope_scaling": layer.get("rope_scaling"),
         "max_position_embeddings": layer.get("max_position_embeddings", 2048),
