@@ -376,6 +376,28 @@ def test_chat_template_refused_by_the_sandbox(monkeypatch, tiny, tmp_path):
     assert_error(result, 1, f"the chat template of {folder} failed: SecurityError", "hint: fix the template")
 
 
+@pytest.mark.parametrize("template", [5, [1, 2], {"default": 3}, [{"name": "default", "template": None}]],
+                         ids=["number", "list of numbers", "object of a number", "named entry without text"])
+@pytest.mark.parametrize("chat", [True, False], ids=["--chat", "no --chat"])
+def test_a_chat_template_that_is_not_text(monkeypatch, tiny, tmp_path, template, chat):
+    folder = copy_checkpoint(tiny.target, tmp_path / "odd-template", "*")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", *(["--chat"] if chat else []), "hi")
+    assert_error(result, 1, f"{folder / 'tokenizer_config.json'}: `chat_template` is {json.dumps(template)}; expected "
+                 "a string", "hint: fix the file")
+
+
+def test_named_chat_templates_without_a_default(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "named-templates", "*")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    templates = [{"name": "tool_use", "template": "{{ messages[0].content }}"}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": templates}))
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "--chat", "hi")
+    assert_error(result, 2, "this tokenizer's chat templates (tool_use) have none named default", "hint: drop --chat")
+    assert run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "-q", "hi").code == 0
+
+
 def test_hub_id_not_in_the_cache_while_offline(tiny, tmp_path):
     # A real process: HF_HOME and HF_HUB_OFFLINE are read when huggingface_hub is imported.
     env = subprocess_env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"))

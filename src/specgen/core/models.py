@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.core import llama
+from specgen.core.chat import check_templates
 from specgen.core.checkpoints import folder_not_found, is_local_path, no_config, not_in_hub_cache
 from specgen.core.errors import ModelError
 from specgen.core.settings import ModelSpec, Profile, RuntimeSpec
@@ -219,6 +220,7 @@ def load_tokenizer(spec: ModelSpec, allow_pickle: bool = False, download: bool =
     if os.path.isdir(name) and not any(any(Path(name).glob(pattern)) for pattern in _TOKENIZER_FILES):
         raise ModelError(f"{spec.path} has no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
                          hint="copy the tokenizer files of the model into the folder")
+    check_templates(Path(name))
     if _plain_fast_tokenizer(Path(name)):
         from specgen.core import tokenizer
 
