@@ -95,7 +95,9 @@ def test_profile_path_that_is_a_directory(monkeypatch, tmp_path):
 @pytest.mark.parametrize("options, allowed", [
     (["--k", "0"], "from 1 to 32"),
     (["--k", "33"], "from 1 to 32"),
-    (["--temperature=-0.5"], ">= 0"),
+    (["--temperature=-0.5"], "from 0 (greedy) to 100"),
+    (["-t", "1e300"], "from 0 (greedy) to 100"),
+    (["--repetition-penalty", "1e300"], "from 0.01 to 100"),
     (["--top-p", "0"], "(0, 1]"),
     (["--top-p", "1.5"], "(0, 1]"),
     (["--top-k=-2"], "-1 (off) or >= 1"),
@@ -105,7 +107,7 @@ def test_profile_path_that_is_a_directory(monkeypatch, tmp_path):
     (["--max-tokens", "0"], ">= 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_out_of_range_options(monkeypatch, tiny, options, allowed):
-    option = options[0].split("=")[0]
+    option = {"-t": "--temperature"}.get(options[0], options[0].split("=")[0])
     assert_error(run(monkeypatch, tiny, *options, "hi"), 2, f"{option} ", "is not allowed", allowed)
 
 

@@ -515,11 +515,13 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "speculation.k": (lambda v: 1 <= v <= 32, "must be from 1 to 32"),
     "speculation.draft_sampling": _one_of("auto", "argmax", "sample", "temperature"),
     "speculation.pipeline": _one_of("auto", "on", "off"),
-    "sampling.temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
+    # finite bounds: the warp runs in float32, where 1e300 is infinite; at 100 sampling is already
+    # close to uniform, and 0.01 / 100 scale a repeated token's logit a hundredfold
+    "sampling.temperature": (lambda v: 0 <= v <= 100, "must be from 0 (greedy) to 100"),
     "sampling.top_k": (lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1"),
     "sampling.top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "sampling.min_p": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-    "sampling.repetition_penalty": (lambda v: v > 0, "must be > 0 (1 = off)"),
+    "sampling.repetition_penalty": (lambda v: 0.01 <= v <= 100, "must be from 0.01 to 100 (1 = off)"),
     "sampling.presence_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
     "sampling.frequency_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
     "sampling.seed": (lambda v: 0 <= v < 2**64, "must be from 0 to 2**64 - 1"),  # torch's seed range
