@@ -257,6 +257,15 @@ def test_a_number_for_draft_is_taken_for_llama_cpps_draft_length(monkeypatch, ti
                  "hint: --draft takes the draft model (a folder or a cached hub id); the draft tokens per round are --k")
 
 
+def test_a_profiles_head_stays_quiet_under_another_proposer(monkeypatch, tiny, tmp_path):
+    """Only --head itself is refused where nothing drafts with a head: a profile may keep its head
+    for the runs that choose --proposer eagle."""
+    profile = write_profile(tmp_path / "p.toml", tiny.target, tiny.draft, sampling={"max_tokens": 4},
+                            proposer={"kind": "eagle", "head": str(tmp_path / "no-head-here")})
+    result = specgen(monkeypatch, "generate", "-p", profile, "--proposer", "draft", "-q", "hi")
+    assert result.code == 0 and result.stderr == ""
+
+
 # The command runs in a fresh process with an empty hub cache and no GPU visible; it prints the
 # exit code and which of torch and transformers it imported.
 BEFORE_TORCH = (
@@ -278,8 +287,12 @@ BEFORE_TORCH = (
     (["bench", "--target", "specgen-tests/not-cached"], 1, "specgen-tests/not-cached is neither"),
     (["bench", "--proposer", "draft,eagle", "--head", "{tmp}/nowhere"], 2, "head folder {tmp}/nowhere not found"),
     (["tune-kernels"], 2, "tune-kernels times the kernels on a CUDA GPU, and none is visible"),
+    (["generate", "--head", "{tmp}/nowhere", "hi"], 2, "--head gives the EAGLE-3 head that --proposer eagle drafts "
+                                                       "with, and this run's proposer is draft"),
+    (["bench", "--proposer", "draft,ngram", "--head", "{tmp}/nowhere"], 2, "--head gives the EAGLE-3 head that "
+     "--proposer eagle drafts with, and this run's proposers are draft, ngram"),
 ], ids=["target folder", "hub id", "draft folder", "head folder", "inspect", "bench hub id", "bench head",
-        "tune-kernels"])
+        "tune-kernels", "head without eagle", "bench head without eagle"])
 def test_what_needs_no_model_is_reported_before_torch_is_imported(tmp_path, args, code, fragment):
     """Importing torch takes seconds: a path that names nothing, or a machine without a GPU, is
     answered without it."""

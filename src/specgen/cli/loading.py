@@ -35,13 +35,27 @@ def check_before_loading(settings, proposers: tuple[str, ...] | None = None) -> 
         from specgen.core.compile_cache import check_writable
 
         check_writable(settings.speculation.compile_cache)
-    drafters = {settings.proposer.drafter(kind) for kind in proposers or (settings.proposer.kind,)}
+    kinds = proposers or (settings.proposer.kind,)
+    drafters = {settings.proposer.drafter(kind) for kind in kinds}
+    check_head_option(settings, kinds, drafters)
     download = settings.runtime.download
     check_present(settings.target, download, origin(settings, "target.path"))
     if "draft" in drafters and settings.draft is not None:
         check_present(settings.draft, download, origin(settings, "draft.path"))
     if "eagle" in drafters:
         check_head_folder(Path(settings.proposer.head))
+
+
+def check_head_option(settings, kinds: tuple[str, ...], drafters: set[str]) -> None:
+    """--head names the EAGLE-3 head that --proposer eagle drafts with: given to a run in which no
+    proposer drafts with a head, it would be ignored, so it is refused."""
+    if "proposer.head" not in settings.options or "eagle" in drafters:
+        return
+    from specgen.core.errors import UsageError
+
+    which = f"proposers are {', '.join(kinds)}" if len(kinds) > 1 else f"proposer is {kinds[0]}"
+    raise UsageError(f"--head gives the EAGLE-3 head that --proposer eagle drafts with, and this run's {which}",
+                     hint="add --proposer eagle, or drop --head")
 
 
 @dataclass(frozen=True)
