@@ -125,6 +125,19 @@ def prompts_path(prompts_file: Path | None, prompts: Path | None) -> Path | None
     return prompts_file if prompts_file is not None else prompts
 
 
+def comma_list(text: str, option: str, example: str) -> list[str]:
+    """The entries of a comma-separated option value, stripped. An empty entry (`4,,5`, a trailing
+    comma) is refused, not dropped: it is more likely a value left out than one too many."""
+    from specgen.core.errors import UsageError
+
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise UsageError(f"{option} is empty", hint=f"e.g. {option} {example}")
+    if not all(parts):
+        raise UsageError(f"{option} {text!r} has an empty entry", hint=f"e.g. {option} {example}")
+    return parts
+
+
 HIGH_TEMPERATURE = 2.0
 
 

@@ -78,7 +78,7 @@ def _rows(text: str, k: int) -> tuple[int, ...]:
     from specgen.gpu.linear import MAX_ROWS  # noqa: PLC0415 (Triton only once the options are valid)
 
     try:
-        sizes = tuple(int(part) for part in text.split(",")) if text else (1, k + 1)
+        sizes = tuple(int(part) for part in opt.comma_list(text, "--rows", "1,5")) if text else (1, k + 1)
     except ValueError:
         raise UsageError(f"--rows {text!r}: not a comma-separated list of integers", hint="For example --rows 1,5.")
     if not all(1 <= size <= MAX_ROWS for size in sizes):
