@@ -130,6 +130,54 @@ def test_click_usage_errors(monkeypatch, args, fragments):
     assert_error(specgen(monkeypatch, *args), 2, *fragments)
 
 
+@pytest.mark.parametrize("command, fragment, hint", [
+    ("generate", "the prompt is the positional argument", "hint: specgen generate 'def quicksort(arr):'"),
+    ("bench", "specgen bench reads prompts from --prompts-file", "hint: give -p a profile name"),
+])
+def test_a_prompt_given_to_p_is_named_as_such(monkeypatch, command, fragment, hint):
+    """llama.cpp's -p is its prompt; specgen's is --profile. Said before a terminal's stdin would be
+    waited for as the prompt."""
+    result = specgen(monkeypatch, command, "-p", "def quicksort(arr):", tty=True)
+    assert_error(result, 2, "`def quicksort(arr):` was taken as a profile name (-p is --profile in specgen), and no "
+                 "profile has it; " + fragment, hint)
+
+
+@pytest.mark.parametrize("alias, value, meant", [
+    ("--temp", "500", "--temperature 500.0 is not allowed"),
+    ("--n-predict", "0", "--max-tokens 0 is not allowed"),
+    ("--max-new-tokens", "0", "--max-tokens 0 is not allowed"),
+    ("--num-speculative-tokens", "40", "--k 40 is not allowed"),
+])
+def test_other_tools_spellings_of_the_same_option_are_accepted(monkeypatch, alias, value, meant):
+    """Read as specgen's own option: its checks name it (docs/cli.md, "Other tools' spellings")."""
+    assert_error(specgen(monkeypatch, "generate", alias, value, "hi"), 2, meant)
+
+
+def test_an_accepted_spelling_runs_as_the_option_it_stands_for(monkeypatch, tiny):
+    spelled = run(monkeypatch, tiny, "--temp", "0.7", "--seed", "3", "--n-predict", "5", "--format", "json", "-q", "hi")
+    own = run(monkeypatch, tiny, "--temperature", "0.7", "--seed", "3", "-n", "5", "--format", "json", "-q", "hi")
+    assert spelled.code == own.code == 0 and len(json.loads(spelled.stdout)["token_ids"]) == 5
+    assert json.loads(spelled.stdout)["token_ids"] == json.loads(own.stdout)["token_ids"]
+    assert_error(specgen(monkeypatch, "train-head", "--temp", "1"), 2, "No such option: --temp")  # it has no -t
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["generate", "--model", "m", "hi"], "specgen runs two models: --target (whose output you get) and --draft"),
+    (["generate", "-m", "m", "hi"], "specgen runs two models: --target (whose output you get) and --draft"),
+    (["generate", "--model-draft", "m", "hi"], "the draft model is --draft"),
+    (["generate", "--prompt", "hi"], 'the prompt is the positional argument: specgen generate "TEXT"'),
+    (["bench", "--prompt", "hi"], "give the prompts in a file: --prompts-file FILE"),
+    (["generate", "--repeat-penalty", "1.1", "hi"], "use --repetition-penalty (vLLM's"),
+    (["generate", "--draft-max", "4", "hi"], "the draft tokens per round are --k"),
+    (["bench", "--speculative-config", "{}"], "specgen takes --draft (or --proposer"),
+    (["generate", "-s", "1", "hi"], "the seed is --seed"),
+], ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else None)
+def test_other_tools_spellings_that_differ_say_what_to_write(monkeypatch, args, hint):
+    result = specgen(monkeypatch, *args)
+    assert_error(result, 2, f"No such option: {args[1]}", f"hint: {hint}")
+    assert "Possible options" not in result.stderr
+
+
 def test_bare_specgen_shows_the_usage_and_exits_2(monkeypatch):
     result = specgen(monkeypatch)
     assert result.code == 2

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from importlib import resources
@@ -85,6 +86,27 @@ def load_profile(
     profile = _build(merged, data.get("name", located.name))
     _check_together(profile, merged)
     return profile
+
+
+def mistaken_prompt(name: str, positional: bool, command: str = "specgen generate") -> None:
+    """Refuse a --profile value that finds no profile and reads like a prompt (words, code): -p is
+    llama.cpp's prompt option. positional: the command takes its prompt as an argument."""
+    prose = any(c.isspace() or c in "()[]{}:;,=<>\"'" for c in name) and not name.endswith(".toml")
+    if not prose or _findable(name):
+        return
+    where = "the prompt is the positional argument" if positional else f"{command} reads prompts from --prompts-file"
+    hint = (f"{command} {shlex.quote(name)}" if positional
+            else "give -p a profile name (`specgen profiles list`) or a .toml file")
+    raise UsageError(f"`{name}` was taken as a profile name (-p is --profile in specgen), and no profile has it; "
+                     f"{where}", hint=hint)
+
+
+def _findable(name: str) -> bool:
+    try:
+        _locate(name)
+    except ProfileError:
+        return False
+    return True
 
 
 def list_profiles() -> list[tuple[str, str]]:
