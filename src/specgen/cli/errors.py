@@ -64,7 +64,7 @@ def _known(exc: BaseException) -> tuple[str, str | None, int] | None:
     if isinstance(exc, click_exceptions.NoSuchOption):
         from specgen.cli.options import foreign_hint
 
-        hint = foreign_hint(exc.option_name, exc.ctx.command if exc.ctx is not None else None)
+        hint = foreign_hint(exc.option_name, exc.ctx)
         if hint is not None:  # another tool's spelling: what specgen calls it, not Click's guesses
             return exc.message, hint, EXIT_USAGE
     if isinstance(exc, click_exceptions.UsageError):  # unknown option, bad value, missing argument

@@ -144,11 +144,11 @@ FOREIGN = {
 }
 
 
-def foreign_hint(option: str, command) -> str | None:
-    """What to write instead of another tool's option, for the command it was given to."""
+def foreign_hint(option: str, ctx) -> str | None:
+    """What to write instead of another tool's option, for the command (click context) it was given to."""
     if option == "--prompt":
-        positional = "prompt" in {param.name for param in command.params} if command is not None else False
-        return ("the prompt is the positional argument: specgen generate \"TEXT\"" if positional
+        positional = ctx is not None and "prompt" in {param.name for param in ctx.command.params}
+        return (f"the prompt is the positional argument: {ctx.command_path} \"TEXT\"" if positional
                 else "give the prompts in a file: --prompts-file FILE")
     return FOREIGN.get(option)
 

@@ -88,9 +88,10 @@ def load_profile(
     return profile
 
 
-def mistaken_prompt(name: str, positional: bool, command: str = "specgen generate") -> None:
+def mistaken_prompt(name: str, positional: bool, command: str) -> None:
     """Refuse a --profile value that finds no profile and reads like a prompt (words, code): -p is
-    llama.cpp's prompt option. positional: the command takes its prompt as an argument."""
+    llama.cpp's prompt option. positional: the command (`specgen generate`) takes its prompt as an
+    argument."""
     prose = any(c.isspace() or c in "()[]{}:;,=<>\"'" for c in name) and not name.endswith(".toml")
     if not prose or _findable(name):
         return
