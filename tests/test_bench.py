@@ -666,6 +666,19 @@ def test_one_proposer_keeps_the_table_without_a_proposer_column(tiny, monkeypatc
     assert "recommended k at temperature 0: 2" in err
 
 
+@pytest.mark.parametrize("option, value, example", [
+    ("--k", "4,,5", "1,2,4"), ("--k", "4,", "1,2,4"), ("-t", "0,,1", "0,0.8"), ("--proposer", "draft,,ngram", "draft,ngram"),
+    ("--coupling", "rejection,,gumbel", "rejection,gumbel"), ("--baseline", "target-only,,hf", "target-only,hf"),
+])
+def test_an_empty_entry_of_a_comma_list_is_refused(tiny, monkeypatch, option, value, example):
+    """As tune-kernels refuses `--rows 1,,5`: an entry left out is more likely a typo than a wish."""
+    from cli_helpers import assert_error
+
+    name = {"-t": "--temperature"}.get(option, option)
+    assert_error(specgen(monkeypatch, "bench", "-p", tiny, option, value), 2, f"{name} {value!r} has an empty entry",
+                 f"hint: e.g. {name} {example}")
+
+
 def test_proposer_list_is_checked_before_any_model_loads(tiny, tmp_path, monkeypatch):
     """Names the settings do not define, a proposer the profile cannot run and the target-only kind
     are usage errors (exit 2) found before loading: loading here would fail the test with exit 1."""
@@ -681,6 +694,9 @@ def test_proposer_list_is_checked_before_any_model_loads(tiny, tmp_path, monkeyp
     cases = [
         ((tiny, "--proposer", "ngram,eagle2"), ("--proposer eagle2",)),
         ((tiny, "--proposer", " , "), ("--proposer is empty",)),
+        ((tiny, "--proposer", "draft,,ngram"), ("--proposer 'draft,,ngram' has an empty entry",
+                                                 "hint: e.g. --proposer draft,ngram")),
+
         ((tiny, "--proposer", "draft,none"), ("--proposer none drafts nothing", "--baseline target-only")),
         ((draftless, "--proposer", "ngram,draft"), ("the draft proposer needs a draft model",)),
         ((write_profile(tmp_path / "none.toml", target, None, proposer={"kind": "none"}),),

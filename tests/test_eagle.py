@@ -314,7 +314,19 @@ def test_missing_folder_and_files(tmp_path, saved):
     (lambda raw: raw.update(eagle_aux_hidden_state_layer_ids=[1, 2]), "aux_layer_ids = [1, 2] must be three"),
     (lambda raw: raw["transformer_layer_config"].update(rope_scaling={"rope_type": "bogus"}),
      "rope_scaling type 'bogus' is not one of"),
-])
+    (lambda raw: raw["transformer_layer_config"].update(num_attention_heads=0, head_dim=None),
+     "num_attention_heads = 0 must be a positive integer"),
+    (lambda raw: raw["transformer_layer_config"].update(rope_scaling="linear"),
+     'rope_scaling = "linear" must be an object, such as {"rope_type": "linear", "factor": 2.0}, or null'),
+    (lambda raw: raw["transformer_layer_config"].update(rope_scaling={"rope_type": "dynamic"}),
+     'rope_scaling of type "dynamic" needs a `factor`'),
+    (lambda raw: raw["transformer_layer_config"].update(rope_scaling={"type": "linear", "factor": "x"}),
+     "rope_scaling's factor = \"x\" must be a number >= 1"),
+    (lambda raw: raw["transformer_layer_config"].update(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+     'rope_scaling = {"rope_type": "llama3", "factor": 8.0} cannot be used: Missing required keys'),
+], ids=["architecture", "speculators type", "no draft vocab", "no hidden size", "layers", "activation",
+        "norm before fc", "draft vocab 0", "draft vocab too large", "two aux ids", "rope type", "no heads",
+        "rope scaling a string", "rope scaling without factor", "rope factor a string", "llama3 keys missing"])
 def test_config_errors(saved, change, expected):
     folder, head = saved
     edit_config(folder, change)

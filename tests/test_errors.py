@@ -95,7 +95,9 @@ def test_profile_path_that_is_a_directory(monkeypatch, tmp_path):
 @pytest.mark.parametrize("options, allowed", [
     (["--k", "0"], "from 1 to 32"),
     (["--k", "33"], "from 1 to 32"),
-    (["--temperature=-0.5"], ">= 0"),
+    (["--temperature=-0.5"], "from 0 (greedy) to 100"),
+    (["-t", "1e300"], "from 0 (greedy) to 100"),
+    (["--repetition-penalty", "1e300"], "from 0.01 to 100"),
     (["--top-p", "0"], "(0, 1]"),
     (["--top-p", "1.5"], "(0, 1]"),
     (["--top-k=-2"], "-1 (off) or >= 1"),
@@ -105,7 +107,7 @@ def test_profile_path_that_is_a_directory(monkeypatch, tmp_path):
     (["--max-tokens", "0"], ">= 1"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_out_of_range_options(monkeypatch, tiny, options, allowed):
-    option = options[0].split("=")[0]
+    option = {"-t": "--temperature"}.get(options[0], options[0].split("=")[0])
     assert_error(run(monkeypatch, tiny, *options, "hi"), 2, f"{option} ", "is not allowed", allowed)
 
 
@@ -126,6 +128,54 @@ def test_min_tokens_above_max_tokens(monkeypatch, tiny):
 ], ids=["unknown option", "bad int", "bad choice", "missing argument", "unknown command"])
 def test_click_usage_errors(monkeypatch, args, fragments):
     assert_error(specgen(monkeypatch, *args), 2, *fragments)
+
+
+@pytest.mark.parametrize("command, fragment, hint", [
+    ("generate", "the prompt is the positional argument", "hint: specgen generate 'def quicksort(arr):'"),
+    ("bench", "specgen bench reads prompts from --prompts-file", "hint: give -p a profile name"),
+])
+def test_a_prompt_given_to_p_is_named_as_such(monkeypatch, command, fragment, hint):
+    """llama.cpp's -p is its prompt; specgen's is --profile. Said before a terminal's stdin would be
+    waited for as the prompt."""
+    result = specgen(monkeypatch, command, "-p", "def quicksort(arr):", tty=True)
+    assert_error(result, 2, "`def quicksort(arr):` was taken as a profile name (-p is --profile in specgen), and no "
+                 "profile has it; " + fragment, hint)
+
+
+@pytest.mark.parametrize("alias, value, meant", [
+    ("--temp", "500", "--temperature 500.0 is not allowed"),
+    ("--n-predict", "0", "--max-tokens 0 is not allowed"),
+    ("--max-new-tokens", "0", "--max-tokens 0 is not allowed"),
+    ("--num-speculative-tokens", "40", "--k 40 is not allowed"),
+])
+def test_other_tools_spellings_of_the_same_option_are_accepted(monkeypatch, alias, value, meant):
+    """Read as specgen's own option: its checks name it (docs/cli.md, "Other tools' spellings")."""
+    assert_error(specgen(monkeypatch, "generate", alias, value, "hi"), 2, meant)
+
+
+def test_an_accepted_spelling_runs_as_the_option_it_stands_for(monkeypatch, tiny):
+    spelled = run(monkeypatch, tiny, "--temp", "0.7", "--seed", "3", "--n-predict", "5", "--format", "json", "-q", "hi")
+    own = run(monkeypatch, tiny, "--temperature", "0.7", "--seed", "3", "-n", "5", "--format", "json", "-q", "hi")
+    assert spelled.code == own.code == 0 and len(json.loads(spelled.stdout)["token_ids"]) == 5
+    assert json.loads(spelled.stdout)["token_ids"] == json.loads(own.stdout)["token_ids"]
+    assert_error(specgen(monkeypatch, "train-head", "--temp", "1"), 2, "No such option: --temp")  # it has no -t
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["generate", "--model", "m", "hi"], "specgen runs two models: --target (whose output you get) and --draft"),
+    (["generate", "-m", "m", "hi"], "specgen runs two models: --target (whose output you get) and --draft"),
+    (["generate", "--model-draft", "m", "hi"], "the draft model is --draft"),
+    (["generate", "--prompt", "hi"], 'the prompt is the positional argument: specgen generate "TEXT"'),
+    (["bench", "--prompt", "hi"], "give the prompts in a file: --prompts-file FILE"),
+    (["generate", "--repeat-penalty", "1.1", "hi"], "use --repetition-penalty (vLLM's"),
+    (["generate", "--draft-max", "4", "hi"], "the draft tokens per round are --k"),
+    (["bench", "--speculative-config", "{}"], "specgen takes --draft (or --proposer"),
+    (["generate", "-s", "1", "hi"], "the seed is --seed"),
+], ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else None)
+def test_other_tools_spellings_that_differ_say_what_to_write(monkeypatch, args, hint):
+    result = specgen(monkeypatch, *args)
+    assert_error(result, 2, f"No such option: {args[1]}", f"hint: {hint}")
+    assert "Possible options" not in result.stderr
 
 
 def test_bare_specgen_shows_the_usage_and_exits_2(monkeypatch):
@@ -238,9 +288,93 @@ def copy_checkpoint(source: Path, dest: Path, *patterns: str) -> Path:
     return dest
 
 
-def test_missing_checkpoint_folder(monkeypatch, tiny, tmp_path):
+def test_missing_checkpoint_folder_names_where_its_path_was_given(monkeypatch, tiny, tmp_path):
     result = run(monkeypatch, tiny, "--target", tmp_path / "nowhere", "hi")
-    assert_error(result, 1, f"checkpoint folder {tmp_path / 'nowhere'} not found", "hint: ")
+    assert_error(result, 1, f"checkpoint folder {tmp_path / 'nowhere'} not found", "hint: give --target a checkpoint "
+                 "folder")
+    assert "profile" not in result.stderr
+    profile = write_profile(tmp_path / "p.toml", tmp_path / "gone", None, proposer={"kind": "ngram"})
+    result = specgen(monkeypatch, "generate", "-p", profile, "hi")
+    assert_error(result, 1, f"checkpoint folder {tmp_path / 'gone'} not found", f"hint: set `path` in [target] of "
+                 f"{profile} to a checkpoint folder")
+
+
+def test_a_number_for_draft_is_taken_for_llama_cpps_draft_length(monkeypatch, tiny, tmp_path):
+    result = run(monkeypatch, tiny, "--draft", "4", "hi", env={"HF_HOME": str(tmp_path)})
+    assert_error(result, 1, "4 is neither a local folder nor in the local Hugging Face cache",
+                 "hint: --draft takes the draft model (a folder or a cached hub id); the draft tokens per round are --k")
+
+
+def test_a_profiles_head_stays_quiet_under_another_proposer(monkeypatch, tiny, tmp_path):
+    """Only --head itself is refused where nothing drafts with a head: a profile may keep its head
+    for the runs that choose --proposer eagle."""
+    profile = write_profile(tmp_path / "p.toml", tiny.target, tiny.draft, sampling={"max_tokens": 4},
+                            proposer={"kind": "eagle", "head": str(tmp_path / "no-head-here")})
+    result = specgen(monkeypatch, "generate", "-p", profile, "--proposer", "draft", "-q", "hi")
+    assert result.code == 0 and result.stderr == ""
+
+
+# The command runs in a fresh process with an empty hub cache and no GPU visible; it prints the
+# exit code and which of torch and transformers it imported.
+BEFORE_TORCH = (
+    "import json, sys\n"
+    "from specgen.cli import errors\n"
+    "from specgen.cli.main import app\n"
+    "code = errors.run(app, sys.argv[1:])\n"
+    "print(json.dumps([code, sorted({'torch', 'transformers'} & set(sys.modules))]))\n"
+)
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (["generate", "--target", "{tmp}/nowhere", "hi"], 1, "checkpoint folder {tmp}/nowhere not found"),
+    (["generate", "--target", "specgen-tests/not-cached", "hi"], 1, "specgen-tests/not-cached is neither a local "
+                                                                    "folder nor in the local Hugging Face cache"),
+    (["generate", "--draft", "{tmp}/nowhere", "hi"], 1, "checkpoint folder {tmp}/nowhere not found"),
+    (["generate", "--proposer", "eagle", "--head", "{tmp}/nowhere", "hi"], 2, "head folder {tmp}/nowhere not found"),
+    (["inspect-acceptance", "--target", "{tmp}/nowhere", "hi"], 1, "checkpoint folder {tmp}/nowhere not found"),
+    (["bench", "--target", "specgen-tests/not-cached"], 1, "specgen-tests/not-cached is neither"),
+    (["bench", "--proposer", "draft,eagle", "--head", "{tmp}/nowhere"], 2, "head folder {tmp}/nowhere not found"),
+    (["tune-kernels"], 2, "tune-kernels times the kernels on a CUDA GPU, and none is visible"),
+    (["generate", "--head", "{tmp}/nowhere", "hi"], 2, "--head gives the EAGLE-3 head that --proposer eagle drafts "
+                                                       "with, and this run's proposer is draft"),
+    (["bench", "--proposer", "draft,ngram", "--head", "{tmp}/nowhere"], 2, "--head gives the EAGLE-3 head that "
+     "--proposer eagle drafts with, and this run's proposers are draft, ngram"),
+], ids=["target folder", "hub id", "draft folder", "head folder", "inspect", "bench hub id", "bench head",
+        "tune-kernels", "head without eagle", "bench head without eagle"])
+def test_what_needs_no_model_is_reported_before_torch_is_imported(tmp_path, args, code, fragment):
+    """Importing torch takes seconds: a path that names nothing, or a machine without a GPU, is
+    answered without it."""
+    env = subprocess_env(HF_HOME=str(tmp_path / "hf-home"), CUDA_VISIBLE_DEVICES="")
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        env.pop(name, None)
+    args = [arg.format(tmp=tmp_path) for arg in args]
+    proc = subprocess.run([sys.executable, "-c", BEFORE_TORCH, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert json.loads(proc.stdout) == [code, []], proc.stderr
+    assert proc.stderr.startswith(f"specgen: error: {fragment.format(tmp=tmp_path)}"), proc.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads a Linux machine's device files")
+def test_a_gpu_is_told_apart_from_none_without_torch(tmp_path):
+    """A GPU machine is never refused: NVIDIA's driver or device files, WSL's or ROCm's GPU device
+    each leave the answer to torch; only their absence, or CUDA_VISIBLE_DEVICES hiding every
+    device, is certain."""
+    from specgen.cli.tune import no_gpu_visible
+
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "proc").mkdir()
+    assert no_gpu_visible(tmp_path, {})
+    assert no_gpu_visible(tmp_path, {"CUDA_VISIBLE_DEVICES": "0"})
+    for device in ("dev/nvidia0", "dev/dxg", "dev/kfd", "proc/driver/nvidia"):
+        (tmp_path / device).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / device).touch()
+        assert not no_gpu_visible(tmp_path, {}), device
+        assert not no_gpu_visible(tmp_path, {"CUDA_VISIBLE_DEVICES": "1,0"}), device
+        assert no_gpu_visible(tmp_path, {"CUDA_VISIBLE_DEVICES": ""}) and no_gpu_visible(
+            tmp_path, {"CUDA_VISIBLE_DEVICES": "-1"}), device
+        (tmp_path / device).unlink()
+    (tmp_path / "dev" / "nvidiactl").touch()  # the control device alone: no GPU
+    assert no_gpu_visible(tmp_path, {})
 
 
 @pytest.mark.parametrize("patterns, message", [
@@ -262,6 +396,33 @@ def test_truncated_weights_name_the_file(monkeypatch, tiny, tmp_path):
     assert_error(result, 1, f"{weights}: damaged or incomplete weights", "hint: copy or download the checkpoint again")
 
 
+@pytest.mark.parametrize("modeling", ["auto", "transformers"], ids=["specgen's Llama", "transformers"])
+@pytest.mark.parametrize("damage, reason", [
+    ("shape", "_proj.weight` has shape [%d, %d] in the files but config.json implies [%d, %d])"),
+    ("missing", "(1 tensors missing, e.g. model.layers.1.mlp.up_proj.weight)"),
+], ids=["shape", "missing"])
+def test_weights_that_do_not_match_config_json(monkeypatch, tiny, tmp_path, modeling, damage, reason):
+    """Whichever code runs the model: transformers would leave a missing tensor at random values and
+    tell a shape only in a report its quieted logging hides."""
+    from safetensors.torch import load_file, save_file
+
+    folder = copy_checkpoint(tiny.target, tmp_path / "damaged", "*")
+    if damage == "shape":
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"intermediate_size": 100}))
+    else:
+        tensors = load_file(folder / "model.safetensors")
+        del tensors["model.layers.1.mlp.up_proj.weight"]
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    profile = write_profile(tmp_path / "p.toml", folder, None, proposer={"kind": "none"},
+                            runtime={"threads": 1, "modeling": modeling})
+    result = specgen(monkeypatch, "generate", "-p", profile, "hi")
+    assert_error(result, 1, f"{folder}: the weights do not match config.json (", "hint: copy or download the checkpoint "
+                 "again")
+    shapes = [(128, 64, 100, 64), (64, 128, 64, 100)]  # gate or up, or down (the first named)
+    assert any(reason % shape in result.stderr for shape in shapes) if damage == "shape" else reason in result.stderr
+
+
 def test_invalid_config_json_gives_line_and_column(monkeypatch, tiny, tmp_path):
     folder = copy_checkpoint(tiny.target, tmp_path / "bad-config", "*")
     (folder / "config.json").write_text('{\n  "model_type": "llama",\n}\n')
@@ -276,6 +437,28 @@ def test_chat_template_refused_by_the_sandbox(monkeypatch, tiny, tmp_path):
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "--chat", "hi")
     assert_error(result, 1, f"the chat template of {folder} failed: SecurityError", "hint: fix the template")
+
+
+@pytest.mark.parametrize("template", [5, [1, 2], {"default": 3}, [{"name": "default", "template": None}]],
+                         ids=["number", "list of numbers", "object of a number", "named entry without text"])
+@pytest.mark.parametrize("chat", [True, False], ids=["--chat", "no --chat"])
+def test_a_chat_template_that_is_not_text(monkeypatch, tiny, tmp_path, template, chat):
+    folder = copy_checkpoint(tiny.target, tmp_path / "odd-template", "*")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": template}))
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", *(["--chat"] if chat else []), "hi")
+    assert_error(result, 1, f"{folder / 'tokenizer_config.json'}: `chat_template` is {json.dumps(template)}; expected "
+                 "a string", "hint: fix the file")
+
+
+def test_named_chat_templates_without_a_default(monkeypatch, tiny, tmp_path):
+    folder = copy_checkpoint(tiny.target, tmp_path / "named-templates", "*")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    templates = [{"name": "tool_use", "template": "{{ messages[0].content }}"}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": templates}))
+    result = run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "--chat", "hi")
+    assert_error(result, 2, "this tokenizer's chat templates (tool_use) have none named default", "hint: drop --chat")
+    assert run(monkeypatch, tiny, "--target", folder, "--proposer", "none", "-q", "hi").code == 0
 
 
 def test_hub_id_not_in_the_cache_while_offline(tiny, tmp_path):

@@ -298,10 +298,22 @@ def test_mtp_greedy_equals_target_only_and_drafts_follow_the_layer(mtp_target):
     assert checked >= 6
 
 
-def test_mtp_on_a_checkpoint_without_mtp_layers_is_refused(headed, tmp_path, monkeypatch):
-    target = headed[0]
-    profile = write_profile(tmp_path / "p.toml", target, None, proposer={"kind": "mtp"})
-    assert_error(specgen(monkeypatch, "generate", "-p", profile, "-n", "2", "hi"), 2, "no MTP layers")
+@pytest.mark.parametrize("modeling", ["auto", "transformers"], ids=["specgen's Llama", "transformers"])
+def test_mtp_on_a_checkpoint_without_mtp_layers_is_refused(headed, tmp_path, monkeypatch, modeling):
+    """The refusal names the checkpoint's model type and tells a count that is absent from one that
+    is there, whichever code runs the target (specgen's own Llama keeps neither in its config)."""
+    import shutil
+
+    target = shutil.copytree(headed[0], tmp_path / "target")
+    profile = write_profile(tmp_path / "p.toml", target, None, proposer={"kind": "mtp"},
+                            runtime={"threads": 1, "modeling": modeling})
+    assert_error(specgen(monkeypatch, "generate", "-p", profile, "-n", "2", "hi"), 2,
+                 "num_nextn_predict_layers is missing in the llama config: this checkpoint ships no MTP layers")
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(config | {"num_nextn_predict_layers": 1}))
+    result = specgen(monkeypatch, "generate", "-p", profile, "-n", "2", "hi")
+    assert_error(result, 2, "MTP layers of model type 'llama' are not supported (known: deepseek_v3, glm4_moe)")
+    assert "missing" not in result.stderr
 
 
 @pytest.mark.slow

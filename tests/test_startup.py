@@ -30,7 +30,7 @@ def _placements(monkeypatch, device: torch.device, **spec) -> dict:
 
     def from_pretrained(loader, name, spec, **kwargs):
         seen.update(kwargs)
-        return torch.nn.Module()
+        return torch.nn.Module(), {}  # the model and its loading report (output_loading_info)
 
     monkeypatch.setattr(models, "_locate", lambda spec, allow_pickle, download: ("/checkpoint", True))
     monkeypatch.setattr(models, "resolve_device", lambda spec: device)

@@ -141,8 +141,8 @@ def bench(
 
 def validate(settings_for, plan, named: bool) -> None:
     """Every (proposer, k, temperature) through the profile's own checks (a proposer kind the settings
-    do not define; one the profile cannot run, such as draft without [draft]), before torch is
-    imported and any model loads. The target-only kind is the baseline, not a proposer to compare.
+    do not define; one the profile cannot run, such as draft without [draft]), and the checkpoints
+    they need on disk, before torch is imported and any model loads. The target-only kind is the baseline, not a proposer to compare.
     named: the proposers came from --proposer (else the profile's own)."""
     from specgen.core.errors import UsageError
 
@@ -155,6 +155,9 @@ def validate(settings_for, plan, named: bool) -> None:
             raise UsageError(f"{what} drafts nothing: it is the target-only baseline",
                              hint="pass --proposer with proposers that draft; target-only runs as "
                                   "--baseline target-only")
+    from specgen.cli.loading import check_before_loading
+
+    check_before_loading(engine_settings(settings_for, plan), plan.proposers)
 
 
 def engine_settings(settings_for, plan):
@@ -252,12 +255,11 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
 def parse_list(text: str, kind, option: str) -> tuple:
     from specgen.core.errors import UsageError
 
+    example = "1,2,4" if kind is int else "0,0.8"
     try:
-        values = tuple(kind(part) for part in text.split(",") if part.strip())
+        values = tuple(kind(part) for part in opt.comma_list(text, option, example))
     except ValueError:
-        raise UsageError(f"{option} takes a comma list of numbers, got {text!r}", hint=f"e.g. {option} 1,2,4") from None
-    if not values:
-        raise UsageError(f"{option} is empty")
+        raise UsageError(f"{option} takes a comma list of numbers, got {text!r}", hint=f"e.g. {option} {example}") from None
     return tuple(dict.fromkeys(values))
 
 
@@ -269,32 +271,28 @@ def parse_couplings(text: str | None, default: str) -> tuple[str, ...]:
 
     if text is None:
         return (default, *(c for c in COUPLINGS if c != default))
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    names = tuple(dict.fromkeys(opt.comma_list(text, "--coupling", "rejection,gumbel")))
     unknown = [n for n in names if n not in COUPLINGS]
-    if unknown or not names:
-        raise UsageError(f"unknown coupling {unknown[0]!r}" if unknown else "--coupling is empty",
-                         hint="choose from rejection, gumbel (comma list)")
+    if unknown:
+        raise UsageError(f"unknown coupling {unknown[0]!r}", hint="choose from rejection, gumbel (comma list)")
     return names
 
 
 def parse_names(text: str | None, option: str) -> tuple[str, ...]:
     """A comma list of names, in order, without repeats; () when the option was not given. The names
     themselves are checked by the profile (bench's validate)."""
-    from specgen.core.errors import UsageError
-
     if text is None:
         return ()
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not names:
-        raise UsageError(f"{option} is empty", hint=f"e.g. {option} draft,ngram")
-    return names
+    return tuple(dict.fromkeys(opt.comma_list(text, option, "draft,ngram")))
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
     from specgen.core.bench_plan import BASELINES
     from specgen.core.errors import UsageError
 
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not text:  # --baseline "": the speculative runs alone
+        return ()
+    names = tuple(dict.fromkeys(opt.comma_list(text, "--baseline", "target-only,hf")))
     unknown = [n for n in names if n not in BASELINES]
     if unknown:
         raise UsageError(f"unknown baseline {unknown[0]!r}", hint=f"choose from {', '.join(BASELINES)}")

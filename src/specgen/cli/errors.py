@@ -61,6 +61,12 @@ def _known(exc: BaseException) -> tuple[str, str | None, int] | None:
         return exc.message, exc.hint, exc.exit_code
     if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, without importing torch
         return _out_of_memory(exc)
+    if isinstance(exc, click_exceptions.NoSuchOption):
+        from specgen.cli.options import foreign_hint
+
+        hint = foreign_hint(exc.option_name, exc.ctx)
+        if hint is not None:  # another tool's spelling: what specgen calls it, not Click's guesses
+            return exc.message, hint, EXIT_USAGE
     if isinstance(exc, click_exceptions.UsageError):  # unknown option, bad value, missing argument
         command = exc.ctx.command_path if exc.ctx is not None else "specgen"
         return exc.format_message(), f"see `{command} --help`", EXIT_USAGE

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from specgen.cli import render
@@ -15,20 +16,46 @@ def load_engine(settings, allow_pickle: bool, status: bool, proposers: tuple[str
     """Import torch and transformers and load the pair; status: the start-up status line on a
     terminal's stderr (shown from the first import on, not only once torch is in); proposers: the
     kinds the engine serves (bench's list; default the settings' own)."""
-    check_before_loading(settings)
+    check_before_loading(settings, proposers)
     with render.startup_status(enabled=status) as progress, collector_paused():
         from specgen.core.engine import Engine
 
         return Engine(settings, allow_pickle=allow_pickle, progress=progress, proposers=proposers)
 
 
-def check_before_loading(settings) -> None:
-    """What the settings need on disk besides the models, checked before a minute of loading: the
-    compile cache folder, which compile writes at the end of start-up (core/compile_cache.py)."""
+def check_before_loading(settings, proposers: tuple[str, ...] | None = None) -> None:
+    """What the run needs on disk, checked before torch is imported and a minute of loading: with
+    compile the compile cache folder (core/compile_cache.py), which compile writes at the end of
+    start-up, and the checkpoints the proposers need (a folder, or a hub id in the local cache) and
+    the head's folder. proposers: as load_engine's."""
+    from specgen.core.checkpoints import check_head_folder, check_present
+    from specgen.core.profile import origin
+
     if settings.speculation.compile:
         from specgen.core.compile_cache import check_writable
 
         check_writable(settings.speculation.compile_cache)
+    kinds = proposers or (settings.proposer.kind,)
+    drafters = {settings.proposer.drafter(kind) for kind in kinds}
+    check_head_option(settings, kinds, drafters)
+    download = settings.runtime.download
+    check_present(settings.target, download, origin(settings, "target.path"))
+    if "draft" in drafters and settings.draft is not None:
+        check_present(settings.draft, download, origin(settings, "draft.path"))
+    if "eagle" in drafters:
+        check_head_folder(Path(settings.proposer.head))
+
+
+def check_head_option(settings, kinds: tuple[str, ...], drafters: set[str]) -> None:
+    """--head names the EAGLE-3 head that --proposer eagle drafts with: given to a run in which no
+    proposer drafts with a head, it would be ignored, so it is refused."""
+    if "proposer.head" not in settings.options or "eagle" in drafters:
+        return
+    from specgen.core.errors import UsageError
+
+    which = f"proposers are {', '.join(kinds)}" if len(kinds) > 1 else f"proposer is {kinds[0]}"
+    raise UsageError(f"--head gives the EAGLE-3 head that --proposer eagle drafts with, and this run's {which}",
+                     hint="add --proposer eagle, or drop --head")
 
 
 @dataclass(frozen=True)

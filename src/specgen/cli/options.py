@@ -23,7 +23,19 @@ def _panel(title: str):
 _models, _speculation, _sampling = _panel("Models"), _panel("Speculation"), _panel("Sampling")
 prompts_option, output_option = _panel("Prompts"), _panel("Output")  # also for a command's own options
 
-Profile = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name or .toml path (default: demo).")]
+def _profile_value(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    """-p is llama.cpp's prompt: a value that finds no profile and reads like a prompt is refused as
+    soon as the command line is read (before a terminal's stdin is waited for as the prompt)."""
+    if value is not None:
+        from specgen.core.profile import mistaken_prompt
+
+        mistaken_prompt(value, positional="prompt" in {param.name for param in ctx.command.params},
+                        command=ctx.command_path)
+    return value
+
+
+Profile = Annotated[Optional[str], typer.Option(
+    "--profile", "-p", callback=_profile_value, help="Profile name or .toml path (default: demo).")]
 Target = Annotated[Optional[str], _models("--target", help="Target checkpoint: local folder or cached hub id.")]
 Draft = Annotated[Optional[str], _models("--draft", help="Draft checkpoint: local folder or cached hub id.")]
 Proposer = Annotated[Optional[str], _speculation(
@@ -108,8 +120,52 @@ class _Switches:
         return params
 
 
+# Other tools' spellings of specgen's options with the same meaning, accepted (not shown in --help):
+# llama.cpp's --temp and --n-predict, vLLM's --num-speculative-tokens, transformers' max_new_tokens.
+ALIASES = {"temp": "temperature", "n-predict": "max-tokens", "num-speculative-tokens": "k",
+           "max-new-tokens": "max-tokens"}
+
+# Spellings of llama.cpp and vLLM whose meaning differs, or that specgen splits in two: refused,
+# with what to write instead (cli/errors.py puts it in the hint).
+FOREIGN = {
+    "--model": "specgen runs two models: --target (whose output you get) and --draft (the small one that proposes)",
+    "-m": "specgen runs two models: --target (whose output you get) and --draft (the small one that proposes)",
+    "--model-draft": "the draft model is --draft",
+    "--speculative-model": "the draft model is --draft",
+    "--speculative-config": "specgen takes --draft (or --proposer ngram | eagle --head DIR | mtp) and --k",
+    "--draft-max": "the draft tokens per round are --k",
+    "--draft-n": "the draft tokens per round are --k",
+    "--repeat-penalty": "use --repetition-penalty (vLLM's: over the prompt and the output, not llama.cpp's last "
+                        "64 tokens)",
+    "-s": "the seed is --seed",
+    "--file": "a file of prompts is --prompts-file FILE (one prompt a line, or JSONL)",
+    "--ctx-size": "specgen takes the context from the model; --max-tokens bounds the output",
+    "--max-model-len": "specgen takes the context from the model; --max-tokens bounds the output",
+}
+
+
+def foreign_hint(option: str, ctx) -> str | None:
+    """What to write instead of another tool's option, for the command (click context) it was given to."""
+    if option == "--prompt":
+        positional = ctx is not None and "prompt" in {param.name for param in ctx.command.params}
+        return (f"the prompt is the positional argument: {ctx.command_path} \"TEXT\"" if positional
+                else "give the prompts in a file: --prompts-file FILE")
+    return FOREIGN.get(option)
+
+
 class Command(_Switches, TyperCommand):
-    pass
+    def make_context(self, info_name, args, parent=None, **extra):
+        """With ALIASES read as the option each stands for, where this command has that option."""
+        names = {name for param in self.params for name in getattr(param, "opts", ())}
+        extra.setdefault("token_normalize_func", lambda name: _alias(name, names))
+        return super().make_context(info_name, args, parent, **extra)
+
+
+def _alias(name: str, names: set[str]) -> str:
+    """Click's token normalizer: an option's name without its dashes (also a choice's value, which
+    no alias equals)."""
+    meant = ALIASES.get(name)
+    return meant if meant is not None and f"--{meant}" in names else name
 
 
 class Group(_Switches, TyperGroup):
@@ -123,6 +179,19 @@ def prompts_path(prompts_file: Path | None, prompts: Path | None) -> Path | None
     if prompts_file is not None and prompts is not None:
         raise UsageError("give --prompts-file once (--prompts is its old name)")
     return prompts_file if prompts_file is not None else prompts
+
+
+def comma_list(text: str, option: str, example: str) -> list[str]:
+    """The entries of a comma-separated option value, stripped. An empty entry (`4,,5`, a trailing
+    comma) is refused, not dropped: it is more likely a value left out than one too many."""
+    from specgen.core.errors import UsageError
+
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise UsageError(f"{option} is empty", hint=f"e.g. {option} {example}")
+    if not all(parts):
+        raise UsageError(f"{option} {text!r} has an empty entry", hint=f"e.g. {option} {example}")
+    return parts
 
 
 HIGH_TEMPERATURE = 2.0

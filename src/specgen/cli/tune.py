@@ -15,6 +15,7 @@ time before and after.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -37,12 +38,13 @@ def tune_kernels(
     from specgen.core.profile import load_profile
 
     settings = load_profile(profile, opt.overrides(download=download))
+    if no_gpu_visible():  # told in a millisecond; torch's answer takes seconds of imports
+        raise _no_gpu()
     sizes = _rows(rows, settings.speculation.k)
     import torch
 
     if not torch.cuda.is_available():
-        raise UsageError("tune-kernels times the kernels on a CUDA GPU, and none is visible",
-                         hint="Run it on the machine (and GPU) that runs specgen.")
+        raise _no_gpu()
     # progress on stderr, each shape as it is done (the whole takes minutes); the report on stdout
     table, lines = run(settings, sizes, torch.device("cuda"), in_step=in_step,
                        progress=lambda line: print(f"specgen: {line}", file=sys.stderr, flush=True))
@@ -51,11 +53,32 @@ def tune_kernels(
     typer.echo(f"written: {table}")
 
 
+def _no_gpu() -> UsageError:
+    return UsageError("tune-kernels times the kernels on a CUDA GPU, and none is visible",
+                      hint="Run it on the machine (and GPU) that runs specgen.")
+
+
+def no_gpu_visible(root: Path = Path("/"), environ=None) -> bool:
+    """Whether torch will certainly see no CUDA GPU, told without importing it: CUDA_VISIBLE_DEVICES
+    hides every device ("" or a first entry of -1), or a Linux machine has neither NVIDIA's driver
+    (proc/driver/nvidia) nor its device files (dev/nvidia0, ...), nor WSL's (dev/dxg) or ROCm's
+    (dev/kfd) GPU device, through which torch.cuda also finds GPUs. Elsewhere (Windows) torch decides.
+    root and environ: the file system and environment looked at (tests)."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.split(",")[0].strip() in ("", "-1"):
+        return True
+    if not sys.platform.startswith("linux"):
+        return sys.platform == "darwin"  # no CUDA build of torch runs on macOS
+    devices = ("proc/driver/nvidia", "dev/dxg", "dev/kfd")
+    return not any((root / path).exists() for path in devices) and not any((root / "dev").glob("nvidia[0-9]*"))
+
+
 def _rows(text: str, k: int) -> tuple[int, ...]:
     from specgen.gpu.linear import MAX_ROWS  # noqa: PLC0415 (Triton only once the options are valid)
 
     try:
-        sizes = tuple(int(part) for part in text.split(",")) if text else (1, k + 1)
+        sizes = tuple(int(part) for part in opt.comma_list(text, "--rows", "1,5")) if text else (1, k + 1)
     except ValueError:
         raise UsageError(f"--rows {text!r}: not a comma-separated list of integers", hint="For example --rows 1,5.")
     if not all(1 <= size <= MAX_ROWS for size in sizes):

@@ -27,6 +27,8 @@ core/head_formats.py reads and writes them.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +95,8 @@ class Eagle3Config:
             # forward tells fused from unfused features by their width
             raise ValueError(f"hidden_size ({self.hidden_size}) = 3 × target_hidden_size: "
                              "specgen cannot tell the target's features from the head's own")
+        if self.rope_scaling is not None:
+            _check_rope_scaling(self.rope_scaling)
         if self.aux_layer_ids is not None:
             ids = tuple(self.aux_layer_ids)
             if len(ids) != 3 or any(not isinstance(i, int) or i < 0 for i in ids):
@@ -109,6 +113,33 @@ class Eagle3Config:
         return dataclasses.replace(self, **changes)
 
 
+def rope_type(scaling: dict[str, Any] | None) -> str:
+    """transformers' rope type of a rope_scaling dict (its older key `type` too); "default" unscaled."""
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+# rope types whose frequencies transformers derives from a scaling `factor` it requires
+FACTOR_TYPES = ("linear", "dynamic", "yarn", "llama3")
+
+
+def _check_rope_scaling(scaling: object) -> None:
+    """What a damaged config gets wrong before transformers' rope functions see it: they would fail
+    with an AttributeError or a KeyError, or warn on stderr, far from the config's key."""
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling = {json.dumps(scaling)} must be an object, such as "
+                         '{"rope_type": "linear", "factor": 2.0}, or null')
+    kind = rope_type(scaling)
+    if not isinstance(kind, str):
+        raise ValueError(f"rope_scaling's rope_type = {json.dumps(kind)} must be a string")
+    factor = scaling.get("factor")
+    if kind in FACTOR_TYPES and factor is None:
+        raise ValueError(f'rope_scaling of type "{kind}" needs a `factor`: {json.dumps(scaling)}')
+    if factor is not None and not (isinstance(factor, (int, float)) and not isinstance(factor, bool)
+                                   and math.isfinite(factor) and factor >= 1):
+        raise ValueError(f"rope_scaling's factor = {json.dumps(factor)} must be a number >= 1")
+
+
 class Rotary(nn.Module):
     """Llama's rotary embedding (rotate-half form) at explicit positions. Scaled variants
     (llama3, yarn, ...) take their frequencies from transformers' own table of rope types."""
@@ -120,8 +151,7 @@ class Rotary(nn.Module):
 
     @staticmethod
     def _frequencies(config: Eagle3Config) -> tuple[torch.Tensor, float]:
-        scaling = config.rope_scaling or {}
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        scaling, kind = config.rope_scaling or {}, rope_type(config.rope_scaling)
         if kind == "default":
             steps = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
             return 1.0 / (config.rope_theta ** steps), 1.0
@@ -130,10 +160,14 @@ class Rotary(nn.Module):
 
         if kind not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"rope_scaling type {kind!r} is not one of {', '.join(ROPE_INIT_FUNCTIONS)}")
-        llama = LlamaConfig(hidden_size=config.num_attention_heads * config.head_dim, head_dim=config.head_dim,
-                            num_attention_heads=config.num_attention_heads, rope_theta=config.rope_theta,
-                            rope_scaling=dict(scaling), max_position_embeddings=config.max_position_embeddings)
-        inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](llama, None)
+        try:
+            llama = LlamaConfig(hidden_size=config.num_attention_heads * config.head_dim, head_dim=config.head_dim,
+                                num_attention_heads=config.num_attention_heads, rope_theta=config.rope_theta,
+                                rope_scaling=dict(scaling), max_position_embeddings=config.max_position_embeddings)
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](llama, None)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # a key the type needs, of a bad value
+            raise ValueError(f"rope_scaling = {json.dumps(scaling)} cannot be used: "
+                             f"{exc.args[0] if exc.args else type(exc).__name__}") from None
         return inv_freq.float(), float(scale)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

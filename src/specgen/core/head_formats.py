@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specgen.core.checkpoints import HEAD_HINT, check_head_folder
 from specgen.core.eagle import Eagle3Config, Eagle3Head
 from specgen.core.errors import UsageError
 
@@ -32,7 +33,6 @@ SPECULATORS = "Eagle3Speculator"
 SPECULATORS_ARCHITECTURES = (SPECULATORS, "Eagle3DraftModel")
 ORIGINAL = "LlamaForCausalLMEagle3"
 EMBEDDING = "embed_tokens.weight"
-HINT = "give the folder that train-head wrote, or an EAGLE-3 head in the speculators or EAGLE-3 format"
 
 
 def save_speculators(head: Eagle3Head, folder: Path | str, verifier_name: str,
@@ -124,18 +124,14 @@ def load_head(folder: Path | str, embedding: torch.Tensor | None = None, capacit
 
 def read_config(folder: Path) -> tuple[str, Eagle3Config]:
     """(format, config): format is "speculators" or "eagle3"."""
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "not found"
-        raise UsageError(f"head folder {folder} {what}", hint=HINT)
+    check_head_folder(folder)
     path = folder / "config.json"
-    if not path.is_file():
-        raise UsageError(f"{folder} has no config.json: it is not an EAGLE-3 head folder", hint=HINT)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read it as JSON ({exc})", hint=HINT) from None
+        raise UsageError(f"{path}: cannot read it as JSON ({exc})", hint=HEAD_HINT) from None
     if not isinstance(raw, dict):
-        raise UsageError(f"{path}: not a JSON object", hint=HINT)
+        raise UsageError(f"{path}: not a JSON object", hint=HEAD_HINT)
     kind = _format(path, raw)
     try:
         config = _speculators_fields(raw) if kind == "speculators" else _original_fields(raw)
@@ -155,13 +151,13 @@ def _format(path: Path, raw: dict) -> str:
     if model_type == "eagle3" or any(a in SPECULATORS_ARCHITECTURES for a in archs):
         if model_type != "eagle3":
             raise UsageError(f"{path}: speculators model type `{model_type}` is not an EAGLE-3 head (`eagle3`)",
-                             hint=HINT)
+                             hint=HEAD_HINT)
         return "speculators"
     if ORIGINAL in archs:
         return "eagle3"
     named = ", ".join(map(str, archs)) or "none"
     raise UsageError(f"{path}: architecture {named} is not an EAGLE-3 head; specgen reads "
-                     f"{SPECULATORS} (speculators) and {ORIGINAL} (EAGLE-3)", hint=HINT)
+                     f"{SPECULATORS} (speculators) and {ORIGINAL} (EAGLE-3)", hint=HEAD_HINT)
 
 
 def _layer_fields(layer: dict) -> dict[str, Any]:
@@ -171,11 +167,13 @@ def _layer_fields(layer: dict) -> dict[str, Any]:
         if layer.get(key, wanted) != wanted:
             raise ValueError(f"{key} = {json.dumps(layer[key])} is not supported: specgen's EAGLE-3 head "
                              f"is one Llama layer ({key} = {json.dumps(wanted)})")
-    heads = layer["num_attention_heads"]
+    heads, hidden = layer["num_attention_heads"], layer["hidden_size"]
+    whole = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (heads, hidden))
     return {
-        "hidden_size": layer["hidden_size"], "intermediate_size": layer["intermediate_size"],
+        "hidden_size": hidden, "intermediate_size": layer["intermediate_size"],
         "num_attention_heads": heads, "num_key_value_heads": layer.get("num_key_value_heads", heads),
-        "head_dim": layer.get("head_dim") or layer["hidden_size"] // heads,
+        # else Eagle3Config names the field that is not a positive integer
+        "head_dim": layer.get("head_dim") or (hidden // heads if whole else None),
         "rms_norm_eps": float(layer.get("rms_norm_eps", 1e-6)), "rope_theta": float(layer.get("rope_theta", 10000.0)),
         "rope_scaling": layer.get("rope_scaling"),
         "max_position_embeddings": layer.get("max_position_embeddings", 2048),

@@ -341,9 +341,11 @@ def build_heads(drafters: set[str], proposer, target, target_folder, capacity: i
         head_config = check_against(head.config, config, where=f"the head {proposer.head}")
         built["eagle"] = (head, list(head_config.aux_layer_ids))
     if "mtp" in wanted:
-        from specgen.core.mtp import load_mtp_layers
+        from specgen.core.mtp import declared, load_mtp_layers, mtp_layers
 
-        mtp = load_mtp_layers(target_folder(), config, dtype)
+        folder = target_folder()
+        mtp_layers(declared(folder))  # the checkpoint's own model type and count, named in any refusal
+        mtp = load_mtp_layers(folder, config, dtype)
         built["mtp"] = (mtp[0].to(device), [layers])  # the first layer drafts every step (vLLM's rule for one)
     spans = {}
     for kind, (_, ids) in built.items():

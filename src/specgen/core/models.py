@@ -15,16 +15,19 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specgen.core.step import config as step_config
-from specgen.core.step.model import GrowingCache, OwnedModel
+from specgen.core.chat import check_templates
+from specgen.core.checkpoints import folder_not_found, is_local_path, no_config, not_in_hub_cache
 from specgen.core.errors import ModelError
 from specgen.core.settings import ModelSpec, Profile, RuntimeSpec
+from specgen.core.step import config as step_config
+from specgen.core.step.model import GrowingCache, OwnedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,10 +87,6 @@ def resolve_dtype(spec: ModelSpec, device: torch.device) -> torch.dtype:
     return DTYPES[spec.dtype]
 
 
-def _is_local_path(path: str) -> bool:
-    return os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path) or path.count("/") > 1
-
-
 def _check_weights(folder: Path, allow_pickle: bool) -> bool:
     """Returns whether to insist on safetensors; refuses pickle-only checkpoints unless allowed."""
     if any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
@@ -107,13 +106,13 @@ def _check_weights(folder: Path, allow_pickle: bool) -> bool:
 def _locate(spec: ModelSpec, allow_pickle: bool, download: bool) -> tuple[str, bool]:
     """Returns (checkpoint folder, use_safetensors); a hub id becomes its snapshot folder in the cache."""
     path = os.path.expanduser(spec.path)
-    if not _is_local_path(path):
+    if not is_local_path(path):
         path = _hub_snapshot(spec, allow_pickle, download)
     folder = Path(path)
     if not folder.is_dir():
-        raise ModelError(f"checkpoint folder {spec.path} not found", hint="check the profile's path")
+        raise folder_not_found(spec)
     if not (folder / "config.json").is_file():
-        raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder")
+        raise no_config(spec)
     _check_json(folder / "config.json")
     return str(folder), _check_weights(folder, allow_pickle)
 
@@ -123,10 +122,9 @@ def load_config(spec: ModelSpec, download: bool = False):
     from transformers import AutoConfig
 
     path = os.path.expanduser(spec.path)
-    folder = Path(path if _is_local_path(path) else _hub_snapshot(spec, False, download))
+    folder = Path(path if is_local_path(path) else _hub_snapshot(spec, False, download))
     if not (folder / "config.json").is_file():
-        raise ModelError(f"{spec.path} has no config.json: it is not a Hugging Face checkpoint folder",
-                         hint="check the profile's path")
+        raise no_config(spec)
     _check_json(folder / "config.json")
     return AutoConfig.from_pretrained(folder, trust_remote_code=spec.trust_remote_code)
 
@@ -144,10 +142,7 @@ def _hub_snapshot(spec: ModelSpec, allow_pickle: bool, download: bool) -> str:
         return snapshot_download(spec.path, revision=spec.revision, local_files_only=not download,
                                  allow_patterns=patterns)
     except LocalEntryNotFoundError:
-        revision = f" at revision {spec.revision}" if spec.revision else ""
-        raise ModelError(f"{spec.path}{revision} is neither a local folder nor in the local Hugging Face cache",
-                         hint=f"download it first (`hf download {spec.path}`), pass --download to let specgen "
-                         "fetch it, or point path at a local folder") from None
+        raise not_in_hub_cache(spec) from None
     except (OSError, ValueError) as exc:  # a malformed hub id, or the network when downloading
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"could not {'download' if download else 'find'} {spec.path}: {first_line}") from None
@@ -180,7 +175,7 @@ def _from_pretrained(loader, name: str, spec: ModelSpec, **kwargs):
 
 def _damaged(name: str, exc: Exception) -> ModelError:
     """A weights file cut short (an interrupted copy or download) or damaged."""
-    damaged = _damaged_safetensors(Path(name)) if _is_local_path(name) else None
+    damaged = _damaged_safetensors(Path(name)) if is_local_path(name) else None
     return ModelError(f"{damaged or name}: damaged or incomplete weights ({str(exc).splitlines()[0]})",
                       hint="copy or download the checkpoint again")
 
@@ -226,6 +221,7 @@ def load_tokenizer(spec: ModelSpec, allow_pickle: bool = False, download: bool =
     if os.path.isdir(name) and not any(any(Path(name).glob(pattern)) for pattern in _TOKENIZER_FILES):
         raise ModelError(f"{spec.path} has no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
                          hint="copy the tokenizer files of the model into the folder")
+    check_templates(Path(name))
     if _plain_fast_tokenizer(Path(name)):
         from specgen.core import tokenizer
 
@@ -289,12 +285,56 @@ def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = Fal
     kwargs = {"dtype": resolve_dtype(spec, device), "use_safetensors": use_safetensors or None,
               **placement(spec, device)}
     try:
-        model = _from_pretrained(AutoModelForCausalLM, name, spec, **kwargs)
+        # the loading report, to refuse what transformers would only log (tensors left random) or
+        # raise as "look at the above report" that its quieted logging never printed (shapes)
+        model, report = _from_pretrained(AutoModelForCausalLM, name, spec, output_loading_info=True,
+                                         ignore_mismatched_sizes=True, **kwargs)
     except torch.cuda.OutOfMemoryError as exc:
         raise ModelError(f"out of GPU memory while loading {name}",
                          hint="use a smaller model, dtype = \"bfloat16\", or device_map = \"auto\"") from exc
+    except RuntimeError as exc:
+        if "loading state_dict" not in str(exc):
+            raise
+        raise _weights_do_not_match(name, _state_dict_reason(exc)) from None
+    _check_report(name, report)
     capped_attention(model)
     return model.eval()
+
+
+def _check_report(name: str, report: dict) -> None:
+    """Weights of another shape than config.json implies, or missing from the files (transformers
+    would leave them at random values), as specgen's own model step (core/step/) refuses them."""
+    mismatched = sorted(report.get("mismatched_keys") or (), key=lambda entry: entry[0])
+    missing = sorted(report.get("missing_keys") or ())
+    if mismatched:
+        key, stored, wanted = mismatched[0]
+        raise _weights_do_not_match(name, _shape_mismatch(key, stored, wanted))
+    if missing:
+        raise _weights_do_not_match(name, f"{len(missing)} tensors missing, e.g. {missing[0]}")
+
+
+def _weights_do_not_match(name: str, reason: str) -> ModelError:
+    return ModelError(f"{name}: the weights do not match config.json ({reason})",
+                      hint="copy or download the checkpoint again")
+
+
+def _shape_mismatch(key: str, stored, wanted) -> str:
+    return f"`{key}` has shape {list(stored)} in the files but config.json implies {list(wanted)}"
+
+
+_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape torch\.Size\(\[([\d, ]*)\]\) "
+                            r"from checkpoint, the shape in current model is torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def _state_dict_reason(exc: Exception) -> str:
+    """torch's "Error(s) in loading state_dict for X:" and a line per problem -> the first problem."""
+    found = _SIZE_MISMATCH.search(str(exc))
+    if found:
+        key, stored, wanted = found.groups()
+        return _shape_mismatch(key, [int(n) for n in stored.split(",") if n.strip()],
+                               [int(n) for n in wanted.split(",") if n.strip()])
+    lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 SOFTCAPPED = "specgen_softcapped"  # the attention function capped_attention registers with transformers
@@ -381,10 +421,10 @@ def _load_owned(folder: Path, config: step_config.StepConfig, dtype: torch.dtype
         return load(folder, config, dtype, device)
     except SafetensorError as exc:
         raise _damaged(str(folder), exc) from None
-    except (ValueError, RuntimeError) as exc:  # a tensor missing, left over or of another shape than config.json's
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{folder}: the weights do not match config.json ({first_line})",
-                         hint="copy or download the checkpoint again") from None
+    except ValueError as exc:  # a tensor missing, or left over
+        raise _weights_do_not_match(str(folder), str(exc)) from None
+    except RuntimeError as exc:  # a tensor of another shape than config.json's
+        raise _weights_do_not_match(str(folder), _state_dict_reason(exc)) from None
     except OSError as exc:
         raise ModelError(f"could not load {folder}: {exc.strerror or exc}") from None
 

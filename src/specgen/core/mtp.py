@@ -23,6 +23,7 @@ import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -95,6 +96,12 @@ def mtp_layers(config) -> int:
                          "this checkpoint ships no MTP layers; use another proposer")
     _layout(config)
     return int(count)
+
+
+def declared(folder) -> SimpleNamespace:
+    """The checkpoint's config.json as attributes (what mtp_layers reads: its model type and MTP
+    layer count), whichever code runs the target: specgen's own Llama keeps neither."""
+    return SimpleNamespace(**json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
 
 
 class _Checkpoint:

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping
 from importlib import resources
@@ -87,6 +88,28 @@ def load_profile(
     return profile
 
 
+def mistaken_prompt(name: str, positional: bool, command: str) -> None:
+    """Refuse a --profile value that finds no profile and reads like a prompt (words, code): -p is
+    llama.cpp's prompt option. positional: the command (`specgen generate`) takes its prompt as an
+    argument."""
+    prose = any(c.isspace() or c in "()[]{}:;,=<>\"'" for c in name) and not name.endswith(".toml")
+    if not prose or _findable(name):
+        return
+    where = "the prompt is the positional argument" if positional else f"{command} reads prompts from --prompts-file"
+    hint = (f"{command} {shlex.quote(name)}" if positional
+            else "give -p a profile name (`specgen profiles list`) or a .toml file")
+    raise UsageError(f"`{name}` was taken as a profile name (-p is --profile in specgen), and no profile has it; "
+                     f"{where}", hint=hint)
+
+
+def _findable(name: str) -> bool:
+    try:
+        _locate(name)
+    except ProfileError:
+        return False
+    return True
+
+
 def list_profiles() -> list[tuple[str, str]]:
     """(name, source) of every profile reachable by name, in lookup order: built-in, then each of
     _profile_folders(). A profile named like one found earlier is left out: the name finds that one.
@@ -122,7 +145,18 @@ def repository_profile_dir() -> Path | None:
 
 def profile_as_dict(profile: Profile) -> dict:
     """The resolved settings as nested dicts (draft is None without one; stop lists are tuples)."""
-    return dataclasses.asdict(profile)
+    data = dataclasses.asdict(profile)
+    del data["options"]  # how the settings were given, not a setting
+    return data
+
+
+def origin(profile: Profile, key: str) -> str:
+    """Where a dotted key's value was given, as a message names it: its option (`--target`) when the
+    command line set it, else the key in the profile (`path` in [target] of p.toml)."""
+    if key in profile.options:
+        return _option(key)
+    table, _, name = key.rpartition(".")
+    return f"`{name}` in [{table}] of {profile.source}"
 
 
 def profile_as_toml(profile: Profile) -> str:
@@ -312,6 +346,7 @@ def _build(merged: _Merged, name: str) -> Profile:
         sampling=SamplingSpec(**merged.table("sampling")),
         runtime=RuntimeSpec(**merged.table("runtime")),
         kernels=KernelSpec(**merged.table("kernels")),
+        options=frozenset(merged.from_cli),
     )
 
 
@@ -519,11 +554,13 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "speculation.k": (lambda v: 1 <= v <= 32, "must be from 1 to 32"),
     "speculation.draft_sampling": _one_of("auto", "argmax", "sample", "temperature"),
     "speculation.pipeline": _one_of("auto", "on", "off"),
-    "sampling.temperature": (lambda v: v >= 0, "must be >= 0 (0 = greedy)"),
+    # finite bounds: the warp runs in float32, where 1e300 is infinite; at 100 sampling is already
+    # close to uniform, and 0.01 / 100 scale a repeated token's logit a hundredfold
+    "sampling.temperature": (lambda v: 0 <= v <= 100, "must be from 0 (greedy) to 100"),
     "sampling.top_k": (lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1"),
     "sampling.top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "sampling.min_p": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-    "sampling.repetition_penalty": (lambda v: v > 0, "must be > 0 (1 = off)"),
+    "sampling.repetition_penalty": (lambda v: 0.01 <= v <= 100, "must be from 0.01 to 100 (1 = off)"),
     "sampling.presence_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
     "sampling.frequency_penalty": (lambda v: -2 <= v <= 2, "must be in [-2, 2]"),
     "sampling.seed": (lambda v: 0 <= v < 2**64, "must be from 0 to 2**64 - 1"),  # torch's seed range

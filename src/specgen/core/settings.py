@@ -138,3 +138,6 @@ class Profile:
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     kernels: KernelSpec = field(default_factory=KernelSpec)
+    # the dotted keys the command line set, so that a message names the option rather than the
+    # profile's key (core/profile.py's origin); not a setting: equal settings compare equal
+    options: frozenset[str] = field(default=frozenset(), compare=False)
