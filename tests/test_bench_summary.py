@@ -16,11 +16,11 @@ def _module():
 
 
 def test_a_recorded_bench_reads_back_line_for_line():
-    lines = _module().summary(ROOT / "benchmarks" / "results" / "compile-operators" / "bench-compile.json")
-    assert lines[0].startswith("== bench-compile dependent on startup 10.64")
-    assert lines[1] == " target-only 0.0 tok/s 2728"
-    assert lines[4] == ("draft 4 0.0 tok/s 5909 mal 3.72 x 2.17 identical 1.0 "
-                        "{'draft': 0.192, 'verify': 0.299, 'sample': 0.04, 'other': 0.044, 'total': 0.576}")
+    lines = _module().summary(ROOT / "benchmarks" / "results" / "owned-step" / "bench-auto-2.json")
+    assert lines[0].startswith("== bench-auto-2 dependent on startup 1.36")
+    assert lines[1] == " target-only 0.0 tok/s 3247"
+    assert lines[4] == ("draft 4 0.0 tok/s 6276 mal 3.59 x 1.93 identical 1.0 "
+                        "{'draft': 0.178, 'verify': 0.33, 'sample': 0.015, 'other': 0.012, 'total': 0.535}")
     assert len(lines) == 7  # three baselines, three results
 
 

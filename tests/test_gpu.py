@@ -141,6 +141,7 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
     fails, one warning says so, and rounds run eagerly with the same output."""
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
+    from specgen.core.step.model import OwnedModel
     from specgen.gpu.runner import PREFILL_CHUNK
 
     engine = Engine(cuda_profile(*pair))
@@ -157,6 +158,14 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
             return _forward(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, "forward", refusing)
+    step = OwnedModel.step
+
+    def refusing_step(self, rows, *args, **kwargs):  # specgen's own model step: its rows' ids
+        if torch.cuda.is_current_stream_capturing() and rows.count < PREFILL_CHUNK:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return step(self, rows, *args, **kwargs)
+
+    monkeypatch.setattr(OwnedModel, "step", refusing_step)
     profile = replace(engine.profile, speculation=replace(engine.profile.speculation, k=5))  # a new round shape
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -298,6 +298,6 @@ def test_weights_that_do_not_match_the_config_are_a_model_error(tmp_path):
         load_model(ModelSpec(path=str(tmp_path), device="cpu"))
     weights["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ModelError, match=r"model.layers.1.mlp.up_proj.weight is \[3, 3\] where config.json "
-                                         r"makes it \[96, 64\]"):
+    with pytest.raises(ModelError, match=r"`model.layers.1.mlp.up_proj.weight` has shape \[3, 3\] in the files "
+                                         r"but config.json implies \[96, 64\]"):
         load_model(ModelSpec(path=str(tmp_path), device="cpu"))

@@ -44,7 +44,8 @@ def load(folder: Path, config: StepConfig, dtype: torch.dtype, device: torch.dev
                          f"{len(unknown)} tensors of no {config.model_type} layer, e.g. {sorted(unknown)[0]}")
     for name, shape in expected.items():
         if state[name].shape != shape:
-            raise ValueError(f"{name} is {list(state[name].shape)} where config.json makes it {list(shape)}")
+            raise ValueError(f"`{name}` has shape {list(state[name].shape)} in the files but config.json implies "
+                             f"{list(shape)}")
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -28,9 +28,10 @@ class TorchOps:
     name = "torch"
 
     def embed(self, weight: torch.Tensor, ids: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-        """ids [B, n] -> [B, n, H]; scale: Gemma's sqrt(H), rounded to the weights' dtype first."""
+        """ids [B, n] -> [B, n, H]; scale: Gemma's sqrt(H), rounded to the weights' dtype first (a
+        0-dimensional CPU tensor: a scalar to a kernel, no copy to the device inside a capture)."""
         x = F.embedding(ids, weight)
-        return x * torch.tensor(scale, dtype=x.dtype, device=x.device) if scale is not None else x
+        return x * torch.tensor(scale, dtype=x.dtype) if scale is not None else x
 
     def inputs(self, rows: Rows, weight: torch.Tensor, scale: float | None, inv_freq: torch.Tensor):
         """A step's inputs: the rows' embeddings [B, n, H] and their rotary (cos, sin); pending chain
