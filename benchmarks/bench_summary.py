@@ -19,7 +19,7 @@ def summary(path: Path) -> list[str]:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         return [f"{path.stem} unreadable {exc}"]
-    kernels = data["environment"]["resolved"]["kernels"]["target"].get("dependent_launch")
+    kernels = data["environment"]["resolved"].get("kernels", {}).get("target", {}).get("dependent_launch")  # CPU: none
     lines = [f"== {path.stem} dependent {kernels} startup {data.get('startup_seconds')}"]
     for b in data["baselines"]:
         lines.append(f" target-only {b['temperature']} tok/s {b['tokens_per_second']['median']:.0f}")
