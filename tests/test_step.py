@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.core.errors import ModelError
+from specgen.core import models
 from specgen.core.models import cache_keyword, load_model, load_pair, new_cache, owned
 from specgen.core.settings import ModelSpec
 from specgen.core.step import config as step_config
@@ -278,6 +279,27 @@ def test_the_loader_takes_the_owned_step_on_the_cpu_for_every_family(family):
     assert owned(folder / "target", spec, torch.device("cuda"), True, "auto") is not None
     assert owned(folder / "target", spec, torch.device("cuda"), True, "auto", compile=True) is None  # compiled steps
     assert owned(folder / "target", spec, torch.device("cpu"), False, "auto") is None  # pickle weights
+
+
+def test_a_run_on_transformers_says_why(family, tmp_path):
+    """`modeling_note` (generate -v, the bench JSON): the reason in one line, none on the owned step."""
+    from dataclasses import replace
+
+    name, folder = family
+    profile = _profile(folder)
+    assert load_pair(profile).modeling_note is None
+    chosen = replace(profile, runtime=replace(profile.runtime, modeling="transformers"))
+    assert load_pair(chosen).modeling_note == '[runtime] modeling = "transformers"'
+    spec = ModelSpec(path=str(folder / "target"), device="cpu")
+    assert models.not_owned(folder / "target", spec, torch.device("cuda"), True, "auto", compile=True) == \
+        "compiled steps"
+    assert models.not_owned(folder / "target", spec, torch.device("cpu"), False, "auto") == \
+        "pickle weights (no safetensors)"
+    config = json.loads((folder / "target" / "config.json").read_text())
+    yarn = {**config, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}
+    assert step_config.unsupported(yarn).startswith("rotary embedding 'yarn'")
+    assert step_config.unsupported({**config, "model_type": "phi3"}).startswith("model type 'phi3' is not one of")
+    assert step_config.unsupported(config) is None
 
 
 def _profile(folder):

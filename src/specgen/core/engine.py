@@ -124,9 +124,11 @@ class Engine:
 
     def describe(self) -> dict:
         """The resolved settings of this engine's backend, for reports (bench JSON, generate -v), and
-        which code runs the models ([runtime] modeling resolved: "specgen" or "transformers"), and
-        which path each head's calls take ("kernels", "compile" or "torch")."""
-        return {"modeling": self.pair.modeling, **self.backend.describe(), "heads": self.head_paths}
+        which code runs the models ([runtime] modeling resolved: "specgen" or "transformers", and
+        why transformers where it does), and which path each head's calls take ("kernels", "compile"
+        or "torch")."""
+        return {"modeling": self.pair.modeling, "modeling_note": self.pair.modeling_note,
+                **self.backend.describe(), "heads": self.head_paths}
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:

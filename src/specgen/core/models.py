@@ -40,6 +40,7 @@ class LoadedPair:
     vocab_size: int  # number of real token ids (len(tokenizer)); logits columns past it are padding
     device: torch.device  # where the target's logits come out
     threads: int  # torch's CPU threads for this run ([runtime] threads, auto resolved)
+    modeling_note: str | None = None  # why transformers runs the target, where it does
 
     @property
     def modeling(self) -> str:
@@ -402,14 +403,26 @@ def placement(spec: ModelSpec, device: torch.device) -> dict:
 
 def owned(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
           modeling: str, compile: bool = False) -> step_config.StepConfig | None:
-    """The checkpoint's config when specgen's own model step runs it: modeling "auto", on the CPU or
-    one GPU (a model over several GPUs, and compiled steps, still run transformers' modules), from
-    safetensors, with a config that core/step/config.py covers; else None."""
-    if modeling != "auto" or spec.device_map is not None or not use_safetensors:
-        return None
-    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and compile):
+    """The checkpoint's config when specgen's own model step runs it (not_owned says when), else None."""
+    if not_owned(folder, spec, device, use_safetensors, modeling, compile):
         return None
     return step_config.of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+
+
+def not_owned(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
+              modeling: str, compile: bool = False) -> str | None:
+    """Why transformers runs this checkpoint (one line), or None where specgen's own model step does:
+    modeling "auto", on the CPU or one GPU (a model over several GPUs, and compiled steps, still run
+    transformers' modules), from safetensors, with a config that core/step/config.py covers."""
+    if modeling != "auto":
+        return '[runtime] modeling = "transformers"'
+    if spec.device_map is not None:
+        return "a device_map over several devices"
+    if not use_safetensors:
+        return "pickle weights (no safetensors)"
+    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and compile):
+        return "compiled steps" if compile else f"device {device.type}"
+    return step_config.unsupported(json.loads((folder / "config.json").read_text(encoding="utf-8")))
 
 
 def _load_owned(folder: Path, config: step_config.StepConfig, dtype: torch.dtype, device: torch.device):
@@ -533,5 +546,10 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
             f"the target has {logits_width(target)} output rows but the tokenizer has {len(tokenizer)} tokens"
         )
     device = target.get_output_embeddings().weight.device
+    note = None
+    if not isinstance(target, OwnedModel):
+        name, use_safetensors = _locate(profile.target, allow_pickle, download)
+        note = not_owned(Path(name), profile.target, resolve_device(profile.target), use_safetensors, modeling,
+                         compile)
     return LoadedPair(target=target, draft=draft, tokenizer=tokenizer, vocab_size=len(tokenizer), device=device,
-                      threads=threads)
+                      threads=threads, modeling_note=note)

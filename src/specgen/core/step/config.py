@@ -62,19 +62,40 @@ class StepConfig:
 
 
 def of(config: dict) -> StepConfig | None:
+    return None if unsupported(config) else _parse(config)
+
+
+def unsupported(config: dict) -> str | None:
+    """Why specgen's own step does not run this config (one line, for `generate -v` and the bench
+    JSON), or None when it does."""
     model_type = config.get("model_type")
-    if model_type not in ARCHITECTURES or config.get("architectures", [ARCHITECTURES[model_type]]) != [
-            ARCHITECTURES[model_type]]:
-        return None
-    if config.get("quantization_config") or config.get("auto_map") or config.get("pretraining_tp", 1) != 1:
-        return None
+    if model_type not in ARCHITECTURES:
+        return f"model type {model_type!r} is not one of {', '.join(ARCHITECTURES)}"
+    if config.get("architectures", [ARCHITECTURES[model_type]]) != [ARCHITECTURES[model_type]]:
+        return f"architectures {config.get('architectures')} are not [{ARCHITECTURES[model_type]}]"
+    for key, what in (("quantization_config", "quantized weights"), ("auto_map", "code of the checkpoint's own")):
+        if config.get(key):
+            return f"{what} ({key})"
+    if config.get("pretraining_tp", 1) != 1:
+        return "pretraining_tp is not 1"
     if not all(isinstance(config.get(key), int) and config[key] > 0 for key in REQUIRED):
-        return None
+        return f"config.json lacks one of {', '.join(REQUIRED)}"
     activation = config.get("hidden_activation") or config.get("hidden_act") or "silu"
-    rope = _rope(config)
-    windows = _windows(config, model_type)
-    if activation not in ("silu", "gelu_pytorch_tanh", "gelu_tanh") or rope is None or windows is None:
-        return None
+    if activation not in ("silu", "gelu_pytorch_tanh", "gelu_tanh"):
+        return f"activation {activation!r}"
+    if _rope(config) is None:
+        table = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        return f"rotary embedding {table.get('rope_type', table.get('type'))!r} (specgen's step has " \
+               f"{', '.join(ROPE_TYPES)}, on every dimension)"
+    if _windows(config, model_type) is None:
+        return "sliding windows laid out as specgen's step does not read them (layer_types, sliding_window)"
+    return None
+
+
+def _parse(config: dict) -> StepConfig:
+    model_type = config["model_type"]
+    activation = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+    rope, windows = _rope(config), _windows(config, model_type)
     heads = config["num_attention_heads"]
     gemma = model_type == "gemma2"
     return StepConfig(
