@@ -78,7 +78,7 @@ def _alternatives(path: str) -> list[str]:
 
 
 def _module_attribute(root: Path, path: str) -> bool:
-    """`core/backend.make_backend`: the module exists and defines that name."""
+    """`core/engine.make_backend`: the module exists and defines that name."""
     module, _, name = path.rpartition(".")
     source = root / f"{module}.py"
     if not name.isidentifier() or not source.is_file():
@@ -204,7 +204,7 @@ def test_benchmarks_readme_names_exactly_the_scripts_in_benchmarks():
 def test_the_checks_catch_what_they_are_for(tmp_path):
     assert missing_paths("see gpu/loop.py and `benchmarks/bench_e2e.py`, src/specgen/core/round.py") == \
         ["gpu/loop.py", "benchmarks/bench_e2e.py"]
-    assert missing_paths("core/backend.make_backend, core/backend.nothing") == ["core/backend.nothing"]
+    assert missing_paths("core/engine.make_backend, core/engine.nothing") == ["core/engine.nothing"]
     assert missing_paths("benchmarks/results/proposers-cpu/bench_draft_{1,2,9}.json") != []
     assert missing_paths("docs/benchmarks.md#claims docs/benchmarks.md#split-k") == \
         ["docs/benchmarks.md#split-k"]

@@ -18,7 +18,8 @@ import torch
 
 from decode_helpers import finish, make_profile, random_prompts
 from specgen.core import models
-from specgen.core.backend import TorchBackend, make_backend
+from specgen.core.backend import TorchBackend
+from specgen.core.engine import make_backend
 from specgen.core.settings import ModelSpec
 from specgen.gpu import stages
 from tiny_models import build_pair

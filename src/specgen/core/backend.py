@@ -4,7 +4,7 @@ A backend supplies the round's kernels (warp, verify), its model runners and its
 torch backend runs everywhere: the references of core/sampling.py and core/rejection.py, eager
 runners over a static cache, and "capture" that runs the body as it is. gpu/backend.py's CUDA
 backend supplies Triton kernels, CUDA-graph runners and capture as a CUDA graph of the same body.
-`make_backend` is the one place core reaches gpu/, and only for a CUDA device.
+core/engine.py's `make_backend` picks one: the one place core reaches gpu/, only for a CUDA device.
 """
 
 from __future__ import annotations
@@ -188,16 +188,3 @@ class TorchBackend:
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": str(self.device), "placement": None}  # accelerate places spread models
-
-
-def make_backend(device: torch.device, profile, progress=None, models=()) -> Backend:
-    """The CUDA backend on a CUDA device with CUDA graphs on (gpu/ imported only then), else torch.
-    models: the loaded models; one with weights off the GPUs (a device_map that offloads to the CPU
-    or disk) runs on the torch backend, whose eager forwards accelerate's hooks feed. A model over
-    several GPUs takes the CUDA backend (gpu/stages.py)."""
-    offloaded = any(p.device.type != "cuda" for model in models if model is not None for p in model.parameters())
-    if device.type == "cuda" and profile.speculation.cuda_graphs and not offloaded:
-        from specgen.gpu.backend import CudaBackend  # noqa: PLC0415 (gpu/ only with CUDA)
-
-        return CudaBackend(device, profile, progress)
-    return TorchBackend(device)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specgen.core.backend import Backend, make_backend
+import torch
+
+from specgen.core.backend import Backend, TorchBackend
 from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
 from specgen.core.heads import build_heads
@@ -147,3 +149,16 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
 
 def target_only(profile: Profile) -> Profile:
     return replace(profile, proposer=replace(profile.proposer, kind="none"))
+
+
+def make_backend(device: torch.device, profile, progress=None, models=()) -> Backend:
+    """The CUDA backend on a CUDA device with CUDA graphs on (gpu/ imported only then), else torch.
+    models: the loaded models; one with weights off the GPUs (a device_map that offloads to the CPU
+    or disk) runs on the torch backend, whose eager forwards accelerate's hooks feed. A model over
+    several GPUs takes the CUDA backend (gpu/stages.py)."""
+    offloaded = any(p.device.type != "cuda" for model in models if model is not None for p in model.parameters())
+    if device.type == "cuda" and profile.speculation.cuda_graphs and not offloaded:
+        from specgen.gpu.backend import CudaBackend  # noqa: PLC0415 (gpu/ only with CUDA)
+
+        return CudaBackend(device, profile, progress)
+    return TorchBackend(device)
