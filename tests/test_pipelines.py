@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cli_helpers import Stream, count_forwards, specgen, subprocess_env
+from cli_helpers import Stream, assert_error, count_forwards, specgen, subprocess_env
 from tiny_models import build_pair, write_profile
 
 CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # styles and cursor moves of a terminal
@@ -206,6 +206,48 @@ def test_jsonl_round_trip(monkeypatch, tiny, tmp_path):
     again.write_text(first.stdout)
     second = specgen(monkeypatch, "generate", "-p", tiny.profile, "--prompts-file", again, "--format", "jsonl")
     assert [r["text"] for r in second.json_lines()] == [r["text"] for r in records]  # greedy: the same
+
+
+def test_a_prompts_files_line_may_carry_its_own_settings(monkeypatch, tiny, tmp_path):
+    """Each line's own max_tokens, temperature, seed and stop apply to its prompt alone: its record
+    is the one a single run with those options gives; a line without any keeps the profile's."""
+    lines = [{"prompt": "def add(a, b):", "max_tokens": 3},
+             {"prompt": "class Point:", "temperature": 0.7, "seed": 3, "max_tokens": 6, "top_p": 0.9},
+             {"prompt": "import os"}]
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = specgen(monkeypatch, "generate", "-p", tiny.profile, "--prompts-file", source, "--format", "jsonl")
+    assert result.code == 0, result
+    records = result.json_lines()
+    assert [len(r["token_ids"]) for r in records] == [3, 6, 12]
+    alone = [("-n", "3"), ("-t", "0.7", "--seed", "3", "-n", "6", "--top-p", "0.9"), ()]
+    for record, options in zip(records, alone):
+        single = specgen(monkeypatch, "generate", "-p", tiny.profile, "--format", "json", *options, record["prompt"])
+        assert single.json_lines()[0]["token_ids"] == record["token_ids"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ({"prompt": "x", "temperature": 1e300}, ':2: "temperature": 1e+300 is not allowed: must be from 0 (greedy) to 100'),
+    ({"prompt": "x", "top_k": "3"}, ':2: "top_k": "3" is a string; expected an integer'),
+    ({"prompt": "x", "stop": ["a", ""]}, ':2: "stop": ["a", ""] is not allowed: must not contain an empty string'),
+])
+def test_a_wrong_setting_of_a_line_names_the_line(monkeypatch, tiny, tmp_path, line, message):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps(line) + "\n")
+    result = specgen(monkeypatch, "generate", "-p", tiny.profile, "--prompts-file", source, "--format", "jsonl")
+    assert_error(result, 2, f"{source}{message}")
+
+
+def test_settings_of_a_line_that_contradict_the_profile_or_the_command(monkeypatch, tiny, tmp_path):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text(json.dumps({"prompt": "x", "max_tokens": 4}) + "\n")
+    result = specgen(monkeypatch, "generate", "-p", tiny.profile, "--min-tokens", "8", "--prompts-file", source,
+                     "--format", "jsonl")
+    assert_error(result, 2, f"{source}:1: \"max_tokens\": 4 is below the profile's min_tokens (8)")
+    for command in ("bench", "inspect-acceptance"):
+        result = specgen(monkeypatch, command, "-p", tiny.profile, "--prompts-file", source)
+        assert_error(result, 2, f"{source}:1: {command} runs every prompt with the same settings; this line sets "
+                                '"max_tokens"')
 
 
 class Recording(Stream):

@@ -301,7 +301,7 @@ def parse_baselines(text: str) -> tuple[str, ...]:
 
 def bench_prompts(path: Path | None, settings, limit: int | None) -> list[str]:
     """--prompts-file, or the prompts.jsonl that the pair's recipe writes beside its target folder."""
-    from specgen.cli.prompts import read_file
+    from specgen.cli.prompts import read_file, without_settings
     from specgen.core.errors import UsageError
 
     if path is None:
@@ -309,7 +309,7 @@ def bench_prompts(path: Path | None, settings, limit: int | None) -> list[str]:
         if not path.is_file():
             raise UsageError(f"no prompts: the profile's pair has no prompts.jsonl (looked for {path})",
                              hint="give --prompts-file FILE (text lines or JSONL with a 'prompt' field)")
-    prompts = [p.text for p in read_file(path)]
+    prompts = [p.text for p in without_settings(read_file(path), "bench")]
     return prompts[:limit] if limit else prompts
 
 

@@ -75,7 +75,7 @@ def generate(
     allow_pickle: opt.AllowPickle = False,
 ) -> None:
     """Generate text; stdout gets only the text (or JSON), stderr the live view and statistics."""
-    from specgen.core.profile import load_profile
+    from specgen.core.profile import load_profile, with_prompt_settings
 
     began = time.perf_counter()  # the records' wall_seconds count from here
     texts = read_prompts(prompt, opt.prompts_path(prompts_file, prompts), output_format)
@@ -86,20 +86,24 @@ def generate(
                          hint="add --format json (one prompt) or --format jsonl (--prompts-file)")
     settings = load_profile(profile, opt.overrides(**locals()))
     opt.warn_settings(settings, quiet)
+    own = {id(item): with_prompt_settings(settings, item.settings, item.source) for item in texts}  # a line's own
     # torch and transformers: only for valid input
     engine, decoder, startup = start_engine(settings, allow_pickle, status=not quiet)
     if verbose and not quiet:
         warn(describe({**engine.describe(), "startup": startup.as_dict()}))
     show_live = (live and not quiet and output_format == Format.text
                  and render.can_draw_beside_stdout(render.stderr_console()))
-    jobs = fitting(texts, lambda text: prompt_ids(engine, settings, text, chat, system, truncate_prompt),
-                   decoder.check_prompt, skip_long=skip_long_prompts, warn=None if quiet else warn)
+    jobs = fitting(texts, lambda item: prompt_ids(engine, own[id(item)], item.text, chat, system, truncate_prompt),
+                   lambda item, ids: (engine.decoder(own[id(item)]) if item and item.settings else decoder
+                                      ).check_prompt(ids),
+                   skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
     for n, (item, ids) in enumerate(jobs):
         label = (item.source or "prompt") if several else None
         # start-up happens once: said on the first summary line, and in every record
-        result = run_one(engine.decoder(), ids, output_format, show_live, quiet, label, startup if n == 0 else None)
-        emit_json(result, item.text, len(ids), settings, output_format, engine.tokenizer,
+        result = run_one(engine.decoder(own[id(item)]), ids, output_format, show_live, quiet, label,
+                         startup if n == 0 else None)
+        emit_json(result, item.text, len(ids), own[id(item)], output_format, engine.tokenizer,
                   {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)

@@ -207,16 +207,17 @@ def _generate(request: Request, allow_pickle: bool):
     """(source, runs, complete): complete is False after Ctrl-C, with the runs recorded until then.
     The prompts, profile and options are checked before torch is imported."""
     from specgen.cli.loading import load_engine
-    from specgen.cli.prompts import fitting, prompt_ids, read
+    from specgen.cli.prompts import fitting, prompt_ids, read, without_settings
     from specgen.core.profile import load_profile
 
-    prompts = read(request.prompt, request.prompts_file)
+    prompts = without_settings(read(request.prompt, request.prompts_file), "inspect-acceptance")
     settings = load_profile(request.profile, request.overrides)
     opt.warn_settings(settings, request.quiet)
     engine = load_engine(settings, allow_pickle, status=not request.quiet)  # torch: only for valid input
-    jobs = fitting(prompts, lambda text: prompt_ids(engine, settings, text, request.chat, request.system,
+    check = engine.decoder().check_prompt
+    jobs = fitting(prompts, lambda item: prompt_ids(engine, settings, item.text, request.chat, request.system,
                                                     request.truncate),
-                   engine.decoder().check_prompt, skip_long=request.skip_long,
+                   lambda item, ids: check(ids), skip_long=request.skip_long,
                    warn=None if request.quiet else (lambda line: print(line, file=sys.stderr)))
     runs, complete = [], True
     with progress(len(jobs), enabled=not request.quiet) as shown:

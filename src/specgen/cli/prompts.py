@@ -1,6 +1,7 @@
 """Prompts from the command line, stdin or a prompts file, each knowing where it came from.
 
-A prompts file has one prompt per line, or JSONL with a string field "prompt". Lines end at "\n"
+A prompts file has one prompt per line, or JSONL with a string field "prompt" and, for `generate`,
+the prompt's own values of some [sampling] keys (core/profile.py's PROMPT_SETTINGS). Lines end at "\n"
 only (a trailing "\r" is dropped): a form feed or U+2028 inside a prompt is part of the prompt, so
 specgen's own JSONL output, which JSON writes with such characters raw, reads back as it was written.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specgen.core.errors import UsageError
@@ -24,6 +25,7 @@ FILE_LIMIT = 256 * 2**20
 class Prompt:
     text: str
     source: str | None = None  # "FILE:LINE" for a line of a prompts file; None for the argument or stdin
+    settings: dict = field(default_factory=dict)  # the line's own [sampling] values, validated
 
     def locate(self, message: str) -> str:
         return f"{self.source}: {message}" if self.source else message
@@ -70,7 +72,7 @@ def read_file(path: Path) -> list[Prompt]:
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
-            prompts.append(Prompt(_json_prompt(path, number, line), f"{path}:{number}"))
+            prompts.append(_json_prompt(path, number, line))
         else:
             prompts.append(Prompt(line, f"{path}:{number}"))
     if not prompts:
@@ -92,30 +94,43 @@ def _read_bounded(path: Path) -> bytes:
     return raw
 
 
-def _json_prompt(path: Path, number: int, line: str) -> str:
+def _json_prompt(path: Path, number: int, line: str) -> Prompt:
+    from specgen.core.profile import prompt_settings
+
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
     if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
         raise UsageError(f"{path}:{number}: a JSON line needs a string field 'prompt'")
-    return record["prompt"]
+    where = f"{path}:{number}"
+    return Prompt(record["prompt"], where, prompt_settings(record, where))
+
+
+def without_settings(prompts: list[Prompt], command: str) -> list[Prompt]:
+    """Refuse prompts that carry their own settings where a command sets them for every prompt."""
+    for prompt in prompts:
+        if prompt.settings:
+            names = ", ".join(f'"{name}"' for name in prompt.settings)
+            raise UsageError(f"{prompt.source}: {command} runs every prompt with the same settings; this line sets {names}",
+                             hint=f"remove them from the file for {command}, or run specgen generate with it")
+    return prompts
 
 
 def fitting(prompts: list[Prompt], encode, check, *, skip_long: bool, warn) -> list[tuple[Prompt, list[int]]]:
     """Each prompt with its token ids, checked against the context before anything generates.
 
-    encode(text) -> ids (truncated if the user asked); check(ids) raises UsageError when they do not
-    fit. A prompt of a file that does not fit stops the run with its file:line, or with skip_long is
-    left out after warn(line) (None: silently). Settings that leave room for no prompt at all stop
-    it either way.
+    encode(prompt) -> ids (truncated if the user asked); check(prompt, ids) raises UsageError when
+    they do not fit (prompt None: the run's own settings). A prompt of a file that does not fit
+    stops the run with its file:line, or with skip_long is left out after warn(line) (None:
+    silently). Settings that leave room for no prompt at all stop it either way.
     """
-    check([0])  # a one-token prompt: fails only when max_tokens and k leave no room for any prompt
+    check(None, [0])  # a one-token prompt: fails only when max_tokens and k leave no room for any prompt
     jobs = []
     for prompt in prompts:
-        ids = encode(prompt.text)
+        ids = encode(prompt)
         try:
-            check(ids)
+            check(prompt, ids)
         except UsageError as exc:
             if prompt.source is None:
                 raise

@@ -264,6 +264,42 @@ class _Origin:
 
 _CLI = _Origin()
 
+# A prompts file's JSON line may carry its own values of these [sampling] keys (docs/cli.md).
+PROMPT_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
+
+
+class _PromptLine(_Origin):
+    """A JSON line of a prompts file (`where` = FILE:LINE): its keys are named as they are written."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.where = where
+
+    def subject(self, key: str, value: object) -> str:
+        return f'"{key.partition(".")[2]}": {json.dumps(value)}'
+
+    def error(self, key: str, message: str) -> SpecgenError:
+        return UsageError(f"{self.where}: {message}")
+
+
+def prompt_settings(record: dict, where: str) -> dict:
+    """The [sampling] values a prompts file's JSON line gives for its own prompt, validated as the
+    profile's keys are; where: FILE:LINE, for the one-line error."""
+    origin = _PromptLine(where)
+    return {name: _validated(f"sampling.{name}", record[name], origin) for name in PROMPT_SETTINGS if name in record}
+
+
+def with_prompt_settings(profile: Profile, values: dict, where: str) -> Profile:
+    """The profile as one prompt's own settings change it (a UsageError naming `where` when they
+    contradict the profile's)."""
+    if not values:
+        return profile
+    sampling = dataclasses.replace(profile.sampling, **values)
+    if sampling.min_tokens > sampling.max_tokens:
+        raise UsageError(f'{where}: "max_tokens": {sampling.max_tokens} is below the profile\'s min_tokens '
+                         f"({sampling.min_tokens})", hint="raise the line's max_tokens, or lower min_tokens")
+    return dataclasses.replace(profile, sampling=sampling)
+
 
 @dataclasses.dataclass
 class _Merged:
