@@ -88,6 +88,12 @@ def subprocess_env(**extra: str) -> dict:
     return env | {"OMP_NUM_THREADS": "1"} | extra
 
 
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -c code` in a fresh process (what it imports starts from nothing), output captured."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+                          timeout=timeout)
+
+
 def run_on_terminals(args: list[str], *, stdout_tty: bool, stderr_tty: bool, env: dict,
                      timeout: float = 300) -> tuple[int, bytes, bytes]:
     """Run a real process with stdout and stderr each on its own 100x24 pseudo-terminal or on a pipe,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cli_helpers import Stream, assert_error, option_names, specgen, subprocess_env
+from cli_helpers import Stream, assert_error, option_names, run_python, specgen, subprocess_env
 from tiny_models import build_pair, write_profile
 
 PROMPT = "def add(a, b):"
@@ -59,8 +59,7 @@ def test_help_does_not_import_torch():
         "    assert errors.run(app, args) == 0\n"
         "sys.exit(sorted({'torch', 'transformers'} & set(sys.modules)) or None)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-                          timeout=120)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert "generate" in proc.stdout and "--max-tokens" in proc.stdout
 
@@ -221,8 +220,7 @@ def test_the_demo_starts_without_importing_transformers():
         "assert seen and all(seen), seen\n"
         f"sys.exit(sorted(set({HEAVY!r}) & set(sys.modules)) or None)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-                          timeout=120)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("\n    \"\"\"")  # the demo's greedy text for this prompt
 

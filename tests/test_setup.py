@@ -6,11 +6,9 @@ Text only but for the last test (the demo in a process where Triton cannot be im
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from cli_helpers import subprocess_env
+from cli_helpers import run_python
 
 try:
     import tomllib
@@ -52,7 +50,6 @@ def test_the_demo_runs_where_triton_cannot_be_imported():
         "from specgen.cli.main import app\n"
         "sys.exit(errors.run(app, ['generate', '-n', '4', '-q', '--device', 'cpu', 'def quicksort(arr):']))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-                          timeout=120)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("\n    \"\"\"")  # the demo's greedy text for this prompt
