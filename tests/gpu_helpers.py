@@ -20,15 +20,30 @@ def kernels(attention: bool = False, linear: bool = False, rope: bool = False, s
                            head=head, step_io=step_io, dependent_launch=dependent_launch)
 
 
+def owned(model):
+    """specgen's own model (core/step/) with a transformers model's weights (copied): what the
+    loader gives for its checkpoint. An owned model is returned as it is."""
+    from specgen.core.step import config as step_config
+    from specgen.core.step.load import from_state
+    from specgen.core.step.model import OwnedModel
+
+    if isinstance(model, OwnedModel):
+        return model
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    device = model.get_output_embeddings().weight.device
+    return from_state(step_config.of(model.config.to_dict()), state, device)
+
+
 def runner(model, *, kernels: ResolvedKernels, shapes=(), use_graphs: bool = False, workspace=None, width: int = 96,
            capacity: int = 600, **options):
     """A GraphRunner of `capacity` positions on DEVICE, handing out `width` logits columns (96: most
-    tiny test models' vocabulary). The attention kernel launches a program per split of 64 cache
-    positions: a smaller capacity makes interpreted runner tests cheaper."""
+    tiny test models' vocabulary), over `model` as specgen's own (`owned`). The attention kernel
+    launches a program per split of 64 cache positions: a smaller capacity makes interpreted runner
+    tests cheaper."""
     from specgen.gpu.runner import GraphRunner
 
-    return GraphRunner(model, width, capacity, kernels=kernels, workspace=workspace or Workspace(DEVICE), shapes=shapes,
-                       use_graphs=use_graphs, **options)
+    return GraphRunner(owned(model), width, capacity, kernels=kernels, workspace=workspace or Workspace(DEVICE),
+                       shapes=shapes, use_graphs=use_graphs, **options)
 
 
 def resolved(model, **values) -> ResolvedKernels:

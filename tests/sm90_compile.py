@@ -432,43 +432,6 @@ def kernels(modules) -> list[str]:
                   if isinstance(obj, JITFunction) and name.endswith("_kernel"))
 
 
-def inductor_copies(modules) -> dict:
-    """With compile, inductor runs a kernel from a copy of its source plus the JIT functions and
-    triton names it loads unqualified (a module attribute such as `helpers.f` is not copied):
-    {kernel: global names a function of the copy loads that the copy does not define}, for each
-    kernel whose copy lacks some; {} when this torch has no such function."""
-    import ast
-    import builtins
-    import dis
-
-    try:
-        from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as copy
-    except ImportError:
-        return {}
-    missing = {}
-    for m in modules:
-        for name, kernel in vars(m).items():
-            if not (isinstance(kernel, JITFunction) and name.endswith("_kernel")):
-                continue
-            text = "import triton\nimport triton.language as tl\n" + copy(kernel)  # inductor's prelude
-            defined = set()
-            for node in ast.parse(text).body:
-                if isinstance(node, ast.FunctionDef):
-                    defined.add(node.name)
-                elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                    defined.update((a.asname or a.name).split(".")[0] for a in node.names)
-                elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    defined.update(t.id for t in targets if isinstance(t, ast.Name))
-            functions = [c for c in compile(text, "<copy>", "exec").co_consts if hasattr(c, "co_code")]
-            lacking = sorted({inst.argval for fn in functions for inst in dis.Bytecode(fn)
-                              if inst.opname == "LOAD_GLOBAL" and inst.argval not in defined
-                              and not hasattr(builtins, inst.argval)})
-            if lacking:
-                missing[f"{m.__name__}.{name}"] = lacking
-    return missing
-
-
 def main() -> dict:
     global HARNESS
     report = {"triton": triton.__version__, "stage": STAGE, "skip": None}
@@ -494,7 +457,6 @@ def main() -> dict:
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
     report["kernels"] = kernels((attention, linear, verify, warp, norm, step_io))
-    report["inductor_copies"] = inductor_copies((attention, linear, verify, warp, norm, step_io))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

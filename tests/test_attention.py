@@ -1,5 +1,5 @@
 """gpu/attention.py: the decode-attention kernel against its torch reference, and inside models
-through gpu/rewire.py's attention and rotary rewiring.
+through specgen's own model step (gpu/ops.py's table).
 
 Attention is a floating-point reduction whose order differs between the kernel (key blocks, online
 softmax, split merge) and the reference (one softmax over the masked cache), so the two agree to a
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, resolved, runner
-from specgen.gpu import attention, rewire
+from specgen.gpu import attention
 from specgen.gpu.attention import decode_attention
 from specgen.gpu.kernels import attention_unsupported
 from specgen.gpu.reference import decode_attention_reference, rope_attention_reference, rotate_reference
@@ -162,18 +162,17 @@ def test_runner_with_kernel_equals_sdpa(family, extra, rope, monkeypatch):
     real = attention.decode_attention
     rotated = []
     monkeypatch.setattr(attention, "decode_attention",
-                        lambda *a, **kw: calls.append(a[0].shape[2]) or rotated.append(len(a) > 6) or real(*a, **kw))
+                        lambda *a, **kw: calls.append(a[0].shape[2]) or rotated.append(kw.get("rope") is not None)
+                        or real(*a, **kw))
 
     model = _tiny(family, **extra)
     kernel = runner(model, capacity=SMALL_CACHE, kernels=kernels(attention=True, rope=rope))
     sdpa = runner(model, capacity=SMALL_CACHE, kernels=kernels())  # same model: no kwarg -> SDPA
-    assert model.config._attn_implementation == rewire.NAME
     outputs = [_run_script(kernel), _run_script(sdpa)]
     steps = [1, 14] + [n for n in SCRIPT if n > 0]  # allocation, prefill (<= 64), steps
     assert calls == [n for n in steps for _layer in range(2)]  # the kernel runner's, every layer
-    # the first call allocates the cache through the model's own forward; after it, the kernel
-    # rotates and writes the new keys itself (kernels.rope, rewire.install_rope)
-    assert rotated == [False] * 2 + [rope] * (len(calls) - 2)
+    # with [kernels] rope the kernel rotates and writes the new keys itself (gpu/ops.py)
+    assert rotated == [rope] * len(calls)
     for feed, (got, want) in enumerate(zip(*outputs)):
         assert got.shape == want.shape
         diff = (got - want).abs().max().item()
@@ -209,51 +208,6 @@ def test_unsupported_attention_is_refused_with_the_reason():
     assert attention_unsupported(gemma2) is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("window", [0, 10], ids=["global", "window"])
-def test_softcapped_fallback_is_gemma2_eager_attention(dtype, window):
-    """Soft-capped calls the kernel does not take (prefill over 64 tokens, Hugging Face's generate
-    on a rewired model) compute Gemma 2's eager attention bit for bit over SDPA's boolean mask, as
-    eager does over its float mask; with no mask (SDPA's is_causal), causal from the top left."""
-    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
-
-    gen = torch.Generator().manual_seed(5)
-    tokens, capacity, dim = 20, 48, 16
-    query = torch.randn(1, tokens, 4, dim, generator=gen).transpose(1, 2).to(dtype)
-    key, value = (torch.randn(1, 2, capacity, dim, generator=gen).to(dtype) for _ in range(2))
-    module = SimpleNamespace(head_dim=dim, num_key_value_groups=2, training=False, is_causal=True)
-    at = 10 + torch.arange(tokens)[:, None]  # the prompt continues at position 10
-    keys = torch.arange(capacity)[None, :]
-    visible = (keys <= at) & ((keys > at - window) if window else True)
-    mask = visible[None, None]  # [1, 1, q, C] as sdpa_mask makes it
-    float_mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
-    scaling, cap = 0.7, 2.0
-    got = rewire.softcapped_attention(module, query, key, value, mask, 0.0, scaling, cap)
-    want, _ = eager_attention_forward(module, query, key, value, float_mask, scaling=scaling, softcap=cap)
-    assert torch.equal(got, want)
-    top_left = torch.ones(tokens, capacity, dtype=torch.bool).tril()[None, None]
-    no_mask = rewire.softcapped_attention(module, query, key, value, None, 0.0, scaling, cap)
-    assert torch.equal(no_mask, rewire.softcapped_attention(module, query, key, value, top_left, 0.0, scaling, cap))
-    assert not torch.equal(no_mask, got)
-
-
-def test_attention_routes_softcapped_calls():
-    """rewire.attention with transformers' `softcap` keyword: the kernel with the cap for a step
-    (the runner's position given), the eager fallback without a position, never SDPA (which would
-    drop or refuse the cap)."""
-    case = CASES[1]
-    query, key, value, position = _inputs(case, torch.float32, seed=3)
-    module = SimpleNamespace(head_dim=case[4], num_key_value_groups=1, training=False, is_causal=True)
-    scale = 3 * case[4] ** -0.5
-    stepped, _ = rewire.attention(module, query, key, value, None, scaling=scale, specgen_position=position,
-                                  sliding_window=None, softcap=SOFTCAP)
-    assert torch.equal(stepped, decode_attention(query, key, value, position, scale, softcap=SOFTCAP))
-    live = int(position) + 1  # the fallback's mask: keys [0, position] for the one query token
-    mask = (torch.arange(case[5]) < live)[None, None, None].to(DEVICE)
-    fallback, _ = rewire.attention(module, query, key, value, mask, scaling=scale, softcap=SOFTCAP)
-    assert (fallback - stepped).abs().max().item() < 2e-6
-
-
 @pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
 @pytest.mark.cuda
 def test_kernel_matches_reference_bf16_on_gpu_graph():
@@ -276,9 +230,7 @@ FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shor
     "mistral": ("MistralConfig", {"sliding_window": 10}),
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "gemma": ("GemmaConfig", {"head_dim": 16}),
     "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 10}),  # soft-capping
-    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 10, "layer_types": ["sliding_attention", "full_attention"]}),
 }
 
 
@@ -287,8 +239,9 @@ FAMILIES = {  # transformers config class, extra config: tiny, GQA, windows shor
 def test_families_step_like_eager_steps(family):
     """Each family through a runner as the fast path builds it (captured steps on a GPU, the
     attention kernel, the other kernels as `auto` resolves them) against eager steps with the
-    model's own attention over the same cache (SDPA; for Gemma 2, soft-capped, rewire's copy of its
-    eager attention), rollbacks included."""
+    reference table over the same cache (SDPA; for Gemma 2, soft-capped as its eager attention),
+    rollbacks included. (Families the owned step does not cover run transformers' modules eagerly:
+    tests/test_step.py.)"""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -302,7 +255,7 @@ def test_families_step_like_eager_steps(family):
     assert attention_unsupported(model.config) is None
     fast = runner(model, capacity=SMALL_CACHE, kernels=resolved(model, attention="kernel"), shapes=(1, 5),
                   use_graphs=True)
-    assert fast.kernels.rope == (family in ("llama", "mistral", "qwen2", "qwen3", "gemma2"))
+    assert fast.kernels.rope
     reference = runner(model, capacity=SMALL_CACHE, kernels=kernels())
     assert bool(fast.graphs) == (torch.device(DEVICE).type == "cuda")
     gen = torch.Generator().manual_seed(1)
@@ -358,56 +311,6 @@ def test_padded_and_chunked_replays_equal_exact_feeds():
         assert (got - want).abs().max().item() < 1e-4
         assert replayed.length == exact.length and int(replayed.position) == int(exact.position) == exact.length
     assert replayed._shape_for(16 * 8 + 1) is None  # past MAX_CHUNKS chunks: eager
-
-
-def test_inductor_settings_apply_for_the_duration_and_are_restored():
-    import torch._inductor.config as config
-
-    from specgen.gpu.runner import AUTOTUNE, inductor_settings
-
-    before = {key: getattr(config, key) for key in AUTOTUNE}
-    seen = {}
-    with pytest.raises(RuntimeError):
-        with inductor_settings(AUTOTUNE):
-            seen = {key: getattr(config, key) for key in AUTOTUNE}
-            raise RuntimeError("a failed compile")
-    assert seen == AUTOTUNE
-    assert {key: getattr(config, key) for key in AUTOTUNE} == before
-
-
-@pytest.mark.parametrize("user_value", [None, "mine"])
-@pytest.mark.parametrize("folder", ["", "profile-cache"])
-def test_compile_cache_leaves_the_environment_as_it_was(tmp_path, monkeypatch, user_value, folder):
-    """The runner's compile cache folder (speculation.compile_cache, else specgen's folder in the
-    user cache) is inductor's only inside step_context (where compiles happen); building a
-    compiling runner and leaving the context restore the user's environment, variable unset
-    included."""
-    from specgen.gpu import runner as runner_module
-
-    model = _tiny("llama")  # (importing transformers' models writes inductor's default into os.environ)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    if user_value is None:
-        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    else:
-        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / user_value))
-    profile_folder = str(tmp_path / folder) if folder else ""
-    compiling = runner(model, capacity=SMALL_CACHE, kernels=kernels(), compile=True, compile_cache_folder=profile_folder)
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == (user_value and str(tmp_path / user_value))
-    with compiling.step_context(1):
-        inside = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/elsewhere"  # as inductor's own cache_dir() may write it
-    assert inside == (profile_folder or str(tmp_path / "specgen/inductor"))
-    assert runner_module.cache_dir(profile_folder) == Path(inside) and Path(inside).is_dir()
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == (user_value and str(tmp_path / user_value))
-
-
-def test_autotune_comes_from_the_profile_and_cli(tmp_path):
-    from specgen.cli.options import overrides
-    from specgen.core.profile import load_profile
-
-    assert overrides(autotune=True, compile=True) == {"speculation.autotune": True, "speculation.compile": True}
-    assert load_profile("demo", {"speculation.autotune": True}).speculation.autotune
-    assert not load_profile("demo", {}).speculation.autotune
 
 
 ROPE_CASES = [  # batch, heads, kv heads, tokens, head dim, capacity, position, window

@@ -233,9 +233,9 @@ EVERYWHERE = ("--threads", "--chat", "--system", "--download", "--no-download", 
 
 
 @pytest.mark.parametrize("command, own", [
-    ("generate", ("--stop", "--min-tokens", "--compile", "--logprobs")),
-    ("bench", ("--compile", "--autotune", "--draft-p-min", "--adaptive-k", "--presence-penalty")),
-    ("inspect-acceptance", ("--stop", "--min-tokens", "--compile")),
+    ("generate", ("--stop", "--min-tokens", "--dtype", "--logprobs")),
+    ("bench", ("--dtype", "--threads", "--draft-p-min", "--adaptive-k", "--presence-penalty")),
+    ("inspect-acceptance", ("--stop", "--min-tokens", "--dtype")),
 ])
 def test_every_command_takes_the_shared_options(command, own):
     from cli_helpers import option_names

@@ -24,7 +24,7 @@ from specgen.gpu.workspace import Workspace
 
 HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] >= 9
 STEP_KERNELS = dict(attention=True, linear=True, rope=True, norm=True, step_io=True)
-LAUNCHERS = [(linear, "linear"), (linear, "gate_up"), (norm, "rms_norm"), (norm, "add_rms_norm"),
+LAUNCHERS = [(linear, "linear"), (linear, "gate_up"), (norm, "rms_norm"),
              (attention, "decode_attention"), (step_io, "inputs"), (step_io, "finish")]
 hopper = pytest.mark.skipif(not HOPPER, reason="needs an NVIDIA GPU of compute capability 9.0 or later")
 

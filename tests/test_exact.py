@@ -19,7 +19,6 @@ import torch
 from gpu_helpers import kernels, runner
 from specgen.gpu import linear as L
 from specgen.gpu import linear_table as T
-from specgen.gpu import rewire
 from specgen.gpu.attention import decode_attention
 from specgen.gpu.workspace import Workspace
 
@@ -144,17 +143,6 @@ def test_gemma2_runner_step_equals_one_token_steps():
     each.truncate(20)
     alone = torch.cat([each.forward(ids[i:i + 1]).clone() for i in range(5)])
     assert torch.equal(together, alone)
-
-
-def test_rewired_model_uses_the_table_it_was_given():
-    """install_linear(model, table): the switch's table (a run's tuned one) is what its layers ask;
-    installing again with another table replaces it, without one keeps it."""
-    model = _tiny_llama(torch.float32)
-    table = T.LinearTable((((64, 32, False), T.NARROW, T.NARROW),), "tuned")
-    switch = rewire.install_linear(model, table)
-    assert switch.table is table
-    assert rewire.install_linear(model) is switch and switch.table is table
-    assert rewire.install_linear(model, T.packaged()).table is T.packaged()
 
 
 def _real_width_config(shape: str):

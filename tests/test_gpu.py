@@ -1,5 +1,5 @@
 """The CUDA backend on a GPU: the captured round against the same round run eagerly, greedy
-identity through the backend, runners against eager forwards, fallback when capture fails, compile.
+identity through the backend, runners against eager forwards, fallback when capture fails.
 
 Skipped without CUDA. The backend-independent greedy-identity and χ² tests live in test_decode,
 test_hybrid, test_ngram and test_adaptive, parametrized over BACKENDS. Thresholds: float32 steps
@@ -28,8 +28,8 @@ from tiny_models import build_pair
 pytestmark = CUDA
 
 
-def cuda_profile(target, draft, k=4, dtype="float32", graphs=True, compile=False, **sampling):
-    profile = make_profile(target, draft, k=k, backend="cuda", speculation=dict(cuda_graphs=graphs, compile=compile),
+def cuda_profile(target, draft, k=4, dtype="float32", graphs=True, **sampling):
+    profile = make_profile(target, draft, k=k, backend="cuda", speculation=dict(cuda_graphs=graphs),
                            **({"max_tokens": 32} | sampling))
     return replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
 
@@ -176,27 +176,3 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
     assert finish(decoder, [4, 5, 6]).token_ids == reference
 
 
-@pytest.mark.slow
-def test_compiled_graphs_match_eager(pair):
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    engine = Engine(cuda_profile(*pair, compile=True))
-    assert engine.describe()["compile"] is True
-    # a prompt's chunks replay a graph of the uncompiled step (one dynamo trace fewer a start)
-    assert engine.target_runner.plain_shapes == {PREFILL_CHUNK} and PREFILL_CHUNK in engine.target_runner.graphs
-    plain = Engine(cuda_profile(*pair, graphs=False))
-    for prompt in random_prompts(engine.pair.vocab_size, 3, seed=2):
-        assert finish(engine.decoder(), prompt).token_ids == finish(plain.decoder(), prompt).token_ids
-    # gpu/compiled.py: every layer compiled, and one trace per model and step shape serves them all
-    runners = (engine.target_runner, engine.draft_runner)
-    assert all(r.compiled.layers == len(r.model.model.layers) > 1 for r in runners)
-    assert 0 < counters["stats"]["unique_graphs"] <= 4  # the target's k + 1 rows, the draft's 1, 2 and k + 2
-    torch._dynamo.reset()
-    counters.clear()
-    alone = Engine(target_only(cuda_profile(*pair, compile=True)))  # 1-token steps: one trace for both layers
-    assert finish(alone.decoder(), [1, 2, 3]).token_ids
-    assert alone.target_runner.compiled.layers == 2 and counters["stats"]["unique_graphs"] == 1
-    profile = replace(engine.profile, sampling=replace(engine.profile.sampling, max_tokens=5))
-    assert len(finish(engine.decoder(profile), [1, 2]).token_ids) == 5

@@ -1,5 +1,5 @@
-"""gpu/linear.py: the weight-streaming linear kernel against F.linear, and inside models through
-gpu/rewire.py's linear rewiring.
+"""gpu/linear.py: the weight-streaming linear kernel against F.linear, and inside specgen's own
+model step (gpu/ops.py's table).
 
 A matrix product is a floating-point reduction whose order differs between the kernel (fp32
 accumulation over K tiles) and the reference, so they agree to a tolerance: float32 within 2e-5
@@ -13,6 +13,8 @@ On CPU the kernel runs in the Triton interpreter (tests/triton_cpu.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
 import pytest
@@ -21,7 +23,6 @@ import torch
 from gpu_helpers import kernels, resolved, runner
 from specgen.gpu import linear as L
 from specgen.gpu import linear_table as T
-from specgen.gpu import rewire
 from specgen.gpu.reference import gate_up_reference
 from specgen.gpu.workspace import Workspace
 
@@ -190,12 +191,12 @@ def test_too_many_rows_is_refused():
 
 
 def _tiny(family: str):
-    from transformers import (GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+    from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)
 
     classes = {"llama": (LlamaConfig, LlamaForCausalLM, {}),
                "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),  # q/k/v biases
-               "gemma": (GemmaConfig, GemmaForCausalLM, {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 16})}
+               "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 16})}
     config_cls, model_cls, extra = classes[family]
     config = config_cls(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
@@ -212,15 +213,14 @@ def _count_launches(monkeypatch) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,act", [("llama", "silu"), ("qwen2", "silu"), ("gemma", "gelu_tanh")])
+@pytest.mark.parametrize("family,act", [("llama", "silu"), ("qwen2", "silu"), ("gemma2", "gelu_pytorch_tanh")])
 def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
     """A 30-token prefill, then 1- and 5-token steps with rollbacks in between: same logits."""
     model = _tiny(family)
     calls = _count_launches(monkeypatch)
     fast = runner(model, kernels=kernels(linear=True))
     plain = runner(model, kernels=kernels())
-    mlps = [m for m in model.modules() if hasattr(m, "_specgen_act")]
-    assert len(mlps) == 2 and {m._specgen_act for m in mlps} == {act}
+    assert {layer.mlp.activation for layer in fast.model.model.layers} == {act}
     calls.clear()
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 96, (30,), generator=gen)
@@ -245,93 +245,6 @@ def test_runner_with_kernel_equals_torch(family, act, monkeypatch):
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-def test_install_changes_nothing_outside_a_runner(monkeypatch):
-    """The same model object used directly (Hugging Face generate in a benchmark) stays on F.linear,
-    bit for bit: only inside its switch's context do the rewired modules take the kernel."""
-    model = _tiny("llama")
-    ids = torch.randint(0, 96, (1, 4), device=DEVICE)
-    with torch.no_grad():
-        before = model(ids).logits
-        assert rewire.linear_switch(model) is None
-        switch = rewire.install_linear(model)
-        switched = [m for m in model.modules() if "_specgen_switch" in vars(m)]
-        assert len(switched) == 2 * 7 + 1 + 2  # 7 linears a layer, lm_head, 2 MLPs
-        assert rewire.install_linear(model) is switch and rewire.linear_switch(model) is switch  # idempotent
-        calls = _count_launches(monkeypatch)
-        assert torch.equal(model(ids).logits, before)
-        assert calls == []
-        with switch.engaged(split_k=False, counters=None):
-            inside = model(ids).logits
-        assert not switch.active
-        assert len(calls) == 2 * 4 + 1
-        assert (inside - before).abs().max().item() < 1e-4
-
-
-def test_qkv_fusion_keeps_weights_and_memory():
-    """Fused q/k/v weights are views of one buffer holding the same values; a k or v call on
-    another input than the q call's computes its own projection."""
-    model = _tiny("qwen2")  # q/k/v with biases
-    before = {key: value.clone() for key, value in model.state_dict().items()}
-    switch = rewire.install_linear(model)
-    after = model.state_dict()
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[key], after[key]) for key in before)
-    attn = model.model.layers[0].self_attn
-    fused = attn.q_proj._specgen_fused
-    assert attn.k_proj._specgen_fused is fused and fused.weight.shape == (64 + 32 + 32, 64)
-    assert attn.v_proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
-    x, other = torch.randn(2, 1, 3, 64, device=DEVICE)
-    with torch.no_grad(), switch.engaged(split_k=False, counters=None):
-        q, k_other, k, v = attn.q_proj(x), attn.k_proj(other), attn.k_proj(x), attn.v_proj(x)
-    ref = [torch.nn.functional.linear(t, m.weight, m.bias) for t, m in
-           ((x, attn.q_proj), (other, attn.k_proj), (x, attn.k_proj), (x, attn.v_proj))]
-    for got, want in zip((q, k_other, k, v), ref):
-        assert got.shape == want.shape and (got - want).abs().max().item() < 1e-5
-    assert fused.pending is None  # released after v
-
-
-def test_fused_paths_trace_without_graph_breaks(monkeypatch):
-    """The q/k/v hand-over and the MLP path compile into one graph (dynamo, fullgraph) that makes
-    the same kernel calls as eager: the fusion survives what torch.compile sees in a captured step.
-    The kernel is swapped for its torch reference here, as the CPU interpreter cannot run inside a
-    trace."""
-    import torch._dynamo
-
-    model = _tiny("llama")
-    switch = rewire.install_linear(model)
-    calls = []
-
-    def fake_linear(x, w, b=None, config=None, **_):
-        calls.append(tuple(w.shape))
-        return torch.nn.functional.linear(x, w, b)
-
-    monkeypatch.setattr(L, "linear", fake_linear)
-    monkeypatch.setattr(L, "gate_up", lambda x, g, u, act, config=None, **_: gate_up_reference(x, g, u, act))
-    ids = torch.randint(0, 96, (1, 5), device=DEVICE)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager", fullgraph=True)
-    with torch.no_grad(), switch.engaged(split_k=False, counters=None):
-        want = model(ids).logits
-        eager_calls, calls[:] = list(calls), []
-        got = compiled(ids).logits
-    assert eager_calls == [(128, 64), (64, 64), (64, 128)] * 2 + [(96, 64)]  # q+k+v, o, down; lm_head
-    assert calls == eager_calls
-    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
-    assert all(m._specgen_fused.pending is None for m in model.modules() if hasattr(m, "_specgen_fused"))
-
-
-def test_unknown_activation_keeps_each_projection():
-    """A gated MLP whose activation the kernel lacks keeps its own forward (its linears still switch)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, hidden_act="relu")
-    model = LlamaForCausalLM(config).eval()
-    rewire.install_linear(model)
-    mlp = model.model.layers[0].mlp
-    assert not hasattr(mlp, "_specgen_act") and type(mlp.gate_proj) is rewire.SkinnyLinear
-
-
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("split_k", [False, True])
@@ -341,12 +254,12 @@ def test_captured_graphs_with_kernel_match_eager(dtype, split_k, monkeypatch):
     every projection in two K chunks (the tiny model's shapes never pick it): graph replays reuse
     the arrival counters, which each call must leave at zero."""
     model = _tiny("llama").to(dtype)
+    policy = resolved(model, linear="kernel", split_k="on" if split_k else "off")
     if split_k:  # the tiny model's shapes (q+k+v, o, gate+up, down, lm_head) in a table
         shapes = [(128, 64, False), (64, 64, False), (128, 64, True), (64, 128, False), (96, 64, False)]
         split = (True, 32, 16, 4, 2, 2)
-        rewire.install_linear(model, T.LinearTable(tuple((shape, T.NARROW, split) for shape in shapes)))
-    fast = runner(model, kernels=resolved(model, linear="kernel", split_k="on" if split_k else "off"), shapes=(1, 5),
-                  use_graphs=True)
+        policy = replace(policy, linear_table=T.LinearTable(tuple((shape, T.NARROW, split) for shape in shapes)))
+    fast = runner(model, kernels=policy, shapes=(1, 5), use_graphs=True)
     assert fast.graphs and fast.kernels.linear and fast.kernels.attention
     plain = runner(model, kernels=kernels())
     gen = torch.Generator().manual_seed(5)

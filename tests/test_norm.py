@@ -1,5 +1,5 @@
 """gpu/norm.py: the RMSNorm kernel (with the residual add before it) against its torch reference,
-bit for bit, and inside models through gpu/rewire.py's install_norm.
+bit for bit, and inside specgen's own model step (gpu/ops.py's table).
 
 The kernel keeps every rounding step of transformers' RMSNorm and takes the sum of float32 squares
 in float64, so it equals its reference exactly, and equals the module exactly wherever the module's
@@ -19,7 +19,6 @@ import torch
 from gpu_helpers import kernels, runner
 from specgen.gpu import linear as L
 from specgen.gpu import norm as N
-from specgen.gpu import rewire
 from specgen.gpu.reference import offset_norm_add_reference, rms_norm_reference
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -151,153 +150,44 @@ def _tiny(family: str, dtype):
     return getattr(transformers, f"{family}ForCausalLM")(config).to(DEVICE).to(dtype).eval()
 
 
-def _feed(each, feeds, norm: bool) -> list:
-    """Logits of each feed; with norm, the runner's steps run with the norm kernel on (the runner's
-    own engagement, which passes no norm value, keeps the enclosing one)."""
+def _feed(each, feeds) -> list:
+    """Logits of each feed, from the start."""
     each.reset()
-    out = []
-    for ids in feeds:
-        with each.switch.engaged(False, None, norm=norm):
-            out.append(each.forward(ids.to(DEVICE)).clone())
-    return out
+    return [each.forward(ids.to(DEVICE)).clone() for ids in feeds]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,dtype,modules,launches,adds", [("Llama", torch.bfloat16, 7, 5, 2),
-                                                                ("Qwen3", torch.bfloat16, 11, 9, 2),
-                                                                ("Gemma2", torch.bfloat16, 11, 5, 0),
-                                                                ("Llama", torch.float32, 7, 5, 2)])
-def test_runner_with_norm_kernel_equals_the_model(family, dtype, modules, launches, adds, monkeypatch):
-    """A prefill, then 5- and 1-token steps of a rewired model (2 layers: 2 norms and 1 fused add
-    each, the MLP's add in its down projection, the final norm; Qwen3's per-head q/k norms; Gemma
-    2's four (1 + w) norms a layer and its two adds in two launches, the next layer's input norm or
-    the final norm joining the second, the first layer's input norm in one) against the same weights without it, both
-    with the linear kernel: identical bfloat16 logits; float32 ones within the float32 sum's order."""
+@pytest.mark.parametrize("family,dtype,launches,adds", [("Llama", torch.bfloat16, 5, 4),
+                                                        ("Qwen3", torch.bfloat16, 9, 4),
+                                                        ("Gemma2", torch.bfloat16, 7, 0),
+                                                        ("Llama", torch.float32, 5, 4)])
+def test_runner_with_norm_kernel_equals_the_model(family, dtype, launches, adds, monkeypatch):
+    """A prefill, then 5- and 1-token steps of specgen's own model (2 layers) with the norm kernel
+    against the same weights without it, both with the linear kernel: per layer Llama's two norms
+    (Qwen3's per-head q/k norms too), Gemma 2's input norm, its add between two (1 + w) norms in
+    one launch and its post-feedforward norm; the final norm; each residual add in its
+    projection's epilogue (Gemma 2 adds after its norms). Identical bfloat16 logits; float32 ones
+    within the float32 sum's order."""
     model = _tiny(family, dtype)
-    plain_model = copy.deepcopy(model)
-    assert rewire.install_norm(copy.deepcopy(model), rewire.LinearSwitch()) == modules
-    fast = runner(model, kernels=kernels(linear=True, norm=True))  # installs them itself
-    assert rewire.install_norm(model, fast.switch) == 0  # idempotent
-    plain = runner(plain_model, kernels=kernels(linear=True))
+    fast = runner(copy.deepcopy(model), kernels=kernels(linear=True, norm=True))
+    plain = runner(model, kernels=kernels(linear=True))
     calls = []
     real = N._launch
     gen = torch.Generator().manual_seed(0)
     feeds = [torch.randint(0, 96, (n,), generator=gen) for n in (12, 5, 1)]
-    want = _feed(plain, feeds, norm=False)
+    want = _feed(plain, feeds)
     monkeypatch.setattr(N, "_launch", lambda x, *a: calls.append(x.shape) or real(x, *a))
     added = []
     real_linear = L._launch
     monkeypatch.setattr(L, "_launch", lambda *a: added.append(a[9] is not None) or real_linear(*a))  # residual
-    got = _feed(fast, feeds, norm=True)
-    assert len(calls) == 3 * launches  # per layer: norm, add + norm (Qwen3: q and k norms); final norm
-    assert sum(added) == 3 * adds  # per layer: the MLP's residual add in the down projection
+    got = _feed(fast, feeds)
+    assert len(calls) == 3 * launches
+    assert sum(added) == 3 * adds
     for a, b in zip(got, want):
         if dtype == torch.float32:
             assert (a - b).abs().max().item() < 1e-4 * max(1.0, b.abs().max().item())
         else:
             assert torch.equal(a, b)
-
-
-def test_install_changes_nothing_outside_an_engaged_norm():
-    """Outside a norm engagement (no runner, or a runner without the norm) the model's own norms
-    and layers run, bit for bit."""
-    model = _tiny("Llama", torch.float32)
-    ids = torch.randint(0, 96, (1, 4), device=DEVICE)
-    with torch.no_grad():
-        before = model(ids).logits
-        switch = rewire.install_linear(model)
-        rewire.install_norm(model, switch)
-        calls = []
-        real = N._launch
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(N, "_launch", lambda x, *a: calls.append(x.shape) or real(x, *a))
-            assert torch.equal(model(ids).logits, before)
-            with switch.engaged(split_k=False, counters=None):
-                model(ids)
-            assert calls == []
-            with switch.engaged(split_k=False, counters=None, norm=True):
-                inside = model(ids).logits
-            assert len(calls) == 2 * 2 + 1 and not switch.norms()
-        assert (inside - before).abs().max().item() < 1e-4
-
-
-def test_gemma2_norm_computed_ahead_is_taken_only_for_its_tensor():
-    """A Gemma 2 layer's last launch also computes the next norm (the next layer's input norm, the
-    final norm after the last layer) and hands it on. A hook that replaces a layer's output makes
-    the next norm compute its own: one launch more, and the hook's effect in the logits."""
-    model = _tiny("Gemma2", torch.float32)
-    ids = torch.randint(0, 96, (1, 4), device=DEVICE)
-    switch = rewire.install_linear(model)
-    rewire.install_norm(model, switch)
-    launches = []
-    real = N._launch
-    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(N, "_launch", lambda x, *a: launches.append(x.shape) or real(x, *a))
-        plain = model(ids).logits
-        with switch.engaged(split_k=False, counters=None, norm=True):
-            fused = model(ids).logits
-        assert len(launches) == 5 and switch.handed is None  # 2 layers: 3 + 2 launches; none left over
-        handle = model.model.layers[0].register_forward_hook(lambda module, args, out: out * 0.5)
-        hooked_plain = model(ids).logits
-        with switch.engaged(split_k=False, counters=None, norm=True):
-            hooked = model(ids).logits
-        handle.remove()
-    assert len(launches) == 5 + 6
-    assert (fused - plain).abs().max().item() < 1e-4 * max(1.0, plain.abs().max().item())
-    assert (hooked - hooked_plain).abs().max().item() < 1e-4 * max(1.0, hooked_plain.abs().max().item())
-    assert (hooked_plain - plain).abs().max().item() > 1e-2
-
-
-def test_hooked_mlp_keeps_its_call_and_the_separate_add():
-    """A hook on an MLP or its down projection (a user's, accelerate's) still runs in an engaged
-    step: those layers take the unfused add, the others the down projection's epilogue; same logits."""
-    model = _tiny("Llama", torch.float32)
-    ids = torch.randint(0, 96, (1, 4), device=DEVICE)
-    switch = rewire.install_linear(model)
-    rewire.install_norm(model, switch)
-    seen = []
-    with torch.no_grad(), switch.engaged(split_k=False, counters=None, norm=True):
-        want = model(ids).logits
-        handles = [model.model.layers[0].mlp.register_forward_hook(lambda *a: seen.append("mlp")),
-                   model.model.layers[1].mlp.down_proj.register_forward_pre_hook(lambda *a: seen.append("down"))]
-        got = model(ids).logits
-    for handle in handles:
-        handle.remove()
-    assert seen == ["mlp", "down"]
-    assert (got - want).abs().max().item() < 1e-5 * max(1.0, want.abs().max().item())
-
-
-def test_norm_paths_trace_without_graph_breaks(monkeypatch):
-    """The rewired layer and norm compile into one graph (dynamo, fullgraph) making the same kernel
-    calls as eager, as in a compiled captured step. The kernel is swapped for its torch reference:
-    the CPU interpreter cannot run inside a trace."""
-    import torch._dynamo
-
-    model = _tiny("Llama", torch.float32)
-    switch = rewire.install_linear(model)
-    rewire.install_norm(model, switch)
-    calls = []
-
-    def fake(x, residual, weight, eps, dependent, offset=False, after=False, weight2=None, eps2=0.0):
-        assert not after  # Llama's layers
-        calls.append(residual is not None)
-        return rms_norm_reference(x, weight, eps, residual, offset)
-
-    monkeypatch.setattr(N, "_launch", fake)
-    monkeypatch.setattr(rewire.linear_kernels, "linear", lambda x, w, b=None, config=None, **_:
-                        torch.nn.functional.linear(x, w, b))
-    monkeypatch.setattr(rewire.linear_kernels, "gate_up", lambda x, g, u, act, config=None, **_:
-                        torch.nn.functional.silu(torch.nn.functional.linear(x, g)) * torch.nn.functional.linear(x, u))
-    ids = torch.randint(0, 96, (1, 5), device=DEVICE)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager", fullgraph=True)
-    with torch.no_grad(), switch.engaged(split_k=False, counters=None, norm=True):
-        want = model(ids).logits
-        eager_calls, calls[:] = list(calls), []
-        got = compiled(ids).logits
-    assert eager_calls == [False, True] * 2 + [False]  # per layer: norm, add + norm; the final norm
-    assert calls == eager_calls
-    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
 
 
 @pytest.mark.cuda
@@ -306,19 +196,14 @@ def test_norm_paths_trace_without_graph_breaks(monkeypatch):
 def test_captured_graphs_with_norm_match_its_eager_steps(dtype):
     """Captured 1- and 5-token steps with the norm kernel against the same runner's eager steps."""
     model = _tiny("Llama", dtype)
-    eager_model = copy.deepcopy(model)
     resolved = kernels(attention=True, rope=True, linear=True, norm=True)
-    fast = runner(model, kernels=resolved, use_graphs=True)
-    rewire.install_norm(model, fast.switch)
-    with fast.switch.engaged(False, None, norm=True):
-        fast.add_shapes((1, 5))
+    fast = runner(copy.deepcopy(model), kernels=resolved, shapes=(1, 5), use_graphs=True)
     assert fast.graphs
-    eager = runner(eager_model, kernels=resolved)
-    rewire.install_norm(eager_model, eager.switch)
+    eager = runner(model, kernels=resolved)
     gen = torch.Generator().manual_seed(5)
     feeds = [torch.randint(0, 96, (n,), generator=gen) for n in (20, 1, 5, 5, 1, 3)]
-    got = _feed(fast, feeds, norm=True)
-    want = _feed(eager, feeds, norm=True)
+    got = _feed(fast, feeds)
+    want = _feed(eager, feeds)
     tol = 1e-4 if dtype == torch.float32 else 0.1  # the prefill replays 5-token chunks where eager runs 20 rows
     for a, b in zip(got, want):
         assert (a - b).abs().max().item() < tol * max(1.0, b.abs().max().item())

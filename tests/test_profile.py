@@ -107,8 +107,6 @@ adaptive_k = true
 k = 7
 draft_sampling = "sample"
 cuda_graphs = false
-compile = true
-autotune = true
 [sampling]
 temperature = 0.8
 top_k = 50
@@ -143,7 +141,7 @@ warp = "kernel"
                              (("0", "20GiB"), ("1", "70GiB"), ("cpu", "1000"))),
         draft=ModelSpec("org/d", dtype="float16", device="cpu"),
         proposer=ProposerSpec("ngram", 2, 5, 0.3, True),
-        speculation=SpeculationSpec(7, "sample", False, True, True),
+        speculation=SpeculationSpec(7, "sample", False),
         sampling=SamplingSpec(
             0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5, "raw"
         ),

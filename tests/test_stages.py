@@ -21,6 +21,7 @@ from specgen.core import models
 from specgen.core.backend import TorchBackend
 from specgen.core.engine import make_backend
 from specgen.core.settings import ModelSpec
+from specgen.core.step.rows import Rows
 from specgen.gpu import stages
 from tiny_models import build_pair
 
@@ -32,24 +33,30 @@ def pair(tmp_path_factory):
     return build_pair(tmp_path_factory.mktemp("stages"), family="llama", noisy=0.1)
 
 
-def load(path, device_map, dtype=torch.float32):
-    from transformers import AutoModelForCausalLM
+def load(path, layout=None, dtype=torch.float32):
+    """specgen's own model of the checkpoint, on the CPU, or placed by `layout` (module name -> GPU
+    index), as the loader places it for a device_map."""
+    import json
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, device_map=device_map).eval()
+    from specgen.core.step import config as step_config
+    from specgen.core.step.load import load as load_owned
+
+    config = step_config.of(json.loads((path / "config.json").read_text()))
+    places = {name: torch.device("cuda", index) for name, index in layout.items()} if layout else None
+    return load_owned(path, config, dtype, torch.device("cpu"), places)
 
 
 # -- CPU ------------------------------------------------------------------------------------------
 
 
 def test_units_are_the_largest_modules_on_one_device(pair):
-    model = load(pair[0], None)
+    model = load(pair[0])
     assert stages.units(model) == [model]  # all on one device: the model is the unit
     model.model.layers[1].to("meta")
     model.model.norm.to("meta")
     model.lm_head.to("meta")
     inner = model.model
-    assert stages.units(model) == [inner.embed_tokens, inner.layers[0], inner.layers[1], inner.norm,
-                                   inner.rotary_emb, model.lm_head]
+    assert stages.units(model) == [inner.embed_tokens, inner.layers[0], inner.layers[1], inner.norm, model.lm_head]
     assert stages.unit_device(inner.layers[1]) == torch.device("meta")
 
 
@@ -64,42 +71,11 @@ def test_a_model_is_spread_when_a_weight_lies_on_another_gpu(monkeypatch, device
 
 
 def test_stages_describe_where_each_unit_lies(pair):
-    model = load(pair[0], None)
+    model = load(pair[0])
     for module in (model.model.layers[1], model.model.norm, model.lm_head):
         module.to("meta")
     described = stages.Stages(model, torch.device("meta")).describe()
-    assert described == {"cpu": "Embedding, LlamaDecoderLayer, LlamaRotaryEmbedding",
-                         "meta": "LlamaDecoderLayer, LlamaRMSNorm, Linear"}
-
-
-def test_tables_of_buffers_only_join_the_embedding(pair):
-    """A rotary embedding placed on another device than the embedding moves to it: the forward calls
-    it there, so a step would cross devices and back for it."""
-    model = load(pair[0], None)
-    model.model.embed_tokens.to("meta")
-    stages.Stages(model, torch.device("cpu"))
-    assert model.model.rotary_emb.inv_freq.device == torch.device("meta")
-    assert model.model.layers[0].self_attn.q_proj.weight.device == torch.device("cpu")  # weights stay
-
-
-def test_removing_accelerates_hooks_leaves_no_forward_on_the_instances(pair):
-    """accelerate puts each hooked module's forward back as an instance attribute, which would
-    shadow the forwards that rewiring gives by changing the class: a split step then ran cuBLAS and
-    torch's norms instead of the kernels. A forward someone set before the hooks stays."""
-    from accelerate.hooks import ModelHook, add_hook_to_module
-
-    model = load(pair[0], None)
-    own = model.lm_head.forward = lambda x: x  # a user's, before accelerate's
-    for module in model.modules():
-        add_hook_to_module(module, ModelHook())
-    stages.remove_dispatch_hooks(model)
-    assert model.lm_head.forward is own
-    del model.lm_head.forward
-    left = [name for name, m in model.named_modules() if "forward" in vars(m) or hasattr(m, "_hf_hook")]
-    assert left == []
-    layer = model.model.layers[0]
-    layer.__class__ = type("Rewired", (type(layer),), {"forward": lambda self, *a, **k: "rewired"})
-    assert layer(torch.zeros(1)) == "rewired"
+    assert described == {"cpu": "Table, LlamaLayer", "meta": "LlamaLayer, RMSNorm, Table"}
 
 
 def test_summary_counts_runs_of_one_kind():
@@ -136,15 +112,22 @@ def test_a_segmented_graphs_summary_counts_graphs_copies_and_bytes():
 def test_bring_maps_nested_arguments_and_leaves_others_alone():
     a, b = torch.zeros(2), torch.ones(2)
     moved = {(id(a), torch.device("cuda", 1)): b}
-    tree = ((a, "x", None), {"p": (a, 3), "q": [a]})
+    rows = Rows(a, a, a, None, start=a, pending=True)  # a dataclass: every tensor field, the rest kept
+    tree = ((a, "x", None), {"p": (a, 3), "q": [a]}, rows)
     out = stages._replace(tree, torch.device("cuda", 1), moved)
     assert out[0][0] is b and out[0][1] == "x" and out[1]["p"][0] is b and out[1]["q"][0] is b
+    assert out[2].ids is b and out[2].start is b and out[2].visible is None and out[2].pending
+    found = []
+    stages._collect(rows, torch.device("cpu"), found)  # CUDA tensors only: CPU ones never cross
+    assert found == []
 
 
 def test_an_offloaded_model_runs_on_the_torch_backend(pair):
     """Weights on the CPU under a device_map (offload): the CUDA backend cannot capture them."""
+    from transformers import AutoModelForCausalLM
+
     profile = make_profile(*pair)
-    model = load(pair[0], None)
+    model = AutoModelForCausalLM.from_pretrained(str(pair[0]))
     backend = make_backend(torch.device("cuda", 0), profile, models=(model, None))
     assert isinstance(backend, TorchBackend)
 
@@ -182,8 +165,7 @@ def current_device():
         torch.cuda.set_device(saved)
 
 
-SPLIT = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": 1,
-         "model.norm": 1, "lm_head": 1}
+SPLIT = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "model.norm": 1, "lm_head": 1}
 
 
 def backend_on(device, profile):
@@ -220,6 +202,7 @@ def test_a_split_runner_steps_as_on_one_gpu_bit_for_bit(pair, dtype, graphs):
     home = torch.device("cuda", 1)
     profile = make_profile(*pair, backend="cuda", speculation=dict(cuda_graphs=graphs))
     whole, split = load(pair[0], {"": 1}, dtype), load(pair[0], SPLIT, dtype)
+    assert split.model.layers[1].input_layernorm.weight.device == torch.device("cuda", 1)
     width = whole.get_output_embeddings().weight.shape[0]
     outputs = []
     for model in (whole, split):
@@ -256,11 +239,10 @@ def test_a_split_pair_decodes_the_one_gpu_pairs_tokens(pair, settings, monkeypat
                       draft=replace(profile.draft, device="cuda:1"))
     results = []
     for split in (False, True):
-        if split:
-            real = models.placement
-            monkeypatch.setattr(models, "placement",
-                                lambda spec, device: {"device_map": SPLIT} if spec.path == str(pair[0])
-                                else real(spec, device))
+        if split:  # the target's device_map: the planner's answer replaced by SPLIT
+            profile = replace(profile, target=replace(profile.target, device_map="auto"))
+            monkeypatch.setattr(models, "_layout", lambda spec, config, dtype: {
+                name: torch.device("cuda", index) for name, index in SPLIT.items()})
         engine = Engine(profile)
         assert engine.backend.name == "cuda" and engine.pair.device == torch.device("cuda", 1)
         decoder = engine.decoder()

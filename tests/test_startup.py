@@ -130,52 +130,23 @@ def test_a_draft_whose_tokenizer_files_differ_is_loaded_and_checked(pair, tmp_pa
         models.load_pair(_profile(pair, draft=str(draft)))
 
 
-# -- the compile cache folder ---------------------------------------------------------------------
+# -- retired keys -----------------------------------------------------------------------------------
 
 
-def _unwritable(tmp_path) -> str:
-    """A folder path no one can create: a regular file sits where its parent should be."""
-    (tmp_path / "file").write_text("")
-    return str(tmp_path / "file" / "cache")
-
-
-def test_an_unwritable_compile_cache_is_a_usage_error_before_any_model_loads(cli, tmp_path):
-    folder = _unwritable(tmp_path)
+def test_compile_is_retired_with_a_one_line_error_naming_what_to_do(cli, tmp_path):
+    """`compile = true` (or --compile) was an option; now a usage error that says it is gone,
+    before any model loads. A profile written before, holding the default `compile = false`, loads."""
     profile = write_profile(tmp_path / "p.toml", tmp_path / "missing-target", None,
-                            speculation={"compile": True, "compile_cache": folder}, proposer={"kind": "none"})
+                            speculation={"compile": True}, proposer={"kind": "none"})
     code, out, err = cli("generate", "-p", profile, "hello")
     assert (code, out) == (2, "")
-    lines = err.splitlines()
-    assert len(lines) == 2 and lines[0].startswith(f"specgen: error: speculation.compile_cache = '{folder}': cannot")
-    assert lines[1].startswith("hint: set compile_cache in [speculation] to a folder you can write")
-    code, _, err = cli("generate", "-p", profile, "--no-compile", "hello")  # without compile: not checked
+    assert len(err.splitlines()) == 1 and "compile" in err and "remove it" in err
+    quiet = write_profile(tmp_path / "q.toml", tmp_path / "missing-target", None,
+                          speculation={"compile": False, "autotune": False, "compile_cache": ""},
+                          proposer={"kind": "none"})
+    code, _, err = cli("generate", "-p", quiet, "hello")  # the defaults: loads, then misses the model
     assert code == 1 and "missing-target not found" in err
-
-
-def test_the_default_compile_cache_follows_xdg_cache_home(cli, tmp_path, monkeypatch):
-    from specgen.core.compile_cache import cache_dir, check_writable
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert check_writable("") == cache_dir("") == tmp_path / "xdg" / "specgen" / "inductor"
-    assert cache_dir("").is_dir()
-    monkeypatch.setenv("XDG_CACHE_HOME", _unwritable(tmp_path))
-    profile = write_profile(tmp_path / "p.toml", tmp_path / "missing-target", None, proposer={"kind": "none"})
-    code, out, err = cli("generate", "-p", profile, "--compile", "hello")
-    assert (code, out) == (2, "")
-    assert err.startswith("specgen: error: specgen's compile cache folder ") and "XDG_CACHE_HOME" in err
-
-
-@pytest.mark.parametrize("user_value", [None, "mine"])
-def test_compile_cache_restores_tritons_cache_variable(tmp_path, monkeypatch, user_value):
-    """Inductor sets TRITON_CACHE_DIR below its cache folder at its first Triton kernel and never
-    unsets it: outside specgen's compiles it is the user's again (or unset)."""
-    from specgen.gpu.runner import compile_cache
-
-    if user_value is None:
-        monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    else:
-        monkeypatch.setenv("TRITON_CACHE_DIR", user_value)
-    with compile_cache(str(tmp_path)):
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
-        os.environ["TRITON_CACHE_DIR"] = str(tmp_path / "triton" / "0")  # as inductor's CachingAutotuner does
-    assert os.environ.get("TRITON_CACHE_DIR") == user_value
+    code, out, err = cli("generate", "-p", quiet, "--compile", "hello")
+    assert (code, out) == (2, "") and err.startswith("specgen: error: --compile: torch.compile was removed")
+    code, _, err = cli("generate", "-p", quiet, "--autotune", "hello")
+    assert code == 2 and "--autotune" in err

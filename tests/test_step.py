@@ -277,7 +277,6 @@ def test_the_loader_takes_the_owned_step_on_the_cpu_for_every_family(family):
     spec = ModelSpec(path=str(folder / "target"), device="cpu")
     assert isinstance(load_model(spec, modeling="transformers"), PreTrainedModel)
     assert owned(folder / "target", spec, torch.device("cuda"), True, "auto") is not None
-    assert owned(folder / "target", spec, torch.device("cuda"), True, "auto", compile=True) is None  # compiled steps
     assert owned(folder / "target", spec, torch.device("cpu"), False, "auto") is None  # pickle weights
 
 
@@ -291,8 +290,10 @@ def test_a_run_on_transformers_says_why(family, tmp_path):
     chosen = replace(profile, runtime=replace(profile.runtime, modeling="transformers"))
     assert load_pair(chosen).modeling_note == '[runtime] modeling = "transformers"'
     spec = ModelSpec(path=str(folder / "target"), device="cpu")
-    assert models.not_owned(folder / "target", spec, torch.device("cuda"), True, "auto", compile=True) == \
-        "compiled steps"
+    spread = ModelSpec(path=str(folder / "target"), device="cpu", device_map="auto")
+    if not torch.cuda.is_available():  # a device_map on a machine without GPUs places weights on the CPU
+        assert models.not_owned(folder / "target", spread, torch.device("cpu"), True, "auto") == \
+            "a device_map that places weights on the cpu"
     assert models.not_owned(folder / "target", spec, torch.device("cpu"), False, "auto") == \
         "pickle weights (no safetensors)"
     config = json.loads((folder / "target" / "config.json").read_text())

@@ -219,7 +219,7 @@ def wants_fp32_check(option: bool | None, plan, document: dict) -> bool:
 
 def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding: Encoding, allow_pickle: bool,
                    quiet: bool):
-    """The float32 check on a second load of the pair (no compile: it is not timed); None after Ctrl-C."""
+    """The float32 check on a second load of the pair (it is not timed); None after Ctrl-C."""
     import gc
 
     import torch
@@ -231,7 +231,7 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    fp32 = {**overrides, "target.dtype": "float32", "draft.dtype": "float32", "speculation.compile": False}
+    fp32 = {**overrides, "target.dtype": "float32", "draft.dtype": "float32"}
 
     def settings_for(k: int, temperature: float, proposer: str | None = None):
         return load_profile(profile, {**fp32, "speculation.k": k, "sampling.temperature": temperature,

@@ -24,17 +24,12 @@ def load_engine(settings, allow_pickle: bool, status: bool, proposers: tuple[str
 
 
 def check_before_loading(settings, proposers: tuple[str, ...] | None = None) -> None:
-    """What the run needs on disk, checked before torch is imported and a minute of loading: with
-    compile the compile cache folder (core/compile_cache.py), which compile writes at the end of
-    start-up, and the checkpoints the proposers need (a folder, or a hub id in the local cache) and
-    the head's folder. proposers: as load_engine's."""
+    """What the run needs on disk, checked before torch is imported and a minute of loading: the
+    checkpoints the proposers need (a folder, or a hub id in the local cache) and the head's
+    folder. proposers: as load_engine's."""
     from specgen.core.checkpoints import check_head_folder, check_present
     from specgen.core.profile import origin
 
-    if settings.speculation.compile:
-        from specgen.core.compile_cache import check_writable
-
-        check_writable(settings.speculation.compile_cache)
     kinds = proposers or (settings.proposer.kind,)
     drafters = {settings.proposer.drafter(kind) for kind in kinds}
     check_head_option(settings, kinds, drafters)
@@ -63,7 +58,7 @@ class Startup:
     """Seconds before the first prompt, measured once per process.
 
     load: importing torch and transformers, reading the pair and placing it on the device;
-    setup: the runners' caches, CUDA-graph capture and compile, and the first decoder's round
+    setup: the runners' caches, CUDA-graph capture, and the first decoder's round
     (built and, on a GPU, captured)."""
 
     load_seconds: float
@@ -79,7 +74,7 @@ class Startup:
 @runtime_checkable
 class TimedSetup(Protocol):
     """A runner that counts the seconds it spent preparing (gpu/runner.py's GraphRunner: cache
-    allocation, capture, compile); the eager runner prepares nothing."""
+    allocation, capture); the eager runner prepares nothing."""
 
     setup_seconds: float
 

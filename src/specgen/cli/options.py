@@ -65,12 +65,10 @@ StopTokenId = Annotated[Optional[list[int]], _sampling(
 IgnoreEos = Annotated[Optional[bool], _sampling("--ignore-eos/--no-ignore-eos", help="Keep going past EOS.")]
 Dtype = Annotated[Optional[str], _models("--dtype", help="auto | float32 | bfloat16 | float16 (every model loaded).")]
 Device = Annotated[Optional[str], _models("--device", help="auto | cpu | cuda | cuda:N (every model loaded).")]
-Compile = Annotated[Optional[bool], _models(
-    "--compile/--no-compile",
-    help="Also torch.compile the steps' decoder layers: a slower first start; with specgen's kernels, rounds "
-         "measured no faster.")]
-Autotune = Annotated[Optional[bool], _models(
-    "--autotune/--no-autotune", help="With --compile: benchmark GEMM kernels at start-up (much slower first start).")]
+# Retired with torch.compile: kept, hidden, so that a script passing them gets the one-line error
+# that says so (core/profile.py's _RETIRED), not "no such option".
+Compile = Annotated[Optional[bool], _models("--compile/--no-compile", hidden=True)]
+Autotune = Annotated[Optional[bool], _models("--autotune/--no-autotune", hidden=True)]
 Threads = Annotated[Optional[int], _models(
     "--threads", help="CPU threads for torch; 0 = auto (half the CPUs, at least 1).")]
 Logprobs = Annotated[Optional[int], output_option(

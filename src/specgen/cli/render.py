@@ -55,7 +55,7 @@ def legend() -> Text:
 
 @contextlib.contextmanager
 def startup_status(enabled: bool):
-    """While models load (and CUDA graphs capture and compile): a status line on a terminal's stderr,
+    """While models load (and CUDA graphs capture): a status line on a terminal's stderr,
     transient; yields the progress(done, total, what) callback for Engine. Off a terminal, only the
     capture's last step is said, as one line."""
     console = stderr_console()

@@ -145,8 +145,8 @@ def _in_step(settings, table, step_timer, progress=None):
     device = resolve_device(settings.draft)
     if step_timer is None and device.type != "cuda":
         return table, [f"draft on {device}: its picks are chosen inside its step only on a CUDA GPU"]
-    # transformers' modules, which the CUDA backend rewires (specgen's own Llama is the CPU's)
-    model = load_model(settings.draft, False, settings.runtime.download, "transformers")
+    # the draft as the CUDA backend runs it: specgen's own model step
+    model = load_model(settings.draft, False, settings.runtime.download, settings.runtime.modeling)
     kernels = resolve(settings.kernels, device, model)
     kernels = dataclasses.replace(kernels, linear_table=table.over(packaged()).for_drafts())
     # the shapes this file lists: a table file holds draft picks only beside a shape's entry

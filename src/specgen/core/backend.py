@@ -10,7 +10,7 @@ core/engine.py's `make_backend` picks one: the one place core reaches gpu/, only
 from __future__ import annotations
 
 import time
-from typing import Callable, ContextManager, Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -59,9 +59,9 @@ class Backend(Protocol):
 
     def program(self, rnd, mode) -> Program: ...
 
-    def head_kernels(self, head) -> Callable[[], ContextManager] | None:
-        """A context to run an EAGLE-3 head's round calls in, with the backend's kernels; None:
-        the head keeps its own forward."""
+    def head_ops(self, head):
+        """The kernel table (core/step/ops.py's protocol) an EAGLE-3 head's calls compute through
+        on this backend; None: the head keeps the torch reference."""
         ...
 
     def graph(self, fn: Callable[[], None], what: str) -> Callable[[], None]:
@@ -177,7 +177,7 @@ class TorchBackend:
     def program(self, rnd, mode) -> Program:
         return EagerProgram(lambda mark: rnd.body(mode, mark))
 
-    def head_kernels(self, head):
+    def head_ops(self, head):
         return None
 
     def graph(self, fn, what):

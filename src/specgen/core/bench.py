@@ -417,7 +417,6 @@ class Bench:
             "min_p": sampling.min_p,
             "repeat": self.plan.repeat,
             "warmup": self.plan.warmup,
-            "compile": profile.speculation.compile,
             "pipeline": profile.speculation.pipeline,
         }
 

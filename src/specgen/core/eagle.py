@@ -33,24 +33,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from specgen.core.step import parts
 from specgen.core.step.ops import TorchOps
+from specgen.core.step.rows import Rows
 
-NORM = TorchOps().norm  # the same norm as the target's Llama layers
+REFERENCE = TorchOps()  # the kernel table a head computes through unless given another (`ops`)
 
 
-class RMSNorm(nn.Module):
-    """A Llama RMSNorm whose weight the head trains."""
+class RMSNorm(parts.RMSNorm):
+    """A Llama RMSNorm whose weight the head trains (the owned step's, computed through its table)."""
 
     def __init__(self, size: int, eps: float):
-        super().__init__()
+        nn.Module.__init__(self)
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+        self.eps, self.offset = eps, False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return NORM(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, ops=REFERENCE) -> torch.Tensor:
+        return ops.norm(x, self.weight, self.eps)
 
 
 @dataclass(frozen=True)
@@ -195,51 +196,36 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-class Attention(nn.Module):
-    """Llama attention whose q/k/v read 2H (embedding and feature side by side), over the head's
-    static cache: row i writes its key and value at slot positions[i] and attends to the slots at
-    or before it. Slots past the position are stale and masked, so a rollback only moves the
-    position; shapes never depend on it, so the step can be captured in a CUDA graph. The cache
-    is [1, Hkv, C, D] (batch 1), the layout gpu/attention.py's kernel reads."""
+class Attention(parts.Attention):
+    """Llama attention whose q/k/v read 2H (embedding and feature side by side): the owned step's
+    attention (core/step/parts.py) with trainable projections, over the head's own one-layer slot
+    cache ([1, Hkv, C, D], the layout gpu/attention.py's kernel reads). A row writes its key at
+    its position's slot and attends to the slots at or before it; slots past the position are
+    stale and masked, so a rollback only moves the position and no shape depends on it."""
 
     def __init__(self, config: Eagle3Config):
-        super().__init__()
+        nn.Module.__init__(self)
+        self.index, self.window, self.softcap, self.fused = 0, None, None, None
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.scale = self.head_dim ** -0.5
         width = 2 * config.hidden_size
         self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
-        q, k = rotate(q, *rope), rotate(k, *rope)
-        k_cache, v_cache = cache[0][0], cache[1][0]  # [Hkv, C, D] each
-        k_cache.index_copy_(1, positions, k.transpose(0, 1).to(k_cache.dtype))
-        v_cache.index_copy_(1, positions, v.transpose(0, 1).to(v_cache.dtype))
-        group = self.heads // self.kv_heads
-        keys = k_cache.repeat_interleave(group, dim=0)  # [H, C, D]
-        values = v_cache.repeat_interleave(group, dim=0)
-        visible = torch.arange(k_cache.shape[1], device=x.device)[None, :] <= positions[:, None]  # [N, C]
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible)  # [H, N, D]
-        return self.o_proj(out.transpose(0, 1).reshape(n, self.heads * self.head_dim))
 
-
-class MLP(nn.Module):
+class MLP(parts.MLP):
     def __init__(self, config: Eagle3Config):
-        super().__init__()
+        nn.Module.__init__(self)
+        self.activation = "silu"
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.act_fn = nn.SiLU()  # a module, as in transformers' gated MLPs (gpu/rewire.py reads it)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ops=REFERENCE, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(x, ops, residual)
 
 
 class Eagle3Layer(nn.Module):
@@ -255,13 +241,22 @@ class Eagle3Layer(nn.Module):
         self.self_attn = Attention(config)
         self.mlp = MLP(config)
 
-    def forward(self, embeds: torch.Tensor, h: torch.Tensor, positions: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor], cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        normed = self.hidden_norm(h)
+    def forward(self, embeds: torch.Tensor, h: torch.Tensor, rows: Rows, cache, ops, rotary) -> torch.Tensor:
+        """embeds, h [1, N, H] -> the layer's output [1, N, H]; each add is its projection's epilogue."""
+        normed = self.hidden_norm(h, ops)
         residual = normed if self.norm_before_residual else h
-        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [N, 2H]
-        h = residual + self.self_attn(x, positions, rope, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x = torch.cat([self.input_layernorm(embeds, ops), normed], dim=-1)  # [1, N, 2H]
+        attn = self.self_attn
+        h = attn.project(attn(x, rows, cache, ops, rotary), ops, residual=residual)
+        return self.mlp(self.post_attention_layernorm(h, ops), ops, residual=h)
+
+
+class _Slots:
+    """The head's cache as the owned step's ops read it (SlotCache's fields for one layer)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = [keys], [values]
+        self.capacity = keys.shape[2]
 
 
 class Eagle3Head(nn.Module):
@@ -297,6 +292,7 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.target_vocab_size, dtype=torch.bool))
         self.rotary = Rotary(config)
+        self.ops = REFERENCE  # the kernel table its calls compute through (a backend's, core/heads.py)
         self.register_buffer("position", torch.zeros((), dtype=torch.long), persistent=False)
         self.reserve(capacity or config.max_position_embeddings)
 
@@ -340,15 +336,21 @@ class Eagle3Head(nn.Module):
         if positions is None:
             positions = self.position + torch.arange(ids.shape[0], device=ids.device)
         h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
-        embeds = F.embedding(ids, self.embedding).to(h.dtype)
+        ops = self.ops
+        embeds = ops.embed(self.embedding, ids[None]).to(h.dtype)
         rope = self.rotary.lookup(positions)
         if rope[0].dtype != h.dtype:  # features in another dtype than the head's weights
             rope = self.rotary(positions, h.dtype)
-        cache = (self.k_cache, self.v_cache) if keys is None else (self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
-        out = self.layers[0](embeds, h, positions, rope, cache)
+        rotary = (rope[0][:, 0][None], rope[1][:, 0][None])  # [N, 1, D] -> the ops' [1, N, D]
+        # one chain of rows from positions[0] (its slots are its positions): the rows' layout the
+        # attention kernel reads
+        rows = Rows(ids[None], positions[None], positions[None], None, start=positions[0])
+        cache = _Slots(self.k_cache, self.v_cache) if keys is None else \
+            _Slots(self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
+        out = self.layers[0](embeds, h[None], rows, cache, ops, rotary)
         if track:
             self.position.copy_(positions[-1] + 1)
-        return self.lm_head(self.norm(out)), out
+        return ops.linear(self.norm(out, ops), self.lm_head.weight)[0], out[0]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (any shape)."""

@@ -55,7 +55,7 @@ class Engine:
         tap, self.heads = build_heads(
             self.drafters, profile.proposer, self.pair.target,
             lambda: checkpoint_folder(profile.target, allow_pickle, runtime.download), capacity, self.width,
-            eager=self.backend.name == "torch", compile=profile.speculation.compile)
+            eager=self.backend.name == "torch")
         self.target_runner = self.backend.runner(self.pair.target, self.width, capacity, "target", tap=tap)
         # the heads' calls take the target's kernels where the backend has them (after the
         # target's runner: that resolves them), before any round is captured
@@ -127,8 +127,8 @@ class Engine:
     def describe(self) -> dict:
         """The resolved settings of this engine's backend, for reports (bench JSON, generate -v), and
         which code runs the models ([runtime] modeling resolved: "specgen" or "transformers", and
-        why transformers where it does), and which path each head's calls take ("kernels", "compile"
-        or "torch")."""
+        why transformers where it does), and which path each head's calls take ("kernels" or
+        "torch")."""
         return {"modeling": self.pair.modeling, "modeling_note": self.pair.modeling_note,
                 **self.backend.describe(), "heads": self.head_paths}
 

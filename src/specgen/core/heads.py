@@ -132,8 +132,8 @@ class HeadDrafter(Protocol):
              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def accelerate(self, backend) -> str:
-        """Take what `backend` offers for its calls (Backend.head_kernels); returns the path the
-        calls now take: "kernels", "compile" or "torch" (for the run's report)."""
+        """Take what `backend` offers for its calls (Backend.head_ops); returns the path the
+        calls now take: "kernels" or "torch" (for the run's report)."""
         ...
 
 
@@ -144,14 +144,8 @@ class EagleDrafter:
     use_graphs = True
 
     def __init__(self, head, tap: AuxTap, width: int, capacity: int, span: slice | None = None,
-                 eager: bool = False, compile: bool = False):
+                 eager: bool = False):
         self.head, self.tap, self.width = head, tap, width
-        # speculation.compile: a round's calls (k + 1 rows, then 1) run the head compiled, which
-        # fuses its elementwise chains (rotary, norms, mask); prefill chunks of any length do not.
-        # A backend with step kernels replaces both (accelerate).
-        self.compiled = compile
-        self.forward = torch.compile(head.forward, dynamic=False) if compile else head.forward
-        self.engaged = contextlib.nullcontext  # the backend's kernels around a round's calls
         self.capture = None  # Backend.graph, with the kernels: prefill in captured chunks
         self.chunk = None  # (generation, replay) of the captured prefill chunk
         # eager (the torch backend): attend over the live slots only, read on the host; captured
@@ -169,10 +163,10 @@ class EagleDrafter:
         self._allocate(capacity)
 
     def accelerate(self, backend) -> str:
-        engaged = backend.head_kernels(self.head)
-        if engaged is None:
-            return "compile" if self.compiled else "torch"
-        self.engaged, self.forward, self.capture = engaged, self.head.forward, backend.graph
+        ops = backend.head_ops(self.head)
+        if ops is None:
+            return "torch"
+        self.head.ops, self.capture = ops, backend.graph
         # the captured prefill chunk's inputs: as many rows as the tap holds (prefill_head feeds
         # the target chunks of that size), at chunk_at + 0, 1, ...
         device, features, rows = self.head.d2t.device, self.features(1), self.tap.rows
@@ -224,8 +218,7 @@ class EagleDrafter:
             replay()
 
     def _chunk_call(self) -> None:
-        with self.engaged():
-            self.head.forward(self.chunk_ids, self.chunk_features, self.chunk_at + self.chunk_steps, None, False)
+        self.head.forward(self.chunk_ids, self.chunk_features, self.chunk_at + self.chunk_steps, None, False)
 
     def _chunk_replay(self):
         """The prefill chunk's replay, (re)captured after the cache was re-allocated. Warm-up and
@@ -236,13 +229,11 @@ class EagleDrafter:
         return self.chunk[1]
 
     def extend(self, ids, features, positions):
-        with self.engaged():
-            logits, hidden = self.forward(ids, features, positions, self._keys(positions), False)
+        logits, hidden = self.head.forward(ids, features, positions, self._keys(positions), False)
         return self._logits(logits), hidden
 
     def step(self, ids, hidden, positions):
-        with self.engaged():
-            logits, hidden = self.forward(ids, hidden, positions, self._keys(positions), False)
+        logits, hidden = self.head.forward(ids, hidden, positions, self._keys(positions), False)
         return self._logits(logits), hidden
 
 
@@ -321,7 +312,7 @@ def input_embedding(model) -> torch.Tensor:
 
 
 def build_heads(drafters: set[str], proposer, target, target_folder, capacity: int, width: int,
-                eager: bool = False, compile: bool = False) -> tuple[AuxTap | None, dict[str, HeadDrafter]]:
+                eager: bool = False) -> tuple[AuxTap | None, dict[str, HeadDrafter]]:
     """The tap on the target and a drafter for each of "eagle" / "mtp" in `drafters`. The tap must
     exist before the target's runner captures its steps (it arms the tap in each). eager: the
     rounds run eagerly (the torch backend), so a head may read positions on the host.
@@ -354,8 +345,7 @@ def build_heads(drafters: set[str], proposer, target, target_folder, capacity: i
     tap = AuxTap(target, tuple(points), TAP_ROWS)
     out: dict[str, HeadDrafter] = {}
     if "eagle" in built:
-        out["eagle"] = EagleDrafter(built["eagle"][0], tap, width, capacity, spans["eagle"], eager,
-                                    compile and not eager)
+        out["eagle"] = EagleDrafter(built["eagle"][0], tap, width, capacity, spans["eagle"], eager)
     if "mtp" in built:
         out["mtp"] = MtpDrafter(built["mtp"][0], tap, width, capacity, spans["mtp"])
     return tap, out

@@ -273,13 +273,13 @@ _TOKENIZER_FILES = ("tokenizer.json", "*.model", "vocab.*", "merges.txt", "*.tik
 
 
 def load_model(spec: ModelSpec, allow_pickle: bool = False, download: bool = False,
-               modeling: str = "auto", compile: bool = False) -> torch.nn.Module:
+               modeling: str = "auto") -> torch.nn.Module:
     """modeling: [runtime] modeling ("auto": specgen's own model step where `owned` says so)."""
     name, use_safetensors = _locate(spec, allow_pickle, download)
     device = resolve_device(spec)
-    config = owned(Path(name), spec, device, use_safetensors, modeling, compile)
+    config = owned(Path(name), spec, device, use_safetensors, modeling)
     if config is not None:
-        return _load_owned(Path(name), config, resolve_dtype(spec, device), device)
+        return _load_owned(Path(name), spec, config, resolve_dtype(spec, device), device)
     _quiet_transformers()
     from transformers import AutoModelForCausalLM
 
@@ -348,8 +348,8 @@ def capped_attention(model) -> None:
     token on a tiny Gemma 2), and its eager attention, which caps, builds each call's float mask
     with `torch.tensor(0.0, device=...)`, a host-to-device copy that CUDA-graph capture refuses: the
     runners then ran every step eagerly. SDPA's boolean masks capture, and the scores, cap, mask
-    and softmax are eager's ops in eager's order. specgen's own attention (gpu/rewire.py) caps in
-    its kernel and falls back to this function."""
+    and softmax are eager's ops in eager's order. specgen's own model step caps in its
+    attention kernel and its reference (core/step/ops.py)."""
     config = getattr(model, "config", None)
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     if not getattr(text, "attn_logit_softcapping", None) or config._attn_implementation == SOFTCAPPED:
@@ -402,36 +402,59 @@ def placement(spec: ModelSpec, device: torch.device) -> dict:
 
 
 def owned(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
-          modeling: str, compile: bool = False) -> step_config.StepConfig | None:
+          modeling: str) -> step_config.StepConfig | None:
     """The checkpoint's config when specgen's own model step runs it (not_owned says when), else None."""
-    if not_owned(folder, spec, device, use_safetensors, modeling, compile):
+    if not_owned(folder, spec, device, use_safetensors, modeling):
         return None
     return step_config.of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
 
 
 def not_owned(folder: Path, spec: ModelSpec, device: torch.device, use_safetensors: bool,
-              modeling: str, compile: bool = False) -> str | None:
+              modeling: str) -> str | None:
     """Why transformers runs this checkpoint (one line), or None where specgen's own model step does:
-    modeling "auto", on the CPU or one GPU (a model over several GPUs, and compiled steps, still run
-    transformers' modules), from safetensors, with a config that core/step/config.py covers."""
+    modeling "auto", on the CPU or GPUs (a device_map that places weights on the CPU or the disk
+    leaves them to transformers' offloading), from safetensors, with a config that
+    core/step/config.py covers."""
     if modeling != "auto":
         return '[runtime] modeling = "transformers"'
-    if spec.device_map is not None:
-        return "a device_map over several devices"
     if not use_safetensors:
         return "pickle weights (no safetensors)"
-    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and compile):
-        return "compiled steps" if compile else f"device {device.type}"
-    return step_config.unsupported(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    if device.type not in ("cpu", "cuda"):
+        return f"device {device.type}"
+    data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    reason = step_config.unsupported(data)
+    if reason is None and spec.device_map in SPREAD_STRATEGIES:
+        offloaded = {d.type for d in _layout(spec, step_config.of(data), resolve_dtype(spec, device)).values()} - {"cuda"}
+        if offloaded:
+            return f"a device_map that places weights on the {' and the '.join(sorted(offloaded))}"
+    return reason
 
 
-def _load_owned(folder: Path, config: step_config.StepConfig, dtype: torch.dtype, device: torch.device):
+SPREAD_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # device_maps planned by max_memory
+
+
+def _layout(spec: ModelSpec, config: step_config.StepConfig, dtype: torch.dtype) -> dict[str, torch.device]:
+    from specgen.core.step.load import spread
+
+    if not torch.cuda.is_available():
+        return {"": torch.device("cpu")}
+    memory = {int(k) if k.isdigit() else k: int(v) if v.isdigit() else v for k, v in spec.max_memory or ()}
+    return spread(config, dtype, spec.device_map, memory or None)
+
+
+def _load_owned(folder: Path, spec: ModelSpec, config: step_config.StepConfig, dtype: torch.dtype,
+                device: torch.device):
     from safetensors import SafetensorError
 
     from specgen.core.step.load import load
 
+    layout = None
+    if spec.device_map in SPREAD_STRATEGIES:
+        layout = _layout(spec, config, dtype)
+    elif spec.device_map is not None:  # one device named for the whole model
+        device = torch.device(spec.device_map)
     try:
-        return load(folder, config, dtype, device)
+        return load(folder, config, dtype, device, layout)
     except SafetensorError as exc:
         raise _damaged(str(folder), exc) from None
     except ValueError as exc:  # a tensor missing, or left over
@@ -526,9 +549,8 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
     threads = cpu_threads(profile.runtime)
     torch.set_num_threads(threads)  # before any model runs
     download, modeling = profile.runtime.download, profile.runtime.modeling
-    compile = profile.speculation.compile
     tokenizer = load_tokenizer(profile.target, allow_pickle, download, modeling)
-    target = load_model(profile.target, allow_pickle, download, modeling, compile)
+    target = load_model(profile.target, allow_pickle, download, modeling)
     draft = None
     if need_draft is None:
         need_draft = profile.proposer.uses_draft
@@ -536,7 +558,7 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
         if not same_tokenizer_files(checkpoint_folder(profile.target, allow_pickle, download),
                                     checkpoint_folder(profile.draft, allow_pickle, download)):
             check_tokenizers(tokenizer, load_tokenizer(profile.draft, allow_pickle, download, modeling))
-        draft = load_model(beside(profile.draft, profile.target, target), allow_pickle, download, modeling, compile)
+        draft = load_model(beside(profile.draft, profile.target, target), allow_pickle, download, modeling)
         if logits_width(draft) < len(tokenizer):
             raise ModelError(
                 f"the draft has {logits_width(draft)} output rows but the tokenizer has {len(tokenizer)} tokens"
@@ -549,7 +571,6 @@ def load_pair(profile: Profile, allow_pickle: bool = False, need_draft: bool | N
     note = None
     if not isinstance(target, OwnedModel):
         name, use_safetensors = _locate(profile.target, allow_pickle, download)
-        note = not_owned(Path(name), profile.target, resolve_device(profile.target), use_safetensors, modeling,
-                         compile)
+        note = not_owned(Path(name), profile.target, resolve_device(profile.target), use_safetensors, modeling)
     return LoadedPair(target=target, draft=draft, tokenizer=tokenizer, vocab_size=len(tokenizer), device=device,
                       threads=threads, modeling_note=note)

@@ -344,7 +344,8 @@ def _merge_file(merged: _Merged, data: dict, base: Path) -> None:
         else:
             merged.tables.add(key)
             for name, setting in value.items():
-                merged.values[f"{key}.{name}"] = _validated(f"{key}.{name}", setting, origin)
+                if not _retired(f"{key}.{name}", setting, origin):
+                    merged.values[f"{key}.{name}"] = _validated(f"{key}.{name}", setting, origin)
     for key in ("target.path", "draft.path"):
         if key in merged.values:
             merged.values[key] = _resolve_model_path(merged.values[key], base)
@@ -354,7 +355,7 @@ def _merge_file(merged: _Merged, data: dict, base: Path) -> None:
 
 def _merge_overrides(merged: _Merged, overrides: Mapping[str, object]) -> None:
     for key, value in overrides.items():
-        if value is None:
+        if value is None or _retired(key, value, _CLI):
             continue
         merged.values[key] = _validated(key, value, _CLI)
         merged.from_cli.add(key)
@@ -443,6 +444,26 @@ def _check_together(profile: Profile, merged: _Merged) -> None:
 
 
 # ---------------------------------------------------------------- one value
+
+# Keys specgen no longer has: key -> (the value that asked for nothing, what to do instead). A
+# profile written before (profile_as_toml writes every key) still loads when it holds that value;
+# any other value is a one-line error, never silently ignored.
+_RETIRED: dict[str, tuple[object, str]] = {
+    "speculation.compile": (False, "torch.compile was removed: captured steps on specgen's kernels ran as fast "
+                                   "without it and started 6 s sooner (docs/benchmarks.md, decisions); remove it"),
+    "speculation.autotune": (False, "autotune (an option of compile) was removed with compile; remove it"),
+    "speculation.compile_cache": ("", "compile's cache folder was removed with compile; remove it"),
+}
+
+
+def _retired(key: str, value: object, origin: _Origin) -> bool:
+    """True for a retired key holding its no-op value (skip it); raises for any other value."""
+    if key not in _RETIRED:
+        return False
+    inert, message = _RETIRED[key]
+    if value == inert and type(value) is type(inert):
+        return True
+    raise origin.error(key, f"{origin.name(key)}: {message}")
 
 
 def _validated(key: str, value: object, origin: _Origin) -> object:

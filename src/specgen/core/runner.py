@@ -49,6 +49,8 @@ class EagerRunner:
     keep a DynamicCache (models.new_cache) cropped to the position before the next step. Either way
     attention covers only the live keys: on a CPU, reading the position costs nothing."""
 
+    use_graphs = False  # its steps read the position on the host: rounds over it run eagerly
+
     def __init__(self, model, width: int, capacity: int = 0, tap=None):
         from specgen.core.models import cache_keyword
         from specgen.core.step.model import OwnedModel

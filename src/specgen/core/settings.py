@@ -59,9 +59,6 @@ class SpeculationSpec:
     k: int = 4  # draft tokens per round, 1..32
     draft_sampling: str = "auto"  # auto | argmax | sample | temperature: how the draft picks its proposals
     cuda_graphs: bool = True
-    compile: bool = False
-    autotune: bool = False  # with compile: inductor benchmarks GEMM kernels and tunes reductions
-    compile_cache: str = ""  # compile's kernel folder, kept between runs; "" = specgen's in the user cache
     pipeline: str = "auto"  # auto | on | off: queue a round before the one before it is read (core/decode.py)
 
 

@@ -36,7 +36,7 @@ With rope (the [kernels] rope setting), the query and the step's new keys arrive
 rotary embedding: the kernel rotates them, and each split writes the new keys and values that
 fall in its key range into the cache before reading it.
 
-Torch references: gpu/reference.py. Hooking this into transformers models: gpu/rewire.py.
+Torch references: gpu/reference.py. Calls from a model step: gpu/ops.py.
 """
 
 from __future__ import annotations
@@ -77,15 +77,11 @@ def decode_attention(
     (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
     position + t before attending. Otherwise the cache holds them already and the query is rotated.
     With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
-    if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
-        from specgen.gpu import opaque
-
-        return opaque.attention(query, key, value, position, scale, window, rope, softcap, dependent)
     return run(query, key, value, position, scale, window, rope, softcap, dependent)
 
 
 def run(query, key, value, position, scale, window, rope, softcap, dependent):
-    """decode_attention's launches (the operator of gpu/opaque.py calls this too)."""
+    """decode_attention's launches."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0

@@ -5,9 +5,11 @@ they start, so the whole round (k draft steps, the target's step, warp, verify, 
 cache rollback: core/round.py's body) is captured once per mode and replayed: one replay and one
 host read per round. The body is the same function the torch backend runs eagerly.
 
-If a round cannot be captured (a model whose step breaks capture), it runs eagerly with the same
-kernels, after one warning; if the runners cannot be captured with the step kernels, they are
-captured without them (SDPA, cuBLAS), and if not even that works, they run eagerly.
+specgen's own models (core/step/) run on GraphRunners; models of other architectures, which
+transformers' modules compute, on core/runner.py's EagerRunner (no capture: their rounds run
+eagerly too). If a round cannot be captured (a model whose step breaks capture), it runs eagerly
+with the same kernels, after one warning; if the runners cannot be captured with the step kernels,
+they are captured without them (SDPA, cuBLAS), and if not even that works, they run eagerly.
 """
 
 from __future__ import annotations
@@ -28,12 +30,11 @@ from specgen.gpu import noise as gpu_noise
 from specgen.gpu import verify as gpu_verify
 from specgen.gpu import warp as gpu_warp
 from specgen.gpu.kernels import ResolvedKernels, resolve
-from specgen.gpu import runner as gpu_runner
 from specgen.gpu import stages
 from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner, capturing
 from specgen.gpu.workspace import Workspace, device_of
 
-WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, torch.compile
+WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, allocations
 
 
 class CudaBackend:
@@ -60,14 +61,17 @@ class CudaBackend:
     # -- runners ----------------------------------------------------------------------------------
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
+        from specgen.core.step.model import OwnedModel
+
+        if not isinstance(model, OwnedModel):  # transformers' modules: eager (the loader said why)
+            from specgen.core.runner import EagerRunner
+
+            return EagerRunner(model, width, capacity, tap=tap)
         spread = stages.spread(model, self.device)
         if spread and tap is not None:
             raise UsageError(f"a head drafts from the {name}'s hidden states, which this run spreads over several "
                              "devices; heads need the whole target on one GPU",
                              hint="drop the target's device_map, or use --proposer draft")
-        if spread and self.speculation.compile:
-            self._warn(f"{name}: lies on several devices ({', '.join(sorted(map(str, stages.model_devices(model))))}); "
-                       "its steps run uncompiled")
         kernels = resolve(self.kernel_spec, self.device, model)
         if name == "draft":  # it steps one row at a time: its projections' fastest at one row
             kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
@@ -75,12 +79,10 @@ class CudaBackend:
             self.warp_kernels = kernels.warp
             self.dependent_launch = kernels.dependent_launch
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
-                      compile=self.speculation.compile, autotune=self.speculation.autotune,
-                      compile_cache_folder=self.speculation.compile_cache, tap=tap,
-                      plain_shapes=() if PREFILL_CHUNK in shapes else (PREFILL_CHUNK,))
+                      tap=tap)
         try:
             runner = GraphRunner(model, width, capacity, kernels=kernels, **common)
-        except SpecgenError:  # the user's settings (a compile cache folder, ...): theirs to change
+        except SpecgenError:  # the user's settings: theirs to change
             raise
         except Exception as exc:  # noqa: BLE001 (the step kernels are an optimisation: fall back, below)
             plain = ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=kernels.warp)
@@ -89,9 +91,6 @@ class CudaBackend:
         self.kernels[name] = kernels
         if runner.stages is not None:
             self.spread[name] = runner
-        if runner.compiled is not None and runner.compiled.layers == 0:
-            self._warn(f"{name}: compile found no decoder layers at model.layers it could compile; its steps run "
-                       "uncompiled")
         return runner
 
     def _fallback(self, model, width, capacity, plain, common, failure: Exception, name: str):
@@ -103,7 +102,7 @@ class CudaBackend:
             raise
         except Exception as exc:  # noqa: BLE001
             self._warn(f"{name}: could not capture CUDA graphs ({_first_line(exc)}); steps run eagerly")
-            return GraphRunner(model, width, capacity, kernels=plain, **(common | dict(use_graphs=False, compile=False)))
+            return GraphRunner(model, width, capacity, kernels=plain, **(common | dict(use_graphs=False)))
 
     def _warn(self, message: str) -> None:
         self.notes.append(message)
@@ -169,20 +168,20 @@ class CudaBackend:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
         gpu_verify.check_output(first_id, self.workspace)
 
-    def head_kernels(self, head):
-        """An EAGLE-3 head's calls on the kernels its target's steps use (gpu/rewire_head.py), when
-        the target's [kernels] head resolved on (with its linear kernel), else None (torch's ops,
-        or compile). No split-K: a small head's products do not gain from it; at Llama 3.1 8B's
-        width it would save 3% of a head call (`git show 1b54921:docs/benchmarks.md`, "An EAGLE-3 head on
-        Llama 3.1 8B (H200)"), about 1% of a round, not yet worth a split-K table for every
-        head's shapes."""
+    def head_ops(self, head):
+        """An EAGLE-3 head's kernel table: the target's kernel policy (when its head fusion is on,
+        with its linear kernel) with the draft picks of the linear table (a head steps one row at a
+        time, as a draft model does); None: the torch reference. No split-K: a small head's
+        products do not gain from it; at Llama 3.1 8B's width it would save 3% of a head call
+        (`git show 1b54921:docs/benchmarks.md`, "An EAGLE-3 head on Llama 3.1 8B (H200)"), about 1%
+        of a round, not yet worth a split-K table for every head's shapes."""
         kernels = self.kernels.get("target")
         if kernels is None or not kernels.head:
             return None
-        from specgen.gpu.rewire_head import install_head  # noqa: PLC0415 (only with a head)
+        from specgen.gpu.ops import TritonOps  # noqa: PLC0415 (only with a head)
 
-        switch = install_head(head, kernels)
-        return lambda: switch.engaged(False, None, norm=kernels.norm, dependent=kernels.dependent_launch)
+        head.layers[0].self_attn.fuse()
+        return TritonOps(dataclasses.replace(kernels, split_k=False), table=kernels.linear_table.for_drafts())
 
     # -- capture ----------------------------------------------------------------------------------
 
@@ -217,9 +216,7 @@ class CudaBackend:
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": torch.cuda.get_device_name(self.device),
-                "cuda_graphs": True, "compile": self.speculation.compile, "autotune": self.speculation.autotune,
-                "compile_cache": str(gpu_runner.cache_dir(self.speculation.compile_cache)) if self.speculation.compile
-                else None,
+                "cuda_graphs": True,
                 "kernels": {name: k.as_dict() for name, k in self.kernels.items()}, "fallbacks": self.notes,
                 "placement": {name: {"units": r.stages.describe(), "steps": r.crossings(), "rounds": self._rounds(r)}
                               for name, r in self.spread.items()} or None}

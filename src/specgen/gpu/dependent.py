@@ -18,11 +18,8 @@ The rules every kernel launched with it keeps, so that ordering stays what strea
 A kernel launched without the attribute (torch's) runs in plain stream order; `wait_previous` in a
 kernel whose predecessor gave no permission returns at once.
 
-Kernel files import these two by name and pass `launch_options(dependent)` to their launch. With
-compile the step kernels are operators that launch as here (gpu/opaque.py); should a kernel ever
-be traced into inductor's own launch instead, inductor copies its source together with the JIT
-functions it names unqualified, never a module's attribute (tests/sm90_compile.py checks every
-kernel's copy). Runners decide `dependent` from the profile (`[kernels] dependent_launch`,
+Kernel files import these two by name and pass `launch_options(dependent)` to their launch.
+Runners decide `dependent` from the profile (`[kernels] dependent_launch`,
 gpu/kernels.py).
 """
 

@@ -6,8 +6,7 @@ UsageError that says what to set instead. `auto` is decided from facts about the
 model, never from the GPU's name. On CPU every `auto` resolves off (the Triton interpreter is for
 tests, which ask for kernels explicitly).
 
-This module also holds those facts about models (which attention the kernel computes, which
-modules take the rotary path), so it imports torch only: resolving needs no Triton.
+It imports torch only: resolving needs no Triton.
 """
 
 from __future__ import annotations
@@ -23,27 +22,6 @@ from specgen.gpu import linear_table
 from specgen.gpu.linear_table import LinearTable
 
 LINEAR_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Attention modules whose forward is q/k/v projections -> (Qwen3: per-head q/k RMSNorm) ->
-# rotate-half rotary embedding -> cache update -> attention (Gemma 2: soft-capped) -> o_proj, which
-# gpu/rewire.py's rotary path reproduces inside the kernel.
-ROPE_CLASSES = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention", "Gemma2Attention")
-ROPE_ATTRIBUTES = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "layer_idx")
-# RMSNorm modules computing weight * (x * rsqrt(mean(x^2) + eps)).to(dtype) (gpu/norm.py's kernel),
-# or, OFFSET_NORM_CLASSES, ((x * rsqrt(mean(x^2) + eps)) * (1 + weight)).to(dtype) (its `offset`);
-# and decoder layers whose forward is norm -> attention -> add -> norm -> MLP -> add, which
-# gpu/rewire.py reproduces with the add and the norm after it in one kernel.
-OFFSET_NORM_CLASSES = ("GemmaRMSNorm", "Gemma2RMSNorm")
-NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", *OFFSET_NORM_CLASSES)
-LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
-# Decoder layers whose forward is norm -> attention -> norm -> add -> norm -> MLP -> norm -> add
-# (Gemma 2's four norms), which gpu/rewire.py reproduces with each add between the norms around it.
-SANDWICH_LAYER_CLASSES = ("Gemma2DecoderLayer",)
-SANDWICH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                  "post_feedforward_layernorm")
-# Rotary embeddings whose forward(x, position_ids) is cos and sin of position x fixed frequencies
-# (rope types without a dynamic update): a step reads them from a table (gpu/rewire.py).
-ROTARY_CLASSES = ("LlamaRotaryEmbedding", "MistralRotaryEmbedding", "Qwen2RotaryEmbedding", "Qwen3RotaryEmbedding",
-                  "Gemma2RotaryEmbedding", "GemmaRotaryEmbedding")
 # Split-K's threshold on peak memory bandwidth, see split_k_pays().
 SPLIT_K_BANDWIDTH = 4.0e12  # bytes/s
 SPLIT_K_MEMORY = 100 * 2**30  # bytes, when torch does not report the memory clock and bus width
@@ -60,10 +38,10 @@ class ResolvedKernels:
     split_k: bool  # the linear kernel splits K for the shapes that gain from it
     warp: bool  # gpu/warp.py and gpu/verify.py, else core/sampling.py and core/rejection.py
     # the linear kernel's configurations by shape: this machine's tuned table over the package's;
-    # runners hand it to gpu/rewire.py's install_linear
+    # gpu/ops.py's table launches with it
     linear_table: LinearTable = field(default_factory=linear_table.packaged)
     norm: bool = False  # gpu/norm.py for RMSNorm and the residual add before it (with the linear kernel)
-    head: bool = False  # an EAGLE-3 head's round calls on these kernels (gpu/rewire_head.py; a target's)
+    head: bool = False  # an EAGLE-3 head's round calls on these kernels (gpu/ops.py's table; a target's)
     step_io: bool = False  # gpu/step_io.py: a step's positions, embedding and rotary rows, then its logits copy
     dependent_launch: bool = False  # the step kernels above launched dependent on the one before (gpu/dependent.py)
 
@@ -135,19 +113,10 @@ def _table(folder: str) -> LinearTable:
 def _rope(value: str, attention: bool, model) -> bool:
     if value == "model":
         return False
-    capable = attention and (_owned(model) or rope_modules(model) > 0)
-    if value == "kernel" and not capable:
-        why = "it needs the attention kernel" if not attention else \
-            f"the model has no attention module of {', '.join(ROPE_CLASSES)}"
+    if value == "kernel" and not attention:
+        why = "it needs the attention kernel"
         raise UsageError(f"[kernels] rope = \"kernel\": {why}", hint='Set rope = "auto" or "model" in [kernels].')
-    return capable
-
-
-def _owned(model) -> bool:
-    """specgen's own model (core/step/): its table (gpu/ops.py) runs rotary and norms in the kernels."""
-    from specgen.core.step.model import OwnedModel
-
-    return isinstance(model, OwnedModel)
+    return attention
 
 
 def _split_k(value: str, linear: bool, device: torch.device) -> bool:
@@ -187,12 +156,10 @@ def _dependent(value: str, kernels: bool, device: torch.device) -> bool:
 def _norm(value: str, linear: bool, model) -> bool:
     if value == "torch":
         return False
-    capable = linear and (_owned(model) or norm_modules(model) > 0)
-    if value == "kernel" and not capable:
-        why = "it runs in the linear kernel's steps, which this run does not use" if not linear else \
-            f"the model has no RMSNorm of {', '.join(NORM_CLASSES)}"
+    if value == "kernel" and not linear:
+        why = "it runs in the linear kernel's steps, which this run does not use"
         raise UsageError(f"[kernels] norm = \"kernel\": {why}", hint='Set norm = "auto" or "torch" in [kernels].')
-    return capable
+    return linear
 
 
 def _head(value: str, linear: bool) -> bool:
@@ -252,65 +219,6 @@ def attention_unsupported(config) -> str | None:
     if head_dim > 256:
         return f"head_dim {head_dim} > 256"
     return None
-
-
-def rope_capable(module) -> bool:
-    """An attention module whose forward gpu/rewire.py's rotary path reproduces (its own class,
-    before rewiring, is one of ROPE_CLASSES: a subclass may change what the forward does)."""
-    base = vars(module).get("_specgen_rope_base", type(module))
-    return base.__name__ in ROPE_CLASSES and all(hasattr(module, name) for name in ROPE_ATTRIBUTES)
-
-
-def rope_modules(model) -> int:
-    return sum(rope_capable(module) for module in model.modules())
-
-
-def rotary_capable(module) -> bool:
-    """A rotary embedding whose values depend on the position alone (its own class is one of
-    ROTARY_CLASSES and its rope type has no dynamic update: "dynamic" and "longrope" change their
-    frequencies with the sequence's length)."""
-    base = vars(module).get("_specgen_rotary_base", type(module))
-    kind = getattr(module, "rope_type", None)
-    return (base.__name__ in ROTARY_CLASSES and isinstance(kind, str) and "dynamic" not in kind
-            and kind != "longrope" and isinstance(getattr(module, "inv_freq", None), torch.Tensor))
-
-
-def norm_capable(module) -> bool:
-    """An RMSNorm whose forward gpu/norm.py computes (its own class is one of NORM_CLASSES)."""
-    if module is None:
-        return False
-    base = vars(module).get("_specgen_norm_base", type(module))
-    return base.__name__ in NORM_CLASSES and hasattr(module, "weight") and norm_eps(module) is not None
-
-
-def norm_eps(module) -> float | None:
-    """An RMSNorm's epsilon: `variance_epsilon` (Llama and its copies) or `eps` (Gemma's)."""
-    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-    return float(eps) if isinstance(eps, (int, float)) else None
-
-
-def norm_offset(module) -> bool:
-    """Whether an RMSNorm scales by 1 + weight (Gemma's form, OFFSET_NORM_CLASSES)."""
-    return vars(module).get("_specgen_norm_base", type(module)).__name__ in OFFSET_NORM_CLASSES
-
-
-def layer_capable(module) -> bool:
-    """A decoder layer whose forward gpu/rewire.py reproduces with the residual add in the norm kernel."""
-    base = vars(module).get("_specgen_layer_base", type(module))
-    return base.__name__ in LAYER_CLASSES and all(
-        norm_capable(getattr(module, name, None)) for name in ("input_layernorm", "post_attention_layernorm"))
-
-
-def sandwich_capable(module) -> bool:
-    """A Gemma 2 decoder layer (SANDWICH_LAYER_CLASSES) whose four norms take Gemma's form in the
-    norm kernel: gpu/rewire.py runs each residual add in the norm kernel beside the norms around it."""
-    base = vars(module).get("_specgen_layer_base", type(module))
-    return base.__name__ in SANDWICH_LAYER_CLASSES and all(
-        norm_capable(getattr(module, name, None)) and norm_offset(getattr(module, name)) for name in SANDWICH_NORMS)
-
-
-def norm_modules(model) -> int:
-    return sum(norm_capable(module) for module in model.modules())
 
 
 @functools.cache

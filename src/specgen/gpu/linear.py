@@ -33,7 +33,7 @@ epilogue. More programs in flight per column for the shapes whose column blocks 
 pass over both weights with no [rows, 2 x intermediate] round trip; the rounding steps of the
 unfused module (each projection, the activation, the product in the model's dtype) are kept.
 
-Torch references: gpu/reference.py. Routing a model's modules here: gpu/rewire.py.
+Torch references: gpu/reference.py. Calls from a model step: gpu/ops.py.
 """
 
 from __future__ import annotations
@@ -89,15 +89,11 @@ def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: s
 def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual, dependent):
     n, k = weight.shape
     config = config or (table or packaged()).pick(n, k, act > 0, split_k, x.numel() // k if k else 1)
-    if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
-        from specgen.gpu import opaque
-
-        return opaque.linear(x, weight, up, bias, residual, counters, config, act, dependent)
     return run(x, weight, up, bias, act, config, counters, residual, dependent)
 
 
 def run(x, weight, up, bias, act, config, counters, residual, dependent):
-    """One launch with a picked configuration (the operator of gpu/opaque.py calls this too)."""
+    """One launch with a picked configuration."""
     n, k = weight.shape
     lead = x.shape[:-1]
     assert x.shape[-1] == k, f"x has {x.shape[-1]} columns, weight {k}"

@@ -16,7 +16,7 @@ the variance is the correctly rounded float32 mean whatever the summation order.
 float32 sum depends on torch's reduction order, which can also change with the number of rows;
 the two agree wherever that float32 sum is exact.
 
-Torch reference: gpu/reference.py. Routing a model's norms here: gpu/rewire.py.
+Torch reference: gpu/reference.py. Calls from a model step: gpu/ops.py.
 """
 
 from __future__ import annotations
@@ -53,10 +53,6 @@ def offset_norm_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 
 
 def _launch(x, residual, weight, eps, dependent, offset=False, after=False, weight2=None, eps2=0.0):
-    if torch.compiler.is_compiling():  # one operator node, launched as without compile (gpu/opaque.py)
-        from specgen.gpu import opaque
-
-        return opaque.norm(x, residual, weight, eps, dependent, offset, after, weight2, eps2)
     return run(x, residual, weight, eps, dependent, offset, after, weight2, eps2)
 
 
@@ -66,7 +62,7 @@ def out_dtype(x: torch.Tensor, weight: torch.Tensor, offset: bool) -> torch.dtyp
 
 
 def run(x, residual, weight, eps, dependent, offset=False, after=False, weight2=None, eps2=0.0):
-    """(normed or None, summed or None), one launch (the operator of gpu/opaque.py calls this too).
+    """(normed or None, summed or None), one launch.
     Without `after`: normed = RMSNorm(residual + x), summed = residual + x (with a residual). With
     `after` (Gemma's form only): summed = residual + RMSNorm(x), normed = RMSNorm(summed) with
     weight2 and eps2, or None without weight2."""

@@ -32,13 +32,21 @@ def _rows(x: torch.Tensor) -> int:
 class TritonOps(TorchOps):
     name = "triton"
 
-    def __init__(self, kernels: ResolvedKernels, counters: torch.Tensor | None = None):
+    def __init__(self, kernels: ResolvedKernels, counters: dict | None = None, table=None):
+        """counters: split-K's arrival counters by device (gpu/linear.py; a model over several GPUs
+        has a set on each); table: the linear kernel's configurations (default: the policy's)."""
         self.kernels = kernels
         self.table = None  # [capacity, 2, d]: cos and sin of every position, in the model's dtype
         self.embeds = None  # [MAX_STEP, H]: a step's embedding rows (step_io), sized at its first call
         self.dependent = kernels.dependent_launch
-        self.launch = dict(split_k=kernels.split_k, counters=counters, table=kernels.linear_table,
-                           dependent=kernels.dependent_launch)
+        self.counters = counters or {}
+        self.split_k = kernels.split_k and bool(self.counters)
+        self.linear_table = table or kernels.linear_table
+
+    def _launch(self, x: torch.Tensor) -> dict:
+        """The linear kernel's launch options for a call on x's device."""
+        return dict(split_k=self.split_k, counters=self.counters.get(x.device), table=self.linear_table,
+                    dependent=self.dependent)
 
     def tabulate(self, inv_freq: torch.Tensor, dtype: torch.dtype, capacity: int) -> None:
         """Compute the rotary (cos, sin) of positions 0 .. capacity - 1 once, as the reference
@@ -74,19 +82,19 @@ class TritonOps(TorchOps):
     def linear(self, x, weight, bias=None, residual=None):
         if not self.kernels.linear or _rows(x) > linear_kernels.MAX_ROWS:
             return super().linear(x, weight, bias, residual)
-        return linear_kernels.linear(x, weight, bias, residual=residual, **self.launch)
+        return linear_kernels.linear(x, weight, bias, residual=residual, **self._launch(x))
 
     def qkv(self, x, attn):
         fused = getattr(attn, "fused", None)
         if fused is None or not self.kernels.linear or _rows(x) > linear_kernels.MAX_ROWS:
             return super().qkv(x, attn)
-        return linear_kernels.linear(x, fused.weight, fused.bias, **self.launch).split(fused.widths, dim=-1)
+        return linear_kernels.linear(x, fused.weight, fused.bias, **self._launch(x)).split(fused.widths, dim=-1)
 
     def gate_up(self, x, gate, up, activation, gate_bias=None, up_bias=None):
         if (not self.kernels.linear or gate_bias is not None or _rows(x) > linear_kernels.MAX_ROWS
                 or activation not in linear_kernels.ACTIVATIONS):
             return super().gate_up(x, gate, up, activation, gate_bias, up_bias)
-        return linear_kernels.gate_up(x, gate, up, activation, **self.launch)
+        return linear_kernels.gate_up(x, gate, up, activation, **self._launch(x))
 
     def norm(self, x, weight, eps, offset=False):
         if not self.kernels.norm:

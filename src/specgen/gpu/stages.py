@@ -1,20 +1,16 @@
 """A model spread over several CUDA devices, stepped from one device and captured stretch by stretch.
 
-A runner works from one device, its home (where the round's buffers and its logits live). When a
-model's weights lie elsewhere too (a profile's `device_map`, or a draft placed on another GPU),
-Stages takes over from accelerate's hooks, which move tensors with `.to()` inside every forward:
-a cross-device copy that CUDA-graph capture cannot hold. Instead:
+A runner works from one device, its home (where the round's buffers and its logits live). When an
+owned model's weights lie elsewhere too (a profile's `device_map`, or a draft placed on another
+GPU: core/step/load.py places each decoder layer whole on one GPU), its step (core/step/model.py)
+calls `Stages.bring` before each stretch of layers on another device:
 
-- the model is cut into units, the largest modules whose weights all lie on one device (its
-  embedding, each decoder layer, the final norm, the output projection); a pre-hook on each, and
-  on the model itself, brings the call's tensors to the unit's device and makes that device the
-  current one, so that Triton's launches and the kernels' scratch follow;
-- the KV cache's layers read a copy of the runner's position on their own device (`mirrors`),
-  refreshed at the first entry into that device in each step;
-- eagerly, bringing a tensor is a copy; under capture (SegmentedGraph) it ends the CUDA graph of
-  the stretch on the device before, packs what crosses into one buffer there, and begins the next
-  stretch's graph on the device after: a replay is the graphs in order with one peer copy between
-  each two (plus the position's eight bytes).
+- eagerly, bringing a tensor is a copy, and makes that device the current one, so that Triton's
+  launches and the kernels' scratch follow;
+- under capture (SegmentedGraph) it ends the CUDA graph of the stretch on the device before, packs
+  what crosses (the residual stream, the rows, their rotary rows) into one buffer there, and
+  begins the next stretch's graph on the device after: a replay is the graphs in order with one
+  peer copy between each two.
 
 Layers run one after another, so spreading a model over GPUs buys memory, never speed at batch 1:
 docs/benchmarks.md, "A target over two GPUs", measures what a step pays for it.
@@ -23,6 +19,7 @@ docs/benchmarks.md, "A target over two GPUs", measures what a step pays for it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -93,12 +90,10 @@ class SegmentedGraph:
             self._stack.close()
             self._stack = None
 
-    def carry(self, tensors: list[torch.Tensor], device: torch.device,
-              fixed: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> list[torch.Tensor]:
+    def carry(self, tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         """`tensors` (none on `device`) as tensors on `device`, and the capture moved there. Those on
         the stretch's device are packed into one buffer inside its graph and cross in one copy;
-        others (left on a device by an earlier stretch) cross one by one. fixed: copies into
-        tensors the caller owns (the position's mirror), made at the same point."""
+        others (left on a device by an earlier stretch) cross one by one."""
         here = self.device
         packed = [t for t in tensors if t.device == here and t.numel()]
         send, offsets = None, []
@@ -119,7 +114,6 @@ class SegmentedGraph:
                 if t.numel():
                     after.append((t, copy))
                 out[id(t)] = copy
-        after.extend(fixed)
         self.parts[-1].after = after
         self.held.extend(t for pair in after for t in pair)
         self._begin(device)
@@ -175,53 +169,19 @@ def unit_device(module) -> torch.device:
     return next(iter((*module.parameters(), *module.buffers()))).device
 
 
-def remove_dispatch_hooks(model) -> None:
-    """accelerate's hooks off (they copy tensors inside forwards, which capture cannot hold); the
-    weights stay where accelerate put them.
-
-    accelerate puts back each module's forward as an instance attribute (the class's forward,
-    bound): it would shadow every forward that rewiring later gives the module by changing its
-    class (gpu/rewire.py), and the step would run cuBLAS and torch's norms instead of the kernels
-    (a split 8B step ran 65% slower so). Those attributes go too."""
-    hooked = [module for module in model.modules() if hasattr(module, "_hf_hook")]
-    if not hooked:
-        return
-    from accelerate.hooks import remove_hook_from_module
-
-    remove_hook_from_module(model, recurse=True)
-    for module in hooked:
-        forward = vars(module).get("forward")
-        if getattr(forward, "__self__", None) is module and forward.__func__ is type(module).forward:
-            del module.forward
-
-
 class Stages:
-    """The hooks that carry one model's calls from unit to unit, and the per-device copies of its
-    runner's position (see the module docstring). on_enter(device) runs at each change of device
-    (the runner points its linear kernel's split-K counters there)."""
+    """How one runner's steps cross devices (see the module docstring). on_enter(device) runs at
+    each change of device."""
 
     def __init__(self, model, home: torch.device, on_enter=None):
         self.home = home
         self.on_enter = on_enter
-        remove_dispatch_hooks(model)
-        self.entry = unit_device(model.get_input_embeddings())  # where a forward starts
-        # Modules of buffers only (rotary embeddings: tables every layer reads) join the embedding,
-        # where the forward calls them: placed elsewhere, each step would cross there and back.
-        for module in model.modules():
-            if next(module.buffers(recurse=False), None) is not None and next(module.parameters(), None) is None:
-                module.to(self.entry)
         self.units = units(model)
         self.devices = sorted({unit_device(u) for u in self.units} | {home}, key=str)
         self.recorder: SegmentedGraph | None = None  # set while a capture runs through this model
-        self.position: torch.Tensor | None = None
-        self.mirrors: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._moved: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._sources: list[torch.Tensor] = []  # keeps ids in _moved from being reused within a step
-        self._entered: set[torch.device] = set()
         self.current = home
-        self.handles = [model.register_forward_pre_hook(self._model_hook, with_kwargs=True)]
-        self.handles += [unit.register_forward_pre_hook(self._unit_hook, with_kwargs=True) for unit in self.units]
-        self._devices = {id(unit): unit_device(unit) for unit in self.units}
 
     def describe(self) -> dict:
         """Which devices hold which units (decoder layers by their index in the model's list)."""
@@ -230,29 +190,11 @@ class Stages:
             where.setdefault(str(unit_device(unit)), []).append(type(unit).__name__)
         return {device: _summary(names) for device, names in where.items()}
 
-    # -- the runner's side ----------------------------------------------------------------------
-
-    def allocate(self, position: torch.Tensor, steps: torch.Tensor) -> dict:
-        """Mirrors of the runner's (position, steps) on every device the model uses; returns them
-        by device (the home entry is the runner's own) for the KV cache's layers."""
-        self.position = position
-        self.mirrors = {self.home: (position, steps)}
-        for device in self.devices:
-            if device != self.home:
-                self.mirrors[device] = (torch.zeros_like(position, device=device), steps.to(device))
-        return self.mirrors
-
-    def sync_positions(self) -> None:
-        """Every mirror set to the position now (eager forwards, which read the cache's length)."""
-        for device, (mirror, _) in self.mirrors.items():
-            if device != self.home:
-                mirror.copy_(self.position)
-
     @contextlib.contextmanager
     def step(self):
-        """One forward of the runner: starts at home, ends at home (bring() its outputs back)."""
+        """One step of the runner: starts at home, ends at home (bring() its outputs back)."""
         saved = torch.cuda.current_device()
-        self._moved, self._sources, self._entered = {}, [], {self.home}
+        self._moved, self._sources = {}, []
         self.current = self.recorder.device if self.recorder is not None else self.home
         try:
             yield
@@ -273,52 +215,40 @@ class Stages:
             self.recorder = None
 
     def bring(self, device: torch.device, tree):
-        """tree (tensors, tuples, lists, dicts) with every CUDA tensor on `device`, which becomes
-        the current device."""
+        """tree (tensors, tuples, lists, dicts, dataclasses such as core/step/rows.py's Rows) with
+        every CUDA tensor on `device`, which becomes the current device."""
+        if device.type != "cuda":
+            return tree
         away = []
         _collect(tree, device, away)
         fresh = []
         for t in away:
             if (id(t), device) not in self._moved and not any(t is f for f in fresh):
                 fresh.append(t)
-        fixed = []
-        if device not in self._entered and device != self.home:
-            self._entered.add(device)
-            mirror = self.mirrors[device][0]
-            fixed.append((self.position, mirror))
-            self._moved[(id(self.position), device)] = mirror
-            fresh = [t for t in fresh if t is not self.position]
-        if fresh or fixed or device != self.current:
-            self._carry(fresh, device, fixed)
+        if fresh or device != self.current:
+            self._carry(fresh, device)
         return _replace(tree, device, self._moved)
 
-    def _carry(self, tensors: list[torch.Tensor], device: torch.device, fixed: list) -> None:
+    def _carry(self, tensors: list[torch.Tensor], device: torch.device) -> None:
         if self.recorder is not None:
-            moved = self.recorder.carry(tensors, device, fixed)
+            moved = self.recorder.carry(tensors, device)
         else:
             torch.cuda.set_device(device)
             moved = [t.to(device) for t in tensors]
-            for source, destination in fixed:
-                destination.copy_(source)
         self._sources.extend(tensors)
         self._moved.update(((id(t), device), m) for t, m in zip(tensors, moved))
         if device != self.current and self.on_enter is not None:
             self.on_enter(device)
         self.current = device
 
-    # -- hooks ----------------------------------------------------------------------------------
-
-    def _model_hook(self, module, args, kwargs):
-        return self.bring(self.entry, (args, kwargs))
-
-    def _unit_hook(self, module, args, kwargs):
-        return self.bring(self._devices[id(module)], (args, kwargs))
-
 
 def _collect(tree, device: torch.device, out: list) -> None:
     if isinstance(tree, torch.Tensor):
         if tree.device.type == "cuda" and tree.device != device:
             out.append(tree)
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        for item in dataclasses.fields(tree):
+            _collect(getattr(tree, item.name), device, out)
     elif isinstance(tree, (tuple, list)):
         for item in tree:
             _collect(item, device, out)
@@ -335,6 +265,9 @@ def _replace(tree, device: torch.device, moved: dict):
         return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)  # namedtuples by field
     if isinstance(tree, dict):
         return {k: _replace(v, device, moved) for k, v in tree.items()}
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return dataclasses.replace(tree, **{f.name: _replace(getattr(tree, f.name), device, moved)
+                                            for f in dataclasses.fields(tree) if f.init})
     return tree
 
 

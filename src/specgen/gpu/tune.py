@@ -58,7 +58,7 @@ def candidates(k: int, split: bool) -> list[tuple]:
 
 
 def model_shapes(config) -> list[tuple[int, int, bool]]:
-    """(N, K, gated) of a transformers config's projections as gpu/rewire.py calls them: q+k+v fused,
+    """(N, K, gated) of a transformers config's projections as gpu/ops.py's table calls them: q+k+v fused,
     o, gate+up fused (gated), down, lm_head."""
     text = config.get_text_config(decoder=True)
     hidden, heads = text.hidden_size, text.num_attention_heads
@@ -70,8 +70,8 @@ def model_shapes(config) -> list[tuple[int, int, bool]]:
 
 
 def head_shapes(config) -> list[tuple[int, int, bool]]:
-    """(N, K, gated) of an EAGLE-3 head's calls (core/eagle.py's Eagle3Config) as gpu/rewire_head.py
-    makes them: fc over the target's three features, q+k+v fused over the embedding and feature
+    """(N, K, gated) of an EAGLE-3 head's calls (core/eagle.py's Eagle3Config) as gpu/ops.py's
+    table makes them: fc over the target's three features, q+k+v fused over the embedding and feature
     side by side, o, gate+up fused (gated), down, lm_head over the draft vocabulary."""
     hidden, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     return [(hidden, 3 * config.target_hidden_size, False), (q + 2 * kv, 2 * hidden, False), (hidden, q, False),

@@ -13,17 +13,31 @@ import torch
 
 
 class SlotCache:
+    """devices: one device for every layer, or one per layer (a model over several GPUs: each
+    layer's keys and values lie with its weights, and each of those devices has its own copy of
+    the slots' positions, which `place` writes where the rows it is given are)."""
+
     def __init__(self, layers: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, devices: torch.device | list[torch.device]):
         shape = (batch, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)  # [B, capacity]
+        self.devices = list(devices) if isinstance(devices, (list, tuple)) else [devices] * layers
+        self.keys = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
+        self.values = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
+        # [B, capacity] on each device the layers use
+        self.copies = {d: torch.zeros(batch, capacity, dtype=torch.long, device=d) for d in dict.fromkeys(self.devices)}
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """[B, capacity]: the position of the key in each slot (the first layer's device's copy)."""
+        return self.copies[self.devices[0]]
+
+    def positions_on(self, device: torch.device) -> torch.Tensor:
+        return self.copies[device]
 
     def place(self, rows) -> None:
-        """Record the rows' positions at their slots."""
+        """Record the rows' positions at their slots (in the copy on the rows' device)."""
         seq = torch.arange(rows.batch, device=rows.ids.device)[:, None]  # [B, 1]
-        self.positions[seq, rows.slots] = rows.positions
+        self.copies[rows.ids.device][seq, rows.slots] = rows.positions
 
     @property
     def capacity(self) -> int:
@@ -34,9 +48,10 @@ class SlotCache:
         if capacity <= self.capacity:
             return self
         b, kv, old, d = self.keys[0].shape
-        bigger = SlotCache(len(self.keys), b, kv, d, capacity, self.keys[0].dtype, self.keys[0].device)
+        bigger = SlotCache(len(self.keys), b, kv, d, capacity, self.keys[0].dtype, self.devices)
         for mine, theirs in ((self.keys, bigger.keys), (self.values, bigger.values)):
             for a, b_ in zip(mine, theirs):
                 b_[:, :, :old].copy_(a)
-        bigger.positions[:, :old].copy_(self.positions)
+        for device, copy in self.copies.items():
+            bigger.copies[device][:, :old].copy_(copy)
         return bigger

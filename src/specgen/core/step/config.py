@@ -71,7 +71,7 @@ def unsupported(config: dict) -> str | None:
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
         return f"model type {model_type!r} is not one of {', '.join(ARCHITECTURES)}"
-    if config.get("architectures", [ARCHITECTURES[model_type]]) != [ARCHITECTURES[model_type]]:
+    if (config.get("architectures") or [ARCHITECTURES[model_type]]) != [ARCHITECTURES[model_type]]:
         return f"architectures {config.get('architectures')} are not [{ARCHITECTURES[model_type]}]"
     for key, what in (("quantization_config", "quantized weights"), ("auto_map", "code of the checkpoint's own")):
         if config.get(key):

@@ -18,9 +18,11 @@ def model_class(config: StepConfig) -> type[OwnedModel]:
     return Gemma2Model if config.model_type == "gemma2" else LlamaModel
 
 
-def load(folder: Path, config: StepConfig, dtype: torch.dtype, device: torch.device) -> OwnedModel:
+def load(folder: Path, config: StepConfig, dtype: torch.dtype, device: torch.device,
+         layout: dict[str, torch.device] | None = None) -> OwnedModel:
     """Raises ValueError for a tensor the checkpoint lacks, one no layer has a place for, or one of
-    another shape than config.json says."""
+    another shape than config.json says. layout: module name -> device, for a model over several
+    GPUs (see `spread`); None: every weight on `device`."""
     from safetensors.torch import load_file
 
     index = folder / "model.safetensors.index.json"
@@ -28,12 +30,23 @@ def load(folder: Path, config: StepConfig, dtype: torch.dtype, device: torch.dev
         "model.safetensors"]
     state = {}
     for name in files:
-        state.update(load_file(folder / name, device=str(device)))
+        state.update(load_file(folder / name, device="cpu" if layout else str(device)))
     state = {key: value.to(dtype) for key, value in state.items() if not key.endswith("rotary_emb.inv_freq")}
+    if layout:
+        state = {key: value.to(_device_of(key, layout)) for key, value in state.items()}
+        device = _device_of("model.embed_tokens.weight", layout)  # where a step starts: the rotary tables
+    return from_state(config, state, device, _generation(folder))
+
+
+def from_state(config: StepConfig, state: dict, device: torch.device,
+               generation: GenerationDefaults = GenerationDefaults(None)) -> OwnedModel:
+    """An owned model over `state` (tensor name -> tensor, in the model's dtype, where they lie;
+    the rotary table goes to `device`). Raises ValueError as `load` says."""
+    state = {key: value for key, value in state.items() if not key.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):  # no memory for weights that the checkpoint's replace at once
-        model = model_class(config)(config, _generation(folder))
+        model = model_class(config)(config, generation)
     model.inv_freq = model.inv_freq.to(device)
     expected = {name: p.shape for name, p in model.named_parameters()}
     if config.tie_word_embeddings:
@@ -50,6 +63,36 @@ def load(folder: Path, config: StepConfig, dtype: torch.dtype, device: torch.dev
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval()
+
+
+def spread(config: StepConfig, dtype: torch.dtype, strategy: str, memory: dict | None) -> dict[str, torch.device]:
+    """Module name -> device for a device_map strategy (auto, balanced, balanced_low_0, sequential)
+    and a max_memory, as transformers places a model for those: accelerate's planner over the
+    owned model's modules, a decoder layer never split. A module placed on the CPU or the disk
+    comes back as such (the caller refuses: specgen steps models on GPUs only)."""
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    with torch.device("meta"):
+        model = model_class(config)(config, GenerationDefaults(None)).to(dtype)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight  # planned as one tensor, as loaded
+    keep = [model.layer.__name__]
+    if strategy != "sequential":
+        memory = get_balanced_memory(model, max_memory=memory, no_split_module_classes=keep, dtype=dtype,
+                                     low_zero=strategy == "balanced_low_0")
+    plan = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=keep, dtype=dtype)
+    return {name: torch.device(f"cuda:{where}" if isinstance(where, int) else where) for name, where in plan.items()}
+
+
+def _device_of(tensor: str, layout: dict[str, torch.device]) -> torch.device:
+    """The device of the longest module name in `layout` that contains `tensor`."""
+    parts = tensor.split(".")
+    for end in range(len(parts), -1, -1):
+        name = ".".join(parts[:end])
+        if name in layout:
+            return layout[name]
+    return next(iter(layout.values()))  # a tensor of no module here: the name check below refuses it
 
 
 def _generation(folder: Path) -> GenerationDefaults:

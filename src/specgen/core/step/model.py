@@ -18,7 +18,7 @@ from specgen.core.step import rows as rowsets
 from specgen.core.step.cache import SlotCache
 from specgen.core.step.config import StepConfig, inv_freq
 from specgen.core.step.ops import TorchOps
-from specgen.core.step.parts import RMSNorm, weight
+from specgen.core.step.parts import RMSNorm, Table
 from specgen.core.step.rows import Rows
 
 REFERENCE = TorchOps()
@@ -39,8 +39,7 @@ class Output:
 class Body(nn.Module):
     def __init__(self, config: StepConfig, layer: type):
         super().__init__()
-        self.embed_tokens = nn.Module()
-        self.embed_tokens.weight = weight(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Table(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=config.sandwich)
 
@@ -52,8 +51,7 @@ class OwnedModel(nn.Module):
         super().__init__()
         self.config, self.generation_config = config, generation
         self.model = Body(config, self.layer)
-        self.lm_head = nn.Module()
-        self.lm_head.weight = weight(config.vocab_size, config.hidden_size)
+        self.lm_head = Table(config.vocab_size, config.hidden_size)
         # Not a buffer: Module.to(dtype) would round it; transformers keeps it in float32 too.
         self.inv_freq = inv_freq(config)
         self.embed_scale = config.hidden_size ** 0.5 if config.sandwich else None
@@ -75,18 +73,31 @@ class OwnedModel(nn.Module):
 
     def new_cache(self, batch: int, capacity: int) -> SlotCache:
         c = self.config
+        devices = [layer.input_layernorm.weight.device for layer in self.model.layers]
         return SlotCache(c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, capacity, self.dtype,
-                         self.device)
+                         devices)
 
-    def step(self, rows: Rows, cache: SlotCache, ops=REFERENCE, keep: int = 0) -> torch.Tensor:
+    def step(self, rows: Rows, cache: SlotCache, ops=REFERENCE, keep: int = 0, carry=None) -> torch.Tensor:
         """The rows' logits [B, n (or the last `keep`), V] in the model's dtype; every row's key and
-        value are written to the cache."""
+        value are written to the cache.
+
+        carry(device, tree) -> tree: for a model whose layers lie on several devices (gpu/stages.py),
+        brings the step's tensors (the residual stream, the rows, their rotary rows) to the device
+        of the weights used next; None: every weight lies on one device."""
+        move = carry or _stay
+        rows = move(self.model.embed_tokens.weight.device, rows)
         h, rotary = ops.inputs(rows, self.model.embed_tokens.weight, self.embed_scale, self.inv_freq)  # [B, n, H]
-        if self.windowed:  # a sliding window compares the positions of the keys it reads
-            cache.place(rows)
+        placed = set()
         for layer in self.model.layers:
+            device = layer.input_layernorm.weight.device
+            h, rows, rotary = move(device, (h, rows, rotary))
+            if self.windowed and device not in placed:  # a sliding window compares the keys' positions
+                cache.place(rows)
+                placed.add(device)
             h = layer(h, rows, cache, ops, rotary)
+        h = move(self.model.norm.weight.device, h)
         h = self.model.norm(h, ops)
+        h = move(self.lm_head.weight.device, h)
         return ops.logits(h[:, -keep:] if keep else h, self.lm_head.weight, self.config.final_logit_softcapping)
 
     def forward(self, input_ids: torch.Tensor, past_key_values: "GrowingCache | None" = None,
@@ -100,6 +111,10 @@ class OwnedModel(nn.Module):
         logits = self.step(rowsets.chain(input_ids, start), cache.slots, REFERENCE, logits_to_keep)
         cache.length = start + input_ids.shape[1]
         return Output(logits)
+
+
+def _stay(device, tree):
+    return tree
 
 
 class GrowingCache:

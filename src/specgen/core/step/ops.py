@@ -106,7 +106,8 @@ class TorchOps:
         span = mask.shape[-1]
         keys, values = cache.keys[layer][:, :, :span], cache.values[layer][:, :, :span]  # [B, g, S, d]
         if window is not None:
-            mask = mask & (rows.positions[:, :, None] - cache.positions[:, None, :span] < window)
+            keyed = cache.positions_on(q.device)[:, None, :span]  # [B, 1, S]
+            mask = mask & (rows.positions[:, :, None] - keyed < window)
         query = q.transpose(1, 2)  # [B, h, n, d]
         if softcap is None:
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask[:, None], scale=scale,

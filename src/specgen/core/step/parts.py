@@ -34,6 +34,14 @@ class Linear(nn.Module):
         self.bias = weight(outputs) if bias else None
 
 
+class Table(nn.Module):
+    """A [vocabulary, hidden] weight: the token embedding, or the output projection (lm_head)."""
+
+    def __init__(self, rows: int, width: int):
+        super().__init__()
+        self.weight = weight(rows, width)
+
+
 class RMSNorm(nn.Module):
     """offset: Gemma's (1 + w) weights, computed in float32."""
 
