@@ -2,61 +2,119 @@
 # llama.cpp's speculative decoding beside specgen's, on one GPU, same pair, same prompts.
 #
 #   bash benchmarks/peers/fetch_llama_cpp.sh            # here, once: the stripped source in .peers/
-#   bash benchmarks/peers/llama_cpp.sh build            # on the GPU machine, carry .peers (about 8 min)
-#   bash benchmarks/peers/llama_cpp.sh run [PAIR]       # right after, on the same warm machine
+#   bash benchmarks/peers/llama_cpp.sh all [PAIR]       # on the GPU machine, carrying .peers: build while
+#                                                       # the pair trains, then run
+#   bash benchmarks/peers/llama_cpp.sh build            # only the build, into .peers/build
+#   bash benchmarks/peers/llama_cpp.sh run [PAIR]       # only the run, with .peers/build/bin built
 #
-# build: llama.cpp's CUDA build for Hopper only (sm_90), only the programs used here, into
-# .peers/build (kept while the machine stays warm). run: trains the bench pair unless PAIR exists,
-# converts both models to GGUF in bf16 with llama.cpp's converter (benchmarks/peers/convert_pair.py),
-# checks that llama.cpp tokenizes every prompt as specgen does, then times llama.cpp (target-only
-# greedy, speculative greedy and at t 0.8 / top-p 0.95, draft lengths 2-8, every layer on the GPU,
-# flash attention, CUDA graphs as llama.cpp enables them by default) and `specgen bench` on the same
-# 10 prompts x 128 tokens. Output under $OUT (default benchmarks/results/llama-cpp).
+# build: llama.cpp's CUDA build for Hopper only (sm_90), only the programs used here. The GPU
+# machine's CUDA has nvcc but maybe no cuBLAS: its headers and libraries come from PyTorch's
+# nvidia-cublas wheel (CUBLAS_DIR, default found under python3's site-packages; elsewhere pip
+# downloads the wheel), and the link takes a stub of the driver's libcuda (the real one is loaded
+# at run time). Needs no GPU: it also builds on a machine with nvcc alone, slowly.
+# run: trains the bench pair unless PAIR exists, converts both models to GGUF in bf16 with
+# llama.cpp's converter (benchmarks/peers/convert_pair.py), checks that llama.cpp tokenizes every
+# prompt as specgen does, times `specgen bench`, then llama.cpp (target-only greedy, speculative
+# greedy and at t 0.8 / top-p 0.95 over draft lengths, every layer on the GPU, flash attention,
+# CUDA graphs as llama.cpp enables them by default) on the same 10 prompts x 128 tokens, and
+# compares the greedy texts. Output under $OUT (default benchmarks/results/llama-cpp).
+#
+# Settings (environment): LLAMA_CPP_SRC (.peers/llama.cpp), LLAMA_CPP_BUILD (.peers/build),
+# PAIR_MINUTES (4.4: the pair's training time), DEADLINE (540: seconds of the whole script after
+# which llama.cpp's sweep starts no new configuration), NEW_TOKENS (128), CUBLAS_DIR, BUILD_LIMIT
+# (3600: seconds of the whole script after which the build is stopped).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 OUT=${OUT:-benchmarks/results/llama-cpp}
 mkdir -p "$OUT"
-SRC=.peers/llama.cpp
-BUILD=.peers/build
+SRC=${LLAMA_CPP_SRC:-.peers/llama.cpp}
+BUILD=${LLAMA_CPP_BUILD:-.peers/build}
+BIN=$BUILD/bin
 LOG=$OUT/log.txt
-case "${1:-}" in
-build)
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOG"
-  cmake -S $SRC -B $BUILD -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/cmake.log 2>&1
-  echo "== configure rc=$? at $SECONDS s" | tee -a "$LOG"
-  cmake --build $BUILD --target llama-tokenize llama-simple llama-speculative-simple -j "$(nproc)" > /tmp/build.log 2>&1
-  echo "== build rc=$? at $SECONDS s" | tee -a "$LOG"; tail -3 /tmp/build.log | tee -a "$LOG"
-  ;;
-run)
-  PAIR=${2:-/tmp/bench}
-  if [ ! -d "$PAIR/target" ]; then
-    timeout 330 python3 benchmarks/make_pair.py --preset bench --seed 0 --out "$PAIR" --minutes 4.4 --device cuda > /tmp/pair.log 2>&1
-    echo "== pair rc=$? at $SECONDS s" | tee -a "$LOG"
+PAIR=${2:-/tmp/bench}
+DEADLINE=${DEADLINE:-540}
+N=${NEW_TOKENS:-128}
+SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
+
+build() {  # log to /tmp/build.log; exit status of the build
+  local cublas=${CUBLAS_DIR:-$SITE/nvidia/cu13} deps
+  deps=$(mktemp -d)
+  if [ ! -f "$cublas/include/cublas_v2.h" ] && header=$(find / -xdev -name cublas_v2.h 2>/dev/null | head -1) && [ -n "$header" ]; then
+    cublas=$(dirname "$(dirname "$header")")
   fi
+  if [ ! -f "$cublas/include/cublas_v2.h" ]; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_27_x86_64 \
+      -d "$deps" nvidia-cublas==13.0.0.19 && (cd "$deps" && python3 -m zipfile -e nvidia_cublas-*.whl x) || return 1
+    cublas=$deps/x/nvidia/cu13
+  fi
+  # the CUDA driver's entry points that ggml-cuda calls, for the linker only
+  printf 'void %s(void) {}\n' cuDeviceGet cuDeviceGetAttribute cuGetErrorString cuMemAddressFree cuMemAddressReserve \
+    cuMemCreate cuMemGetAllocationGranularity cuMemMap cuMemRelease cuMemSetAccess cuMemUnmap > "$deps/cuda.c"
+  gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$deps/libcuda.so" "$deps/cuda.c" && ln -s libcuda.so "$deps/libcuda.so.1"
+  cmake -G Ninja -S $SRC -B $BUILD -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
+    -DCUDA_cuda_driver_LIBRARY="$deps/libcuda.so" -DCUDA_cublas_LIBRARY="$(ls "$cublas"/lib*/libcublas.so*[0-9] | head -1)" \
+    -DCUDA_cublasLt_LIBRARY="$(ls "$cublas"/lib*/libcublasLt.so*[0-9] | head -1)" -DCMAKE_CUDA_FLAGS="-I$cublas/include" \
+    > /tmp/build.log 2>&1 || return 1
+  local limit=$((${BUILD_LIMIT:-3600} - SECONDS))
+  timeout $((limit > 1 ? limit : 1)) nice -n 10 cmake --build $BUILD -j "$(nproc)" \
+    --target llama-tokenize llama-simple llama-speculative-simple llama-bench >> /tmp/build.log 2>&1
+}
+
+pair() {
+  timeout 330 python3 benchmarks/make_pair.py --preset bench --seed 0 --out "$PAIR" --minutes "${PAIR_MINUTES:-4.4}" \
+    --device cuda > /tmp/pair.log 2>&1
+  echo "== pair rc=$? at $SECONDS s" | tee -a "$LOG"; tail -2 /tmp/pair.log | cut -c1-200 | tee -a "$LOG"
+}
+
+convert() {
   for role in target draft; do
-    python3 benchmarks/peers/convert_pair.py $SRC "$PAIR/$role" "$PAIR/$role.gguf" --outtype bf16 > /tmp/convert.log 2>&1
+    python3 benchmarks/peers/convert_pair.py $SRC "$PAIR/$role" "$PAIR/$role.gguf" --outtype bf16 > /tmp/convert-$role.log 2>&1
     echo "== convert $role rc=$? at $SECONDS s" | tee -a "$LOG"
   done
-  python3 benchmarks/peers/llama_cpp.py tokens $BUILD/bin "$PAIR" --num-prompts 64 | tail -3 | tee -a "$LOG"
-  python3 benchmarks/peers/llama_cpp.py run $BUILD/bin "$PAIR" --gpu --k 2,4,6,8 -t 0,0.8 -n 128 --num-prompts 10 \
-    > "$OUT/llama-cpp.json" 2> /tmp/llama-cpp.err
-  echo "== llama.cpp rc=$? at $SECONDS s" | tee -a "$LOG"
-  python3 -c "import json, sys; [print(k, v) for k, v in json.load(open(sys.argv[1]))['summary'].items()]" \
+}
+
+run() {
+  LD_LIBRARY_PATH=$BIN:$(python3 -c "import glob, sys; print(':'.join(sorted(glob.glob(sys.argv[1] + '/nvidia/*/lib'))))" "$SITE"):${LD_LIBRARY_PATH:-}
+  export LD_LIBRARY_PATH
+  missing=$(ldd $BIN/llama-speculative-simple $BIN/llama-bench | grep "not found" | sort -u)
+  [ -z "$missing" ] || echo "== llama.cpp's programs miss libraries: $missing" | tee -a "$LOG"
+  python3 benchmarks/peers/llama_cpp.py tokens $BIN "$PAIR" --num-prompts 64 2>&1 | tail -3 | tee -a "$LOG"
+  echo "== tokens at $SECONDS s" | tee -a "$LOG"
+  timeout 150 python3 -m specgen.cli.main bench -p "$PAIR/pair.toml" --k 3,4,5,6 -t 0,0.8 --top-p 0.95 \
+    --coupling rejection --num-prompts 10 -n $N --baseline target-only --no-fp32-check --format json \
+    > "$OUT/specgen.json" 2> /tmp/specgen.err
+  echo "== specgen bench rc=$? at $SECONDS s" | tee -a "$LOG"; tail -3 /tmp/specgen.err | cut -c1-300 >> "$LOG"
+  python3 benchmarks/bench_summary.py "$OUT/specgen.json" | tee -a "$LOG"
+  timeout 60 python3 -m specgen.cli.main generate -p "$PAIR/pair.toml" --prompts-file "$PAIR/prompts.jsonl" -n $N \
+    --ignore-eos --proposer none -t 0 --format jsonl 2>/dev/null | head -10 > /tmp/specgen-greedy.jsonl
+  echo "== specgen greedy texts: $(wc -l < /tmp/specgen-greedy.jsonl) at $SECONDS s" | tee -a "$LOG"
+  timeout $((DEADLINE + 50 - SECONDS)) python3 benchmarks/peers/llama_cpp.py run $BIN "$PAIR" --gpu --k 4,6,8,2 -t 0,0.8 \
+    -n $N --num-prompts 10 --deadline $((DEADLINE - SECONDS)) --out "$OUT/llama-cpp.json" 2> /tmp/llama-cpp.err
+  echo "== llama.cpp rc=$? at $SECONDS s" | tee -a "$LOG"; grep -v "^speculative\|^target" /tmp/llama-cpp.err | tail -3 >> "$LOG"
+  python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print('llama-bench', {k: v for k, v in (d['llama_bench'] or {}).items() if k != 'samples_ts'}); [print(k, v) for k, v in d['summary'].items()]; print('skipped', d.get('skipped'), 'errors', d.get('errors'))" \
     "$OUT/llama-cpp.json" | tee -a "$LOG"
-  python3 -m specgen.cli.main bench -p "$PAIR/pair.toml" --k 2,3,4,5,6 -t 0,0.8 --top-p 0.95 --coupling rejection \
-    --num-prompts 10 -n 128 --baseline target-only --format json > "$OUT/specgen.json" 2> /tmp/specgen.err
-  echo "== specgen rc=$? at $SECONDS s" | tee -a "$LOG"; python3 benchmarks/bench_summary.py "$OUT/specgen.json" | tee -a "$LOG"
-  python3 -m specgen.cli.main generate -p "$PAIR/pair.toml" --prompts-file "$PAIR/prompts.jsonl" -n 128 --ignore-eos \
-    --format jsonl 2>/dev/null | head -10 > /tmp/specgen-greedy.jsonl
-  python3 - "$OUT/llama-cpp.json" /tmp/specgen-greedy.jsonl <<'PY' | tee -a "$LOG"
-import json, sys
-runs = json.load(open(sys.argv[1]))["runs"]["target-only"]
-ours = [json.loads(line) for line in open(sys.argv[2])]
-same = sum(r["text"].startswith(o["prompt"] + o["text"]) or r["text"].endswith(o["text"]) for r, o in zip(runs, ours))
-print(f"greedy target-only text: llama.cpp and specgen agree on {same} of {len(ours)} prompts")
-PY
-  ;;
+  python3 benchmarks/peers/llama_cpp.py compare "$PAIR" "$OUT/llama-cpp.json" /tmp/specgen-greedy.jsonl | tee -a "$LOG"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
+  nvcc --version | tail -1; nproc
+} 2>&1 | tee "$LOG"
+case "${1:-}" in
+build)
+  build; echo "== build rc=$? at $SECONDS s" | tee -a "$LOG"; tail -3 /tmp/build.log | tee -a "$LOG" ;;
+run)
+  [ -d "$PAIR/target" ] || pair
+  convert; run ;;
+all)
+  # the build (niced) beside the pair's training, which is GPU-bound on one Python thread
+  ( build; echo "== build rc=$? at $SECONDS s" > /tmp/build.done ) &
+  [ -d "$PAIR/target" ] || pair
+  convert
+  wait
+  cat /tmp/build.done | tee -a "$LOG"; grep -E "error|Error" /tmp/build.log | head -5 | tee -a "$LOG"; tail -2 /tmp/build.log | tee -a "$LOG"
+  run ;;
 *)
-  echo "usage: $0 build | run [PAIR]" >&2; exit 2 ;;
+  echo "usage: $0 all | build | run [PAIR]" >&2; exit 2 ;;
 esac
