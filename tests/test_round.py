@@ -113,8 +113,8 @@ def check_caches(engine, rnd: Round, prompt: list[int], output: list[int], where
         return
     seen = draft_sequence(prompt, output)
     assert int(rnd.draft.position) == len(seen) - 2, f"{where}: draft position"
-    assert rnd.pending[0].tolist() == seen[-2:], where
-    got = rnd.draft.forward(rnd.pending[0].clone())[-1]
+    assert rnd.drafter.pending[0].tolist() == seen[-2:], where
+    got = rnd.draft.forward(rnd.drafter.pending[0].clone())[-1]
     rnd.draft.position.sub_(2)
     want = EagerRunner(engine.pair.draft, engine.width, len(seen) + 8).forward(torch.tensor(seen))[-1]
     assert relative_error(got, want) < 1e-4, f"{where}: draft cache"
@@ -219,8 +219,8 @@ class RecordingBackend(TorchBackend):
 
 def stub_round(spec: SamplingSpec, k: int, width: int = 60, vocab: int = 50, stop_ids=(3, 7), **shape):
     backend = RecordingBackend()
-    fields = dict(k=k, width=width, vocab_size=vocab, has_draft=True, sample_draft=not spec.greedy, cut=True,
-                  penalties=True, min_tokens=spec.min_tokens > 0, p_min=0.0, insight=False) | shape
+    fields = dict(k=k, width=width, vocab_size=vocab, drafter="draft", draft_pick="argmax" if spec.greedy else "sample",
+                  rows=("penalties",) + ("min_tokens",) * (spec.min_tokens > 0)) | shape
     rnd = Round(RoundShape(**fields), spec, backend, StubRunner(width, 1), StubRunner(width, 2, favourite=4),
                 list(stop_ids))
     return rnd, backend
@@ -242,7 +242,7 @@ def test_device_penalty_rows_and_masks_equal_the_reference():
     programs[Mode.HOST].launch(clock)
     generated = int(rnd.generated)
     assert generated == 1
-    counts, seen = rnd.counts.clone(), rnd.seen.clone()
+    counts, seen = rnd.rows.penalties.counts.clone(), rnd.rows.penalties.seen.clone()
     assert bool(seen[[1, 2, 9]].all()) and int(counts.sum()) == 1
     backend.calls.clear()
     rnd.set_budget(k)
@@ -277,13 +277,13 @@ def test_draws_follow_the_documented_order():
     gen = torch.Generator().manual_seed(7)
     rows = sampling.exponentials((k + 1, width), gen, "cpu")
     uniforms = sampling.uniforms((k,), gen, "cpu")
-    assert torch.equal(rnd.noise, rows) and torch.equal(rnd.uniform, uniforms)
-    assert bool((rnd.noise > 0).all()) and bool((rnd.uniform > 0).all())
+    assert torch.equal(rnd.coupling.noise, rows) and torch.equal(rnd.coupling.uniform, uniforms)
+    assert bool((rnd.coupling.noise > 0).all()) and bool((rnd.coupling.uniform > 0).all())
     greedy, _ = stub_round(SamplingSpec(), k, width=width, vocab=width, stop_ids=())
     gen = torch.Generator().manual_seed(7)
     state = gen.get_state()
     greedy.draw(gen)
-    assert greedy.noise is None and torch.equal(gen.get_state(), state)  # greedy rounds draw nothing
+    assert greedy.coupling.noise is None and torch.equal(gen.get_state(), state)  # greedy rounds draw nothing
 
 
 # ---------------------------------------------------------------- draft sampling
@@ -315,7 +315,7 @@ def test_temperature_drafts_skip_the_cut(llama):
         for prompt in random_prompts(engine.pair.vocab_size, 3, seed=9):
             first = finish(decoder, prompt)
             assert finish(decoder, prompt).token_ids == first.token_ids  # seeded: reproducible
-            widths.setdefault(mode, []).extend((decoder.round.q > 0).sum(dim=1).tolist())
+            widths.setdefault(mode, []).extend((decoder.round.coupling.q > 0).sum(dim=1).tolist())
     vocab = engine.pair.vocab_size
     assert min(widths["temperature"]) == vocab  # every id of the vocabulary is a candidate
     assert max(widths["sample"]) < vocab // 2  # top-p 0.3 of the request keeps few

@@ -236,9 +236,7 @@ class Decoder:
         k, rnd = self.setup.k, self.round
         values = self.host_ids[launched.slot].tolist()
         floats = self.host_f[launched.slot].tolist()
-        p = floats[:k] if rnd.has_p else None
-        q = floats[k : 2 * k] if rnd.has_q(launched.mode) else None
-        entropy = floats[2 * k : 3 * k] if rnd.shape.insight else None
+        p, q, entropy = rnd.read_floats(floats, launched.mode)
         return values[: k + 1], values[k + 1 : 2 * k + 1], values[2 * k + 1], p, q, entropy
 
     def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int) -> None:
@@ -254,7 +252,7 @@ class Decoder:
         if spec.logprobs_mode == "raw":
             logp = torch.log_softmax(logits, dim=-1)
         else:
-            params, penalties, bad = self.round.rows
+            params, penalties, bad = self.round.rows.last
             logp = logprobs_from_logits(self.round.target_logits, params, penalties, bad)[: len(emitted)]
         chosen = logp[torch.arange(len(emitted)), torch.tensor(emitted, device=logp.device)].tolist()
         top = logp.topk(spec.logprobs, dim=-1) if spec.logprobs > 0 else None
