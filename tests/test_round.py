@@ -1,4 +1,4 @@
-"""core/round.py: the round's buffers, draws, device-built warp rows, cache commit rule and runners.
+"""core/round/round.py: the round's buffers, draws, device-built warp rows, cache commit rule and runners.
 
 The loop (tests/test_decode.py) checks the round's output; these tests drive a Round directly, one
 round at a time with no pipeline, so the per-round invariants can be read between rounds:
@@ -269,7 +269,7 @@ def test_device_penalty_rows_and_masks_equal_the_reference():
 
 def test_draws_follow_the_documented_order():
     """A seed gives the same numbers as the allocating definitions in core/sampling.py, in the order
-    round.py documents: the Exp(1) rows (one per sampled draft step, then the target's row) in one
+    core/round/couplings.py documents: the Exp(1) rows (one per sampled draft step, then the target's row) in one
     draw, then the uniforms."""
     k, width = 3, 33
     rnd, _ = stub_round(SamplingSpec(temperature=1.0), k, width=width, vocab=width, stop_ids=())
