@@ -92,7 +92,7 @@ class Round(Shared):
     def __init__(self, shape: RoundShape, spec: SamplingSpec, backend, target, draft, stop_ids: list[int],
                  head=None):
         super().__init__(shape.k, shape.width, backend, target)
-        self.shape, self.greedy = shape, spec.greedy
+        self.shape = shape
         k, width, vocab = shape.k, shape.width, shape.vocab_size
         races = shape.draft_pick != "argmax" and not spec.greedy  # draft picks race q against a noise row
         self.coupling = GumbelCoupling(self, races) if shape.coupling == "gumbel" else \
