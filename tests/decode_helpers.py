@@ -81,7 +81,7 @@ def draft_sequence(prompt: list[int], token_ids: list[int]) -> list[int]:
 
 def draft_follows(engine, decoder, prompt: list[int], token_ids: list[int]) -> None:
     """After a finished run (no round in flight): the target cache holds the committed sequence but
-    its last id (feed[0, 0]); the draft cache all but its last two (rnd.pending), and feeding those
+    its last id (feed[0, 0]); the draft cache all but its last two (rnd.drafter.pending), and feeding those
     gives the logits a fresh EagerRunner gives for the whole sequence (float32 rounding only).
     Call it only after runs that stopped on length: a round cut by a stop id or a stop string
     committed the whole round on the device, and a stop string may leave the next round queued."""
@@ -92,8 +92,8 @@ def draft_follows(engine, decoder, prompt: list[int], token_ids: list[int]) -> N
     seen = draft_sequence(prompt, token_ids)
     assert int(rnd.draft.position) == len(seen) - 2, (
         f"draft position {int(rnd.draft.position)}, committed {len(committed)} (prompt {len(prompt)})")
-    assert rnd.pending[0].tolist() == seen[-2:]
-    got = rnd.draft.forward(rnd.pending[0].clone())[-1]
+    assert rnd.drafter.pending[0].tolist() == seen[-2:]
+    got = rnd.draft.forward(rnd.drafter.pending[0].clone())[-1]
     fresh = EagerRunner(engine.pair.draft, engine.width, len(seen) + 8)
     want = fresh.forward(torch.tensor(seen, dtype=torch.long))[-1]
     assert relative_error(got, want) < 1e-4, "the draft's logits after the run are not a fresh forward's"

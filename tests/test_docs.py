@@ -202,7 +202,7 @@ def test_benchmarks_readme_names_exactly_the_scripts_in_benchmarks():
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path):
-    assert missing_paths("see gpu/loop.py and `benchmarks/bench_e2e.py`, src/specgen/core/round.py") == \
+    assert missing_paths("see gpu/loop.py and `benchmarks/bench_e2e.py`, src/specgen/core/round/round.py") == \
         ["gpu/loop.py", "benchmarks/bench_e2e.py"]
     assert missing_paths("core/engine.make_backend, core/engine.nothing") == ["core/engine.nothing"]
     assert missing_paths("benchmarks/results/proposers-cpu/bench_draft_{1,2,9}.json") != []

@@ -1,4 +1,4 @@
-"""Heads on the target's hidden states as proposers (core/heads.py, core/round.py): EAGLE-3 heads
+"""Heads on the target's hidden states as proposers (core/heads.py, core/round/head.py): EAGLE-3 heads
 and MTP layers drafting inside the one round.
 
 Lossless: greedy output equals target-only token for token (float32), sampled output follows the

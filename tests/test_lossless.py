@@ -186,7 +186,7 @@ def run_rounds(path, combo_name: str, rounds: int, seed: int, one_hot: bool = Fa
 
 
 def run_gumbel_rounds(path, combo_name: str, rounds: int, seed: int, target_from_q: bool = False):
-    """Gumbel coupling, as core/round.py runs it: round r covers positions r(K+1) .. r(K+1)+K of one
+    """Gumbel coupling, as core/round/couplings.py runs it: round r covers positions r(K+1) .. r(K+1)+K of one
     seed's noise; the draft races q against row i, the target picks x_i = argmax p_i / E_i, and a
     draft is accepted iff it equals x_i. target_from_q: a broken target that races the draft's q."""
     combo = COMBOS[combo_name]

@@ -1,4 +1,4 @@
-"""core/round.py: the round's buffers, draws, device-built warp rows, cache commit rule and runners.
+"""core/round/round.py: the round's buffers, draws, device-built warp rows, cache commit rule and runners.
 
 The loop (tests/test_decode.py) checks the round's output; these tests drive a Round directly, one
 round at a time with no pipeline, so the per-round invariants can be read between rounds:
@@ -8,7 +8,6 @@ minus its last two (pending); a one-token prompt is seen twice by the draft.
 
 from __future__ import annotations
 
-import contextlib
 import random
 from dataclasses import replace
 
@@ -16,8 +15,9 @@ import pytest
 import torch
 
 from decode_helpers import draft_sequence, finish, make_profile, random_prompts, relative_error
+from round_helpers import RecordingBackend, StubRunner
 from specgen.core import sampling
-from specgen.core.backend import RoundClock, TorchBackend
+from specgen.core.backend import RoundClock
 from specgen.core.engine import Engine, draft_picking, target_only
 from specgen.core.round import Mode, Round, RoundShape
 from specgen.core.runner import EagerRunner
@@ -113,8 +113,8 @@ def check_caches(engine, rnd: Round, prompt: list[int], output: list[int], where
         return
     seen = draft_sequence(prompt, output)
     assert int(rnd.draft.position) == len(seen) - 2, f"{where}: draft position"
-    assert rnd.pending[0].tolist() == seen[-2:], where
-    got = rnd.draft.forward(rnd.pending[0].clone())[-1]
+    assert rnd.drafter.pending[0].tolist() == seen[-2:], where
+    got = rnd.draft.forward(rnd.drafter.pending[0].clone())[-1]
     rnd.draft.position.sub_(2)
     want = EagerRunner(engine.pair.draft, engine.width, len(seen) + 8).forward(torch.tensor(seen))[-1]
     assert relative_error(got, want) < 1e-4, f"{where}: draft cache"
@@ -165,62 +165,10 @@ def test_early_stopped_rounds_keep_both_caches_committed(llama):
 # ---------------------------------------------------------------- draws and device-built warp rows
 
 
-class StubRunner:
-    """A Runner whose logits are a fixed random table looked up by the id fed: rounds run in
-    microseconds and every buffer can be inspected."""
-
-    def __init__(self, width: int, seed: int, favourite: int | None = None):
-        gen = torch.Generator().manual_seed(seed)
-        self.table = torch.randn(width, width, generator=gen) * 3  # [V, V]
-        if favourite is not None:
-            self.table[:, favourite] += 20.0  # a draft that keeps proposing one id: repeats
-        self.device, self.capacity, self.generation = torch.device("cpu"), 4096, 1
-        self.position = torch.zeros((), dtype=torch.long)
-
-    def reset(self) -> None:
-        self.position.zero_()
-
-    def reserve(self, positions: int) -> None:
-        pass
-
-    def step_context(self, tokens: int):
-        return contextlib.nullcontext()
-
-    def forward(self, ids, want_logits=True):
-        self.position.add_(ids.shape[0])
-        return self.table[ids] if want_logits else None
-
-    def step(self, ids, logits_out):
-        logits_out.copy_(self.table[ids])
-        self.position.add_(ids.shape[0])
-        return logits_out
-
-
-class RecordingBackend(TorchBackend):
-    """The torch backend, keeping what every warp() and warp_and_race() was given (penalty rows and
-    bad masks)."""
-
-    def __init__(self):
-        super().__init__(torch.device("cpu"))
-        self.calls: list[tuple] = []
-
-    def _record(self, logits, penalties, bad_mask) -> None:
-        copy = None if penalties is None else (penalties.counts.clone(), penalties.seen.clone())
-        self.calls.append((logits.shape[0], copy, None if bad_mask is None else bad_mask.clone()))
-
-    def warp(self, logits, params, penalties=None, bad_mask=None):
-        self._record(logits, penalties, bad_mask)
-        return super().warp(logits, params, penalties, bad_mask)
-
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
-        self._record(logits, penalties, bad_mask)
-        return super().warp_and_race(logits, params, expo, out, penalties, bad_mask, probs_out)
-
-
 def stub_round(spec: SamplingSpec, k: int, width: int = 60, vocab: int = 50, stop_ids=(3, 7), **shape):
     backend = RecordingBackend()
-    fields = dict(k=k, width=width, vocab_size=vocab, has_draft=True, sample_draft=not spec.greedy, cut=True,
-                  penalties=True, min_tokens=spec.min_tokens > 0, p_min=0.0, insight=False) | shape
+    fields = dict(k=k, width=width, vocab_size=vocab, drafter="draft", draft_pick="argmax" if spec.greedy else "sample",
+                  rows=("penalties",) + ("min_tokens",) * (spec.min_tokens > 0)) | shape
     rnd = Round(RoundShape(**fields), spec, backend, StubRunner(width, 1), StubRunner(width, 2, favourite=4),
                 list(stop_ids))
     return rnd, backend
@@ -242,7 +190,7 @@ def test_device_penalty_rows_and_masks_equal_the_reference():
     programs[Mode.HOST].launch(clock)
     generated = int(rnd.generated)
     assert generated == 1
-    counts, seen = rnd.counts.clone(), rnd.seen.clone()
+    counts, seen = rnd.rows.penalties.counts.clone(), rnd.rows.penalties.seen.clone()
     assert bool(seen[[1, 2, 9]].all()) and int(counts.sum()) == 1
     backend.calls.clear()
     rnd.set_budget(k)
@@ -269,7 +217,7 @@ def test_device_penalty_rows_and_masks_equal_the_reference():
 
 def test_draws_follow_the_documented_order():
     """A seed gives the same numbers as the allocating definitions in core/sampling.py, in the order
-    round.py documents: the Exp(1) rows (one per sampled draft step, then the target's row) in one
+    core/round/couplings.py documents: the Exp(1) rows (one per sampled draft step, then the target's row) in one
     draw, then the uniforms."""
     k, width = 3, 33
     rnd, _ = stub_round(SamplingSpec(temperature=1.0), k, width=width, vocab=width, stop_ids=())
@@ -277,13 +225,13 @@ def test_draws_follow_the_documented_order():
     gen = torch.Generator().manual_seed(7)
     rows = sampling.exponentials((k + 1, width), gen, "cpu")
     uniforms = sampling.uniforms((k,), gen, "cpu")
-    assert torch.equal(rnd.noise, rows) and torch.equal(rnd.uniform, uniforms)
-    assert bool((rnd.noise > 0).all()) and bool((rnd.uniform > 0).all())
+    assert torch.equal(rnd.coupling.noise, rows) and torch.equal(rnd.coupling.uniform, uniforms)
+    assert bool((rnd.coupling.noise > 0).all()) and bool((rnd.coupling.uniform > 0).all())
     greedy, _ = stub_round(SamplingSpec(), k, width=width, vocab=width, stop_ids=())
     gen = torch.Generator().manual_seed(7)
     state = gen.get_state()
     greedy.draw(gen)
-    assert greedy.noise is None and torch.equal(gen.get_state(), state)  # greedy rounds draw nothing
+    assert greedy.coupling.noise is None and torch.equal(gen.get_state(), state)  # greedy rounds draw nothing
 
 
 # ---------------------------------------------------------------- draft sampling
@@ -315,7 +263,7 @@ def test_temperature_drafts_skip_the_cut(llama):
         for prompt in random_prompts(engine.pair.vocab_size, 3, seed=9):
             first = finish(decoder, prompt)
             assert finish(decoder, prompt).token_ids == first.token_ids  # seeded: reproducible
-            widths.setdefault(mode, []).extend((decoder.round.q > 0).sum(dim=1).tolist())
+            widths.setdefault(mode, []).extend((decoder.round.coupling.q > 0).sum(dim=1).tolist())
     vocab = engine.pair.vocab_size
     assert min(widths["temperature"]) == vocab  # every id of the vocabulary is a candidate
     assert max(widths["sample"]) < vocab // 2  # top-p 0.3 of the request keeps few

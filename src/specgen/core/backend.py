@@ -1,4 +1,4 @@
-"""Backends: what the one round (core/round.py) runs on.
+"""Backends: what the one round (core/round/) runs on.
 
 A backend supplies the round's kernels (warp, verify), its model runners and its capture. The
 torch backend runs everywhere: the references of core/sampling.py and core/rejection.py, eager

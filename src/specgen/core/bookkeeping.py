@@ -1,7 +1,7 @@
 """A round's bookkeeping on the device, the torch reference: how many drafts count, and the commit
 that stages the round's ids for the host and moves both caches and the next round's inputs.
 
-Why a module of its own: in the round (core/round.py) these are some 25 tensor operations on a
+Why a module of its own: in the round (core/round/round.py) these are some 25 tensor operations on a
 handful of integers, each a kernel of about a microsecond plus its gap once captured, about 45 µs
 of a round on an H200. gpu/commit.py computes each of the two in one kernel; this is what it must equal
 (tests/test_commit.py), and what the torch backend runs.

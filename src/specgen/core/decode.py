@@ -1,7 +1,7 @@
 """The decode loop: prefill, then one round at a time, as a generator of events.
 
 Per round the loop chooses who drafts (the draft model on the device, or the host's n-gram
-lookup), launches the round (core/round.py) and reads its staged results once. As soon as a
+lookup), launches the round (core/round/) and reads its staged results once. As soon as a
 round's results are on the host the next round is queued, and fates, stop ids and strings,
 detokenizing, statistics and the event are done while it runs.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -60,6 +60,21 @@ class _Launched:
     k_used: int | None  # the round's budget: k, cut near max_tokens or by adaptive k (None: set at fetch)
     host: list[int] | None  # the host's drafts (n-gram rounds)
     slot: int = 0  # its host buffers, clock and capture
+
+
+@dataclass
+class _Run:
+    """One run's host state: what settle() reads and grows round by round."""
+
+    stats: AcceptanceStats
+    gen: torch.Generator  # rejection coupling's draws
+    start: float  # perf_counter at the run's start
+    text: TextTracker
+    out: Output
+    flight: deque = field(default_factory=deque)  # rounds queued, oldest first
+    round_end: float = 0.0
+    index: int = 0
+    reason: str | None = None  # why the run ends, once known
 
 
 class Decoder:
@@ -117,88 +132,113 @@ class Decoder:
             raise error
 
     def run(self, prompt_ids: list[int]):
+        """Prefill, then rounds until a stop or max_tokens: a RoundEvent per round, then Finished."""
         self.check_prompt(prompt_ids)
         spec, rnd = self.setup.sampling, self.round
-        stats = self.stats = AcceptanceStats()
+        run = self._begin(prompt_ids)
+        rnd.draw(run.gen)
+        run.flight.append(self._launch(0, spec, 0))
+        rnd.draw(run.gen)  # the next round's numbers, queued behind this round
+        self._queue_ahead(run, 0)
+        run.round_end = time.perf_counter()
+        while True:
+            yield self.settle(run.flight.popleft())
+            if run.reason is None and len(run.out.ids) >= spec.max_tokens:
+                run.reason = "length"
+            if run.reason is not None:
+                out, text = run.out, run.text
+                tail = text.finish(run.reason == "stop")
+                yield Finished(run.reason, text.released, out.ids, out.fates, run.stats, out.pieces, tail,
+                               out.logprobs)
+                return
+            run.index += 1
+
+    def _begin(self, prompt_ids: list[int]) -> _Run:
+        """A run's state, both caches prefilled and the host proposer started."""
+        spec, rnd = self.setup.sampling, self.round
+        self.stats = AcceptanceStats()
         self.proposer_rounds = dict.fromkeys(self.proposer_rounds, 0)
         self.adaptive = AdaptiveK() if self.adaptive_k else None
         seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
-        gen = self._generator(seed)
         start = time.perf_counter()
         rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2)  # a queued round fits (_queue_ahead)
         rnd.start(prompt_ids, seed, max_tokens=spec.max_tokens)
         if self.lookup is not None:
             self.lookup.start(prompt_ids)
-        stats.prefill_seconds = time.perf_counter() - start
-        text = TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop)
-        out = Output(spec.logprobs is not None)
-        rnd.draw(gen)
-        flight = deque([self._launch(0, spec, 0)])
-        rnd.draw(gen)  # the next round's numbers, queued behind this round
-        self._queue_ahead(flight, 0, spec, gen)
-        round_end = time.perf_counter()
-        index = 0
-        while True:
-            launched = flight.popleft()
-            ids, drafted, n, p, q, entropy = self._fetch(launched)
-            # The round's tokens are on the host now: the time they count at. Not when the event is
-            # yielded: on the CPU the next round's launch runs it to the end before that.
-            fetched = time.perf_counter()
-            spans = self.clocks[launched.slot].spans()
-            if launched.k_used is None:  # queued before the round before it was read: its budget now
-                launched.k_used = max(0, min(self.setup.k, spec.max_tokens - len(out.ids) - 1))
-            self.backend.check(ids[0])
-            emitted = [t for t in ids if t >= 0]
-            num_accepted = len(emitted) - 1
-            drafted = self._cut_at_stop(drafted[:n])
-            fates = [Fate.ACCEPTED] * num_accepted + [Fate.BONUS if num_accepted == n else Fate.RECOVERED]
-            reason, emitted, fates = self._stop_tokens(emitted, fates)
-            logprobs = self._logprobs(emitted, spec) if spec.logprobs is not None else None
-            generated = len(out.ids) + len(emitted)
-            self._follow(launched, emitted, num_accepted)
-            if reason is None and generated < spec.max_tokens:
-                if not flight:
-                    flight.append(self._launch(generated, spec, launched.slot))
-                    rnd.draw(gen)
-                self._queue_ahead(flight, generated, spec, gen)
-            pieces = [text.detok.add([t]) for t in emitted]
-            before = len(text.text)
-            delta, stop_hit = text.add("".join(pieces))
-            starts = text_starts(before, pieces)
-            if stop_hit and reason is None:  # the ids end where the text ends, in this round and before
-                reason = "stop"
-                keep = sum(1 for at in starts if at < len(text.text))
-                emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
-                logprobs = logprobs and logprobs[:keep]
-                stats.drop(out.trim(len(text.text)))
-            stats.released(fetched - start, len(emitted))
-            now = time.perf_counter()
-            timings = {**spans, "other": max(0.0, now - round_end - sum(spans.values()))}
-            round_end = now
-            used, kept_accepted = len(drafted), min(num_accepted, len(emitted))
-            early_stop = used < launched.k_used
-            stats.add_round(used, kept_accepted, len(emitted), timings, early_stop=early_stop, k_used=launched.k_used)
-            event = RoundEvent(index, emitted, fates, delta, pieces, used, kept_accepted, drafted, timings,
-                               q and q[:used], p and p[:used], logprobs, k_used=launched.k_used,
-                               early_stop=early_stop)
-            event.target_entropy = entropy and entropy[:used]
-            out.add(event, starts)
-            yield event
-            if reason is None and len(out.ids) >= spec.max_tokens:
-                reason = "length"
-            if reason is not None:
-                tail = text.finish(reason == "stop")
-                yield Finished(reason, text.released, out.ids, out.fates, stats, out.pieces, tail, out.logprobs)
-                return
-            index += 1
+        self.stats.prefill_seconds = time.perf_counter() - start
+        self.current = _Run(self.stats, self._generator(seed), start,
+                            TextTracker(IncrementalDetokenizer(self.tokenizer, prompt_ids), spec.stop),
+                            Output(spec.logprobs is not None))
+        return self.current
 
-    def _queue_ahead(self, flight: deque, generated: int, spec: SamplingSpec, gen: torch.Generator) -> None:
+    def settle(self, launched: _Launched) -> RoundEvent:
+        """What the host learns from a round: its one sync, the tokens' fates, stop ids, logprobs,
+        the proposers' verdict, then (with the next round queued as soon as this one is known not
+        to end the run) detokenizing, stop strings, statistics and the event."""
+        run, spec = self.current, self.setup.sampling
+        ids, drafted, n, p, q, entropy = self._fetch(launched)
+        # The round's tokens are on the host now: the time they count at. Not when the event is
+        # yielded: on the CPU the next round's launch runs it to the end before that.
+        fetched = time.perf_counter()
+        spans = self.clocks[launched.slot].spans()
+        if launched.k_used is None:  # queued before the round before it was read: its budget now
+            launched.k_used = max(0, min(self.setup.k, spec.max_tokens - len(run.out.ids) - 1))
+        self.backend.check(ids[0])
+        emitted = [t for t in ids if t >= 0]
+        num_accepted = len(emitted) - 1
+        drafted = self._cut_at_stop(drafted[:n])
+        fates = [Fate.ACCEPTED] * num_accepted + [Fate.BONUS if num_accepted == n else Fate.RECOVERED]
+        run.reason, emitted, fates = self._stop_tokens(emitted, fates)
+        logprobs = self._logprobs(emitted, spec) if spec.logprobs is not None else None
+        self._follow(launched, emitted, num_accepted)
+        self._next(run, len(run.out.ids) + len(emitted), launched.slot)
+        emitted, fates, pieces, starts, delta, logprobs = self._text(run, emitted, fates, logprobs)
+        run.stats.released(fetched - run.start, len(emitted))
+        now = time.perf_counter()
+        timings = {**spans, "other": max(0.0, now - run.round_end - sum(spans.values()))}
+        run.round_end = now
+        used, kept_accepted = len(drafted), min(num_accepted, len(emitted))
+        early_stop = used < launched.k_used
+        run.stats.add_round(used, kept_accepted, len(emitted), timings, early_stop=early_stop,
+                            k_used=launched.k_used)
+        event = RoundEvent(run.index, emitted, fates, delta, pieces, used, kept_accepted, drafted, timings,
+                           q and q[:used], p and p[:used], logprobs, k_used=launched.k_used, early_stop=early_stop)
+        event.target_entropy = entropy and entropy[:used]
+        run.out.add(event, starts)
+        return event
+
+    def _next(self, run: _Run, generated: int, slot: int) -> None:
+        """Queue the next round (and the one after it, with two in flight) unless this one ends the run."""
+        if run.reason is None and generated < self.setup.sampling.max_tokens:
+            if not run.flight:
+                run.flight.append(self._launch(generated, self.setup.sampling, slot))
+                self.round.draw(run.gen)
+            self._queue_ahead(run, generated)
+
+    def _text(self, run: _Run, emitted: list[int], fates: list, logprobs):
+        """Detokenize the round's ids; a stop string cuts them where the text ends (this round's
+        and the run's), and ends the run."""
+        text = run.text
+        pieces = [text.detok.add([t]) for t in emitted]
+        before = len(text.text)
+        delta, stop_hit = text.add("".join(pieces))
+        starts = text_starts(before, pieces)
+        if stop_hit and run.reason is None:  # the ids end where the text ends, in this round and before
+            run.reason = "stop"
+            keep = sum(1 for at in starts if at < len(text.text))
+            emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
+            logprobs = logprobs and logprobs[:keep]
+            run.stats.drop(run.out.trim(len(text.text)))
+        return emitted, fates, pieces, starts, delta, logprobs
+
+    def _queue_ahead(self, run: _Run, generated: int) -> None:
         """With two in flight: queue the round after the one in flight, unless that one may end the
         run on length (it emits up to k + 1 tokens). So a run that ends on max_tokens leaves no round
         behind it; one cut by a stop id or string may leave one, which the next run's start waits for."""
-        if self.depth == 2 and len(flight) == 1 and generated + self.setup.k + 1 < spec.max_tokens:
-            flight.append(self._launch(None, spec, 1 - flight[0].slot))
-            self.round.draw(gen)
+        flight = run.flight
+        if self.depth == 2 and len(flight) == 1 and generated + self.setup.k + 1 < self.setup.sampling.max_tokens:
+            flight.append(self._launch(None, self.setup.sampling, 1 - flight[0].slot))
+            self.round.draw(run.gen)
 
     def _launch(self, generated: int | None, spec: SamplingSpec, slot: int) -> _Launched:
         """Choose who drafts, queue the round and the copy of its results (no sync). generated:
@@ -236,9 +276,7 @@ class Decoder:
         k, rnd = self.setup.k, self.round
         values = self.host_ids[launched.slot].tolist()
         floats = self.host_f[launched.slot].tolist()
-        p = floats[:k] if rnd.has_p else None
-        q = floats[k : 2 * k] if rnd.has_q(launched.mode) else None
-        entropy = floats[2 * k : 3 * k] if rnd.shape.insight else None
+        p, q, entropy = rnd.read_floats(floats, launched.mode)
         return values[: k + 1], values[k + 1 : 2 * k + 1], values[2 * k + 1], p, q, entropy
 
     def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int) -> None:
@@ -254,7 +292,7 @@ class Decoder:
         if spec.logprobs_mode == "raw":
             logp = torch.log_softmax(logits, dim=-1)
         else:
-            params, penalties, bad = self.round.rows
+            params, penalties, bad = self.round.rows.last
             logp = logprobs_from_logits(self.round.target_logits, params, penalties, bad)[: len(emitted)]
         chosen = logp[torch.arange(len(emitted)), torch.tensor(emitted, device=logp.device)].tolist()
         top = logp.topk(spec.logprobs, dim=-1) if spec.logprobs > 0 else None

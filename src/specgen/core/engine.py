@@ -99,11 +99,12 @@ class Engine:
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else self.eos_ids)
         penalties = (sampling.repetition_penalty != 1.0 or sampling.presence_penalty != 0.0
                      or sampling.frequency_penalty != 0.0)
-        shape = RoundShape(k=k, width=self.width, vocab_size=self.pair.vocab_size, has_draft=drafter == "draft",
-                           sample_draft=uses_model and sample, cut=cut, penalties=penalties,
-                           min_tokens=sampling.min_tokens > 0, p_min=spec.draft_p_min if uses_model else 0.0,
-                           insight=insight, gumbel=sampling.coupling == "gumbel" and not sampling.greedy,
-                           head=drafter if drafter in self.heads else "")
+        rows = ("penalties",) * penalties + ("min_tokens",) * (sampling.min_tokens > 0)
+        shape = RoundShape(k=k, width=self.width, vocab_size=self.pair.vocab_size, drafter=drafter,
+                           draft_pick=("sample" if cut else "temperature") if uses_model and sample else "argmax",
+                           coupling="gumbel" if sampling.coupling == "gumbel" and not sampling.greedy
+                           else "rejection", rows=rows, p_min=spec.draft_p_min if uses_model else 0.0,
+                           stages=("insight",) * insight)
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
@@ -117,9 +118,9 @@ class Engine:
                 sampling.presence_penalty, sampling.frequency_penalty, sampling.min_tokens)
         key = (shape, warp, tuple(stop_ids), tuple(modes))
         if key not in self._rounds:
-            draft = self.draft_runner if shape.has_draft else None
+            draft = self.draft_runner if shape.drafter == "draft" else None
             rnd = Round(shape, sampling, self.backend, self.target_runner, draft, stop_ids,
-                        head=self.heads.get(shape.head))
+                        head=self.heads.get(shape.drafter))
             programs = {mode: self.backend.program(rnd, mode) for mode in modes}
             self._rounds[key] = (rnd, programs)
         return self._rounds[key]

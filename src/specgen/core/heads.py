@@ -6,7 +6,7 @@ runner's own forwards), so a round hands them to the head without a second targe
 captured round captures the copies too.
 
 Rows pair up as in core/eagle.py: the head's row t sits at position t, embeds id x[t+1], reads the
-target's states at t and predicts x[t+2]. A round (core/round.py) drives a head in two calls:
+target's states at t and predicts x[t+2]. A round (core/round/head.py) drives a head in two calls:
 
     extend   over the k + 1 rows of the previous round's target step (ids: that round's output
              row, accepted drafts then the new token; features: the tap), at positions P - e ..
@@ -54,7 +54,7 @@ class AuxTap:
     Hooks copy only while `active` (the runner's forwards and captures), so other users of the same
     model object (Hugging Face baselines) are left alone. A forward of more than `rows` tokens is
     not copied: that is a prefill no head reads (a draft-model round's, in a bench that runs both),
-    since a head's round feeds its prefill in chunks of `rows` (core/round.py)."""
+    since a head's round feeds its prefill in chunks of `rows` (core/heads.prefill_head)."""
 
     def __init__(self, model, points: tuple[int, ...], rows: int):
         layers = decoder_layers(model)
@@ -109,7 +109,7 @@ class AuxTap:
 
 
 class HeadDrafter(Protocol):
-    """What core/round.py needs of a drafter on the target's hidden states."""
+    """What core/round/head.py needs of a drafter on the target's hidden states."""
 
     tap: AuxTap
     position: torch.Tensor  # [] int64 (the round does not move it: positions come from the target's)

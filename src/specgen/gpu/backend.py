@@ -2,7 +2,7 @@
 
 At batch 1 a round's launches (tens of microseconds each from Python) cost more than the GPU work
 they start, so the whole round (k draft steps, the target's step, warp, verify, staging and the
-cache rollback: core/round.py's body) is captured once per mode and replayed: one replay and one
+cache rollback: core/round/round.py's body) is captured once per mode and replayed: one replay and one
 host read per round. The body is the same function the torch backend runs eagerly.
 
 specgen's own models (core/step/) run on GraphRunners; models of other architectures, which

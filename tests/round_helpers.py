@@ -1,0 +1,68 @@
+"""Builders for the round's tests: a stub runner whose logits are a table, a backend that records
+what the warp was given, and a round's shared buffers without a model."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from specgen.core.backend import TorchBackend
+from specgen.core.round.round import Shared
+
+
+class StubRunner:
+    """A Runner whose logits are a fixed random table looked up by the id fed: rounds run in
+    microseconds and every buffer can be inspected."""
+
+    def __init__(self, width: int, seed: int, favourite: int | None = None):
+        gen = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(width, width, generator=gen) * 3  # [V, V]
+        if favourite is not None:
+            self.table[:, favourite] += 20.0  # a draft that keeps proposing one id: repeats
+        self.device, self.capacity, self.generation = torch.device("cpu"), 4096, 1
+        self.position = torch.zeros((), dtype=torch.long)
+
+    def reset(self) -> None:
+        self.position.zero_()
+
+    def reserve(self, positions: int) -> None:
+        pass
+
+    def step_context(self, tokens: int):
+        return contextlib.nullcontext()
+
+    def forward(self, ids, want_logits=True):
+        self.position.add_(ids.shape[0])
+        return self.table[ids] if want_logits else None
+
+    def step(self, ids, logits_out):
+        logits_out.copy_(self.table[ids])
+        self.position.add_(ids.shape[0])
+        return logits_out
+
+
+class RecordingBackend(TorchBackend):
+    """The torch backend, keeping what every warp() and warp_and_race() was given (penalty rows and
+    bad masks)."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.calls: list[tuple] = []
+
+    def _record(self, logits, penalties, bad_mask) -> None:
+        copy = None if penalties is None else (penalties.counts.clone(), penalties.seen.clone())
+        self.calls.append((logits.shape[0], copy, None if bad_mask is None else bad_mask.clone()))
+
+    def warp(self, logits, params, penalties=None, bad_mask=None):
+        self._record(logits, penalties, bad_mask)
+        return super().warp(logits, params, penalties, bad_mask)
+
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
+        self._record(logits, penalties, bad_mask)
+        return super().warp_and_race(logits, params, expo, out, penalties, bad_mask, probs_out)
+
+
+def shared(k: int, width: int, seed: int = 1) -> Shared:
+    """A round's shared buffers over a stub target, on the torch backend."""
+    return Shared(k, width, RecordingBackend(), StubRunner(width, seed))
