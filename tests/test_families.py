@@ -241,10 +241,10 @@ def test_auto_on_a_gpu_takes_what_each_family_allows(family):
     the norm kernel's offset form."""
     name, folder = family
     model = _load(folder / "target")
-    got = resolve(KernelSpec(split_k="off", dependent_launch="off"), torch.device("cuda"), model)
+    got = resolve(KernelSpec(disable=("split_k", "dependent_launch")), torch.device("cuda"), model)
     assert got == ResolvedKernels(attention=True, linear=True, rope=True, split_k=False, warp=True,
                                   norm=True, head=True, step_io=True)
-    assert resolve(KernelSpec(attention="kernel", split_k="off", dependent_launch="off"), torch.device("cuda"),
+    assert resolve(KernelSpec(attention="kernel", disable=("split_k", "dependent_launch")), torch.device("cuda"),
                    model) == got
 
 

@@ -34,46 +34,29 @@ def test_auto_resolves_everything_off_on_cpu():
     resolved = resolve(KernelSpec(), CPU, _tiny())
     assert resolved == ResolvedKernels(attention=False, linear=False, rope=False, split_k=False, warp=False,
                                        norm=False, head=False)
-    assert resolved.as_dict() == {"attention": "sdpa", "linear": "torch", "rope": "model", "split_k": "off",
-                                  "warp": "torch", "linear_table": "package", "norm": "torch", "head": "torch",
-                                  "step_io": "torch", "dependent_launch": "off"}
+    assert resolved.as_dict() == {"attention": "sdpa", "linear": "torch", "linear_table": "package", "rope": "off",
+                                  "norm": "off", "head": "off", "step_io": "off", "dependent_launch": "off",
+                                  "split_k": "off", "round": "off"}
 
 
-def test_explicit_values_win_on_cpu():
-    """What the CPU tests ask for: the kernels in the Triton interpreter."""
-    spec = KernelSpec(attention="kernel", linear="kernel", rope="kernel", split_k="on", warp="kernel", step_io="kernel")
-    resolved = resolve(spec, CPU, _tiny())
-    assert resolved == ResolvedKernels(attention=True, linear=True, rope=True, split_k=True, warp=True, norm=True,
+def test_explicit_kernels_win_on_cpu_and_fusions_follow_them():
+    """What the CPU tests ask for: the kernels in the Triton interpreter; each fusion follows the
+    kernel it belongs to (split-K and the round's kernels only on CUDA)."""
+    resolved = resolve(KernelSpec(attention="kernel", linear="kernel"), CPU, _tiny())
+    assert resolved == ResolvedKernels(attention=True, linear=True, rope=True, split_k=False, warp=False, norm=True,
                                        head=True, step_io=True)
-    assert resolved.as_dict() == {"attention": "kernel", "linear": "kernel", "rope": "kernel", "split_k": "on",
-                                  "warp": "kernel", "linear_table": "package", "norm": "kernel", "head": "kernel",
-                                  "step_io": "kernel", "dependent_launch": "off"}
+    assert resolve(KernelSpec(attention="kernel"), CPU, _tiny("Gemma2", head_dim=16)).rope  # soft-capped too
+    only_linear = resolve(KernelSpec(linear="kernel"), CPU, _tiny("Qwen3"))
+    assert only_linear.norm and only_linear.head and not only_linear.rope
 
 
-def test_norm_auto_follows_the_linear_kernel():
-    assert resolve(KernelSpec(linear="kernel"), CPU, _tiny()).norm  # Llama's RMSNorm
-    assert resolve(KernelSpec(linear="kernel"), CPU, _tiny("Qwen3")).norm
-    assert not resolve(KernelSpec(linear="kernel", norm="torch"), CPU, _tiny()).norm
-    assert not resolve(KernelSpec(linear="torch"), CPU, _tiny()).norm
-
-
-def test_soft_capped_attention_takes_the_kernel_and_its_rotary():
-    """Gemma 2 (attention logit soft-capping): the attention kernel on request, and its rotary path."""
-    resolved = resolve(KernelSpec(attention="kernel"), CPU, _tiny("Gemma2", head_dim=16))
-    assert resolved.attention and resolved.rope
-
-
-def test_head_auto_follows_the_linear_kernel():
-    assert resolve(KernelSpec(linear="kernel"), CPU, _tiny()).head
-    assert resolve(KernelSpec(linear="kernel", attention="sdpa", norm="torch"), CPU, _tiny()).head
-    assert not resolve(KernelSpec(linear="kernel", head="torch"), CPU, _tiny()).head
-    assert not resolve(KernelSpec(linear="torch"), CPU, _tiny()).head
-
-
-def test_rope_auto_follows_the_attention_kernel():
-    assert resolve(KernelSpec(attention="kernel"), CPU, _tiny()).rope  # Llama: rotary path
-    assert not resolve(KernelSpec(attention="kernel", rope="model"), CPU, _tiny()).rope
-    assert not resolve(KernelSpec(attention="sdpa"), CPU, _tiny()).rope
+@pytest.mark.parametrize("fusion", ["rope", "norm", "head", "step_io"])
+def test_disable_turns_off_one_fusion_and_nothing_else(fusion):
+    spec = KernelSpec(attention="kernel", linear="kernel")
+    on = resolve(spec, CPU, _tiny()).fusions()
+    off = resolve(dataclasses.replace(spec, disable=(fusion,)), CPU, _tiny()).fusions()
+    assert on[fusion] and not off[fusion]
+    assert {k: v for k, v in off.items() if k != fusion} == {k: v for k, v in on.items() if k != fusion}
 
 
 @pytest.mark.parametrize(
@@ -82,10 +65,6 @@ def test_rope_auto_follows_the_attention_kernel():
         (KernelSpec(attention="kernel"), ("Llama", {"hidden_size": 1024, "num_attention_heads": 2,
                                                     "num_key_value_heads": 1}), "head_dim 512"),
         (KernelSpec(attention="kernel"), ("Llama", {"attention_chunk_size": 8}), "attention_chunk_size"),
-        (KernelSpec(attention="sdpa", rope="kernel"), ("Llama", {}), "needs the attention kernel"),
-        (KernelSpec(linear="torch", split_k="on"), ("Llama", {}), "needs the linear kernel"),
-        (KernelSpec(linear="torch", norm="kernel"), ("Llama", {}), "runs in the linear kernel's steps"),
-        (KernelSpec(linear="torch", head="kernel"), ("Llama", {}), "a head runs on the linear kernel"),
     ],
 )
 def test_values_the_model_cannot_take_are_usage_errors(spec, model, message):
@@ -157,48 +136,41 @@ def test_resolving_and_references_need_no_triton():
 
 
 def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
-    """On a CUDA device `auto` is today's default: every kernel where the model allows it (no GPU
-    call is needed to decide these; split-K's device facts are tested above)."""
+    """On a CUDA device `auto` is every kernel where the model allows it and every fusion not
+    disabled (no GPU call is needed to decide these; split-K's device facts are tested above)."""
     from specgen.gpu import kernels
 
     cuda = torch.device("cuda")
-    spec = KernelSpec(split_k="off")
+    spec = KernelSpec(disable=("split_k",))
     monkeypatch.setattr(kernels, "_properties", lambda device: H200)
-    assert resolve(spec, cuda, _tiny()) == ResolvedKernels(True, True, True, False, True, norm=True, head=True,
-                                                           step_io=True, dependent_launch=True)
+    everything = ResolvedKernels(True, True, True, False, True, norm=True, head=True, step_io=True,
+                                 dependent_launch=True)
+    assert resolve(spec, cuda, _tiny()) == everything
+    assert resolve(KernelSpec(), cuda, _tiny()).split_k  # the H200's bandwidth pays for it
     # Gemma 2: soft-capped attention with its rotary and its (1 + w) norms in the kernels
-    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == ResolvedKernels(True, True, True, False, True, norm=True,
-                                                                                head=True, step_io=True,
-                                                                                dependent_launch=True)
+    assert resolve(spec, cuda, _tiny("Gemma2", head_dim=16)) == everything
     assert not resolve(spec, cuda, _tiny("Llama", attention_chunk_size=8)).attention
     assert not resolve(spec, cuda, _tiny().to(torch.float64)).linear
+    assert not resolve(KernelSpec(disable=("round",)), cuda, _tiny()).warp
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
     assert resolve(spec, cuda, _tiny()) == ResolvedKernels(False, False, False, False, False)
-    for key in ("attention", "linear", "warp", "step_io"):
+    for key in ("attention", "linear"):
         with pytest.raises(UsageError, match=f'{key} = "kernel" needs Triton'):
             resolve(KernelSpec(**{key: "kernel"}), CPU, _tiny())
 
 
 def test_dependent_launch_needs_hopper_and_step_kernels(monkeypatch):
-    """`auto`: on for sm_90+ GPUs whose steps run specgen's kernels; `on` where it cannot apply is a
-    usage error naming the reason; `off` always wins."""
+    """On for sm_90+ GPUs whose steps run specgen's kernels (step_io alone is one), unless disabled."""
     from specgen.gpu import kernels
 
     cuda = torch.device("cuda")
     gpu = {"props": H200}
     monkeypatch.setattr(kernels, "_properties", lambda device: gpu["props"])
     assert resolve(KernelSpec(), cuda, _tiny()).dependent_launch
-    assert not resolve(KernelSpec(dependent_launch="off"), cuda, _tiny()).dependent_launch
-    plain = KernelSpec(attention="sdpa", linear="torch", step_io="torch")
+    assert not resolve(KernelSpec(disable=("dependent_launch",)), cuda, _tiny()).dependent_launch
+    plain = KernelSpec(attention="sdpa", linear="torch", disable=("step_io",))
     assert not resolve(plain, cuda, _tiny()).dependent_launch
     assert resolve(KernelSpec(attention="sdpa", linear="torch"), cuda, _tiny()).dependent_launch  # step_io alone
     gpu["props"] = SimpleNamespace(**{**vars(H200), "major": 8})  # an A100
     assert not resolve(KernelSpec(), cuda, _tiny()).dependent_launch
-    with pytest.raises(UsageError, match='dependent_launch = "on": it needs an NVIDIA GPU of compute capability 9.0'):
-        resolve(KernelSpec(dependent_launch="on"), cuda, _tiny())
-    gpu["props"] = H200
-    assert resolve(KernelSpec(dependent_launch="on"), cuda, _tiny()).dependent_launch
-    with pytest.raises(UsageError, match="uses none of them"):
-        resolve(dataclasses.replace(plain, dependent_launch="on"), cuda, _tiny())
-    with pytest.raises(UsageError, match="compute capability"):
-        resolve(KernelSpec(dependent_launch="on", attention="kernel"), CPU, _tiny())
+    assert not resolve(KernelSpec(attention="kernel"), CPU, _tiny()).dependent_launch

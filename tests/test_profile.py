@@ -129,9 +129,7 @@ download = true
 [kernels]
 attention = "sdpa"
 linear = "torch"
-rope = "model"
-split_k = "on"
-warp = "kernel"
+disable = ["rope", "round"]
 """
     path = write(tmp_path, text)
     assert load_profile(path) == Profile(
@@ -146,7 +144,7 @@ warp = "kernel"
             0.8, 50, 0.9, 0.05, 1.1, -0.5, 1.5, 7, 300, 10, ("\n\n", "END"), (2, 3), True, 5, "raw"
         ),
         runtime=RuntimeSpec(threads=3, download=True),
-        kernels=KernelSpec("sdpa", "torch", "model", "on", "kernel"),
+        kernels=KernelSpec("sdpa", "torch", disable=("rope", "round")),
     )
 
 
@@ -390,10 +388,7 @@ OUT_OF_RANGE = [
     ("runtime.threads", "-1", "must be from 0 (auto) to 1024"),
     ("kernels.attention", '"flash"', "must be one of auto, kernel, sdpa"),
     ("kernels.linear", '"cublas"', "must be one of auto, kernel, torch"),
-    ("kernels.rope", '"torch"', "must be one of auto, kernel, model"),
-    ("kernels.split_k", '"all"', "must be one of auto, on, off"),
-    ("kernels.warp", '"triton"', "must be one of auto, kernel, torch"),
-    ("kernels.norm", '"fused"', "must be one of auto, kernel, torch"),
+    ("kernels.disable", '["rope", "fused"]', "names fusions among rope, norm, head, step_io"),
 ]
 
 
@@ -403,8 +398,11 @@ def test_kernel_settings_are_validated_with_file_and_line(tmp_path):
     models = '[target]\npath = "t"\n[draft]\npath = "d"\n'
     cases = [
         ('[kernels]\nlinear = "kernel"\nattention = "flash"\n', 7, "`kernels.attention = \"flash\"` is not allowed"),
-        ("[kernels]\nsplit_k = true\n", 6, "`kernels.split_k = true` is a boolean; expected a string"),
-        ('[kernels]\nsplitk = "on"\n', 6, "unknown key `kernels.splitk`; did you mean `kernels.split_k`?"),
+        ("[kernels]\nattention = true\n", 6, "`kernels.attention = true` is a boolean; expected a string"),
+        ('[kernels]\ndisabled = ["rope"]\n', 6, "unknown key `kernels.disabled`; did you mean `kernels.disable`?"),
+        ('[kernels]\ndisable = ["rope", "warp"]\n', 6, '`kernels.disable = ["rope", "warp"]` is not allowed: names'),
+        ('[kernels]\nrope = "model"\n', 6, '`kernels.rope`: was replaced by `disable = ["rope"]` in [kernels]'),
+        ('[kernels]\nwarp = "torch"\n', 6, '`kernels.warp`: was replaced by `disable = ["round"]` in [kernels]'),
     ]
     for text, line, message in cases:
         path = write(tmp_path, models + text)
@@ -451,14 +449,14 @@ def test_out_of_range_values_say_what_is_allowed(tmp_path, key, literal, allowed
         ("runtime.threads", "0"),
         ("runtime.threads", "1"),
         ("kernels.attention", '"kernel"'),
-        ("kernels.split_k", '"off"'),
-        ("kernels.warp", '"auto"'),
+        ("kernels.disable", '["rope", "norm", "head", "step_io", "dependent_launch", "split_k", "round"]'),
     ],
 )
 def test_boundary_values_are_accepted(tmp_path, key, literal):
     profile = load_with(tmp_path, {key: literal})
     table, _, name = key.partition(".")
-    assert getattr(getattr(profile, table), name) == json.loads(literal)
+    value = json.loads(literal)
+    assert getattr(getattr(profile, table), name) == (tuple(value) if isinstance(value, list) else value)
 
 
 def test_a_bad_device_map_names_file_and_line(tmp_path):

@@ -27,6 +27,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 from specgen.core.errors import ProfileError, SpecgenError, UsageError
 from specgen.core.settings import (
+    FUSIONS,
     KernelSpec,
     ModelSpec,
     Profile,
@@ -453,6 +454,10 @@ _RETIRED: dict[str, tuple[object, str]] = {
                                    "without it and started 6 s sooner (docs/benchmarks.md, decisions); remove it"),
     "speculation.autotune": (False, "autotune (an option of compile) was removed with compile; remove it"),
     "speculation.compile_cache": ("", "compile's cache folder was removed with compile; remove it"),
+    **{f"kernels.{key}": ("auto", f"was replaced by `disable = [\"{fusion}\"]` in [kernels] (the fusion is on "
+                                  "wherever it applies; the list turns it off); remove it")
+       for key, fusion in (("rope", "rope"), ("split_k", "split_k"), ("warp", "round"), ("norm", "norm"),
+                           ("head", "head"), ("step_io", "step_io"), ("dependent_launch", "dependent_launch"))},
 }
 
 
@@ -632,13 +637,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "runtime.modeling": _one_of("auto", "transformers"),
     "kernels.attention": _one_of("auto", "kernel", "sdpa"),
     "kernels.linear": _one_of("auto", "kernel", "torch"),
-    "kernels.rope": _one_of("auto", "kernel", "model"),
-    "kernels.split_k": _one_of("auto", "on", "off"),
-    "kernels.warp": _one_of("auto", "kernel", "torch"),
-    "kernels.norm": _one_of("auto", "kernel", "torch"),
-    "kernels.head": _one_of("auto", "kernel", "torch"),
-    "kernels.step_io": _one_of("auto", "kernel", "torch"),
-    "kernels.dependent_launch": _one_of("auto", "on", "off"),
+    "kernels.disable": (lambda v: set(v) <= set(FUSIONS), f"names fusions among {', '.join(FUSIONS)}"),
 }
 
 

@@ -62,20 +62,24 @@ class SpeculationSpec:
     pipeline: str = "auto"  # auto | on | off: queue a round before the one before it is read (core/decode.py)
 
 
+# The fusions [kernels] disable may turn off, for ablation (each is on wherever it applies):
+# rope: rotary and the cache write inside the attention kernel; norm: RMSNorm (and Gemma's add
+# between two norms) in the norm kernel; head: an EAGLE-3 head's calls on the target's kernel
+# table; step_io: a step's inputs and outputs in one launch each; dependent_launch: programmatic
+# dependent launch between step kernels; split_k: the linear kernel splitting K where bandwidth
+# pays; round: the round's own Triton kernels (warp, argmax, verify, noise, commit).
+FUSIONS = ("rope", "norm", "head", "step_io", "dependent_launch", "split_k", "round")
+
+
 @dataclass(frozen=True)
 class KernelSpec:
-    """Which GPU kernels a run uses; `auto` is resolved from the device and model (gpu/kernels.py)."""
+    """Which GPU kernels a run uses (gpu/kernels.py resolves it): the two a user chooses, the
+    tuned tables' folder, and fusions turned off."""
 
     attention: str = "auto"  # auto | kernel | sdpa
     linear: str = "auto"  # auto | kernel | torch
-    rope: str = "auto"  # auto | kernel | model   (rotary + KV write inside the attention kernel)
-    split_k: str = "auto"  # auto | on | off
-    warp: str = "auto"  # auto | kernel | torch   (warp/cut Triton kernels on CUDA, else core/sampling.py)
     tables: str = ""  # folder of `specgen tune-kernels`' tables; "" = specgen's in the user cache
-    norm: str = "auto"  # auto | kernel | torch   (RMSNorm + residual add in one kernel, with the linear kernel)
-    head: str = "auto"  # auto | kernel | torch   (an EAGLE-3 head's calls on the target's kernels)
-    step_io: str = "auto"  # auto | kernel | torch   (a step's inputs and outputs in one launch each)
-    dependent_launch: str = "auto"  # auto | on | off   (a step's kernels start while the one before ends)
+    disable: tuple[str, ...] = ()  # FUSIONS to turn off
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""Which kernels a run uses: the profile's [kernels] settings resolved for one device and model.
+"""Which kernels a run uses: the profile's [kernels] policy resolved for one device and model.
 
-`resolve(spec, device, model)` turns core/settings.py's KernelSpec (strings, `auto` by default)
-into ResolvedKernels (booleans). An explicit value wins; one the device or model cannot take is a
-UsageError that says what to set instead. `auto` is decided from facts about the device and the
-model, never from the GPU's name. On CPU every `auto` resolves off (the Triton interpreter is for
-tests, which ask for kernels explicitly).
+`resolve(spec, device, model)` turns core/settings.py's KernelSpec (the attention and linear
+choices, the tables' folder, the fusions `disable` turns off) into ResolvedKernels, the one policy
+object runners and the kernel table (gpu/ops.py) read. An explicit value wins; one the device or
+model cannot take is a UsageError that says what to set instead. `auto` is decided from facts
+about the device and the model, never from the GPU's name. On CPU every `auto` resolves off (the
+Triton interpreter is for tests, which ask for kernels explicitly).
 
 It imports torch only: resolving needs no Triton.
 """
@@ -46,39 +47,47 @@ class ResolvedKernels:
     dependent_launch: bool = False  # the step kernels above launched dependent on the one before (gpu/dependent.py)
 
     def as_dict(self) -> dict[str, str]:
-        """The resolved values in the profile's words, for reports (`bench --format json`, `-v`)."""
-        return {
-            "attention": "kernel" if self.attention else "sdpa",
-            "linear": "kernel" if self.linear else "torch",
-            "rope": "kernel" if self.rope else "model",
-            "split_k": "on" if self.split_k else "off",
-            "warp": "kernel" if self.warp else "torch",
-            "linear_table": self.linear_table.source,
-            "norm": "kernel" if self.norm else "torch",
-            "head": "kernel" if self.head else "torch",
-            "step_io": "kernel" if self.step_io else "torch",
-            "dependent_launch": "on" if self.dependent_launch else "off",
-        }
+        """The resolved values, for reports (`bench --format json`, `-v`): the two choices and each
+        fusion, on or off."""
+        return {"attention": "kernel" if self.attention else "sdpa", "linear": "kernel" if self.linear else "torch",
+                "linear_table": self.linear_table.source,
+                **{name: "on" if value else "off" for name, value in self.fusions().items()}}
+
+    def fusions(self) -> dict[str, bool]:
+        """Each fusion of core/settings.py's FUSIONS, on or off."""
+        return {"rope": self.rope, "norm": self.norm, "head": self.head, "step_io": self.step_io,
+                "dependent_launch": self.dependent_launch, "split_k": self.split_k, "round": self.warp}
 
 
 def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
-    """spec's values for `model` on `device`; raises UsageError for a value they cannot take."""
+    """spec's policy for `model` on `device`; raises UsageError for a value they cannot take.
+
+    attention and linear: an explicit `kernel` wins (on the CPU: the Triton interpreter, for
+    tests), `auto` takes the kernel on CUDA where it computes the model. Every fusion is then on
+    wherever it applies unless `disable` names it: rope with the attention kernel; norm and head
+    with the linear kernel; split_k with the linear kernel where the GPU's bandwidth pays
+    (split_k_pays); step_io and round (the round's kernels) on CUDA with Triton, step_io also
+    where a step kernel was asked for explicitly; dependent_launch on Hopper or later where a step
+    kernel runs."""
     device = torch.device(device)
     cuda = device.type == "cuda"
+    off = set(spec.disable)
     attention = _attention(spec.attention, cuda, model)
     linear = _linear(spec.linear, cuda, model)
-    step_io = _step_io(spec.step_io, cuda)
+    triton = triton_available()
+    step_io = "step_io" not in off and ((cuda and triton) or "kernel" in (spec.attention, spec.linear))
     return ResolvedKernels(
         attention=attention,
         linear=linear,
-        rope=_rope(spec.rope, attention, model),
-        split_k=_split_k(spec.split_k, linear, device),
-        warp=_warp(spec.warp, cuda),
+        rope=attention and "rope" not in off,
+        split_k=linear and "split_k" not in off and cuda and split_k_pays(_properties(device)),
+        warp=cuda and triton and "round" not in off,
         linear_table=_table(spec.tables) if linear else linear_table.packaged(),
-        norm=_norm(spec.norm, linear, model),
-        head=_head(spec.head, linear),
+        norm=linear and "norm" not in off,
+        head=linear and "head" not in off,
         step_io=step_io,
-        dependent_launch=_dependent(spec.dependent_launch, attention or linear or step_io, device),
+        dependent_launch=("dependent_launch" not in off and (attention or linear or step_io) and cuda
+                          and _properties(device).major >= 9),
     )
 
 
@@ -108,67 +117,6 @@ def _table(folder: str) -> LinearTable:
     except linear_table.TableError as exc:
         raise UsageError(f"the linear kernel's tuned table cannot be read: {exc}",
                          hint="Run `specgen tune-kernels` again, or delete that file.") from None
-
-
-def _rope(value: str, attention: bool, model) -> bool:
-    if value == "model":
-        return False
-    if value == "kernel" and not attention:
-        why = "it needs the attention kernel"
-        raise UsageError(f"[kernels] rope = \"kernel\": {why}", hint='Set rope = "auto" or "model" in [kernels].')
-    return attention
-
-
-def _split_k(value: str, linear: bool, device: torch.device) -> bool:
-    if value == "off":
-        return False
-    if value == "on" and not linear:
-        raise UsageError('[kernels] split_k = "on" needs the linear kernel, which this run does not use',
-                         hint='Set split_k = "auto" or "off", or linear = "kernel", in [kernels].')
-    return value == "on" or (linear and device.type == "cuda" and split_k_pays(_properties(device)))
-
-
-def _warp(value: str, cuda: bool) -> bool:
-    if value == "torch":
-        return False
-    return _triton("warp", value, "torch") or (cuda and triton_available())
-
-
-def _step_io(value: str, cuda: bool) -> bool:
-    if value == "torch":
-        return False
-    return _triton("step_io", value, "torch") or (cuda and triton_available())
-
-
-def _dependent(value: str, kernels: bool, device: torch.device) -> bool:
-    if value == "off":
-        return False
-    why = None
-    if not kernels:
-        why = "it changes how the step kernels launch, and this run uses none of them"
-    elif device.type != "cuda" or _properties(device).major < 9:
-        why = "it needs an NVIDIA GPU of compute capability 9.0 or later (Hopper)"
-    if value == "on" and why is not None:
-        raise UsageError(f'[kernels] dependent_launch = "on": {why}', hint='Set dependent_launch = "auto" or "off" in [kernels].')
-    return why is None
-
-
-def _norm(value: str, linear: bool, model) -> bool:
-    if value == "torch":
-        return False
-    if value == "kernel" and not linear:
-        why = "it runs in the linear kernel's steps, which this run does not use"
-        raise UsageError(f"[kernels] norm = \"kernel\": {why}", hint='Set norm = "auto" or "torch" in [kernels].')
-    return linear
-
-
-def _head(value: str, linear: bool) -> bool:
-    if value == "torch":
-        return False
-    if value == "kernel" and not linear:
-        raise UsageError('[kernels] head = "kernel": a head runs on the linear kernel, which this run does not use',
-                         hint='Set head = "auto" or "torch", or linear = "kernel", in [kernels].')
-    return linear
 
 
 def _triton(key: str, value: str, other: str) -> bool:
