@@ -115,10 +115,13 @@ def offset_norm_add_reference(x: torch.Tensor, residual: torch.Tensor, weight: t
     return summed, rms_norm_reference(summed, *second, offset=True)[0] if second is not None else None
 
 
-def step_inputs_reference(ids, position, weight=None, table=None, scale=None):
+def step_inputs_reference(ids, position, weight=None, table=None, scale=None, per=None, positions=None):
     """gpu/step_io.py's inputs: (positions [n], embeds [n, H] or None, rows [n, R] or None); with
-    scale, the embedding rows times it as Gemma's scaled embedding multiplies them."""
-    positions = position + torch.arange(ids.shape[0], device=ids.device)
+    scale, the embedding rows times it as Gemma's scaled embedding multiplies them; `per` rows a
+    sequence after each of position's starts, or the `positions` given."""
+    if positions is None:
+        r = torch.arange(ids.shape[0], device=ids.device)
+        positions = position.reshape(-1)[r // (per or ids.shape[0])] + r % (per or ids.shape[0])
     embeds = weight[ids] if weight is not None else None
     if embeds is not None and scale is not None:
         embeds = embeds * torch.tensor(scale, device=ids.device).to(weight.dtype)
