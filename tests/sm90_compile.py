@@ -238,6 +238,22 @@ def attention_scenarios(attention):
     for tokens, capacity, rope in ((1, 256, True), (5, 64, False)):  # gpu/dependent.py's wait and release
         yield (f"attention bfloat16 tokens={tokens} capacity={capacity} rope={rope} dependent",
                lambda a=(tokens, capacity, rope): call(BF16, *a, dependent=True))
+
+    def tree(rope, batch=3, tokens=32, capacity=256, heads=32, kv_heads=8, dim=128):
+        """a token tree's rows (core/step/rows.py's tails), each sequence its own start"""
+        query = torch.empty(batch, tokens, heads, dim, dtype=BF16).transpose(1, 2)
+        key = torch.empty(batch, kv_heads, capacity, dim, dtype=BF16)
+        tail, depth = torch.zeros(batch, tokens, tokens, dtype=torch.int64), torch.ones(batch, tokens, dtype=torch.int64)
+        new = None
+        if rope:
+            k_new = torch.empty(batch, tokens, kv_heads, dim, dtype=BF16).transpose(1, 2)
+            cos = torch.empty(batch, tokens, dim, dtype=BF16)
+            new = (k_new, torch.empty_like(k_new), cos, torch.empty_like(cos))
+        attention.decode_attention(query, key, torch.empty_like(key), torch.zeros(batch, dtype=torch.int64),
+                                   dim ** -0.5, 0, new, tail=tail, depth=depth)
+
+    for rope in (False, True):
+        yield f"attention bfloat16 tree tokens=32 batch=3 splits=4 rope={rope}", lambda r=rope: tree(r)
     for heads, kv_heads, dim, model in ((28, 4, 128, "Qwen2-7B: 35 rows, BLOCK_M 64"),
                                         (8, 1, 256, "head dim 256: BLOCK_N 32"), (32, 8, 64, "Llama-3.2-1B")):
         yield (f"attention bfloat16 tokens=5 splits=4 rope=True {model}",
@@ -332,6 +348,15 @@ def step_io_scenarios(step_io):
                 step_io.finish(torch.empty(5, 1000, dtype=BF16), torch.empty(5, 1000), position, 5, dependent=dependent)
 
             yield f"step_io dependent={dependent} scale={scale}", call
+
+    def rows(fill):  # three sequences' rows: a batch's pending positions, or a tree's given ones
+        ids, starts = torch.zeros(12, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+        step_io.inputs(ids, starts, torch.empty(12, dtype=torch.int64), torch.empty(100, 2048, dtype=BF16),
+                       torch.empty(12, 2048, dtype=BF16), torch.empty(64, 128, dtype=BF16),
+                       torch.empty(12, 128, dtype=BF16), per=4, fill=fill)
+
+    for fill in (True, False):
+        yield f"step_io rows fill={fill}", lambda f=fill: rows(f)
 
 
 def verify_scenarios(verify):

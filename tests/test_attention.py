@@ -372,3 +372,127 @@ def test_rope_kernel_equals_rotating_first():
     plain = decode_attention(rotate_reference(query, cos, sin), key, value, position, scale)
     assert (fused_key - key).abs().max().item() < 1e-5 and torch.equal(fused_value, value)
     assert (fused - plain).abs().max().item() < 1e-5
+
+
+# ---------------------------------------------------------------- token trees and batches
+# core/step/rows.py's layout: per sequence a start, per row a tail of slots in path order. A tree
+# node must get bitwise what a one-token chain step at its position gets over a cache holding its
+# path in place, and a batch's row what its sequence alone gets.
+
+TREE_CASES = [  # nodes, width, depth, start, capacity, window, softcap, rope
+    (1, 1, 1, 5, 64, 0, 0.0, False),  # one node: a one-token step
+    (6, 1, 6, 60, 128, 0, 0.0, True),  # a chain as a tree, across the split (and block) boundary at 64
+    (4, 4, 1, 63, 128, 0, 0.0, False),  # siblings on both sides of nothing: all at position 63
+    (12, 3, 4, 62, 192, 8, 0.0, True),  # a window over the prefix's end and the tail
+    (32, 4, 6, 125, 192, 0, 1.0, False),  # 32 nodes, soft-capped, the tail crossing 128
+    (9, 2, 5, 0, 64, 3, 1.0, True),  # no prefix: the tree is all a row sees
+]
+
+
+def _tree_inputs(case, dtype, seed=0, batch=1):
+    from rows_helpers import random_tree
+    from specgen.core.step import rows as rowsets
+
+    nodes, width, depth, start, capacity, window, softcap, rope = case
+    heads, kv_heads, dim = 4, 2, 16
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.tensor(random_tree(nodes, width, depth, seed))
+    starts = [start + 3 * b for b in range(batch)]
+    rows = rowsets.tree(torch.zeros(batch, nodes, dtype=torch.long), parents, starts)
+    query = torch.randn(batch, nodes, heads, dim, generator=gen).transpose(1, 2)
+    key, value = (torch.randn(batch, kv_heads, capacity, dim, generator=gen) for _ in range(2))
+    new = [torch.randn(batch, nodes, kv_heads, dim, generator=gen).transpose(1, 2) for _ in range(2)]
+    angles = torch.randn(batch, nodes, dim, generator=gen)
+    trig = [angles.cos(), angles.sin()]
+    cast = lambda ts: [t.to(dtype).to(DEVICE) for t in ts]  # noqa: E731
+    extra = tuple(cast(new + trig)) if rope else None
+    return rows, *cast([query, key, value]), extra
+
+
+def _paths(rows):
+    return rows.start.to(DEVICE), rows.tail.to(DEVICE), rows.depth.to(DEVICE)
+
+
+@pytest.mark.parametrize("case", TREE_CASES, ids=["one", "chain", "siblings", "window", "32-softcap", "no-prefix"])
+def test_tree_kernel_matches_reference(case):
+    """float32: the kernel over a tree's rows against the reference's masked softmax (the mask is
+    Rows.seen's), the cache after the call holding each node's rotated key at its slot."""
+    rows, query, key, value, extra = _tree_inputs(case, torch.float32)
+    window, softcap = case[5], case[6]
+    start, tail, depth = _paths(rows)
+    scale = 16 ** -0.5
+    if extra is None:
+        ref = decode_attention_reference(query, key, value, start, scale, window, softcap, tail, depth)
+    else:
+        ref, ref_key, ref_value = rope_attention_reference(query, *extra, key, value, start, scale, window, softcap,
+                                                           tail, depth)
+    out = decode_attention(query, key, value, start, scale, window, extra, softcap, tail=tail, depth=depth)
+    assert (out - ref).abs().max().item() < 2e-5
+    if extra is not None:
+        assert (key - ref_key).abs().max().item() < 1e-5 and torch.equal(value, ref_value)
+
+
+@pytest.mark.parametrize("case", TREE_CASES, ids=["one", "chain", "siblings", "window", "32-softcap", "no-prefix"])
+def test_tree_nodes_equal_one_token_steps_on_their_paths(case):
+    """bf16: each node's output equals, bit for bit, a one-token chain step at its position over a
+    cache that holds its path in place (its ancestors' keys moved to the slots after the prefix),
+    with the kernel's rotary and cache write when the case has them."""
+    from rows_helpers import path
+
+    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=1)
+    window, softcap = case[5], case[6]
+    start, tail, depth = _paths(rows)
+    scale = 16 ** -0.5
+    tree_key, tree_value = key.clone(), value.clone()
+    together = decode_attention(query, tree_key, tree_value, start, scale, window, extra, softcap,
+                                tail=tail, depth=depth)
+    parents = _parents(rows)
+    s = int(rows.start[0])
+    for node in range(rows.count):
+        line = path(parents, node)
+        alone_key, alone_value = tree_key.clone(), tree_value.clone()  # the tree's keys, rotated
+        for d, ancestor in enumerate(line[:-1]):
+            alone_key[:, :, s + d] = tree_key[:, :, s + ancestor]
+            alone_value[:, :, s + d] = tree_value[:, :, s + ancestor]
+        at = torch.tensor(s + len(line) - 1, device=DEVICE)
+        one = None if extra is None else tuple(x[:, :, node:node + 1] if i < 2 else x[:, node:node + 1]
+                                               for i, x in enumerate(extra))
+        if one is None:  # the node's own key too: in place at its position
+            alone_key[:, :, s + len(line) - 1] = tree_key[:, :, s + node]
+            alone_value[:, :, s + len(line) - 1] = tree_value[:, :, s + node]
+        alone = decode_attention(query[:, :, node:node + 1], alone_key, alone_value, at, scale, window, one, softcap)
+        assert torch.equal(alone[:, 0], together[:, node]), node
+
+
+def _parents(rows) -> list[int]:
+    """A tree's parent list from its tails (B = 1): each node's next-to-last tail entry."""
+    s = int(rows.start[0])
+    return [int(rows.tail[0, i, int(rows.depth[0, i]) - 2]) - s if int(rows.depth[0, i]) > 1 else -1
+            for i in range(rows.count)]
+
+
+@pytest.mark.parametrize("layout", ["chains", "trees"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_batch_rows_equal_each_sequence_alone(layout, batch):
+    """B sequences, each its own start (3 apart, across the split at 64) and cache row, chains or
+    trees, with the kernel's rotary and a window: every sequence's rows equal, bit for bit, its
+    rows computed in a call of its own (bf16)."""
+    from specgen.core.step import rows as rowsets
+
+    case = (6, 2, 4, 58, 128, 6, 0.0, True)
+    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=2, batch=batch)
+    if layout == "chains":
+        rows = rowsets.batch(rows.ids, rows.start)
+    start = rows.start.to(DEVICE)
+    tail, depth = (None, None) if rows.tail is None else (rows.tail.to(DEVICE), rows.depth.to(DEVICE))
+    together_key, together_value = key.clone(), value.clone()
+    together = decode_attention(query, together_key, together_value, start, 0.25, 6, extra, tail=tail, depth=depth)
+    for b in range(batch):
+        one = lambda x: x[b:b + 1]  # noqa: E731
+        alone_key, alone_value = one(key).clone(), one(value).clone()
+        alone = decode_attention(one(query), alone_key, alone_value, one(start), 0.25, 6, tuple(map(one, extra)),
+                                 tail=None if tail is None else one(tail), depth=None if depth is None else one(depth))
+        assert torch.equal(alone[0], together[b]) and torch.equal(alone_key[0], together_key[b]), b
+    ref, _, _ = rope_attention_reference(query.float(), *(x.float() for x in extra), key.float(), value.float(), start,
+                                         0.25, 6, 0.0, tail, depth)
+    assert (together.float() - ref).abs().max().item() < 4 * 2.0 ** -7

@@ -20,6 +20,7 @@ from specgen.core.step.load import load
 from specgen.core.step.model import GrowingCache, OwnedModel
 from specgen.core.step.ops import TorchOps
 from specgen.core.step.rows import Rows
+from rows_helpers import TREES, leaves, path
 from tiny_models import build_family, family_pairs
 
 FAMILIES = list(family_pairs().FAMILIES)
@@ -83,8 +84,7 @@ class RowwiseOps(TorchOps):
                 keep = seen.nonzero()[:, 0]
                 gathered = SimpleNamespace(keys={layer: cache.keys[layer][s:s + 1, :, keep]},
                                            values={layer: cache.values[layer][s:s + 1, :, keep]}, capacity=len(keep))
-                one = Rows(rows.ids[s:s + 1, i:i + 1], rows.positions[s:s + 1, i:i + 1],
-                           rows.slots[s:s + 1, i:i + 1], torch.ones(1, 1, len(keep), dtype=torch.bool))
+                one = rowsets.chain(rows.ids[s:s + 1, i:i + 1], len(keep) - 1)  # sees all it gathered
                 out[s, i] = self.read(q[s:s + 1, i:i + 1], gathered, layer, one, scale, None, softcap)[0, 0]
         return out
 
@@ -155,22 +155,24 @@ def test_sharded_checkpoints_load(tmp_path):
 # ---------------------------------------------------------------- rows are data
 
 
-def _prefilled(model: OwnedModel, prefix: torch.Tensor, ops=None):
-    cache = model.new_cache(1, 32)
+def _prefilled(model: OwnedModel, prefix: torch.Tensor, ops=None, capacity: int = 32):
+    cache = model.new_cache(1, capacity)
     model.step(rowsets.chain(prefix[None], 0), cache, ops or TorchOps())
     return cache
 
 
 def test_a_chain_given_as_explicit_slots_is_the_forward_itself(family):
-    """Rows spelled out by hand (positions, slots, a lower-triangular visibility over the cache) give
-    bitwise the logits of the model's own forward over the same tokens."""
+    """Rows spelled out by hand (positions, slots, each row's tail of slots 0 .. i after an empty
+    prefix) give bitwise the logits of the model's own forward over the same tokens."""
     _, folder = family
     model = ours(folder / "target")
     ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
     at = torch.arange(9)[None]
-    visible = torch.ones(9, 9, dtype=torch.bool).tril()[None]
+    tail = torch.arange(9).expand(1, 9, 9)  # entries past each row's depth are padding
     with torch.inference_mode():
-        got = model.step(Rows(ids, at, at, visible), model.new_cache(1, 16))
+        rows = Rows(ids, at, at, torch.tensor([0]), tail, at + 1, span=9)
+        assert torch.equal(rows.seen(16), torch.ones(9, 9, dtype=torch.bool).tril()[None])
+        got = model.step(rows, model.new_cache(1, 16))
         assert torch.equal(got, model(ids).logits)
 
 
@@ -202,10 +204,8 @@ def test_independent_rows_in_one_step_equal_each_alone(family):
             assert check(together[0], alone[0][0]) and check(together[1], alone[1][0])
             # siblings: x and y both after a, at the same position, in slots 7 and 8
             cache = _prefilled(model, a)
-            visible = torch.zeros(1, 2, 9, dtype=torch.bool)
-            visible[0, :, :7] = True
-            visible[0, 0, 7] = visible[0, 1, 8] = True
-            siblings = Rows(torch.stack([x, y])[None], torch.tensor([[7, 7]]), torch.tensor([[7, 8]]), visible)
+            siblings = rowsets.tree(torch.stack([x, y])[None], torch.tensor([-1, -1]), 7)
+            assert siblings.positions.tolist() == [[7, 7]] and siblings.slots.tolist() == [[7, 8]]
             pair = model.step(siblings, cache, ops)
             second = model.step(rowsets.chain(y.view(1, 1), len(a)), _prefilled(model, a), ops)
             assert check(pair[0, 0], alone[0][0, 0]) and check(pair[0, 1], second[0, 0])
@@ -224,14 +224,92 @@ def test_a_row_that_skips_slots_equals_a_cache_that_never_held_them(family):
         want = model.step(rowsets.chain(ids[5:].view(1, 1), 5), clean, RowwiseOps())
         held = model.new_cache(1, 32)
         tokens = torch.cat([ids[:3], junk, ids[3:5]])[None]  # slots 0-5; slot 3 is the junk
-        positions = torch.tensor([[0, 1, 2, 3, 3, 4]])
-        visible = torch.ones(6, 6, dtype=torch.bool).tril()
-        visible[4:, 3] = False
-        model.step(Rows(tokens, positions, torch.arange(6)[None], visible[None]), held, RowwiseOps())
-        seen = torch.ones(1, 1, 7, dtype=torch.bool)
-        seen[0, 0, 3] = False
-        got = model.step(Rows(ids[5:].view(1, 1), torch.tensor([[5]]), torch.tensor([[6]]), seen), held, RowwiseOps())
+        branches = rowsets.tree(tokens, torch.tensor([-1, 0, 1, 2, 2, 4]), 0)  # the junk a sibling of slot 4
+        assert branches.positions.tolist() == [[0, 1, 2, 3, 3, 4]]
+        model.step(branches, held, RowwiseOps())
+        # the next row: the first three slots as its prefix, then slots 4, 5 and its own, 6
+        row = Rows(ids[5:].view(1, 1), torch.tensor([[5]]), torch.tensor([[6]]), torch.tensor([3]),
+                   torch.tensor([[[4, 5, 6]]]), torch.tensor([[3]]), span=7)
+        got = model.step(row, held, RowwiseOps())
     assert torch.equal(got, want)
+
+
+def test_the_layouts_say_what_each_row_sees():
+    """seen(): a chain's rows see the slots up to their own; a tree node the prefix and its
+    ancestors; a batch's sequences each their own prefix. The kernel walks the same data."""
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    chained = rowsets.batch(ids, [2, 0])
+    assert chained.span == 5 and chained.positions.tolist() == [[2, 3, 4], [0, 1, 2]]
+    want = [[[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]]
+    assert chained.seen(9).int().tolist() == want
+    assert torch.equal(rowsets.independent([rowsets.chain(ids[:1], 2), rowsets.chain(ids[:1], 0)]).seen(5),
+                       chained.seen(5))
+    branched = rowsets.tree(ids, torch.tensor([-1, -1, 0]), torch.tensor([2, 1]))
+    assert branched.span is None and branched.positions.tolist() == [[2, 2, 3], [1, 1, 2]]
+    assert branched.slots.tolist() == [[2, 3, 4], [1, 2, 3]] and branched.depth.tolist() == [[1, 1, 2]] * 2
+    assert branched.seen(5).int().tolist() == [[[1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 1, 0, 1]],
+                                               [[1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0]]]
+    tail, depth = chained.paths()  # a chain as explicit tails sees the same
+    spelled = Rows(ids, chained.positions, chained.slots, chained.start, tail, depth, span=5)
+    assert torch.equal(spelled.seen(7), chained.seen(7))
+    lopsided = rowsets.tree(torch.zeros(1, 8, dtype=torch.long), torch.tensor(TREES["lopsided"]), 10)
+    for node in range(8):  # each node's tail: its path's slots, in path order, its own last
+        d = int(lopsided.depth[0, node])
+        assert lopsided.tail[0, node, :d].tolist() == [10 + i for i in path(TREES["lopsided"], node)]
+        assert int(lopsided.positions[0, node]) == 9 + d
+
+
+@pytest.mark.parametrize("shape", ["binary", "lopsided"])
+def test_tree_rows_equal_the_chains_of_their_paths(family, shape):
+    """Every node of a token tree verified in one step gets the logits of its path fed as a chain
+    after the same prefix: bitwise on the row-by-row reference, to rounding on the plain one. The
+    26-token prefix takes the tree past Gemma 2's 24-token window."""
+    _, folder = family
+    model = ours(folder / "target")
+    parents = TREES[shape]
+    g = torch.Generator().manual_seed(6)
+    prefix, nodes = (torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in (26, len(parents)))
+    for ops in (RowwiseOps(), TorchOps()):
+        check = torch.equal if isinstance(ops, RowwiseOps) else lambda u, v: torch.allclose(u, v, rtol=1e-4, atol=1e-4)
+        with torch.inference_mode():
+            cache = _prefilled(model, prefix, ops, capacity=48)
+            got = model.step(rowsets.tree(nodes[None], torch.tensor(parents), 26), cache, ops)[0]
+            for leaf in leaves(parents):
+                line = path(parents, leaf)
+                want = model.step(rowsets.chain(nodes[line][None], 26), _prefilled(model, prefix, ops, 48), ops)[0]
+                for row, node in enumerate(line):
+                    assert check(got[node], want[row]), (shape, leaf, node)
+
+
+def test_batch_rows_equal_each_sequence_alone(family):
+    """Three sequences of different lengths in one step, as chains and as trees (each its own
+    start, its own cache row): every row's logits are bitwise those of its sequence stepped alone,
+    on the row-by-row reference."""
+    _, folder = family
+    model = ours(folder / "target")
+    g = torch.Generator().manual_seed(7)
+    lengths = [9, 3, 25]
+    prefixes = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in lengths]
+    ids = torch.randint(0, model.config.vocab_size, (3, 4), generator=g)
+    parents = torch.tensor([[-1, 0, 1, 2], [-1, -1, 0, 1], [-1, 0, 0, 2]])
+    ops = RowwiseOps()
+    with torch.inference_mode():
+        for make in (lambda: rowsets.batch(ids, lengths), lambda: rowsets.tree(ids, parents, lengths),
+                     lambda: rowsets.tree(ids, parents, torch.tensor(lengths))):
+            cache = model.new_cache(3, 40)
+            for b, prefix in enumerate(prefixes):
+                single = _prefilled(model, prefix, ops, 40)
+                for mine, theirs in ((cache.keys, single.keys), (cache.values, single.values)):
+                    for layer, source in zip(mine, theirs):
+                        layer[b].copy_(source[0])
+                cache.positions[b].copy_(single.positions[0])
+            rows = make()
+            together = model.step(rows, cache, ops)
+            for b, prefix in enumerate(prefixes):
+                one = rowsets.tree(ids[b:b + 1], parents[b], lengths[b]) \
+                    if rows.tail is not None else rowsets.chain(ids[b:b + 1], lengths[b])
+                alone = model.step(one, _prefilled(model, prefix, ops, 40), ops)
+                assert torch.equal(together[b], alone[0]), b
 
 
 # ---------------------------------------------------------------- which checkpoints, which code

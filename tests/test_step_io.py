@@ -43,6 +43,25 @@ def test_inputs_equal_the_reference(n, parts, dtype):
     assert want_rows is None or torch.equal(rows[:n], want_rows)
 
 
+@pytest.mark.parametrize("fill", [True, False], ids=["batch", "tree"])
+def test_inputs_of_several_sequences_equal_the_reference(fill):
+    """Three sequences of 4 rows: a batch's pending positions (each sequence from its own start)
+    written, or a tree's positions read as given; the embedding and rotary rows follow them."""
+    gen = torch.Generator().manual_seed(9)
+    weight = torch.randn(50, 40, generator=gen).to(DEVICE)
+    table = torch.randn(100, 8, generator=gen).to(DEVICE)
+    ids = torch.randint(0, 50, (12,), generator=gen).to(DEVICE)
+    starts = torch.tensor([5, 60, 0], device=DEVICE)
+    given = torch.randint(0, 100, (12,), generator=gen).to(DEVICE)
+    positions = torch.full((16,), -1, dtype=torch.long, device=DEVICE) if fill else given.clone()
+    embeds, rows = torch.zeros(16, 40, device=DEVICE), torch.zeros(16, 8, device=DEVICE)
+    step_io.inputs(ids, starts, positions, weight, embeds, table, rows, per=4, fill=fill)
+    want = step_inputs_reference(ids, starts, weight, table, per=4, positions=None if fill else given)
+    assert torch.equal(positions[:12], want[0]) and torch.equal(embeds[:12], want[1]) and torch.equal(rows[:12], want[2])
+    if fill:
+        assert positions[:12].tolist() == [5, 6, 7, 8, 60, 61, 62, 63, 0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("width", [700, 1500, 2100])  # cut, equal, padded
 def test_finish_equals_the_reference(dtype, width):

@@ -19,6 +19,14 @@ merges them in split order. Query token t sits at position + t and sees keys n w
 n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
 applies).
 
+Trees and any other rows (core/step/rows.py's layout: per sequence a start, per row a tail of
+slots in path order, `tail` and `depth`): a program's tile holds one token's heads, placed as a
+one-token chain step places them, and walks logical keys: the prefix's slots in place, then the
+token's tail gathered, key j at position j. So a tree node visits its path's keys in the order,
+blocks and splits of a one-token chain step at its position over a cache that holds its path in
+place, and gets its output bit for bit; a sliding window compares those positions. A batch's
+sequences each read their own start.
+
 Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becomes
 softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
 computes it (see the kernel).
@@ -33,8 +41,9 @@ per row. So the token at position p gets bitwise the same output from a 1-token 
 a (k+1)-token step that holds it.
 
 With rope (the [kernels] rope setting), the query and the step's new keys arrive before their
-rotary embedding: the kernel rotates them, and each split writes the new keys and values that
-fall in its key range into the cache before reading it.
+rotary embedding: the kernel rotates them, and each split writes the new keys and values whose
+positions fall in its key range (the split that reads them) into their rows' slots before
+reading the cache.
 
 Torch references: gpu/reference.py. Calls from a model step: gpu/ops.py.
 """
@@ -65,33 +74,40 @@ def decode_attention(
     query: torch.Tensor,  # [B, H, q, D]
     key: torch.Tensor,  # [B, KVH, C, D]
     value: torch.Tensor,  # [B, KVH, C, D]
-    position: torch.Tensor,  # [] int64: where query token 0 sits
+    position: torch.Tensor,  # [] or [B] int64: each sequence's start (where a chain's token 0 sits)
     scale: float,
     window: int = 0,  # sliding window (0: none)
     rope: tuple | None = None,  # (new keys, new values, cos, sin): see below
     softcap: float = 0.0,  # attention logit soft-capping (0: none)
     dependent: bool = False,  # launched dependent on the kernel before (gpu/dependent.py)
+    tail: torch.Tensor | None = None,  # [B, q, T] int64: each row's slots past the start, in path order
+    depth: torch.Tensor | None = None,  # [B, q] int64: the tail entries each row sees
 ) -> torch.Tensor:  # [B, q, H, D]
-    """With rope = (k_new [B, KVH, q, D], v_new [B, KVH, q, D], cos [B, q, D], sin [B, q, D]): the
+    """Without `tail`, the rows are chains: token t of sequence b sits at position[b] + t and sees
+    slots 0 .. position[b] + t. With it (core/step/rows.py's layout: a token tree, or any rows), row
+    t sees slots 0 .. position[b] - 1, then tail[b, t, :depth[b, t]], and sits at position
+    position[b] + depth[b, t] - 1, where its own slot is its tail's last entry.
+    With rope = (k_new [B, KVH, q, D], v_new [B, KVH, q, D], cos [B, q, D], sin [B, q, D]): the
     query and the new keys come before their rotary embedding, and the kernel rotates them
     (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
-    position + t before attending. Otherwise the cache holds them already and the query is rotated.
-    With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
-    return run(query, key, value, position, scale, window, rope, softcap, dependent)
+    each row's slot before attending. Otherwise the cache holds them already and the query is
+    rotated. With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
+    return run(query, key, value, position, scale, window, rope, softcap, dependent, tail, depth)
 
 
-def run(query, key, value, position, scale, window, rope, softcap, dependent):
+def run(query, key, value, position, scale, window, rope, softcap, dependent, tail=None, depth=None):
     """decode_attention's launches."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0
     assert query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
-    assert position.numel() == 1 and position.dtype == torch.int64
+    assert position.numel() in (1, batch) and position.dtype == torch.int64
     assert tokens <= MAX_GRAPH_QUERY, f"{tokens} query tokens > MAX_GRAPH_QUERY {MAX_GRAPH_QUERY}"
     assert softcap >= 0.0, f"softcap {softcap} < 0"
     group = heads // kv_heads
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(group)))  # by the model, never by tokens
-    tiles = triton.cdiv(tokens * group, block_m)  # rows: (token, head of the group), token-major
+    per_token = triton.cdiv(group, block_m)  # a tree's tiles: one token each
+    tiles = triton.cdiv(tokens * group, block_m) if tail is None else tokens * per_token
     block_d = max(16, triton.next_power_of_2(dim))
     block_n = 64 if block_d <= 128 else 32
     split_keys = max(min(SPLIT_KEYS, block_n), block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
@@ -112,13 +128,23 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent):
         assert cos.shape == sin.shape == (cos.shape[0], tokens, dim) and cos.stride() == sin.stride()
         assert k_new.stride(-1) == v_new.stride(-1) == cos.stride(-1) == 1
         new_strides = (*k_new.stride()[:3], *v_new.stride()[:3], 0 if cos.shape[0] == 1 else cos.stride(0), cos.stride(1))
+    starts = position.reshape(-1)
+    start_stride = 0 if starts.numel() == 1 else starts.stride(0)
+    gathered = tail is not None
+    if not gathered:
+        tail = depth = starts  # unused
+        tail_strides = (0,) * 4
+    else:
+        assert tail.dtype == depth.dtype == torch.int64 and tail.stride(-1) == 1
+        assert tail.dim() == 3 and tail.shape[:2] == depth.shape == (batch, tokens)
+        tail_strides = (tail.stride(0), tail.stride(1), depth.stride(0), depth.stride(1))
     _split_kernel[grid](
-        query, key, value, position, out, part, lse, k_new, v_new, cos, sin,
-        *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides,
-        kv_heads, group, tokens, dim, capacity, scale if softcap else scale * LOG2E.value,
+        query, key, value, starts, tail, depth, out, part, lse, k_new, v_new, cos, sin,
+        *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides, start_stride, *tail_strides,
+        kv_heads, group, tokens, dim, capacity, per_token, scale if softcap else scale * LOG2E.value,
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
-        F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None,
+        F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
         BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, num_warps=4,
         **launch_options(dependent),
     )
@@ -139,7 +165,9 @@ def _split_kernel(
     q_ptr,  # [B, H, q, D]
     k_ptr,  # [B, KVH, C, D]
     v_ptr,  # [B, KVH, C, D]
-    position_ptr,  # [] int64
+    start_ptr,  # [B] (or [1], stride 0) int64: each sequence's start
+    tail_ptr,  # [B, q, T] int64: each row's slots past the start, in path order (TAIL)
+    depth_ptr,  # [B, q] int64: the tail entries each row sees (TAIL)
     out_ptr,  # [B, q, H, D] contiguous (SPLITS == 1)
     part_ptr,  # [B, H, q, SPLITS, D] float32 (SPLITS > 1)
     lse_ptr,  # [B, H, q, SPLITS] float32, base 2 (SPLITS > 1)
@@ -153,11 +181,14 @@ def _split_kernel(
     snkb, snkh, snkt,
     snvb, snvh, snvt,
     scb, sct,
+    ssb,
+    stb, stt, sdb, sdt,
     kv_heads, group, tokens, dim, capacity,
+    per_token,  # TAIL: tiles per token
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
-    ROPE: tl.constexpr,
+    ROPE: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     wait_previous(DEPENDENT)  # first, in every program: gpu/dependent.py
@@ -165,18 +196,28 @@ def _split_kernel(
     b = bkv // kv_heads
     kvh = bkv % kv_heads
     split = tl.program_id(2)
-    first_row = tl.program_id(1) * BLOCK_M
-    f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows, token-major
-    t = f // group  # [M] each row's query token
-    g = f % group  # [M] and its head within the group
-    row_ok = t < tokens
+    prefix = tl.load(start_ptr + b * ssb)
+    if TAIL:  # one token per tile, its heads where a one-token chain step has them
+        token = tl.program_id(1) // per_token
+        g = (tl.program_id(1) % per_token) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] heads of the group
+        t = token + 0 * g  # [M]
+        row_ok = g < group
+        at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
+        at = at_token + 0 * g  # [M] each row's position: it sees logical keys [.., at]
+        at_first = at_token
+        at_last = at_token
+    else:
+        first_row = tl.program_id(1) * BLOCK_M
+        f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows, token-major
+        t = f // group  # [M] each row's query token
+        g = f % group  # [M] and its head within the group
+        row_ok = t < tokens
+        at = prefix + t  # [M] each row's position: it sees keys [.., at]
+        at_first = prefix + first_row // group  # the tile's first and last tokens' positions
+        at_last = prefix + tl.minimum((first_row + BLOCK_M - 1) // group, tokens - 1)
     head = kvh * group + g
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
-    position = tl.load(position_ptr)
-    at = position + t  # [M] each row's position: it sees keys [.., at]
-    at_first = position + first_row // group  # the tile's first and last tokens' positions
-    at_last = position + tl.minimum((first_row + BLOCK_M - 1) // group, tokens - 1)
     q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
     if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
@@ -190,11 +231,19 @@ def _split_kernel(
         cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
         q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
-        # the new keys and values whose positions fall in this split: rotated, into the cache
+        # the new keys and values whose positions fall in this split (the split that reads them):
+        # rotated, into the cache at their slots
         j = tl.arange(0, BLOCK_T)
-        at_new = position + j
+        j_ok = j < tokens
+        if TAIL:
+            depth_new = tl.load(depth_ptr + b * sdb + j * sdt, mask=j_ok, other=1)
+            at_new = prefix + depth_new - 1
+            slot_new = tl.load(tail_ptr + b * stb + j * stt + depth_new - 1, mask=j_ok, other=0)
+        else:
+            at_new = prefix + j
+            slot_new = at_new
         first_key = split * SPLIT_KEYS
-        mine = (j < tokens) & (at_new >= first_key) & (at_new < first_key + SPLIT_KEYS) & (at_new < capacity)
+        mine = j_ok & (at_new >= first_key) & (at_new < first_key + SPLIT_KEYS) & (slot_new < capacity)
         new_mask = mine[:, None] & d_ok[None, :]
         kn_base = kn_ptr + b * snkb + kvh * snkh + j[:, None] * snkt
         kn = tl.load(kn_base + d[None, :], mask=new_mask, other=0.0).to(tl.float32)
@@ -203,10 +252,10 @@ def _split_kernel(
         cos = tl.load(cos_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
         kr = kn * cos + sign[None, :] * kn_partner * sin
-        tl.store(k_ptr + b * skb + kvh * skh + at_new[:, None] * skn + d[None, :], kr.to(k_ptr.dtype.element_ty),
+        tl.store(k_ptr + b * skb + kvh * skh + slot_new[:, None] * skn + d[None, :], kr.to(k_ptr.dtype.element_ty),
                  mask=new_mask)
         vn = tl.load(vn_ptr + b * snvb + kvh * snvh + j[:, None] * snvt + d[None, :], mask=new_mask, other=0.0)
-        tl.store(v_ptr + b * svb + kvh * svh + at_new[:, None] * svn + d[None, :], vn.to(v_ptr.dtype.element_ty),
+        tl.store(v_ptr + b * svb + kvh * svh + slot_new[:, None] * svn + d[None, :], vn.to(v_ptr.dtype.element_ty),
                  mask=new_mask)
         tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
 
@@ -226,10 +275,15 @@ def _split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = k_ptr + b * skb + kvh * skh
     v_base = v_ptr + b * svb + kvh * svh
-    for start in range(lo, hi, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)  # [N]
+    for block in range(lo, hi, BLOCK_N):
+        n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
         n_ok = n < hi
-        k = tl.load(k_base + n[:, None] * skn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if TAIL:  # the prefix's keys in place, then the token's tail gathered in path order
+            past = n_ok & (n >= prefix)
+            slot = tl.where(past, tl.load(tail_ptr + b * stb + token * stt + n - prefix, mask=past, other=0), n)
+        else:
+            slot = n
+        k = tl.load(k_base + slot[:, None] * skn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if PER_ROW:
             s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
         elif F32_DOT:
@@ -253,7 +307,7 @@ def _split_kernel(
         alpha = tl.exp2(m - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + n[:, None] * svn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v = tl.load(v_base + slot[:, None] * svn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         if PER_ROW:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         elif F32_DOT:

@@ -4,8 +4,8 @@ An owned model step (core/step/) calls its ops through one table; this one launc
 gpu/linear.py, gpu/norm.py and gpu/attention.py, each with the launch options the run resolved
 (gpu/kernels.py: the linear configurations by shape, split-K and its counters, dependent launch)
 held here once instead of passed with every call. Where a kernel is turned off, or a call is
-outside what the kernel takes (more rows than a captured step has, rows that are not one chain,
-biases the fused gate/up projection lacks), the op is the reference's own, so both tables compute
+outside what the kernel takes (more rows than a captured step has, biases the fused gate/up
+projection lacks), the op is the reference's own, so both tables compute
 every model. Each kernel's exactness against its torch reference is tested where the kernel is
 (tests/test_linear.py, test_norm.py, test_attention.py); tests/test_gpu_ops.py runs whole steps.
 """
@@ -55,23 +55,26 @@ class TritonOps(TorchOps):
             cos, sin = super().rotary(torch.arange(capacity, device=inv_freq.device)[None], inv_freq, dtype)
             self.table = torch.stack([cos[0], sin[0]], dim=1)
             self.rotary_rows = torch.zeros(MAX_STEP, 2 * cos.shape[-1], dtype=dtype, device=inv_freq.device)
-            self.spare = torch.zeros(MAX_STEP, dtype=torch.long, device=inv_freq.device)
 
     def inputs(self, rows, weight, scale, inv_freq):
-        """One launch (gpu/step_io.py) for a chain's positions, embedding rows and rotary rows."""
-        n = rows.count
-        if (not self.kernels.step_io or rows.start is None or self.table is None or n > MAX_STEP
-                or self.table.dtype != weight.dtype or rows.batch != 1):
+        """One launch (gpu/step_io.py) for the rows' embeddings and rotary rows, and a chain's or a
+        batch's pending positions; any layout of at most MAX_STEP rows in all."""
+        b, n = rows.ids.shape
+        if (not self.kernels.step_io or self.table is None or b * n > MAX_STEP
+                or self.table.dtype != weight.dtype):
             return super().inputs(rows, weight, scale, inv_freq)
         if self.embeds is None or self.embeds.shape[1] != weight.shape[1]:
             with torch.inference_mode():  # as the reference's gathers return inside a step
                 self.embeds = torch.zeros(MAX_STEP, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        positions = rows.positions[0] if rows.pending else torch.empty_like(self.spare)
+        positions = rows.positions.reshape(-1)  # pending: the buffer's view, written here
+        if not rows.pending:
+            positions = positions.contiguous()
         rounded = float(torch.tensor(scale, dtype=weight.dtype)) if scale is not None else None
-        step_io.inputs(rows.ids[0], rows.start, positions, weight, self.embeds, self.table.view(len(self.table), -1),
-                       self.rotary_rows, dependent=self.dependent, scale=rounded)
-        both = self.rotary_rows[:n].view(1, n, 2, -1)
-        return self.embeds[None, :n], (both[..., 0, :], both[..., 1, :])
+        step_io.inputs(rows.ids.reshape(-1).contiguous(), rows.start, positions, weight, self.embeds,
+                       self.table.view(len(self.table), -1), self.rotary_rows, dependent=self.dependent,
+                       scale=rounded, per=n, fill=rows.pending)
+        both = self.rotary_rows[:b * n].view(b, n, 2, -1)
+        return self.embeds[:b * n].view(b, n, -1), (both[..., 0, :], both[..., 1, :])
 
     def rotary(self, positions, inv_freq, dtype):
         if self.table is None or self.table.dtype != dtype:
@@ -109,7 +112,7 @@ class TritonOps(TorchOps):
 
     def attention(self, q, k, v, cache, layer, rows, rotary, scale, window=None, softcap=None):
         b, n, heads, d = q.shape
-        if not self.kernels.attention or rows.start is None or n > attention_kernels.MAX_GRAPH_QUERY:
+        if not self.kernels.attention or n > attention_kernels.MAX_GRAPH_QUERY:
             return super().attention(q, k, v, cache, layer, rows, rotary, scale, window, softcap)
         keys, values = cache.keys[layer], cache.values[layer]
         if self.kernels.rope:  # the kernel rotates q and k and writes k, v into the cache itself
@@ -120,5 +123,6 @@ class TritonOps(TorchOps):
             self.write(k, v, cache, layer, rows)
             rope, query = None, q.transpose(1, 2)
         out = attention_kernels.decode_attention(query, keys, values, rows.start, scale, window or 0, rope=rope,
-                                                 softcap=softcap or 0.0, dependent=self.dependent)
+                                                 softcap=softcap or 0.0, dependent=self.dependent,
+                                                 tail=rows.tail, depth=rows.depth)
         return out.reshape(b, n, heads * d)  # [B, n, h, d] from the kernel

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specgen.core.step.rows import seen
+
 GELU_TANH = ("gelu_tanh", "gelu_pytorch_tanh")
 
 
@@ -21,10 +23,13 @@ def gate_up_reference(x, gate, up, activation: str) -> torch.Tensor:
 
 
 def decode_attention_reference(query, key, value, position, scale, window: int = 0,
-                               softcap: float = 0.0) -> torch.Tensor:
+                               softcap: float = 0.0, tail=None, depth=None) -> torch.Tensor:
     """gpu/attention.py's decode_attention without rope: float32 softmax over the masked whole
     cache, scores soft-capped first when softcap > 0. query [B, H, q, D], key/value [B, KVH, C, D],
-    position [] -> [B, q, H, D]."""
+    position [] or [B] (each sequence's start), tail [B, q, T] and depth [B, q] as the kernel takes
+    them -> [B, q, H, D]. The mask is core/step/rows.py's `seen` of the same data; a window compares
+    the row's position with each key's (the prefix's slot j holds position j, tail entry j position
+    start + j), as the reference step does with its cache's positions."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = heads // kv_heads
@@ -33,14 +38,37 @@ def decode_attention_reference(query, key, value, position, scale, window: int =
     scores = torch.einsum("bhtd,bhnd->bhtn", query.float(), k) * scale  # [B, H, q, C]
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    at = int(position) + torch.arange(tokens, device=query.device)[:, None]  # [q, 1]
-    keys = torch.arange(capacity, device=query.device)[None, :]  # [1, C]
-    visible = keys <= at
+    start = _starts(position, batch)
+    visible = seen(start, tokens, capacity, tail, depth)  # [B, q, C]
     if window:
-        visible &= keys > at - window
-    scores = scores.masked_fill(~visible, float("-inf"))
+        at, keys = _positions(start, tokens, capacity, tail, depth)
+        visible &= at[:, :, None] - keys[:, None, :] < window
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
     out = torch.einsum("bhtn,bhnd->bhtd", torch.softmax(scores, dim=-1), v)
     return out.transpose(1, 2).to(query.dtype)  # [B, q, H, D]
+
+
+def _starts(position, batch: int) -> torch.Tensor:
+    return position.reshape(-1).expand(batch)
+
+
+def _positions(start, tokens: int, capacity: int, tail=None, depth=None):
+    """(each row's position [B, q], each slot's key position [B, C]) of the rows' layout."""
+    keys = torch.arange(capacity, device=start.device).repeat(start.shape[0], 1)  # [B, C]
+    if tail is None:
+        return start[:, None] + torch.arange(tokens, device=start.device), keys
+    for b in range(start.shape[0]):  # a tail's entry j holds position start + j
+        for row in range(tokens):
+            d = int(depth[b, row])
+            keys[b, tail[b, row, :d]] = int(start[b]) + torch.arange(d, device=start.device)
+    return start[:, None] + depth - 1, keys
+
+
+def _new_slots(position, tokens: int, batch: int, tail=None, depth=None) -> torch.Tensor:
+    """[B, q]: where each row's new key goes (its tail's last entry; a chain's start + t)."""
+    if tail is None:
+        return _starts(position, batch)[:, None] + torch.arange(tokens, device=position.device)
+    return tail.gather(2, (depth - 1)[:, :, None])[:, :, 0]
 
 
 def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -51,13 +79,16 @@ def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return (xf * cos.float()[:, None] + rotated * sin.float()[:, None]).to(x.dtype)
 
 
-def rope_attention_reference(query, k_new, v_new, cos, sin, key, value, position, scale, window: int = 0):
+def rope_attention_reference(query, k_new, v_new, cos, sin, key, value, position, scale, window: int = 0,
+                             softcap: float = 0.0, tail=None, depth=None):
     """decode_attention with rope, on copies of the cache: (out [B, q, H, D], key, value)."""
     key, value = key.clone(), value.clone()
-    at = int(position) + torch.arange(query.shape[2], device=query.device)
-    key[:, :, at] = rotate_reference(k_new, cos, sin)
-    value[:, :, at] = v_new
-    out = decode_attention_reference(rotate_reference(query, cos, sin), key, value, position, scale, window)
+    slots = _new_slots(position, query.shape[2], query.shape[0], tail, depth)  # [B, q]
+    seq = torch.arange(query.shape[0], device=query.device)[:, None]
+    key[seq, :, slots] = rotate_reference(k_new, cos, sin).transpose(1, 2)
+    value[seq, :, slots] = v_new.transpose(1, 2)
+    out = decode_attention_reference(rotate_reference(query, cos, sin), key, value, position, scale, window,
+                                     softcap, tail, depth)
     return out, key, value
 
 
@@ -84,10 +115,13 @@ def offset_norm_add_reference(x: torch.Tensor, residual: torch.Tensor, weight: t
     return summed, rms_norm_reference(summed, *second, offset=True)[0] if second is not None else None
 
 
-def step_inputs_reference(ids, position, weight=None, table=None, scale=None):
+def step_inputs_reference(ids, position, weight=None, table=None, scale=None, per=None, positions=None):
     """gpu/step_io.py's inputs: (positions [n], embeds [n, H] or None, rows [n, R] or None); with
-    scale, the embedding rows times it as Gemma's scaled embedding multiplies them."""
-    positions = position + torch.arange(ids.shape[0], device=ids.device)
+    scale, the embedding rows times it as Gemma's scaled embedding multiplies them; `per` rows a
+    sequence after each of position's starts, or the `positions` given."""
+    if positions is None:
+        r = torch.arange(ids.shape[0], device=ids.device)
+        positions = position.reshape(-1)[r // (per or ids.shape[0])] + r % (per or ids.shape[0])
     embeds = weight[ids] if weight is not None else None
     if embeds is not None and scale is not None:
         embeds = embeds * torch.tensor(scale, device=ids.device).to(weight.dtype)

@@ -27,15 +27,21 @@ BLOCK = 1024  # columns per program
 
 def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor | None = None,
            embeds: torch.Tensor | None = None, table: torch.Tensor | None = None,
-           rows: torch.Tensor | None = None, dependent: bool = False, scale: float | None = None) -> None:
+           rows: torch.Tensor | None = None, dependent: bool = False, scale: float | None = None,
+           per: int | None = None, fill: bool = True) -> None:
     """positions[:n] = position + arange(n); with weight: embeds[:n] = weight[ids], times `scale`
     if given (Gemma's scaled embedding: each product in float32, rounded once to the weight's
     dtype, as torch multiplies two tensors of that dtype; `scale` is the scale in that dtype); with
-    table ([capacity, R], the rows of a RotaryTable flattened): rows[:n] = table[position +
-    arange(n)]. ids [n] int64, position [] int64; every buffer contiguous and at least n rows long.
+    table ([capacity, R], the rows of a RotaryTable flattened): rows[:n] = table[positions[:n]].
+    ids [n] int64 (B sequences' rows, `per` each: row r's position is position[r // per] + r % per,
+    position [] or [B] int64), or with fill=False the positions as given (a tree's, read, not
+    written); every buffer contiguous and at least n rows long.
     dependent: launched dependent on the kernel before (gpu/dependent.py), as `finish` too."""
     n = ids.shape[0]
     assert ids.dtype == position.dtype == positions.dtype == torch.int64 and positions.shape[0] >= n
+    assert ids.is_contiguous() and positions.is_contiguous()
+    per = per or max(n, 1)
+    assert position.numel() in (1, triton.cdiv(n, per))
     width = 1
     if weight is not None:
         assert embeds is not None and embeds.dtype == weight.dtype and embeds.shape[0] >= n
@@ -48,14 +54,16 @@ def inputs(ids: torch.Tensor, position: torch.Tensor, positions: torch.Tensor, w
         width = max(width, table.shape[1])
     if n == 0:
         return
+    starts = position.reshape(-1)
     _inputs_kernel[(n, triton.cdiv(width, BLOCK))](
-        ids, position, positions,
+        ids, starts, positions,
         weight if weight is not None else positions, embeds if embeds is not None else positions,
         table if table is not None else positions, rows if rows is not None else positions,
         weight.shape[1] if weight is not None else 0, weight.stride(0) if weight is not None else 0,
         table.shape[1] if table is not None else 0, 1.0 if scale is None else float(scale),
-        EMBED=weight is not None, SCALED=scale is not None, ROWS=table is not None, BLOCK=BLOCK, DEPENDENT=dependent,
-        **launch_options(dependent),
+        per, 0 if starts.numel() == 1 else starts.stride(0),
+        EMBED=weight is not None, SCALED=scale is not None, ROWS=table is not None, FILL=fill, BLOCK=BLOCK,
+        DEPENDENT=dependent, **launch_options(dependent),
     )
 
 
@@ -74,16 +82,19 @@ def finish(logits: torch.Tensor, out: torch.Tensor, position: torch.Tensor, adva
 
 @triton.jit
 def _inputs_kernel(ids_ptr, position_ptr, positions_ptr, weight_ptr, embeds_ptr, table_ptr, rows_ptr,
-                   hidden, weight_stride, row_width, scale,
-                   EMBED: tl.constexpr, SCALED: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                   DEPENDENT: tl.constexpr):
+                   hidden, weight_stride, row_width, scale, per, position_stride,
+                   EMBED: tl.constexpr, SCALED: tl.constexpr, ROWS: tl.constexpr, FILL: tl.constexpr,
+                   BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
     wait_previous(DEPENDENT)
     release_next(DEPENDENT)
     t = tl.program_id(0)
     block = tl.program_id(1)
-    at = tl.load(position_ptr) + t
-    if block == 0:
-        tl.store(positions_ptr + t, at)
+    if FILL:
+        at = tl.load(position_ptr + (t // per) * position_stride) + t % per
+        if block == 0:
+            tl.store(positions_ptr + t, at)
+    else:
+        at = tl.load(positions_ptr + t)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     if EMBED:
         token = tl.load(ids_ptr + t)

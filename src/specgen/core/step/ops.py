@@ -37,7 +37,7 @@ class TorchOps:
         """A step's inputs: the rows' embeddings [B, n, H] and their rotary (cos, sin); pending chain
         positions are written first."""
         if rows.pending:
-            torch.add(rows.start, torch.arange(rows.count, device=rows.ids.device), out=rows.positions[0])
+            torch.add(rows.start[:, None], torch.arange(rows.count, device=rows.ids.device), out=rows.positions)
         h = self.embed(weight, rows.ids, scale)
         return h, self.rotary(rows.positions, inv_freq, h.dtype)
 
