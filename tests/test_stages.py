@@ -112,11 +112,11 @@ def test_a_segmented_graphs_summary_counts_graphs_copies_and_bytes():
 def test_bring_maps_nested_arguments_and_leaves_others_alone():
     a, b = torch.zeros(2), torch.ones(2)
     moved = {(id(a), torch.device("cuda", 1)): b}
-    rows = Rows(a, a, a, None, start=a, pending=True)  # a dataclass: every tensor field, the rest kept
+    rows = Rows(a, a, a, a, pending=True)  # a dataclass: every tensor field, the rest kept
     tree = ((a, "x", None), {"p": (a, 3), "q": [a]}, rows)
     out = stages._replace(tree, torch.device("cuda", 1), moved)
     assert out[0][0] is b and out[0][1] == "x" and out[1]["p"][0] is b and out[1]["q"][0] is b
-    assert out[2].ids is b and out[2].start is b and out[2].visible is None and out[2].pending
+    assert out[2].ids is b and out[2].start is b and out[2].tail is None and out[2].pending
     found = []
     stages._collect(rows, torch.device("cpu"), found)  # CUDA tensors only: CPU ones never cross
     assert found == []

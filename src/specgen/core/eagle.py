@@ -344,7 +344,7 @@ class Eagle3Head(nn.Module):
         rotary = (rope[0][:, 0][None], rope[1][:, 0][None])  # [N, 1, D] -> the ops' [1, N, D]
         # one chain of rows from positions[0] (its slots are its positions): the rows' layout the
         # attention kernel reads
-        rows = Rows(ids[None], positions[None], positions[None], None, start=positions[0])
+        rows = Rows(ids[None], positions[None], positions[None], positions[:1])
         cache = _Slots(self.k_cache, self.v_cache) if keys is None else \
             _Slots(self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
         out = self.layers[0](embeds, h[None], rows, cache, ops, rotary)
