@@ -6,15 +6,22 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py verify    [--vocab 128256] [--k 4] [--batch 1,32]
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
-    python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--compile] [--profile [--profile-tokens 5]]
-                                                 [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N] [--compile-cache DIR]
+    python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--profile [--profile-tokens 5]]
+                                                 [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N]
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
     python benchmarks/bench_kernels.py table     [--models llama-3.1,qwen2.5,qwen3,gemma-2,bench] [--rows 1,5]
                                                  [--missing | --undrafted] --table FILE
     python benchmarks/bench_kernels.py step-table [--models llama-3.1,qwen2.5,qwen3,gemma-2] --table FILE
 
 Every subcommand takes --out FILE (the JSON report) and prints a Markdown table. Settings are passed
-to the kernels as arguments (parallel_cut, split_k, [kernels] values), never set on modules.
+to the kernels as arguments (parallel_cut, split_k, the resolved [kernels] policy), never set on
+modules. Every model a runner steps is specgen's own (core/step/): random weights are drawn in a
+transformers model of the same config, then handed to core/step/load.py's from_state.
+
+torch.compile was removed from specgen, and with it the compile-* variants of `steps` and its
+--compile / --compile-cache options: captured owned steps measured as fast without it (see
+docs/benchmarks.md, "Compile with the step kernels as operators (H200)", and its decisions,
+"Tried and not kept").
 
 Kernels are timed from graph replays; the torch references (warp, verify) sync with the host, so
 they are timed between CUDA events around each call, host dispatch included.
@@ -32,10 +39,11 @@ they are timed between CUDA events around each call, host dispatch included.
   --runners: the tiny models of tests/test_attention.py through a runner with the kernel (model's
   rotary and kernel's) and one with SDPA: the max logit difference per feed, the figures behind
   that test's RUNNER_TOLERANCE (also runs on a CPU, in the Triton interpreter).
-- exact: per model shape (random bf16 weights, the kernels `auto` resolves): every module's output in
-  a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, forward
-  hooks: where rows first differ), the captured steps' logits likewise (torch.equal per row), and
-  the 1-token and (k+1)-token captured step times against the model's bandwidth floor.
+- exact: per model shape (random bf16 weights, the kernels `auto` resolves): every op's output in
+  a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, each call of
+  its kernel table recorded, named by the weight or layer it computes: where rows first differ),
+  the captured steps' logits likewise (torch.equal per row), and the 1-token and (k+1)-token
+  captured step times against the model's bandwidth floor.
 - table: `specgen tune-kernels` over the projections of every real pair benchmarks/family_pairs.py
   builds (targets, drafts and the EAGLE-3 heads of its --head) and of the bench pair, on this GPU: the linear table to ship as
   src/specgen/gpu/linear_configs.json, with each shape's time against the current package's pick.
@@ -44,7 +52,8 @@ they are timed between CUDA events around each call, host dispatch included.
   gpu/tune.py's tune_in_step, starting from the package's; writes the package's table with them.
 - steps: a Llama-3-8B-shaped target (--model 1b: Llama-3.2-1B-shaped; --layers: fewer layers, the
   floor follows the weights) (random bf16 weights): the 1-token step, the 2-token step (a draft
-  round's first) and the 5-token verification step, eager / CUDA graph / torch.compile + CUDA graph, against the bandwidth floor
+  round's first) and the 5-token verification step, eager / CUDA graph with the kernels and fusions
+  each variant turns on (VARIANTS), against the bandwidth floor
   (weight bytes / device-to-device copy bandwidth measured in the same run); each variant's 5-token
   logits are checked against an eager forward first (relative error <= 5e-2). Steps run at position
   512 of a 1024-position cache, rolled back after each, CUDA events over 50 steps, median of 5.
@@ -70,8 +79,10 @@ if not torch.cuda.is_available():  # only `attention --runners` runs on a CPU: t
 import torch.nn.functional as F  # noqa: E402
 
 from specgen.core import floors, rejection, sampling  # noqa: E402
-from specgen.core.settings import KernelSpec  # noqa: E402
-from specgen.gpu import attention, linear, rewire, tune, verify, warp  # noqa: E402
+from specgen.core.settings import FUSIONS, KernelSpec  # noqa: E402
+from specgen.core.step import config as step_config  # noqa: E402
+from specgen.core.step.load import from_state  # noqa: E402
+from specgen.gpu import attention, linear, tune, verify, warp  # noqa: E402
 from specgen.gpu.kernels import ResolvedKernels, resolve  # noqa: E402
 from specgen.gpu.reference import decode_attention_reference, gate_up_reference  # noqa: E402
 from specgen.gpu.runner import GraphRunner  # noqa: E402
@@ -318,7 +329,7 @@ def attention_runners() -> list[dict]:
             num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.5, bos_token_id=None,
             eos_token_id=None, pad_token_id=None, **extra)
         torch.manual_seed(3)
-        model = getattr(transformers, f"{family}ForCausalLM")(config).to(device).eval()
+        model = owned(getattr(transformers, f"{family}ForCausalLM")(config).to(device).eval())
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, 96, (30,), generator=gen)
         feeds = [torch.randint(0, 96, (abs(n),), generator=gen) for n in RUNNER_SCRIPT]
@@ -353,33 +364,41 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
 LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
                   tie_word_embeddings=True)
 POSITION = 512
-SPEC = KernelSpec(attention="sdpa", linear="torch", rope="model", split_k="off", norm="torch",
-                  step_io="torch", dependent_launch="off")  # cuBLAS and SDPA
-VARIANTS = {  # name -> (runner options, [kernels] values over SPEC)
-    "eager": (dict(use_graphs=False), {}),
-    "graph-sdpa": ({}, {}),
-    "graph-kernel": ({}, dict(attention="kernel", rope="auto")),
-    "graph-linear": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
-    "graph-norm": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel")),
-    "graph-io": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
-                          step_io="kernel", dependent_launch="off")),
-    "graph-dependent": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
-                                 step_io="kernel", dependent_launch="on")),
+
+
+def spec(attention: str = "sdpa", linear: str = "torch", on: tuple[str, ...] = ()) -> KernelSpec:
+    """[kernels] with these two choices and only the fusions `on` (FUSIONS) left out of `disable`."""
+    return KernelSpec(attention=attention, linear=linear, disable=tuple(f for f in FUSIONS if f not in on))
+
+
+SPEC = spec()  # cuBLAS and SDPA, every fusion off
+DEPENDENT = spec("kernel", "kernel", ("rope", "split_k", "norm", "step_io", "dependent_launch"))
+
+
+def for_drafts(kernels: ResolvedKernels) -> ResolvedKernels:
+    return dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
+
+
+def split_k_on(kernels: ResolvedKernels) -> ResolvedKernels:
+    return dataclasses.replace(kernels, split_k=True)
+
+
+# name -> (runner options, [kernels] policy, then a change of the resolved policy that resolve()
+# cannot express, or None). split_k, where a variant leaves it on, follows the GPU (split_k_pays).
+VARIANTS = {
+    "eager": (dict(use_graphs=False), SPEC, None),
+    "graph-sdpa": ({}, SPEC, None),
+    "graph-kernel": ({}, spec("kernel", on=("rope",)), None),
+    "graph-linear": ({}, spec("kernel", "kernel", ("rope", "split_k")), None),
+    "graph-norm": ({}, spec("kernel", "kernel", ("rope", "split_k", "norm")), None),
+    "graph-io": ({}, spec("kernel", "kernel", ("rope", "split_k", "norm", "step_io")), None),
+    "graph-dependent": ({}, DEPENDENT, None),
     # graph-dependent as a draft model's runner takes it: its table's draft picks (LinearTable.for_drafts)
-    "graph-draft": ({}, dict(attention="kernel", rope="auto", linear="kernel", split_k="auto", norm="kernel",
-                             step_io="kernel", dependent_launch="on")),
-    "compile-sdpa": (dict(compile=True), {}),
-    "compile-kernel": (dict(compile=True), dict(attention="kernel", rope="auto")),
-    "compile-kernel-tuned": (dict(compile=True, autotune=True), dict(attention="kernel", rope="auto")),
-    "compile-linear": (dict(compile=True), dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
-    "compile-norm": (dict(compile=True), dict(attention="kernel", rope="auto", linear="kernel", split_k="auto",
-                                              norm="kernel")),
-    "compile-linear-tuned": (dict(compile=True, autotune=True),
-                             dict(attention="kernel", rope="auto", linear="kernel", split_k="auto")),
-    "compile-default": (dict(compile=True), dict(attention="auto", linear="auto", rope="auto", split_k="auto",
-                                                 norm="auto", step_io="auto")),
-    "compile-dependent": (dict(compile=True), dict(attention="auto", linear="auto", rope="auto", split_k="auto",
-                                                   norm="auto", step_io="auto", dependent_launch="on")),
+    "graph-draft": ({}, DEPENDENT, for_drafts),
+    # graph-dependent with split-K forced on, whatever the GPU's bandwidth (`auto` keeps it off on an H100)
+    "graph-split-k": ({}, DEPENDENT, split_k_on),
+    # every [kernels] value `auto`, as a run resolves it on this GPU
+    "graph-default": ({}, KernelSpec(), None),
 }
 
 
@@ -391,16 +410,31 @@ def copy_bandwidth(gib: int = 4) -> float:
     return bandwidth
 
 
-def random_llama(config_kwargs: dict):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def owned(model):
+    """specgen's own model (core/step/) over a transformers model's weights, where they lie (shared,
+    not copied: drop the transformers model and only the owned one holds them)."""
+    config = model.config.to_dict()
+    parsed = step_config.of(config)
+    if parsed is None:
+        raise SystemExit(f"bench_kernels: specgen's own step does not run this config: "
+                         f"{step_config.unsupported(config)}")
+    return from_state(parsed, model.state_dict(), model.get_output_embeddings().weight.device)
 
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+
+def random_model(config, seed: int = 0):
+    """An owned model with random bf16 weights on the GPU: a transformers model of `config` built
+    there (its initialisation, seeded), its weights handed over."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(LlamaConfig(**config_kwargs)).eval()
-    torch.set_default_dtype(previous)
-    return model
+        return owned(AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval())
+
+
+def random_llama(config_kwargs: dict):
+    from transformers import LlamaConfig
+
+    return random_model(LlamaConfig(**config_kwargs))
 
 
 def step_seconds(runner: GraphRunner, n: int, steps: int = 50, repeats: int = 5) -> float:
@@ -452,15 +486,8 @@ STEP_TOKENS = (1, 2, 5)
 
 def build_runner(model, width: int, kernels: ResolvedKernels, workspace: Workspace, options: dict) -> GraphRunner:
     """A runner capturing 1-, 2- and 5-token steps (a step, a draft round's first step, a k = 4
-    verification); with kernels.norm, the norm rewiring (rewire.install_norm) and its switch engaged
-    with the norm on around the capture."""
-    if not kernels.norm:
-        return GraphRunner(model, width, 1024, kernels=kernels, workspace=workspace, shapes=STEP_TOKENS, **options)
-    runner = GraphRunner(model, width, 1024, kernels=kernels, workspace=workspace, **options)
-    rewire.install_norm(model, runner.switch)
-    with runner.switch.engaged(kernels.split_k, runner.counters, norm=True):
-        runner.add_shapes(STEP_TOKENS)
-    return runner
+    verification)."""
+    return GraphRunner(model, width, 1024, kernels=kernels, workspace=workspace, shapes=STEP_TOKENS, **options)
 
 
 MODELS = {"8b": LLAMA3_8B, "1b": LLAMA32_1B}  # and EXACT_SHAPES' bench shapes, defined below
@@ -484,15 +511,11 @@ def bench_steps(args) -> dict:
                         use_graphs=False)
     reference = step_logits(eager, probe)
     del eager
-    names = args.variants + (["compile-kernel"] if args.compile else [])
-    for name in dict.fromkeys(names):
-        options, values = VARIANTS[name]
-        if options.get("compile"):
-            options = dict(options, compile_cache_folder=args.compile_cache)
-        kernels = resolve(dataclasses.replace(SPEC, **values), "cuda", model)
-        if name == "graph-draft":
-            kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
-        torch._dynamo.reset()  # every compiled variant traces afresh
+    for name in dict.fromkeys(args.variants):
+        options, policy, change = VARIANTS[name]
+        kernels = resolve(policy, "cuda", model)
+        if change is not None:
+            kernels = change(kernels)
         start = time.perf_counter()
         runner = build_runner(model, width, kernels, workspace, options)
         setup = time.perf_counter() - start
@@ -538,22 +561,44 @@ EXACT_SHAPES = {  # random-weight Llama shapes: (config, layers timed / checked 
 MODELS.update({name: EXACT_SHAPES[name] for name in ("bench-target", "bench-draft", "0.5b")})
 
 
-def _record(model) -> tuple[list, list]:
-    """Forward hooks on every module whose output is a tensor (or starts with one):
-    calls [(name, first tensor argument or None, output)]."""
-    calls = []
+class Recording:
+    """A runner's kernel table (gpu/ops.py) that records each call the model makes of the ops in
+    OPS: (name, first tensor argument (a Rows' ids) or None, first tensor output), in call order.
+    A call is named by the weight it computes with (`model.layers.0.self_attn.o_proj`; q, k, v fused:
+    `...self_attn.qkv`; gate and up: `...mlp.gate_up`) or, for attention, by its layer."""
 
-    def hook(name):
-        def record(module, args, kwargs, out):
-            first = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
-            given = args[0] if args else kwargs.get("hidden_states")
-            if isinstance(first, torch.Tensor) and first.ndim >= 2:
-                calls.append((name, given.detach().clone() if isinstance(given, torch.Tensor) else None,
-                              first.detach().clone()))
-        return record
+    OPS = ("inputs", "linear", "qkv", "gate_up", "norm", "norm_add_norm", "attention", "logits")
 
-    handles = [m.register_forward_hook(hook(name or "model"), with_kwargs=True) for name, m in model.named_modules()]
-    return calls, handles
+    def __init__(self, ops, model):
+        self.ops, self.calls = ops, []
+        self.weights = {p.data_ptr(): name.removesuffix(".weight") for name, p in model.named_parameters()}
+        self.modules = {id(m): name for name, m in model.named_modules()}
+
+    def __getattr__(self, op):
+        real = getattr(self.ops, op)
+        if op not in self.OPS:
+            return real
+
+        def call(*args, **kwargs):
+            out = real(*args, **kwargs)
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            given = args[0] if isinstance(args[0], torch.Tensor) else getattr(args[0], "ids", None)
+            self.calls.append((self.name(op, args), given.detach().clone() if given is not None else None,
+                               first.detach().clone()))
+            return out
+
+        return call
+
+    def name(self, op: str, args) -> str:
+        if op == "attention":
+            return f"model.layers.{args[4]}.self_attn.attention"
+        if op == "logits":
+            return "lm_head"
+        if op == "qkv":
+            return f"{self.modules.get(id(args[1]), '?')}.qkv"
+        weight = args[2] if op == "norm_add_norm" else args[1]
+        name = self.weights.get(weight.data_ptr(), "?")
+        return name.replace("gate_proj", "gate_up") if op == "gate_up" else name
 
 
 def _rows_differ(wide: torch.Tensor, singles: list, axis: int) -> tuple[int, float]:
@@ -567,30 +612,26 @@ def _rows_differ(wide: torch.Tensor, singles: list, axis: int) -> tuple[int, flo
 
 
 def exact_divergence(model, kernels, ids: torch.Tensor, prefix: torch.Tensor) -> list[dict]:
-    """Every module's output for a (k+1)-token step against the same module in k+1 one-token steps
-    (an eager runner with the same kernels: captured steps run the same ones), in call order: how
-    many of the k+1 rows differ and by how much, and whether the module is a source (its input rows
-    were equal). Modules whose output has no token axis are skipped."""
-    runner = GraphRunner(model, model.config.vocab_size, 1024, kernels=kernels, workspace=Workspace("cuda"),
+    """Every op's output for a (k+1)-token step against the same op in k+1 one-token steps (an
+    eager runner with the same kernels: captured steps run the same ones; its kernel table
+    recorded, see Recording), in call order: how many of the k+1 rows differ and by how much, and
+    whether the op is a source (its input rows were equal). Outputs with no token axis are skipped."""
+    runner = GraphRunner(model, model.config.vocab_size, 1024, kernels=kernels, workspace=Workspace(model.device),
                          use_graphs=False)
-    calls, handles = _record(model)
-    try:
-        runner.reset()
-        runner.forward(prefix, want_logits=False)
+    runner.ops = recording = Recording(runner.ops, model)
+    calls = recording.calls
+    runner.reset()
+    runner.forward(prefix, want_logits=False)
+    calls.clear()
+    runner.forward(ids)
+    wide = list(calls)
+    singles = []
+    runner.truncate(prefix.numel())
+    for i in range(ids.numel()):
         calls.clear()
-        runner.forward(ids)
-        wide = list(calls)
-        singles = []
-        runner.truncate(prefix.numel())
-        for i in range(ids.numel()):
-            calls.clear()
-            runner.forward(ids[i:i + 1])
-            singles.append(list(calls))
-    finally:
-        for handle in handles:
-            handle.remove()
+        runner.forward(ids[i:i + 1])
+        singles.append(list(calls))
     rows = []
-    leaves = {name for name, m in model.named_modules() if not list(m.children())}
     for j, (name, given, out) in enumerate(wide):
         axis = next((a for a in range(out.ndim) if out.shape[a] == ids.numel()), None)
         if axis is None or any(len(s) <= j or s[j][0] != name for s in singles):
@@ -598,13 +639,10 @@ def exact_divergence(model, kernels, ids: torch.Tensor, prefix: torch.Tensor) ->
         differ, worst = _rows_differ(out, [s[j][2] for s in singles], axis)
         given_differ = None
         if given is not None and given.ndim > axis and given.shape[axis] == ids.numel():
-            given_differ, given_worst = _rows_differ(given, [s[j][1] for s in singles], axis)
-        if name.endswith("o_proj") and given_differ is not None:  # the attention function is no module
-            rows.append({"module": name[:-len("o_proj")] + "attention", "rows_differ": given_differ,
-                         "max_diff": given_worst, "source": None})
-        # a source: a leaf module whose input rows were equal and whose output rows differ
-        source = differ > 0 and given_differ == 0 and name in leaves
-        rows.append({"module": name, "rows_differ": differ, "max_diff": worst, "source": source})
+            given_differ, _ = _rows_differ(given, [s[j][1] for s in singles], axis)
+        # a source: an op whose input rows were equal and whose output rows differ
+        rows.append({"module": name, "rows_differ": differ, "max_diff": worst,
+                     "source": differ > 0 and given_differ == 0})
     return rows
 
 
@@ -626,11 +664,7 @@ def bench_exact(args) -> dict:
         if args.layers:
             config["num_hidden_layers"] = args.layers
         model = random_llama(config)
-        kernels = resolve(KernelSpec(), "cuda", model)
-        if getattr(kernels, "linear_table", None) is not None:  # this machine's tuned table (runs before it: none)
-            from specgen.gpu import rewire
-
-            rewire.install_linear(model, kernels.linear_table)
+        kernels = resolve(KernelSpec(), "cuda", model)  # this machine's tuned table, if any, in kernels.linear_table
         gen = torch.Generator(device="cuda").manual_seed(7)
         prefix = torch.randint(0, config["vocab_size"], (args.position,), device="cuda", generator=gen)
         ids = torch.randint(0, config["vocab_size"], (args.k + 1,), device="cuda", generator=gen)
@@ -731,12 +765,11 @@ def bench_table(args) -> dict:
 
 
 def bench_step_table(args) -> dict:
-    """Each family's draft (random bf16 weights of its public config) as the CUDA backend runs it:
+    """Each family's draft (random bf16 weights of its public config, owned) as the CUDA backend runs it:
     its one-row picks chosen inside its captured step (gpu/tune.py's tune_in_step), from the current
     package's picks; the package's table with those picks written to --table."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from specgen.core.settings import KernelSpec
     from specgen.gpu import linear_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -748,9 +781,7 @@ def bench_step_table(args) -> dict:
     for name in args.models:
         values = dict(family_pairs.FAMILIES[name].draft.config)
         config = AutoConfig.for_model(values.pop("model_type"), **values)
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        model = random_model(config)
         kernels = resolve(KernelSpec(), "cuda", model)
         kernels = dataclasses.replace(kernels, linear_table=package.for_drafts())
         shapes = tune.model_shapes(config)
@@ -812,14 +843,13 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=ints, default=[1, 5])
     p.add_argument("--runners", action="store_true", help="tiny-model runners: kernel against SDPA logits")
     p = commands.add_parser("steps")
-    p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"])
-    p.add_argument("--compile", action="store_true", help="add compile-kernel")
+    p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"],
+                   help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--profile", action="store_true", help="kernel table of each variant's step")
     p.add_argument("--profile-tokens", type=int, choices=(1, 5), default=1,
                    help="the profiled step's tokens (both are captured)")
     p.add_argument("--model", choices=list(MODELS), default="8b", help="Llama-3-8B, Llama-3.2-1B or a bench-pair shape")
     p.add_argument("--layers", type=int, default=0, help="fewer decoder layers (0: the model's)")
-    p.add_argument("--compile-cache", default="", help="compile variants' cache folder (speculation.compile_cache)")
     p = commands.add_parser("exact")
     p.add_argument("--models", type=names(EXACT_SHAPES), default=["8b", "1b", "bench-target", "bench-draft"])
     p.add_argument("--layers", type=int, default=0, help="layers of each model (0: EXACT_SHAPES')")

@@ -1,6 +1,6 @@
 """One line per result of `specgen bench --format json` files: the device scripts' summary.
 
-    python benchmarks/bench_summary.py OUT/on.json OUT/compile.json ...
+    python benchmarks/bench_summary.py OUT/on.json OUT/off.json ...
 
 Per file: the resolved dependent launch and start-up; per baseline its median tok/s; per result
 the proposer, k, temperature, median tok/s, mean accepted length, speed-up over target-only, the

@@ -2,8 +2,9 @@
 
     python benchmarks/two_gpus.py --target /tmp/fp/llama-3.1/target [--steps 32] [--out two.json]
 
-Loads the checkpoint twice (whole on the last GPU; over every GPU with accelerate's "balanced"
-map), builds each a CUDA-backend runner (captured 1- and 5-token steps), prefills the same prompt,
+Loads the checkpoint twice as specgen's own model (core/step/load.py; whole on the last GPU, and
+over every GPU as the loader places a `device_map = "balanced"`: core/step/load.py's spread),
+builds each a CUDA-backend runner (captured 1- and 5-token steps), prefills the same prompt,
 then decodes greedily step by step, checking at every step that both give the same logits bit for
 bit, and at the end a 5-token step. Then it times graph replays of both shapes (CUDA events,
 median of 5 runs of 20 replays), so the table says what a step pays for the split. Needs two GPUs.
@@ -16,6 +17,23 @@ import json
 import statistics
 
 import torch
+
+
+def load_owned(folder: str, home: torch.device, strategy: str | None = None):
+    """The checkpoint as specgen's own model in bf16: whole on `home`, or placed by a device_map
+    strategy (its layout: module name -> device, as the loader plans it)."""
+    import json
+    from pathlib import Path
+
+    from specgen.core.step import config as step_config
+    from specgen.core.step.load import load, spread
+
+    data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    config = step_config.of(data)
+    if config is None:
+        raise SystemExit(f"two_gpus: specgen's own step does not run {folder}: {step_config.unsupported(data)}")
+    layout = spread(config, torch.bfloat16, strategy, None) if strategy else None
+    return load(Path(folder), config, torch.bfloat16, home, layout), layout
 
 
 def runner_for(model, profile, home: torch.device):
@@ -49,15 +67,13 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    from transformers import AutoModelForCausalLM
-
     from specgen.core.settings import ModelSpec, Profile
 
     profile = Profile("two-gpus", "<probe>", ModelSpec(args.target))
     home = torch.device("cuda", torch.cuda.device_count() - 1)
-    whole = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16, device_map={"": home.index})
-    split = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16, device_map="balanced")
-    placed = {str(d) for d in split.hf_device_map.values()}
+    whole, _ = load_owned(args.target, home)
+    split, layout = load_owned(args.target, home, "balanced")
+    placed = {str(d) for d in layout.values()}
     assert split.get_output_embeddings().weight.device == home, "balanced put the output projection elsewhere"
     runners = [runner_for(whole, profile, home), runner_for(split, profile, home)]
     assert runners[0].stages is None and runners[1].stages is not None
