@@ -21,16 +21,14 @@ import weakref
 
 import torch
 
-from specgen.core import bookkeeping, noise, rejection, sampling
 from specgen.core.backend import EagerProgram, RoundClock
 from specgen.core.errors import SpecgenError, UsageError
 from specgen.core.round import Mode, Round
-from specgen.gpu import commit as gpu_commit
-from specgen.gpu import noise as gpu_noise
-from specgen.gpu import verify as gpu_verify
-from specgen.gpu import warp as gpu_warp
-from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.core.round.ops import RoundOps, TorchRoundOps
 from specgen.gpu import stages
+from specgen.gpu import verify as gpu_verify
+from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.gpu.round_ops import TritonRoundOps
 from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner, capturing
 from specgen.gpu.workspace import Workspace, device_of
 
@@ -51,9 +49,8 @@ class CudaBackend:
         self.progress = progress
         self.workspace = Workspace(device)
         self.kernels: dict[str, ResolvedKernels] = {}  # by runner name, as resolved
-        self.warp_kernels = True  # the target's resolution decides (set by runner("target"))
-        # the round's own kernels (warp, argmax, verify) launched dependent (the target's resolution)
-        self.dependent_launch = False
+        # the round's ops: Triton's until the target's kernel policy chooses (runner("target"))
+        self.ops: RoundOps = TritonRoundOps(self.workspace)
         self.notes: list[str] = []  # fallbacks taken, for describe()
         self.spread: dict[str, GraphRunner] = {}  # runners of models over several devices (gpu/stages.py)
         self.programs = weakref.WeakSet()  # the live GraphPrograms: describe() reports their captures
@@ -75,9 +72,8 @@ class CudaBackend:
         kernels = resolve(self.kernel_spec, self.device, model)
         if name == "draft":  # it steps one row at a time: its projections' fastest at one row
             kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
-        if name == "target":
-            self.warp_kernels = kernels.warp
-            self.dependent_launch = kernels.dependent_launch
+        if name == "target":  # the round's ops, as the target's policy says (dependent: each launch waits)
+            self.ops = TritonRoundOps(self.workspace, kernels.dependent_launch) if kernels.warp else TorchRoundOps()
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
                       tap=tap)
         try:
@@ -109,60 +105,6 @@ class CudaBackend:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     # -- kernels ----------------------------------------------------------------------------------
-
-    def warp(self, logits, params, penalties=None, bad_mask=None):
-        if not self.warp_kernels:
-            return sampling.warp(logits, params, penalties, bad_mask)
-        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace,
-                             dependent=self.dependent_launch)
-
-    def argmax(self, logits, out):
-        if self.warp_kernels:
-            gpu_warp.argmax(logits.contiguous(), out, self.workspace, dependent=self.dependent_launch)
-        else:
-            torch.argmax(logits, dim=-1, out=out)
-
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
-        if not self.warp_kernels:
-            argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
-            out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
-            return probs if probs is None or probs_out is None else probs_out.copy_(probs)
-        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, expo, out,
-                             probs_out=probs_out, dependent=self.dependent_launch)[1]
-
-    def gumbel_noise(self, out, key, first):
-        """The uniforms from the kernel (or the reference with warp = "torch"); the log by torch in
-        both cases, so E is the same bits as on the torch backend."""
-        if self.warp_kernels:
-            gpu_noise.uniform_(out, key, first)
-        else:
-            out.copy_(noise.uniform(key, first, *out.shape))
-        noise.exponential_(out)
-
-    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
-        if not self.warp_kernels:
-            return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)
-        return gpu_verify.verify_greedy(drafts, cu, target_argmax, max_spec_len, self.workspace,
-                                        dependent=self.dependent_launch)
-
-    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
-        if not self.warp_kernels:
-            return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
-        return gpu_verify.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len,
-                                        self.workspace, dependent=self.dependent_launch)
-
-    def count_drafts(self, confident, budget, limit, generated, out):
-        if self.warp_kernels:
-            gpu_commit.count_drafts(confident, budget, limit, generated, out, dependent=self.dependent_launch)
-        else:
-            bookkeeping.count_drafts(confident, budget, limit, generated, out)
-
-    def commit(self, buffers):
-        tensors = [getattr(buffers, f) for f in ("target_position", "draft_position", "pending")]
-        if self.warp_kernels and all(t is None or t.device == buffers.row.device for t in tensors):
-            gpu_commit.commit(buffers, dependent=self.dependent_launch)
-        else:  # the warp kernels off, or a runner's position on another device than the round's buffers
-            bookkeeping.commit(buffers)
 
     def check(self, first_id: int) -> None:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
@@ -208,7 +150,7 @@ class CudaBackend:
 
     def program(self, rnd: Round, mode: Mode):
         runners = rnd.runners
-        if not self.warp_kernels or not all(r.use_graphs for r in runners):
+        if not self.ops.capturable or not all(r.use_graphs for r in runners):
             return EagerProgram(lambda mark: rnd.body(mode, mark))  # the references sync: no capture
         program = GraphProgram(rnd, mode, self)
         self.programs.add(program)
