@@ -14,7 +14,6 @@ they are captured without them (SDPA, cuBLAS), and if not even that works, they 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 import weakref
@@ -27,9 +26,10 @@ from specgen.core.round import Mode, Round
 from specgen.core.round.ops import RoundOps, TorchRoundOps
 from specgen.gpu import stages
 from specgen.gpu import verify as gpu_verify
+from specgen.gpu.capture import capture
 from specgen.gpu.kernels import ResolvedKernels, resolve
 from specgen.gpu.round_ops import TritonRoundOps
-from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner, capturing
+from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
 from specgen.gpu.workspace import Workspace, device_of
 
 WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, allocations
@@ -128,22 +128,13 @@ class CudaBackend:
     # -- capture ----------------------------------------------------------------------------------
 
     def graph(self, fn, what: str):
-        """fn captured as a CUDA graph after warm-ups on a side stream (Triton's JIT, allocations);
-        returns the replay, or fn itself after one warning naming `what` when capture fails. fn's
-        warm-ups run for real: its callers point them at scratch state."""
-        device = self.device
+        """fn captured as a CUDA graph (gpu/capture.py); returns the replay, or fn itself after one
+        warning naming `what` when capture fails. fn's warm-ups run for real: its callers point them
+        at scratch state."""
         try:
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(WARMUP_ROUNDS):
-                    fn()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with capturing(graph, device), torch.inference_mode():
-                fn()
+            graph, _ = capture(fn, self.device, WARMUP_ROUNDS)
         except Exception as exc:  # noqa: BLE001 (an optimisation: run it eagerly instead)
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(self.device)
             self._warn(f"could not capture {what} ({_first_line(exc)}); it runs eagerly")
             return fn
         return graph.replay
@@ -209,19 +200,9 @@ class GraphProgram:
             clock.mark()
         graph.replay()
 
-    def _graph(self):
-        """(graph, the context that captures into it): a SegmentedGraph when a runner's model lies on
-        several devices (gpu/stages.py), else one CUDA graph."""
-        spread = [r for r in self.rnd.runners if any(r is s for s in self.backend.spread.values())]
-        if not spread:
-            graph = torch.cuda.CUDAGraph()
-            return graph, capturing(graph, self.rnd.device)
-        graph = stages.SegmentedGraph()
-        stack = contextlib.ExitStack()
-        stack.enter_context(graph.capturing(self.rnd.device))
-        for runner in spread:
-            stack.enter_context(runner.stages.recording(graph))
-        return graph, stack
+    def _spread(self) -> list:
+        """The Stages of the round's runners whose models lie on several devices (gpu/stages.py)."""
+        return [r.stages for r in self.rnd.runners if any(r is s for s in self.backend.spread.values())]
 
     def _generations(self) -> tuple:
         return tuple(r.generation for r in self.rnd.runners)
@@ -234,13 +215,11 @@ class GraphProgram:
         error = None
         for timed in (True, False):
             try:
-                self._warm_up()
-                self._restore(saved)
                 events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if timed else []
                 marks = iter(events)
-                graph, capturing = self._graph()
-                with capturing, torch.inference_mode():
-                    rnd.body(self.mode, (lambda: next(marks).record()) if timed else (lambda: None))
+                mark = (lambda: next(marks).record()) if timed else _none
+                graph, _ = capture(lambda: rnd.body(self.mode, mark), device, WARMUP_ROUNDS, warm_up=self._warm_up,
+                                   settle=lambda: self._restore(saved), segmented=self._spread())
             except Exception as exc:  # noqa: BLE001 (whatever capture raises: without events, then eager)
                 error = exc
                 torch.cuda.synchronize(device)
@@ -260,19 +239,19 @@ class GraphProgram:
         return [r.position for r in rnd.runners] + rnd.state()
 
     def _warm_up(self) -> None:
+        """One warm-up round at scratch positions: never a live one."""
         rnd = self.rnd
-        stream = torch.cuda.Stream(rnd.device)
-        stream.wait_stream(torch.cuda.current_stream(rnd.device))
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(WARMUP_ROUNDS):
-                for r in rnd.runners:
-                    r.position.fill_(r.capacity - (rnd.shape.k + 3))  # scratch: never a live position
-                rnd.body(self.mode, lambda: None)
-        torch.cuda.current_stream(rnd.device).wait_stream(stream)
+        for r in rnd.runners:
+            r.position.fill_(r.capacity - (rnd.shape.k + 3))
+        rnd.body(self.mode, _none)
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
         for tensor, value in zip(self._state(), saved):
             tensor.copy_(value)
+
+
+def _none() -> None:
+    pass
 
 
 def _first_line(exc: Exception | None) -> str:
