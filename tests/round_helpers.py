@@ -1,5 +1,5 @@
-"""Builders for the round's tests: a stub runner whose logits are a table, a backend that records
-what the warp was given, and a round's shared buffers without a model."""
+"""Builders for the round's tests: a stub runner whose logits are a table, a backend whose ops
+record what the warp was given, and a round's shared buffers without a model."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import torch
 
 from specgen.core.backend import TorchBackend
+from specgen.core.round.ops import TorchRoundOps
 from specgen.core.round.round import Shared
 
 
@@ -42,12 +43,11 @@ class StubRunner:
         return logits_out
 
 
-class RecordingBackend(TorchBackend):
-    """The torch backend, keeping what every warp() and warp_and_race() was given (penalty rows and
+class RecordingOps(TorchRoundOps):
+    """The references, keeping what every warp() and warp_and_race() was given (penalty rows and
     bad masks)."""
 
     def __init__(self):
-        super().__init__(torch.device("cpu"))
         self.calls: list[tuple] = []
 
     def _record(self, logits, penalties, bad_mask) -> None:
@@ -61,6 +61,18 @@ class RecordingBackend(TorchBackend):
     def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
         self._record(logits, penalties, bad_mask)
         return super().warp_and_race(logits, params, expo, out, penalties, bad_mask, probs_out)
+
+
+class RecordingBackend(TorchBackend):
+    """The torch backend on RecordingOps: `calls` are its ops' records."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.ops = RecordingOps()
+
+    @property
+    def calls(self) -> list[tuple]:
+        return self.ops.calls
 
 
 def shared(k: int, width: int, seed: int = 1) -> Shared:

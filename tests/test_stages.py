@@ -179,7 +179,7 @@ def backend_on(device, profile):
 def test_a_capture_records_on_its_own_gpu_whichever_gpu_captured_first():
     """torch's default capture stream lies on the GPU of the process's first capture; a runner's
     capture for another GPU must not record there (the round's events would not wait for it)."""
-    from specgen.gpu.runner import capturing
+    from specgen.gpu.capture import capturing
 
     for index in (1, 0):
         torch.cuda.set_device(index)

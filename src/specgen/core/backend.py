@@ -1,9 +1,10 @@
 """Backends: what the one round (core/round/) runs on.
 
-A backend supplies the round's kernels (warp, verify), its model runners and its capture. The
-torch backend runs everywhere: the references of core/sampling.py and core/rejection.py, eager
-runners over a static cache, and "capture" that runs the body as it is. gpu/backend.py's CUDA
-backend supplies Triton kernels, CUDA-graph runners and capture as a CUDA graph of the same body.
+A backend supplies the round's ops (core/round/ops.py: one table, chosen once), its model runners
+and its capture. The torch backend runs everywhere: the references (TorchRoundOps), eager runners
+over a static cache, and "capture" that runs the body as it is. gpu/backend.py's CUDA backend
+supplies Triton's table (or the references, as the target's kernel policy says), CUDA-graph
+runners and capture as a CUDA graph of the same body.
 core/engine.py's `make_backend` picks one: the one place core reaches gpu/, only for a CUDA device.
 """
 
@@ -14,8 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from specgen.core import bookkeeping, noise, rejection, sampling
-from specgen.core.bookkeeping import CommitBuffers
+from specgen.core.round.ops import RoundOps, TorchRoundOps
 from specgen.core.runner import EagerRunner, Runner
 
 
@@ -33,29 +33,14 @@ class Program(Protocol):
 
 
 class Backend(Protocol):
+    """The machinery a round runs on: its ops (one table, chosen by the backend), the runners that
+    hold the caches, and how a round or a piece of one is run again (run, or captured and replayed)."""
+
     name: str
     device: torch.device
+    ops: RoundOps
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...], tap=None) -> Runner: ...
-
-    def warp(self, logits, params, penalties=None, bad_mask=None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-
-    def argmax(self, logits, out) -> None: ...
-
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None,
-                      probs_out=None) -> torch.Tensor | None:
-        """warp, then the race's ids into out; returns the probs (None when every row is greedy),
-        which are probs_out, filled, when it is given."""
-
-    def gumbel_noise(self, out, key, first) -> None: ...
-
-    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len: int) -> torch.Tensor: ...
-
-    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len: int) -> torch.Tensor: ...
-
-    def count_drafts(self, confident, budget, limit, generated, out) -> None: ...
-
-    def commit(self, buffers: CommitBuffers) -> None: ...
 
     def program(self, rnd, mode) -> Program: ...
 
@@ -141,38 +126,10 @@ class TorchBackend:
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.ops = TorchRoundOps()
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None) -> Runner:
         return EagerRunner(model, width, capacity, tap)
-
-    def warp(self, logits, params, penalties=None, bad_mask=None):
-        return sampling.warp(logits, params, penalties, bad_mask)
-
-    def argmax(self, logits, out):
-        torch.argmax(logits, dim=-1, out=out)
-
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
-        argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
-        out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
-        if probs is not None and probs_out is not None:
-            probs = probs_out.copy_(probs)
-        return probs
-
-    def gumbel_noise(self, out, key, first):
-        out.copy_(noise.uniform(key, first, *out.shape))
-        noise.exponential_(out)
-
-    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
-        return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)
-
-    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
-        return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
-
-    def count_drafts(self, confident, budget, limit, generated, out):
-        bookkeeping.count_drafts(confident, budget, limit, generated, out)
-
-    def commit(self, buffers):
-        bookkeeping.commit(buffers)
 
     def program(self, rnd, mode) -> Program:
         return EagerProgram(lambda mark: rnd.body(mode, mark))

@@ -14,24 +14,22 @@ they are captured without them (SDPA, cuBLAS), and if not even that works, they 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 import weakref
 
 import torch
 
-from specgen.core import bookkeeping, noise, rejection, sampling
 from specgen.core.backend import EagerProgram, RoundClock
 from specgen.core.errors import SpecgenError, UsageError
 from specgen.core.round import Mode, Round
-from specgen.gpu import commit as gpu_commit
-from specgen.gpu import noise as gpu_noise
-from specgen.gpu import verify as gpu_verify
-from specgen.gpu import warp as gpu_warp
-from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.core.round.ops import RoundOps, TorchRoundOps
 from specgen.gpu import stages
-from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner, capturing
+from specgen.gpu import verify as gpu_verify
+from specgen.gpu.capture import capture
+from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.gpu.round_ops import TritonRoundOps
+from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
 from specgen.gpu.workspace import Workspace, device_of
 
 WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, allocations
@@ -51,9 +49,8 @@ class CudaBackend:
         self.progress = progress
         self.workspace = Workspace(device)
         self.kernels: dict[str, ResolvedKernels] = {}  # by runner name, as resolved
-        self.warp_kernels = True  # the target's resolution decides (set by runner("target"))
-        # the round's own kernels (warp, argmax, verify) launched dependent (the target's resolution)
-        self.dependent_launch = False
+        # the round's ops: Triton's until the target's kernel policy chooses (runner("target"))
+        self.ops: RoundOps = TritonRoundOps(self.workspace)
         self.notes: list[str] = []  # fallbacks taken, for describe()
         self.spread: dict[str, GraphRunner] = {}  # runners of models over several devices (gpu/stages.py)
         self.programs = weakref.WeakSet()  # the live GraphPrograms: describe() reports their captures
@@ -75,9 +72,8 @@ class CudaBackend:
         kernels = resolve(self.kernel_spec, self.device, model)
         if name == "draft":  # it steps one row at a time: its projections' fastest at one row
             kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
-        if name == "target":
-            self.warp_kernels = kernels.warp
-            self.dependent_launch = kernels.dependent_launch
+        if name == "target":  # the round's ops, as the target's policy says (dependent: each launch waits)
+            self.ops = TritonRoundOps(self.workspace, kernels.dependent_launch) if kernels.warp else TorchRoundOps()
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
                       tap=tap)
         try:
@@ -110,60 +106,6 @@ class CudaBackend:
 
     # -- kernels ----------------------------------------------------------------------------------
 
-    def warp(self, logits, params, penalties=None, bad_mask=None):
-        if not self.warp_kernels:
-            return sampling.warp(logits, params, penalties, bad_mask)
-        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace,
-                             dependent=self.dependent_launch)
-
-    def argmax(self, logits, out):
-        if self.warp_kernels:
-            gpu_warp.argmax(logits.contiguous(), out, self.workspace, dependent=self.dependent_launch)
-        else:
-            torch.argmax(logits, dim=-1, out=out)
-
-    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
-        if not self.warp_kernels:
-            argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
-            out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
-            return probs if probs is None or probs_out is None else probs_out.copy_(probs)
-        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, expo, out,
-                             probs_out=probs_out, dependent=self.dependent_launch)[1]
-
-    def gumbel_noise(self, out, key, first):
-        """The uniforms from the kernel (or the reference with warp = "torch"); the log by torch in
-        both cases, so E is the same bits as on the torch backend."""
-        if self.warp_kernels:
-            gpu_noise.uniform_(out, key, first)
-        else:
-            out.copy_(noise.uniform(key, first, *out.shape))
-        noise.exponential_(out)
-
-    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
-        if not self.warp_kernels:
-            return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)
-        return gpu_verify.verify_greedy(drafts, cu, target_argmax, max_spec_len, self.workspace,
-                                        dependent=self.dependent_launch)
-
-    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
-        if not self.warp_kernels:
-            return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
-        return gpu_verify.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len,
-                                        self.workspace, dependent=self.dependent_launch)
-
-    def count_drafts(self, confident, budget, limit, generated, out):
-        if self.warp_kernels:
-            gpu_commit.count_drafts(confident, budget, limit, generated, out, dependent=self.dependent_launch)
-        else:
-            bookkeeping.count_drafts(confident, budget, limit, generated, out)
-
-    def commit(self, buffers):
-        tensors = [getattr(buffers, f) for f in ("target_position", "draft_position", "pending")]
-        if self.warp_kernels and all(t is None or t.device == buffers.row.device for t in tensors):
-            gpu_commit.commit(buffers, dependent=self.dependent_launch)
-        else:  # the warp kernels off, or a runner's position on another device than the round's buffers
-            bookkeeping.commit(buffers)
-
     def check(self, first_id: int) -> None:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
         gpu_verify.check_output(first_id, self.workspace)
@@ -186,29 +128,20 @@ class CudaBackend:
     # -- capture ----------------------------------------------------------------------------------
 
     def graph(self, fn, what: str):
-        """fn captured as a CUDA graph after warm-ups on a side stream (Triton's JIT, allocations);
-        returns the replay, or fn itself after one warning naming `what` when capture fails. fn's
-        warm-ups run for real: its callers point them at scratch state."""
-        device = self.device
+        """fn captured as a CUDA graph (gpu/capture.py); returns the replay, or fn itself after one
+        warning naming `what` when capture fails. fn's warm-ups run for real: its callers point them
+        at scratch state."""
         try:
-            stream = torch.cuda.Stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream), torch.inference_mode():
-                for _ in range(WARMUP_ROUNDS):
-                    fn()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with capturing(graph, device), torch.inference_mode():
-                fn()
+            graph, _ = capture(fn, self.device, WARMUP_ROUNDS)
         except Exception as exc:  # noqa: BLE001 (an optimisation: run it eagerly instead)
-            torch.cuda.synchronize(device)
+            torch.cuda.synchronize(self.device)
             self._warn(f"could not capture {what} ({_first_line(exc)}); it runs eagerly")
             return fn
         return graph.replay
 
     def program(self, rnd: Round, mode: Mode):
         runners = rnd.runners
-        if not self.warp_kernels or not all(r.use_graphs for r in runners):
+        if not self.ops.capturable or not all(r.use_graphs for r in runners):
             return EagerProgram(lambda mark: rnd.body(mode, mark))  # the references sync: no capture
         program = GraphProgram(rnd, mode, self)
         self.programs.add(program)
@@ -267,19 +200,9 @@ class GraphProgram:
             clock.mark()
         graph.replay()
 
-    def _graph(self):
-        """(graph, the context that captures into it): a SegmentedGraph when a runner's model lies on
-        several devices (gpu/stages.py), else one CUDA graph."""
-        spread = [r for r in self.rnd.runners if any(r is s for s in self.backend.spread.values())]
-        if not spread:
-            graph = torch.cuda.CUDAGraph()
-            return graph, capturing(graph, self.rnd.device)
-        graph = stages.SegmentedGraph()
-        stack = contextlib.ExitStack()
-        stack.enter_context(graph.capturing(self.rnd.device))
-        for runner in spread:
-            stack.enter_context(runner.stages.recording(graph))
-        return graph, stack
+    def _spread(self) -> list:
+        """The Stages of the round's runners whose models lie on several devices (gpu/stages.py)."""
+        return [r.stages for r in self.rnd.runners if any(r is s for s in self.backend.spread.values())]
 
     def _generations(self) -> tuple:
         return tuple(r.generation for r in self.rnd.runners)
@@ -292,13 +215,11 @@ class GraphProgram:
         error = None
         for timed in (True, False):
             try:
-                self._warm_up()
-                self._restore(saved)
                 events = [torch.cuda.Event(enable_timing=True, external=True) for _ in range(4)] if timed else []
                 marks = iter(events)
-                graph, capturing = self._graph()
-                with capturing, torch.inference_mode():
-                    rnd.body(self.mode, (lambda: next(marks).record()) if timed else (lambda: None))
+                mark = (lambda: next(marks).record()) if timed else _none
+                graph, _ = capture(lambda: rnd.body(self.mode, mark), device, WARMUP_ROUNDS, warm_up=self._warm_up,
+                                   settle=lambda: self._restore(saved), segmented=self._spread())
             except Exception as exc:  # noqa: BLE001 (whatever capture raises: without events, then eager)
                 error = exc
                 torch.cuda.synchronize(device)
@@ -318,19 +239,19 @@ class GraphProgram:
         return [r.position for r in rnd.runners] + rnd.state()
 
     def _warm_up(self) -> None:
+        """One warm-up round at scratch positions: never a live one."""
         rnd = self.rnd
-        stream = torch.cuda.Stream(rnd.device)
-        stream.wait_stream(torch.cuda.current_stream(rnd.device))
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(WARMUP_ROUNDS):
-                for r in rnd.runners:
-                    r.position.fill_(r.capacity - (rnd.shape.k + 3))  # scratch: never a live position
-                rnd.body(self.mode, lambda: None)
-        torch.cuda.current_stream(rnd.device).wait_stream(stream)
+        for r in rnd.runners:
+            r.position.fill_(r.capacity - (rnd.shape.k + 3))
+        rnd.body(self.mode, _none)
 
     def _restore(self, saved: list[torch.Tensor]) -> None:
         for tensor, value in zip(self._state(), saved):
             tensor.copy_(value)
+
+
+def _none() -> None:
+    pass
 
 
 def _first_line(exc: Exception | None) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.gpu import stages
+from specgen.gpu.capture import capture
 from specgen.gpu.kernels import ResolvedKernels
 from specgen.gpu.workspace import Workspace
 
@@ -32,14 +33,6 @@ SLACK = 64  # positions past the longest request: where warm-ups and padded step
 MAX_GRAPH_TOKENS = 64  # longest captured step
 PREFILL_CHUNK = 64  # the graph runner also captures this shape: prompts replay it chunk by chunk
 MAX_CHUNKS = 8  # longer prompts (more than 512 tokens) prefill eagerly, where compute dominates
-
-
-def capturing(graph: torch.cuda.CUDAGraph, device: torch.device):
-    """torch.cuda.graph on a capture stream of `device`. torch's own default capture stream is one
-    per process, made on whichever GPU was current at its first capture: a later capture for
-    another GPU would switch to that one and record its kernels there, where the round's events
-    never wait for them (a pair on GPU 0 after a capture on GPU 1 read its tokens unfinished)."""
-    return torch.cuda.graph(graph, stream=torch.cuda.Stream(device))
 
 
 @dataclass
@@ -264,22 +257,18 @@ class GraphRunner:
         ids.zero_()
         logits = torch.full((n, self.width), float("-inf"), dtype=torch.float32, device=self.device)
         scratch = self.capacity - n  # never a live position (reserve keeps SLACK free)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), self.step_context(n):
-            for _ in range(WARMUP_STEPS):
-                self.position.fill_(scratch)
-                self.step(ids, logits)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self.position.fill_(scratch)
-        if self.stages is not None:
-            graph = stages.SegmentedGraph()
-            with graph.capturing(self.device), self.stages.recording(graph), self.step_context(n):
-                raw = self.step(ids, logits)
-        else:
-            graph = torch.cuda.CUDAGraph()
-            with capturing(graph, self.device), self.step_context(n):
-                raw = self.step(ids, logits)
+
+        def step():
+            with self.step_context(n):
+                return self.step(ids, logits)
+
+        def warm_up():
+            self.position.fill_(scratch)
+            step()
+
+        graph, raw = capture(step, self.device, WARMUP_STEPS, warm_up=warm_up,
+                             settle=lambda: self.position.fill_(scratch),
+                             segmented=[self.stages] if self.stages is not None else ())
         self.position.fill_(self.length)
         return _Graph(graph, logits, raw)
 

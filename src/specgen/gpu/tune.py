@@ -26,9 +26,9 @@ import torch.nn.functional as F
 import triton
 
 from specgen.gpu import linear
+from specgen.gpu.capture import capture
 from specgen.gpu.linear_table import LinearTable
 from specgen.gpu.reference import gate_up_reference
-from specgen.gpu.runner import capturing
 from specgen.gpu.workspace import Workspace, device_of
 
 L2_BYTES = 256 * 2**20  # weight bytes per timing: more than any L2, so weights come from memory
@@ -148,16 +148,11 @@ def _agrees(out, x, weight, up, gated) -> bool:
 
 def graph_timer(run: Callable[[int], object], calls: int, config: tuple, replays: int = 20) -> float:
     """Median seconds per call of run(i), captured in one CUDA graph over `calls` weight copies."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    def each() -> None:
         for i in range(calls):
             run(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with capturing(graph, device_of("cuda")):
-        for i in range(calls):
-            run(i)
+
+    graph, _ = capture(each, device_of("cuda"), 1)
     graph.replay()
     times = []
     for _ in range(replays):

@@ -62,12 +62,12 @@ class RejectionCoupling:
         """The output row from the target's rows; one_hot: the host drafted (q is one-hot)."""
         rnd = self.rnd
         q = self.q if not one_hot else None
-        argmax, probs = rnd.backend.warp(rnd.target_logits, *rows)
+        argmax, probs = rnd.ops.warp(rnd.target_logits, *rows)
         if probs is None:
-            out = rnd.backend.verify_greedy(rnd.drafts, rnd.num_drafts, argmax, rnd.k)
+            out = rnd.ops.verify_greedy(rnd.drafts, rnd.num_drafts, argmax, rnd.k)
         else:
-            out = rnd.backend.verify_random(rnd.drafts, rnd.num_drafts, q, probs, self.uniform,
-                                            self.noise[-1:], rnd.k)
+            out = rnd.ops.verify_random(rnd.drafts, rnd.num_drafts, q, probs, self.uniform,
+                                        self.noise[-1:], rnd.k)
         rnd.out.copy_(out)
         return probs, q
 
@@ -96,7 +96,7 @@ class GumbelCoupling:
 
     def begin(self) -> None:
         torch.add(self.origin, self.rnd.generated, out=self.first)
-        self.rnd.backend.gumbel_noise(self.noise, self.key, self.first)
+        self.rnd.ops.gumbel_noise(self.noise, self.key, self.first)
 
     def race(self, i: int) -> tuple[torch.Tensor, None] | None:
         return (self.noise[i : i + 1], None) if self.draft_races else None
@@ -104,6 +104,6 @@ class GumbelCoupling:
     def verify(self, rows: tuple, one_hot: bool) -> tuple[torch.Tensor | None, None]:
         """x_i = argmax p̃_i / E_i; a draft is accepted iff it equals x_i."""
         rnd = self.rnd
-        probs = rnd.backend.warp_and_race(rnd.target_logits, rows[0], self.noise, self.choice, *rows[1:])
-        rnd.out.copy_(rnd.backend.verify_greedy(rnd.drafts, rnd.num_drafts, self.choice, rnd.k))
+        probs = rnd.ops.warp_and_race(rnd.target_logits, rows[0], self.noise, self.choice, *rows[1:])
+        rnd.out.copy_(rnd.ops.verify_greedy(rnd.drafts, rnd.num_drafts, self.choice, rnd.k))
         return probs, None

@@ -67,15 +67,15 @@ class DraftPick:
         return [self.confident]
 
     def __call__(self, i: int, logits: torch.Tensor) -> None:
-        backend, out = self.rnd.backend, self.rnd.drafts[i : i + 1]
+        ops, out = self.rnd.ops, self.rnd.drafts[i : i + 1]
         params, penalties, bad = self.rows.draft_row(i)
         race, probs = self.coupling.race(i), None
         if race is not None:  # the probs straight into q's row: no copy between the pick and the next step
-            probs = backend.warp_and_race(logits, params, race[0], out, penalties, bad, probs_out=race[1])
+            probs = ops.warp_and_race(logits, params, race[0], out, penalties, bad, probs_out=race[1])
         elif self.plain:
-            backend.argmax(logits, out)
+            ops.argmax(logits, out)
         else:
-            out.copy_(backend.warp(logits, params, penalties, bad)[0])
+            out.copy_(ops.warp(logits, params, penalties, bad)[0])
         if self.need_q:
             q = probs if probs is not None else logprobs_from_logits(logits, params, penalties, bad).exp()
             self.q_token[i : i + 1].copy_(q[0, out])
@@ -85,7 +85,7 @@ class DraftPick:
     def count(self) -> None:
         """Drafts that count: the host's budget, cut at the first step below p_min and at max_tokens."""
         rnd = self.rnd
-        rnd.backend.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
+        rnd.ops.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
 
 
 def prefill_target(rnd, ids: list[int]) -> None:

@@ -84,6 +84,10 @@ class Shared:
         self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.stage_ids = torch.zeros(2 * k + 2, dtype=torch.long, **z)  # [out (k+1) | drafts (k) | n]
 
+    @property
+    def ops(self):  # the backend's table (core/round/ops.py), read at each call (CUDA's follows the target)
+        return self.backend.ops
+
 
 class Round(Shared):
     """The shared buffers, the parts and the body. `body(mode, mark)` is the algorithm; a backend runs
@@ -196,7 +200,7 @@ class Round(Shared):
         rows = self.rows.target_rows(self.drafts)
         probs, q = self.coupling.verify(rows, drafter.one_hot)
         self.stage.stage(probs, q, rows, drafter.one_hot)
-        self.backend.commit(CommitBuffers(
+        self.ops.commit(CommitBuffers(
             row=self.out[0], feed=self.feed[0], num_drafts=self.num_drafts, stage=self.stage_ids,
             target_position=self.target.position, emitted=self.emitted, generated=self.generated,
             **drafter.commit_fields()))

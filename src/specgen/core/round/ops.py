@@ -1,0 +1,79 @@
+"""The round's ops: the table of tensor operations the round's parts call (warp, argmax, the race,
+Gumbel noise, verification, the draft count, the commit), chosen once by the backend.
+
+`TorchRoundOps` is the table of references (core/sampling.py, core/rejection.py, core/noise.py,
+core/bookkeeping.py): what the torch backend runs, and the CUDA backend too where the target's
+kernel policy turns the round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes the
+same results with Triton kernels (tests/test_round_ops.py compares the two on one round's
+inputs). A table holds what its calls share (the Triton one: the device's workspace and the
+dependent-launch flag), so the parts pass only their tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from specgen.core import bookkeeping, noise, rejection, sampling
+from specgen.core.bookkeeping import CommitBuffers
+
+
+class RoundOps(Protocol):
+    capturable: bool  # no op syncs with the host: a round on this table may be captured as a graph
+
+    def warp(self, logits, params, penalties=None, bad_mask=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(argmax [N], probs [N, V] or None when every row is greedy): core/sampling.warp."""
+
+    def argmax(self, logits, out) -> None: ...
+
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None,
+                      probs_out=None) -> torch.Tensor | None:
+        """warp, then the race's ids into out; returns the probs (None when every row is greedy),
+        which are probs_out, filled, when it is given."""
+
+    def gumbel_noise(self, out, key, first) -> None:
+        """out <- Exp(1) rows from (key, first + row, id): core/noise.exponential."""
+
+    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len: int) -> torch.Tensor: ...
+
+    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo,
+                      max_spec_len: int) -> torch.Tensor: ...
+
+    def count_drafts(self, confident, budget, limit, generated, out) -> None: ...
+
+    def commit(self, buffers: CommitBuffers) -> None: ...
+
+
+class TorchRoundOps:
+    """The references. They raise inside warp (bad logits, all masked) and sync to do so: a round on
+    them runs eagerly."""
+
+    capturable = False
+
+    def warp(self, logits, params, penalties=None, bad_mask=None):
+        return sampling.warp(logits, params, penalties, bad_mask)
+
+    def argmax(self, logits, out):
+        torch.argmax(logits, dim=-1, out=out)
+
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
+        argmax, probs = sampling.warp(logits, params, penalties, bad_mask)
+        out.copy_(argmax if probs is None else sampling.sample_race(probs, expo))
+        return probs if probs is None or probs_out is None else probs_out.copy_(probs)
+
+    def gumbel_noise(self, out, key, first):
+        out.copy_(noise.uniform(key, first, *out.shape))
+        noise.exponential_(out)
+
+    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
+        return rejection.verify_greedy(drafts, cu, target_argmax, max_spec_len)
+
+    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
+        return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
+
+    def count_drafts(self, confident, budget, limit, generated, out):
+        bookkeeping.count_drafts(confident, budget, limit, generated, out)
+
+    def commit(self, buffers):
+        bookkeeping.commit(buffers)

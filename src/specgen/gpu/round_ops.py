@@ -1,0 +1,60 @@
+"""The round's ops in Triton (core/round/ops.py's table): gpu/warp.py, gpu/verify.py, gpu/noise.py
+and gpu/commit.py over one device's workspace, each launched dependent on the kernel before when
+the target's kernel policy says so (gpu/dependent.py).
+
+The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
+reads with the round (gpu/verify.check_output). tests/test_round_ops.py compares this table with
+the references on one round's inputs.
+"""
+
+from __future__ import annotations
+
+from specgen.core import bookkeeping, noise
+from specgen.gpu import commit as gpu_commit
+from specgen.gpu import noise as gpu_noise
+from specgen.gpu import verify as gpu_verify
+from specgen.gpu import warp as gpu_warp
+from specgen.gpu.workspace import Workspace
+
+
+class TritonRoundOps:
+    capturable = True
+
+    def __init__(self, workspace: Workspace, dependent: bool = False):
+        self.workspace = workspace
+        self.dependent = dependent  # every launch waits on the kernel before (gpu/dependent.py)
+
+    def warp(self, logits, params, penalties=None, bad_mask=None):
+        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, dependent=self.dependent)
+
+    def argmax(self, logits, out):
+        gpu_warp.argmax(logits.contiguous(), out, self.workspace, dependent=self.dependent)
+
+    def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
+        return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, expo, out,
+                         probs_out=probs_out, dependent=self.dependent)[1]
+
+    def gumbel_noise(self, out, key, first):
+        """The uniforms from the kernel, the log by torch (as the reference): E is the same bits."""
+        gpu_noise.uniform_(out, key, first)
+        noise.exponential_(out)
+
+    def verify_greedy(self, drafts, cu, target_argmax, max_spec_len):
+        return gpu_verify.verify_greedy(drafts, cu, target_argmax, max_spec_len, self.workspace,
+                                        dependent=self.dependent)
+
+    def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
+        return gpu_verify.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len,
+                                    self.workspace, dependent=self.dependent)
+
+    def count_drafts(self, confident, budget, limit, generated, out):
+        gpu_commit.count_drafts(confident, budget, limit, generated, out, dependent=self.dependent)
+
+    def commit(self, buffers):
+        """One kernel, which reads every tensor on the round's device: where a runner's position lies
+        on another device (a draft placed on another GPU), the reference's tensor ops do the commit."""
+        positions = (buffers.target_position, buffers.draft_position, buffers.pending)
+        if all(t is None or t.device == buffers.row.device for t in positions):
+            gpu_commit.commit(buffers, dependent=self.dependent)
+        else:
+            bookkeeping.commit(buffers)
