@@ -28,14 +28,14 @@ they are timed between CUDA events around each call, host dispatch included.
 
 - warp: temperature 0.8 with top-p 0.95 (and with top-k 50 + top-p 0.9) over N(0, s^2) logits,
   s = 1, 2, 4; checks argmax, kept sets and sampled ids under the same Exp(1) draws against
-  core/sampling.py; times the warp with the parallel cut search and with the one-program search.
+  core/sampling/warp.py; times the warp with the parallel cut search and with the one-program search.
 - verify: one round's random and greedy verification (k drafts, batch B) against
-  core/rejection.py, bit for bit.
+  core/sampling/rejection.py, bit for bit.
 - linear: Llama-3-8B's projections (bf16) against F.linear (gate_up against the unfused MLP):
   relative error <= 2e-2 of the output's scale; the kernel with split-K off and on, and cuBLAS;
   GB/s counts weight bytes, over enough weight copies that they do not fit in L2.
 - attention: one Llama-3-8B layer's decode attention (32 heads, 8 KV heads, dim 128, bf16) at
-  each position, against gpu/reference.py (one rounding step) and SDPA over the whole cache.
+  each position, against gpu/kernels/reference.py (one rounding step) and SDPA over the whole cache.
   --runners: the tiny models of tests/test_attention.py through a runner with the kernel (model's
   rotary and kernel's) and one with SDPA: the max logit difference per feed, the figures behind
   that test's RUNNER_TOLERANCE (also runs on a CPU, in the Triton interpreter).
@@ -46,10 +46,10 @@ they are timed between CUDA events around each call, host dispatch included.
   captured step times against the model's bandwidth floor.
 - table: `specgen tune-kernels` over the projections of every real pair benchmarks/family_pairs.py
   builds (targets, drafts and the EAGLE-3 heads of its --head) and of the bench pair, on this GPU: the linear table to ship as
-  src/specgen/gpu/linear_configs.json, with each shape's time against the current package's pick.
+  src/specgen/gpu/tuning/linear_configs.json, with each shape's time against the current package's pick.
 - step-table: each family's draft (random weights of its public config, the kernels `auto`
   resolves): its one-row projections' picks chosen inside its captured one-token step by
-  gpu/tune.py's tune_in_step, starting from the package's; writes the package's table with them.
+  gpu/tuning/tune.py's tune_in_step, starting from the package's; writes the package's table with them.
 - steps: a Llama-3-8B-shaped target (--model 1b: Llama-3.2-1B-shaped; --layers: fewer layers, the
   floor follows the weights) (random bf16 weights): the 1-token step, the 2-token step (a draft
   round's first) and the 5-token verification step, eager / CUDA graph with the kernels and fusions
@@ -78,13 +78,21 @@ if not torch.cuda.is_available():  # only `attention --runners` runs on a CPU: t
 
 import torch.nn.functional as F  # noqa: E402
 
-from specgen.core import floors, rejection, sampling  # noqa: E402
+from specgen.core.bench import floors
+
+from specgen.core.sampling import rejection
+
+from specgen.core.sampling import warp as sampling  # noqa: E402
 from specgen.core.settings import FUSIONS, KernelSpec  # noqa: E402
 from specgen.core.step import config as step_config  # noqa: E402
 from specgen.core.step.load import from_state  # noqa: E402
-from specgen.gpu import attention, linear, tune, verify, warp  # noqa: E402
-from specgen.gpu.kernels import ResolvedKernels, resolve  # noqa: E402
-from specgen.gpu.reference import decode_attention_reference, gate_up_reference  # noqa: E402
+from specgen.gpu.kernels import attention
+from specgen.gpu.kernels import linear
+from specgen.gpu.tuning import tune
+from specgen.gpu.kernels import verify
+from specgen.gpu.kernels import warp  # noqa: E402
+from specgen.gpu.policy import ResolvedKernels, resolve  # noqa: E402
+from specgen.gpu.kernels.reference import decode_attention_reference, gate_up_reference  # noqa: E402
 from specgen.gpu.runner import GraphRunner  # noqa: E402
 from specgen.gpu.workspace import Workspace  # noqa: E402
 
@@ -101,7 +109,7 @@ class Mismatch(SystemExit):
 
 def graph_us(fn, calls: int = 1, replays: int = 20) -> float:
     """Median microseconds per call of fn(i), i < calls, captured in one CUDA graph and replayed
-    (gpu/tune.py's timer, which `specgen tune-kernels` uses)."""
+    (gpu/tuning/tune.py's timer, which `specgen tune-kernels` uses)."""
     return tune.graph_timer(fn, calls, (), replays) * 1e6
 
 
@@ -147,7 +155,7 @@ def warp_params(rows: int, values: dict) -> sampling.WarpParams:
 
 def check_warp(logits, params, workspace, parallel_cut: bool, label: str) -> None:
     """argmax and sampled ids equal; kept sets equal except where a top-p mass-above lies within
-    float32 rounding of top_p (the documented ambiguity, core/sampling.py)."""
+    float32 rounding of top_p (the documented ambiguity, core/sampling/warp.py)."""
     argmax, probs = warp.warp(logits, params, None, None, workspace, parallel_cut=parallel_cut)
     ref_argmax, ref_probs = sampling.warp(logits, params)
     expo = sampling.exponentials(probs.shape, torch.Generator(device="cuda").manual_seed(3), "cuda")
@@ -404,7 +412,7 @@ VARIANTS = {
 
 def copy_bandwidth(gib: int = 4) -> float:
     """Bytes per second of a device-to-device copy, counting bytes read and bytes written
-    (core/floors.py, the measurement `specgen bench` makes, with buffers of `gib` GiB)."""
+    (core/bench/floors.py, the measurement `specgen bench` makes, with buffers of `gib` GiB)."""
     bandwidth = floors.copy_bandwidth(torch.device("cuda"), gib * 2**30)
     assert bandwidth is not None, f"two {gib} GiB buffers do not fit on the GPU"
     return bandwidth
@@ -694,7 +702,7 @@ def bench_exact(args) -> dict:
 # -- table: the package's linear configurations, tuned here -------------------------------------------
 
 
-ABOUT_TABLE = ("gpu/linear.py's configurations by weight shape (gpu/linear_table.py): the projections of the real "
+ABOUT_TABLE = ("gpu/kernels/linear.py's configurations by weight shape (gpu/tuning/linear_table.py): the projections of the real "
                "pairs in benchmarks/family_pairs.py (and of its EAGLE-3 heads) and of the bench pair, tuned with "
                "benchmarks/bench_kernels.py table")
 
@@ -702,7 +710,7 @@ ABOUT_TABLE = ("gpu/linear.py's configurations by weight shape (gpu/linear_table
 def bench_table(args) -> dict:
     from transformers import AutoConfig
 
-    from specgen.gpu import linear_table
+    from specgen.gpu.tuning import linear_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import family_pairs
@@ -766,11 +774,11 @@ def bench_table(args) -> dict:
 
 def bench_step_table(args) -> dict:
     """Each family's draft (random bf16 weights of its public config, owned) as the CUDA backend runs it:
-    its one-row picks chosen inside its captured step (gpu/tune.py's tune_in_step), from the current
+    its one-row picks chosen inside its captured step (gpu/tuning/tune.py's tune_in_step), from the current
     package's picks; the package's table with those picks written to --table."""
     from transformers import AutoConfig
 
-    from specgen.gpu import linear_table
+    from specgen.gpu.tuning import linear_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import family_pairs

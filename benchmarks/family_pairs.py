@@ -266,9 +266,9 @@ def head_config(family: Family):
     """The Eagle3Config of the head build_head() makes for the family's full-scale target."""
     import transformers
 
-    from specgen.core.eagle import Eagle3Config
-    from specgen.core.train_head import target_shape
-    from specgen.core.train_plan import default_layers
+    from specgen.core.drafters.eagle import Eagle3Config
+    from specgen.core.train.train_head import target_shape
+    from specgen.core.train.train_plan import default_layers
 
     values = dict(family.target.config)
     target = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
@@ -278,11 +278,11 @@ def head_config(family: Family):
 
 
 def build_head(folder: Path, target, hub_id: str, seed: int, dtype: torch.dtype) -> Path:
-    """A random-weight EAGLE-3 head for `target` in the speculators format: core/train_head.py's
+    """A random-weight EAGLE-3 head for `target` in the speculators format: core/train/train_head.py's
     new head (the target's width, its embedding shared) over a seeded random draft vocabulary."""
-    from specgen.core.head_formats import save_speculators
-    from specgen.core.train_head import build_head as new_head
-    from specgen.core.train_plan import default_layers
+    from specgen.core.drafters.head_formats import save_speculators
+    from specgen.core.train.train_head import build_head as new_head
+    from specgen.core.train.train_plan import default_layers
 
     vocab, layers = target.config.vocab_size, target.config.num_hidden_layers
     generator = torch.Generator().manual_seed(seed)

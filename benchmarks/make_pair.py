@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import transformers
 
 # The corpus and its held-out split live in the package: `specgen train-head` reads the same files.
-from specgen.core.corpus import (
+from specgen.core.train.corpus import (
     PAIR_CORPORA,
     CorpusSpec,
     SourceFile,
@@ -75,7 +75,7 @@ class Preset:
     draft_lr: float
     distill: float  # weight of KL(target || draft) in the draft's loss; the rest is plain CE
     polish: float  # last fraction of the steps (budget, with --steps 0): frozen target, draft on KL
-    corpus: CorpusSpec  # which files, which held out (core/corpus.py: train-head reads the same)
+    corpus: CorpusSpec  # which files, which held out (core/train/corpus.py: train-head reads the same)
     tokenizer_bytes: int  # size of the tokenizer's training sample
     eval_tokens: int  # held-out tokens scored at the end
     max_prompts: int

@@ -9,7 +9,7 @@ from triton_cpu import DEVICE
 
 from specgen.core.backend import TorchBackend
 from specgen.core.settings import KernelSpec
-from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.gpu.policy import ResolvedKernels, resolve
 from specgen.gpu.workspace import Workspace
 
 

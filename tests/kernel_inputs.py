@@ -10,9 +10,11 @@ from __future__ import annotations
 import torch
 from triton_cpu import DEVICE
 
-from specgen.core import rejection, sampling
-from specgen.gpu import verify as gpu_verify
-from specgen.gpu import warp as gpu_warp
+from specgen.core.sampling import rejection
+
+from specgen.core.sampling import warp as sampling
+from specgen.gpu.kernels import verify as gpu_verify
+from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
 
 # warp options: per-row values, cycled over the rows of a call

@@ -3,7 +3,7 @@
 Why: CI has no GPU, so there the kernels only run in the Triton interpreter (tests/triton_cpu.py),
 which does not type-check. A kernel whose loop-carried variable changes type ("Loop-carried variable
 x has initial type int32 but is re-assigned to int64 in loop") or shape passes every CPU test and
-fails on its first GPU launch. This script calls the wrappers (gpu/attention.py, linear.py, norm.py,
+fails on its first GPU launch. This script calls the wrappers (gpu/kernels/attention.py, linear.py, norm.py,
 step_io.py, verify.py, warp.py) with CPU tensors, but with JITFunction.run replaced: each launch is specialised
 as Triton specialises a GPU launch (its own binder: an int argument equal to 1 becomes a constant,
 pointer alignment becomes a divisibility attribute), compiled for GPUTarget("cuda", 90, 32) up to
@@ -235,7 +235,7 @@ def attention_scenarios(attention):
                     yield label, lambda a=(dtype, tokens, capacity, rope): call(*a)
     yield "attention bfloat16 tokens=5 splits=4 rope=True window=4096", lambda: call(BF16, 5, 256, True, window=4096)
     yield "attention float16 tokens=5 splits=4 rope=True", lambda: call(torch.float16, 5, 256, True)
-    for tokens, capacity, rope in ((1, 256, True), (5, 64, False)):  # gpu/dependent.py's wait and release
+    for tokens, capacity, rope in ((1, 256, True), (5, 64, False)):  # gpu/kernels/dependent.py's wait and release
         yield (f"attention bfloat16 tokens={tokens} capacity={capacity} rope={rope} dependent",
                lambda a=(tokens, capacity, rope): call(BF16, *a, dependent=True))
 
@@ -303,7 +303,7 @@ def linear_scenarios(linear):
                                counters=counters)
 
             yield f"linear and gate_up {name} split_k={split} rows={rows} N={n} K={k}", call
-    for split in (1, 4):  # launched dependent on the kernel before (gpu/dependent.py)
+    for split in (1, 4):  # launched dependent on the kernel before (gpu/kernels/dependent.py)
         def call(split=split):
             x, counters = torch.empty(1, 2048, dtype=BF16), linear.split_k_counters(Workspace("cpu"))
             for config in ((True, 32, 128, 4, 4, split), (False, 2, 1024, 4, 1)):  # tensor cores, matrix-vector
@@ -397,7 +397,7 @@ def warp_scenarios(warp):
     the parallel cut search (parallel_cut: one compile for <= 32 chunks, one for more), min-p through the
     one-program search, penalties and bad masks ([V] and [N, V]), the race (expo), bf16 and float32
     logits, and small vocabularies in one register tile (tiny models)."""
-    from specgen.core.sampling import PenaltyRows, WarpParams
+    from specgen.core.sampling.warp import PenaltyRows, WarpParams
 
     rows = 5
     defaults = dict(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, repetition_penalty=1.0,
@@ -429,7 +429,7 @@ def warp_scenarios(warp):
            lambda: call(151936, BF16, penalties=True, bad_mask="vocab", race=True, temperature=0.7, top_k=50,
                         top_p=0.9, repetition_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.2))
     yield "warp 32000 f32 top_p", lambda: call(32000, F32, temperature=0.8, top_p=0.95)
-    # gpu/dependent.py's wait and release in each warp kernel: the parallel and one-program searches
+    # gpu/kernels/dependent.py's wait and release in each warp kernel: the parallel and one-program searches
     yield ("warp 128256 bf16 top_k+top_p race dependent",
            lambda: call(128256, BF16, race=True, dependent=True, temperature=0.8, top_k=50, top_p=0.9))
     yield "warp 128256 bf16 min_p dependent", lambda: call(128256, BF16, dependent=True, temperature=1.0, min_p=0.05)
@@ -467,7 +467,17 @@ def main() -> dict:
         return report
     JITFunction.run = _run
 
-    from specgen.gpu import attention, linear, norm, step_io, verify, warp
+    from specgen.gpu.kernels import attention
+
+    from specgen.gpu.kernels import linear
+
+    from specgen.gpu.kernels import norm
+
+    from specgen.gpu.kernels import step_io
+
+    from specgen.gpu.kernels import verify
+
+    from specgen.gpu.kernels import warp
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 

@@ -13,7 +13,7 @@ import pytest
 from decode_helpers import BACKENDS, _chi2_pvalue, draft_follows, finish, make_profile, next_token_probs, random_prompts
 from specgen.core.events import Finished
 from specgen.core.engine import Engine, target_only
-from specgen.core.proposers import AdaptiveK
+from specgen.core.drafters.proposers import AdaptiveK
 from specgen.core.settings import Profile, ProposerSpec, SpeculationSpec
 from tiny_models import build_pair
 

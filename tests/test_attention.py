@@ -1,4 +1,4 @@
-"""gpu/attention.py: the decode-attention kernel against its torch reference, and inside models
+"""gpu/kernels/attention.py: the decode-attention kernel against its torch reference, and inside models
 through specgen's own model step (gpu/ops.py's table).
 
 Attention is a floating-point reduction whose order differs between the kernel (key blocks, online
@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, resolved, runner
-from specgen.gpu import attention
-from specgen.gpu.attention import decode_attention
-from specgen.gpu.kernels import attention_unsupported
-from specgen.gpu.reference import decode_attention_reference, rope_attention_reference, rotate_reference
+from specgen.gpu.kernels import attention
+from specgen.gpu.kernels.attention import decode_attention
+from specgen.gpu.policy import attention_unsupported
+from specgen.gpu.kernels.reference import decode_attention_reference, rope_attention_reference, rotate_reference
 
 CASES = [  # batch, heads, kv heads, tokens, head dim, capacity, position, window
     (1, 12, 4, 5, 64, 640, 300, 0),  # bench-target shape, 10 splits, k = 4 verification

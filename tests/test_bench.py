@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.core.bench import Bench, Unavailable, first_divergence, hf_generation_config, notes, percentile, recommend
+from specgen.core.bench.run import Bench, Unavailable, first_divergence, hf_generation_config, notes, percentile, recommend
 from specgen.core.settings import SamplingSpec
 from cli_helpers import specgen
 from tiny_models import build_pair, write_profile

@@ -142,7 +142,7 @@ def test_profiles_list_and_show_through_the_main_app(monkeypatch, tiny, tmp_path
 
 
 def test_auto_threads_leave_half_the_cpus_to_other_processes():
-    from specgen.core.models import cpu_threads
+    from specgen.core.models.loading import cpu_threads
     from specgen.core.settings import RuntimeSpec
 
     assert [cpu_threads(RuntimeSpec(), cpus=n) for n in (1, 2, 3, 16)] == [1, 1, 1, 8]
@@ -368,7 +368,7 @@ def test_a_high_temperature_warns_that_t_is_not_threads(monkeypatch, tiny):
 
 
 def test_system_prompt_goes_into_the_chat_template(tmp_path):
-    from specgen.core.chat import chat_ids
+    from specgen.core.models.chat import chat_ids
     from specgen.core.errors import UsageError
     from tiny_models import build_tokenizer
 
@@ -538,7 +538,7 @@ def test_json_logprobs_leave_out_alternatives_the_warp_removed(monkeypatch, tiny
 def test_download_fetches_only_what_loading_needs(monkeypatch, tmp_path):
     import huggingface_hub
 
-    from specgen.core.models import load_tokenizer
+    from specgen.core.models.loading import load_tokenizer
     from specgen.core.settings import ModelSpec
 
     target, _ = build_pair(tmp_path, same=True)

@@ -1,4 +1,4 @@
-"""gpu/commit.py against core/bookkeeping.py (the torch reference): every buffer equal after
+"""gpu/kernels/commit.py against core/sampling/bookkeeping.py (the torch reference): every buffer equal after
 count_drafts and after commit, over the states a round leaves (every accepted count, an error
 sentinel, with and without a draft model, k from 0 to 32). On CPU (CI) the kernels run in the
 Triton interpreter (tests/triton_cpu.py); on a GPU the same tests run the compiled kernels, with
@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 import torch
 
-from specgen.core import bookkeeping
-from specgen.core.rejection import PLACEHOLDER
-from specgen.gpu import commit as gpu_commit
+from specgen.core.sampling import bookkeeping
+from specgen.core.sampling.rejection import PLACEHOLDER
+from specgen.gpu.kernels import commit as gpu_commit
 
 DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
 LONG = dict(dtype=torch.long, device=DEVICE)
@@ -27,7 +27,7 @@ def _buffers(k: int, accepted: int, draft: bool, seed: int, sentinel: bool = Fal
     row = torch.full((k + 1,), PLACEHOLDER, dtype=torch.long)
     row[: accepted + 1] = ids[: accepted + 1]
     if sentinel:
-        row[0] = -2  # gpu/verify.py's ERROR_BAD_LOGITS
+        row[0] = -2  # gpu/kernels/verify.py's ERROR_BAD_LOGITS
     return bookkeeping.CommitBuffers(
         row=row.to(DEVICE), feed=ids[k + 2: 2 * k + 3].to(DEVICE),
         num_drafts=torch.tensor([accepted + int(ids[-1]) % (k + 1 - accepted)], dtype=torch.int32, device=DEVICE),

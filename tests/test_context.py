@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.core.context import context_error, keep_end
+from specgen.core.models.context import context_error, keep_end
 
 
 def fits(prompt_len: int, max_tokens: int, k: int, limit: int) -> bool:

@@ -1,4 +1,4 @@
-"""gpu/dependent.py: a step's kernels launched dependent on the kernel before them.
+"""gpu/kernels/dependent.py: a step's kernels launched dependent on the kernel before them.
 
 On every machine: a runner resolved with dependent launch hands it to every kernel its steps
 launch (and one without it to none), in the prefill's eager calls and in its steps; on the CPU the
@@ -19,7 +19,12 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
-from specgen.gpu import attention, dependent, linear, norm, step_io, warp
+from specgen.gpu.kernels import attention
+from specgen.gpu.kernels import dependent
+from specgen.gpu.kernels import linear
+from specgen.gpu.kernels import norm
+from specgen.gpu.kernels import step_io
+from specgen.gpu.kernels import warp
 from specgen.gpu.workspace import Workspace
 
 HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] >= 9
@@ -126,8 +131,8 @@ def test_a_sampled_round_chain_equals_plain_launches(vocab):
     (stats, the parallel cut search's passes, cut, probs: top-p, and top-k with min-p for the
     one-program search) into a row of q, the target's warp, verify_random and verify_greedy, each
     reading what the kernel before wrote, eagerly on one stream."""
-    from specgen.core.sampling import WarpParams
-    from specgen.gpu import verify
+    from specgen.core.sampling.warp import WarpParams
+    from specgen.gpu.kernels import verify
 
     gen = torch.Generator(device=DEVICE).manual_seed(vocab)
     hidden, k = 256, 4

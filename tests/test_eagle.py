@@ -1,4 +1,4 @@
-"""The EAGLE-3 head (core/eagle.py) and its checkpoint formats (core/head_formats.py).
+"""The EAGLE-3 head (core/drafters/eagle.py) and its checkpoint formats (core/drafters/head_formats.py).
 
 The head is checked against a plain re-implementation of the published layer written here from
 the equations (no cache, whole sequence, per-head loops), its cache against one forward over the
@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import build_head, tiny_head_config, write_eagle3_original
 
-from specgen.core.eagle import Eagle3Head
+from specgen.core.drafters.eagle import Eagle3Head
 from specgen.core.errors import UsageError
-from specgen.core.head_formats import check_against, load_head, save_speculators
+from specgen.core.drafters.head_formats import check_against, load_head, save_speculators
 
 EXPECTED_WEIGHTS = {
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",

@@ -2,11 +2,11 @@
 
 What bit-exact greedy decoding rests on: the (k+1)-token verification step must give every position
 the logits of the one-token step at that position (torch.equal), so greedy speculative output is
-greedy target-only output in bf16 too. Checked here kernel by kernel (gpu/linear.py in every kind of
-configuration a table can hold, gpu/attention.py with and without rotary, window and soft-capping) and through a
+greedy target-only output in bf16 too. Checked here kernel by kernel (gpu/kernels/linear.py in every kind of
+configuration a table can hold, gpu/kernels/attention.py with and without rotary, window and soft-capping) and through a
 runner (a (k+1)-token step against k+1 one-token steps), on the CPU in the Triton interpreter. The
 interpreter cannot show what tensor cores do (its products are numpy's, summed per row: see
-gpu/linear.py); the cuda tests check the same on a GPU at real widths.
+gpu/kernels/linear.py); the cuda tests check the same on a GPU at real widths.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
-from specgen.gpu import linear as L
-from specgen.gpu import linear_table as T
-from specgen.gpu.attention import decode_attention
+from specgen.gpu.kernels import linear as L
+from specgen.gpu.tuning import linear_table as T
+from specgen.gpu.kernels.attention import decode_attention
 from specgen.gpu.workspace import Workspace
 
 # every kind of configuration: tensor-core tiles (narrow and wide), the register path, split-K

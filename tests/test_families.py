@@ -4,7 +4,7 @@ sizes shrunk, random weights with norms and biases off their constant init).
 
 For each family: the tiny checkpoints carry the family's features (each one changes the logits),
 specgen's loader picks the right modeling, greedy speculative decoding equals target-only token
-for token, and the GPU path (gpu/rewire.py, gpu/kernels.py; the Triton interpreter on CPU)
+for token, and the GPU path (gpu/rewire.py, gpu/policy.py; the Triton interpreter on CPU)
 computes the plain model's logits, Gemma 2's soft-capped attention included. Float32 throughout;
 the tiny models' top-two logit gaps are at least ~2e-3 (seed 0), far above the ~1e-5 by which a
 (k+1)-token forward rounds differently from a 1-token one.
@@ -25,9 +25,9 @@ import torch
 from decode_helpers import BACKENDS, finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners, kernels, resolved, runner
 from specgen.core.engine import Engine, target_only
-from specgen.core.models import load_model, load_pair
+from specgen.core.models.loading import load_model, load_pair
 from specgen.core.settings import KernelSpec, ModelSpec, ProposerSpec, SpeculationSpec
-from specgen.gpu.kernels import ResolvedKernels, attention_unsupported, resolve
+from specgen.gpu.policy import ResolvedKernels, attention_unsupported, resolve
 from tiny_models import build_family, family_pairs, write_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def test_a_built_head_drafts_for_its_target_and_changes_no_token(name, tmp_path)
     """family_pairs.py --head: a head of the published heads' shape (the target's width, a draft
     vocabulary of half the tiny one's) that specgen loads from the profile the script writes and
     drafts with; greedy output equals target-only's."""
-    from specgen.core.head_formats import read_config
+    from specgen.core.drafters.head_formats import read_config
     from specgen.core.profile import load_profile
 
     folder = family_pairs().build_family(name, tmp_path, scale="tiny", head=True)
@@ -296,13 +296,13 @@ def test_gemma2_generates_with_the_attention_kernel(tmp_path, cli):
 
 
 def test_soft_capped_attention_is_loaded_with_the_cap():
-    """core/models.py's capped_attention: a Gemma 2 that transformers gave SDPA (5.17's default),
+    """core/models/loading.py's capped_attention: a Gemma 2 that transformers gave SDPA (5.17's default),
     which drops attn_logit_softcapping there (later versions refuse the call), gets specgen's
     soft-capped attention over SDPA's masks (eager's float masks cannot be captured in 5.17), and
     bit for bit the logits of transformers' eager attention; other models keep theirs."""
     import transformers
 
-    from specgen.core.models import SOFTCAPPED, capped_attention
+    from specgen.core.models.loading import SOFTCAPPED, capped_attention
 
     def tiny(family, attention, **extra):
         config = getattr(transformers, f"{family}Config")(

@@ -1,4 +1,4 @@
-"""core/floors.py: the weight bytes a step streams, the floor of a round, and how `specgen bench`
+"""core/bench/floors.py: the weight bytes a step streams, the floor of a round, and how `specgen bench`
 reports it (the copy bandwidth is measured on CUDA only, so a stand-in bandwidth drives the CPU
 cases; the GPU case measures it)."""
 
@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specgen.core import floors
-from specgen.core.bench import Bench
-from specgen.core.bench_plan import Plan
+from specgen.core.bench import floors
+from specgen.core.bench.run import Bench
+from specgen.core.bench.bench_plan import Plan
 from specgen.core.engine import Engine
 from decode_helpers import make_profile
 from tiny_models import build_head, build_pair

@@ -152,7 +152,7 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
         def refusing(self, *args, _forward=forward, **kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
             if ids is None:
-                ids = kwargs.get("inputs_embeds")  # gpu/step_io.py's steps: [1, n, hidden]
+                ids = kwargs.get("inputs_embeds")  # gpu/kernels/step_io.py's steps: [1, n, hidden]
             if torch.cuda.is_current_stream_capturing() and ids is not None and ids.shape[1] < PREFILL_CHUNK:
                 raise RuntimeError("operation not permitted when stream is capturing")
             return _forward(self, *args, **kwargs)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
-from specgen.core.models import load_model
+from specgen.core.models.loading import load_model
 from specgen.core.settings import ModelSpec
 from specgen.core.step.model import OwnedModel
 from specgen.gpu.ops import TritonOps

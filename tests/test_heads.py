@@ -1,4 +1,4 @@
-"""Heads on the target's hidden states as proposers (core/heads.py, core/round/head.py): EAGLE-3 heads
+"""Heads on the target's hidden states as proposers (core/drafters/heads.py, core/round/head.py): EAGLE-3 heads
 and MTP layers drafting inside the one round.
 
 Lossless: greedy output equals target-only token for token (float32), sampled output follows the
@@ -23,8 +23,8 @@ from cli_helpers import assert_error, specgen
 
 from specgen.core.engine import Engine, target_only
 from specgen.core.events import RoundEvent
-from specgen.core.head_formats import load_head, save_speculators
-from specgen.core.heads import AuxTap
+from specgen.core.drafters.head_formats import load_head, save_speculators
+from specgen.core.drafters.heads import AuxTap
 from specgen.core.settings import ProposerSpec
 
 AUX = (0, 1, 1)  # the tiny target has 2 layers
@@ -69,7 +69,7 @@ def test_tap_copies_the_hidden_states_transformers_reports(headed, modeling):
     norm), on specgen's own Llama forward and on transformers'; nothing is copied while disarmed."""
     from transformers import AutoModelForCausalLM
 
-    from specgen.core.models import load_model
+    from specgen.core.models.loading import load_model
     from specgen.core.settings import ModelSpec
 
     target = headed[0]
@@ -188,7 +188,7 @@ def test_eagle_sampled_tokens_follow_the_warped_target(headed, warp, vocab):
     verifier itself under every warp combination for any q."""
     from scipy.stats import chisquare
 
-    from specgen.core.sampling import WarpParams, warp as warp_logits
+    from specgen.core.sampling.warp import WarpParams, warp as warp_logits
     from specgen.core.settings import SamplingSpec
 
     target, _, whole, reduced = headed
@@ -202,7 +202,7 @@ def test_eagle_sampled_tokens_follow_the_warped_target(headed, warp, vocab):
         probs = next_token_probs(engine.pair.target, ids).clamp_min(1e-30).log()[None]
         penalties = None
         if spec.repetition_penalty != 1.0 or spec.presence_penalty or spec.frequency_penalty:
-            from specgen.core.sampling import PenaltyRows
+            from specgen.core.sampling.warp import PenaltyRows
 
             counts = torch.bincount(torch.tensor(ids[len(prompt):], dtype=torch.long), minlength=probs.shape[1])
             seen = torch.zeros(probs.shape[1], dtype=torch.bool)
@@ -274,7 +274,7 @@ def test_mtp_greedy_equals_target_only_and_drafts_follow_the_layer(mtp_target):
     each round's first draft is the layer's argmax over (the new token, the target's last state)."""
     from transformers import AutoModelForCausalLM
 
-    from specgen.core.mtp import load_mtp_layers
+    from specgen.core.drafters.mtp import load_mtp_layers
 
     folder, config = mtp_target
     profile = make_profile(folder, None, k=2, proposer=ProposerSpec(kind="mtp"), max_tokens=12)

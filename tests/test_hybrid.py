@@ -19,7 +19,7 @@ import torch
 from decode_helpers import BACKENDS, _chi2_pvalue, draft_follows, finish, make_profile, next_token_probs
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import ProfileError, UsageError
-from specgen.core.ngram import NgramProposer
+from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.profile import load_profile
 from specgen.core.round import Mode
 from specgen.core.settings import ModelSpec, Profile, ProposerSpec, SpeculationSpec

@@ -1,4 +1,4 @@
-"""gpu/kernels.py: the profile's [kernels] settings resolved for a device and a model; and
+"""gpu/policy.py: the profile's [kernels] settings resolved for a device and a model; and
 gpu/workspace.py, the kernels' per-device state."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from specgen.core.errors import UsageError
 from specgen.core.settings import KernelSpec
-from specgen.gpu.kernels import ResolvedKernels, resolve, split_k_pays
+from specgen.gpu.policy import ResolvedKernels, resolve, split_k_pays
 from specgen.gpu.workspace import MIN_ELEMENTS, Workspace
 
 CPU = torch.device("cpu")
@@ -125,12 +125,12 @@ def test_workspace_error_flag_and_clear():
 
 
 def test_resolving_and_references_need_no_triton():
-    """gpu/kernels.py, gpu/workspace.py and gpu/reference.py import without Triton (the torch backend
+    """gpu/policy.py, gpu/workspace.py and gpu/kernels/reference.py import without Triton (the torch backend
     resolves settings and the CPU tests use the references); so do core's modules."""
     code = ("import sys; sys.modules['triton'] = None; "
-            "import specgen.gpu.kernels, specgen.gpu.workspace, specgen.gpu.reference, specgen.gpu.runner; "
+            "import specgen.gpu.policy, specgen.gpu.workspace, specgen.gpu.kernels.reference, specgen.gpu.runner; "
             "import specgen.core.backend, specgen.core.decode, specgen.core.engine; "
-            "from specgen.core.settings import KernelSpec; from specgen.gpu.kernels import triton_available; "
+            "from specgen.core.settings import KernelSpec; from specgen.gpu.policy import triton_available; "
             "assert not triton_available()")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -138,7 +138,7 @@ def test_resolving_and_references_need_no_triton():
 def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
     """On a CUDA device `auto` is every kernel where the model allows it and every fusion not
     disabled (no GPU call is needed to decide these; split-K's device facts are tested above)."""
-    from specgen.gpu import kernels
+    from specgen.gpu import policy as kernels
 
     cuda = torch.device("cuda")
     spec = KernelSpec(disable=("split_k",))
@@ -161,7 +161,7 @@ def test_auto_on_cuda_takes_the_kernels_the_model_allows(monkeypatch):
 
 def test_dependent_launch_needs_hopper_and_step_kernels(monkeypatch):
     """On for sm_90+ GPUs whose steps run specgen's kernels (step_io alone is one), unless disabled."""
-    from specgen.gpu import kernels
+    from specgen.gpu import policy as kernels
 
     cuda = torch.device("cuda")
     gpu = {"props": H200}

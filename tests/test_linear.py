@@ -1,4 +1,4 @@
-"""gpu/linear.py: the weight-streaming linear kernel against F.linear, and inside specgen's own
+"""gpu/kernels/linear.py: the weight-streaming linear kernel against F.linear, and inside specgen's own
 model step (gpu/ops.py's table).
 
 A matrix product is a floating-point reduction whose order differs between the kernel (fp32
@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, resolved, runner
-from specgen.gpu import linear as L
-from specgen.gpu import linear_table as T
-from specgen.gpu.reference import gate_up_reference
+from specgen.gpu.kernels import linear as L
+from specgen.gpu.tuning import linear_table as T
+from specgen.gpu.kernels.reference import gate_up_reference
 from specgen.gpu.workspace import Workspace
 
 CASES = [  # rows, N, K, bias
@@ -136,7 +136,7 @@ def test_package_table_lists_every_real_pairs_projections():
     configurations never split K, so a device where split-K does not pay runs none."""
     from transformers import AutoConfig
 
-    from specgen.gpu import tune
+    from specgen.gpu.tuning import tune
     from tiny_models import family_pairs
 
     table = T.packaged()

@@ -32,9 +32,13 @@ import pytest
 import torch
 from scipy import stats
 
-from specgen.core import noise, rejection, sampling
-from specgen.gpu import verify as gpu_verify
-from specgen.gpu import warp as gpu_warp
+from specgen.core.sampling import noise
+
+from specgen.core.sampling import rejection
+
+from specgen.core.sampling import warp as sampling
+from specgen.gpu.kernels import verify as gpu_verify
+from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
 
 VOCAB = 50
@@ -153,7 +157,7 @@ def run_rounds(path, combo_name: str, rounds: int, seed: int, one_hot: bool = Fa
     penalised = "repetition_penalty" in combo
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     target_logits, draft_logits = fixed_logits(seed)
-    if "top_p" in combo:  # keep top_p off float32 ties with a mass sum (see core/sampling.py)
+    if "top_p" in combo:  # keep top_p off float32 ties with a mass sum (see core/sampling/warp.py)
         combo = {**combo, "top_p": _settled_top_p(target_logits, combo)}
     draft_params = params_for(rounds, {key: value for key, value in combo.items()
                                        if not (uncut and key in ("top_k", "top_p", "min_p"))})

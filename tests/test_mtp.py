@@ -3,7 +3,7 @@
 The checkpoints are tiny random-weight models saved by transformers, with one MTP layer added
 under the layer-N names (tests/tiny_models.py). The reference forward is written here from the
 DeepSeek-V3 report's MTP equations; its decoder layer is layer N of the same checkpoint loaded by
-transformers itself as an (N+1)-layer model, so it shares no loading code with core/mtp.py.
+transformers itself as an (N+1)-layer model, so it shares no loading code with core/drafters/mtp.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.core.errors import UsageError
-from specgen.core.mtp import MtpLayer, find_mtp_weights, load_mtp_layers, mtp_layers
+from specgen.core.drafters.mtp import MtpLayer, find_mtp_weights, load_mtp_layers, mtp_layers
 from tiny_models import MTP_FAMILIES, build_mtp_checkpoint, mtp_config
 
 transformers = pytest.importorskip("transformers")

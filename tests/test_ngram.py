@@ -11,7 +11,7 @@ import torch
 
 from decode_helpers import BACKENDS, _chi2_pvalue, finish, model_spec, next_token_probs
 from specgen.core.engine import Engine, target_only
-from specgen.core.ngram import NgramProposer
+from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.round import Mode
 from specgen.core.settings import Profile, ProposerSpec, SamplingSpec, SpeculationSpec
 from tiny_models import build_pair, write_profile

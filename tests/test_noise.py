@@ -1,4 +1,4 @@
-"""core/noise.py and gpu/noise.py: Gumbel coupling's counter-based noise.
+"""core/sampling/noise.py and gpu/kernels/noise.py: Gumbel coupling's counter-based noise.
 
 Philox4x32-10 is checked against the known-answer vectors of its authors' Random123 library, the
 Triton kernel against the torch reference bit for bit (in the interpreter on CPU), and the noise
@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy import stats
 
-from specgen.core import noise
-from specgen.core.sampling import MIN_EXPONENTIAL
-from specgen.gpu import noise as gpu_noise
+from specgen.core.sampling import noise
+from specgen.core.sampling.warp import MIN_EXPONENTIAL
+from specgen.gpu.kernels import noise as gpu_noise
 
 # (counter, key, output) from Random123's kat_vectors for philox4x32_10.
 KNOWN_ANSWERS = [

@@ -1,4 +1,4 @@
-"""gpu/norm.py: the RMSNorm kernel (with the residual add before it) against its torch reference,
+"""gpu/kernels/norm.py: the RMSNorm kernel (with the residual add before it) against its torch reference,
 bit for bit, and inside specgen's own model step (gpu/ops.py's table).
 
 The kernel keeps every rounding step of transformers' RMSNorm and takes the sum of float32 squares
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
-from specgen.gpu import linear as L
-from specgen.gpu import norm as N
-from specgen.gpu.reference import offset_norm_add_reference, rms_norm_reference
+from specgen.gpu.kernels import linear as L
+from specgen.gpu.kernels import norm as N
+from specgen.gpu.kernels.reference import offset_norm_add_reference, rms_norm_reference
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 SHAPES = [(1, 64), (5, 4096), (3, 100), (16, 2048)]  # rows, columns: one row, a power of two, an odd width

@@ -16,7 +16,7 @@ import torch
 
 from decode_helpers import draft_sequence, finish, make_profile, random_prompts, relative_error
 from round_helpers import RecordingBackend, StubRunner
-from specgen.core import sampling
+from specgen.core.sampling import warp as sampling
 from specgen.core.backend import RoundClock
 from specgen.core.engine import Engine, draft_picking, target_only
 from specgen.core.round import Mode, Round, RoundShape
@@ -176,7 +176,7 @@ def stub_round(spec: SamplingSpec, k: int, width: int = 60, vocab: int = 50, sto
 
 def test_device_penalty_rows_and_masks_equal_the_reference():
     """Each draft step's penalty row and min_tokens mask equal the target's row at that position,
-    and the target's rows equal core/sampling.penalty_rows and the rule "padding columns always;
+    and the target's rows equal core/sampling/warp.penalty_rows and the rule "padding columns always;
     stop ids while generated + i < min_tokens"."""
     k, width, vocab = 8, 60, 50
     spec = SamplingSpec(temperature=0.7, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2,
@@ -216,7 +216,7 @@ def test_device_penalty_rows_and_masks_equal_the_reference():
 
 
 def test_draws_follow_the_documented_order():
-    """A seed gives the same numbers as the allocating definitions in core/sampling.py, in the order
+    """A seed gives the same numbers as the allocating definitions in core/sampling/warp.py, in the order
     core/round/couplings.py documents: the Exp(1) rows (one per sampled draft step, then the target's row) in one
     draw, then the uniforms."""
     k, width = 3, 33

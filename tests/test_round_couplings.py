@@ -1,14 +1,16 @@
 """core/round/couplings.py: each coupling's draws, race rows and verification, against the torch
-references (core/sampling.py, core/rejection.py, core/noise.py) on the same random inputs."""
+references (core/sampling/warp.py, core/sampling/rejection.py, core/sampling/noise.py) on the same random inputs."""
 
 from __future__ import annotations
 
 import torch
 
 from round_helpers import shared
-from specgen.core import noise, rejection, sampling
+from specgen.core.sampling import noise
+from specgen.core.sampling import rejection
+from specgen.core.sampling import warp as sampling
 from specgen.core.round.couplings import GumbelCoupling, RejectionCoupling
-from specgen.core.sampling import WarpParams
+from specgen.core.sampling.warp import WarpParams
 from specgen.core.settings import SamplingSpec
 
 

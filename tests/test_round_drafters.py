@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 
 from round_helpers import StubRunner, shared
-from specgen.core import sampling
+from specgen.core.sampling import warp as sampling
 from specgen.core.round.couplings import RejectionCoupling
 from specgen.core.round.draft_model import DraftModel
 from specgen.core.round.drafters import DraftPick, HostLookup, NoDraft
 from specgen.core.round.head import HeadDrafts
 from specgen.core.round.rows import LogitsRows, MinTokens, NoPenalties, Padding
 from specgen.core.round.stage import DraftProbs, Insight, NoStage
-from specgen.core.sampling import WarpParams
+from specgen.core.sampling.warp import WarpParams
 from specgen.core.settings import SamplingSpec
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from round_helpers import StubRunner
-from specgen.core import sampling
+from specgen.core.sampling import warp as sampling
 from specgen.core.backend import RoundClock, TorchBackend
-from specgen.core.bookkeeping import CommitBuffers
+from specgen.core.sampling.bookkeeping import CommitBuffers
 from specgen.core.round import Mode, Round, RoundShape
 from specgen.core.round.ops import TorchRoundOps
 from specgen.core.settings import SamplingSpec

@@ -1,13 +1,13 @@
-"""core/round/rows.py: the logits-row processors, each against its reference (core/sampling.py)."""
+"""core/round/rows.py: the logits-row processors, each against its reference (core/sampling/warp.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from round_helpers import shared
-from specgen.core import sampling
+from specgen.core.sampling import warp as sampling
 from specgen.core.round.rows import LogitsRows, MinTokens, NoPenalties, Padding, Penalties
-from specgen.core.sampling import WarpParams
+from specgen.core.sampling.warp import WarpParams
 from specgen.core.settings import SamplingSpec
 
 

@@ -2,7 +2,7 @@
 
 Why: without a GPU (CI) the kernels only run in the Triton interpreter, which does not type-check:
 a loop-carried variable that changes type (int32 -> int64) or shape passes every CPU test and
-breaks the first GPU launch. tests/sm90_compile.py calls the wrappers of gpu/attention.py,
+breaks the first GPU launch. tests/sm90_compile.py calls the wrappers of gpu/kernels/attention.py,
 linear.py, verify.py, warp.py, norm.py and step_io.py over their compile-time branches, specialises each launch as
 Triton does on a GPU and compiles it for sm_90 through the front end (TTIR), launching nothing;
 see its docstring. It runs in a subprocess without TRITON_INTERPRET, which the other test modules

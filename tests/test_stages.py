@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from decode_helpers import finish, make_profile, random_prompts
-from specgen.core import models
+from specgen.core.models import loading as models
 from specgen.core.backend import TorchBackend
 from specgen.core.engine import make_backend
 from specgen.core.settings import ModelSpec

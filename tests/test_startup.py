@@ -12,7 +12,7 @@ from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET witho
 import pytest
 import torch
 
-from specgen.core import models
+from specgen.core.models import loading as models
 from specgen.core.settings import ModelSpec, Profile, ProposerSpec
 from tiny_models import build_family, write_profile
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from specgen.core.errors import ModelError
-from specgen.core import models
-from specgen.core.models import cache_keyword, load_model, load_pair, new_cache, owned
+from specgen.core.models import loading as models
+from specgen.core.models.loading import cache_keyword, load_model, load_pair, new_cache, owned
 from specgen.core.settings import ModelSpec
 from specgen.core.step import config as step_config
 from specgen.core.step import rows as rowsets

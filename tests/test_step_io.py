@@ -1,4 +1,4 @@
-"""gpu/step_io.py: a step's inputs (positions, embedding rows, rotary rows) and outputs (the logits
+"""gpu/kernels/step_io.py: a step's inputs (positions, embedding rows, rotary rows) and outputs (the logits
 in float32, the position's advance) in one kernel each, against their torch references and
 against a runner's steps without them, bit for bit. On CPU in the Triton interpreter."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gpu_helpers import kernels, runner
-from specgen.gpu import step_io
-from specgen.gpu.reference import step_finish_reference, step_inputs_reference
+from specgen.gpu.kernels import step_io
+from specgen.gpu.kernels.reference import step_finish_reference, step_inputs_reference
 from specgen.gpu.runner import MAX_GRAPH_TOKENS
 
 STEP_KERNELS = dict(attention=True, linear=True, rope=True, norm=True)

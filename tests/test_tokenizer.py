@@ -1,4 +1,4 @@
-"""core/tokenizer.py's PlainTokenizer against transformers' PreTrainedTokenizerFast on the same
+"""core/models/tokenizer.py's PlainTokenizer against transformers' PreTrainedTokenizerFast on the same
 folders, and which folders it takes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.core.tokenizer import PlainTokenizer, plain_config
+from specgen.core.models.tokenizer import PlainTokenizer, plain_config
 from tiny_models import build_tokenizer
 
 DEMO = Path(__file__).resolve().parents[1] / "src" / "specgen" / "builtin" / "demo" / "target"
@@ -87,7 +87,7 @@ def test_a_special_tokens_map_is_left_to_transformers(tmp_path):
 def test_the_loader_takes_it_for_llama_checkpoints_unless_told_otherwise(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    from specgen.core.models import load_tokenizer
+    from specgen.core.models.loading import load_tokenizer
     from specgen.core.settings import ModelSpec
 
     build_tokenizer(tmp_path)

@@ -1,4 +1,4 @@
-"""`specgen train-head` (core/train_head.py, cli/train_head.py): hidden states from hooks, the
+"""`specgen train-head` (core/train/train_head.py, cli/train_head.py): hidden states from hooks, the
 training-time-test unroll against the head's own cached drafting, the simulated acceptance, the
 output folder, and the command's errors."""
 
@@ -17,12 +17,12 @@ import torch
 from cli_helpers import assert_error, specgen
 from tiny_models import CORPUS, build_head, build_pair, tiny_head_config, write_profile
 
-from specgen.core import head_data as hd
-from specgen.core import head_folder
-from specgen.core import train_head as th
-from specgen.core.head_folder import FILES
+from specgen.core.train import head_data as hd
+from specgen.core.drafters import head_folder
+from specgen.core.train import train_head as th
+from specgen.core.drafters.head_folder import FILES
 from specgen.core.step.model import OwnedModel
-from specgen.core.train_plan import TrainPlan
+from specgen.core.train.train_plan import TrainPlan
 
 
 def plan(**changes) -> TrainPlan:
@@ -38,7 +38,7 @@ def pair(tmp_path_factory):
 
 
 def load_target(folder: Path, modeling: str):
-    from specgen.core import models
+    from specgen.core.models import loading as models
     from specgen.core.settings import ModelSpec
 
     model = models.load_model(ModelSpec(path=str(folder), device="cpu", dtype="float32"), modeling=modeling)
@@ -194,7 +194,7 @@ def test_a_few_steps_lower_the_loss(pair, modeling):
     """A tiny random Llama target, through transformers and through core/step/: the TTT loss
     on a fixed batch falls over a few steps."""
     target = load_target(pair[0], modeling)
-    from specgen.core.models import load_tokenizer
+    from specgen.core.models.loading import load_tokenizer
     from specgen.core.settings import ModelSpec
 
     tokenizer = load_tokenizer(ModelSpec(path=str(pair[0])))
@@ -231,7 +231,7 @@ def test_greedy_continuation_is_transformers_generate(pair, modeling):
 
 
 def test_regenerated_batches_keep_the_datas_first_quarter(pair, profile_file, corpus_file):
-    from specgen.core.models import load_tokenizer
+    from specgen.core.models.loading import load_tokenizer
     from specgen.core.settings import ModelSpec
 
     target = load_target(pair[0], "auto")
@@ -265,9 +265,9 @@ def test_the_stream_is_the_documents_tokens_with_eos_between(pair):
     tokenizer does, and as it encodes each text alone."""
     from transformers import AutoTokenizer
 
-    from specgen.core.models import load_tokenizer
+    from specgen.core.models.loading import load_tokenizer
     from specgen.core.settings import ModelSpec
-    from specgen.core.tokenizer import PlainTokenizer
+    from specgen.core.models.tokenizer import PlainTokenizer
 
     plain = load_tokenizer(ModelSpec(path=str(pair[0])))
     assert isinstance(plain, PlainTokenizer)
@@ -339,7 +339,7 @@ def test_a_diverging_loss_halves_the_rate_then_stops():
 
 def test_a_nan_loss_stops_training_with_the_weights_of_before(pair, corpus_file, monkeypatch):
     """A step whose loss and gradient are NaN moves no weight, and the loop stops at its read."""
-    from specgen.core.models import load_tokenizer
+    from specgen.core.models.loading import load_tokenizer
     from specgen.core.settings import ModelSpec
 
     target = load_target(pair[0], "auto")
@@ -399,7 +399,7 @@ def trained(pair, profile_file, corpus_file, tmp_path_factory):
 
 
 def test_the_command_writes_a_head_that_loads_back(pair, trained):
-    from specgen.core.head_formats import load_head
+    from specgen.core.drafters.head_formats import load_head
 
     out, result = trained
     assert result.code == 0, result
@@ -469,7 +469,7 @@ def test_ctrl_c_in_the_final_evaluation_still_saves(pair, profile_file, corpus_f
 
 
 def test_ctrl_c_keeps_a_usable_head(pair, profile_file, corpus_file, tmp_path, monkeypatch):
-    from specgen.core.head_formats import load_head
+    from specgen.core.drafters.head_formats import load_head
 
     calls = []
     original = th.Trainer.step
@@ -562,7 +562,7 @@ def test_usage_errors_answer_before_torch_is_imported(profile_file, tmp_path):
 
 
 def test_data_folder_and_jsonl_hold_out_by_name(tmp_path):
-    from specgen.core.corpus import DATA_HOLDOUT_MOD, is_held_out, read_data
+    from specgen.core.train.corpus import DATA_HOLDOUT_MOD, is_held_out, read_data
 
     folder = tmp_path / "docs"
     (folder / "sub").mkdir(parents=True)
@@ -582,7 +582,7 @@ def test_data_folder_and_jsonl_hold_out_by_name(tmp_path):
 
 
 def test_a_make_pair_target_trains_on_its_own_corpus_without_the_held_out_files(tmp_path):
-    from specgen.core.corpus import (
+    from specgen.core.train.corpus import (
         PAIR_CORPORA,
         corpus_roots,
         list_files,
@@ -612,7 +612,7 @@ def test_a_trained_head_proposes_the_same_through_both_formats(pair, trained, tm
 
     from specgen.core.engine import Engine
     from specgen.core.events import RoundEvent
-    from specgen.core.head_formats import load_head
+    from specgen.core.drafters.head_formats import load_head
     from specgen.core.settings import ProposerSpec
 
     out, _ = trained
@@ -709,7 +709,7 @@ def test_a_full_disk_after_training_is_one_line(profile_file, corpus_file, tmp_p
     and the earlier head stays."""
     from safetensors import SafetensorError
 
-    from specgen.core import head_formats
+    from specgen.core.drafters import head_formats
 
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
@@ -725,7 +725,7 @@ def test_a_full_disk_after_training_is_one_line(profile_file, corpus_file, tmp_p
 def test_data_without_end_is_bounded(tmp_path):
     """--data /dev/zero stops at the limit (as stdin does) instead of filling memory; a regular
     file over it is refused by its size."""
-    from specgen.core.corpus import read_data
+    from specgen.core.train.corpus import read_data
     from specgen.core.errors import UsageError
 
     with pytest.raises(UsageError, match="--data /dev/zero holds more than 4 KiB"):

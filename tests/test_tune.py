@@ -1,4 +1,4 @@
-"""gpu/linear_table.py and gpu/tune.py: the linear kernel's configurations as data, and their tuning.
+"""gpu/tuning/linear_table.py and gpu/tuning/tune.py: the linear kernel's configurations as data, and their tuning.
 
 Tuning runs the candidates in the Triton interpreter on tiny shapes with a fake timer passed in
 (never real timing in a test): each candidate is checked against the torch reference, then the
@@ -18,9 +18,9 @@ import triton
 
 from specgen.core.errors import UsageError
 from specgen.core.settings import KernelSpec
-from specgen.gpu import linear_table as T
-from specgen.gpu import tune
-from specgen.gpu.kernels import resolve
+from specgen.gpu.tuning import linear_table as T
+from specgen.gpu.tuning import tune
+from specgen.gpu.policy import resolve
 
 
 def _fake_timer(costs: dict):
@@ -180,7 +180,7 @@ def test_tune_kernels_times_the_head_when_the_proposer_drafts_with_it(kind, tmp_
     from transformers import LlamaConfig
 
     from specgen.cli import tune as cli_tune
-    from specgen.core.head_formats import save_speculators
+    from specgen.core.drafters.head_formats import save_speculators
     from specgen.core.profile import load_profile
     from tiny_models import build_head, tiny_head_config, write_profile
 

@@ -1,4 +1,4 @@
-"""gpu/verify.py against core/rejection.py (the torch reference): identical output rows, and a
+"""gpu/kernels/verify.py against core/sampling/rejection.py (the torch reference): identical output rows, and a
 whole round (warp -> race drafts -> warp -> verify) through the kernels and through the reference.
 
 On CPU (CI) the kernels run in the Triton interpreter (tests/triton_cpu.py); on a GPU the same
@@ -13,10 +13,11 @@ import torch
 
 from kernel_inputs import (OPTIONS, assert_verify_equal, assert_warp_equal, both_random, make_logits, make_params,
                            round_inputs, settle_top_p, simple_round, warp_case)
-from specgen.core import rejection, sampling
+from specgen.core.sampling import rejection
+from specgen.core.sampling import warp as sampling
 from specgen.core.errors import DecodeError
-from specgen.gpu import verify as gpu_verify
-from specgen.gpu import warp as gpu_warp
+from specgen.gpu.kernels import verify as gpu_verify
+from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
 
 PH = rejection.PLACEHOLDER

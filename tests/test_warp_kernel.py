@@ -1,4 +1,4 @@
-"""gpu/warp.py against core/sampling.warp (the torch reference): identical argmaxes, kept sets and
+"""gpu/kernels/warp.py against core/sampling/warp.warp (the torch reference): identical argmaxes, kept sets and
 sampled ids, probabilities to rounding.
 
 On CPU (CI) the kernels run in the Triton interpreter (tests/triton_cpu.py); on a GPU the same tests
@@ -8,7 +8,7 @@ the interpreter). Row counts shrink as the vocabulary grows to keep CPU time sma
 
 Top-p rows get their top_p moved to the middle of the gap between two masses-above (settle_top_p):
 the one kept-set ambiguity the two implementations may resolve differently is a mass within
-float32 rounding of top_p (documented in core/sampling.py).
+float32 rounding of top_p (documented in core/sampling/warp.py).
 """
 
 from triton_cpu import DEVICE, INTERPRETED  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from kernel_inputs import (OPTIONS, assert_warp_equal, make_logits, make_params, settle_top_p, warp_case)
-from specgen.core import sampling
-from specgen.gpu import warp as gpu_warp
+from specgen.core.sampling import warp as sampling
+from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
 
 

@@ -116,7 +116,7 @@ def _toml(value) -> str:
 def tiny_head_config(**changes):
     """A tiny EAGLE-3 head: width 32, 4 heads over 2 KV heads, reading a 48-wide target with a
     40-token vocabulary, 24 of them in the draft vocabulary."""
-    from specgen.core.eagle import Eagle3Config
+    from specgen.core.drafters.eagle import Eagle3Config
 
     fields = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, target_vocab_size=40,
@@ -128,7 +128,7 @@ def tiny_head_config(**changes):
 def build_head(config=None, seed: int = 0, owns_embedding: bool = False):
     """A random-weight head (norm weights and d2t/t2d random too, so nothing hides behind 1s
     and an identity map). The draft vocabulary is a seeded random subset of the target's."""
-    from specgen.core.eagle import Eagle3Head
+    from specgen.core.drafters.eagle import Eagle3Head
 
     config = config or tiny_head_config()
     generator = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    assert "specgen.gpu.warp" not in sys.modules, "import triton_cpu before anything imports specgen.gpu"
+    assert "specgen.gpu.kernels.warp" not in sys.modules, "import triton_cpu before anything imports specgen.gpu"
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 INTERPRETED = DEVICE.type == "cpu"

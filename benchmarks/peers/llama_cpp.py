@@ -44,7 +44,7 @@ def prompts(pair: Path, count: int | None) -> list[str]:
 
 
 def specgen_tokenizer(pair: Path):
-    from specgen.core.models import load_tokenizer
+    from specgen.core.models.loading import load_tokenizer
     from specgen.core.settings import ModelSpec
 
     return load_tokenizer(ModelSpec(path=str(pair / "target"), device="cpu"))

@@ -1,6 +1,6 @@
 """`specgen bench`: speed and acceptance of a pair over a k x temperature sweep, against baselines.
 
-The measuring is core/bench.py; this module parses, runs and renders. The progress bar (with an
+The measuring is core/bench/run.py; this module parses, runs and renders. The progress bar (with an
 ETA) goes to stderr, only on a terminal. The result goes to stdout: a table, or one JSON document
 with --format json (docs/bench-schema.md), in which case the table goes to stderr unless --quiet.
 After Ctrl-C the same is printed for what finished (JSON: "incomplete": true) and the exit code is 130.
@@ -95,7 +95,7 @@ def bench(
 
     Prompts come from --prompts-file, or by default from the prompts.jsonl beside the profile's target folder.
     """
-    from specgen.core.bench_plan import Plan
+    from specgen.core.bench.bench_plan import Plan
     from specgen.core.profile import load_profile
 
     plan = Plan(ks=parse_list(ks, int, "--k"), temperatures=parse_list(temperatures, float, "--temperature"),
@@ -188,7 +188,7 @@ def measure(settings_for, prompts: list[str], plan, encoding: Encoding, allow_pi
     from specgen.cli.loading import collector_paused, load_engine
 
     with collector_paused():  # torch and transformers before the clock: startup_seconds is the loading
-        from specgen.core.bench import Bench
+        from specgen.core.bench.run import Bench
     start = time.perf_counter()
     engine = load_engine(engine_settings(settings_for, plan), allow_pickle, status=not quiet,
                              proposers=tuple(plan.proposers))
@@ -225,7 +225,7 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
     import torch
 
     from specgen.cli.loading import load_engine
-    from specgen.core.bench import fp32_check
+    from specgen.core.bench.run import fp32_check
     from specgen.core.profile import load_profile
 
     gc.collect()
@@ -287,7 +287,7 @@ def parse_names(text: str | None, option: str) -> tuple[str, ...]:
 
 
 def parse_baselines(text: str) -> tuple[str, ...]:
-    from specgen.core.bench_plan import BASELINES
+    from specgen.core.bench.bench_plan import BASELINES
     from specgen.core.errors import UsageError
 
     if not text:  # --baseline "": the speculative runs alone

@@ -27,7 +27,7 @@ def check_before_loading(settings, proposers: tuple[str, ...] | None = None) -> 
     """What the run needs on disk, checked before torch is imported and a minute of loading: the
     checkpoints the proposers need (a folder, or a hub id in the local cache) and the head's
     folder. proposers: as load_engine's."""
-    from specgen.core.checkpoints import check_head_folder, check_present
+    from specgen.core.models.checkpoints import check_head_folder, check_present
     from specgen.core.profile import origin
 
     kinds = proposers or (settings.proposer.kind,)

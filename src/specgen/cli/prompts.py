@@ -151,7 +151,7 @@ def prompt_ids(engine, settings, text: str, chat: bool, system: str | None, trun
     (--truncate-prompt), the end that leaves room for settings' max_tokens and k."""
     ids = encode_prompt(engine, text, chat, system)
     if truncate:
-        from specgen.core.context import keep_end
+        from specgen.core.models.context import keep_end
 
         ids = keep_end(ids, settings.sampling.max_tokens, settings.speculation.k, engine.max_context)
     return ids
@@ -164,7 +164,7 @@ def encode_prompt(engine, text: str, chat: bool, system: str | None = None) -> l
         return engine.encode(text)
     from jinja2 import TemplateError  # only here: a plain prompt need not wait for its import
 
-    from specgen.core.chat import chat_ids
+    from specgen.core.models.chat import chat_ids
     from specgen.core.errors import ModelError
 
     try:

@@ -1,4 +1,4 @@
-"""`specgen train-head`: train an EAGLE-3 head for the profile's target (core/train_head.py).
+"""`specgen train-head`: train an EAGLE-3 head for the profile's target (core/train/train_head.py).
 
 Every option, the profile and the data are checked before torch is imported. stdout gets the
 result (where the head is, its simulated acceptance; `--format json`: report.json); a progress
@@ -69,7 +69,8 @@ def train_head(
     quiet: opt.Quiet = False,
 ) -> None:
     """Train an EAGLE-3 draft head for the profile's target; stdout gets where it is and its acceptance."""
-    from specgen.core import head_folder, train_plan
+    from specgen.core.drafters import head_folder
+    from specgen.core.train import train_plan
     from specgen.core.profile import load_profile
 
     started = time.perf_counter()
@@ -98,7 +99,7 @@ def train_head(
 
 def read_data(data: Path | None, target_path: str):
     """--data, or the training corpus of the make_pair pair the target belongs to."""
-    from specgen.core import corpus
+    from specgen.core.train import corpus
     from specgen.core.errors import UsageError
 
     if data is not None:
@@ -114,7 +115,7 @@ def run(settings, plan, texts, out: Path, started: float, written, command, allo
     from specgen.cli.loading import collector_paused
 
     with render.startup_status(enabled=not quiet), collector_paused():  # torch's import, as the others do
-        from specgen.core.train_head import train_head as train
+        from specgen.core.train.train_head import train_head as train
 
     console = render.stderr_console()
     live = not quiet and render.can_draw(console)

@@ -2,12 +2,12 @@
 (the draft model's shapes when the proposer runs it, the EAGLE-3 head's when it drafts).
 
 Writes the winners to the profile's [kernels] tables folder (default $XDG_CACHE_HOME/specgen/kernels,
-gpu/linear_table.py), where every later run on this machine reads them. Shapes tuned before for
+gpu/tuning/linear_table.py), where every later run on this machine reads them. Shapes tuned before for
 another pair stay in the file. stdout gets one line per shape: the chosen configurations and their
 time against the package's choice.
 
 With a draft model (and --in-step, the default), the draft's one-row picks are then chosen again
-inside its captured one-token step (gpu/tune.py's tune_in_step): a projection's fastest
+inside its captured one-token step (gpu/tuning/tune.py's tune_in_step): a projection's fastest
 configuration alone is not always its fastest between the step's other kernels. That loads the
 draft's weights and takes a few minutes; stdout gets a line per pick it changes and the step's
 time before and after.
@@ -75,7 +75,7 @@ def no_gpu_visible(root: Path = Path("/"), environ=None) -> bool:
 
 
 def _rows(text: str, k: int) -> tuple[int, ...]:
-    from specgen.gpu.linear import MAX_ROWS  # noqa: PLC0415 (Triton only once the options are valid)
+    from specgen.gpu.kernels.linear import MAX_ROWS  # noqa: PLC0415 (Triton only once the options are valid)
 
     try:
         sizes = tuple(int(part) for part in opt.comma_list(text, "--rows", "1,5")) if text else (1, k + 1)
@@ -93,14 +93,15 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
     write them too; (its path, report lines). progress(line), if given, hears of each step as done."""
     import torch
 
-    from specgen.core.models import load_config
-    from specgen.gpu import linear_table, tune
+    from specgen.core.models.loading import load_config
+    from specgen.gpu.tuning import linear_table
+    from specgen.gpu.tuning import tune
 
     models = [settings.target] + ([settings.draft] if settings.draft is not None and settings.proposer.uses_draft
                                   else [])
     shapes = [shape for spec in models for shape in tune.model_shapes(load_config(spec, settings.runtime.download))]
     if settings.proposer.drafter() == "eagle" and settings.proposer.head:
-        from specgen.core.head_formats import read_config
+        from specgen.core.drafters.head_formats import read_config
 
         shapes += tune.head_shapes(read_config(Path(settings.proposer.head))[1])
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(settings.target.dtype, torch.bfloat16)
@@ -136,10 +137,10 @@ def _in_step(settings, table, step_timer, progress=None):
     """The table with the draft's one-row picks chosen inside its captured step; report lines."""
     import dataclasses
 
-    from specgen.core.models import load_model, resolve_device
-    from specgen.gpu import tune
-    from specgen.gpu.kernels import resolve
-    from specgen.gpu.linear_table import LinearTable, packaged
+    from specgen.core.models.loading import load_model, resolve_device
+    from specgen.gpu.tuning import tune
+    from specgen.gpu.policy import resolve
+    from specgen.gpu.tuning.linear_table import LinearTable, packaged
     from specgen.gpu.workspace import Workspace
 
     device = resolve_device(settings.draft)

@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 import torch
 
 from specgen.core.backend import Program, RoundClock
-from specgen.core.context import context_error
-from specgen.core.detok import IncrementalDetokenizer, TextTracker
+from specgen.core.models.context import context_error
+from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.errors import UsageError
 from specgen.core.events import Fate, Finished, Output, RoundEvent, text_starts
-from specgen.core.ngram import NgramProposer
-from specgen.core.proposers import AdaptiveK
+from specgen.core.drafters.ngram import NgramProposer
+from specgen.core.drafters.proposers import AdaptiveK
 from specgen.core.round import Mode, Round
-from specgen.core.sampling import logprobs_from_logits
+from specgen.core.sampling.warp import logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 from specgen.core.stats import AcceptanceStats
 

@@ -9,9 +9,9 @@ import torch
 from specgen.core.backend import Backend, TorchBackend
 from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
-from specgen.core.heads import build_heads
-from specgen.core.models import LoadedPair, checkpoint_folder, load_pair, logits_width
-from specgen.core.ngram import NgramProposer
+from specgen.core.drafters.heads import build_heads
+from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair, logits_width
+from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.round import Mode, Round, RoundShape
 from specgen.core.settings import Profile
 

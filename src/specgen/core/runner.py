@@ -52,11 +52,11 @@ class EagerRunner:
     use_graphs = False  # its steps read the position on the host: rounds over it run eagerly
 
     def __init__(self, model, width: int, capacity: int = 0, tap=None):
-        from specgen.core.models import cache_keyword
+        from specgen.core.models.loading import cache_keyword
         from specgen.core.step.model import OwnedModel
 
         self.model = model
-        self.tap = tap  # core/heads.py's AuxTap: copies hidden states during this runner's forwards
+        self.tap = tap  # core/drafters/heads.py's AuxTap: copies hidden states during this runner's forwards
         self.width = width  # logits columns handed out: padded with -inf or cut to the target's width
         self.device = model.get_output_embeddings().weight.device
         self.position = torch.zeros((), dtype=torch.long, device=self.device)
@@ -68,7 +68,7 @@ class EagerRunner:
         self.reset()
 
     def reset(self) -> None:
-        from specgen.core.models import new_cache
+        from specgen.core.models.loading import new_cache
 
         self.cache = self.model.new_cache(1, max(self.capacity, 64)) if self.owned else new_cache(self.model)
         self.length = 0

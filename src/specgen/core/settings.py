@@ -73,7 +73,7 @@ FUSIONS = ("rope", "norm", "head", "step_io", "dependent_launch", "split_k", "ro
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """Which GPU kernels a run uses (gpu/kernels.py resolves it): the two a user chooses, the
+    """Which GPU kernels a run uses (gpu/policy.py resolves it): the two a user chooses, the
     tuned tables' folder, and fusions turned off."""
 
     attention: str = "auto"  # auto | kernel | sdpa

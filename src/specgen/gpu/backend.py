@@ -25,9 +25,9 @@ from specgen.core.errors import SpecgenError, UsageError
 from specgen.core.round import Mode, Round
 from specgen.core.round.ops import RoundOps, TorchRoundOps
 from specgen.gpu import stages
-from specgen.gpu import verify as gpu_verify
+from specgen.gpu.kernels import verify as gpu_verify
 from specgen.gpu.capture import capture
-from specgen.gpu.kernels import ResolvedKernels, resolve
+from specgen.gpu.policy import ResolvedKernels, resolve
 from specgen.gpu.round_ops import TritonRoundOps
 from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
 from specgen.gpu.workspace import Workspace, device_of

@@ -1,6 +1,6 @@
 """Warm up, then capture: the one sequence every CUDA graph of the run is made by (the round's
 program and pieces of it in gpu/backend.py, the runners' steps in gpu/runner.py, the tuner's timing
-in gpu/tune.py). Each caller keeps its own specifics: what its warm-ups write (scratch positions, a
+in gpu/tuning/tune.py). Each caller keeps its own specifics: what its warm-ups write (scratch positions, a
 state restored after), and what to do when capture fails.
 """
 

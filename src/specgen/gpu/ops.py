@@ -1,8 +1,8 @@
 """The kernel table on CUDA: specgen's Triton kernels behind the ops of core/step/ops.py.
 
 An owned model step (core/step/) calls its ops through one table; this one launches
-gpu/linear.py, gpu/norm.py and gpu/attention.py, each with the launch options the run resolved
-(gpu/kernels.py: the linear configurations by shape, split-K and its counters, dependent launch)
+gpu/kernels/linear.py, gpu/kernels/norm.py and gpu/kernels/attention.py, each with the launch options the run resolved
+(gpu/policy.py: the linear configurations by shape, split-K and its counters, dependent launch)
 held here once instead of passed with every call. Where a kernel is turned off, or a call is
 outside what the kernel takes (more rows than a captured step has, biases the fused gate/up
 projection lacks), the op is the reference's own, so both tables compute
@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from specgen.core.step.ops import TorchOps
-from specgen.gpu import attention as attention_kernels
-from specgen.gpu import linear as linear_kernels
-from specgen.gpu import norm as norm_kernels
-from specgen.gpu import step_io
-from specgen.gpu.kernels import ResolvedKernels
+from specgen.gpu.kernels import attention as attention_kernels
+from specgen.gpu.kernels import linear as linear_kernels
+from specgen.gpu.kernels import norm as norm_kernels
+from specgen.gpu.kernels import step_io
+from specgen.gpu.policy import ResolvedKernels
 
 
 MAX_STEP = 64  # rows of the longest captured step (gpu/runner.py's MAX_GRAPH_TOKENS)
@@ -33,7 +33,7 @@ class TritonOps(TorchOps):
     name = "triton"
 
     def __init__(self, kernels: ResolvedKernels, counters: dict | None = None, table=None):
-        """counters: split-K's arrival counters by device (gpu/linear.py; a model over several GPUs
+        """counters: split-K's arrival counters by device (gpu/kernels/linear.py; a model over several GPUs
         has a set on each); table: the linear kernel's configurations (default: the policy's)."""
         self.kernels = kernels
         self.table = None  # [capacity, 2, d]: cos and sin of every position, in the model's dtype
@@ -57,7 +57,7 @@ class TritonOps(TorchOps):
             self.rotary_rows = torch.zeros(MAX_STEP, 2 * cos.shape[-1], dtype=dtype, device=inv_freq.device)
 
     def inputs(self, rows, weight, scale, inv_freq):
-        """One launch (gpu/step_io.py) for the rows' embeddings and rotary rows, and a chain's or a
+        """One launch (gpu/kernels/step_io.py) for the rows' embeddings and rotary rows, and a chain's or a
         batch's pending positions; any layout of at most MAX_STEP rows in all."""
         b, n = rows.ids.shape
         if (not self.kernels.step_io or self.table is None or b * n > MAX_STEP

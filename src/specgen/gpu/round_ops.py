@@ -1,19 +1,21 @@
-"""The round's ops in Triton (core/round/ops.py's table): gpu/warp.py, gpu/verify.py, gpu/noise.py
-and gpu/commit.py over one device's workspace, each launched dependent on the kernel before when
-the target's kernel policy says so (gpu/dependent.py).
+"""The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py, gpu/kernels/noise.py
+and gpu/kernels/commit.py over one device's workspace, each launched dependent on the kernel before when
+the target's kernel policy says so (gpu/kernels/dependent.py).
 
 The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
-reads with the round (gpu/verify.check_output). tests/test_round_ops.py compares this table with
+reads with the round (gpu/kernels/verify.check_output). tests/test_round_ops.py compares this table with
 the references on one round's inputs.
 """
 
 from __future__ import annotations
 
-from specgen.core import bookkeeping, noise
-from specgen.gpu import commit as gpu_commit
-from specgen.gpu import noise as gpu_noise
-from specgen.gpu import verify as gpu_verify
-from specgen.gpu import warp as gpu_warp
+from specgen.core.sampling import bookkeeping
+
+from specgen.core.sampling import noise
+from specgen.gpu.kernels import commit as gpu_commit
+from specgen.gpu.kernels import noise as gpu_noise
+from specgen.gpu.kernels import verify as gpu_verify
+from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
 
 
@@ -22,7 +24,7 @@ class TritonRoundOps:
 
     def __init__(self, workspace: Workspace, dependent: bool = False):
         self.workspace = workspace
-        self.dependent = dependent  # every launch waits on the kernel before (gpu/dependent.py)
+        self.dependent = dependent  # every launch waits on the kernel before (gpu/kernels/dependent.py)
 
     def warp(self, logits, params, penalties=None, bad_mask=None):
         return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, dependent=self.dependent)

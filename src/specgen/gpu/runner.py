@@ -25,7 +25,7 @@ import torch
 
 from specgen.gpu import stages
 from specgen.gpu.capture import capture
-from specgen.gpu.kernels import ResolvedKernels
+from specgen.gpu.policy import ResolvedKernels
 from specgen.gpu.workspace import Workspace
 
 WARMUP_STEPS = 3  # eager runs before capture: Triton's JIT, cuBLAS handles, lazy allocations
@@ -57,7 +57,7 @@ class GraphRunner:
     """forward(ids) feeds tokens after the cached ones; graphs replay the shapes in `shapes`.
 
     model: an OwnedModel; capacity: positions the cache holds (grown by reserve(), which
-    re-captures); kernels: the run's kernel policy (gpu/kernels.py resolve), which gpu/ops.py's
+    re-captures); kernels: the run's kernel policy (gpu/policy.py resolve), which gpu/ops.py's
     table applies; workspace: the device's kernel scratch (split-K counters); use_graphs=False runs
     every step eagerly over the same cache (the fallback when capture fails); progress(done, total,
     what): start-up callback.
@@ -66,7 +66,7 @@ class GraphRunner:
     def __init__(self, model, width: int, capacity: int, *, kernels: ResolvedKernels, workspace: Workspace,
                  shapes=(), use_graphs: bool = True, progress=None, name: str = "model", tap=None):
         self.model = model
-        self.tap = tap  # core/heads.py's AuxTap: armed in every forward and capture of this runner
+        self.tap = tap  # core/drafters/heads.py's AuxTap: armed in every forward and capture of this runner
         self.width = width  # logits columns handed out, as in EagerRunner
         # home: where its inputs, logits and position live (the round's device); the weights may
         # lie on other GPUs too (gpu/stages.py carries each step there and back)
@@ -147,7 +147,7 @@ class GraphRunner:
 
     def step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor:
         """The captured step: forward at the shared position, logits into the owned buffer, advance."""
-        from specgen.gpu import step_io
+        from specgen.gpu.kernels import step_io
 
         n = ids.shape[0]
         with self._stepping():
@@ -168,7 +168,7 @@ class GraphRunner:
     # -- internals ------------------------------------------------------------------------------
 
     def _ops(self, kernels: ResolvedKernels, workspace: Workspace):
-        from specgen.gpu import linear
+        from specgen.gpu.kernels import linear
         from specgen.gpu.ops import TritonOps
 
         counters = {}

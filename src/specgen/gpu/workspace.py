@@ -1,7 +1,7 @@
 """The kernels' state on one device: grow-only scratch buffers and the error flag.
 
 One Workspace per device is created by whoever builds the runners and the round, and passed to
-every launcher that needs scratch (gpu/warp.py, gpu/verify.py, gpu/linear.py's split-K counters).
+every launcher that needs scratch (gpu/kernels/warp.py, gpu/kernels/verify.py, gpu/kernels/linear.py's split-K counters).
 Kernels on one stream use a buffer one after the other, so one of each name serves them all.
 
 Buffers only grow, and every buffer ever handed out stays in `buffers`: a captured CUDA graph
@@ -9,7 +9,7 @@ keeps the addresses it was captured with, so a buffer replaced by a larger one m
 as long as the workspace. Buffers from `zeros` hold arrival counters and slots that the kernels
 reset themselves, so they are zero between launches.
 
-`error` is the int32 flag the warp kernels OR into (gpu/warp.py: 1 NaN/+inf logits, 2 a row with
+`error` is the int32 flag the warp kernels OR into (gpu/kernels/warp.py: 1 NaN/+inf logits, 2 a row with
 every id masked) and the verify kernels turn into a sentinel in their output row.
 """
 

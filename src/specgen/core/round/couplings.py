@@ -1,12 +1,12 @@
 """Couplings: how the round's randomness ties the draft's picks to the target's verdict.
 
     RejectionCoupling   greedy requests: drafts accepted while they equal the target's argmax.
-                        Sampled: Leviathan et al.'s rejection sampling (core/rejection.py), from
+                        Sampled: Leviathan et al.'s rejection sampling (core/sampling/rejection.py), from
                         Exp(1) rows and uniforms the host draws into static buffers before each
                         round (draw(), in the same order and shapes every round, so a seed
                         reproduces the text on every backend).
     GumbelCoupling      sampled: the body computes noise row i from (seed, the position of row i,
-                        token id) on the device (core/noise.py); the draft races q̃ against row i,
+                        token id) on the device (core/sampling/noise.py); the draft races q̃ against row i,
                         the target picks x_i = argmax p̃_i / E_i, and verification is greedy
                         against x: the text does not depend on k or the proposer.
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from specgen.core import noise
-from specgen.core.sampling import exponentials_, uniforms_
+from specgen.core.sampling import noise
+from specgen.core.sampling.warp import exponentials_, uniforms_
 
 
 class RejectionCoupling:

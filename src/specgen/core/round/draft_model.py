@@ -5,7 +5,7 @@ a model round steps over `pending` (predicting the first draft from the committe
 last id), then k - 1 single steps, each on the id picked before it, straight into feed. In a
 host round it steps once over [committed[-2], feed] so its cache keeps following. The commit
 moves its position back past the rows beyond the accepted ones and writes `pending` anew
-(core/bookkeeping.py).
+(core/sampling/bookkeeping.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from specgen.core.sampling import logprobs_from_logits
+from specgen.core.sampling.warp import logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 
 
@@ -46,7 +46,7 @@ class Drafter(Protocol):
         """On the device, in a round another drafter drafts: keep the drafter's cache following."""
 
     def commit_fields(self) -> dict:
-        """What the commit moves besides the target (core/bookkeeping.CommitBuffers)."""
+        """What the commit moves besides the target (core/sampling/bookkeeping.CommitBuffers)."""
 
     def state(self) -> list[torch.Tensor]: ...
 
@@ -54,7 +54,7 @@ class Drafter(Protocol):
 class DraftPick:
     """Draft step i's id into drafts[i]: raced against the coupling's noise row, warped (rows with
     penalties or masks), or the argmax; q(d_i) and the step's confidence where p_min or a stage
-    reads them. count() then cuts num_drafts (core/bookkeeping.count_drafts)."""
+    reads them. count() then cuts num_drafts (core/sampling/bookkeeping.count_drafts)."""
 
     def __init__(self, rnd, rows, coupling, p_min: float, keep_q: bool):
         self.rnd, self.rows, self.coupling, self.p_min = rnd, rows, coupling, p_min
@@ -117,7 +117,7 @@ class NoDraft:
 
 
 class HostLookup:
-    """Drafts the host wrote into feed (n-gram lookup, core/ngram.py), 0 to k of them; the device
+    """Drafts the host wrote into feed (n-gram lookup, core/drafters/ngram.py), 0 to k of them; the device
     drafter (`follower`) keeps its cache following the committed sequence: a draft model steps
     once over [committed[-2], feed], a head extends over the previous round's rows."""
 

@@ -1,4 +1,4 @@
-"""A head on the target's hidden states as the round's drafter (EAGLE-3, MTP: core/heads.py holds
+"""A head on the target's hidden states as the round's drafter (EAGLE-3, MTP: core/drafters/heads.py holds
 the models and their caches; this part drives them).
 
 A model round extends the head over the previous round's k + 1 target rows (the round's output
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from specgen.core.heads import prefill_head
+from specgen.core.drafters.heads import prefill_head
 
 
 class HeadDrafts:
-    """head: a HeadDrafter (core/heads.py); pick: the round's DraftPick."""
+    """head: a HeadDrafter (core/drafters/heads.py); pick: the round's DraftPick."""
 
     one_hot = False
 

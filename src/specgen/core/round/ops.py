@@ -1,8 +1,8 @@
 """The round's ops: the table of tensor operations the round's parts call (warp, argmax, the race,
 Gumbel noise, verification, the draft count, the commit), chosen once by the backend.
 
-`TorchRoundOps` is the table of references (core/sampling.py, core/rejection.py, core/noise.py,
-core/bookkeeping.py): what the torch backend runs, and the CUDA backend too where the target's
+`TorchRoundOps` is the table of references (core/sampling/warp.py, core/sampling/rejection.py, core/sampling/noise.py,
+core/sampling/bookkeeping.py): what the torch backend runs, and the CUDA backend too where the target's
 kernel policy turns the round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes the
 same results with Triton kernels (tests/test_round_ops.py compares the two on one round's
 inputs). A table holds what its calls share (the Triton one: the device's workspace and the
@@ -15,15 +15,21 @@ from typing import Protocol
 
 import torch
 
-from specgen.core import bookkeeping, noise, rejection, sampling
-from specgen.core.bookkeeping import CommitBuffers
+from specgen.core.sampling import bookkeeping
+
+from specgen.core.sampling import noise
+
+from specgen.core.sampling import rejection
+
+from specgen.core.sampling import warp as sampling
+from specgen.core.sampling.bookkeeping import CommitBuffers
 
 
 class RoundOps(Protocol):
     capturable: bool  # no op syncs with the host: a round on this table may be captured as a graph
 
     def warp(self, logits, params, penalties=None, bad_mask=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(argmax [N], probs [N, V] or None when every row is greedy): core/sampling.warp."""
+        """(argmax [N], probs [N, V] or None when every row is greedy): core/sampling/warp.warp."""
 
     def argmax(self, logits, out) -> None: ...
 
@@ -33,7 +39,7 @@ class RoundOps(Protocol):
         which are probs_out, filled, when it is given."""
 
     def gumbel_noise(self, out, key, first) -> None:
-        """out <- Exp(1) rows from (key, first + row, id): core/noise.exponential."""
+        """out <- Exp(1) rows from (key, first + row, id): core/sampling/noise.exponential."""
 
     def verify_greedy(self, drafts, cu, target_argmax, max_spec_len: int) -> torch.Tensor: ...
 

@@ -11,7 +11,7 @@ One round, from static buffers sized once for k, each phase a part chosen when t
     stage    the floats the host reads (core/round/stage.py: p(d), q(d), insight's entropy); the
              ids are staged with the commit, so the host copies one buffer per dtype
     commit   both caches roll back by moving their position; the next round's `last` (and the
-             draft model's `pending`) are written from this round's output (core/bookkeeping.py)
+             draft model's `pending`) are written from this round's output (core/sampling/bookkeeping.py)
 
 The draft cache always holds the committed sequence minus its last two ids, the target cache all
 but the last: with m tokens emitted, both positions move back by the rows they ran beyond that.
@@ -29,14 +29,14 @@ from typing import Callable
 
 import torch
 
-from specgen.core.bookkeeping import CommitBuffers
+from specgen.core.sampling.bookkeeping import CommitBuffers
 from specgen.core.round.couplings import GumbelCoupling, RejectionCoupling
 from specgen.core.round.draft_model import DraftModel
 from specgen.core.round.drafters import DraftPick, HostLookup, NoDraft, draft_spec
 from specgen.core.round.head import HeadDrafts
 from specgen.core.round.rows import LogitsRows, MinTokens, NoPenalties, Padding, Penalties
 from specgen.core.round.stage import DraftProbs, Insight, NoStage
-from specgen.core.sampling import WarpParams
+from specgen.core.sampling.warp import WarpParams
 from specgen.core.settings import SamplingSpec
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.core.sampling import PenaltyRows, WarpParams
+from specgen.core.sampling.warp import PenaltyRows, WarpParams
 
 
 class NoPenalties:

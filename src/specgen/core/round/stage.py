@@ -6,14 +6,14 @@
                  greedy rounds compute p from the target's warped rows for it
 
 A round without one (greedy or Gumbel coupling without insight, target-only) stages no floats.
-The ids are staged with the commit (core/bookkeeping.py).
+The ids are staged with the commit (core/sampling/bookkeeping.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from specgen.core.sampling import logprobs_from_logits
+from specgen.core.sampling.warp import logprobs_from_logits
 
 
 class NoStage:

@@ -4,7 +4,7 @@ The family files (core/step/llama.py, core/step/gemma2.py) give the decoder laye
 the rest, named as transformers names it (`model.embed_tokens`, `model.layers`, `model.norm`,
 `lm_head`), so weights load by name and code that reads a target's embeddings, layers or config
 reads an owned model the same way. Decoder layers and the final norm are called as modules, so
-forward hooks (core/heads.py's hidden-state tap) see them as on transformers' models.
+forward hooks (core/drafters/heads.py's hidden-state tap) see them as on transformers' models.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class OwnedModel(nn.Module):
                 use_cache: bool = True, logits_to_keep: int = 0, **_) -> Output:
         """transformers' call for code that runs a model outside specgen's runners (training a head,
         measuring acceptance): input_ids [B, n] after the tokens `past_key_values` holds (a
-        GrowingCache from new_cache in core/models.py; None: no cache)."""
+        GrowingCache from new_cache in core/models/loading.py; None: no cache)."""
         cache = past_key_values if use_cache and past_key_values is not None else GrowingCache(self)
         start = cache.length
         cache.reserve(input_ids.shape[0], start + input_ids.shape[1])

@@ -2,7 +2,7 @@
 
 A step computes B sequences' n query rows each. Every row carries its token, the rotary position
 it sits at and the cache slot its key and value go to. What a row sees is one compact layout that
-the reference (core/step/ops.py, through `seen`) and the attention kernel (gpu/attention.py) both
+the reference (core/step/ops.py, through `seen`) and the attention kernel (gpu/kernels/attention.py) both
 read, so the two cannot disagree:
 
 - per sequence b, a committed prefix: `start[b]`; every row of b sees slots 0 .. start[b] - 1,
@@ -42,7 +42,7 @@ class Rows:
     # S, the slots a reference step looks at, where known on the host; None: the whole cache
     span: int | None = None
     # chain rows whose `positions` buffer the step's inputs op fills from `start`, in the launch
-    # that also gathers their embeddings (gpu/step_io.py); nothing reads it before
+    # that also gathers their embeddings (gpu/kernels/step_io.py); nothing reads it before
     pending: bool = False
 
     @property

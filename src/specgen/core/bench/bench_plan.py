@@ -1,0 +1,26 @@
+"""What `specgen bench` measures: the sweep and the baselines, without torch, so that the command
+can check its options before it imports torch (core/bench/run.py measures)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BASELINES = ("target-only", "hf", "hf-static", "hf-assisted")
+HF_BASELINES = ("hf", "hf-static")  # plain Hugging Face generate, without a draft
+
+
+@dataclass(frozen=True)
+class Plan:
+    ks: tuple[int, ...]
+    temperatures: tuple[float, ...]
+    proposers: tuple[str, ...]  # proposer kinds measured side by side (each with every k)
+    baselines: tuple[str, ...] = ("target-only",)
+    repeat: int = 1
+    warmup: int = 1
+    records: bool = False  # keep per-round records of every speculative run (for inspect-acceptance)
+    # sampled temperatures run once per coupling (greedy runs once: coupling changes nothing there)
+    couplings: tuple[str, ...] = ("rejection",)
+
+    def sweeps(self) -> list[tuple[float, str | None]]:
+        """(temperature, coupling) of every sweep, in order; None at temperature 0."""
+        return [(t, c) for t in self.temperatures for c in (self.couplings if t > 0 else (None,))]

@@ -1,0 +1,381 @@
+"""Attention for captured steps: a Triton kernel over the live part of a static KV cache.
+
+Why: a captured step attends over the whole static cache (capacity positions) through SDPA with a
+[q, capacity] mask. On an H200 (`git show 1b54921:docs/benchmarks.md`, "Linear and attention kernels")
+cuDNN SDPA then costs far more for the 5 tokens of a k = 4 verification than for 1 token, and that
+one difference is most of what a verification step costs over a 1-token step. This kernel reads the position
+straight from the runner's device tensor and visits only keys [0, position + q): its cost follows
+the sequence, not the cache, and barely grows with q: every key block is loaded from memory once
+for all query heads that share its KV head (GQA), and a step's other row tiles read it from L2.
+
+Layout (flash decoding): program (b * KVH + kv head, tile, split) takes BLOCK_M rows of the step's
+(query token, query head of the group) pairs, token-major, and keys [split * split_keys, ...) up to
+its last token's last visible key; an online softmax in base 2. A step of several tokens shares each
+key block between the tokens of a tile instead of loading it once per token (Llama-3-8B shape,
+H200: the 5-token step's split kernel took twice the one-token step's time with a program per
+token, `git show 1b54921:docs/benchmarks.md`, "Dependent launch (H200)"). One split writes the
+output directly; several write normalised partial outputs and their log-sum-exp, and _combine_kernel
+merges them in split order. Query token t sits at position + t and sees keys n with
+n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
+applies).
+
+Trees and any other rows (core/step/rows.py's layout: per sequence a start, per row a tail of
+slots in path order, `tail` and `depth`): a program's tile holds one token's heads, placed as a
+one-token chain step places them, and walks logical keys: the prefix's slots in place, then the
+token's tail gathered, key j at position j. So a tree node visits its path's keys in the order,
+blocks and splits of a one-token chain step at its position over a cache that holds its path in
+place, and gets its output bit for bit; a sliding window compares those positions. A batch's
+sequences each read their own start.
+
+Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becomes
+softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
+computes it (see the kernel).
+
+Row invariance (bit-exact greedy decoding): a row's result is the same whatever the number of query
+tokens in the step: the same tile size (set by the model), the same key blocks and splits (block
+and split boundaries are absolute positions, splits set by the cache's capacity), and the blocks
+it walks beyond its own keys leave it bitwise unchanged (see the kernel). Its place in the tile
+moves with its token; a tensor-core product computes each row by itself, which the GPU tests check
+(tests/test_exact.py); in the Triton interpreter, whose matmul does not, the products are summed
+per row. So the token at position p gets bitwise the same output from a 1-token step at p as from
+a (k+1)-token step that holds it.
+
+With rope (the [kernels] rope setting), the query and the step's new keys arrive before their
+rotary embedding: the kernel rotates them, and each split writes the new keys and values whose
+positions fall in its key range (the split that reads them) into their rows' slots before
+reading the cache.
+
+Torch references: gpu/kernels/reference.py. Calls from a model step: gpu/ops.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from specgen.gpu.kernels.dependent import launch_options, release_next, wait_previous
+
+# Keys per program: at least SPLIT_KEYS, more when the cache holds over MAX_SPLITS x SPLIT_KEYS. Short
+# splits spread even a short sequence over many programs; the merge reads at most MAX_SPLITS partials.
+# Heads wider than 128 take key blocks of 32 and splits of one block: Gemma 2's (head_dim 256, 4 or
+# 8 KV heads) otherwise ran too few programs, each two dependent blocks long (H200: its 2B step
+# 1.741 -> 1.723 ms, `git show 1b54921:docs/benchmarks.md`, "Gemma 2's layers on the kernels (H200)").
+# Splits depend on the model and the cache, never on tokens.
+SPLIT_KEYS = 64
+MAX_SPLITS = 64
+MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
+MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # the online softmax is in base 2
+
+
+def decode_attention(
+    query: torch.Tensor,  # [B, H, q, D]
+    key: torch.Tensor,  # [B, KVH, C, D]
+    value: torch.Tensor,  # [B, KVH, C, D]
+    position: torch.Tensor,  # [] or [B] int64: each sequence's start (where a chain's token 0 sits)
+    scale: float,
+    window: int = 0,  # sliding window (0: none)
+    rope: tuple | None = None,  # (new keys, new values, cos, sin): see below
+    softcap: float = 0.0,  # attention logit soft-capping (0: none)
+    dependent: bool = False,  # launched dependent on the kernel before (gpu/kernels/dependent.py)
+    tail: torch.Tensor | None = None,  # [B, q, T] int64: each row's slots past the start, in path order
+    depth: torch.Tensor | None = None,  # [B, q] int64: the tail entries each row sees
+) -> torch.Tensor:  # [B, q, H, D]
+    """Without `tail`, the rows are chains: token t of sequence b sits at position[b] + t and sees
+    slots 0 .. position[b] + t. With it (core/step/rows.py's layout: a token tree, or any rows), row
+    t sees slots 0 .. position[b] - 1, then tail[b, t, :depth[b, t]], and sits at position
+    position[b] + depth[b, t] - 1, where its own slot is its tail's last entry.
+    With rope = (k_new [B, KVH, q, D], v_new [B, KVH, q, D], cos [B, q, D], sin [B, q, D]): the
+    query and the new keys come before their rotary embedding, and the kernel rotates them
+    (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
+    each row's slot before attending. Otherwise the cache holds them already and the query is
+    rotated. With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
+    return run(query, key, value, position, scale, window, rope, softcap, dependent, tail, depth)
+
+
+def run(query, key, value, position, scale, window, rope, softcap, dependent, tail=None, depth=None):
+    """decode_attention's launches."""
+    batch, heads, tokens, dim = query.shape
+    kv_heads, capacity = key.shape[1], key.shape[2]
+    assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0
+    assert query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
+    assert position.numel() in (1, batch) and position.dtype == torch.int64
+    assert tokens <= MAX_GRAPH_QUERY, f"{tokens} query tokens > MAX_GRAPH_QUERY {MAX_GRAPH_QUERY}"
+    assert softcap >= 0.0, f"softcap {softcap} < 0"
+    group = heads // kv_heads
+    block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(group)))  # by the model, never by tokens
+    per_token = triton.cdiv(group, block_m)  # a tree's tiles: one token each
+    tiles = triton.cdiv(tokens * group, block_m) if tail is None else tokens * per_token
+    block_d = max(16, triton.next_power_of_2(dim))
+    block_n = 64 if block_d <= 128 else 32
+    split_keys = max(min(SPLIT_KEYS, block_n), block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
+    splits = triton.cdiv(capacity, split_keys)
+    out = torch.empty(batch, tokens, heads, dim, dtype=query.dtype, device=query.device)
+    if splits == 1:
+        part, lse = out, out  # unused: the kernel writes out directly
+    else:
+        part = torch.empty(batch, heads, tokens, splits, dim, dtype=torch.float32, device=query.device)
+        lse = torch.empty(batch, heads, tokens, splits, dtype=torch.float32, device=query.device)
+    grid = (batch * kv_heads, tiles, splits)
+    if rope is None:
+        k_new = v_new = cos = sin = query  # unused
+        new_strides = (0,) * 8
+    else:
+        k_new, v_new, cos, sin = rope
+        assert k_new.shape == v_new.shape == (batch, kv_heads, tokens, dim) and dim % 2 == 0
+        assert cos.shape == sin.shape == (cos.shape[0], tokens, dim) and cos.stride() == sin.stride()
+        assert k_new.stride(-1) == v_new.stride(-1) == cos.stride(-1) == 1
+        new_strides = (*k_new.stride()[:3], *v_new.stride()[:3], 0 if cos.shape[0] == 1 else cos.stride(0), cos.stride(1))
+    starts = position.reshape(-1)
+    start_stride = 0 if starts.numel() == 1 else starts.stride(0)
+    gathered = tail is not None
+    if not gathered:
+        tail = depth = starts  # unused
+        tail_strides = (0,) * 4
+    else:
+        assert tail.dtype == depth.dtype == torch.int64 and tail.stride(-1) == 1
+        assert tail.dim() == 3 and tail.shape[:2] == depth.shape == (batch, tokens)
+        tail_strides = (tail.stride(0), tail.stride(1), depth.stride(0), depth.stride(1))
+    _split_kernel[grid](
+        query, key, value, starts, tail, depth, out, part, lse, k_new, v_new, cos, sin,
+        *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides, start_stride, *tail_strides,
+        kv_heads, group, tokens, dim, capacity, per_token, scale if softcap else scale * LOG2E.value,
+        WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=block_d,
+        F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
+        BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, num_warps=4,
+        **launch_options(dependent),
+    )
+    if splits > 1:
+        _combine_kernel[(batch * heads * tokens,)](
+            part, lse, out, heads, tokens, dim, splits,
+            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, DEPENDENT=dependent, HOLD=tokens > 1, num_warps=4,
+            **launch_options(dependent),
+        )
+    return out
+
+
+# -- kernels ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,  # [B, H, q, D]
+    k_ptr,  # [B, KVH, C, D]
+    v_ptr,  # [B, KVH, C, D]
+    start_ptr,  # [B] (or [1], stride 0) int64: each sequence's start
+    tail_ptr,  # [B, q, T] int64: each row's slots past the start, in path order (TAIL)
+    depth_ptr,  # [B, q] int64: the tail entries each row sees (TAIL)
+    out_ptr,  # [B, q, H, D] contiguous (SPLITS == 1)
+    part_ptr,  # [B, H, q, SPLITS, D] float32 (SPLITS > 1)
+    lse_ptr,  # [B, H, q, SPLITS] float32, base 2 (SPLITS > 1)
+    kn_ptr,  # [B, KVH, q, D] new keys before rotary (ROPE)
+    vn_ptr,  # [B, KVH, q, D] new values (ROPE)
+    cos_ptr,  # [B or 1, q, D] (ROPE)
+    sin_ptr,  # [B or 1, q, D] (ROPE)
+    sqb, sqh, sqt,
+    skb, skh, skn,
+    svb, svh, svn,
+    snkb, snkh, snkt,
+    snvb, snvh, snvt,
+    scb, sct,
+    ssb,
+    stb, stt, sdb, sdt,
+    kv_heads, group, tokens, dim, capacity,
+    per_token,  # TAIL: tiles per token
+    score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
+    ROPE: tl.constexpr, TAIL: tl.constexpr,
+    BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr,
+):
+    wait_previous(DEPENDENT)  # first, in every program: gpu/kernels/dependent.py
+    bkv = tl.program_id(0)
+    b = bkv // kv_heads
+    kvh = bkv % kv_heads
+    split = tl.program_id(2)
+    prefix = tl.load(start_ptr + b * ssb)
+    if TAIL:  # one token per tile, its heads where a one-token chain step has them
+        token = tl.program_id(1) // per_token
+        g = (tl.program_id(1) % per_token) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] heads of the group
+        t = token + 0 * g  # [M]
+        row_ok = g < group
+        at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
+        at = at_token + 0 * g  # [M] each row's position: it sees logical keys [.., at]
+        at_first = at_token
+        at_last = at_token
+    else:
+        first_row = tl.program_id(1) * BLOCK_M
+        f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows, token-major
+        t = f // group  # [M] each row's query token
+        g = f % group  # [M] and its head within the group
+        row_ok = t < tokens
+        at = prefix + t  # [M] each row's position: it sees keys [.., at]
+        at_first = prefix + first_row // group  # the tile's first and last tokens' positions
+        at_last = prefix + tl.minimum((first_row + BLOCK_M - 1) // group, tokens - 1)
+    head = kvh * group + g
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < dim
+    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
+    if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
+        half = dim // 2
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + partner[None, :],
+                            mask=q_mask, other=0.0)
+        trig = b * scb + t[:, None] * sct + d[None, :]  # [M, D]: each row's token's
+        cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
+        # the new keys and values whose positions fall in this split (the split that reads them):
+        # rotated, into the cache at their slots
+        j = tl.arange(0, BLOCK_T)
+        j_ok = j < tokens
+        if TAIL:
+            depth_new = tl.load(depth_ptr + b * sdb + j * sdt, mask=j_ok, other=1)
+            at_new = prefix + depth_new - 1
+            slot_new = tl.load(tail_ptr + b * stb + j * stt + depth_new - 1, mask=j_ok, other=0)
+        else:
+            at_new = prefix + j
+            slot_new = at_new
+        first_key = split * SPLIT_KEYS
+        mine = j_ok & (at_new >= first_key) & (at_new < first_key + SPLIT_KEYS) & (slot_new < capacity)
+        new_mask = mine[:, None] & d_ok[None, :]
+        kn_base = kn_ptr + b * snkb + kvh * snkh + j[:, None] * snkt
+        kn = tl.load(kn_base + d[None, :], mask=new_mask, other=0.0).to(tl.float32)
+        kn_partner = tl.load(kn_base + partner[None, :], mask=new_mask, other=0.0).to(tl.float32)
+        trig = b * scb + j[:, None] * sct + d[None, :]
+        cos = tl.load(cos_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
+        kr = kn * cos + sign[None, :] * kn_partner * sin
+        tl.store(k_ptr + b * skb + kvh * skh + slot_new[:, None] * skn + d[None, :], kr.to(k_ptr.dtype.element_ty),
+                 mask=new_mask)
+        vn = tl.load(vn_ptr + b * snvb + kvh * snvh + j[:, None] * snvt + d[None, :], mask=new_mask, other=0.0)
+        tl.store(v_ptr + b * svb + kvh * svh + slot_new[:, None] * svn + d[None, :], vn.to(v_ptr.dtype.element_ty),
+                 mask=new_mask)
+        tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
+
+    # The walk covers every row's keys. A key block outside a row's keys (past its last one, or
+    # before its window) leaves that row's running max, sum and output bitwise as they were: its
+    # scores are -inf, so it adds products of 0 and rescales by exp2(0) = 1, or, before the row's
+    # first key, leaves them at their start. So a row's result does not depend on the other tokens
+    # in its tile.
+    lo = (split * SPLIT_KEYS).to(tl.int64)
+    hi = tl.minimum(lo + SPLIT_KEYS, at_last + 1)
+    hi = tl.minimum(hi, capacity)
+    if WINDOW > 0:
+        first = tl.maximum(at_first - WINDOW + 1, 0)
+        lo = tl.maximum(lo, first - first % BLOCK_N)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_base = k_ptr + b * skb + kvh * skh
+    v_base = v_ptr + b * svb + kvh * svh
+    for block in range(lo, hi, BLOCK_N):
+        n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
+        n_ok = n < hi
+        if TAIL:  # the prefix's keys in place, then the token's tail gathered in path order
+            past = n_ok & (n >= prefix)
+            slot = tl.where(past, tl.load(tail_ptr + b * stb + token * stt + n - prefix, mask=past, other=0), n)
+        else:
+            slot = n
+        k = tl.load(k_base + slot[:, None] * skn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if PER_ROW:
+            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        elif F32_DOT:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = (s * score_scale).to(tl.float32)  # [M, N]; inductor passes Python floats as fp64
+        if SOFTCAP > 0:
+            # transformers' Gemma 2 eager attention in its order: (q.k * scale) / cap, tanh, * cap,
+            # then the mask. Kept: that order and a float32 rounding after each step; not kept: eager's
+            # roundings to the model's dtype between the steps (in bf16 it rounds the product, the
+            # scaled score and each soft-cap step to bf16; flash-attention's soft-capping does not
+            # either). The base-2 factor joins the last product, as it joins the scale without a cap.
+            s = _tanh(s / SOFTCAP) * (SOFTCAP * LOG2E)
+        visible = n_ok[None, :] & (n[None, :] <= at[:, None])
+        if WINDOW > 0:
+            visible = visible & (n[None, :] > at[:, None] - WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + slot[:, None] * svn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if PER_ROW:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        elif F32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    release_next(DEPENDENT)
+
+    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    if SPLITS == 1:
+        heads = kv_heads * group
+        dst = out_ptr + ((b * tokens + t[:, None]) * heads + head[:, None]) * dim + d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        heads = kv_heads * group
+        row_id = (b * heads + head) * tokens + t  # [M] index into [B, H, q]
+        tl.store(part_ptr + (row_id[:, None] * SPLITS + split) * dim + d[None, :], o,
+                 mask=row_ok[:, None] & d_ok[None, :])
+        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+        tl.store(lse_ptr + row_id * SPLITS + split, lse, mask=row_ok)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in float32 from exp2 of -2|x| (no overflow; the interpreter has no libdevice): within
+    a few units of float32 rounding of 1, absolute, which the cap scales like the score itself."""
+    e = tl.exp2(tl.abs(x) * (-2.0 * LOG2E))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr,  # [B, H, q, S, D] float32
+    lse_ptr,  # [B, H, q, S] float32, base 2
+    out_ptr,  # [B, q, H, D]
+    heads, tokens, dim, splits,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DEPENDENT: tl.constexpr, HOLD: tl.constexpr,
+):
+    """Program (b * H + h) * q + t merges the splits of head h, token t in split order. HOLD (steps of
+    several tokens): the next kernel is released once the partials are loaded and merged, not at the
+    start. Measured, not explained (H200, captured steps, `git show 1b54921:docs/benchmarks.md`,
+    "Dependent launch (H200)"): released at the start, the Llama-3-8B-shaped 5-token step took
+    4.47 ms against 4.37 and the Llama-3.2-1B-shaped one 0.999 against 0.960 ms, while the 1B's
+    1-token step was 4 µs faster than with HOLD. Where the release sits never changes a result."""
+    wait_previous(DEPENDENT)
+    if not HOLD:  # a one-token step's merge is all tail
+        release_next(DEPENDENT)
+    row = tl.program_id(0)  # (b * H + h) * q + t
+    t = row % tokens
+    bh = row // tokens
+    h = bh % heads
+    b = bh // heads
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(lse_ptr + row * splits + s, mask=s < splits, other=float("-inf"))  # [S]
+    top = tl.max(lse, axis=0)
+    weight = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - top))  # [S]
+    part = tl.load(part_ptr + (row * splits + s[:, None]) * dim + d[None, :],
+                   mask=(s[:, None] < splits) & (d[None, :] < dim), other=0.0)  # [S, D]
+    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    if HOLD:
+        release_next(DEPENDENT)
+    tl.store(out_ptr + ((b * tokens + t) * heads + h) * dim + d, o.to(out_ptr.dtype.element_ty), mask=d < dim)
+
+# float32 products without TF32 for float32 models (their graph-vs-eager checks are exact to 1e-5).
+# The Triton interpreter (CPU tests: Triton made interpreted functions, not JITFunctions) sums float32
+# products per row instead (PER_ROW): its bf16 tl.dot is wrong, and its matmul's result for a row
+# depends on where the row sits in the tile.
+INTERPRETED = not isinstance(_split_kernel, JITFunction)

@@ -1,0 +1,198 @@
+"""The linear kernel's configurations as data: which configuration each weight shape takes.
+
+A configuration is (DOT, BLOCK_N, BLOCK_K, num_warps, num_stages) with an optional 6th entry, the
+number of K chunks (split-K, tensor-core configurations only; matrix-vector ones, DOT false, read
+the whole of K per program, in BLOCK_K pieces, with num_stages 1). It is picked by (N, K, gated)
+and by nothing else: never by the row count (each row must be computed the same way in a 1-row
+and a (k+1)-row call, gpu/kernels/linear.py; a draft model's table is the one exception,
+LinearTable.for_drafts) and never by the GPU's name (a table tuned on a GPU lives on that machine,
+not in the code).
+
+Where a shape's configuration comes from, first match wins:
+1. the table `specgen tune-kernels` wrote on this machine (tables_dir()/linear.json), when the
+   run's [kernels] tables folder holds one;
+2. the package's table (linear_configs.json beside this file: every projection of the real pairs
+   benchmarks/family_pairs.py builds and of the bench pair, tuned on an H200 with
+   `benchmarks/bench_kernels.py table`, `git show 1b54921:docs/benchmarks.md`, "Step inputs and
+   draft-shaped tables (H200)";
+   the drafts' one-row picks then chosen inside each draft's captured step with `bench_kernels.py
+   step-table`, "Draft picks chosen inside the step (H200)");
+3. rule() for shapes no table lists (draft_rule() in a draft's runner): the same measurements as
+   rules of thumb.
+
+Each entry holds two configurations: `plain` (split-K off) and `split` (split-K allowed: the
+[kernels] split_k setting resolved on), as gpu/policy.py decides split-K per device, both the best
+over one row and a verification's rows; and it may hold a third, `draft`, the best at one row,
+which a draft model's runner takes instead (LinearTable.for_drafts).
+
+Imports no torch and no Triton: gpu/policy.py loads tables while resolving a run's settings.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMAT = 1
+FILE = "linear.json"
+PACKAGED = Path(__file__).with_name("linear_configs.json")
+
+# The rules' configurations. One tensor-core configuration is within 5% of the best for 1 and for 5
+# rows on every Llama-3-8B shape with N > 2048; narrower outputs want narrower tiles.
+WIDE = (True, 32, 256, 4, 4)
+NARROW = (True, 16, 256, 4, 4)
+# Split-K, measured on an H200: the long-K down projection (4096 x 14336: 128 column blocks), the
+# gate/up pair and a 4096-wide projection with 128 column blocks gain; q+k+v fused (6144 wide) not.
+SPLIT_LONG_K = (True, 32, 128, 4, 4, 3)  # K >= 3 N
+SPLIT_GATED = (True, 32, 128, 4, 3, 4)  # gate_up
+SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32
+# Narrow outputs over a long K (small drafts' down projections; the package's table, tuned on an
+# H200, picks 4 to 8 chunks for every such shape of the real pairs).
+SPLIT_NARROW = (True, 32, 128, 4, 3, 8)  # N <= 2048, K >= 2 N
+
+
+DRAFT_ROWS = 1  # calls of at most this many rows take a draft's picks (LinearTable.for_drafts)
+
+
+def draft_rule(n: int, k: int, gated: bool) -> tuple:
+    """The configuration of a draft's shape no table lists: a matrix-vector one of about 4K weights
+    per program (2K per weight when gated), K in pieces of at most 2048. Every draft shape the
+    H200 tuning of 2026-11-25 timed was fastest at one row in a matrix-vector configuration of 2K to
+    8K weights (`git show 1b54921:docs/benchmarks.md`, "Matrix-vector projections (H200)")."""
+    piece = min(2048, 1 << max(0, k - 1).bit_length())
+    return (False, max(1, min(16, max(2, 4096 // piece) // (2 if gated else 1))), piece, 4, 1)
+
+
+class TableError(ValueError):
+    """A table file that cannot be read as a table: the message names the file and what is wrong."""
+
+
+def rule(n: int, k: int, gated: bool, split_k: bool) -> tuple:
+    """The configuration of a shape no table lists."""
+    if n > 2048:
+        if split_k and k >= 2048:
+            if gated:
+                return SPLIT_GATED
+            if k >= 3 * n:
+                return SPLIT_LONG_K
+            if n <= 128 * 32:
+                return SPLIT_FEW_COLUMNS
+        return WIDE
+    if split_k and k >= 2 * n and k >= 2048:
+        return SPLIT_NARROW
+    return NARROW
+
+
+@dataclass(frozen=True)
+class LinearTable:
+    """Configurations by shape: entries ((n, k, gated), plain, split), sorted; `source` says where
+    they came from (a path, or "package"), for reports; drafts ((n, k, gated), config), sorted: the
+    best configuration at one row, for draft models (for_drafts)."""
+
+    entries: tuple = ()
+    source: str = "rules"
+    drafts: tuple = ()
+    for_draft: bool = False  # for_drafts()'s: unlisted shapes take draft_rule
+
+    def pick(self, n: int, k: int, gated: bool, split_k: bool, rows: int = 1) -> tuple:
+        """The configuration of a call of `rows` rows: the same for every row count, except in a
+        draft's table (for_drafts), where calls of DRAFT_ROWS rows take the draft picks."""
+        key = (n, k, bool(gated))
+        if self.for_draft and rows <= DRAFT_ROWS:
+            for shape, config in self.drafts:
+                if shape == key and (split_k or len(config) == 5):
+                    return config
+            if all(shape != key for shape, _, _ in self.entries):
+                return draft_rule(n, k, gated)
+        for shape, plain, split in self.entries:
+            if shape == key:
+                return split if split_k else plain
+        return rule(n, k, gated, split_k)
+
+    def over(self, base: LinearTable) -> LinearTable:
+        """This table's entries, and base's for the shapes this one does not list."""
+        mine = {shape for shape, _, _ in self.entries}
+        entries = self.entries + tuple(e for e in base.entries if e[0] not in mine)
+        drafts = self.drafts + tuple(d for d in base.drafts if d[0] not in mine)
+        return LinearTable(tuple(sorted(entries)), f"{self.source} over {base.source}", tuple(sorted(drafts)))
+
+    def for_drafts(self) -> LinearTable:
+        """The table a draft model's runner uses: its one-row calls take each shape's draft
+        configuration (a split-K one only where split-K is on; draft_rule for shapes no table
+        lists), its other calls (a round's first step over two ids, prefill chunks) the same as a
+        target's. Why: a draft's steps are one row but for the first of a round, and the
+        configuration fastest at one row, for a 1B-class draft a matrix-vector one, is the one the
+        objective of `plain` and `split` (one row plus a verification's) passes over; at two rows
+        and more it is slower (`git show 1b54921:docs/benchmarks.md`, "Matrix-vector projections (H200)").
+        Choosing by row count here costs nothing exact: a draft's numerics never decide the output, and its
+        cache need not match what a one-row step would have written."""
+        return LinearTable(self.entries, f"{self.source}, draft picks", self.drafts, for_draft=True)
+
+    def to_json(self, **notes) -> str:
+        drafts = dict(self.drafts)
+        shapes = [{"n": n, "k": k, "gated": gated, "plain": list(plain), "split": list(split),
+                   **({"draft": list(drafts[(n, k, gated)])} if (n, k, gated) in drafts else {})}
+                  for (n, k, gated), plain, split in self.entries]
+        return json.dumps({"format": FORMAT, **notes, "shapes": shapes}, indent=1) + "\n"
+
+
+def load(path: Path) -> LinearTable:
+    """The table in `path`; TableError when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise TableError(f"{path}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("shapes"), list):
+        raise TableError(f"{path}: not a linear-kernel table of format {FORMAT}")
+    entries, drafts = [], []
+    for i, item in enumerate(data["shapes"]):
+        try:
+            shape = (int(item["n"]), int(item["k"]), bool(item["gated"]))
+            entries.append((shape, _config(item["plain"], split=False), _config(item["split"], split=True)))
+            if "draft" in item:
+                drafts.append((shape, _config(item["draft"], split=True)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TableError(f"{path}: shapes[{i}]: {exc}") from None
+    return LinearTable(tuple(sorted(entries)), str(path), tuple(sorted(drafts)))
+
+
+def _config(value, split: bool) -> tuple:
+    """A configuration from JSON, checked: what the kernel can compile."""
+    if not isinstance(value, list) or len(value) not in ((5, 6) if split else (5,)):
+        raise ValueError(f"a configuration is [dot, block_n, block_k, warps, stages{', chunks' if split else ''}], "
+                         f"not {value!r}")
+    dot, block_n, block_k, warps, stages, *chunks = value
+    powers = (block_n, block_k, warps)
+    if not isinstance(dot, bool) or not all(isinstance(v, int) and v > 0 and v & (v - 1) == 0 for v in powers):
+        raise ValueError(f"{value!r}: dot is true or false; block_n, block_k and warps are powers of 2")
+    if (dot and (block_n < 16 or block_k < 16)) or not 1 <= stages <= 8 or any(c < 1 for c in chunks):
+        raise ValueError(f"{value!r}: tensor-core tiles need block_n, block_k >= 16; 1 <= stages <= 8; chunks >= 1")
+    if not dot and (stages != 1 or any(c > 1 for c in chunks)):
+        raise ValueError(f"{value!r}: matrix-vector configurations (dot false) take stages 1 and no split-K chunks")
+    return tuple(value)
+
+
+@functools.cache
+def packaged() -> LinearTable:
+    """The package's table (over the rules)."""
+    table = load(PACKAGED)
+    return LinearTable(table.entries, "package", table.drafts)
+
+
+def tables_dir(folder: str = "") -> Path:
+    """Where `specgen tune-kernels` writes and runs read tuned tables: the profile's [kernels]
+    tables, else specgen's folder in the user's cache directory."""
+    if folder:
+        return Path(folder).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen" / "kernels"
+
+
+def for_run(folder: str = "") -> LinearTable:
+    """The table a run uses: the tuned one in tables_dir(folder) over the package's, or the package's."""
+    path = tables_dir(folder) / FILE
+    if not path.is_file():
+        return packaged()
+    return load(path).over(packaged())
