@@ -102,10 +102,6 @@ def bench(
                 proposers=parse_names(proposers, "--proposer"), baselines=parse_baselines(baselines),
                 repeat=repeat, warmup=warmup, records=records)
     overrides = opt.overrides(**locals())
-    if any(name.startswith("hf") for name in plan.baselines):
-        # Hugging Face generate runs on transformers' model classes: then specgen's methods run on
-        # them too ([runtime] modeling), so that every method is timed on the same model code.
-        overrides["runtime.modeling"] = "transformers"
     path = opt.prompts_path(prompts_file, prompts)
 
     def settings_for(k: int, temperature: float, proposer: str | None = None):

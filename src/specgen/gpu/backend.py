@@ -60,20 +60,22 @@ class CudaBackend:
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
         from specgen.core.step.model import OwnedModel
 
-        if not isinstance(model, OwnedModel):  # transformers' modules: eager (the loader said why)
+        kernels = resolve(self.kernel_spec, self.device, model)
+        if name == "draft":  # it steps one row at a time: its projections' fastest at one row
+            kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
+        if name == "target":  # the round's ops, as the target's policy says (dependent: each launch waits)
+            self.ops = TritonRoundOps(self.workspace, kernels.dependent_launch) if kernels.warp else TorchRoundOps()
+        if not isinstance(model, OwnedModel):  # transformers' modules: eager, no step kernel (the loader said why)
             from specgen.core.runner import EagerRunner
 
+            self.kernels[name] = ResolvedKernels(attention=False, linear=False, rope=False, split_k=False,
+                                                 warp=kernels.warp)
             return EagerRunner(model, width, capacity, tap=tap)
         spread = stages.spread(model, self.device)
         if spread and tap is not None:
             raise UsageError(f"a head drafts from the {name}'s hidden states, which this run spreads over several "
                              "devices; heads need the whole target on one GPU",
                              hint="drop the target's device_map, or use --proposer draft")
-        kernels = resolve(self.kernel_spec, self.device, model)
-        if name == "draft":  # it steps one row at a time: its projections' fastest at one row
-            kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
-        if name == "target":  # the round's ops, as the target's policy says (dependent: each launch waits)
-            self.ops = TritonRoundOps(self.workspace, kernels.dependent_launch) if kernels.warp else TorchRoundOps()
         common = dict(workspace=self.workspace, shapes=(PREFILL_CHUNK, *shapes), progress=self.progress, name=name,
                       tap=tap)
         try:

@@ -34,7 +34,7 @@ class ResolvedKernels:
     """The kernels one runner (and the round around it) uses."""
 
     attention: bool  # gpu/kernels/attention.py for steps of up to 64 tokens, else SDPA
-    linear: bool  # gpu/kernels/linear.py for steps of up to 16 tokens, else F.linear
+    linear: bool  # gpu/kernels/linear.py for steps of up to 64 rows, else F.linear
     rope: bool  # rotary embedding and cache write inside the attention kernel
     split_k: bool  # the linear kernel splits K for the shapes that gain from it
     warp: bool  # gpu/kernels/warp.py and gpu/kernels/verify.py, else core/sampling/warp.py and core/sampling/rejection.py

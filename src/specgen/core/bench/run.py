@@ -39,9 +39,11 @@ from specgen.core.bench.bench_plan import BASELINES, HF_BASELINES, Plan  # noqa:
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.insight import RunRecord
+from specgen.core.models.loading import load_model
 from specgen.core.settings import Profile, SamplingSpec
 from specgen.core import stats as rates  # the rates `generate` reports, one definition each
 from specgen.core.stats import PHASES, AcceptanceStats
+from specgen.core.step.model import OwnedModel
 
 SCHEMA = "specgen.bench/1"
 
@@ -274,8 +276,8 @@ class Bench:
         torch.manual_seed(self._seeded(profile, position).sampling.seed)
         streamer.start = time.perf_counter()
         with torch.inference_mode():
-            out = self.engine.pair.target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                                   streamer=streamer, assistant_model=assistant)
+            out = self._hf_model("target").generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                                    streamer=streamer, assistant_model=assistant)
         tokens = out[0, ids.shape[1]:].tolist()  # .tolist() waits for the device
         seconds = time.perf_counter() - streamer.start
         return Sample(tokens, seconds, streamer.first, streamer.first_tokens)
@@ -296,14 +298,29 @@ class Bench:
             return lambda i: self._ours(base, i)
         hf_generation_config(profile.sampling, self.engine.eos_ids)  # raises Unavailable early
         if self.engine.backend.describe().get("placement"):
-            raise Unavailable("a model is spread over several GPUs, which specgen's CUDA backend steps itself "
-                              "(accelerate's hooks, which Hugging Face generate needs, are off)")
+            raise Unavailable("a model is spread over several GPUs: Hugging Face generate would need a second "
+                              "copy of it, in transformers' classes")
         if name in HF_BASELINES:
             return lambda i: self._hf(profile, i, None, static=name == "hf-static")
-        draft = self.engine.pair.draft
-        if draft is None:
+        if self.engine.pair.draft is None:
             raise Unavailable("needs a draft model (no proposer of the bench uses one)")
-        return lambda i: self._hf(profile, i, draft)
+        return lambda i: self._hf(profile, i, self._hf_model("draft"))
+
+    def _hf_model(self, role: str):
+        """The pair's `role` model in transformers' classes, which Hugging Face generate needs, loaded
+        at the first HF baseline and kept: specgen's methods run on its own model step (a second
+        copy of the weights only while the bench runs HF baselines)."""
+        models = self.__dict__.setdefault("_hf_models", {})
+        if role not in models:
+            pair = self.engine.pair
+            own = pair.target if role == "target" else pair.draft
+            if not isinstance(own, OwnedModel):
+                models[role] = own
+            else:
+                spec = self.engine.profile.target if role == "target" else self.engine.profile.draft
+                spec = replace(spec, device=str(own.device))
+                models[role] = load_model(spec, False, self.engine.profile.runtime.download, "transformers")
+        return models[role]
 
     def _result(self, proposer: str, k: int, temperature: float, samples: list[Sample], peak: int | None,
                 available: dict[str, list[Sample]]) -> dict:
@@ -383,7 +400,7 @@ class Bench:
             "cpu_threads": torch.get_num_threads(),
             "copy_bandwidth_bytes_per_s": self.bandwidth,
             "streamed_bytes": self.streamed,
-            "resolved": self.engine.describe(),  # backend, graphs, compile, kernels as resolved
+            "resolved": self.engine.describe(),  # backend, graphs, kernels as resolved
         }
 
     def _streamed(self) -> dict:

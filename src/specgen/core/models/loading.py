@@ -5,7 +5,7 @@ any network access; only [runtime] download = true (--download) fetches what the
 Weights load from safetensors; pickle-based weights (.bin, .pt) only with allow_pickle.
 
 Checkpoints of the families specgen's own model step covers (core/step/: Llama, Mistral, Qwen2,
-Qwen3, Gemma 2) run on it on the CPU, and a tokenizer declared as a plain PreTrainedTokenizerFast
+Qwen3, Gemma 2) run on it, on the CPU and on GPUs, and a tokenizer declared as a plain PreTrainedTokenizerFast
 loads as one, without AutoTokenizer: both skip the imports of transformers' modeling code, most
 of the demo's start-up. Everything else loads through transformers' Auto classes.
 """

@@ -40,7 +40,7 @@ moves with its token; a tensor-core product computes each row by itself, which t
 per row. So the token at position p gets bitwise the same output from a 1-token step at p as from
 a (k+1)-token step that holds it.
 
-With rope (the [kernels] rope setting), the query and the step's new keys arrive before their
+With rope (the rope fusion of [kernels]), the query and the step's new keys arrive before their
 rotary embedding: the kernel rotates them, and each split writes the new keys and values whose
 positions fall in its key range (the split that reads them) into their rows' slots before
 reading the cache.

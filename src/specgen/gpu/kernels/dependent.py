@@ -19,7 +19,7 @@ A kernel launched without the attribute (torch's) runs in plain stream order; `w
 kernel whose predecessor gave no permission returns at once.
 
 Kernel files import these two by name and pass `launch_options(dependent)` to their launch.
-Runners decide `dependent` from the profile (`[kernels] dependent_launch`,
+Runners decide `dependent` from the profile (the dependent_launch fusion of `[kernels]`,
 gpu/policy.py).
 """
 

@@ -1,4 +1,4 @@
-"""A captured step's inputs and outputs, one kernel launch each (`[kernels] step_io`).
+"""A captured step's inputs and outputs, one kernel launch each (the step_io fusion of `[kernels]`).
 
 Why: around its layers a step launched five small kernels: the positions (position + 0 .. n-1),
 the embedding gather, the rotary table's gather, the copy of the logits into the runner's float32

@@ -21,7 +21,7 @@ Where a shape's configuration comes from, first match wins:
    rules of thumb.
 
 Each entry holds two configurations: `plain` (split-K off) and `split` (split-K allowed: the
-[kernels] split_k setting resolved on), as gpu/policy.py decides split-K per device, both the best
+split-K resolved on: gpu/policy.py), as gpu/policy.py decides split-K per device, both the best
 over one row and a verification's rows; and it may hold a third, `draft`, the best at one row,
 which a draft model's runner takes instead (LinearTable.for_drafts).
 
