@@ -72,7 +72,8 @@ def test_every_kernel_is_compiled(report):
     """Each top-level kernel of the six modules is launched by some scenario of sm90_compile.py."""
     kernels = report["kernels"]
     for module in MODULES:  # the collection itself works: JITFunctions, not interpreted ones
-        assert any(k.startswith(f"specgen.gpu.{module}.") for k in kernels), f"no *_kernel found in gpu/{module}.py"
+        assert any(k.startswith(f"specgen.gpu.kernels.{module}.") for k in kernels), \
+            f"no *_kernel found in gpu/kernels/{module}.py"
     compiled = {v["kernel"] for v in report["variants"]}
     missing = [k for k in kernels if k not in compiled]
     assert not missing, f"kernels no scenario of {SCRIPT.name} launches (add one): {missing}"

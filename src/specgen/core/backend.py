@@ -144,4 +144,6 @@ class TorchBackend:
         """The references raise inside warp: nothing is left to report after the round."""
 
     def describe(self) -> dict:
-        return {"backend": self.name, "device": str(self.device), "placement": None}  # accelerate places spread models
+        # the CUDA backend's keys too, so that a report reads the same on both
+        return {"backend": self.name, "device": str(self.device), "cuda_graphs": False, "kernels": {},
+                "fallbacks": [], "placement": None}  # accelerate places spread models
