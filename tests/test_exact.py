@@ -168,12 +168,12 @@ def test_step_rows_equal_one_token_steps_on_gpu(shape):
     equal 5 one-token steps' (2 layers of the Llama-3-8B, Llama-3.2-1B and Gemma-2-9B shapes)."""
     from transformers import AutoModelForCausalLM
 
-    from gpu_helpers import resolved
+    from gpu_helpers import owned, resolved
 
     config = _real_width_config(shape)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
+        model = owned(AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval())
     from specgen.gpu.runner import GraphRunner
 
     vocab = config.vocab_size

@@ -285,11 +285,12 @@ def test_draft_step_timer_times_a_captured_step_with_the_picks():
     descent returns a pick for every shape."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from gpu_helpers import owned
     from specgen.gpu.workspace import Workspace
 
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    model = owned(LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval())  # as the loader gives it
     kernels = resolve(KernelSpec(), torch.device("cuda"), model)
     kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
     shapes = tune.model_shapes(config)
