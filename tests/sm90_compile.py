@@ -392,7 +392,7 @@ def verify_scenarios(verify):
             yield f"verify_random vocab={vocab} draft_probs={with_q}", call
 
 
-def warp_scenarios(warp):
+def warp_scenarios(warp, argmax):
     """warp over the 5 rows of a k = 4 verification: greedy, temperature only, top-k / top-p through
     the parallel cut search (parallel_cut: one compile for <= 32 chunks, one for more), min-p through the
     one-program search, penalties and bad masks ([V] and [N, V]), the race (expo), bf16 and float32
@@ -440,11 +440,11 @@ def warp_scenarios(warp):
     yield ("warp 4096 bf16 mixed greedy/sampled rows",
            lambda: call(4096, BF16, temperature=[0.0, 0.9, 1.2], top_k=[-1, 30, -1], top_p=[1.0, 0.9, 0.5]))
     # a greedy draft's pick: one row of float32 logits, in segments and merged, or one segment
-    yield "argmax 128256 f32", lambda: warp.argmax(torch.empty(1, 128256), torch.empty(1, dtype=torch.int64),
+    yield "argmax 128256 f32", lambda: argmax.argmax(torch.empty(1, 128256), torch.empty(1, dtype=torch.int64),
                                                     Workspace("cpu"))
-    yield "argmax 4096 f32", lambda: warp.argmax(torch.empty(1, 4096), torch.empty(1, dtype=torch.int64),
+    yield "argmax 4096 f32", lambda: argmax.argmax(torch.empty(1, 4096), torch.empty(1, dtype=torch.int64),
                                                  Workspace("cpu"))
-    yield "argmax 128256 f32 dependent", lambda: warp.argmax(torch.empty(1, 128256), torch.empty(1, dtype=torch.int64),
+    yield "argmax 128256 f32 dependent", lambda: argmax.argmax(torch.empty(1, 128256), torch.empty(1, dtype=torch.int64),
                                                               Workspace("cpu"), dependent=True)
 
 
@@ -467,31 +467,21 @@ def main() -> dict:
         return report
     JITFunction.run = _run
 
-    from specgen.gpu.kernels import attention
-
-    from specgen.gpu.kernels import linear
-
-    from specgen.gpu.kernels import norm
-
-    from specgen.gpu.kernels import step_io
-
-    from specgen.gpu.kernels import verify
-
-    from specgen.gpu.kernels import warp
+    from specgen.gpu.kernels import argmax, attention, linear, norm, step_io, verify, warp
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 
     report["selfcheck"] = selfcheck()
     scenario_errors = {}
     for scenarios in (attention_scenarios(attention), linear_scenarios(linear), verify_scenarios(verify),
-                      warp_scenarios(warp), norm_scenarios(norm), step_io_scenarios(step_io)):
+                      warp_scenarios(warp, argmax), norm_scenarios(norm), step_io_scenarios(step_io)):
         for label, call in scenarios:
             HARNESS.scenario = label
             try:
                 call()
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
-    report["kernels"] = kernels((attention, linear, verify, warp, norm, step_io))
+    report["kernels"] = kernels((attention, linear, verify, warp, argmax, norm, step_io))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

@@ -24,7 +24,7 @@ from specgen.gpu.kernels import dependent
 from specgen.gpu.kernels import linear
 from specgen.gpu.kernels import norm
 from specgen.gpu.kernels import step_io
-from specgen.gpu.kernels import warp
+from specgen.gpu.kernels import argmax, warp
 from specgen.gpu.workspace import Workspace
 
 HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] >= 9
@@ -114,7 +114,7 @@ def test_a_chain_of_dependent_kernels_equals_plain_launches(split):
             a = linear.gate_up(h, layer["g"], layer["u"], "silu", config, counters=counters, dependent=flag)
             x = linear.linear(a, layer["d"], None, config, counters=counters, residual=x, dependent=flag)
             picks = torch.empty(5, dtype=torch.int64, device=DEVICE)
-            warp.argmax(linear.linear(x, head, None, config, counters=counters, dependent=flag), picks,
+            argmax.argmax(linear.linear(x, head, None, config, counters=counters, dependent=flag), picks,
                         workspace, dependent=flag)  # a draft's pick, in 3 segments and merged
             x = x + picks.to(x.dtype).unsqueeze(1) * 1e-3  # the next layer reads the pick
         return x

@@ -18,6 +18,7 @@ import torch
 
 from kernel_inputs import (OPTIONS, assert_warp_equal, make_logits, make_params, settle_top_p, warp_case)
 from specgen.core.sampling import warp as sampling
+from specgen.gpu.kernels import argmax as gpu_argmax
 from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
 
@@ -239,7 +240,7 @@ def test_argmax_equals_torch(vocab, segment, monkeypatch):
     """argmax() against torch.argmax, exactly: random rows, rows whose maximum repeats (the first
     index wins, across segments too), a row of -inf, a row with -inf before its maximum."""
     if segment is not None:
-        monkeypatch.setitem(gpu_warp.ARGMAX_SEGMENT, INTERPRETED, segment)
+        monkeypatch.setitem(gpu_argmax.ARGMAX_SEGMENT, INTERPRETED, segment)
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(6, vocab, generator=gen)
     top = logits.max() + 1.0
@@ -251,7 +252,7 @@ def test_argmax_equals_torch(vocab, segment, monkeypatch):
     logits[5] = torch.round(logits[5])  # many ties at the top
     logits = logits.to(DEVICE)
     out = torch.full((6,), -1, dtype=torch.int64, device=DEVICE)
-    gpu_warp.argmax(logits, out, Workspace(DEVICE))
+    gpu_argmax.argmax(logits, out, Workspace(DEVICE))
     assert torch.equal(out, torch.argmax(logits, dim=-1))
     if vocab > 1:
         assert out[1].item() == at[0].item() and out[2].item() == vocab - 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from specgen.core.sampling import bookkeeping
 
 from specgen.core.sampling import noise
+from specgen.gpu.kernels import argmax as gpu_argmax
 from specgen.gpu.kernels import commit as gpu_commit
 from specgen.gpu.kernels import noise as gpu_noise
 from specgen.gpu.kernels import verify as gpu_verify
@@ -30,7 +31,7 @@ class TritonRoundOps:
         return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, dependent=self.dependent)
 
     def argmax(self, logits, out):
-        gpu_warp.argmax(logits.contiguous(), out, self.workspace, dependent=self.dependent)
+        gpu_argmax.argmax(logits.contiguous(), out, self.workspace, dependent=self.dependent)
 
     def warp_and_race(self, logits, params, expo, out, penalties=None, bad_mask=None, probs_out=None):
         return gpu_warp.warp(logits.contiguous(), params, penalties, bad_mask, self.workspace, expo, out,

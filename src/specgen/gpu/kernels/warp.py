@@ -12,7 +12,8 @@ Glossary (core/sampling/warp.py defines every step; this file only reproduces it
              only where a mass sum lies within float32 rounding of top_p).
     z        sum of exp(s) over the kept ids: p = exp(s) / z (one normalisation).
 
-Kernels (orchestration first, @triton.jit at the bottom):
+Kernels (orchestration first, @triton.jit at the bottom; argmax alone, a greedy draft's pick, is
+gpu/kernels/argmax.py):
     _warp_stats_kernel  grid (row tiles, segments): l (stored in the probs buffer as scratch) and,
                         per segment, max / first argmax / sum exp((l - max) / T) / min finite l;
                         raises bit 1 of the error flag on NaN or +inf logits.
@@ -31,9 +32,6 @@ Kernels (orchestration first, @triton.jit at the bottom):
     _warp_probs_kernel  grid (row tiles, segments): argmax, p = exp(s) / z on kept ids, one-hot for
                         greedy rows; raises bit 2 of the error flag for a row with every id masked.
                         With Exp(1) draws it also runs the exponential race (sample_race).
-    _argmax_kernel      grid (rows, segments): argmax() alone (a greedy draft's pick), each
-                        segment's max and first index, merged by _argmax_merge_kernel (grid (rows,))
-                        when a row has several segments.
 
 Vocabularies up to SEGMENT columns run R rows per program in one segment; larger ones run one row
 per program over cdiv(V, SEGMENT) segments. The vocab size is a runtime argument: a kernel compiles
@@ -84,10 +82,6 @@ FAST_WARPS = 8  # per pass program
 FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
 
 
-# argmax(): columns per program (compiled: 16 segments of a 128,256 vocabulary; interpreted: one
-# program a row, where each program costs Python time) and warps per program
-ARGMAX_SEGMENT = {False: 8192, True: 1 << 18}
-ARGMAX_WARPS = 8
 MAX_SEGMENTS = 64  # vocab <= 262144; one constant, so every large vocabulary shares one compile
 
 
@@ -178,26 +172,6 @@ def warp(
     if expo is not None and probs is None:  # every row greedy: the race of one-hot rows is the argmax
         out.copy_(argmax)
     return argmax, probs
-
-
-def argmax(logits: torch.Tensor, out: torch.Tensor, workspace: Workspace, dependent: bool = False) -> torch.Tensor:
-    """out [N] int64 = torch.argmax(logits [N, V], dim=-1): the first index of each row's maximum
-    (on rows without NaN: torch's picks a NaN, this a number). Why not torch's: its reduction over one long row runs in
-    few blocks (27.7 µs for one row of 128,256 on an H200, 4 times a round for a greedy draft);
-    here each row is spread over segments of ARGMAX_SEGMENT columns, then merged. dependent:
-    both launches dependent on the kernel before (gpu/kernels/dependent.py): a greedy draft phase is then
-    one chain from each step's logits through its pick into the next step's inputs."""
-    rows, vocab = logits.shape
-    assert logits.stride(-1) == 1 and out.shape == (rows,) and out.dtype == torch.int64, "argmax's shapes"
-    segment = ARGMAX_SEGMENT[INTERPRETED]
-    n_seg = triton.cdiv(vocab, segment)
-    part = workspace.scratch("argmax_part", 2 * rows * n_seg)  # max, then first index (exact below 2^24)
-    _argmax_kernel[(rows, n_seg)](logits, part, out, vocab, logits.stride(0), n_seg, BLOCK=segment,
-                                  DEPENDENT=dependent, num_warps=ARGMAX_WARPS, **launch_options(dependent))
-    if n_seg > 1:
-        _argmax_merge_kernel[(rows,)](part, out, n_seg, BLOCK_S=triton.next_power_of_2(n_seg), DEPENDENT=dependent,
-                                      **launch_options(dependent))
-    return out
 
 
 def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, workspace: Workspace,
@@ -935,43 +909,6 @@ def _race_segment(p, expo_ptr, offs, mask, cols, rows, row_ok, greedy, argmax, s
         won = tl.min(tl.where(values == top[:, None], ids, 3.0e38), axis=1).to(tl.int64)
         tl.store(race_ptr + rows, tl.where(greedy, argmax, won), mask=last)
         tl.store(counter_ptr + rows, tl.zeros_like(arrived), mask=last)
-
-
-@triton.jit
-def _argmax_kernel(l_ptr, part_ptr, out_ptr, vocab, stride, n_seg, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    """Program (row, seg): the max of its columns and the first column holding it; a row of one
-    segment stores its argmax directly."""
-    wait_previous(DEPENDENT)
-    release_next(DEPENDENT)
-    row = tl.program_id(0).to(tl.int64)
-    seg = tl.program_id(1)
-    cols = seg * BLOCK + tl.arange(0, BLOCK)
-    v = tl.load(l_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-    best = tl.max(v, axis=0)
-    # masked columns lie past every real one: a row of -inf still finds its first real column
-    first = tl.min(tl.where(v == best, cols, 2147483647), axis=0)
-    if n_seg == 1:
-        tl.store(out_ptr + row, first.to(tl.int64))
-    else:
-        at = row * n_seg + seg
-        tl.store(part_ptr + 2 * at, best)
-        tl.store(part_ptr + 2 * at + 1, first.to(tl.float32))
-
-
-@triton.jit
-def _argmax_merge_kernel(part_ptr, out_ptr, n_seg, BLOCK_S: tl.constexpr, DEPENDENT: tl.constexpr):
-    """Program row: the first segment holding the row's max (segments in column order) has its
-    first index."""
-    wait_previous(DEPENDENT)
-    release_next(DEPENDENT)
-    row = tl.program_id(0).to(tl.int64)
-    segs = tl.arange(0, BLOCK_S)
-    ok = segs < n_seg
-    at = row * n_seg + segs
-    values = tl.load(part_ptr + 2 * at, mask=ok, other=float("-inf"))
-    firsts = tl.load(part_ptr + 2 * at + 1, mask=ok, other=3.0e38)
-    top = tl.max(values, axis=0)
-    tl.store(out_ptr + row, tl.min(tl.where(ok & (values == top), firsts, 3.0e38), axis=0).to(tl.int64))
 
 
 # Triton made interpreted functions, not JITFunctions, when TRITON_INTERPRET was set as this module
