@@ -454,7 +454,7 @@ def warp_scenarios(warp, argmax):
 def kernels(modules) -> list[str]:
     """Every top-level @triton.jit kernel (name ending in _kernel) of the modules."""
     return sorted(f"{m.__name__}.{name}" for m in modules for name, obj in vars(m).items()
-                  if isinstance(obj, JITFunction) and name.endswith("_kernel"))
+                  if isinstance(obj, JITFunction) and name.endswith("_kernel") and obj.fn.__module__ == m.__name__)
 
 
 def main() -> dict:
@@ -467,7 +467,7 @@ def main() -> dict:
         return report
     JITFunction.run = _run
 
-    from specgen.gpu.kernels import argmax, attention, linear, norm, step_io, verify, warp
+    from specgen.gpu.kernels import argmax, attention, cuts, linear, norm, step_io, verify, warp
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 
@@ -481,7 +481,7 @@ def main() -> dict:
                 call()
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
-    report["kernels"] = kernels((attention, linear, verify, warp, argmax, norm, step_io))
+    report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

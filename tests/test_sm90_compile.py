@@ -27,7 +27,7 @@ import torch
 
 SCRIPT = Path(__file__).with_name("sm90_compile.py")
 SRC = Path(__file__).resolve().parent.parent / "src"
-MODULES = ("attention", "linear", "verify", "warp", "argmax", "norm", "step_io")  # specgen.gpu.*
+MODULES = ("attention", "linear", "verify", "warp", "cuts", "argmax", "norm", "step_io")  # specgen.gpu.*
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles the kernels for real")
 

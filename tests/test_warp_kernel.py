@@ -19,6 +19,7 @@ import torch
 from kernel_inputs import (OPTIONS, assert_warp_equal, make_logits, make_params, settle_top_p, warp_case)
 from specgen.core.sampling import warp as sampling
 from specgen.gpu.kernels import argmax as gpu_argmax
+from specgen.gpu.kernels import cuts as gpu_cuts
 from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
 
@@ -29,7 +30,7 @@ def parallel_rows(workspace: Workspace, rows: int) -> list[bool]:
     state = workspace.get("warp_fast_state")
     if state is None:
         return [False] * rows
-    return [v == 1 for v in state[: rows * gpu_warp.FAST_STATE].view(rows, gpu_warp.FAST_STATE)[:, 0].tolist()]
+    return [v == 1 for v in state[: rows * gpu_cuts.FAST_STATE].view(rows, gpu_cuts.FAST_STATE)[:, 0].tolist()]
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
@@ -118,7 +119,7 @@ def test_warp_parallel_cut_search_hands_rows_over():
     logits[5, 1000:7000] = 0.0  # 6000 equal logits between 50 larger ones and the rest: the top-p
     logits[5, :50] = 2.0  # cut of row 5 lands inside the tie group
     params = make_params(6, temperature=[0.8, 1.0, 0.0, 1.0, 0.9, 1.0],
-                         top_k=[-1, gpu_warp.FAST_TOP_K + 1, -1, -1, 30, -1],
+                         top_k=[-1, gpu_cuts.FAST_TOP_K + 1, -1, -1, 30, -1],
                          top_p=[0.9, 1.0, 1.0, 1.0, 0.8, 0.5], min_p=[0.05, 0.0, 0.0, 0.0, 0.0, 0.0])
     params = settle_top_p(logits, params)
     workspace = Workspace(DEVICE)
