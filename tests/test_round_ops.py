@@ -133,7 +133,7 @@ def _state(rnd: Round) -> list[torch.Tensor]:
 ], ids=["greedy", "greedy-rows", "rejection", "gumbel"])
 def test_rounds_on_the_triton_table_equal_rounds_on_the_references(spec, shape):
     rounds = [_round(spec, ops, **shape) for ops in (TorchRoundOps(), TritonRoundOps(Workspace(DEVICE)))]
-    gens = [torch.Generator().manual_seed(3) for _ in rounds]
+    gens = [torch.Generator(DEVICE).manual_seed(3) for _ in rounds]  # the round draws on its own device
     clock = RoundClock(DEVICE)
     for rnd in rounds:
         rnd.start([5, 6, 9, 9, 2], seed=11)

@@ -12,8 +12,9 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
 if python3 -c "import xdist" 2>/dev/null; then par="-n ${WORKERS:-12} --dist loadfile"; else par=""; fi
 first="tests/test_exact.py tests/test_gpu_ops.py tests/test_gpu.py tests/test_heads.py tests/test_stages.py
        tests/test_round_ops.py tests/test_decode.py tests/test_hybrid.py tests/test_attention.py tests/test_step.py"
+[ $# -gt 0 ] || set -- $first  # the default list, one word per file
 # shellcheck disable=SC2086
-timeout ${LIMIT:-520} python3 -m pytest -v -p no:cacheprovider -p no:benchmark $par -rfE --tb=line "${@:-$first}" \
+timeout ${LIMIT:-520} python3 -m pytest -v -p no:cacheprovider -p no:benchmark $par -rfE --tb=line "$@" \
   > "$OUT/tests.txt" 2>&1
 echo "rc=$?" >> "$OUT/tests.txt"
 grep -E "FAILED|ERROR|rc=" "$OUT/tests.txt" | tail -60
