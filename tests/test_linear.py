@@ -190,6 +190,28 @@ def test_too_many_rows_is_refused():
         L.linear(x, w)
 
 
+def test_float32_tiles_take_fewer_stages_where_16_bit_ones_fit():
+    """The table's picks are tuned for 16-bit weights: Llama 3.1 8B's q+k+v pick (64 columns, 256
+    of K, 4 stages) keeps 3 x 40 KiB of tiles in bf16, but 3 x 80 KiB = 240 KiB in float32, past
+    an sm_90's 227 KiB; it runs on 3 stages instead, and a gate_up pair of tiles on fewer still."""
+    assert L.fitting_stages(4, 64, 256, False, 2) == 4
+    assert L.fitting_stages(4, 64, 256, False, 4) == 3
+    assert L.fitting_stages(4, 64, 256, True, 4) == 2
+    for stages in (2, 3, 4, 5):
+        kept = L.fitting_stages(stages, 64, 128, True, 4)
+        assert 2 <= kept <= stages and ((kept - 1) * (16 + 128) * 128 * 4 <= L.SHARED_BYTES or kept == 2)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a CUDA GPU (shared memory is the GPU's)")
+def test_float32_runs_the_8b_projection_picks():
+    """Each Llama 3.1 8B projection's table pick launches in float32 (the bench's float32 check)."""
+    for n, k, gated in ((6144, 4096, False), (14336, 4096, True), (4096, 14336, False)):
+        x, w, _, _ = _data(5, n, k, torch.float32)
+        config = L.packaged().pick(n, k, gated, False, 5)
+        out = L.gate_up(x, w, w, "silu", config) if gated else L.linear(x, w, config=config)
+        assert out.shape == (5, n) and bool(torch.isfinite(out).all())
+
+
 def _tiny(family: str):
     from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)

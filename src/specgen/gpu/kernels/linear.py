@@ -56,6 +56,9 @@ ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_a
 # Rows one matrix-vector program computes one after another (its weights loaded once from memory):
 # a verification's k + 1 rows in one program per column block, a prefill chunk in a few.
 GEMV_ROWS = 8
+# sm_90's shared memory a block may take (227 KiB): the table's configurations are tuned for 16-bit
+# weights; a float32 model's tiles are twice as large and may need fewer pipeline stages to fit.
+SHARED_BYTES = 232448
 COUNTER_SLOTS = 1 << 16  # split-K arrival counters: (row tile, column block) pairs of one call at most
 
 
@@ -92,6 +95,15 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual
     return run(x, weight, up, bias, act, config, counters, residual, dependent)
 
 
+def fitting_stages(stages: int, block_n: int, block_k: int, gated: bool, itemsize: int) -> int:
+    """Pipeline stages that fit SHARED_BYTES: Triton keeps stages - 1 tiles of x (DOT_ROWS rows) and
+    of the weight(s) in shared memory. Stages change when tiles load, never what is summed."""
+    tile = (DOT_ROWS + block_n * (2 if gated else 1)) * block_k * itemsize
+    while stages > 2 and (stages - 1) * tile > SHARED_BYTES:
+        stages -= 1
+    return stages
+
+
 def run(x, weight, up, bias, act, config, counters, residual, dependent):
     """One launch with a picked configuration."""
     n, k = weight.shape
@@ -109,6 +121,8 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent):
         if residual.stride(-1) != 1:
             residual = residual.contiguous()
     dot, block_n, block_k, warps, stages, *rest = config
+    if dot:
+        stages = fitting_stages(stages, block_n, block_k, up is not None, x.element_size())
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
