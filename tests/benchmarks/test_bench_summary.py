@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import REPO
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_summary", ROOT / "benchmarks" / "bench_summary.py")
+    spec = importlib.util.spec_from_file_location("bench_summary", REPO / "benchmarks" / "bench_summary.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_a_recorded_bench_reads_back_line_for_line():
-    lines = _module().summary(ROOT / "benchmarks" / "results" / "owned-step" / "bench-auto-2.json")
+    lines = _module().summary(REPO / "benchmarks" / "results" / "owned-step" / "bench-auto-2.json")
     assert lines[0].startswith("== bench-auto-2 dependent on startup 1.36")
     assert lines[1] == " target-only 0.0 tok/s 3247"
     assert lines[4] == ("draft 4 0.0 tok/s 6276 mal 3.59 x 1.93 identical 1.0 "
