@@ -36,7 +36,7 @@ they are timed between CUDA events around each call, host dispatch included.
   GB/s counts weight bytes, over enough weight copies that they do not fit in L2.
 - attention: one Llama-3-8B layer's decode attention (32 heads, 8 KV heads, dim 128, bf16) at
   each position, against gpu/kernels/reference.py (one rounding step) and SDPA over the whole cache.
-  --runners: the tiny models of tests/test_attention.py through a runner with the kernel (model's
+  --runners: the tiny models of tests/gpu/kernels/test_attention.py through a runner with the kernel (model's
   rotary and kernel's) and one with SDPA: the max logit difference per feed, the figures behind
   that test's RUNNER_TOLERANCE (also runs on a CPU, in the Triton interpreter).
 - exact: per model shape (random bf16 weights, the kernels `auto` resolves): every op's output in
@@ -322,7 +322,7 @@ def bench_attention(args) -> list[dict]:
 
 
 RUNNER_FAMILIES = [("Llama", {}), ("Mistral", {"sliding_window": 24}), ("Qwen2", {}), ("Qwen3", {"head_dim": 16})]
-RUNNER_SCRIPT = [5, 1, -3, 5, 1, 1, -2, 5]  # as tests/test_attention.py: feed n tokens, or roll back n
+RUNNER_SCRIPT = [5, 1, -3, 5, 1, 1, -2, 5]  # as tests/gpu/kernels/test_attention.py: feed n tokens, or roll back n
 
 
 def attention_runners() -> list[dict]:

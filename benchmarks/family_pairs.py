@@ -7,7 +7,7 @@ character-level tokenizer with the real tokenizer's size and its special tokens 
 ids, the model card's generation_config, a specgen profile (`pair.toml`) pointing at the two folders, and
 a prompts.jsonl that `specgen bench` reads by default. Acceptance is meaningless with random
 weights: these checkpoints measure costs (GPU benchmarks, `--scale full`) and cover each family's
-code paths (tests/test_families.py, `--scale tiny`: the same architecture features, fewer and
+code paths (tests/core/models/test_families.py, `--scale tiny`: the same architecture features, fewer and
 narrower layers, a small vocabulary).
 
     python benchmarks/family_pairs.py --family qwen3 --scale full --out /tmp/families --device cuda

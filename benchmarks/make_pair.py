@@ -40,7 +40,7 @@ from specgen.core.train.corpus import (
     CorpusSpec,
     SourceFile,
     corpus_roots,
-    is_held_out,  # noqa: F401 - tests/test_make_pair.py reads it here
+    is_held_out,  # noqa: F401 - tests/benchmarks/test_make_pair.py reads it here
     list_files,
     read_texts,
     split,

@@ -1,4 +1,4 @@
-"""Inputs and equality checks shared by tests/test_warp_kernel.py and tests/test_verify_kernel.py:
+"""Inputs and equality checks shared by tests/gpu/kernels/test_warp_kernel.py and tests/gpu/kernels/test_verify_kernel.py:
 random logits, per-row warp options, penalties, and one round's verifier inputs, built on CPU
 generators and moved to DEVICE, so the kernel and the torch reference see the same values.
 

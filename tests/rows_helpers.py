@@ -1,5 +1,5 @@
-"""Token trees and batches shared by the rows tests (tests/test_step.py, test_attention.py,
-test_gpu_ops.py, test_exact.py): trees as parent lists (-1: a child of the prefix's last token,
+"""Token trees and batches shared by the rows tests (tests/core/step/test_step.py,
+tests/gpu/kernels/test_attention.py and test_exact.py, tests/gpu/test_gpu_ops.py): trees as parent lists (-1: a child of the prefix's last token,
 parents before children, as core/step/rows.py's `tree` takes them) and the path each node sees."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The GPU code path: TRITON_INTERPRET is removed from the environment before Trito
 @triton.jit makes JITFunction objects and each kernel module's INTERPRETED is False: the bf16
 tl.dot paths compile (F32_DOT = False) and warp.py picks the tile sizes of compiled kernels.
 
-Run by tests/test_sm90_compile.py; by hand: `python tests/sm90_compile.py`. Prints one JSON object,
+Run by tests/gpu/kernels/test_sm90_compile.py; by hand: `python tests/sm90_compile.py`. Prints one JSON object,
 the last line of stdout: {"triton", "stage", "skip" (null or why), "kernels" (every top-level
 *_kernel JITFunction of the six modules), "variants" (one per distinct compile: kernel,
 constexprs, specialized (runtime arguments Triton made constants), options, scenario, status,

@@ -3,9 +3,10 @@
 Every repository path a doc names exists (README.md, docs/, benchmarks/*.md, the profiles'
 comments, and the comments and docstrings under src/specgen/), every Markdown link's target and
 anchor resolve, every section of docs/benchmarks.md a doc cites by its heading is one of that
-file's headings (or, cited as `git show REV:docs/benchmarks.md`, of that past version), and
-benchmarks/README.md names exactly the scripts in benchmarks/. Text only (no specgen import, no
-model), so that it belongs in the quick subset.
+file's headings (or, cited as `git show REV:docs/benchmarks.md`, of that past version),
+benchmarks/README.md names exactly the scripts in benchmarks/, and docs/architecture.md's table
+names every module of src/specgen/. Text only (no specgen import, no model), so that it belongs in
+the quick subset.
 """
 
 from __future__ import annotations
@@ -198,6 +199,19 @@ def test_benchmarks_readme_names_exactly_the_scripts_in_benchmarks():
     assert scripts and with_command == scripts and named == scripts
 
 
+def unlisted_modules(text: str) -> list[str]:
+    """Modules of src/specgen/ that `text` does not name by their path in the package; a folder's
+    __init__.py is left to the sentence that covers them all."""
+    modules = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                     if path.name != "__init__.py" or path.parent == PACKAGE)
+    return [module for module in modules if not re.search(rf"(?<![\w/]){re.escape(module)}(?!\w)", text)]
+
+
+def test_architecture_lists_every_module():
+    missing = unlisted_modules((REPO / "docs" / "architecture.md").read_text())
+    assert not missing, "modules missing from docs/architecture.md's table:\n" + "\n".join(missing)
+
+
 # ---------------------------------------------------------------- the checks themselves
 
 
@@ -219,3 +233,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
         [(None, "Split-K"), (None, "Proposers")]
     assert cited_sections('(`git show ec511de:docs/benchmarks.md`, "Fused round")') == \
         [("ec511de", "Fused round")]
+    listed = "| x | core/round/round.py, gpu/kernels/warp.py, `__main__.py`, `__init__.py` |"
+    assert "core/round/ops.py" in unlisted_modules(listed)
+    assert "__init__.py" in unlisted_modules("core/round/__init__.py")  # a folder's is not the package's
+    assert not {"core/round/round.py", "gpu/kernels/warp.py", "__main__.py", "__init__.py"} & set(unlisted_modules(listed))

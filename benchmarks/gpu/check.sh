@@ -10,8 +10,9 @@ export PYTHONPATH=$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.device_count())" >> "$OUT/gpu.txt" 2>&1
 if python3 -c "import xdist" 2>/dev/null; then par="-n ${WORKERS:-12} --dist loadfile"; else par=""; fi
-first="tests/test_exact.py tests/test_gpu_ops.py tests/test_gpu.py tests/test_heads.py tests/test_stages.py
-       tests/test_round_ops.py tests/test_decode.py tests/test_hybrid.py tests/test_attention.py tests/test_step.py"
+first="tests/gpu/kernels/test_exact.py tests/gpu/test_gpu_ops.py tests/gpu/test_gpu.py tests/core/drafters/test_heads.py
+       tests/gpu/test_stages.py tests/gpu/test_round_ops.py tests/core/test_decode.py tests/core/drafters/test_hybrid.py
+       tests/gpu/kernels/test_attention.py tests/core/step/test_step.py"
 [ $# -gt 0 ] || set -- $first  # the default list, one word per file
 # shellcheck disable=SC2086
 timeout ${LIMIT:-520} python3 -m pytest -v -p no:cacheprovider -p no:benchmark $par -rfE --tb=line "$@" \

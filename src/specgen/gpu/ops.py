@@ -7,7 +7,8 @@ held here once instead of passed with every call. Where a kernel is turned off, 
 outside what the kernel takes (more rows than a captured step has, biases the fused gate/up
 projection lacks), the op is the reference's own, so both tables compute
 every model. Each kernel's exactness against its torch reference is tested where the kernel is
-(tests/test_linear.py, test_norm.py, test_attention.py); tests/test_gpu_ops.py runs whole steps.
+(tests/gpu/kernels/test_linear.py, test_norm.py, test_attention.py); tests/gpu/test_gpu_ops.py runs whole
+steps.
 """
 
 from __future__ import annotations

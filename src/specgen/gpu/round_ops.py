@@ -3,7 +3,7 @@ and gpu/kernels/commit.py over one device's workspace, each launched dependent o
 the target's kernel policy says so (gpu/kernels/dependent.py).
 
 The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
-reads with the round (gpu/kernels/verify.check_output). tests/test_round_ops.py compares this table with
+reads with the round (gpu/kernels/verify.check_output). tests/gpu/test_round_ops.py compares this table with
 the references on one round's inputs.
 """
 

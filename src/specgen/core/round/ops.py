@@ -4,7 +4,7 @@ Gumbel noise, verification, the draft count, the commit), chosen once by the bac
 `TorchRoundOps` is the table of references (core/sampling/warp.py, core/sampling/rejection.py, core/sampling/noise.py,
 core/sampling/bookkeeping.py): what the torch backend runs, and the CUDA backend too where the target's
 kernel policy turns the round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes the
-same results with Triton kernels (tests/test_round_ops.py compares the two on one round's
+same results with Triton kernels (tests/gpu/test_round_ops.py compares the two on one round's
 inputs). A table holds what its calls share (the Triton one: the device's workspace and the
 dependent-launch flag), so the parts pass only their tensors.
 """

@@ -4,7 +4,7 @@ that stages the round's ids for the host and moves both caches and the next roun
 Why a module of its own: in the round (core/round/round.py) these are some 25 tensor operations on a
 handful of integers, each a kernel of about a microsecond plus its gap once captured, about 45 µs
 of a round on an H200. gpu/kernels/commit.py computes each of the two in one kernel; this is what it must equal
-(tests/test_commit.py), and what the torch backend runs.
+(tests/gpu/kernels/test_commit.py), and what the torch backend runs.
 """
 
 from __future__ import annotations

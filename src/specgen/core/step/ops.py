@@ -4,7 +4,7 @@ An owned model (core/step/llama.py, core/step/gemma2.py) computes through one ta
 calls a kernel itself, as vLLM's fused ops carry `forward_native` beside `forward_cuda`. This class
 is the torch implementation: the reference every faster table is tested against, and the one CPU
 runs use. It follows transformers' arithmetic (norms and rotary tables in float32, results in the
-model's dtype) so that owned and transformers logits agree within rounding (tests/test_step.py).
+model's dtype) so that owned and transformers logits agree within rounding (tests/core/step/test_step.py).
 
 Shapes: B sequences, n rows each, H hidden width, h query heads, g key/value heads, d head dim.
 """

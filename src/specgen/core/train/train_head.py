@@ -11,7 +11,7 @@ fc(aux at t) and predicts x[t+2]). Row c of step s is step s of the chain that s
 row c: it sits at position c + s, embeds x[c+s+1], reads the chain's own output hidden state of
 step s-1 (step 0: fc(aux at c)) and predicts x[c+s+2]. It attends to every target row at a
 position <= c and to the chain's own rows of steps 1..s, which is what the head's cache holds
-when it drafts step s at inference (tests/test_train_head.py checks the two against each other).
+when it drafts step s at inference (tests/core/train/test_train_head.py checks the two against each other).
 The ids of later steps are the data's, not the head's own guesses: a chain only matters at
 inference while its guesses equal the target's tokens.
 

@@ -3,7 +3,7 @@
 _argmax_kernel, grid (rows, segments): each segment's max and its first index; a row of one
 segment stores its argmax directly. _argmax_merge_kernel, grid (rows,): the first segment holding
 the row's max (segments in column order) has the row's first index. Its reference is torch.argmax
-(tests/test_warp_kernel.py); the warp chain's own argmax (gpu/kernels/warp.py) comes with its
+(tests/gpu/kernels/test_warp_kernel.py); the warp chain's own argmax (gpu/kernels/warp.py) comes with its
 probabilities.
 """
 

@@ -36,7 +36,7 @@ tokens in the step: the same tile size (set by the model), the same key blocks a
 and split boundaries are absolute positions, splits set by the cache's capacity), and the blocks
 it walks beyond its own keys leave it bitwise unchanged (see the kernel). Its place in the tile
 moves with its token; a tensor-core product computes each row by itself, which the GPU tests check
-(tests/test_exact.py); in the Triton interpreter, whose matmul does not, the products are summed
+(tests/gpu/kernels/test_exact.py); in the Triton interpreter, whose matmul does not, the products are summed
 per row. So the token at position p gets bitwise the same output from a 1-token step at p as from
 a (k+1)-token step that holds it.
 

@@ -7,7 +7,7 @@ two kernels (H200)"). Each kernel here is one program of one warp over the round
 positions:
 every load comes before any store, and a scalar's read-modify-write (the positions, generated)
 is stored by one thread from its own load. Integers only, so they equal the reference exactly
-(tests/test_commit.py, in the Triton interpreter and on the GPU).
+(tests/gpu/kernels/test_commit.py, in the Triton interpreter and on the GPU).
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def test_families_step_like_eager_steps(family):
     attention kernel, the other kernels as `auto` resolves them) against eager steps with the
     reference table over the same cache (SDPA; for Gemma 2, soft-capped as its eager attention),
     rollbacks included. (Families the owned step does not cover run transformers' modules eagerly:
-    tests/test_step.py.)"""
+    tests/core/step/test_step.py.)"""
     import transformers
     from transformers import AutoModelForCausalLM
 

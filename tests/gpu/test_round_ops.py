@@ -1,7 +1,7 @@
 """The round's two ops tables agree: gpu/round_ops.py's TritonRoundOps against core/round/ops.py's
 TorchRoundOps (the references), op by op on one round's inputs, and as whole rounds of each
 coupling (every op of the table runs). Ids, counts and positions equal; probabilities to rounding
-(as tests/test_warp_kernel.py). On CPU (CI) the kernels run in the Triton interpreter
+(as tests/gpu/kernels/test_warp_kernel.py). On CPU (CI) the kernels run in the Triton interpreter
 (tests/triton_cpu.py); on a GPU the same tests run the compiled kernels, with and without
 dependent launch.
 """

@@ -1,7 +1,7 @@
 """Adaptive speculation for the draft-model proposer: early stops within a round, adaptive k between rounds.
 
 Rounds are pipelined one deep, so the caches are checked at the end of runs (draft_follows), where
-no round is in flight; tests/test_round.py checks them after every early-stopped round.
+no round is in flight; tests/core/round/test_round.py checks them after every early-stopped round.
 """
 
 from __future__ import annotations

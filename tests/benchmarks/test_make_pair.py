@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "make_pair.py"
-DEMO = ROOT / "src" / "specgen" / "builtin" / "demo"
+from repo_paths import REPO
+
+SCRIPT = REPO / "benchmarks" / "make_pair.py"
+DEMO = REPO / "src" / "specgen" / "builtin" / "demo"
 REPORT_KEYS = {
     "preset", "seed", "command", "python", "device", "corpus", "vocab", "target", "draft",
     "steps", "tokens_seen", "train_seconds", "train_loss", "heldout_loss", "greedy_agreement",
@@ -45,7 +46,7 @@ def micro(tmp_path_factory) -> Path:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, str(SCRIPT), "--preset", "micro", "--out", str(out),
                "--seed", "0", "--device", "cpu"]
-    subprocess.run(command, check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
+    subprocess.run(command, check=True, env=env, cwd=REPO, capture_output=True, timeout=300)
     return out
 
 

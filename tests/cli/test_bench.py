@@ -14,12 +14,13 @@ import pytest
 from specgen.core.bench.run import Bench, Unavailable, first_divergence, hf_generation_config, notes, percentile, recommend
 from specgen.core.settings import SamplingSpec
 from cli_helpers import specgen
+from repo_paths import REPO, TESTS
 from tiny_models import build_pair, write_profile
 
-SCHEMA_DOC = Path(__file__).resolve().parents[1] / "docs" / "bench-schema.md"
+SCHEMA_DOC = REPO / "docs" / "bench-schema.md"
 CLI_DOC = SCHEMA_DOC.parent / "cli.md"
 # The JSON documents of the bench runs docs/cli.md shows (records and per-prompt rows left out).
-DOC_RUNS = Path(__file__).resolve().parent / "data"
+DOC_RUNS = TESTS / "data"
 PROMPTS = ["def add(a, b):", "class Point:"]
 KS = (1, 3)
 BASELINES = ("target-only", "hf", "hf-static", "hf-assisted")

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from specgen.core.models.tokenizer import PlainTokenizer, plain_config
+from repo_paths import REPO
 from tiny_models import build_tokenizer
 
-DEMO = Path(__file__).resolve().parents[1] / "src" / "specgen" / "builtin" / "demo" / "target"
+DEMO = REPO / "src" / "specgen" / "builtin" / "demo" / "target"
 TEXTS = ["def quicksort(arr):\n    return arr", "", "  two leading spaces", "héllo wörld — naïve ✓ 你好 \t\r\n",
          "<|endoftext|>", "a<|endoftext|>b<|endoftext|>", "x = [1, 2]  # ok?"]
 

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specgen.cli.profiles import app
+from repo_paths import REPO
 from specgen.core.errors import ProfileError, UsageError
 from specgen.core import profile as profile_module
 from specgen.core.profile import (
@@ -33,7 +34,6 @@ from specgen.core.settings import (
     SpeculationSpec,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 MODELS = {"target.path": '"org/target"', "draft.path": '"org/draft"'}
 
 

@@ -20,7 +20,7 @@ from rows_helpers import leaves, path
 from specgen.core.step import rows as rowsets
 from tiny_models import build_family
 
-TOLERANCE = 3e-4  # as tests/test_families.py's RUNNER_TOLERANCE: float32 rounding reaches ~3e-5
+TOLERANCE = 3e-4  # as tests/core/models/test_families.py's RUNNER_TOLERANCE: float32 rounding reaches ~3e-5
 EVERY = dict(attention=True, linear=True, rope=True, norm=True, step_io=True)
 
 
@@ -135,7 +135,7 @@ def check_batch_rows(each, lengths: list[int], parents: list[list[int]] | None, 
 def test_tree_nodes_are_their_one_token_steps(family):
     """A 4-node tree after a 27-token prompt (past Gemma 2's window): every node's logits are the
     one-token step's on its path, bit for bit, through the kernel table. (A cache of one attention
-    split keeps the interpreter quick: tests/test_attention.py crosses splits.)"""
+    split keeps the interpreter quick: tests/gpu/kernels/test_attention.py crosses splits.)"""
     name, folder = family
     each = runner(_owned(folder / "target"), kernels=kernels(**EVERY), width=380, capacity=64)
     check_tree_nodes(each, TREE, 27, 380)

@@ -1,6 +1,6 @@
 """core/round/round.py: the round's buffers, draws, device-built warp rows, cache commit rule and runners.
 
-The loop (tests/test_decode.py) checks the round's output; these tests drive a Round directly, one
+The loop (tests/core/test_decode.py) checks the round's output; these tests drive a Round directly, one
 round at a time with no pipeline, so the per-round invariants can be read between rounds:
 the target cache holds the committed sequence minus its last id (feed[0, 0]), the draft cache
 minus its last two (pending); a one-token prompt is seen twice by the draft.

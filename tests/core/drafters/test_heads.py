@@ -184,7 +184,7 @@ WARPS = {
 def test_eagle_sampled_tokens_follow_the_warped_target(headed, warp, vocab):
     """χ² of the first two tokens (one round, k = 3, drafted by the head) against the target's
     warped p, computed by the torch reference; α = 1e-4 per test, two tests each. Every warp runs
-    with a reduced draft vocabulary (the head's q is -inf outside it); test_lossless.py covers the
+    with a reduced draft vocabulary (the head's q is -inf outside it); tests/core/sampling/test_lossless.py covers the
     verifier itself under every warp combination for any q."""
     from scipy.stats import chisquare
 

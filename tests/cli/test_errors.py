@@ -1,7 +1,7 @@
 """Every known failure of `specgen generate` ends the same way: the documented exit code, nothing on
 stdout, one line on stderr (two with a hint), never a traceback. docs/errors.md lists them.
 
-Profile errors are tested in detail in test_profile.py; here each kind goes once through the CLI.
+Profile errors are tested in detail in tests/core/test_profile.py; here each kind goes once through the CLI.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
-from pathlib import Path
 
 from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
@@ -24,17 +23,17 @@ import torch
 
 from decode_helpers import BACKENDS, finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners, kernels, resolved, runner
+from repo_paths import REPO
 from specgen.core.engine import Engine, target_only
 from specgen.core.models.loading import load_model, load_pair
 from specgen.core.settings import KernelSpec, ModelSpec, ProposerSpec, SpeculationSpec
 from specgen.gpu.policy import ResolvedKernels, attention_unsupported, resolve
 from tiny_models import build_family, family_pairs, write_profile
 
-REPO = Path(__file__).resolve().parents[1]
 FAMILIES = list(family_pairs().FAMILIES)
 CLASSES = {"llama-3.1": "LlamaForCausalLM", "qwen2.5": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
            "gemma-2": "Gemma2ForCausalLM"}
-# Max logit difference between kernel and plain runners (tests/test_attention.py's RUNNER_TOLERANCE:
+# Max logit difference between kernel and plain runners (tests/gpu/kernels/test_attention.py's RUNNER_TOLERANCE:
 # rounding reaches ~3e-5 on such models; a stale key or a wrong window moves logits by 1e-2 or more).
 RUNNER_TOLERANCE = 3e-4
 
@@ -236,7 +235,7 @@ def test_the_kernels_compute_the_plain_models_logits(family, role):
 
 def test_auto_on_a_gpu_takes_what_each_family_allows(family):
     """`auto` on a CUDA device (decided from the model alone; split-K's and dependent launch's device
-    facts aside, tests/test_kernels.py): every
+    facts aside, tests/gpu/test_kernels.py): every
     kernel, Gemma 2's soft-capped attention and its rotary path included; Gemma's 1 + w norms take
     the norm kernel's offset form."""
     name, folder = family

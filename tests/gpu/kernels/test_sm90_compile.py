@@ -20,13 +20,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).with_name("sm90_compile.py")
-SRC = Path(__file__).resolve().parent.parent / "src"
+from repo_paths import REPO, TESTS
+
+SCRIPT = TESTS / "sm90_compile.py"
+SRC = REPO / "src"
 MODULES = ("attention", "linear", "verify", "warp", "cuts", "argmax", "norm", "step_io")  # specgen.gpu.*
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles the kernels for real")

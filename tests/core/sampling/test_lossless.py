@@ -19,7 +19,8 @@ non-identical categoricals whose covariance is below the multinomial's: that kee
 (conservative).
 
 Rounds and power: 100k rounds through the torch reference, 20k through the Triton kernels (on CPU
-the interpreter runs them; the kernels also pass the identity tests of test_kernels.py). At alpha
+the interpreter runs them; the kernels also pass the identity tests of
+tests/gpu/kernels/test_warp_kernel.py and test_verify_kernel.py). At alpha
 ~1e-8 with ~30 bins, 20k rounds detect at position 0 (power 0.99) any deviation with noncentrality
 n * sum((pi - p)^2 / p) >= 90, e.g. 0.6% of the mass moved between two tokens of probability 0.05;
 test_mis_specified_q_is_detected shows both paths fail when the verifier is handed a q other than

@@ -8,13 +8,13 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from cli_helpers import Stream, assert_error, option_names, run_python, specgen, subprocess_env
+from repo_paths import REPO
 from tiny_models import build_pair, write_profile
 
 PROMPT = "def add(a, b):"
@@ -265,7 +265,7 @@ def test_help_shows_every_option_name_whole_at_80_columns(monkeypatch, command):
     assert "--prompts" not in shown  # the hidden old name of --prompts-file
 
 
-CLI_DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+CLI_DOC = REPO / "docs" / "cli.md"
 
 
 def documented_options() -> dict[str, set[str]]:

@@ -2,7 +2,7 @@
 
 Outputs equal target-only (greedy) on tiny random models, on every backend, and on the shipped
 demo pair; the draft cache follows the committed sequence across n-gram rounds (checked at the end
-of runs, where no round is in flight; tests/test_round.py checks it after every round); sampled
+of runs, where no round is in flight; tests/core/round/test_round.py checks it after every round); sampled
 output is reproducible and follows the target's distribution; profile, CLI and engine accept the
 kind and refuse it without a draft model.
 """
@@ -128,7 +128,7 @@ def test_draft_cache_follows_the_committed_sequence(engine, sampling):
     """At the end of runs that went through n-gram rounds, the draft's cache plus its pending ids
     equals a fresh forward of the whole committed sequence (draft_follows). Runs are cut by
     max_tokens right after each n-gram round of a longer first run (such a round often emits one
-    token, and a budget-0 round then ends the run); tests/test_round.py checks the caches right
+    token, and a budget-0 round then ends the run); tests/core/round/test_round.py checks the caches right
     after every host round."""
     last = {Mode.MODEL: 0, Mode.HOST: 0}
     host_rounds = 0

@@ -4,7 +4,7 @@ identity through the backend, runners against eager forwards, fallback when capt
 Skipped without CUDA. The backend-independent greedy-identity and χ² tests live in test_decode,
 test_hybrid, test_ngram and test_adaptive, parametrized over BACKENDS. Thresholds: float32 steps
 with the Triton step kernels differ from transformers' eager forward by rounding only (relative
-error < 3e-4, the bound tests/test_attention.py's rotary checks use); bfloat16 < 6e-2 (the step kernels sum in another order than cuBLAS and SDPA; random weights
+error < 3e-4, the bound tests/gpu/kernels/test_attention.py's rotary checks use); bfloat16 < 6e-2 (the step kernels sum in another order than cuBLAS and SDPA; random weights
 make large logits).
 """
 
