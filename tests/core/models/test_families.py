@@ -4,7 +4,7 @@ sizes shrunk, random weights with norms and biases off their constant init).
 
 For each family: the tiny checkpoints carry the family's features (each one changes the logits),
 specgen's loader picks the right modeling, greedy speculative decoding equals target-only token
-for token, and the GPU path (gpu/rewire.py, gpu/policy.py; the Triton interpreter on CPU)
+for token, and the GPU path (core/step/ on gpu/ops.py's kernel table; the Triton interpreter on CPU)
 computes the plain model's logits, Gemma 2's soft-capped attention included. Float32 throughout;
 the tiny models' top-two logit gaps are at least ~2e-3 (seed 0), far above the ~1e-5 by which a
 (k+1)-token forward rounds differently from a 1-token one.
