@@ -286,14 +286,10 @@ def table_rows(llama: dict, bench: dict) -> list[str]:
         if baseline["method"] == "target-only" and baseline["temperature"] == 0 and rate:
             rows.append(_cells("specgen", "target-only step", rate, 1000 / rate, floor(0),
                                f"{baseline['tokens_per_second']['median']:,.1f} tok/s with the prefill"))
-    fit = round_fit(llama.get("summary", {}), 0.0)
-    for name, summary in sorted(llama.get("summary", {}).items(), key=lambda item: item[1].get("k") or 0):
+    for summary in sorted(llama.get("summary", {}).values(), key=lambda summary: summary.get("k") or 0):
         if summary.get("round_ms") is None or summary.get("temperature") != 0:
             continue
         notes = f"{summary['drafted_per_round']:.2f} drafted a round, acceptance {summary['acceptance']:.3f}"
-        if fit:
-            notes += (f"; fit over {fit['draft_lengths']} draft lengths: {fit['ms_per_drafted_token']:.3f} ms a drafted "
-                      f"token, {fit['ms_per_round_besides']:.3f} ms a round besides")
         rows.append(_cells("llama.cpp", f"k = {summary['k']} greedy round (llama-speculative-simple)",
                            summary["median_decode_tok_s"], summary["round_ms"], floor(summary["drafted_per_round"]), notes))
     for result in bench["results"]:
@@ -311,6 +307,10 @@ def table(args) -> int:
     llama = json.loads(args.llama.read_text())
     rows = table_rows(llama, json.loads(args.specgen.read_text()))
     print("\n".join(rows))
+    fit = round_fit(llama.get("summary", {}), 0.0)
+    if fit:
+        print(f"llama.cpp's greedy rounds over {fit['draft_lengths']} draft lengths: {fit['ms_per_drafted_token']:.3f} ms "
+              f"a drafted token, {fit['ms_per_round_besides']:.3f} ms a round besides (least squares)")
     for key in ("skipped", "errors"):
         if llama.get(key):
             print(f"llama.cpp {key}: {'; '.join(llama[key])}")
