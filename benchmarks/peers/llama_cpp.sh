@@ -21,8 +21,9 @@
 # CUDA graphs as llama.cpp enables them by default) on the same 10 prompts x 128 tokens, and
 # compares the greedy texts. Output under $OUT (default benchmarks/results/llama-cpp).
 # 8b: one call of at most 600 s. The build (niced, as in `all`) runs while the GPU makes the pair
-# (benchmarks/family_pairs.py --family llama-3.1 --scale full, bf16, into PAIR, default
-# /tmp/fam/llama-3.1) and both models convert to GGUF bf16 at once; then one prompt's tokens are
+# (benchmarks/family_pairs.py --family llama-3.1 --scale full, bf16, into PAIR unless it exists:
+# default /tmp/fam/llama-3.1, a folder named llama-3.1 as family_pairs.py names it) and both
+# models convert to GGUF bf16 at once; then one prompt's tokens are
 # compared, `specgen bench` times the draft model at k = 4 greedy against target-only, and llama.cpp
 # times its target-only step (llama-bench) and its greedy rounds (llama-speculative-simple, k = 4,
 # then 2 and 8 until DEADLINE), 2 prompts x 64 tokens, past end-of-text as specgen bench goes.
