@@ -20,7 +20,7 @@ import torch
 
 from tiny_models import family_pairs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "pyproject.toml").is_file())
 SOURCE = ROOT / ".peers" / "llama.cpp"
 CONVERT = ROOT / "benchmarks" / "peers" / "convert_pair.py"
 DEMO = ROOT / "src" / "specgen" / "builtin" / "demo"
