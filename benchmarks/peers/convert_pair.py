@@ -6,10 +6,13 @@ llama.cpp's converter names a BPE tokenizer's pre-tokenizer by hashing how the t
 fixed text, and refuses hashes it does not list. specgen's pairs (benchmarks/make_pair.py) use
 the `tokenizers` library's byte-level BPE, whose pre-tokenizer is GPT-2's regular expression:
 this wrapper tells the converter so ("gpt-2") when, and only when, the tokenizer.json says its
-pre-tokenizer is ByteLevel with that expression; everything else is the converter's own code, run
-as `convert_hf_to_gguf.py` would be. benchmarks/peers/llama_cpp.sh checks afterwards that
-llama.cpp tokenizes the prompts exactly as specgen does. Needs numpy, torch, safetensors and
-transformers (its tokenizer), nothing else.
+pre-tokenizer is ByteLevel with that expression. The tokenizers of benchmarks/family_pairs.py are
+such a BPE without merges (one token a byte): the converter then writes no merges list, which
+llama.cpp requires of a BPE vocabulary, so for them this wrapper writes the empty list (gguf-py
+refuses empty arrays). Everything else is the converter's own code, run as
+`convert_hf_to_gguf.py` would be. benchmarks/peers/llama_cpp.sh checks afterwards that llama.cpp
+tokenizes the prompts exactly as specgen does. Needs numpy, torch, safetensors and transformers
+(its tokenizer), nothing else.
 """
 
 from __future__ import annotations
@@ -19,11 +22,49 @@ import sys
 from pathlib import Path
 
 
+def tokenizer_json(folder: Path) -> dict:
+    return json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+
+
 def gpt2_byte_level(folder: Path) -> bool:
-    tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer = tokenizer_json(folder)
     pre = tokenizer.get("pre_tokenizer") or {}
     return (tokenizer.get("model", {}).get("type") == "BPE" and pre.get("type") == "ByteLevel"
             and pre.get("use_regex", True) and not pre.get("add_prefix_space", False))
+
+
+def without_merges(folder: Path) -> bool:
+    """A byte-level BPE that merges nothing (benchmarks/family_pairs.py's character-level tokenizers)."""
+    return gpt2_byte_level(folder) and tokenizer_json(folder)["model"].get("merges") == []
+
+
+def empty_array(pack_val):
+    """gguf-py's GGUFWriter._pack_val, also for an empty array of a named item type: that type, then a
+    count of 0 (the GGUF format allows it, and llama.cpp's reader takes it); gguf-py refuses one
+    because it reads the item type from the first item."""
+    from gguf import GGUFValueType
+
+    def pack(self, val, vtype, add_vtype, sub_type=None):
+        if vtype != GGUFValueType.ARRAY or sub_type is None or len(val):
+            return pack_val(self, val, vtype, add_vtype, sub_type)
+        return (self._pack("I", vtype) if add_vtype else b"") + self._pack("I", sub_type) + self._pack("Q", 0)
+
+    return pack
+
+
+def write_empty_merges() -> None:
+    """After the converter's special vocabulary finds no merges, an empty merges list in the GGUF."""
+    import gguf
+
+    add_to_gguf = gguf.SpecialVocab.add_to_gguf
+
+    def add(self, writer, quiet: bool = False) -> None:
+        add_to_gguf(self, writer, quiet)
+        if self.load_merges and not self.merges:
+            writer.add_key_value(gguf.Keys.Tokenizer.MERGES, [], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+
+    gguf.SpecialVocab.add_to_gguf = add
+    gguf.GGUFWriter._pack_val = empty_array(gguf.GGUFWriter._pack_val)
 
 
 def main() -> None:
@@ -52,6 +93,8 @@ def main() -> None:
             raise FileNotFoundError(folder / "tokenizer.model")
 
         TextModel._set_vocab_sentencepiece = no_sentencepiece
+    if without_merges(folder):
+        write_empty_merges()
     convert_hf_to_gguf.main()
 
 

@@ -3,6 +3,7 @@
     python benchmarks/peers/llama_cpp.py tokens BIN PAIR [--num-prompts N]
     python benchmarks/peers/llama_cpp.py run BIN PAIR --k 2,4,6 -t 0,0.8 [-n 128] [--num-prompts 10] [--gpu] --out out.json
     python benchmarks/peers/llama_cpp.py compare PAIR out.json specgen-greedy.jsonl [-n 128]
+    python benchmarks/peers/llama_cpp.py table out.json specgen-bench.json
 
 BIN holds llama.cpp's built programs (llama-tokenize, llama-simple, llama-speculative-simple,
 llama-bench); PAIR is a folder of benchmarks/make_pair.py with target.gguf and draft.gguf beside
@@ -14,7 +15,9 @@ each draft length, draft lengths in turn with temperatures inside) on the same p
 document (rewritten after each configuration): per configuration the median decode rate (after the
 first token), the median rate with the prompt's prefill (specgen bench's `tok/s`), the acceptance; per prompt the rates and the texts. `compare` says, per
 prompt, where llama.cpp's greedy texts first differ from specgen's (`specgen generate --format
-jsonl`), in specgen's tokens.
+jsonl`), in specgen's tokens. `table` prints one Markdown table of both engines' target-only step and
+speculative round (`run`'s JSON and `specgen bench --format json`'s), for pairs whose acceptance
+means nothing (random weights): what a step and a round cost, against specgen's floor.
 """
 
 from __future__ import annotations
@@ -133,6 +136,8 @@ def speculative(args, text: str, k: int, temperature: float) -> dict:
                "--seed", "0", "-c", "2048"]
     if args.gpu:
         command += ["-ngl", "99", "-ngld", "99", "-fa", "on"]
+    if args.ignore_eos:
+        command.append("--ignore-eos")
     out, err, match = _run(command)
     counts = dict((name, int(value)) for name, value in COUNTS.findall(err))
     tokens_, rate = int(match.group(1)), float(match.group(3))
@@ -151,7 +156,34 @@ def summarize(runs: list[dict]) -> dict:
     with_prefill = [r["tok_s_with_prefill"] for r in runs if r.get("tok_s_with_prefill")]
     return {"median_decode_tok_s": statistics.median(decode) if decode else None,
             "median_tok_s_with_prefill": statistics.median(with_prefill) if with_prefill else None,
-            "acceptance": accepted / drafted if drafted else None, "prompts": len(runs)}
+            "acceptance": accepted / drafted if drafted else None, "prompts": len(runs), **rounds(runs)}
+
+
+def rounds(runs: list[dict]) -> dict:
+    """Speculative runs' rounds, pooled over prompts (none for target-only runs). Each round of
+    llama-speculative-simple adds its accepted drafts and one target token to the tokens it counts,
+    so a run's rounds are its tokens less its accepted drafts; a round's cost is the decode seconds
+    over them, and its last rounds draft fewer tokens (no more than -n leaves room for)."""
+    spec = [r for r in runs if r.get("drafted") is not None and r.get("accepted") is not None]
+    count = sum(r["tokens"] - r["accepted"] for r in spec)
+    if not count:
+        return {}
+    return {"rounds": count, "round_ms": sum(r["seconds"] for r in spec) / count * 1000,
+            "drafted_per_round": sum(r["drafted"] for r in spec) / count}
+
+
+def round_fit(summary: dict, temperature: float) -> dict | None:
+    """Least squares of the round's ms over its drafted tokens, across the draft lengths swept at
+    one temperature: ms a drafted token (the slope) and ms a round besides (the intercept, the
+    verification and sampling). None with fewer than two draft lengths."""
+    points = [(s["drafted_per_round"], s["round_ms"]) for s in summary.values()
+              if s.get("round_ms") is not None and s.get("temperature") == temperature]
+    if len({x for x, _ in points}) < 2:
+        return None
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points))
+    return {"ms_per_drafted_token": slope, "ms_per_round_besides": mean_y - slope * mean_x, "draft_lengths": len(points)}
 
 
 def run(args) -> int:
@@ -169,7 +201,8 @@ def run(args) -> int:
     except (RuntimeError, ValueError, IndexError, KeyError) as exc:  # llama-bench is extra: go on without it
         document["llama_bench"] = {"error": str(exc)}
     write()
-    configs = [("target-only", None, None)] + [(f"speculative k={k} t={t}", k, t) for k in args.k for t in args.temperature]
+    configs = [] if args.no_simple else [("target-only", None, None)]
+    configs += [(f"speculative k={k} t={t}", k, t) for k in args.k for t in args.temperature]
     for name, k, t in configs:
         if args.deadline is not None and time.monotonic() - start > args.deadline:
             document["skipped"] = document.get("skipped", []) + [name]
@@ -182,7 +215,7 @@ def run(args) -> int:
             write()
             continue
         document["runs"][name] = runs
-        document["summary"][name] = summarize(runs)
+        document["summary"][name] = {**summarize(runs), "k": k, "temperature": t}
         write()
         print(name, json.dumps(document["summary"][name]), file=sys.stderr, flush=True)
     return 0
@@ -223,11 +256,72 @@ def compare(args) -> int:
     return 0
 
 
+def _cells(engine: str, what: str, tok_s: float | None, ms: float | None, floor_ms: float | None, notes: str) -> str:
+    over = f"{ms / floor_ms:.2f}×" if ms and floor_ms else "–"
+    numbers = [f"{tok_s:,.1f}" if tok_s else "–", f"{ms:.3f}" if ms else "–", f"{floor_ms:.3f}" if floor_ms else "–", over]
+    return "| " + " | ".join([engine, what, *numbers, notes]) + " |"
+
+
+def table_rows(llama: dict, bench: dict) -> list[str]:
+    """Markdown rows: each engine's greedy target-only step and speculative rounds, with the floor
+    of the weight bytes each streams: specgen bench's streamed bytes over its copy bandwidth, the
+    target's for a step; specgen's own round floor; for a llama.cpp round the target's once and
+    the draft model's once a drafted token."""
+    environment = bench["environment"]
+    streamed, bandwidth = environment.get("streamed_bytes") or {}, environment.get("copy_bandwidth_bytes_per_s")
+
+    def floor(drafted: float) -> float | None:
+        if not bandwidth or "target" not in streamed or (drafted and "draft" not in streamed):
+            return None
+        return (streamed["target"] + drafted * streamed.get("draft", 0)) / bandwidth * 1000
+
+    rows = ["| engine | step or round | decode tok/s | ms | floor ms | × floor | notes |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    measured = llama.get("llama_bench") or {}
+    if measured.get("tok_s"):
+        rows.append(_cells("llama.cpp", f"target-only step (llama-bench, depth {measured['depth']})", measured["tok_s"],
+                           1000 / measured["tok_s"], floor(0), f"± {measured['stddev_tok_s']:.1f} tok/s over its runs"))
+    for baseline in bench["baselines"]:
+        rate = (baseline.get("decode_tokens_per_second") or {}).get("median")
+        if baseline["method"] == "target-only" and baseline["temperature"] == 0 and rate:
+            rows.append(_cells("specgen", "target-only step", rate, 1000 / rate, floor(0),
+                               f"{baseline['tokens_per_second']['median']:,.1f} tok/s with the prefill"))
+    for summary in sorted(llama.get("summary", {}).values(), key=lambda summary: summary.get("k") or 0):
+        if summary.get("round_ms") is None or summary.get("temperature") != 0:
+            continue
+        notes = f"{summary['drafted_per_round']:.2f} drafted a round, acceptance {summary['acceptance']:.3f}"
+        rows.append(_cells("llama.cpp", f"k = {summary['k']} greedy round (llama-speculative-simple)",
+                           summary["median_decode_tok_s"], summary["round_ms"], floor(summary["drafted_per_round"]), notes))
+    for result in bench["results"]:
+        if result["temperature"] != 0:
+            continue
+        phases = result["round_ms"]
+        rows.append(_cells("specgen", f"k = {result['k']} greedy round, {result['proposer']}",
+                           result["decode_tokens_per_second"]["median"], phases["total"], result.get("round_floor_ms"),
+                           f"draft {phases['draft']:.3f} / verify {phases['verify']:.3f} ms, "
+                           f"acceptance {result['acceptance_rate']:.3f}"))
+    return rows
+
+
+def table(args) -> int:
+    llama = json.loads(args.llama.read_text())
+    rows = table_rows(llama, json.loads(args.specgen.read_text()))
+    print("\n".join(rows))
+    fit = round_fit(llama.get("summary", {}), 0.0)
+    if fit:
+        print(f"llama.cpp's greedy rounds over {fit['draft_lengths']} draft lengths: {fit['ms_per_drafted_token']:.3f} ms "
+              f"a drafted token, {fit['ms_per_round_besides']:.3f} ms a round besides (least squares)")
+    for key in ("skipped", "errors"):
+        if llama.get(key):
+            print(f"llama.cpp {key}: {'; '.join(llama[key])}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["tokens", "run", "compare"])
-    parser.add_argument("bin", type=Path, help="BIN (tokens, run) or PAIR (compare)")
-    parser.add_argument("pair", type=Path, help="PAIR (tokens, run) or llama.cpp's JSON (compare)")
+    parser.add_argument("what", choices=["tokens", "run", "compare", "table"])
+    parser.add_argument("bin", type=Path, help="BIN (tokens, run), PAIR (compare) or llama.cpp's JSON (table)")
+    parser.add_argument("pair", type=Path, help="PAIR (tokens, run), llama.cpp's JSON (compare) or specgen bench's JSON (table)")
     parser.add_argument("specgen", type=Path, nargs="?", help="compare: specgen generate's JSONL")
     parser.add_argument("--num-prompts", type=int, default=10)
     parser.add_argument("--k", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6, 8])
@@ -239,7 +333,14 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, help="run: seconds after which no new configuration starts (the rest are listed as skipped)")
     parser.add_argument("--out", type=Path, help="run: the JSON document")
     parser.add_argument("--gpu", action="store_true", help="every layer on the GPU, flash attention on")
+    parser.add_argument("--no-simple", action="store_true",
+                        help="run: no llama-simple target-only runs (llama-bench's rate alone)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="run: llama-speculative-simple goes on past end-of-text tokens, as specgen bench does")
     args = parser.parse_args()
+    if args.what == "table":
+        args.llama, args.specgen = args.bin, args.pair
+        return table(args)
     if args.what == "compare":
         args.pair, args.llama = args.bin, args.pair
         return compare(args)

@@ -6,6 +6,8 @@
 #                                                       # the pair trains, then run
 #   bash benchmarks/peers/llama_cpp.sh build            # only the build, into .peers/build
 #   bash benchmarks/peers/llama_cpp.sh run [PAIR]       # only the run, with .peers/build/bin built
+#   bash benchmarks/peers/llama_cpp.sh 8b [PAIR]        # on the GPU machine, carrying .peers: the Llama 3.1 8B +
+#                                                       # 3.2 1B random-weight shapes, made while llama.cpp builds
 #
 # build: llama.cpp's CUDA build for Hopper only (sm_90), only the programs used here. The GPU
 # machine's CUDA has nvcc but maybe no cuBLAS: its headers and libraries come from PyTorch's
@@ -18,11 +20,24 @@
 # greedy and at t 0.8 / top-p 0.95 over draft lengths, every layer on the GPU, flash attention,
 # CUDA graphs as llama.cpp enables them by default) on the same 10 prompts x 128 tokens, and
 # compares the greedy texts. Output under $OUT (default benchmarks/results/llama-cpp).
+# 8b: one call of at most 600 s. The build (niced, as in `all`) runs while the GPU makes the pair
+# (benchmarks/family_pairs.py --family llama-3.1 --scale full, bf16, into PAIR unless it exists:
+# default /tmp/fam/llama-3.1, a folder named llama-3.1 as family_pairs.py names it) and both
+# models convert to GGUF bf16 at once; then one prompt's tokens are
+# compared, `specgen bench` times the draft model at k = 4 greedy against target-only, and llama.cpp
+# times its target-only step (llama-bench) and its greedy rounds (llama-speculative-simple, k = 4,
+# then 2 and 8 until DEADLINE), 2 prompts x 64 tokens, past end-of-text as specgen bench goes.
+# Random weights accept nothing: what counts is a step's and a round's cost, printed at the end as
+# one table against the floor of the bytes each streams. Expected on 16 cores: pair ~40 s; target
+# conversion ~100-150 s (the draft's ~25 s beside it); build ~300 s (ends the wait); tokens ~5 s;
+# specgen bench ~40-60 s (Triton compiles on a bare machine); llama.cpp ~15 s of llama-bench and
+# ~15 s a draft length: ~430 s in all. Output: $OUT/log-8b.txt, specgen-8b.json, llama-cpp-8b.json
+# and 8b-logs/ (build, pair, conversions, both engines' stderr).
 #
 # Settings (environment): LLAMA_CPP_SRC (.peers/llama.cpp), LLAMA_CPP_BUILD (.peers/build),
 # PAIR_MINUTES (4.4: the pair's training time), DEADLINE (540: seconds of the whole script after
 # which llama.cpp's sweep starts no new configuration), NEW_TOKENS (128), CUBLAS_DIR, BUILD_LIMIT
-# (3600: seconds of the whole script after which the build is stopped).
+# (3600, 8b: 420: seconds of the whole script after which the build is stopped).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 OUT=${OUT:-benchmarks/results/llama-cpp}
@@ -30,11 +45,17 @@ mkdir -p "$OUT"
 SRC=${LLAMA_CPP_SRC:-.peers/llama.cpp}
 BUILD=${LLAMA_CPP_BUILD:-.peers/build}
 BIN=$BUILD/bin
-LOG=$OUT/log.txt
-PAIR=${2:-/tmp/bench}
+MODE=${1:-}
+if [ "$MODE" = 8b ]; then LOG=$OUT/log-8b.txt PAIR=${2:-/tmp/fam/llama-3.1}; else LOG=$OUT/log.txt PAIR=${2:-/tmp/bench}; fi
 DEADLINE=${DEADLINE:-540}
 N=${NEW_TOKENS:-128}
 SITE=$(python3 -c "import site; print(site.getsitepackages()[0])")
+
+budget() {  # budget END [MOST]: seconds from now to second END of the script, at least 1 (timeout 0 never ends)
+  local n=$(($1 - SECONDS)) most=${2:-$1}
+  n=$((n < most ? n : most))
+  echo $((n > 1 ? n : 1))
+}
 
 build() {  # log to /tmp/build.log; exit status of the build
   local cublas=${CUBLAS_DIR:-$SITE/nvidia/cu13} deps
@@ -56,8 +77,7 @@ build() {  # log to /tmp/build.log; exit status of the build
     -DCUDA_cuda_driver_LIBRARY="$deps/libcuda.so" -DCUDA_cublas_LIBRARY="$(ls "$cublas"/lib*/libcublas.so*[0-9] | head -1)" \
     -DCUDA_cublasLt_LIBRARY="$(ls "$cublas"/lib*/libcublasLt.so*[0-9] | head -1)" -DCMAKE_CUDA_FLAGS="-I$cublas/include" \
     > /tmp/build.log 2>&1 || return 1
-  local limit=$((${BUILD_LIMIT:-3600} - SECONDS))
-  timeout $((limit > 1 ? limit : 1)) nice -n 10 cmake --build $BUILD -j "$(nproc)" \
+  timeout "$(budget "${BUILD_LIMIT:-3600}")" nice -n 10 cmake --build $BUILD -j "$(nproc)" \
     --target llama-tokenize llama-simple llama-speculative-simple llama-bench >> /tmp/build.log 2>&1
 }
 
@@ -67,18 +87,36 @@ pair() {
   echo "== pair rc=$? at $SECONDS s" | tee -a "$LOG"; tail -2 /tmp/pair.log | cut -c1-200 | tee -a "$LOG"
 }
 
-convert() {
-  for role in target draft; do
-    python3 benchmarks/peers/convert_pair.py $SRC "$PAIR/$role" "$PAIR/$role.gguf" --outtype bf16 > /tmp/convert-$role.log 2>&1
-    echo "== convert $role rc=$? at $SECONDS s" | tee -a "$LOG"
-  done
+family() {  # the Llama 3.1 8B + 3.2 1B shapes, random weights in bf16, made on the GPU into PAIR
+  timeout 150 python3 benchmarks/family_pairs.py --family llama-3.1 --scale full --prompts 2 --out "$(dirname "$PAIR")" \
+    --device cuda > /tmp/family.log 2>&1
+  echo "== 8B pair rc=$? at $SECONDS s" | tee -a "$LOG"; tail -2 /tmp/family.log | cut -c1-200 | tee -a "$LOG"
 }
 
-run() {
+convert() {  # both models at once: the 8B target's conversion is CPU-bound on one core for minutes
+  local role pids=()
+  for role in target draft; do
+    ( timeout 330 python3 benchmarks/peers/convert_pair.py $SRC "$PAIR/$role" "$PAIR/$role.gguf" --outtype bf16 \
+        > /tmp/convert-$role.log 2>&1
+      echo "== convert $role rc=$? at $SECONDS s" | tee -a "$LOG" ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+}
+
+built() {  # after the background build: its outcome into the log
+  cat /tmp/build.done | tee -a "$LOG"; grep -E "error|Error" /tmp/build.log | head -5 | tee -a "$LOG"; tail -2 /tmp/build.log | tee -a "$LOG"
+}
+
+libraries() {  # llama.cpp's programs find their own libraries and PyTorch's CUDA ones
   LD_LIBRARY_PATH=$BIN:$(python3 -c "import glob, sys; print(':'.join(sorted(glob.glob(sys.argv[1] + '/nvidia/*/lib'))))" "$SITE"):${LD_LIBRARY_PATH:-}
   export LD_LIBRARY_PATH
   missing=$(ldd $BIN/llama-speculative-simple $BIN/llama-bench | grep "not found" | sort -u)
   [ -z "$missing" ] || echo "== llama.cpp's programs miss libraries: $missing" | tee -a "$LOG"
+}
+
+run() {
+  libraries
   python3 benchmarks/peers/llama_cpp.py tokens $BIN "$PAIR" --num-prompts 64 2>&1 | tail -3 | tee -a "$LOG"
   echo "== tokens at $SECONDS s" | tee -a "$LOG"
   timeout 150 python3 -m specgen.cli.main bench -p "$PAIR/pair.toml" --k 3,4,5,6 -t 0,0.8 --top-p 0.95 \
@@ -97,11 +135,26 @@ run() {
   python3 benchmarks/peers/llama_cpp.py compare "$PAIR" "$OUT/llama-cpp.json" /tmp/specgen-greedy.jsonl | tee -a "$LOG"
 }
 
+run_8b() {  # random weights: one prompt's tokens are enough to show the same tokenizer
+  libraries
+  timeout 60 python3 benchmarks/peers/llama_cpp.py tokens $BIN "$PAIR" --num-prompts 1 2>&1 | tail -2 | tee -a "$LOG"
+  echo "== tokens at $SECONDS s" | tee -a "$LOG"
+  timeout "$(budget $((DEADLINE - 60)) 150)" python3 -m specgen.cli.main bench -p "$PAIR/pair.toml" --proposer draft --k 4 \
+    -t 0 --num-prompts 2 -n 64 --baseline target-only --no-fp32-check --format json > "$OUT/specgen-8b.json" 2> /tmp/specgen-8b.err
+  echo "== specgen bench rc=$? at $SECONDS s" | tee -a "$LOG"; tail -3 /tmp/specgen-8b.err | cut -c1-300 >> "$LOG"
+  python3 benchmarks/bench_summary.py "$OUT/specgen-8b.json" | tee -a "$LOG"
+  timeout "$(budget $((DEADLINE + 45)))" python3 benchmarks/peers/llama_cpp.py run $BIN "$PAIR" --gpu --k 4,2,8 -t 0 -n 64 \
+    --num-prompts 2 --no-simple --ignore-eos --deadline $((DEADLINE - SECONDS)) --out "$OUT/llama-cpp-8b.json" \
+    2> /tmp/llama-cpp-8b.err
+  echo "== llama.cpp rc=$? at $SECONDS s" | tee -a "$LOG"; tail -4 /tmp/llama-cpp-8b.err >> "$LOG"
+  python3 benchmarks/peers/llama_cpp.py table "$OUT/llama-cpp-8b.json" "$OUT/specgen-8b.json" | tee -a "$LOG"
+}
+
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)"
   nvcc --version | tail -1; nproc
 } 2>&1 | tee "$LOG"
-case "${1:-}" in
+case "$MODE" in
 build)
   build; echo "== build rc=$? at $SECONDS s" | tee -a "$LOG"; tail -3 /tmp/build.log | tee -a "$LOG" ;;
 run)
@@ -113,8 +166,22 @@ all)
   [ -d "$PAIR/target" ] || pair
   convert
   wait
-  cat /tmp/build.done | tee -a "$LOG"; grep -E "error|Error" /tmp/build.log | head -5 | tee -a "$LOG"; tail -2 /tmp/build.log | tee -a "$LOG"
+  built
   run ;;
+8b)
+  # the build (niced) beside the pair's making on the GPU and the conversions on two cores
+  BUILD_LIMIT=${BUILD_LIMIT:-420}
+  ( build; echo "== build rc=$? at $SECONDS s" > /tmp/build.done ) &
+  [ -d "$PAIR/target" ] || family
+  convert
+  du -sh "$PAIR"/*.gguf 2>&1 | tee -a "$LOG"; df -h "$PAIR" | tail -1 | tee -a "$LOG"
+  wait
+  built
+  run_8b
+  mkdir -p "$OUT/8b-logs"
+  cp /tmp/build.log /tmp/family.log /tmp/convert-target.log /tmp/convert-draft.log /tmp/specgen-8b.err /tmp/llama-cpp-8b.err \
+    "$OUT/8b-logs/" 2>/dev/null
+  echo "== done at $SECONDS s" | tee -a "$LOG" ;;
 *)
-  echo "usage: $0 all | build | run [PAIR]" >&2; exit 2 ;;
+  echo "usage: $0 all | build | run [PAIR] | 8b [PAIR]" >&2; exit 2 ;;
 esac
