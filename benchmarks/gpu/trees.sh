@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Token trees on one GPU, in one call: their tests (captured tree rounds on the GPU), then
+# `specgen bench` of chains against trees on the bench pair (trained MINUTES minutes in the call).
+#   bash benchmarks/gpu/trees.sh          # logs and the bench JSON in $OUT
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/trees-log.txt
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
+PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
+  --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1 &
+timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short \
+  tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/core/sampling/test_tree_walk.py \
+  -m "not slow" \
+  > "$OUT/tests.txt" 2>&1
+echo "== tests rc=$? at $SECONDS s: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
+grep -E "^FAILED|^ERROR" "$OUT/tests.txt" | head -20 | tee -a "$LOG"
+wait
+echo "== bench pair at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-160)" | tee -a "$LOG"
+PYTHONPATH=$PWD/src timeout ${BENCH_LIMIT:-200} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml --k 4 \
+  --tree-width 1,2,4 --tree-nodes 8,16 -t 0,0.8 --top-p 0.95 --coupling rejection --num-prompts 5 -n 128 \
+  --baseline target-only --no-fp32-check --format json > "$OUT/trees.json" 2> /tmp/trees.err
+echo "== bench rc=$? at $SECONDS s" | tee -a "$LOG"
+tail -3 /tmp/trees.err | cut -c1-300 | tee -a "$LOG"
+PYTHONPATH=$PWD/src python3 benchmarks/bench_summary.py "$OUT/trees.json" 2>&1 | tail -20 | tee -a "$LOG"
