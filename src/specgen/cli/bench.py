@@ -46,6 +46,8 @@ def bench(
     head: opt.Head = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,
+    tree_width: opt.TreeWidth = None,
+    tree_nodes: opt.TreeNodes = None,
     proposers: Annotated[Optional[str], _sweep(
         "--proposer", help="Comma list of proposers measured side by side, e.g. draft,ngram (default: the "
         "profile's).")] = None,
