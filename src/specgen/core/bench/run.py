@@ -36,7 +36,7 @@ import torch
 
 from specgen.core.bench import floors
 from specgen.core.bench.bench_plan import BASELINES, HF_BASELINES, Plan  # noqa: F401 - BASELINES is part of this API
-from specgen.core.engine import Engine, target_only
+from specgen.core.engine import Engine, target_only, tree_shape
 from specgen.core.errors import UsageError
 from specgen.core.insight import RunRecord
 from specgen.core.models.loading import load_model
@@ -336,6 +336,7 @@ class Bench:
         result = {
             "proposer": proposer,
             "k": k,
+            **tree_shape(self.settings_for(k, temperature, proposer).speculation),
             "temperature": temperature,
             **_speed(samples),
             "speedup": {name: (summarise([r["speedup"][name] for r in rows]) if name in available else None)

@@ -59,6 +59,8 @@ class RoundShape:
     rows: tuple[str, ...] = ()  # logits-row processors besides padding: "penalties", "min_tokens"
     p_min: float = 0.0  # drafting stops at the first step whose confidence is below this (0 = off)
     stages: tuple[str, ...] = ()  # optional stages: "insight" (p(x), q(x), entropy per drafted token)
+    tree_width: int = 1  # children a draft node may have: 1 is this chain round, more a TreeRound
+    tree_nodes: int = 0  # the tree's nodes besides the root (tree_width > 1)
 
 
 class Shared:

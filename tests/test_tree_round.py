@@ -1,0 +1,101 @@
+"""core/round/tree_round.py: rounds that draft and verify a token tree, end to end on tiny fp32 models.
+
+Greedy and Gumbel-coupled trees of any shape give target-only's tokens; after a run both caches
+hold what a chain's would after the same tokens (the accepted paths compacted); a width of 1 is
+the chain round itself; what trees cannot take yet is a one-line error. Sampled rejection
+coupling's exactness is tests/test_tree_walk.py's χ² tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decode_helpers import finish, make_profile, random_prompts
+from specgen.core.engine import Engine, target_only
+from specgen.core.errors import UsageError
+from specgen.core.round import Round, TreeRound
+from specgen.core.runner import EagerRunner
+from specgen.core.settings import ProposerSpec
+from tiny_models import build_pair
+
+SHAPES = [(2, 3, 5), (3, 3, 12)]  # (k, width, nodes)
+MORE_SHAPES = [(2, 2, 2), (4, 2, 9), (4, 4, 40), (1, 3, 3)]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("trees"), noisy=0.1)
+
+
+def tree_profile(pair, k: int, width: int, nodes: int, **sampling):
+    return make_profile(*pair, k=k, speculation=dict(tree_width=width, tree_nodes=nodes), **sampling)
+
+
+def outputs(engine: Engine, profile, prompts) -> list[list[int]]:
+    return [finish(engine.decoder(profile), ids).token_ids for ids in prompts]
+
+
+def check_identity(pair, shapes, **sampling) -> None:
+    prompts = random_prompts(200, 3, seed=len(shapes))
+    reference = outputs(Engine(make_profile(*pair, **sampling)), target_only(make_profile(*pair, **sampling)), prompts)
+    for k, width, nodes in shapes:
+        profile = tree_profile(pair, k, width, nodes, **sampling)
+        engine = Engine(profile)
+        assert isinstance(engine.decoder().round, TreeRound)
+        assert outputs(engine, profile, prompts) == reference, (k, width, nodes)
+
+
+def test_greedy_trees_give_target_only_tokens(pair):
+    check_identity(pair, SHAPES)
+
+
+def test_gumbel_trees_give_target_only_text(pair):
+    check_identity(pair, SHAPES, temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=1.2, top_k=20, coupling="gumbel", seed=5)])
+def test_every_tree_shape_gives_target_only_tokens(pair, sampling):
+    check_identity(pair, MORE_SHAPES, **sampling)
+
+
+def cached(runner, length: int) -> list[torch.Tensor]:
+    return [t[0, :, :length] for t in (*runner.cache.keys, *runner.cache.values)]
+
+
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=1.0, seed=3)])
+def test_both_caches_hold_a_chains_after_the_same_tokens(pair, sampling):
+    """The target's cache holds the committed sequence but its last id, the draft's all but its last
+    two, slot by slot as a chain prefill of those ids writes them (sampled rejection coupling too)."""
+    profile = tree_profile(pair, 3, 3, 10, max_tokens=20, **sampling)
+    engine = Engine(profile)
+    decoder = engine.decoder()
+    prompt = random_prompts(200, 1, seed=9)[0]
+    sequence = prompt + finish(decoder, prompt).token_ids
+    for runner, model, held in ((engine.target_runner, engine.pair.target, sequence[:-1]),
+                                (engine.draft_runner, engine.pair.draft, sequence[:-2])):
+        assert int(runner.position) == len(held)
+        chain = EagerRunner(model, engine.width)
+        chain.forward(torch.tensor(held), want_logits=False)
+        for got, want in zip(cached(runner, len(held)), cached(chain, len(held))):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert runner.cache.positions[0, : len(held)].tolist() == chain.cache.positions[0, : len(held)].tolist()
+    assert decoder.round.drafter.chain.pending[0].tolist() == sequence[-2:]
+
+
+def test_width_one_is_the_chain_round(pair):
+    engine = Engine(tree_profile(pair, 3, 1, 0))
+    assert type(engine.decoder().round) is Round
+    assert {key: engine.describe()[key] for key in ("tree_width", "tree_nodes")} == {"tree_width": 1, "tree_nodes": 3}
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(proposer=ProposerSpec(kind="ngram")), "are drafted by the draft model only, not by the ngram proposer"),
+    (dict(repetition_penalty=1.2), "do not take penalties, min_tokens, logprobs, insight or draft_p_min yet"),
+    (dict(logprobs=2), "do not take penalties"),
+])
+def test_what_trees_cannot_take_yet_is_a_usage_error(pair, change, message):
+    profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=4), **change)
+    with pytest.raises(UsageError, match=message):
+        Engine(profile).decoder()
