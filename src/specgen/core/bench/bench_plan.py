@@ -20,7 +20,15 @@ class Plan:
     records: bool = False  # keep per-round records of every speculative run (for inspect-acceptance)
     # sampled temperatures run once per coupling (greedy runs once: coupling changes nothing there)
     couplings: tuple[str, ...] = ("rejection",)
+    # tree shapes (tree_width, tree_nodes) each k runs with; None: the profile's own
+    trees: tuple[tuple[int, int] | None, ...] = (None,)
 
     def sweeps(self) -> list[tuple[float, str | None]]:
         """(temperature, coupling) of every sweep, in order; None at temperature 0."""
         return [(t, c) for t in self.temperatures for c in (self.couplings if t > 0 else (None,))]
+
+
+def tree_shapes(widths: tuple[int, ...], nodes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Every (width, nodes) of the two lists, in order; width 1 is the chain, whatever the nodes."""
+    shapes = [(1, 0) if width == 1 else (width, n) for width in widths for n in nodes]
+    return tuple(dict.fromkeys(shapes))
