@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode_helpers import finish, make_profile, random_prompts
+from dataclasses import replace
+
+from decode_helpers import _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.round import Round, TreeRound
@@ -58,6 +60,27 @@ def test_gumbel_trees_give_target_only_text(pair):
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=1.2, top_k=20, coupling="gumbel", seed=5)])
 def test_every_tree_shape_gives_target_only_tokens(pair, sampling):
     check_identity(pair, MORE_SHAPES, **sampling)
+
+
+@pytest.mark.slow
+def test_sampled_tree_rounds_follow_the_target_distribution(pair):
+    """Rejection coupling through whole tree rounds (drafting, the sibling walk, the commit): χ² of
+    the first emitted token, and of the next one after the most common first, against the target's
+    exact p. α = 1e-4 per test (2 tests): false failures below 2e-4."""
+    from scipy.stats import chisquare
+
+    engine = Engine(tree_profile(pair, 3, 3, 9, temperature=1.0, max_tokens=5))
+    prompt, model = [7, 8, 9], engine.pair.target
+    runs = []
+    for seed in range(1500):
+        profile = replace(engine.profile, sampling=replace(engine.profile.sampling, seed=seed))
+        runs.append(finish(engine.decoder(profile), prompt).token_ids)
+    firsts = [ids[0] for ids in runs]
+    assert _chi2_pvalue(firsts, next_token_probs(model, prompt), chisquare) > 1e-4
+    common = max(set(firsts), key=firsts.count)
+    follow = [ids[1] for ids in runs if ids[0] == common]
+    assert len(follow) > 100
+    assert _chi2_pvalue(follow, next_token_probs(model, prompt + [common]), chisquare) > 1e-4
 
 
 def cached(runner, length: int) -> list[torch.Tensor]:
