@@ -12,13 +12,20 @@ import pytest
 import torch
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 from decode_helpers import _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.round import Round, TreeRound
+from specgen.core.round.rows import MinTokens, Penalties
+from specgen.core.round.tree import Tree
+from specgen.core.round.tree_round import TreeRows
+from specgen.core.sampling.warp import penalty_rows
+from specgen.core.step import rows as rowsets
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
+from rows_helpers import path as rows_path
 from tiny_models import build_pair
 
 SHAPES = [(2, 3, 5), (3, 3, 12)]  # (k, width, nodes)
@@ -54,6 +61,36 @@ def test_greedy_trees_give_target_only_tokens(pair):
 
 def test_gumbel_trees_give_target_only_text(pair):
     check_identity(pair, SHAPES, temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)
+
+
+def test_tree_rows_count_each_paths_drafts_and_mask_by_depth():
+    """Row r's penalty counts are a chain's after the drafts on r's path (its ancestors below the
+    root, then r), and min_tokens masks the stop ids in rows of depth < min_tokens - generated."""
+    parents = [-1, 0, 0, 1, 1, 3]  # tree rows: 0 the root
+    tree = Tree(3, 2, 5, torch.device("cpu"))
+    tree.ids[0] = torch.tensor([3, 5, 7, 5, 9, 5])
+    rows = rowsets.tree(tree.ids, torch.tensor(parents), torch.tensor([10]), levels=4)
+    penalties = Penalties(3, 12, torch.arange(4), torch.device("cpu"))
+    penalties.start([3, 1])
+    penalties.commit(torch.tensor([3, 5, -1]))
+    generated = torch.tensor(2)
+    mask = MinTokens(12, 11, [9], min_tokens=4, generated=generated, steps=torch.arange(4))
+    got, bad = TreeRows(SimpleNamespace(generated=generated), SimpleNamespace(penalties=penalties, mask=mask)
+                        ).target_rows(tree, rows)
+    for row in range(len(parents)):
+        path = rows_path(parents, row)[1:]  # below the root
+        want = penalty_rows(penalties.counts, penalties.seen, tree.ids[0, path])
+        assert torch.equal(got.counts[row], want.counts[-1]) and torch.equal(got.seen[row], want.seen[-1])
+        depth = len(path) + 1
+        assert bad[row].nonzero().flatten().tolist() == ([9, 11] if 2 + depth - 1 < 4 else [11])
+
+
+def test_penalties_and_min_tokens_apply_along_each_path(pair):
+    """A node counts the drafts on its path for penalties, and min_tokens masks stop ids by its
+    depth: greedy and Gumbel trees still give target-only's tokens (the pair's EOS is a stop id)."""
+    check_identity(pair, SHAPES[1:], repetition_penalty=1.5, frequency_penalty=0.5, min_tokens=6, ignore_eos=False)
+    check_identity(pair, SHAPES[1:], temperature=0.9, presence_penalty=1.0, min_tokens=4, ignore_eos=False,
+                   coupling="gumbel", seed=2)
 
 
 @pytest.mark.slow
@@ -115,8 +152,8 @@ def test_width_one_is_the_chain_round(pair):
 
 @pytest.mark.parametrize("change, message", [
     (dict(proposer=ProposerSpec(kind="ngram")), "are drafted by the draft model only, not by the ngram proposer"),
-    (dict(repetition_penalty=1.2), "do not take penalties, min_tokens, logprobs, insight or draft_p_min yet"),
-    (dict(logprobs=2), "do not take penalties"),
+    (dict(logprobs=2), "do not take logprobs, insight or draft_p_min yet"),
+    (dict(proposer=ProposerSpec(draft_p_min=0.3)), "do not take logprobs"),
 ])
 def test_what_trees_cannot_take_yet_is_a_usage_error(pair, change, message):
     profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=4), **change)

@@ -105,7 +105,7 @@ class Engine:
                            coupling="gumbel" if sampling.coupling == "gumbel" and not sampling.greedy
                            else "rejection", rows=rows, p_min=spec.draft_p_min if uses_model else 0.0,
                            stages=("insight",) * insight)
-        shape = replace(shape, **self._tree(profile, kind, k, rows, insight))
+        shape = replace(shape, **self._tree(profile, kind, k, insight))
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
@@ -113,13 +113,13 @@ class Engine:
                             pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
 
-    def _tree(self, profile: Profile, kind: str, k: int, rows: tuple, insight: bool) -> dict:
+    def _tree(self, profile: Profile, kind: str, k: int, insight: bool) -> dict:
         """The round's tree fields: a chain (width 1) unless the profile asks for a tree, which
         this run must be able to draft and verify (a one-line error says what to change)."""
         spec = profile.speculation
         if spec.tree_width == 1 or k == 0:
             return {}
-        refusal = tree_refusal(profile, kind, rows, insight, self.backend.name, self.pair)
+        refusal = tree_refusal(profile, kind, insight, self.backend.name, self.pair)
         if refusal:
             raise UsageError(f"token trees (tree_width {spec.tree_width}) {refusal}",
                              hint="set tree_width = 1 (--tree-width 1), or change what the message names")
@@ -162,7 +162,7 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
     return mode in ("sample", "temperature"), mode != "temperature"
 
 
-def tree_refusal(profile: Profile, kind: str, rows: tuple, insight: bool, backend: str, pair: LoadedPair) -> str:
+def tree_refusal(profile: Profile, kind: str, insight: bool, backend: str, pair: LoadedPair) -> str:
     """Why this run cannot draft or verify a token tree ("" where it can)."""
     from specgen.core.step.model import OwnedModel
 
@@ -172,9 +172,8 @@ def tree_refusal(profile: Profile, kind: str, rows: tuple, insight: bool, backen
         return "run on the torch backend only (CUDA rounds draft chains)"
     if not all(isinstance(model, OwnedModel) for model in (pair.target, pair.draft)):
         return "need specgen's own model step, and this pair runs on transformers"
-    sampling = profile.sampling
-    if rows or insight or sampling.logprobs is not None or profile.proposer.draft_p_min > 0:
-        return "do not take penalties, min_tokens, logprobs, insight or draft_p_min yet"
+    if insight or profile.sampling.logprobs is not None or profile.proposer.draft_p_min > 0:
+        return "do not take logprobs, insight or draft_p_min yet"
     return ""
 
 

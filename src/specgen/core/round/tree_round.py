@@ -21,10 +21,11 @@ import torch
 
 from specgen.core.round.couplings import GumbelCoupling
 from specgen.core.round.round import Mode, Round
+from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.stage import NoStage
 from specgen.core.round.tree import Tree
 from specgen.core.sampling import tree_walk
-from specgen.core.sampling.warp import WarpParams, exponentials_, logprobs_from_logits, uniforms_
+from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, logprobs_from_logits, uniforms_
 
 
 class TreeDraft:
@@ -62,6 +63,36 @@ class TreeDraft:
         return self.chain.state()
 
 
+class TreeRows:
+    """The warp's penalties and masks per tree row, from the round's chain processors
+    (core/round/rows.py): a row counts the drafted tokens on its path (its ancestors below the root,
+    and its own), and min_tokens masks the stop ids in the rows whose depth is still short of it."""
+
+    def __init__(self, rnd, rows):
+        self.rnd, self.penalties, self.mask = rnd, rows.penalties, rows.mask
+
+    def target_rows(self, tree: Tree, rows) -> tuple:
+        return self._penalties(tree, rows), self._bad(rows)
+
+    def _penalties(self, tree: Tree, rows) -> PenaltyRows | None:
+        if not isinstance(self.penalties, Penalties):
+            return None
+        counts = self.penalties.counts
+        path = rows.tail[0] - rows.start[0]  # [n+1, L] tree rows from the root down to each row
+        steps = torch.arange(path.shape[1], device=path.device)
+        drafted = ((steps > 0) & (steps < rows.depth[0][:, None])).int()  # the root is counted already
+        cum = torch.zeros(path.shape[0], counts.shape[0], dtype=torch.int32, device=counts.device)
+        cum.scatter_add_(1, tree.ids[0][path], drafted)
+        return PenaltyRows(counts + cum, self.penalties.seen | (cum > 0))
+
+    def _bad(self, rows) -> torch.Tensor | None:
+        if not isinstance(self.mask, MinTokens):
+            return self.mask.padding
+        short = (self.rnd.generated + rows.depth[0] - 1) < self.mask.min_tokens  # [n+1]
+        bad = short[:, None] & self.mask.stop_cols
+        return bad if self.mask.padding is None else bad | self.mask.padding
+
+
 class TreeRejection:
     """Greedy: the walk follows the target's argmax. Sampled: the sibling walk, from uniforms [k, w]
     and one Exp(1) row the host draws before each round."""
@@ -83,9 +114,9 @@ class TreeRejection:
     def begin(self) -> None:
         pass
 
-    def verify(self, tree: Tree, rows, params: WarpParams, bad) -> tuple:
+    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
         rnd = self.rnd
-        argmax, probs = rnd.ops.warp(rnd.target_logits, params, None, bad)
+        argmax, probs = rnd.ops.warp(rnd.target_logits, params, penalties, bad)
         if probs is None:
             return tree_walk.greedy_walk(tree.children[None], tree.ids, argmax[None], rnd.num_drafts, rnd.k)
         return tree_walk.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
@@ -100,10 +131,10 @@ class TreeGumbel(GumbelCoupling):
         super().__init__(rnd, draft_races=False)
         self.tree_choice = torch.zeros(nodes + 1, dtype=torch.long, device=rnd.device)
 
-    def verify(self, tree: Tree, rows, params: WarpParams, bad) -> tuple:
+    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
         rnd = self.rnd
         noise = self.noise.index_select(0, rows.depth[0] - 1)  # [n+1, V]: each row's position's
-        rnd.ops.warp_and_race(rnd.target_logits, params, noise, self.tree_choice, None, bad)
+        rnd.ops.warp_and_race(rnd.target_logits, params, noise, self.tree_choice, penalties, bad)
         return tree_walk.greedy_walk(tree.children[None], tree.ids, self.tree_choice[None], rnd.num_drafts, rnd.k)
 
 
@@ -115,8 +146,11 @@ class TreeRound(Round):
         self.target_logits = torch.full((n + 1, self.width), float("-inf"), dtype=torch.float32, device=self.device)
         self.coupling = TreeGumbel(self, n) if shape.coupling == "gumbel" else TreeRejection(self, not spec.greedy, w)
         self.params = WarpParams.from_spec(spec, n + 1, self.device)
-        self.bad = self.rows.mask.target_rows()  # the padding columns (a tree round has no min_tokens)
-        self.drafter = TreeDraft(self, self.drafter, self.tree, WarpParams.from_spec(spec, w, self.device), self.bad)
+        self.tree_rows = TreeRows(self, self.rows)
+        # the draft scores children without penalties or min_tokens: any deterministic children are
+        # lossless, and the target's rows apply both
+        self.drafter = TreeDraft(self, self.drafter, self.tree, WarpParams.from_spec(spec, w, self.device),
+                                 self.rows.mask.padding)
         self.drafters = {Mode.MODEL: self.drafter}
 
     def _stage(self, insight: bool, spec) -> NoStage:
@@ -130,8 +164,10 @@ class TreeRound(Round):
         rows = self.tree.target_rows(self.target.position.view(1))
         self.target.step_rows(rows, self.target_logits)
         mark()
-        out, path, shown = self.coupling.verify(self.tree, rows, self.params, self.bad)
+        penalties, bad = self.tree_rows.target_rows(self.tree, rows)
+        out, path, shown = self.coupling.verify(self.tree, rows, self.params, penalties, bad)
         self.commit(out[0], path[0], shown[0])
+        self.rows.penalties.commit(out[0])
         mark()
 
     def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor) -> None:
