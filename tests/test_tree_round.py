@@ -120,6 +120,20 @@ def test_sampled_tree_rounds_follow_the_target_distribution(pair):
     assert _chi2_pvalue(follow, next_token_probs(model, prompt + [common]), chisquare) > 1e-4
 
 
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.8, top_k=30, repetition_penalty=1.3, seed=4,
+                                             logprobs_mode="warped")])
+def test_logprobs_are_target_onlys_along_the_accepted_path(pair, sampling):
+    profile = tree_profile(pair, 3, 3, 10, max_tokens=14, logprobs=3, coupling="gumbel", **sampling)
+    engine = Engine(profile)
+    tree = finish(engine.decoder(), [4, 5])
+    base = finish(engine.decoder(target_only(profile)), [4, 5])
+    assert tree.token_ids == base.token_ids and len(tree.logprobs) == 14
+    for a, b in zip(tree.logprobs, base.logprobs):
+        assert a["token_id"] == b["token_id"]
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
+        assert [t["token_id"] for t in a["top"]] == [t["token_id"] for t in b["top"]]
+
+
 def cached(runner, length: int) -> list[torch.Tensor]:
     return [t[0, :, :length] for t in (*runner.cache.keys, *runner.cache.values)]
 
@@ -152,8 +166,7 @@ def test_width_one_is_the_chain_round(pair):
 
 @pytest.mark.parametrize("change, message", [
     (dict(proposer=ProposerSpec(kind="ngram")), "are drafted by the draft model only, not by the ngram proposer"),
-    (dict(logprobs=2), "do not take logprobs, insight or draft_p_min yet"),
-    (dict(proposer=ProposerSpec(draft_p_min=0.3)), "do not take logprobs"),
+    (dict(proposer=ProposerSpec(draft_p_min=0.3)), "do not take insight or draft_p_min yet"),
 ])
 def test_what_trees_cannot_take_yet_is_a_usage_error(pair, change, message):
     profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=4), **change)

@@ -172,8 +172,8 @@ def tree_refusal(profile: Profile, kind: str, insight: bool, backend: str, pair:
         return "run on the torch backend only (CUDA rounds draft chains)"
     if not all(isinstance(model, OwnedModel) for model in (pair.target, pair.draft)):
         return "need specgen's own model step, and this pair runs on transformers"
-    if insight or profile.sampling.logprobs is not None or profile.proposer.draft_p_min > 0:
-        return "do not take logprobs, insight or draft_p_min yet"
+    if insight or profile.proposer.draft_p_min > 0:
+        return "do not take insight or draft_p_min yet"
     return ""
 
 

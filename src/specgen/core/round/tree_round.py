@@ -116,7 +116,7 @@ class TreeRejection:
 
     def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
         rnd = self.rnd
-        argmax, probs = rnd.ops.warp(rnd.target_logits, params, penalties, bad)
+        argmax, probs = rnd.ops.warp(rnd.tree_logits, params, penalties, bad)
         if probs is None:
             return tree_walk.greedy_walk(tree.children[None], tree.ids, argmax[None], rnd.num_drafts, rnd.k)
         return tree_walk.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
@@ -134,7 +134,7 @@ class TreeGumbel(GumbelCoupling):
     def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
         rnd = self.rnd
         noise = self.noise.index_select(0, rows.depth[0] - 1)  # [n+1, V]: each row's position's
-        rnd.ops.warp_and_race(rnd.target_logits, params, noise, self.tree_choice, penalties, bad)
+        rnd.ops.warp_and_race(rnd.tree_logits, params, noise, self.tree_choice, penalties, bad)
         return tree_walk.greedy_walk(tree.children[None], tree.ids, self.tree_choice[None], rnd.num_drafts, rnd.k)
 
 
@@ -143,7 +143,9 @@ class TreeRound(Round):
         super().__init__(shape, spec, backend, target, draft, stop_ids, head)
         k, w, n = shape.k, shape.tree_width, shape.tree_nodes
         self.tree = Tree(k, w, n, self.device)
-        self.target_logits = torch.full((n + 1, self.width), float("-inf"), dtype=torch.float32, device=self.device)
+        # the target's rows as the step wrote them; target_logits (k + 1 rows) gets the accepted
+        # path's, in order, where the host reads logprobs as after a chain round
+        self.tree_logits = torch.full((n + 1, self.width), float("-inf"), dtype=torch.float32, device=self.device)
         self.coupling = TreeGumbel(self, n) if shape.coupling == "gumbel" else TreeRejection(self, not spec.greedy, w)
         self.params = WarpParams.from_spec(spec, n + 1, self.device)
         self.tree_rows = TreeRows(self, self.rows)
@@ -162,13 +164,23 @@ class TreeRound(Round):
         self.drafter.draft()
         mark()
         rows = self.tree.target_rows(self.target.position.view(1))
-        self.target.step_rows(rows, self.target_logits)
+        self.target.step_rows(rows, self.tree_logits)
         mark()
         penalties, bad = self.tree_rows.target_rows(self.tree, rows)
         out, path, shown = self.coupling.verify(self.tree, rows, self.params, penalties, bad)
+        self.keep_path_rows(path[0], penalties, bad)
         self.commit(out[0], path[0], shown[0])
         self.rows.penalties.commit(out[0])
         mark()
+
+    def keep_path_rows(self, path: torch.Tensor, penalties: PenaltyRows | None, bad) -> None:
+        """The root's and the accepted nodes' logits and warp rows, in path order (rows past the
+        path hold the root's): what the host's logprobs read (core/decode.py)."""
+        rows = torch.cat([path[:1] * 0, path])  # [k+1] tree rows
+        torch.index_select(self.tree_logits, 0, rows, out=self.target_logits)
+        if penalties is not None:
+            penalties = PenaltyRows(penalties.counts[rows], penalties.seen[rows])
+        self.rows.last = (self.rows.params, penalties, bad[rows] if bad is not None and bad.dim() == 2 else bad)
 
     def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor) -> None:
         """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes, the draft
