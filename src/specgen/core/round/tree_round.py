@@ -139,6 +139,9 @@ class TreeGumbel(GumbelCoupling):
 
 
 class TreeRound(Round):
+    """A Round (its buffers, host side and parts) whose drafter, coupling and commit are the
+    tree's; `target_logits` holds the accepted path's rows after each round."""
+
     def __init__(self, shape, spec, backend, target, draft, stop_ids: list[int], head=None):
         super().__init__(shape, spec, backend, target, draft, stop_ids, head)
         k, w, n = shape.k, shape.tree_width, shape.tree_nodes
