@@ -346,10 +346,19 @@ def test_tree_shapes_are_swept_beside_each_k(tiny, monkeypatch):
     assert {"tree_width", "tree_nodes"} <= set(document["recommendation"][0])
 
 
+def test_tree_shapes_that_do_not_fit_a_k_are_left_out_of_its_runs():
+    """k = 2 holds at most 2 + 4 = 6 nodes at width 2: a 10-node shape runs at k = 3 (2 + 8) only."""
+    from specgen.core.bench.bench_plan import Plan, tree_shapes
+
+    plan = Plan(ks=(2, 3), temperatures=(0.0,), proposers=("draft",), trees=tree_shapes((1, 2), (6, 10)))
+    assert plan.trees == ((1, 0), (2, 6), (2, 10))
+    assert plan.shapes(2) == ((1, 0), (2, 6)) and plan.shapes(3) == plan.trees
+
+
 @pytest.mark.parametrize("args, message", [
     (("--tree-nodes", "4"), "--tree-nodes sizes a tree, and no --tree-width was given"),
     (("--tree-width", "2", "--proposer", "ngram"), "token trees are drafted by the draft model only, not by ngram"),
-    (("--tree-width", "2", "--tree-nodes", "9"), "--tree-nodes (9) must be 0 (= k) or from --k (2) to 6"),
+    (("--tree-width", "2,4", "--tree-nodes", "30"), "--tree-nodes (30) must be 0 (= k) or from --k (2) to 6"),
 ])
 def test_tree_sweeps_that_cannot_run_are_usage_errors(tiny, monkeypatch, args, message):
     code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "2", "-n", "4", *args)

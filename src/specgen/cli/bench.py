@@ -150,8 +150,11 @@ def validate(settings_for, plan, named: bool) -> None:
     for proposer in plan.proposers:
         for k in plan.ks:
             for temperature in plan.temperatures:
-                for tree in plan.trees:
+                for tree in plan.shapes(k):
                     settings_for(k, temperature, proposer, tree)
+        for tree in plan.trees:  # a node budget no (k, width) holds: the profile's error, at the largest k
+            if tree and not any(shape and shape[1] == tree[1] for k in plan.ks for shape in plan.shapes(k)):
+                settings_for(max(plan.ks), plan.temperatures[0], proposer, tree)
         if proposer != "draft" and any(tree and tree[0] > 1 for tree in plan.trees):
             raise UsageError(f"--tree-width: token trees are drafted by the draft model only, not by {proposer}",
                              hint="measure trees with --proposer draft, and other proposers in a run of their own")
@@ -248,10 +251,10 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
                              proposers=tuple(plan.proposers))
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
             sweeps = fp32_sweeps(plan)
-            runs = len(plan.proposers) * len(plan.ks) * len(plan.trees) + 1
+            runs = len(plan.proposers) * sum(len(plan.shapes(k)) for k in plan.ks) + 1
             task = bar.add_task("float32 check", total=len(prompts) * runs * len(sweeps))
             return fp32_check(engine, prompts, settings_for, plan.ks, encode=encoding.for_engine(engine), sweeps=sweeps,
-                              proposers=plan.proposers, trees=plan.trees,
+                              proposers=plan.proposers, shapes=plan.shapes,
                               progress=lambda steps, label: bar.update(task, advance=steps, description=label))
     except KeyboardInterrupt:
         return None

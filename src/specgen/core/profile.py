@@ -37,6 +37,7 @@ from specgen.core.settings import (
     RuntimeSpec,
     SamplingSpec,
     SpeculationSpec,
+    tree_envelope,
 )
 
 DEFAULT_PROFILE = "demo"
@@ -398,12 +399,6 @@ def _model_spec(merged: _Merged, table: str) -> ModelSpec:
     else:
         message = f"no [{table}]: add a [{table}] table with `path = ...`, or pass {option} PATH"
     raise merged.file.error(table, message)
-
-
-def tree_envelope(k: int, width: int) -> int:
-    """The nodes a tree of depth k and this width can hold: the root's children, then each level's
-    frontier's (core/round/tree.py)."""
-    return width + (k - 1) * width * width
 
 
 def _check_tree(spec: SpeculationSpec, merged: _Merged) -> None:

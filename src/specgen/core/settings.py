@@ -54,6 +54,12 @@ class ProposerSpec:
         return self.drafter() == "draft"
 
 
+def tree_envelope(k: int, width: int) -> int:
+    """The nodes a token tree of depth k and this width can hold: the root's children, then each
+    later level's w best nodes' children (core/round/tree.py)."""
+    return width + (k - 1) * width * width
+
+
 @dataclass(frozen=True)
 class SpeculationSpec:
     k: int = 4  # draft tokens per round, 1..32

@@ -140,7 +140,8 @@ class Bench:
 
     @property
     def total_steps(self) -> int:
-        methods = len(self.plan.baselines) + len(self.plan.proposers) * len(self.plan.ks) * len(self.plan.trees)
+        ours = sum(len(self.plan.shapes(k)) for k in self.plan.ks)
+        methods = len(self.plan.baselines) + len(self.plan.proposers) * ours
         return len(self.plan.sweeps()) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
 
     def run(self) -> dict:
@@ -202,7 +203,7 @@ class Bench:
                 self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, f"T={temperature:g} {name}")
         for proposer in self.plan.proposers:
             for k in self.plan.ks:
-                for tree in self.plan.trees:
+                for tree in self.plan.shapes(k):
                     methods[proposer, k, tree] = functools.partial(
                         self._ours, self._settings_for(k, temperature, coupling, proposer, tree))
         return Sweep(temperature, coupling, methods, unavailable, {method: [] for method in methods},
@@ -447,9 +448,10 @@ def fp32_check(engine: Engine, prompts: list[str], settings_for: SettingsFor,
                ks: tuple[int, ...], progress: Progress | None = None,
                encode: Callable[[str], list[int]] | None = None,
                sweeps: tuple[tuple[float, str | None], ...] = ((0.0, None),),
-               proposers: tuple[str | None, ...] = (None,), trees: tuple = (None,)) -> dict:
+               proposers: tuple[str | None, ...] = (None,), shapes: Callable[[int], tuple] = lambda k: (None,)) -> dict:
     """Speculative output against target-only output, per sweep (greedy; sampled with Gumbel
-    coupling, seeded per prompt), proposer (None: the profile's) and k, on `engine` (loaded in
+    coupling, seeded per prompt), proposer (None: the profile's), k and tree shape (shapes(k): the
+    plan's that fit k; None: the profile's own), on `engine` (loaded in
     float32 by the caller, with what every proposer needs). Untimed. In float32 the two must be
     identical; the bench's own dtype (bf16) can differ because a (k+1)-token verification rounds
     differently from a 1-token step."""
@@ -475,7 +477,7 @@ def fp32_check(engine: Engine, prompts: list[str], settings_for: SettingsFor,
         reference = outputs(target_only(at(ks[0], proposers[0])))
         for proposer in proposers:
             for k in ks:
-                for tree in trees:
+                for tree in shapes(k):
                     profile = at(k, proposer, tree)
                     where = [first_divergence(a, b) for a, b in zip(outputs(profile), reference)]
                     results.append({"temperature": temperature, "coupling": coupling,

@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from specgen.core.settings import tree_envelope as envelope
 from specgen.core.step.rows import Rows, tree as tree_rows
-
-
-def envelope(k: int, width: int) -> int:
-    """N, the candidates a tree of depth k and this width holds."""
-    return width + (k - 1) * width * width
 
 
 class Tree:
