@@ -8,6 +8,7 @@ coupling's exactness is tests/test_tree_walk.py's χ² tests.
 
 from __future__ import annotations
 
+import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
 import pytest
 import torch
 
@@ -29,6 +30,7 @@ from rows_helpers import path as rows_path
 from tiny_models import build_pair
 
 SHAPES = [(2, 3, 5), (3, 3, 12)]  # (k, width, nodes)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MORE_SHAPES = [(2, 2, 2), (4, 2, 9), (4, 4, 40), (1, 3, 3)]
 
 
@@ -51,7 +53,11 @@ def check_identity(pair, shapes, **sampling) -> None:
     for k, width, nodes in shapes:
         profile = tree_profile(pair, k, width, nodes, **sampling)
         engine = Engine(profile)
-        assert isinstance(engine.decoder().round, TreeRound)
+        decoder = engine.decoder()
+        assert isinstance(decoder.round, TreeRound)
+        if engine.backend.name == "cuda":  # the whole tree round captured, not run eagerly
+            assert all(getattr(program, "eager", None) is None and program.graphs
+                       for program in decoder.programs.values())
         assert outputs(engine, profile, prompts) == reference, (k, width, nodes)
 
 
@@ -61,6 +67,31 @@ def test_greedy_trees_give_target_only_tokens(pair):
 
 def test_gumbel_trees_give_target_only_text(pair):
     check_identity(pair, SHAPES, temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)
+
+
+@CUDA
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)])
+def test_captured_tree_rounds_give_target_only_tokens(pair, sampling):
+    """On a GPU the tree round (drafting, selection, the target's tree step on the attention
+    kernel's tails, the walk, the compaction) is one captured program per slot: greedy and
+    Gumbel-coupled trees still give target-only's tokens."""
+    check_identity(pair, SHAPES + [(4, 4, 40)], backend="cuda", **sampling)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured test above runs the kernels")
+def test_tree_rounds_on_the_kernel_table_give_target_only_tokens(pair):
+    """The runners a GPU captures (GraphRunner.step_rows and compact on the Triton table, here in
+    the interpreter and uncaptured): the target's tree rows and the draft's level rows go through
+    the attention kernel's tails, and greedy output is still target-only's."""
+    from gpu_helpers import KernelRunners, kernels
+
+    profile = tree_profile(pair, 3, 3, 8, max_tokens=6)
+    prompt = random_prompts(200, 1, seed=4)[0]
+    reference = finish(Engine(profile).decoder(target_only(profile)), prompt).token_ids
+    decoder = Engine(profile, backend=KernelRunners(kernels(attention=True, rope=True))).decoder()
+    assert isinstance(decoder.round, TreeRound) and decoder.round.target.ops.kernels.attention
+    assert finish(decoder, prompt).token_ids == reference
 
 
 def test_tree_rows_count_each_paths_drafts_and_mask_by_depth():
@@ -138,11 +169,13 @@ def cached(runner, length: int) -> list[torch.Tensor]:
     return [t[0, :, :length] for t in (*runner.cache.keys, *runner.cache.values)]
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=1.0, seed=3)])
-def test_both_caches_hold_a_chains_after_the_same_tokens(pair, sampling):
+def test_both_caches_hold_a_chains_after_the_same_tokens(pair, sampling, backend):
     """The target's cache holds the committed sequence but its last id, the draft's all but its last
-    two, slot by slot as a chain prefill of those ids writes them (sampled rejection coupling too)."""
-    profile = tree_profile(pair, 3, 3, 10, max_tokens=20, **sampling)
+    two, slot by slot as a chain prefill of those ids writes them (sampled rejection coupling too;
+    on a GPU, after captured rounds)."""
+    profile = tree_profile(pair, 3, 3, 10, max_tokens=20, backend=backend, **sampling)
     engine = Engine(profile)
     decoder = engine.decoder()
     prompt = random_prompts(200, 1, seed=9)[0]

@@ -119,7 +119,7 @@ class Engine:
         spec = profile.speculation
         if spec.tree_width == 1 or k == 0:
             return {}
-        refusal = tree_refusal(profile, kind, insight, self.backend.name, self.pair)
+        refusal = tree_refusal(profile, kind, insight, bool(getattr(self.backend, "spread", None)), self.pair)
         if refusal:
             raise UsageError(f"token trees (tree_width {spec.tree_width}) {refusal}",
                              hint="set tree_width = 1 (--tree-width 1), or change what the message names")
@@ -162,14 +162,15 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
     return mode in ("sample", "temperature"), mode != "temperature"
 
 
-def tree_refusal(profile: Profile, kind: str, insight: bool, backend: str, pair: LoadedPair) -> str:
-    """Why this run cannot draft or verify a token tree ("" where it can)."""
+def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair: LoadedPair) -> str:
+    """Why this run cannot draft or verify a token tree ("" where it can). spread: a model lies
+    over several GPUs (its step crosses devices; tree rows do not yet)."""
     from specgen.core.step.model import OwnedModel
 
     if profile.proposer.drafter(kind) != "draft" or kind != "draft":
         return f"are drafted by the draft model only, not by the {kind} proposer"
-    if backend != "torch":
-        return "run on the torch backend only (CUDA rounds draft chains)"
+    if spread:
+        return "need each model on one GPU, and this run spreads one over several"
     if not all(isinstance(model, OwnedModel) for model in (pair.target, pair.draft)):
         return "need specgen's own model step, and this pair runs on transformers"
     if insight or profile.proposer.draft_p_min > 0:

@@ -158,10 +158,16 @@ class Round(Shared):
         return [self.feed, self.budget, self.num_drafts, self.generated, self.limit,
                 *self.rows.penalties.state(), *self.drafter.state()]
 
+    @property
+    def reach(self) -> int:
+        """Slots past a cache's position that one round may write (a capture's warm-up starts this
+        far before the end of each cache)."""
+        return self.k + 3
+
     def reserve(self, positions: int) -> None:
         """Room in every cache for a request that may reach `positions`."""
         for runner in self.runners:
-            runner.reserve(positions)
+            runner.reserve(positions + self.reach - (self.k + 3))
 
     def start(self, prompt_ids: list[int], seed: int = 0, max_tokens: int | None = None) -> None:
         """Prefill the caches (target: all but the last id; the drafter: its own rule) and set the

@@ -158,6 +158,13 @@ class TreeRound(Round):
                                  self.rows.mask.padding)
         self.drafters = {Mode.MODEL: self.drafter}
 
+    @property
+    def reach(self) -> int:
+        """The target writes the root and n nodes past its position, the draft its pending pair
+        and (k - 1) w frontier nodes past its own."""
+        tree = self.tree
+        return max(self.k + 3, tree.n + 2, 2 + (self.k - 1) * tree.w + 1)
+
     def _stage(self, insight: bool, spec) -> NoStage:
         return NoStage(self)
 
