@@ -235,7 +235,7 @@ def test_summaries_and_divergence():
     rows = [{"temperature": 0.0, "k": k, "tokens_per_second": {"median": tps}, "speedup": {"target-only": {"median": s}}}
             for k, tps, s in ((1, 10.0, 0.9), (2, 12.0, 0.95))]
     assert recommend(rows) == [{"temperature": 0.0, "coupling": None, "proposer": None, "k": 2,
-                                "by": "speedup.target-only", "tokens_per_second": 12.0,
+                                "tree_width": 1, "tree_nodes": 2, "by": "speedup.target-only", "tokens_per_second": 12.0,
                                 "speedup": 0.95, "speedup_vs_target_only": 0.95, "faster_than_target_only": False}]
 
 
@@ -249,7 +249,8 @@ def test_recommendation_and_the_speedup_column_use_one_statistic():
     assert recommend(rows, ("hf", "target-only"))[0]["by"] == "speedup.hf"
     no_baseline = [dict(r, speedup={"target-only": None}) for r in rows]
     assert recommend(no_baseline)[0] | {"tokens_per_second": None} == {
-        "temperature": 0.0, "coupling": None, "proposer": None, "k": 2, "by": "tokens_per_second",
+        "temperature": 0.0, "coupling": None, "proposer": None, "k": 2, "tree_width": 1, "tree_nodes": 2,
+        "by": "tokens_per_second",
         "tokens_per_second": None,
         "speedup": None,
         "speedup_vs_target_only": None, "faster_than_target_only": None}
@@ -328,6 +329,41 @@ def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
     code, out, _ = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "4", "--dtype", "bfloat16",
                            "-t", "0", "--no-fp32-check", "--format", "json", "-q")
     assert code == 0 and json.loads(out)["fp32_check"] is None
+
+
+def test_tree_shapes_are_swept_beside_each_k(tiny, monkeypatch):
+    """--tree-width and --tree-nodes are comma lists: every k runs with every shape (width 1 is the
+    chain), each result row names its shape, and greedy and Gumbel trees give target-only's text."""
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "2", "--tree-width", "1,2", "--tree-nodes",
+                               "4", "-n", "6", "-t", "0,0.8", "--coupling", "gumbel", "--fp32-check", "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert [(r["temperature"], r["k"], r["tree_width"], r["tree_nodes"]) for r in document["results"]] == [
+        (0.0, 2, 1, 2), (0.0, 2, 2, 4), (0.8, 2, 1, 2), (0.8, 2, 2, 4)]
+    assert all(r["sampled_agreement" if r["temperature"] else "greedy_agreement"]["target-only"]["identical_fraction"]
+               == 1.0 for r in document["results"])
+    assert [r["identical_fraction"] for r in document["fp32_check"]["results"]] == [1.0] * 4
+    assert "k=2 w=2 n=4" in err and "greedy same as target-only in float32 (cpu): k=2 100%, k=2 w=2 n=4 100%" in err
+    assert {"tree_width", "tree_nodes"} <= set(document["recommendation"][0])
+
+
+def test_tree_shapes_that_do_not_fit_a_k_are_left_out_of_its_runs():
+    """k = 2 holds at most 2 + 4 = 6 nodes at width 2: a 10-node shape runs at k = 3 (2 + 8) only."""
+    from specgen.core.bench.bench_plan import Plan, tree_shapes
+
+    plan = Plan(ks=(2, 3), temperatures=(0.0,), proposers=("draft",), trees=tree_shapes((1, 2), (6, 10)))
+    assert plan.trees == ((1, 0), (2, 6), (2, 10))
+    assert plan.shapes(2) == ((1, 0), (2, 6)) and plan.shapes(3) == plan.trees
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--tree-nodes", "4"), "--tree-nodes sizes a tree, and no --tree-width was given"),
+    (("--tree-width", "2", "--proposer", "ngram"), "token trees are drafted by the draft model only, not by ngram"),
+    (("--tree-width", "2,4", "--tree-nodes", "30"), "--tree-nodes (30) must be 0 (= k) or from --k (2) to 6"),
+])
+def test_tree_sweeps_that_cannot_run_are_usage_errors(tiny, monkeypatch, args, message):
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "2", "-n", "4", *args)
+    assert code == 2 and out == "" and message in err
 
 
 def test_ctrl_c_keeps_what_finished(tiny, tmp_path, monkeypatch):

@@ -385,6 +385,9 @@ OUT_OF_RANGE = [
     ("proposer.draft_p_min", "-0.1", "must be in [0, 1)"),
     ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample, temperature"),
     ("speculation.pipeline", '"two"', "must be one of auto, on, off"),
+    ("speculation.tree_width", "0", "must be from 1 (a chain) to 8"),
+    ("speculation.tree_width", "9", "must be from 1 (a chain) to 8"),
+    ("speculation.tree_nodes", "64", "must be from 0 (= k) to 63"),
     ("runtime.threads", "-1", "must be from 0 (auto) to 1024"),
     ("kernels.attention", '"flash"', "must be one of auto, kernel, sdpa"),
     ("kernels.linear", '"cublas"', "must be one of auto, kernel, torch"),
@@ -477,6 +480,20 @@ def test_ngram_max_must_not_be_below_ngram_min(tmp_path):
     expected = r"`proposer.ngram_max` \(2\) must be >= `proposer.ngram_min` \(3\)"
     with pytest.raises(ProfileError, match=expected):
         load_with(tmp_path, {"proposer.ngram_min": "3", "proposer.ngram_max": "2"})
+
+
+def test_tree_nodes_must_fit_the_tree_envelope(tmp_path):
+    """k = 3, width 2: the root's 2 children and 2 * 2 more per later level, 10 nodes at most; at
+    least k, and with width 1 the chain's k."""
+    expected = r"`speculation.tree_nodes` \(11\) must be 0 \(= k\) or from `speculation.k` \(3\) to 10"
+    with pytest.raises(ProfileError, match=expected):
+        load_with(tmp_path, {"speculation.k": "3", "speculation.tree_width": "2", "speculation.tree_nodes": "11"})
+    with pytest.raises(ProfileError, match=r"from `speculation.k` \(3\) to 3, .* width 1"):
+        load_with(tmp_path, {"speculation.k": "3", "speculation.tree_nodes": "4"})
+    with pytest.raises(UsageError, match=r"--tree-nodes \(2\) must be 0"):
+        load_with(tmp_path, {"speculation.k": "3", "speculation.tree_width": "2"}, {"speculation.tree_nodes": 2})
+    tree = load_with(tmp_path, {"speculation.k": "3", "speculation.tree_width": "2", "speculation.tree_nodes": "10"})
+    assert (tree.speculation.nodes, load_with(tmp_path, {"speculation.k": "3"}).speculation.nodes) == (10, 3)
 
 
 def test_draft_proposer_without_draft_says_how_to_fix_it(tmp_path):

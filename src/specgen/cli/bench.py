@@ -50,6 +50,11 @@ def bench(
         "--proposer", help="Comma list of proposers measured side by side, e.g. draft,ngram (default: the "
         "profile's).")] = None,
     ks: Annotated[str, _sweep("--k", help="Comma list of k to sweep, e.g. 1,2,4,8.")] = "1,2,4,8",
+    tree_widths: Annotated[Optional[str], _sweep(
+        "--tree-width", help="Comma list of tree widths each k runs with, e.g. 1,2,4 (1 = a chain; default: "
+        "the profile's).")] = None,
+    tree_budgets: Annotated[Optional[str], _sweep(
+        "--tree-nodes", help="Comma list of tree node budgets, e.g. 8,16 (0 = k; default: the profile's).")] = None,
     temperatures: Annotated[str, _sweep("--temperature", "-t", help="Comma list, e.g. 0,0.8.")] = "0",
     couplings: Annotated[Optional[str], _sweep(
         "--coupling", help="Comma list of rejection, gumbel for sampled temperatures (default: both, "
@@ -100,14 +105,14 @@ def bench(
 
     plan = Plan(ks=parse_list(ks, int, "--k"), temperatures=parse_list(temperatures, float, "--temperature"),
                 proposers=parse_names(proposers, "--proposer"), baselines=parse_baselines(baselines),
-                repeat=repeat, warmup=warmup, records=records)
+                repeat=repeat, warmup=warmup, records=records, trees=parse_trees(tree_widths, tree_budgets))
     overrides = opt.overrides(**locals())
     path = opt.prompts_path(prompts_file, prompts)
 
-    def settings_for(k: int, temperature: float, proposer: str | None = None):
-        """proposer None: the profile's own."""
+    def settings_for(k: int, temperature: float, proposer: str | None = None, tree: tuple | None = None):
+        """proposer None: the profile's own; tree (width, nodes) None: the profile's own."""
         return load_profile(profile, {**overrides, "speculation.k": k, "sampling.temperature": temperature,
-                                      "proposer.kind": proposer})
+                                      "proposer.kind": proposer, **tree_overrides(tree)})
 
     first = settings_for(plan.ks[0], plan.temperatures[0])
     named = bool(plan.proposers)
@@ -145,7 +150,14 @@ def validate(settings_for, plan, named: bool) -> None:
     for proposer in plan.proposers:
         for k in plan.ks:
             for temperature in plan.temperatures:
-                settings_for(k, temperature, proposer)
+                for tree in plan.shapes(k):
+                    settings_for(k, temperature, proposer, tree)
+        for tree in plan.trees:  # a node budget no (k, width) holds: the profile's error, at the largest k
+            if tree and not any(shape and shape[1] == tree[1] for k in plan.ks for shape in plan.shapes(k)):
+                settings_for(max(plan.ks), plan.temperatures[0], proposer, tree)
+        if proposer != "draft" and any(tree and tree[0] > 1 for tree in plan.trees):
+            raise UsageError(f"--tree-width: token trees are drafted by the draft model only, not by {proposer}",
+                             hint="measure trees with --proposer draft, and other proposers in a run of their own")
         if settings_for(plan.ks[0], plan.temperatures[0], proposer).proposer.kind == "none":
             what = f"--proposer {proposer}" if named else "the profile's proposer (none)"
             raise UsageError(f"{what} drafts nothing: it is the target-only baseline",
@@ -229,9 +241,9 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
         torch.cuda.empty_cache()
     fp32 = {**overrides, "target.dtype": "float32", "draft.dtype": "float32"}
 
-    def settings_for(k: int, temperature: float, proposer: str | None = None):
+    def settings_for(k: int, temperature: float, proposer: str | None = None, tree: tuple | None = None):
         return load_profile(profile, {**fp32, "speculation.k": k, "sampling.temperature": temperature,
-                                      "proposer.kind": proposer})
+                                      "proposer.kind": proposer, **tree_overrides(tree)})
 
     err = render.stderr_console()
     try:
@@ -239,13 +251,33 @@ def run_fp32_check(profile, overrides: dict, prompts: list[str], plan, encoding:
                              proposers=tuple(plan.proposers))
         with progress_bar(err, enabled=not quiet and sys.stderr.isatty()) as bar:
             sweeps = fp32_sweeps(plan)
-            runs = len(plan.proposers) * len(plan.ks) + 1
+            runs = len(plan.proposers) * sum(len(plan.shapes(k)) for k in plan.ks) + 1
             task = bar.add_task("float32 check", total=len(prompts) * runs * len(sweeps))
             return fp32_check(engine, prompts, settings_for, plan.ks, encode=encoding.for_engine(engine), sweeps=sweeps,
-                              proposers=plan.proposers,
+                              proposers=plan.proposers, shapes=plan.shapes,
                               progress=lambda steps, label: bar.update(task, advance=steps, description=label))
     except KeyboardInterrupt:
         return None
+
+
+def parse_trees(widths: str | None, nodes: str | None) -> tuple:
+    """--tree-width and --tree-nodes as the plan's tree shapes; neither given: the profile's own."""
+    from specgen.core.bench.bench_plan import tree_shapes
+
+    from specgen.core.errors import UsageError
+
+    if widths is None and nodes is None:
+        return (None,)
+    if widths is None:
+        raise UsageError("--tree-nodes sizes a tree, and no --tree-width was given",
+                         hint="add --tree-width, e.g. --tree-width 2,4 --tree-nodes 8,16")
+    return tree_shapes(parse_list(widths, int, "--tree-width"), parse_list(nodes or "0", int, "--tree-nodes"))
+
+
+def tree_overrides(tree: tuple | None) -> dict:
+    if tree is None:
+        return {}
+    return {"speculation.tree_width": tree[0], "speculation.tree_nodes": tree[1]}
 
 
 def parse_list(text: str, kind, option: str) -> tuple:
@@ -456,7 +488,7 @@ def _baseline_row(base: dict) -> dict:
 def _result_row(result: dict, names: list[str]) -> dict:
     split = result["round_ms"]
     return {
-        "T": _sweep_label(result), "proposer": result.get("proposer", ""), "method": f"k={result['k']}",
+        "T": _sweep_label(result), "proposer": result.get("proposer", ""), "method": shape_label(result),
         **_speed_cells(result),
         **{f"× {n}": f"{s['median']:.2f}×" if s else "n/a" for n, s in ((n, result["speedup"][n]) for n in names)},
         "TTFT ms": _ms(result["time_to_first_token_seconds"]), "peak MiB": _mib(result["peak_gpu_memory_bytes"]),
@@ -466,6 +498,12 @@ def _result_row(result: dict, names: list[str]) -> dict:
         "× floor": f"{result['round_over_floor']:.2f}×" if result.get("round_over_floor") is not None else "–",
         "same text": _same_text(result),
     }
+
+
+def shape_label(entry: dict) -> str:
+    """k, and the tree's width and nodes where the round drafted a tree: `k=4 w=2 n=8`."""
+    width = entry.get("tree_width", 1)
+    return f"k={entry['k']}" + (f" w={width} n={entry['tree_nodes']}" if width > 1 else "")
 
 
 def _speed_cells(entry: dict) -> dict[str, str]:
@@ -533,11 +571,12 @@ def recommendation_lines(document: dict) -> list[Text]:
         coupling = f" ({rec['coupling']} coupling)" if rec.get("coupling") else ""
         sweep = f"at temperature {rec['temperature']:g}{coupling}: "
         if not several:
-            lines += [_recommendation(f"recommended k {sweep}", str(rec["k"]), rec), *_fastest(document, rec, "")]
+            lines += [_recommendation(f"recommended k {sweep}", shape_label(rec).removeprefix("k="), rec),
+                      *_fastest(document, rec, "")]
             continue
-        lines += [_recommendation(f"recommended proposer and k {sweep}", f"{rec['proposer']} k={rec['k']}", rec),
+        lines += [_recommendation(f"recommended proposer and k {sweep}", f"{rec['proposer']} {shape_label(rec)}", rec),
                   *_fastest(document, rec, "  ")]
-        lines += [_recommendation(f"  best k for {each['proposer']}: ", str(each["k"]), each)
+        lines += [_recommendation(f"  best k for {each['proposer']}: ", shape_label(each).removeprefix("k="), each)
                   for each in document["recommendation_per_proposer"]
                   if (each["temperature"], each.get("coupling")) == (rec["temperature"], rec.get("coupling"))]
     return lines
@@ -565,11 +604,11 @@ def _fastest(document: dict, rec: dict, indent: str) -> list[Text]:
     rows = [r for r in document["results"]
             if (r["temperature"], r.get("coupling")) == (rec["temperature"], rec.get("coupling"))]
     fastest = max(rows, key=lambda r: r["tokens_per_second"]["median"])
-    if (fastest.get("proposer"), fastest["k"]) == (rec.get("proposer"), rec["k"]):
+    if (fastest.get("proposer"), shape_label(fastest)) == (rec.get("proposer"), shape_label(rec)):
         return []
     against = rec["by"].removeprefix("speedup.")
     ratio = (fastest["speedup"].get(against) or {}).get("median")
-    name = f"{fastest['proposer']} k={fastest['k']}" if len(proposers(document)) > 1 else f"k={fastest['k']}"
+    name = f"{fastest['proposer']} {shape_label(fastest)}" if len(proposers(document)) > 1 else shape_label(fastest)
     return [Text(f"{indent}{name} has the highest median tok/s ({fastest['tokens_per_second']['median']:.1f}) but "
                  f"a lower median × {against} ({f'{ratio:.2f}×' if ratio is not None else 'n/a'}): the ratio is "
                  f"taken prompt by prompt, against the same prompt's {against} run", style="dim")]
@@ -589,7 +628,7 @@ def footer_lines(document: dict) -> list[Text]:
                     continue
                 cut = [d for d in row["first_divergence"] if d is not None]
                 named = f"{row['proposer']} " if several else ""
-                parts.append(f"{named}k={row['k']} {row['identical_fraction']:.0%}"
+                parts.append(f"{named}{shape_label(row)} {row['identical_fraction']:.0%}"
                              + (f" (from tok {min(cut)})" if cut else ""))
             what = "greedy" if coupling is None else f"T={temperature:g} {coupling}"
             lines.append(Text(f"{what} same as target-only in float32 ({check['device']}): " + ", ".join(parts)))

@@ -33,6 +33,8 @@ def generate(
     proposer: opt.Proposer = None,
     head: opt.Head = None,
     k: opt.K = None,
+    tree_width: opt.TreeWidth = None,
+    tree_nodes: opt.TreeNodes = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,
     temperature: opt.Temperature = None,

@@ -42,6 +42,10 @@ Proposer = Annotated[Optional[str], _speculation(
     "--proposer", help="draft | ngram | hybrid (n-gram, else draft) | eagle (a head, --head) | mtp | none.")]
 Head = Annotated[Optional[str], _models("--head", help="EAGLE-3 head folder (for --proposer eagle).")]
 K = Annotated[Optional[int], _speculation("--k", help="Draft tokens per round (1..32).")]
+TreeWidth = Annotated[Optional[int], _speculation(
+    "--tree-width", help="Children a draft node may have (1 = a chain; draft model only).")]
+TreeNodes = Annotated[Optional[int], _speculation(
+    "--tree-nodes", help="Tokens the target verifies per round besides the root (0 = k).")]
 DraftPMin = Annotated[Optional[float], _speculation(
     "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]
 AdaptiveK = Annotated[Optional[bool], _speculation(
@@ -207,7 +211,7 @@ def overrides(**options) -> dict:
     """Keyword names as above (snake_case) -> dotted profile keys; None means not given."""
     keys = {
         "target": "target.path", "draft": "draft.path", "proposer": "proposer.kind", "head": "proposer.head",
-        "k": "speculation.k",
+        "k": "speculation.k", "tree_width": "speculation.tree_width", "tree_nodes": "speculation.tree_nodes",
         "draft_p_min": "proposer.draft_p_min", "adaptive_k": "proposer.adaptive_k",
         "temperature": "sampling.temperature", "top_p": "sampling.top_p", "top_k": "sampling.top_k",
         "min_p": "sampling.min_p", "repetition_penalty": "sampling.repetition_penalty",

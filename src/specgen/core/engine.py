@@ -12,7 +12,7 @@ from specgen.core.errors import UsageError
 from specgen.core.drafters.heads import build_heads
 from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair, logits_width
 from specgen.core.drafters.ngram import NgramProposer
-from specgen.core.round import Mode, Round, RoundShape
+from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.settings import Profile
 
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
@@ -105,12 +105,25 @@ class Engine:
                            coupling="gumbel" if sampling.coupling == "gumbel" and not sampling.greedy
                            else "rejection", rows=rows, p_min=spec.draft_p_min if uses_model else 0.0,
                            stages=("insight",) * insight)
+        shape = replace(shape, **self._tree(profile, kind, k, insight))
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
         setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context,
                             pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
+
+    def _tree(self, profile: Profile, kind: str, k: int, insight: bool) -> dict:
+        """The round's tree fields: a chain (width 1) unless the profile asks for a tree, which
+        this run must be able to draft and verify (a one-line error says what to change)."""
+        spec = profile.speculation
+        if spec.tree_width == 1 or k == 0:
+            return {}
+        refusal = tree_refusal(profile, kind, insight, bool(getattr(self.backend, "spread", None)), self.pair)
+        if refusal:
+            raise UsageError(f"token trees (tree_width {spec.tree_width}) {refusal}",
+                             hint="set tree_width = 1 (--tree-width 1), or change what the message names")
+        return {"tree_width": spec.tree_width, "tree_nodes": spec.nodes, "draft_pick": "argmax"}
 
     def _round(self, shape: RoundShape, sampling, stop_ids: list[int], modes: list[Mode]):
         """The round for these settings and its programs, built (and captured) on first use."""
@@ -119,7 +132,8 @@ class Engine:
         key = (shape, warp, tuple(stop_ids), tuple(modes))
         if key not in self._rounds:
             draft = self.draft_runner if shape.drafter == "draft" else None
-            rnd = Round(shape, sampling, self.backend, self.target_runner, draft, stop_ids,
+            kind = TreeRound if shape.tree_width > 1 else Round
+            rnd = kind(shape, sampling, self.backend, self.target_runner, draft, stop_ids,
                         head=self.heads.get(shape.drafter))
             programs = {mode: self.backend.program(rnd, mode) for mode in modes}
             self._rounds[key] = (rnd, programs)
@@ -131,7 +145,7 @@ class Engine:
         why transformers where it does), and which path each head's calls take ("kernels" or
         "torch")."""
         return {"modeling": self.pair.modeling, "modeling_note": self.pair.modeling_note,
-                **self.backend.describe(), "heads": self.head_paths}
+                **self.backend.describe(), "heads": self.head_paths, **tree_shape(self.profile.speculation)}
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
@@ -146,6 +160,27 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
         top_p_only = sampling.top_p < 1.0 and sampling.top_k <= 0 and sampling.min_p == 0.0
         return sample, not (sample and top_p_only)
     return mode in ("sample", "temperature"), mode != "temperature"
+
+
+def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair: LoadedPair) -> str:
+    """Why this run cannot draft or verify a token tree ("" where it can). spread: a model lies
+    over several GPUs (its step crosses devices; tree rows do not yet)."""
+    from specgen.core.step.model import OwnedModel
+
+    if profile.proposer.drafter(kind) != "draft" or kind != "draft":
+        return f"are drafted by the draft model only, not by the {kind} proposer"
+    if spread:
+        return "need each model on one GPU, and this run spreads one over several"
+    if not all(isinstance(model, OwnedModel) for model in (pair.target, pair.draft)):
+        return "need specgen's own model step, and this pair runs on transformers"
+    if insight or profile.proposer.draft_p_min > 0:
+        return "do not take insight or draft_p_min yet"
+    return ""
+
+
+def tree_shape(spec) -> dict:
+    """The round's tree as reports give it: width 1 is a chain of k nodes."""
+    return {"tree_width": spec.tree_width, "tree_nodes": spec.nodes if spec.tree_width > 1 else spec.k}
 
 
 def target_only(profile: Profile) -> Profile:

@@ -37,6 +37,7 @@ from specgen.core.settings import (
     RuntimeSpec,
     SamplingSpec,
     SpeculationSpec,
+    tree_envelope,
 )
 
 DEFAULT_PROFILE = "demo"
@@ -400,6 +401,18 @@ def _model_spec(merged: _Merged, table: str) -> ModelSpec:
     raise merged.file.error(table, message)
 
 
+def _check_tree(spec: SpeculationSpec, merged: _Merged) -> None:
+    top = tree_envelope(spec.k, spec.tree_width)
+    if spec.tree_nodes and not spec.k <= spec.tree_nodes <= top:
+        origin = merged.blame("speculation.tree_nodes", "speculation.tree_width", "speculation.k")
+        raise origin.error(
+            "speculation.tree_nodes",
+            f"{origin.name('speculation.tree_nodes')} ({spec.tree_nodes}) must be 0 (= k) or from "
+            f"{origin.name('speculation.k')} ({spec.k}) to {top}, the nodes a tree of that depth and width "
+            f"{spec.tree_width} holds",
+        )
+
+
 def _has_draft(merged: _Merged) -> bool:
     return "draft" in merged.tables or "draft.path" in merged.values
 
@@ -420,6 +433,7 @@ def _check_together(profile: Profile, merged: _Merged) -> None:
             f"{origin.name('proposer.ngram_max')} ({proposer.ngram_max}) must be >= "
             f"{origin.name('proposer.ngram_min')} ({proposer.ngram_min})",
         )
+    _check_tree(profile.speculation, merged)
     if proposer.uses_draft and profile.draft is None:
         origin = merged.blame("proposer.kind")
         raise origin.error(
@@ -616,6 +630,8 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "speculation.k": (lambda v: 1 <= v <= 32, "must be from 1 to 32"),
     "speculation.draft_sampling": _one_of("auto", "argmax", "sample", "temperature"),
     "speculation.pipeline": _one_of("auto", "on", "off"),
+    "speculation.tree_width": (lambda v: 1 <= v <= 8, "must be from 1 (a chain) to 8"),
+    "speculation.tree_nodes": (lambda v: 0 <= v <= 63, "must be from 0 (= k) to 63"),
     # finite bounds: the warp runs in float32, where 1e300 is infinite; at 100 sampling is already
     # close to uniform, and 0.01 / 100 scale a repeated token's logit a hundredfold
     "sampling.temperature": (lambda v: 0 <= v <= 100, "must be from 0 (greedy) to 100"),

@@ -14,6 +14,9 @@ from typing import ContextManager, Protocol
 
 import torch
 
+from specgen.core.errors import UsageError
+
+
 class Runner(Protocol):
     """What a round needs of a model: a static cache, a device position and fixed-shape steps."""
 
@@ -27,6 +30,13 @@ class Runner(Protocol):
     def forward(self, ids: torch.Tensor, want_logits: bool = True) -> torch.Tensor | None: ...
 
     def step(self, ids: torch.Tensor, logits_out: torch.Tensor) -> torch.Tensor: ...
+
+    def step_rows(self, rows, logits_out: torch.Tensor) -> None:
+        """A step over given rows (core/step/rows.py: a token tree's), logits into logits_out
+        [n, width]; the position stays (the round's commit moves it)."""
+
+    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move the K/V in slots src [m] to slots dst [m] (a tree's accepted path), on the device."""
 
     def step_context(self, tokens: int) -> ContextManager: ...
 
@@ -95,6 +105,25 @@ class EagerRunner:
         logits_out[:, :cols].copy_(logits[:, :cols])
         return logits
 
+    def step_rows(self, rows, logits_out: torch.Tensor) -> None:
+        if not self.owned:
+            raise UsageError("token trees need specgen's own model step, and this model runs on transformers",
+                             hint="set tree_width = 1, or use a checkpoint specgen's model step covers")
+        self._room(int(rows.slots.max()) + 1)
+        with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
+            logits = self.model.step(rows, self.cache)[0]
+        cols = min(logits.shape[-1], self.width)
+        logits_out[:, :cols].copy_(logits[:, :cols])
+
+    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        from specgen.core.step.model import REFERENCE
+
+        REFERENCE.compact(self.cache, src[None], dst[None])
+
+    def _room(self, slots: int) -> None:
+        if slots > self.cache.capacity:
+            self.cache = self.cache.grown(max(2 * self.cache.capacity, slots))
+
     def _run(self, ids: torch.Tensor, n_logits: int) -> torch.Tensor:
         start, n = int(self.position), ids.shape[0]
         with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
@@ -105,8 +134,7 @@ class EagerRunner:
     def _owned(self, ids: torch.Tensor, start: int, n_logits: int) -> torch.Tensor:
         from specgen.core.step.rows import chain
 
-        if start + ids.shape[0] > self.cache.capacity:
-            self.cache = self.cache.grown(max(2 * self.cache.capacity, start + ids.shape[0]))
+        self._room(start + ids.shape[0])
         return self.model.step(chain(ids[None], start), self.cache, keep=n_logits)[0]
 
     def _transformers(self, ids: torch.Tensor, start: int, n_logits: int) -> torch.Tensor:

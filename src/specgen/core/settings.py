@@ -54,12 +54,25 @@ class ProposerSpec:
         return self.drafter() == "draft"
 
 
+def tree_envelope(k: int, width: int) -> int:
+    """The nodes a token tree of depth k and this width can hold: the root's children, then each
+    later level's w best nodes' children (core/round/tree.py)."""
+    return width + (k - 1) * width * width
+
+
 @dataclass(frozen=True)
 class SpeculationSpec:
     k: int = 4  # draft tokens per round, 1..32
     draft_sampling: str = "auto"  # auto | argmax | sample | temperature: how the draft picks its proposals
     cuda_graphs: bool = True
     pipeline: str = "auto"  # auto | on | off: queue a round before the one before it is read (core/decode.py)
+    tree_width: int = 1  # children a draft node may have; 1 = a chain (core/round/tree.py)
+    tree_nodes: int = 0  # tokens the target verifies per round besides the root; 0 = k
+
+    @property
+    def nodes(self) -> int:
+        """The tree's node budget: tree_nodes, or k where 0."""
+        return self.tree_nodes or self.k
 
 
 # The fusions [kernels] disable may turn off, for ablation (each is on wherever it applies):

@@ -244,7 +244,7 @@ class GraphProgram:
         """One warm-up round at scratch positions: never a live one."""
         rnd = self.rnd
         for r in rnd.runners:
-            r.position.fill_(r.capacity - (rnd.shape.k + 3))
+            r.position.fill_(r.capacity - rnd.reach)
         rnd.body(self.mode, _none)
 
     def _restore(self, saved: list[torch.Tensor]) -> None:

@@ -160,6 +160,18 @@ class GraphRunner:
             self.position.add_(n)
         return logits
 
+    def step_rows(self, rows, logits_out: torch.Tensor) -> None:
+        """A step over given rows (a token tree's, core/step/rows.py), logits into logits_out [n,
+        width]; the position stays (the round's commit moves it). Inside a round's capture; a
+        model over several GPUs never gets here (core/engine.py's tree_refusal)."""
+        logits = self.model.step(rows, self.cache, self.ops)[0]
+        cols = min(logits.shape[-1], self.width)
+        logits_out[:, :cols].copy_(logits[:, :cols])
+
+    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move the K/V in slots src [m] to slots dst [m] (a tree's accepted path), on the device."""
+        self.ops.compact(self.cache, src[None], dst[None])
+
     def crossings(self) -> dict[str, str]:
         """Per captured step of a model over several devices, what its replay runs (describe())."""
         return {f"{n}-token step": g.graph.summary() for n, g in sorted(self.graphs.items())

@@ -16,6 +16,7 @@ from specgen.core.models.loading import cache_keyword, load_model, load_pair, ne
 from specgen.core.settings import ModelSpec
 from specgen.core.step import config as step_config
 from specgen.core.step import rows as rowsets
+from specgen.core.step.cache import SlotCache
 from specgen.core.step.load import load
 from specgen.core.step.model import GrowingCache, OwnedModel
 from specgen.core.step.ops import TorchOps
@@ -257,6 +258,24 @@ def test_the_layouts_say_what_each_row_sees():
         d = int(lopsided.depth[0, node])
         assert lopsided.tail[0, node, :d].tolist() == [10 + i for i in path(TREES["lopsided"], node)]
         assert int(lopsided.positions[0, node]) == 9 + d
+    shallow = rowsets.tree(torch.zeros(1, 8, dtype=torch.long), torch.tensor(TREES["lopsided"]), 10, levels=6)
+    assert shallow.tail.shape == (1, 8, 6) and torch.equal(shallow.seen(20), lopsided.seen(20))
+
+
+def test_compact_moves_keys_values_and_positions():
+    """The step's compact op: slots src to slots dst in every layer and the positions, reading all
+    sources before writing (a tree's path moves down onto slots it may have come from)."""
+    cache = SlotCache(2, 1, 2, 4, 12, torch.float32, torch.device("cpu"))
+    for table in (*cache.keys, *cache.values):
+        table.copy_(torch.randn_like(table))
+    cache.positions.copy_(torch.arange(12))
+    before = [t.clone() for t in (*cache.keys, *cache.values)]
+    src, dst = torch.tensor([[6, 7, 4]]), torch.tensor([[5, 6, 7]])
+    TorchOps().compact(cache, src, dst)
+    for old, new in zip(before, (*cache.keys, *cache.values)):
+        assert torch.equal(new[:, :, [5, 6, 7]], old[:, :, [6, 7, 4]])
+        assert torch.equal(new[:, :, :5], old[:, :, :5]) and torch.equal(new[:, :, 8:], old[:, :, 8:])
+    assert cache.positions[0, 4:9].tolist() == [4, 6, 7, 4, 8]
 
 
 @pytest.mark.parametrize("shape", ["binary", "lopsided"])

@@ -36,7 +36,7 @@ import torch
 
 from specgen.core.bench import floors
 from specgen.core.bench.bench_plan import BASELINES, HF_BASELINES, Plan  # noqa: F401 - BASELINES is part of this API
-from specgen.core.engine import Engine, target_only
+from specgen.core.engine import Engine, target_only, tree_shape
 from specgen.core.errors import UsageError
 from specgen.core.insight import RunRecord
 from specgen.core.models.loading import load_model
@@ -75,7 +75,8 @@ class Unavailable(Exception):
 
 
 Progress = Callable[[int, str], None]  # (steps done since the last call, what runs now)
-SettingsFor = Callable[[int, float, "str | None"], Profile]  # (k, temperature, proposer or None: the profile's)
+# (k, temperature, proposer, tree shape (width, nodes)): None for the profile's own
+SettingsFor = Callable[..., Profile]
 Warn = Callable[[str], None]
 
 
@@ -139,7 +140,8 @@ class Bench:
 
     @property
     def total_steps(self) -> int:
-        methods = len(self.plan.baselines) + len(self.plan.proposers) * len(self.plan.ks)
+        ours = sum(len(self.plan.shapes(k)) for k in self.plan.ks)
+        methods = len(self.plan.baselines) + len(self.plan.proposers) * ours
         return len(self.plan.sweeps()) * methods * (self.plan.warmup + len(self.prompts) * self.plan.repeat)
 
     def run(self) -> dict:
@@ -180,8 +182,9 @@ class Bench:
 
     # -- measuring -------------------------------------------------------------------------
 
-    def _settings_for(self, k: int, temperature: float, coupling: str | None, proposer: str) -> Profile:
-        profile = self.settings_for(k, temperature, proposer)
+    def _settings_for(self, k: int, temperature: float, coupling: str | None, proposer: str,
+                      tree: tuple | None = None) -> Profile:
+        profile = self.settings_for(k, temperature, proposer, tree)
         if coupling is None:
             return profile
         return replace(profile, sampling=replace(profile.sampling, coupling=coupling))
@@ -200,8 +203,9 @@ class Bench:
                 self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, f"T={temperature:g} {name}")
         for proposer in self.plan.proposers:
             for k in self.plan.ks:
-                methods[proposer, k] = functools.partial(self._ours, self._settings_for(k, temperature, coupling,
-                                                                                        proposer))
+                for tree in self.plan.shapes(k):
+                    methods[proposer, k, tree] = functools.partial(
+                        self._ours, self._settings_for(k, temperature, coupling, proposer, tree))
         return Sweep(temperature, coupling, methods, unavailable, {method: [] for method in methods},
                      dict.fromkeys(methods))
 
@@ -212,9 +216,10 @@ class Bench:
             coupling = f" {sweep.coupling}" if sweep.coupling else ""
             if isinstance(method, str):
                 return f"T={sweep.temperature:g}{coupling} {method}"
-            proposer, k = method
+            proposer, k, tree = method
             named = f"{proposer} " if len(self.plan.proposers) > 1 else ""
-            return f"T={sweep.temperature:g}{coupling} {named}k={k}"
+            shaped = f" w={tree[0]} n={tree[1]}" if tree and tree[0] > 1 else ""
+            return f"T={sweep.temperature:g}{coupling} {named}k={k}{shaped}"
 
         for method, run_one in sweep.methods.items():
             for _ in range(self.plan.warmup):
@@ -322,8 +327,8 @@ class Bench:
                 models[role] = load_model(spec, False, self.engine.profile.runtime.download, "transformers")
         return models[role]
 
-    def _result(self, proposer: str, k: int, temperature: float, samples: list[Sample], peak: int | None,
-                available: dict[str, list[Sample]]) -> dict:
+    def _result(self, proposer: str, k: int, tree: tuple | None, temperature: float, samples: list[Sample],
+                peak: int | None, available: dict[str, list[Sample]]) -> dict:
         stats = AcceptanceStats()
         for sample in samples:
             stats.merge(sample.stats)
@@ -336,6 +341,7 @@ class Bench:
         result = {
             "proposer": proposer,
             "k": k,
+            **tree_shape(self.settings_for(k, temperature, proposer, tree).speculation),
             "temperature": temperature,
             **_speed(samples),
             "speedup": {name: (summarise([r["speedup"][name] for r in rows]) if name in available else None)
@@ -442,9 +448,10 @@ def fp32_check(engine: Engine, prompts: list[str], settings_for: SettingsFor,
                ks: tuple[int, ...], progress: Progress | None = None,
                encode: Callable[[str], list[int]] | None = None,
                sweeps: tuple[tuple[float, str | None], ...] = ((0.0, None),),
-               proposers: tuple[str | None, ...] = (None,)) -> dict:
+               proposers: tuple[str | None, ...] = (None,), shapes: Callable[[int], tuple] = lambda k: (None,)) -> dict:
     """Speculative output against target-only output, per sweep (greedy; sampled with Gumbel
-    coupling, seeded per prompt), proposer (None: the profile's) and k, on `engine` (loaded in
+    coupling, seeded per prompt), proposer (None: the profile's), k and tree shape (shapes(k): the
+    plan's that fit k; None: the profile's own), on `engine` (loaded in
     float32 by the caller, with what every proposer needs). Untimed. In float32 the two must be
     identical; the bench's own dtype (bf16) can differ because a (k+1)-token verification rounds
     differently from a 1-token step."""
@@ -462,19 +469,21 @@ def fp32_check(engine: Engine, prompts: list[str], settings_for: SettingsFor,
 
     results = []
     for temperature, coupling in sweeps:
-        def at(k: int, proposer: str | None) -> Profile:
-            profile = settings_for(k, temperature, proposer)
+        def at(k: int, proposer: str | None, tree: tuple | None = None) -> Profile:
+            profile = settings_for(k, temperature, proposer, tree)
             return profile if coupling is None else replace(profile, sampling=replace(profile.sampling,
                                                                                        coupling=coupling))
 
         reference = outputs(target_only(at(ks[0], proposers[0])))
         for proposer in proposers:
             for k in ks:
-                profile = at(k, proposer)
-                where = [first_divergence(a, b) for a, b in zip(outputs(profile), reference)]
-                results.append({"temperature": temperature, "coupling": coupling, "proposer": profile.proposer.kind,
-                                "k": k, "identical_fraction": sum(w is None for w in where) / len(where),
-                                "first_divergence": where})
+                for tree in shapes(k):
+                    profile = at(k, proposer, tree)
+                    where = [first_divergence(a, b) for a, b in zip(outputs(profile), reference)]
+                    results.append({"temperature": temperature, "coupling": coupling,
+                                    "proposer": profile.proposer.kind, "k": k, **tree_shape(profile.speculation),
+                                    "identical_fraction": sum(w is None for w in where) / len(where),
+                                    "first_divergence": where})
     return {"dtype": str(engine.pair.target.dtype).removeprefix("torch."), "device": str(engine.pair.device),
             "results": results}
 
@@ -604,6 +613,7 @@ def recommend(results: list[dict], baselines: tuple[str, ...] = ("target-only",)
             best = max(rows, key=lambda r: r["speedup"][against]["median"])
         speedup = (best["speedup"].get("target-only") or {}).get("median")
         out.append({"temperature": temperature, "coupling": coupling, "proposer": best.get("proposer"), "k": best["k"],
+                    "tree_width": best.get("tree_width", 1), "tree_nodes": best.get("tree_nodes", best["k"]),
                     "by": f"speedup.{against}" if against else "tokens_per_second",
                     "tokens_per_second": best["tokens_per_second"]["median"],
                     "speedup": best["speedup"][against]["median"] if against else None,

@@ -59,6 +59,8 @@ class RoundShape:
     rows: tuple[str, ...] = ()  # logits-row processors besides padding: "penalties", "min_tokens"
     p_min: float = 0.0  # drafting stops at the first step whose confidence is below this (0 = off)
     stages: tuple[str, ...] = ()  # optional stages: "insight" (p(x), q(x), entropy per drafted token)
+    tree_width: int = 1  # children a draft node may have: 1 is this chain round, more a TreeRound
+    tree_nodes: int = 0  # the tree's nodes besides the root (tree_width > 1)
 
 
 class Shared:
@@ -156,10 +158,16 @@ class Round(Shared):
         return [self.feed, self.budget, self.num_drafts, self.generated, self.limit,
                 *self.rows.penalties.state(), *self.drafter.state()]
 
+    @property
+    def reach(self) -> int:
+        """Slots past a cache's position that one round may write (a capture's warm-up starts this
+        far before the end of each cache)."""
+        return self.k + 3
+
     def reserve(self, positions: int) -> None:
         """Room in every cache for a request that may reach `positions`."""
         for runner in self.runners:
-            runner.reserve(positions)
+            runner.reserve(positions + self.reach - (self.k + 3))
 
     def start(self, prompt_ids: list[int], seed: int = 0, max_tokens: int | None = None) -> None:
         """Prefill the caches (target: all but the last id; the drafter: its own rule) and set the

@@ -116,6 +116,16 @@ class TorchOps:
             out = _capped(query, keys, values, mask, scale, softcap)
         return out.transpose(1, 2).reshape(b, n, heads * d)
 
+    def compact(self, cache: SlotCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's keys and values, and the slots' positions, from slots src [B, m] to
+        dst [B, m] (a tree's accepted path to the slots after the committed prefix). Sources are
+        read before any destination is written, so the two may overlap."""
+        seq = torch.arange(src.shape[0], device=src.device)[:, None]  # [B, 1]
+        for table in (*cache.keys, *cache.values):
+            table[seq, :, dst] = table[seq, :, src]
+        for positions in cache.copies.values():
+            positions[seq, dst] = positions[seq, src]
+
     def logits(self, x: torch.Tensor, weight: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
         """x [B, n, H] -> [B, n, V] in x's dtype; softcap: Gemma 2's final tanh cap."""
         out = self.linear(x, weight)

@@ -122,23 +122,25 @@ def chain_at(ids: torch.Tensor, position: torch.Tensor, steps: torch.Tensor,
     return Rows(ids, at, at, start)
 
 
-def tree(ids: torch.Tensor, parents: torch.Tensor, start) -> Rows:
+def tree(ids: torch.Tensor, parents: torch.Tensor, start, levels: int | None = None) -> Rows:
     """ids [B, n]: each sequence's token tree after its start[b] cached tokens (host ints or a [B]
     device tensor). parents [n] or [B, n] int64: each node's parent among the nodes, -1 for a child
     of the prefix's last token, parents before their children (parents[i] < i). Node i goes to slot
     start + i and sits at position start + its depth; it sees the prefix and its ancestors' slots
-    from depth 0 down to its own. Built on the device in n gathers, without a sync."""
+    from depth 0 down to its own. levels: the tree's depth where known (at most n; the tail has
+    that many entries). Built on the device in levels - 1 gathers, without a sync."""
     b, n = ids.shape
+    levels = levels or n
     starts, top = _starts(start, b, ids.device)
     parents = parents.to(ids.device).expand(b, n)
     nodes = torch.arange(n, device=ids.device).expand(b, n)
     up = [nodes]  # up[k][b, i]: node i's ancestor k levels up (-1 past the root)
-    for _ in range(n - 1):
+    for _ in range(levels - 1):
         above = up[-1]
         up.append(torch.where(above >= 0, parents.gather(1, above.clamp(min=0)), -1))
-    lineage = torch.stack(up, dim=2)  # [B, n, n]: self, parent, grandparent, ...
+    lineage = torch.stack(up, dim=2)  # [B, n, levels]: self, parent, grandparent, ...
     depth = (lineage >= 0).sum(2)  # [B, n]
-    ahead = (depth[:, :, None] - 1 - torch.arange(n, device=ids.device)).clamp(min=0)  # path order
+    ahead = (depth[:, :, None] - 1 - torch.arange(levels, device=ids.device)).clamp(min=0)  # path order
     path = lineage.gather(2, ahead).clamp(min=0)
     slots = starts[:, None] + nodes
     tail = starts[:, None, None] + path  # entries past depth: padding

@@ -1,0 +1,214 @@
+"""The round with a token tree (speculation.tree_width > 1): the chain round's host side and
+buffers, with a tree drafter, tree verification and a commit that compacts both caches.
+
+    draft    the draft model steps over `pending` (the root's children: level 1), then once per
+             level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py)
+    select   the n best candidates by cumulative draft log-probability, as tree rows
+    target   one step over the root and the n nodes (core/step/rows.tree)
+    verify   the walk from the root (core/sampling/tree_walk.py): greedy and Gumbel coupling follow
+             the target's token, rejection coupling walks siblings
+    commit   the accepted path's K/V moves to the slots after each cache's committed prefix (the
+             step's `compact` op), so the next round starts as after a chain; the ids are staged
+             as a chain round stages them (out | the drafts the walk followed | drafts that count)
+
+Every shape is fixed by (k, width, nodes): no host sync, nothing the next round needs is
+allocated. A width of 1 never comes here: that is the chain round (core/round/round.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.core.round.couplings import GumbelCoupling
+from specgen.core.round.round import Mode, Round
+from specgen.core.round.rows import MinTokens, Penalties
+from specgen.core.round.stage import NoStage
+from specgen.core.round.tree import Tree
+from specgen.core.sampling import tree_walk
+from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, logprobs_from_logits, uniforms_
+
+
+class TreeDraft:
+    """The draft model (its DraftModel part: prefill, `pending`, the runner) drafting a tree."""
+
+    one_hot = False
+
+    def __init__(self, rnd, chain, tree: Tree, params: WarpParams, bad):
+        self.rnd, self.chain, self.tree, self.params, self.bad = rnd, chain, tree, params, bad
+        self.runners = chain.runners
+        self.level_logits = torch.full((tree.w, rnd.width), float("-inf"), dtype=torch.float32, device=rnd.device)
+        self.confident = torch.ones(rnd.k, dtype=torch.bool, device=rnd.device)
+
+    def prefill(self, ids: list[int]) -> None:
+        self.chain.prefill(ids)
+
+    def logq(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's warped log q, whose top-w are a node's children."""
+        return logprobs_from_logits(logits, self.params.slice(0, logits.shape[0]), None, self.bad)
+
+    def draft(self) -> None:
+        rnd, runner, tree, pending = self.rnd, self.chain.runner, self.tree, self.chain.pending[0]
+        logits = self.chain.logits[2]
+        with runner.step_context(2):
+            runner.step(pending, logits)
+        tree.root(rnd.feed[0, :1], self.logq(logits[1:]))
+        start = runner.position.view(1)  # past the committed sequence, the root included
+        for level in range(1, rnd.k):
+            runner.step_rows(tree.level_rows(level, start), self.level_logits)
+            tree.expand(level, self.logq(self.level_logits))
+        tree.select()
+        rnd.ops.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
+
+    def state(self) -> list[torch.Tensor]:
+        return self.chain.state()
+
+
+class TreeRows:
+    """The warp's penalties and masks per tree row, from the round's chain processors
+    (core/round/rows.py): a row counts the drafted tokens on its path (its ancestors below the root,
+    and its own), and min_tokens masks the stop ids in the rows whose depth is still short of it."""
+
+    def __init__(self, rnd, rows):
+        self.rnd, self.penalties, self.mask = rnd, rows.penalties, rows.mask
+
+    def target_rows(self, tree: Tree, rows) -> tuple:
+        return self._penalties(tree, rows), self._bad(rows)
+
+    def _penalties(self, tree: Tree, rows) -> PenaltyRows | None:
+        if not isinstance(self.penalties, Penalties):
+            return None
+        counts = self.penalties.counts
+        path = rows.tail[0] - rows.start[0]  # [n+1, L] tree rows from the root down to each row
+        steps = torch.arange(path.shape[1], device=path.device)
+        drafted = ((steps > 0) & (steps < rows.depth[0][:, None])).int()  # the root is counted already
+        cum = torch.zeros(path.shape[0], counts.shape[0], dtype=torch.int32, device=counts.device)
+        cum.scatter_add_(1, tree.ids[0][path], drafted)
+        return PenaltyRows(counts + cum, self.penalties.seen | (cum > 0))
+
+    def _bad(self, rows) -> torch.Tensor | None:
+        if not isinstance(self.mask, MinTokens):
+            return self.mask.padding
+        short = (self.rnd.generated + rows.depth[0] - 1) < self.mask.min_tokens  # [n+1]
+        bad = short[:, None] & self.mask.stop_cols
+        return bad if self.mask.padding is None else bad | self.mask.padding
+
+
+class TreeRejection:
+    """Greedy: the walk follows the target's argmax. Sampled: the sibling walk, from uniforms [k, w]
+    and one Exp(1) row the host draws before each round."""
+
+    def __init__(self, rnd, sampled: bool, width: int):
+        z = dict(dtype=torch.float32, device=rnd.device)
+        self.rnd, self.sampled = rnd, sampled
+        self.noise = torch.ones(1, rnd.width, **z) if sampled else None
+        self.uniform = torch.ones(1, rnd.k, width, **z) if sampled else None
+
+    def start(self, seed: int, origin: int) -> None:
+        """The caller's generator draws the numbers: nothing to key."""
+
+    def draw(self, generator: torch.Generator) -> None:
+        if self.sampled:
+            exponentials_(self.noise, generator)
+            uniforms_(self.uniform, generator)
+
+    def begin(self) -> None:
+        pass
+
+    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
+        rnd = self.rnd
+        argmax, probs = rnd.ops.warp(rnd.tree_logits, params, penalties, bad)
+        if probs is None:
+            return tree_walk.greedy_walk(tree.children[None], tree.ids, argmax[None], rnd.num_drafts, rnd.k)
+        return tree_walk.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
+                                      rnd.num_drafts, rnd.k)
+
+
+class TreeGumbel(GumbelCoupling):
+    """The target's token at each node is its race against the noise row of the node's absolute
+    position (its depth past the root): the walk follows it, so the text is target-only's."""
+
+    def __init__(self, rnd, nodes: int):
+        super().__init__(rnd, draft_races=False)
+        self.tree_choice = torch.zeros(nodes + 1, dtype=torch.long, device=rnd.device)
+
+    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
+        rnd = self.rnd
+        noise = self.noise.index_select(0, rows.depth[0] - 1)  # [n+1, V]: each row's position's
+        rnd.ops.warp_and_race(rnd.tree_logits, params, noise, self.tree_choice, penalties, bad)
+        return tree_walk.greedy_walk(tree.children[None], tree.ids, self.tree_choice[None], rnd.num_drafts, rnd.k)
+
+
+class TreeRound(Round):
+    """A Round (its buffers, host side and parts) whose drafter, coupling and commit are the
+    tree's; `target_logits` holds the accepted path's rows after each round."""
+
+    def __init__(self, shape, spec, backend, target, draft, stop_ids: list[int], head=None):
+        super().__init__(shape, spec, backend, target, draft, stop_ids, head)
+        k, w, n = shape.k, shape.tree_width, shape.tree_nodes
+        self.tree = Tree(k, w, n, self.device)
+        # the target's rows as the step wrote them; target_logits (k + 1 rows) gets the accepted
+        # path's, in order, where the host reads logprobs as after a chain round
+        self.tree_logits = torch.full((n + 1, self.width), float("-inf"), dtype=torch.float32, device=self.device)
+        self.coupling = TreeGumbel(self, n) if shape.coupling == "gumbel" else TreeRejection(self, not spec.greedy, w)
+        self.params = WarpParams.from_spec(spec, n + 1, self.device)
+        self.tree_rows = TreeRows(self, self.rows)
+        # the draft scores children without penalties or min_tokens: any deterministic children are
+        # lossless, and the target's rows apply both
+        self.drafter = TreeDraft(self, self.drafter, self.tree, WarpParams.from_spec(spec, w, self.device),
+                                 self.rows.mask.padding)
+        self.drafters = {Mode.MODEL: self.drafter}
+
+    @property
+    def reach(self) -> int:
+        """The target writes the root and n nodes past its position, the draft its pending pair
+        and (k - 1) w frontier nodes past its own."""
+        tree = self.tree
+        return max(self.k + 3, tree.n + 2, 2 + (self.k - 1) * tree.w + 1)
+
+    def _stage(self, insight: bool, spec) -> NoStage:
+        return NoStage(self)
+
+    def body(self, mode: Mode, mark) -> None:
+        mark()
+        self.coupling.begin()
+        self.drafter.draft()
+        mark()
+        rows = self.tree.target_rows(self.target.position.view(1))
+        self.target.step_rows(rows, self.tree_logits)
+        mark()
+        penalties, bad = self.tree_rows.target_rows(self.tree, rows)
+        out, path, shown = self.coupling.verify(self.tree, rows, self.params, penalties, bad)
+        self.keep_path_rows(path[0], penalties, bad)
+        self.commit(out[0], path[0], shown[0])
+        self.rows.penalties.commit(out[0])
+        mark()
+
+    def keep_path_rows(self, path: torch.Tensor, penalties: PenaltyRows | None, bad) -> None:
+        """The root's and the accepted nodes' logits and warp rows, in path order (rows past the
+        path hold the root's): what the host's logprobs read (core/decode.py)."""
+        rows = torch.cat([path[:1] * 0, path])  # [k+1] tree rows
+        torch.index_select(self.tree_logits, 0, rows, out=self.target_logits)
+        if penalties is not None:
+            penalties = PenaltyRows(penalties.counts[rows], penalties.seen[rows])
+        self.rows.last = (self.rows.params, penalties, bad[rows] if bad is not None and bad.dim() == 2 else bad)
+
+    def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor) -> None:
+        """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes, the draft
+        the m - 2 of them that it stepped (its last two ids wait in `pending`)."""
+        k, target, draft = self.k, self.target, self.drafter.chain.runner
+        emitted = (out >= 0).sum()
+        steps = self.steps[:k]
+        dst = target.position + 1 + steps
+        target.compact(torch.where(steps < emitted - 1, target.position + path, dst), dst)
+        if k > 1:
+            dst = draft.position + steps[: k - 1]
+            src = draft.position + self.tree.offset[path[: k - 1]]
+            draft.compact(torch.where(steps[: k - 1] < emitted - 2, src, dst), dst)
+        torch.cat([out, shown, self.num_drafts.long()], out=self.stage_ids)
+        ids = torch.cat([self.feed[0, :1], out])  # the root, then the round's tokens
+        self.drafter.chain.pending[0].copy_(ids.index_select(0, emitted - 1 + self.steps[:2]))
+        self.feed[0, :1].copy_(out.index_select(0, (emitted - 1).view(1)))
+        target.position.add_(emitted)
+        draft.position.add_(emitted - 2)
+        self.emitted.copy_(emitted)
+        self.generated.add_(emitted)

@@ -1,0 +1,100 @@
+"""Verification of a token tree: the walk from the root, the torch reference (no host sync).
+
+B trees at once (a round has one; the statistical tests walk many). Each comes as tree rows
+(core/round/tree.py): row 0 the root, `children` [B, R, w] each row's children's rows by the
+draft's rank (-1: none), `tokens` [B, R] each row's token. The walk visits one node per depth, at
+most `limit` ([1] or [B] int32, the drafts that count) deep, and writes:
+
+    out    [B, k + 1]: the accepted path's tokens, then the recovered or bonus token, then -1
+    path   [B, k]: the accepted nodes' rows (0 past them)
+    shown  [B, k]: per depth, the node the walk followed or, once stopped, the draft's best child
+           below (its token is what the host reports as drafted; a branch that ends repeats its last)
+
+Greedy and Gumbel coupling: `choice` [B, R] is the target's token at each row (its argmax, or the
+race x = argmax p~/E with noise keyed by the row's absolute position); the walk moves to the child
+whose token is x, else stops and emits x. Whatever the tree, the emitted tokens are the target's.
+
+Rejection coupling (`sibling_walk`), exact for deterministic children c_1 .. c_w at a node with
+the target's warped p: r = p; for each child, accept c_i with probability r(c_i) / sum(r) (u_i
+sum(r) <= r(c_i), u_i ~ U(0, 1]), else set r(c_i) = 0; if every child is rejected, the token is
+drawn from r / sum(r) (the race argmax r / E; from p where rounding left r all zero). Each step
+is rejection sampling of a point mass against what is left of p, so the token follows p
+(docs/sampling.md, "Token trees").
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+# pick(depth, node, kids, kid_tokens, allowed) -> (hit, child index among kids, token), each [B]:
+# the token emitted at `node` (the accepted child's when hit); kids, kid_tokens [B, w]
+Pick = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table [B, R, ...] at row index [B] of each tree -> [B, ...]."""
+    return table[torch.arange(table.shape[0], device=table.device), index]
+
+
+def walk(children: torch.Tensor, tokens: torch.Tensor, limit: torch.Tensor, k: int, pick: Pick,
+         bonus: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out [B, k + 1], path [B, k], shown [B, k]); bonus(node): the token after k accepted."""
+    b, device = tokens.shape[0], tokens.device
+    out = torch.full((b, k + 1), -1, dtype=torch.long, device=device)
+    path = torch.zeros(b, k, dtype=torch.long, device=device)
+    shown = torch.zeros(b, k, dtype=torch.long, device=device)
+    node = follow = torch.zeros(b, dtype=torch.long, device=device)
+    alive = torch.ones(b, dtype=torch.bool, device=device)
+    for depth in range(k):
+        kids = _at(children, node)  # [B, w]
+        kid_tokens = tokens.gather(1, kids.clamp(min=0))
+        hit, index, token = pick(depth, node, kids, kid_tokens, alive & (limit > depth))
+        nxt = kids.gather(1, index[:, None])[:, 0]
+        out[:, depth] = torch.where(alive, token, -1)
+        path[:, depth] = torch.where(hit, nxt, 0)
+        below = torch.where(hit, nxt, _at(children, follow)[:, 0])  # where the walk stopped: the draft's best
+        follow = torch.where(below >= 0, below, follow)  # a branch that ends repeats its last token
+        shown[:, depth] = tokens.gather(1, follow[:, None])[:, 0]
+        alive, node = hit, torch.where(hit, nxt, node)
+    out[:, k] = torch.where(alive, bonus(node), -1)
+    return out, path, shown
+
+
+def greedy_walk(children: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor, limit: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Follow the child equal to the target's token choice [B, R] at each node."""
+
+    def pick(depth, node, kids, kid_tokens, allowed):
+        x = choice.gather(1, node[:, None])[:, 0]
+        match = (kids >= 0) & (kid_tokens == x[:, None])
+        return match.any(1) & allowed, match.int().argmax(1), x
+
+    return walk(children, tokens, limit, k, pick, lambda node: choice.gather(1, node[:, None])[:, 0])
+
+
+def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor,
+                 expo: torch.Tensor, limit: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rejection coupling's walk: probs [B, R, V] the target's warped p per row, uniforms [B, k, w]
+    in (0, 1], expo [B, V] Exp(1) (the one recovered or bonus token's race)."""
+
+    def pick(depth, node, kids, kid_tokens, allowed):
+        p = _at(probs, node)  # [B, V]
+        left = p.clone()
+        hit = torch.zeros_like(allowed)
+        index = torch.zeros_like(node)
+        for i in range(kids.shape[1]):
+            token = kid_tokens[:, i : i + 1]
+            valid = allowed & (kids[:, i] >= 0) & ~hit
+            mass = left.gather(1, token)[:, 0]
+            accept = valid & (uniforms[:, depth, i] * left.sum(1) <= mass) & (mass > 0)
+            index = torch.where(accept, i, index)
+            hit = hit | accept
+            left.scatter_(1, token, torch.where(valid & ~accept, 0.0, mass)[:, None])
+        residual = torch.where(left.sum(1, keepdim=True) > 0, left, p)
+        recovered = (residual / expo).argmax(1)
+        return hit, index, torch.where(hit, kid_tokens.gather(1, index[:, None])[:, 0], recovered)
+
+    return walk(children, tokens, limit, k, pick, lambda node: (_at(probs, node) / expo).argmax(1))
