@@ -3,7 +3,7 @@
 Greedy and Gumbel-coupled trees of any shape give target-only's tokens; after a run both caches
 hold what a chain's would after the same tokens (the accepted paths compacted); a width of 1 is
 the chain round itself; what trees cannot take yet is a one-line error. Sampled rejection
-coupling's exactness is tests/test_tree_walk.py's χ² tests.
+coupling's exactness is tests/core/sampling/test_tree_walk.py's χ² tests.
 """
 
 from __future__ import annotations
