@@ -71,7 +71,7 @@ def engine(tmp_path_factory):
 def _bench(engine, proposers=("draft", "ngram", "hybrid")) -> Bench:
     profile = engine.profile
 
-    def settings_for(k, temperature, proposer=None):
+    def settings_for(k, temperature, proposer=None, tree=None):  # tree: the profile's chain, as the plan sweeps none
         return replace(profile, proposer=replace(profile.proposer, kind=proposer or profile.proposer.kind),
                        speculation=replace(profile.speculation, k=k),
                        sampling=replace(profile.sampling, temperature=temperature))
