@@ -5,7 +5,8 @@ one sync brings back every row's staged ids. The host then settles each row as t
 decode loop settles a run (core/decode.py: stop ids, max_tokens, stop strings, statistics), and
 a row that finished takes the next prompt of the queue at once, so a long prompt never holds the
 others back. Results come out in input order, each as soon as every earlier prompt is done: what
-waits is at most B - 1 results, never the file.
+waits are the results that finished while an earlier prompt still runs (a few per round of the
+rows beside it), and the queue is read one prompt at a time, never the whole file.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ class BatchDecoder:
         self.rows: list[_Row | None] = [None] * rnd.batch
 
     def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
-        """(index, Finished) for each (prompt ids, settings) of `jobs`, in their order. Should a
-        round fail, the results finished before it come out first (in order, leaving out the
-        prompts still running), then the error."""
+        """(index, Finished) for each (prompt ids, settings) of `jobs`, in their order, each as soon
+        as every earlier one is out. Should a round, a row's start or the queue fail (or Ctrl-C),
+        every result finished by then comes out first (in order, leaving out the prompts still
+        running), then the error."""
         queue, done, ready = enumerate(jobs), {}, 0
         for b in range(self.round.batch):
             self._refill(b, queue)
@@ -61,9 +63,12 @@ class BatchDecoder:
                 while ready in done:
                     yield ready, done.pop(ready)
                     ready += 1
-        finally:
+        except GeneratorExit:  # the caller stopped reading: nothing to hand over
+            raise
+        except BaseException:
             for index in sorted(done):
                 yield index, done.pop(index)
+            raise
 
     def _refill(self, b: int, queue) -> None:
         """Row b takes the queue's next prompt, or stops when the queue is empty."""
@@ -97,10 +102,12 @@ class BatchDecoder:
             rnd.body()
         staged = rnd.stage_ids.tolist()  # the round's one sync
         seconds = time.perf_counter() - began
-        for b, row in enumerate(self.rows):
-            if row is not None and self._settle(row, staged[b], seconds):
-                done[row.index] = self._finish(row)
-                self._refill(b, queue)
+        free = [b for b, row in enumerate(self.rows) if row is not None and self._settle(row, staged[b], seconds)]
+        for b in free:
+            done[self.rows[b].index] = self._finish(self.rows[b])
+            self.rows[b] = None
+        for b in free:  # after every row is settled: a prompt that fails to start loses none of them
+            self._refill(b, queue)
 
     def _settle(self, row: _Row, staged: list[int], seconds: float) -> bool:
         """Row's share of the round (core/decode.Decoder.settle's rules); True when it is done."""

@@ -1,0 +1,61 @@
+"""core/batch_decode.py: results in input order, streamed while the queue is still being read, and
+no finished result lost when a later prompt fails. Batch invariance itself is
+tests/core/round/test_batch_round.py's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from decode_helpers import finish, make_profile, random_prompts
+from specgen.core.engine import Engine
+from tiny_models import build_pair
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return Engine(make_profile(*build_pair(tmp_path_factory.mktemp("batch_decode"), noisy=0.1), k=3))
+
+
+def spec(engine: Engine, max_tokens: int):
+    return replace(engine.profile.sampling, max_tokens=max_tokens)
+
+
+def test_results_stream_in_input_order(engine):
+    """A long first prompt: later ones finish first but wait for it; results come out while the
+    queue is still being read."""
+    prompts = random_prompts(200, 9, seed=5)
+    lengths = [30] + [4] * 8
+    taken: list[int] = []
+
+    def queue():
+        for i, (ids, n) in enumerate(zip(prompts, lengths)):
+            taken.append(i)
+            yield ids, spec(engine, n)
+
+    seen = []
+    for index, finished in engine.batch_decoder(2).run(queue()):
+        seen.append((index, len(taken)))
+        assert finished.token_ids == finish(engine.decoder(replace(engine.profile, sampling=spec(engine, lengths[index]))),
+                                            prompts[index]).token_ids
+    assert [index for index, _ in seen] == list(range(9))
+    assert seen[0][1] < 9  # the first result came out before the queue was read to its end
+
+
+def test_finished_results_survive_a_later_failure(engine):
+    """Prompt 0 still running, 1 to 3 finished behind it, then the queue fails: 1 to 3 still come
+    out (in order), then the error."""
+    prompts = random_prompts(200, 4, seed=6)
+
+    def queue():
+        yield prompts[0], spec(engine, 40)
+        for ids in prompts[1:]:
+            yield ids, spec(engine, 3)
+        raise RuntimeError("the prompts file could not be read on")
+
+    seen = []
+    with pytest.raises(RuntimeError, match="could not be read on"):
+        for index, finished in engine.batch_decoder(2).run(queue()):
+            seen.append((index, finished.reason))
+    assert seen == [(1, "length"), (2, "length"), (3, "length")]
