@@ -110,7 +110,7 @@ class BatchDecoder:
             self._refill(b, queue)
 
     def _settle(self, row: _Row, staged: list[int], seconds: float) -> bool:
-        """Row's share of the round (core/decode.Decoder.settle's rules); True when it is done."""
+        """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""
         k = self.round.k
         emitted = [t for t in staged[: k + 1] if t >= 0]
         n = staged[2 * k + 1]
@@ -139,7 +139,7 @@ class BatchDecoder:
         return row.reason is not None
 
     def _text(self, row: _Row, emitted: list[int], fates: list):
-        """Detokenize; a stop string cuts the ids where the text ends (core/decode.Decoder._text)."""
+        """Detokenize; a stop string cuts the ids where the text ends (core/decode.py, `Decoder._text`)."""
         text = row.text
         pieces = [text.detok.add([t]) for t in emitted]
         before = len(text.text)
