@@ -59,3 +59,24 @@ def test_finished_results_survive_a_later_failure(engine):
         for index, finished in engine.batch_decoder(2).run(queue()):
             seen.append((index, finished.reason))
     assert seen == [(1, "length"), (2, "length"), (3, "length")]
+
+
+def test_ctrl_c_hands_over_the_prompts_in_flight_as_far_as_they_got(engine):
+    """Ctrl-C while prompt 0 runs and 1 to 3 wait behind it: all four come out, in order, 0 as
+    interrupted with the tokens it had."""
+    prompts = random_prompts(200, 4, seed=6)
+
+    def queue():
+        yield prompts[0], spec(engine, 40)
+        for ids in prompts[1:]:
+            yield ids, spec(engine, 3)
+        raise KeyboardInterrupt
+
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        for index, finished in engine.batch_decoder(2).run(queue()):
+            seen.append((index, finished.reason, finished.token_ids))
+    assert [(index, reason) for index, reason, _ in seen] == [(0, "interrupted"), (1, "length"), (2, "length"),
+                                                            (3, "length")]
+    whole = finish(engine.decoder(replace(engine.profile, sampling=spec(engine, 40))), prompts[0]).token_ids
+    assert 0 < len(seen[0][2]) < 40 and whole[:len(seen[0][2])] == seen[0][2]

@@ -128,7 +128,8 @@ def batch_rows(batch_size, quiet: bool) -> int:
 def run_batch(engine, decoder, jobs: list, own: dict, output_format: Format, quiet: bool, startup,
               began: float) -> None:
     """The prompts of a file through a BatchDecoder: each result, in input order, written as
-    run_one writes a finished one (no live view: many prompts advance at once)."""
+    run_one writes a finished one (no live view: many prompts advance at once); after Ctrl-C, the
+    prompts that were running as far as they got, then exit 130."""
     work = ((ids, own[id(item)].sampling) for item, ids in jobs)
     try:
         for index, finished in decoder.run(work):
@@ -138,7 +139,8 @@ def run_batch(engine, decoder, jobs: list, own: dict, output_format: Format, qui
                 sys.stdout.write(f"==> {label} <==\n{finished.text}\n")
                 sys.stdout.flush()
             if not quiet:
-                render.summary(finished.stats, label=label, startup=startup if index == 0 else None)
+                render.summary(finished.stats, label=label, startup=startup if index == 0 else None,
+                               interrupted=finished.reason == INTERRUPTED)
             emit_json(finished, item.text, len(ids), own[id(item)], output_format, engine.tokenizer,
                       {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
     except KeyboardInterrupt:

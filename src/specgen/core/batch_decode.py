@@ -51,9 +51,10 @@ class BatchDecoder:
 
     def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
         """(index, Finished) for each (prompt ids, settings) of `jobs`, in their order, each as soon
-        as every earlier one is out. Should a round, a row's start or the queue fail (or Ctrl-C),
-        every result finished by then comes out first (in order, leaving out the prompts still
-        running), then the error."""
+        as every earlier one is out. Should a round, a row's start or the queue fail, every result
+        finished by then comes out first (in order, leaving out the prompts still running), then
+        the error; on Ctrl-C the prompts still running come out too, as far as they got (reason
+        "interrupted")."""
         queue, done, ready = enumerate(jobs), {}, 0
         for b in range(self.round.batch):
             self._refill(b, queue)
@@ -65,7 +66,9 @@ class BatchDecoder:
                     ready += 1
         except GeneratorExit:  # the caller stopped reading: nothing to hand over
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):  # what the prompts in flight produced, as one prompt's Ctrl-C
+                done.update((row.index, self._interrupted(row)) for row in self.rows if row is not None)
             for index in sorted(done):
                 yield index, done.pop(index)
             raise
@@ -151,6 +154,10 @@ class BatchDecoder:
             emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
             row.stats.drop(row.out.trim(len(text.text)))
         return emitted, fates, pieces, starts, delta
+
+    def _interrupted(self, row: _Row) -> Finished:
+        out = row.out
+        return Finished("interrupted", row.text.released, out.ids, out.fates, row.stats, out.pieces)
 
     def _finish(self, row: _Row) -> Finished:
         out = row.out

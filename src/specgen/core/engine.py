@@ -123,6 +123,8 @@ class Engine:
         if refusal:
             raise UsageError(f"batches (batch_size {batch}) {refusal}",
                              hint="set batch_size = 1 (--batch-size 1), or change what the message names")
+        if self.draft_runner is None:
+            raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
         sampling, k = profile.sampling, profile.speculation.k
         key = ("batch", batch, k, sampling.coupling)
         if key not in self._rounds:
