@@ -37,8 +37,8 @@ def test_results_stream_in_input_order(engine):
     seen = []
     for index, finished in engine.batch_decoder(2).run(queue()):
         seen.append((index, len(taken)))
-        assert finished.token_ids == finish(engine.decoder(replace(engine.profile, sampling=spec(engine, lengths[index]))),
-                                            prompts[index]).token_ids
+        alone = engine.decoder(replace(engine.profile, sampling=spec(engine, lengths[index])))
+        assert finished.token_ids == finish(alone, prompts[index]).token_ids
     assert [index for index, _ in seen] == list(range(9))
     assert seen[0][1] < 9  # the first result came out before the queue was read to its end
 

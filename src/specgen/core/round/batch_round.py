@@ -27,6 +27,7 @@ import torch
 from specgen.core.errors import UsageError
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.rows import Padding
+from specgen.core.sampling import noise
 from specgen.core.sampling.bookkeeping import CommitBuffers
 from specgen.core.sampling.warp import WarpFlags, WarpParams, exponentials_, uniforms_
 from specgen.core.settings import SamplingSpec
@@ -73,8 +74,6 @@ class BatchCoupling:
         self.choice = torch.zeros(b * (k + 1), dtype=torch.long, **z)
 
     def start(self, b: int, seed: int, origin: int) -> None:
-        from specgen.core.sampling import noise
-
         self.key[b].copy_(torch.tensor(noise.split_seed(seed)))
         self.origin[b].fill_(origin)
 
