@@ -62,6 +62,7 @@ def generate(
     output_format: Annotated[Format, opt.output_option("--format", "-f", help="text | json | jsonl.")] = Format.text,
     prompts_file: opt.PromptsFile = None,
     prompts: opt.PromptsAlias = None,
+    batch_size: opt.BatchSize = None,
     truncate_prompt: opt.TruncatePrompt = False,
     skip_long_prompts: Annotated[bool, opt.prompts_option(
         "--skip-long-prompts", help="Leave out prompts of the file too long for the context (a warning names each).",
@@ -100,6 +101,10 @@ def generate(
                                       ).check_prompt(ids),
                    skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
+    rows = batch_rows(settings.runtime.batch_size, quiet)
+    if rows > 1 and len(jobs) > 1:
+        run_batch(engine, engine.batch_decoder(rows), jobs, own, output_format, quiet, startup, began)
+        return
     for n, (item, ids) in enumerate(jobs):
         label = (item.source or "prompt") if several else None
         # start-up happens once: said on the first summary line, and in every record
@@ -109,6 +114,37 @@ def generate(
                   {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
+
+
+def batch_rows(batch_size, quiet: bool) -> int:
+    """[runtime] batch_size as rows: auto is 1 until batches are sized from memory and step costs."""
+    if batch_size != "auto":
+        return batch_size
+    if not quiet:
+        warn("specgen: batch_size auto resolves to 1 (sizing batches is not built yet)")
+    return 1
+
+
+def run_batch(engine, decoder, jobs: list, own: dict, output_format: Format, quiet: bool, startup,
+              began: float) -> None:
+    """The prompts of a file through a BatchDecoder: each result, in input order, written as
+    run_one writes a finished one (no live view: many prompts advance at once); after Ctrl-C, the
+    prompts that were running as far as they got, then exit 130."""
+    work = ((ids, own[id(item)].sampling) for item, ids in jobs)
+    try:
+        for index, finished in decoder.run(work):
+            item, ids = jobs[index]
+            label = item.source or "prompt"
+            if output_format == Format.text:
+                sys.stdout.write(f"==> {label} <==\n{finished.text}\n")
+                sys.stdout.flush()
+            if not quiet:
+                render.summary(finished.stats, label=label, startup=startup if index == 0 else None,
+                               interrupted=finished.reason == INTERRUPTED)
+            emit_json(finished, item.text, len(ids), own[id(item)], output_format, engine.tokenizer,
+                      {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 def describe(resolved: dict) -> str:

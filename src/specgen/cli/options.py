@@ -90,6 +90,8 @@ PromptsFile = Annotated[Optional[Path], prompts_option(
     "--prompts-file", help="One prompt per line, or JSONL with a 'prompt' field.")]
 # The name bench and inspect-acceptance had: still accepted, no longer shown.
 PromptsAlias = Annotated[Optional[Path], typer.Option("--prompts", hidden=True)]
+BatchSize = Annotated[Optional[str], prompts_option(
+    "--batch-size", help="Prompts of --prompts-file decoded at once (1..256, or auto; default 1).")]
 TruncatePrompt = Annotated[bool, prompts_option(
     "--truncate-prompt", help="Keep the end of a prompt that is too long for the context.")]
 Download = Annotated[Optional[bool], _models(
@@ -220,7 +222,7 @@ def overrides(**options) -> dict:
         "stop": "sampling.stop", "stop_token_id": "sampling.stop_token_ids", "ignore_eos": "sampling.ignore_eos",
         "logprobs": "sampling.logprobs", "logprobs_mode": "sampling.logprobs_mode", "coupling": "sampling.coupling",
         "compile": "speculation.compile", "autotune": "speculation.autotune",
-        "threads": "runtime.threads", "download": "runtime.download",
+        "threads": "runtime.threads", "download": "runtime.download", "batch_size": "runtime.batch_size",
     }
     out = {keys[name]: value for name, value in options.items() if name in keys and value not in (None, [])}
     for name in ("dtype", "device"):

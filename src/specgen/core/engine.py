@@ -7,12 +7,14 @@ from dataclasses import replace
 import torch
 
 from specgen.core.backend import Backend, TorchBackend
+from specgen.core.batch_decode import BatchDecoder
 from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
 from specgen.core.drafters.heads import build_heads
 from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair, logits_width
 from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
+from specgen.core.round.batch_round import BatchRound
 from specgen.core.settings import Profile
 
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
@@ -113,6 +115,25 @@ class Engine:
                             pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
 
+    def batch_decoder(self, batch: int, profile: Profile | None = None) -> BatchDecoder:
+        """A decoder of `batch` rows at once for `profile`'s settings (default: the engine's); each
+        prompt brings its own (core/batch_decode.py). What batches do not take yet is a one-line error."""
+        profile = profile or self.profile
+        refusal = batch_refusal(profile, self.backend.name)
+        if refusal:
+            raise UsageError(f"batches (batch_size {batch}) {refusal}",
+                             hint="set batch_size = 1 (--batch-size 1), or change what the message names")
+        if self.draft_runner is None:
+            raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
+        sampling, k = profile.sampling, profile.speculation.k
+        key = ("batch", batch, k, sampling.coupling)
+        if key not in self._rounds:
+            self._rounds[key] = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
+                                           self.backend, self.target_runner, self.draft_runner)
+        mode = profile.speculation.draft_sampling
+        return BatchDecoder(self._rounds[key], self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
+                            adaptive_k=profile.proposer.adaptive_k)
+
     def _tree(self, profile: Profile, kind: str, k: int, insight: bool) -> dict:
         """The round's tree fields: a chain (width 1) unless the profile asks for a tree, which
         this run must be able to draft and verify (a one-line error says what to change)."""
@@ -176,6 +197,23 @@ def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair:
     if insight or profile.proposer.draft_p_min > 0:
         return "do not take insight or draft_p_min yet"
     return ""
+
+
+def batch_refusal(profile: Profile, backend: str) -> str:
+    """Why this run cannot decode prompts in batches ("" where it can)."""
+    spec, sampling = profile.speculation, profile.sampling
+    if backend != "torch":
+        return "run on the torch backend only for now (--device cpu, or cuda_graphs = false)"
+    if profile.proposer.kind != "draft" or profile.speculation.k == 0:
+        return f"are drafted by the draft model only, not by the {profile.proposer.kind} proposer"
+    if spec.tree_width > 1:
+        return "take chains only, not token trees (tree_width 1)"
+    checks = {"draft_p_min": profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
+              "min_tokens": sampling.min_tokens > 0, "draft_sampling = argmax": spec.draft_sampling == "argmax",
+              "penalties": (sampling.repetition_penalty, sampling.presence_penalty, sampling.frequency_penalty)
+              != (1.0, 0.0, 0.0)}
+    taken = [name for name, used in checks.items() if used]
+    return f"do not take {', '.join(taken)} yet" if taken else ""
 
 
 def tree_shape(spec) -> dict:

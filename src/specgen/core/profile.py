@@ -519,6 +519,13 @@ def _to_float(value: object) -> object:
     return float(value) if math.isfinite(value) else _INVALID
 
 
+def _to_count_or_auto(value: object) -> object:
+    """An integer, or "auto"; a string of digits (as the command line gives it) is that integer."""
+    if isinstance(value, str):
+        return int(value) if value.isdigit() else value
+    return _to_int(value)
+
+
 def _to_strs(value: object) -> object:
     if isinstance(value, str):
         return (value,)
@@ -569,6 +576,7 @@ _TYPES: dict[str, tuple[Callable[[object], object], str]] = {
     "bool": (_to_bool, "true or false"),
     "int": (_to_int, "an integer"),
     "int | None": (_to_int, "an integer"),
+    "int | str": (_to_count_or_auto, "an integer or auto"),
     "float": (_to_float, "a finite number"),
     "tuple[str, ...]": (_to_strs, "a string or an array of strings"),
     "tuple[int, ...]": (_to_ints, "an array of integers"),
@@ -651,6 +659,8 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "sampling.coupling": _one_of("rejection", "gumbel"),
     "runtime.threads": (lambda v: 0 <= v <= 1024, "must be from 0 (auto) to 1024"),
     "runtime.modeling": _one_of("auto", "transformers"),
+    "runtime.batch_size": (lambda v: v == "auto" or isinstance(v, int) and 1 <= v <= 256,
+                           "must be auto or from 1 to 256"),
     "kernels.attention": _one_of("auto", "kernel", "sdpa"),
     "kernels.linear": _one_of("auto", "kernel", "torch"),
     "kernels.disable": (lambda v: set(v) <= set(FUSIONS), f"names fusions among {', '.join(FUSIONS)}"),

@@ -139,6 +139,9 @@ class RuntimeSpec:
     # covers the checkpoint, which starts seconds sooner than transformers' modeling code, and
     # transformers for everything else; transformers = always transformers.
     modeling: str = "auto"
+    # Prompts of a --prompts-file decoded at once, each in a row of its own (generate); auto
+    # resolves to 1 for now (sizing batches from memory and measured step costs is not built).
+    batch_size: int | str = 1
 
 
 @dataclass(frozen=True)

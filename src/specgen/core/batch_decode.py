@@ -1,0 +1,165 @@
+"""The batch loop: a queue of prompts through B rows of one BatchRound (continuous batching).
+
+Up to B prompts are in flight, each in a row of its own; a round runs every row at once and its
+one sync brings back every row's staged ids. The host then settles each row as the single
+decode loop settles a run (core/decode.py: stop ids, max_tokens, stop strings, statistics), and
+a row that finished takes the next prompt of the queue at once, so a long prompt never holds the
+others back. Results come out in input order, each as soon as every earlier prompt is done: what
+waits are the results that finished while an earlier prompt still runs (a few per round of the
+rows beside it), and the queue is read one prompt at a time, never the whole file.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+from specgen.core.drafters.proposers import AdaptiveK
+from specgen.core.events import Fate, Finished, Output, RoundEvent, text_starts
+from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
+from specgen.core.round.batch_round import BatchRound
+from specgen.core.settings import SamplingSpec
+from specgen.core.stats import AcceptanceStats
+
+
+@dataclass
+class _Row:
+    """One prompt's host state while it holds a row."""
+
+    index: int
+    spec: SamplingSpec
+    gen: torch.Generator  # rejection coupling's draws, from the prompt's seed
+    text: TextTracker
+    start: float
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    out: Output = field(default_factory=lambda: Output(False))
+    adaptive: AdaptiveK | None = None
+    budget: int = 0
+    reason: str | None = None
+
+
+class BatchDecoder:
+    """Runs prompts through `rnd`. eos_ids: the model's; cut(spec): whether the draft's q keeps the
+    prompt's top-k / top-p / min-p (core/engine.draft_picking); adaptive_k: each row its own."""
+
+    def __init__(self, rnd: BatchRound, tokenizer, eos_ids: set[int], cut, adaptive_k: bool = False):
+        self.round, self.tokenizer, self.eos_ids, self.cut, self.adaptive_k = rnd, tokenizer, eos_ids, cut, adaptive_k
+        self.rows: list[_Row | None] = [None] * rnd.batch
+
+    def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
+        """(index, Finished) for each (prompt ids, settings) of `jobs`, in their order, each as soon
+        as every earlier one is out. Should a round, a row's start or the queue fail, every result
+        finished by then comes out first (in order, leaving out the prompts still running), then
+        the error; on Ctrl-C the prompts still running come out too, as far as they got (reason
+        "interrupted")."""
+        queue, done, ready = enumerate(jobs), {}, 0
+        for b in range(self.round.batch):
+            self._refill(b, queue)
+        try:
+            while any(self.rows):
+                self._round(queue, done)
+                while ready in done:
+                    yield ready, done.pop(ready)
+                    ready += 1
+        except GeneratorExit:  # the caller stopped reading: nothing to hand over
+            raise
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):  # what the prompts in flight produced, as one prompt's Ctrl-C
+                done.update((row.index, self._interrupted(row)) for row in self.rows if row is not None)
+            for index in sorted(done):
+                yield index, done.pop(index)
+            raise
+
+    def _refill(self, b: int, queue) -> None:
+        """Row b takes the queue's next prompt, or stops when the queue is empty."""
+        job = next(queue, None)
+        if job is None:
+            self.rows[b] = None
+            self.round.stop(b)
+            return
+        index, (ids, spec) = job
+        started = time.perf_counter()
+        seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
+        gen = torch.Generator(device=self.round.device)
+        gen.manual_seed(seed)
+        self.round.start(b, ids, spec, seed, self.cut(spec))
+        row = _Row(index, spec, gen, TextTracker(IncrementalDetokenizer(self.tokenizer, ids), spec.stop), started,
+                   adaptive=AdaptiveK() if self.adaptive_k else None)
+        row.stats.prefill_seconds = time.perf_counter() - started
+        self.rows[b] = row
+
+    def _round(self, queue, done: dict) -> None:
+        rnd = self.round
+        for b, row in enumerate(self.rows):
+            if row is not None:
+                row.budget = min(rnd.k, row.spec.max_tokens - len(row.out.ids) - 1)
+                if row.adaptive is not None:
+                    row.budget = row.adaptive.budget(row.budget)
+                rnd.set_budget(b, row.budget)
+                rnd.draw(b, row.gen)
+        began = time.perf_counter()
+        with torch.inference_mode():
+            rnd.body()
+        staged = rnd.stage_ids.tolist()  # the round's one sync
+        seconds = time.perf_counter() - began
+        free = [b for b, row in enumerate(self.rows) if row is not None and self._settle(row, staged[b], seconds)]
+        for b in free:
+            done[self.rows[b].index] = self._finish(self.rows[b])
+            self.rows[b] = None
+        for b in free:  # after every row is settled: a prompt that fails to start loses none of them
+            self._refill(b, queue)
+
+    def _settle(self, row: _Row, staged: list[int], seconds: float) -> bool:
+        """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""
+        k = self.round.k
+        emitted = [t for t in staged[: k + 1] if t >= 0]
+        n = staged[2 * k + 1]
+        accepted = len(emitted) - 1
+        fates = [Fate.ACCEPTED] * accepted + [Fate.BONUS if accepted == n else Fate.RECOVERED]
+        stops = set(row.spec.stop_token_ids) | (set() if row.spec.ignore_eos else self.eos_ids)
+        drafted = staged[k + 1: k + 1 + n]
+        used = next((i + 1 for i, t in enumerate(drafted) if t in stops), n)  # none past a drafted stop id
+        for i, token in enumerate(emitted):
+            if token in stops:
+                row.reason = "stop_token" if token in row.spec.stop_token_ids else "eos"
+                emitted, fates = emitted[: i + 1], fates[: i + 1]
+                break
+        if row.adaptive is not None and row.budget > 0:
+            row.adaptive.update(accepted)
+        emitted, fates, pieces, starts, delta = self._text(row, emitted, fates)
+        row.stats.released(time.perf_counter() - row.start, len(emitted))
+        kept = min(accepted, len(emitted))
+        timings = {"other": seconds}  # the batch's round, not split into phases
+        row.stats.add_round(used, kept, len(emitted), timings, early_stop=used < row.budget, k_used=row.budget)
+        event = RoundEvent(row.stats.rounds, emitted, fates, delta, pieces, used, kept, drafted[:used], timings,
+                           k_used=row.budget)
+        row.out.add(event, starts)
+        if row.reason is None and len(row.out.ids) >= row.spec.max_tokens:
+            row.reason = "length"
+        return row.reason is not None
+
+    def _text(self, row: _Row, emitted: list[int], fates: list):
+        """Detokenize; a stop string cuts the ids where the text ends (core/decode.py, `Decoder._text`)."""
+        text = row.text
+        pieces = [text.detok.add([t]) for t in emitted]
+        before = len(text.text)
+        delta, stop_hit = text.add("".join(pieces))
+        starts = text_starts(before, pieces)
+        if stop_hit and row.reason is None:
+            row.reason = "stop"
+            keep = sum(1 for at in starts if at < len(text.text))
+            emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
+            row.stats.drop(row.out.trim(len(text.text)))
+        return emitted, fates, pieces, starts, delta
+
+    def _interrupted(self, row: _Row) -> Finished:
+        out = row.out
+        return Finished("interrupted", row.text.released, out.ids, out.fates, row.stats, out.pieces)
+
+    def _finish(self, row: _Row) -> Finished:
+        out = row.out
+        tail = row.text.finish(row.reason == "stop")
+        return Finished(row.reason, row.text.released, out.ids, out.fates, row.stats, out.pieces, tail, None)
