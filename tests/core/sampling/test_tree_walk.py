@@ -340,3 +340,14 @@ def test_one_drawn_child_is_the_chain_rule(combo):
     assert torch.equal(out, chain)
     accepted = out[:, 1] >= 0
     assert 0 < int(accepted.sum()) < rounds
+
+
+def test_a_residual_rounded_to_zero_accepts_nothing_and_draws_from_p():
+    """After a rejection that rounding leaves with r all zero (z = 0), no later draft passes
+    u q z <= r(c) as 0 <= 0, and the token is drawn from p."""
+    p = torch.tensor([[0.5, 0.5, 0.0]])
+    rest = tree_walk._Residual(p, torch.tensor([[0.5, 0.25, 0.25]]))
+    rest.mass, rest.z = torch.zeros_like(p), torch.zeros(1)
+    accepted, tried = rest.try_draft(torch.tensor([[1]]), torch.tensor([0.5]), torch.tensor([True]))
+    assert tried.item() and not accepted.item()
+    assert rest.draw(torch.tensor([[1.0, 0.1, 1.0]])).item() == 1

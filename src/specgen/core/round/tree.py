@@ -25,8 +25,8 @@ Tree rows: row 0 is the root (the round's `last`), row 1 + i the i-th selected c
 order (parents before children). Nodes the draft stepped (the frontiers of levels 1 .. k - 1) keep
 their K/V in the draft's cache at `start + (level - 1) w + f` (f: the frontier index); `offset`
 holds that offset per tree row (-1: never stepped), which the commit's compaction reads.
-`drawn` [n + 1, w] holds each stepped row's w children's tokens in draw order, selected or not
-(-1 for rows the draft never expanded): recursive rejection tries them all.
+`drawn` [n + 1, w] holds each expanded row's (the root's, each stepped node's) w children's tokens
+in draw order, selected or not (-1 for the other rows): recursive rejection tries them all.
 """
 
 from __future__ import annotations

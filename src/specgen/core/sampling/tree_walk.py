@@ -145,11 +145,13 @@ class _Residual:
         self.kept = torch.ones(p.shape[0], device=p.device)  # 1 − the q mass of the drafts tried
 
     def try_draft(self, token: torch.Tensor, u: torch.Tensor, valid: torch.Tensor) -> tuple:
-        """(accepted, tried) [B]: accept when u q_i(c) z <= mass(c), i.e. u <= r(c) / q_i(c);
-        a token of q_i zero was not drawn (fewer than w ids had q > 0) and is not tried."""
+        """(accepted, tried) [B]: accept when u q_i(c) z <= mass(c), i.e. u <= r(c) / q_i(c) (never
+        where r(c) = 0, even once rounding has left z = 0); a token of q_i zero was not drawn (fewer
+        than w ids had q > 0) and is not tried."""
         qc = self.left.gather(1, token)[:, 0] / self.kept.clamp(min=1e-30)
+        mass = self.mass.gather(1, token)[:, 0]
         tried = valid & (qc > 0)
-        return tried & (u * qc * self.z <= self.mass.gather(1, token)[:, 0]), tried
+        return tried & (mass > 0) & (u * qc * self.z <= mass), tried
 
     def reject(self, token: torch.Tensor, rejected: torch.Tensor) -> None:
         """r <- max(0, r − q_i) normalised, and c_i leaves q, where `rejected`."""
