@@ -144,7 +144,7 @@ class Engine:
         if refusal:
             raise UsageError(f"token trees (tree_width {spec.tree_width}) {refusal}",
                              hint="set tree_width = 1 (--tree-width 1), or change what the message names")
-        return {"tree_width": spec.tree_width, "tree_nodes": spec.nodes, "draft_pick": "argmax"}
+        return {"tree_width": spec.tree_width, "tree_nodes": spec.nodes}
 
     def _round(self, shape: RoundShape, sampling, stop_ids: list[int], modes: list[Mode]):
         """The round for these settings and its programs, built (and captured) on first use."""

@@ -12,27 +12,35 @@ import pytest
 import torch
 
 from specgen.core.round.tree import Tree, envelope
+from specgen.core.sampling.warp import exponentials
 
 VOCAB = 40
 
 
-def grown(k: int, w: int, n: int, seed: int, tied: bool = False) -> tuple[Tree, list[torch.Tensor]]:
-    """A tree after a round's construction; the log q it was fed (root's, then each level's)."""
+def grown(k: int, w: int, n: int, seed: int, tied: bool = False, drawn: bool = False) -> tuple[Tree, list]:
+    """A tree after a round's construction; the log q it was fed (root's, then each level's), and
+    with drawn children the Exp(1) rows they were drawn with, after each."""
     gen = torch.Generator().manual_seed(seed)
-    tree = Tree(k, w, n, torch.device("cpu"))
+    tree = Tree(k, w, n, torch.device("cpu"), drawn=drawn)
     fed = []
+
+    def noise(rows: int) -> torch.Tensor | None:
+        if not drawn:
+            return None
+        fed.append(exponentials((rows, VOCAB), gen, "cpu"))
+        return fed[-1]
 
     def logq(rows: int) -> torch.Tensor:
         raw = torch.zeros(rows, VOCAB) if tied else torch.randn(rows, VOCAB, generator=gen) * 2
         fed.append(torch.log_softmax(raw, -1))
         return fed[-1]
 
-    tree.root(torch.tensor([7]), logq(1))
+    tree.root(torch.tensor([7]), logq(1), noise(1))
     start = torch.tensor([30])
     for level in range(1, k):
         rows = tree.level_rows(level, start)
         assert rows.ids.shape == (1, w) and rows.tail.shape == (1, w, max(k - 1, 1))
-        tree.expand(level, logq(w))
+        tree.expand(level, logq(w), noise(w))
     tree.select()
     return tree, fed
 
@@ -100,3 +108,35 @@ def test_children_are_ranked_by_the_drafts_log_q():
     offsets = tree.offset.tolist()
     assert offsets[0] == -1 and sorted(offsets[r] for r in root_kids) == [0, 1, 2]  # level 1: stepped
     assert all(o == -1 for o in offsets[4:])  # the last level is never stepped
+
+
+@pytest.mark.parametrize("k, w, n", [(3, 2, 7), (4, 3, 12), (3, 3, 4), (1, 3, 2), (4, 2, 14)])
+def test_drawn_children_keep_every_stepped_node_first(k, w, n):
+    """Drawn children: each node's are the top-w of log q − log E in that order, scored by their
+    log q; the tree holds the stepped nodes level by level (in pool order), then the best others,
+    ancestor-closed; `drawn` lists each expanded row's children, selected or not, in draw order."""
+    tree, fed = grown(k, w, n, seed=k * 7 + n, drawn=True)
+    logq, noise = fed[0::2], fed[1::2]
+    keys = [q - e.log() for q, e in zip(logq, noise)]
+    assert tree.tokens[:w].tolist() == keys[0][0].topk(w).indices.tolist()
+    assert torch.equal(tree.scores[:w], logq[0][0, tree.tokens[:w]])
+    stepped = (tree.pool_offset >= 0).nonzero().flatten().tolist() if k > 1 else []
+    others = sorted(set(range(envelope(k, w))) - set(stepped), key=lambda i: (-tree.scores[i].item(), i))
+    chosen = sorted((stepped + others)[:n])
+    ids = tree.ids[0].tolist()
+    assert ids == [7] + tree.tokens[chosen].tolist()
+    parents = tree.parents.tolist()
+    for r, p in enumerate(chosen, start=1):
+        up = tree.parent[p].item()
+        assert parents[r] == (0 if up < 0 else chosen.index(up) + 1)
+    for row in range(n + 1):
+        expanded = row == 0 or (k > 1 and tree.offset[row] >= 0)
+        kids = tree.drawn[row].tolist()
+        if not expanded:
+            assert kids == [-1] * w
+            continue
+        level = 0 if row == 0 else tree.offset[row].item() // w + 1
+        f = 0 if row == 0 else tree.offset[row].item() % w
+        assert kids == keys[level][f].topk(w).indices.tolist()
+        for rank, child in enumerate(tree.children[row].tolist()):
+            assert child < 0 or ids[child] == kids[rank]

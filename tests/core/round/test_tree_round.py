@@ -3,7 +3,8 @@
 Greedy and Gumbel-coupled trees of any shape give target-only's tokens; after a run both caches
 hold what a chain's would after the same tokens (the accepted paths compacted); a width of 1 is
 the chain round itself; what trees cannot take yet is a one-line error. Sampled rejection
-coupling's exactness is tests/core/sampling/test_tree_walk.py's χ² tests.
+coupling: whole rounds (drawn children with the recursive walk, top-w children with the sibling
+walk) against the target's warped p; the walks' own χ² tests are tests/core/sampling/test_tree_walk.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from specgen.core.round import Round, TreeRound
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
 from specgen.core.round.tree_round import TreeRows
-from specgen.core.sampling.warp import penalty_rows
+from specgen.core.sampling.warp import WarpParams, penalty_rows, warp
 from specgen.core.step import rows as rowsets
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
@@ -130,25 +131,59 @@ def test_every_tree_shape_gives_target_only_tokens(pair, sampling):
     check_identity(pair, MORE_SHAPES, **sampling)
 
 
+DRAWN_CASES = {
+    "drawn": ((3, 3, 9), dict(temperature=1.0), "auto"),
+    "drawn, budget below the stepped nodes": ((3, 3, 4), dict(temperature=0.8, top_k=20, top_p=0.9), "auto"),
+    "top-w": ((3, 2, 6), dict(temperature=1.0, min_p=0.02), "argmax"),
+}
+
+
+def warped_next(model, ids: list[int], spec) -> torch.Tensor:
+    logits = torch.log(next_token_probs(model, ids))[None]
+    return warp(logits, WarpParams.from_spec(spec, 1))[1][0]
+
+
 @pytest.mark.slow
-def test_sampled_tree_rounds_follow_the_target_distribution(pair):
-    """Rejection coupling through whole tree rounds (drafting, the sibling walk, the commit): χ² of
-    the first emitted token, and of the next one after the most common first, against the target's
-    exact p. α = 1e-4 per test (2 tests): false failures below 2e-4."""
+@pytest.mark.parametrize("case", list(DRAWN_CASES))
+def test_sampled_tree_rounds_follow_the_target_distribution(pair, case):
+    """Rejection coupling through whole tree rounds (drafting, drawn children and the recursive
+    walk, or top-w children and the sibling walk; the commit): χ² of the first emitted token, and
+    of the next one after the most common first, against the target's exact warped p. α = 1e-4
+    per test (6 tests): false failures below 6e-4."""
     from scipy.stats import chisquare
 
-    engine = Engine(tree_profile(pair, 3, 3, 9, temperature=1.0, max_tokens=5))
+    shape, sampling, pick = DRAWN_CASES[case]
+    profile = tree_profile(pair, *shape, max_tokens=5, **sampling)
+    profile = replace(profile, speculation=replace(profile.speculation, draft_sampling=pick))
+    engine = Engine(profile)
+    assert engine.decoder().round.tree.sampled == (pick == "auto")
     prompt, model = [7, 8, 9], engine.pair.target
     runs = []
     for seed in range(1500):
-        profile = replace(engine.profile, sampling=replace(engine.profile.sampling, seed=seed))
-        runs.append(finish(engine.decoder(profile), prompt).token_ids)
+        seeded = replace(profile, sampling=replace(profile.sampling, seed=seed))
+        runs.append(finish(engine.decoder(seeded), prompt).token_ids)
     firsts = [ids[0] for ids in runs]
-    assert _chi2_pvalue(firsts, next_token_probs(model, prompt), chisquare) > 1e-4
+    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
     common = max(set(firsts), key=firsts.count)
     follow = [ids[1] for ids in runs if ids[0] == common]
     assert len(follow) > 100
-    assert _chi2_pvalue(follow, next_token_probs(model, prompt + [common]), chisquare) > 1e-4
+    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4
+
+
+@pytest.mark.parametrize("sampling, pick, drawn", [
+    (dict(temperature=0.8), "auto", True), (dict(temperature=0.8), "argmax", False), ({}, "auto", False),
+    (dict(temperature=0.8, coupling="gumbel", seed=1), "auto", False),
+])
+def test_sampled_requests_draw_children_unless_argmax(pair, sampling, pick, drawn):
+    """Rejection-coupled sampled requests draw children (and walk them recursively); greedy ones
+    and draft_sampling = argmax take the top-w; Gumbel-coupled ones draw with the race noise but
+    keep the best-n tree (their text is target-only's whatever the tree)."""
+    profile = tree_profile(pair, 3, 2, 5, **sampling)
+    profile = replace(profile, speculation=replace(profile.speculation, draft_sampling=pick))
+    rnd = Engine(profile).decoder().round
+    assert rnd.tree.sampled == drawn
+    gumbel = sampling.get("coupling") == "gumbel"
+    assert (rnd.coupling.children_noise(1) is not None) == (drawn or gumbel)
 
 
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=0.8, top_k=30, repetition_penalty=1.3, seed=4,

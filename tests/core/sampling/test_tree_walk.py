@@ -24,7 +24,8 @@ import pytest
 import torch
 from scipy import stats
 
-from specgen.core.sampling import tree_walk
+from specgen.core.round.tree import draw_children
+from specgen.core.sampling import rejection, tree_walk
 from specgen.core.sampling import warp as sampling
 from specgen.core.settings import SamplingSpec
 
@@ -185,3 +186,168 @@ def test_greedy_walk_follows_the_targets_tokens(seed):
                                          torch.tensor(choice)[None], torch.tensor([limit], dtype=torch.int32), k)
     want_out, want_path = python_greedy(children, tokens, choice, limit, k)
     assert out[0].tolist() == want_out and path[0].tolist() == want_path
+
+
+# -- drawn children: the recursive walk -----------------------------------------------------------
+#
+# A Markov pair: the target's p and the draft's q after a token are rows of [V, V] tables, so a
+# node's p and q follow from its own token, as a model's follow from its path. Each round draws
+# its children afresh: every expanded row (depth < DEPTH) draws WIDTH children from q without
+# replacement (the Gumbel-top-w of core/round/tree.py), and a static table says which of them are
+# tree rows: FULL keeps them all, PRUNED keeps only the root's first draw and that one's second,
+# so that an accepted child outside the tree ends the walk. Checked: the first token follows p
+# after the root's token; among rounds that went on, the second token after each of the most
+# common first tokens follows p after it, and the third after the most common pairs.
+
+FULL = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]  # rows 1.. as (parent row, draw rank)
+PRUNED = [(0, 0), (1, 1)]
+LAYOUTS = {"full": FULL, "pruned": PRUNED}
+FOLLOWED = 3  # first tokens checked, and token pairs
+RECURSIVE_COMPARISONS = len(COMBOS) * len(LAYOUTS) * (1 + 2 * FOLLOWED)
+RECURSIVE_ALPHA = 1e-6 / RECURSIVE_COMPARISONS
+
+
+def markov(seed: int, combo: dict, draft_noise: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, q) [V, V]: the target's and the draft's warped distributions after each token."""
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randn(VOCAB, VOCAB, generator=gen) * 2
+    draft = target + torch.randn(VOCAB, VOCAB, generator=gen) * draft_noise
+    params = sampling.WarpParams.from_spec(SamplingSpec(**combo), VOCAB)
+    return sampling.warp(target, params)[1], sampling.warp(draft, params)[1]
+
+
+def drawn_trees(layout, p: torch.Tensor, q: torch.Tensor, gen: torch.Generator):
+    """ROUNDS trees of `layout`, each with its own draws: (children [N, R, w], drawn [N, R, w],
+    tokens [N, R], probs [N, R, V], q [N, R, V]); the root's token is 0."""
+    rows = len(layout) + 1
+    depth = [0] * rows
+    children = torch.full((rows, WIDTH), -1, dtype=torch.long)
+    for row, (parent, rank) in enumerate(layout, start=1):
+        children[parent, rank], depth[row] = row, depth[parent] + 1
+    tokens = torch.zeros(ROUNDS, rows, dtype=torch.long)
+    drawn = torch.full((ROUNDS, rows, WIDTH), -1, dtype=torch.long)
+    for row in range(rows):
+        if row:
+            parent, rank = layout[row - 1]
+            tokens[:, row] = drawn[:, parent, rank]
+        if depth[row] < DEPTH:
+            noise = sampling.exponentials((ROUNDS, VOCAB), gen, "cpu")
+            drawn[:, row] = draw_children(q[tokens[:, row]].log(), noise, WIDTH)[0]
+    return children.expand(ROUNDS, -1, -1), drawn, tokens, p[tokens], q[tokens]
+
+
+def recursive_outputs(layout, p, q, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    children, drawn, tokens, probs, q_rows = drawn_trees(layout, p, q, gen)
+    uniforms = sampling.uniforms((ROUNDS, DEPTH, WIDTH), gen, "cpu")
+    expo = sampling.exponentials((ROUNDS, VOCAB), gen, "cpu")
+    limit = torch.tensor([DEPTH], dtype=torch.int32)
+    return tree_walk.recursive_walk(children, drawn, tokens, probs, q_rows, uniforms, expo, limit, DEPTH)[0]
+
+
+def markov_pvalues(out: torch.Tensor, p: torch.Tensor, followed: int = FOLLOWED) -> list[float]:
+    """The first token against p after 0; the next after the most common prefixes of the rounds
+    that went on (first tokens, then pairs)."""
+    def check(emitted: torch.Tensor, row: int) -> float:
+        counts = torch.bincount(emitted, minlength=VOCAB).double()
+        return chi2_pvalue(counts, p[row].double() * emitted.numel())
+
+    pvalues = [check(out[:, 0], 0)]
+    for depth in (1, 2):
+        went = out[:, depth] >= 0
+        prefixes, counts = out[went, :depth].unique(dim=0, return_counts=True)
+        for prefix in prefixes[counts.argsort(descending=True)[:followed]]:
+            rounds = went & (out[:, :depth] == prefix).all(1)
+            pvalues.append(check(out[rounds, depth], int(prefix[-1])))
+    return pvalues
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("combo", list(COMBOS))
+def test_recursive_walk_over_drawn_children_emits_the_target_distribution(combo, layout):
+    p, q = markov(len(combo), COMBOS[combo])
+    out = recursive_outputs(LAYOUTS[layout], p, q, seed=len(combo) + 200)
+    assert (out[:, DEPTH] >= 0).sum() > 200, "too few rounds accepted a whole path"
+    assert min(markov_pvalues(out, p)) > RECURSIVE_ALPHA
+
+
+class _QNotReduced(tree_walk._Residual):
+    """The wrong rule: a rejected draft stays in q (q_(i+1) = q_i)."""
+
+    def reject(self, token, rejected):
+        left, kept = self.left, self.kept
+        super().reject(token, rejected)
+        self.left, self.kept = left, kept
+
+
+class _RNotReduced(tree_walk._Residual):
+    """The wrong rule: r keeps q_i's mass after a rejection (only c_i leaves it)."""
+
+    def reject(self, token, rejected):
+        self.mass = torch.where(rejected[:, None], self.mass.scatter(1, token, 0.0), self.mass)
+        self.z = self.mass.sum(1)
+        self.left = torch.where(rejected[:, None], self.left.scatter(1, token, 0.0), self.left)
+        self.kept = torch.where(rejected, self.kept - q_of(self, token), self.kept)
+
+
+def q_of(rest, token):
+    return rest.left.gather(1, token)[:, 0]
+
+
+@pytest.mark.parametrize("wrong", [_QNotReduced, _RNotReduced])
+def test_a_recursive_walk_that_skips_a_step_fails(monkeypatch, wrong):
+    p, q = markov(9, COMBOS["t1"], draft_noise=0.5)
+    assert min(markov_pvalues(recursive_outputs(FULL, p, q, seed=10), p)) > RECURSIVE_ALPHA
+    monkeypatch.setattr(tree_walk, "_Residual", wrong)
+    assert markov_pvalues(recursive_outputs(FULL, p, q, seed=10), p, followed=0)[0] < RECURSIVE_ALPHA
+
+
+def test_gumbel_top_w_draws_without_replacement():
+    """The first draw follows q, the second (after the most common first) q without the first."""
+    _, q = markov(5, COMBOS["t1"])
+    gen = torch.Generator().manual_seed(6)
+    draws = draw_children(q[:1].log().expand(ROUNDS, -1), sampling.exponentials((ROUNDS, VOCAB), gen, "cpu"), 2)[0]
+    assert (draws[:, 0] != draws[:, 1]).all()
+    first = torch.bincount(draws[:, 0], minlength=VOCAB).double()
+    assert chi2_pvalue(first, q[0].double() * ROUNDS) > 1e-6
+    common = int(first.argmax())
+    second = draws[draws[:, 0] == common, 1]
+    rest = q[0].double().clone()
+    rest[common] = 0
+    assert chi2_pvalue(torch.bincount(second, minlength=VOCAB).double(), rest / rest.sum() * second.numel()) > 1e-6
+
+
+@pytest.mark.parametrize("combo", ["t1", "top_k", "all"])
+def test_one_drawn_child_is_the_chain_rule(combo):
+    """w = 1, k = 1: the walk's tokens equal the chain's verify_random (accept iff u q(d) <= p(d),
+    else the race over max(p − q, 0)) for the same draws, bit for bit."""
+    gen = torch.Generator().manual_seed(len(combo))
+    rounds = 4000
+    p_table, q_table = markov(len(combo) + 1, COMBOS[combo])
+    prev = torch.randint(VOCAB, (rounds,), generator=gen)
+    d = draw_children(q_table[prev].log(), sampling.exponentials((rounds, VOCAB), gen, "cpu"), 1)[0]
+    probs = torch.stack([p_table[prev], p_table[d[:, 0]]], 1)  # [N, 2, V]: the root's p, the child's
+    q = torch.stack([q_table[prev], q_table[d[:, 0]]], 1)
+    uniforms = sampling.uniforms((rounds, 1, 1), gen, "cpu")
+    expo = sampling.exponentials((rounds, VOCAB), gen, "cpu")
+    children = torch.tensor([[1], [-1]]).expand(rounds, -1, -1)
+    drawn = torch.stack([d, torch.full_like(d, -1)], 1)  # [N, 2, 1]
+    tokens = torch.stack([prev, d[:, 0]], 1)
+    one = torch.tensor([1], dtype=torch.int32)
+    out = tree_walk.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, one, 1)[0]
+    chain = rejection.verify_random(d[:, 0], torch.arange(1, rounds + 1, dtype=torch.int32), q[:, 0],
+                                    probs.reshape(-1, VOCAB), uniforms.flatten(), expo, 1)
+    assert torch.equal(out, chain)
+    accepted = out[:, 1] >= 0
+    assert 0 < int(accepted.sum()) < rounds
+
+
+def test_a_residual_rounded_to_zero_accepts_nothing_and_draws_from_p():
+    """After a rejection that rounding leaves with r all zero (z = 0), no later draft passes
+    u q z <= r(c) as 0 <= 0, and the token is drawn from p."""
+    p = torch.tensor([[0.5, 0.5, 0.0]])
+    rest = tree_walk._Residual(p, torch.tensor([[0.5, 0.25, 0.25]]))
+    rest.mass, rest.z = torch.zeros_like(p), torch.zeros(1)
+    accepted, tried = rest.try_draft(torch.tensor([[1]]), torch.tensor([0.5]), torch.tensor([True]))
+    assert tried.item() and not accepted.item()
+    assert rest.draw(torch.tensor([[1.0, 0.1, 1.0]])).item() == 1

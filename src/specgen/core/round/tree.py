@@ -9,13 +9,24 @@ a child's score is its parent's plus a log-probability <= 0 and its pool index i
 selected node's parent is always selected (the tree is ancestor-closed).
 
 Children are the top-w of the draft's warped q at their parent, a function of the committed
-sequence alone: no draw decides them, which is what lets rejection verification walk siblings
-(core/sampling/tree_walk.py). Every buffer is allocated here, once; a round only writes them.
+sequence alone (rejection verification then walks siblings, core/sampling/tree_walk.py), or, where
+a round passes noise, w draws from q without replacement: the top-w of log q − log E (E Exp(1),
+the Gumbel-top-w trick), in draw order. Scores stay the cumulative log q of the chosen tokens.
+
+Drawn children are verified by recursive rejection, which is exact only if a node's place in the
+tree does not depend on the draws at it or below it. The frontiers satisfy this (a level's
+frontier is chosen from scores drawn at the levels above), the n best overall do not (a deeper
+candidate's existence depends on which nodes the draws below a node pushed out of a frontier). So
+a tree of drawn children keeps every stepped node first (level by level, then by pool index) and
+fills the rest of its budget with the best other candidates, which have no draws below them.
+Every buffer is allocated here, once; a round only writes them.
 
 Tree rows: row 0 is the root (the round's `last`), row 1 + i the i-th selected candidate in pool
 order (parents before children). Nodes the draft stepped (the frontiers of levels 1 .. k - 1) keep
 their K/V in the draft's cache at `start + (level - 1) w + f` (f: the frontier index); `offset`
 holds that offset per tree row (-1: never stepped), which the commit's compaction reads.
+`drawn` [n + 1, w] holds each expanded row's (the root's, each stepped node's) w children's tokens
+in draw order, selected or not (-1 for the other rows): recursive rejection tries them all.
 """
 
 from __future__ import annotations
@@ -26,9 +37,19 @@ from specgen.core.settings import tree_envelope as envelope
 from specgen.core.step.rows import Rows, tree as tree_rows
 
 
+def draw_children(logq: torch.Tensor, noise: torch.Tensor | None, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [R, w], their log q [R, w]) of each row of log q [R, V]: its top-w, or with Exp(1)
+    noise [R or 1, V] the top-w of log q − log E, w draws from q without replacement in draw order."""
+    if noise is None:
+        top = logq.topk(w, dim=-1)
+        return top.indices, top.values
+    tokens = (logq - noise.log()).topk(w, dim=-1).indices
+    return tokens, logq.gather(-1, tokens)
+
+
 class Tree:
-    def __init__(self, k: int, width: int, nodes: int, device: torch.device):
-        self.k, self.w, self.n = k, width, nodes
+    def __init__(self, k: int, width: int, nodes: int, device: torch.device, drawn: bool = False):
+        self.k, self.w, self.n, self.sampled = k, width, nodes, drawn
         size, z = envelope(k, width), dict(device=device)
         w, levels = width, max(k - 1, 1)
         self.tokens = torch.zeros(size, dtype=torch.long, **z)  # [N]
@@ -47,14 +68,23 @@ class Tree:
         self.offset = torch.full((nodes + 1,), -1, dtype=torch.long, **z)
         self.row_of = torch.zeros(size, dtype=torch.long, **z)  # [N] pool index -> tree row (0: unselected)
         self.rows_n = torch.arange(1, nodes + 1, **z)
+        self.drawn = torch.full((nodes + 1, w), -1, dtype=torch.long, **z)  # tree rows' children, drawn
+        self.first_child = torch.arange(w, **z)
+        self.is_root = torch.arange(nodes + 1, **z) == 0
 
-    def root(self, root_id: torch.Tensor, logq: torch.Tensor) -> None:
-        """Level 1 from the draft's log q [1, V] after the root (root_id [1], the round's `last`)."""
+    def _children(self, logq: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if noise is None and self.sampled:
+            raise ValueError("a tree of drawn children needs noise to draw them")
+        return draw_children(logq, noise, self.w)
+
+    def root(self, root_id: torch.Tensor, logq: torch.Tensor, noise: torch.Tensor | None = None) -> None:
+        """Level 1 from the draft's log q [1, V] after the root (root_id [1], the round's `last`);
+        noise [1, V]: the Exp(1) row its children are drawn with (None: its top-w)."""
         w = self.w
         self.ids[0, :1].copy_(root_id)
-        top = logq[0].topk(w)
-        self.tokens[:w].copy_(top.indices)
-        self.scores[:w].copy_(top.values)
+        tokens, logq_tokens = self._children(logq, noise)
+        self.tokens[:w].copy_(tokens[0])
+        self.scores[:w].copy_(logq_tokens[0])
         self.pool_offset.fill_(-1)
         self.pool_offset[:w].copy_(self.own)
 
@@ -68,15 +98,16 @@ class Tree:
         depth = torch.full((1, w), level, dtype=torch.long, device=start.device)
         return Rows(self.tokens[f][None], positions, slots, start, tail, depth)
 
-    def expand(self, level: int, logq: torch.Tensor) -> None:
-        """Level + 1's candidates from the draft's log q [w, V] at frontier `level`'s nodes, and the
-        next frontier (its w best, ties to the lower index) with its nodes' draft paths."""
+    def expand(self, level: int, logq: torch.Tensor, noise: torch.Tensor | None = None) -> None:
+        """Level + 1's candidates from the draft's log q [w, V] at frontier `level`'s nodes (noise
+        [w or 1, V]: the Exp(1) rows they are drawn with), and the next frontier (its w best, ties
+        to the lower index) with its nodes' draft paths."""
         w, f = self.w, self.frontier[level - 1]
         base = w + (level - 1) * w * w
-        top = logq.topk(w, dim=-1)  # [w, w] each frontier node's children, best first
+        tokens, logq_tokens = self._children(logq, noise)  # [w, w] each frontier node's children
         part = slice(base, base + w * w)
-        self.tokens[part].copy_(top.indices.reshape(-1))
-        self.scores[part].copy_((self.scores[f][:, None] + top.values).reshape(-1))
+        self.tokens[part].copy_(tokens.reshape(-1))
+        self.scores[part].copy_((self.scores[f][:, None] + logq_tokens).reshape(-1))
         self.parent[part].copy_(f.repeat_interleave(w))
         if level + 1 >= self.k:
             return
@@ -88,8 +119,12 @@ class Tree:
         self.tail[level, :, level].copy_(level * w + self.own)
 
     def select(self) -> None:
-        """The n best candidates (ties to the lower index), in pool order, as tree rows."""
-        order = self.scores.sort(descending=True, stable=True).indices[: self.n]
+        """The n best candidates (ties to the lower index), in pool order, as tree rows; with drawn
+        children every stepped node first (see the module's text)."""
+        keys = self.scores
+        if self.sampled and self.k > 1:
+            keys = torch.where(self.pool_offset >= 0, float("inf"), self.scores)
+        order = keys.sort(descending=True, stable=True).indices[: self.n]
         chosen = order.sort().values  # [n] pool indices, parents first
         self.row_of.zero_()
         self.row_of[chosen] = self.rows_n
@@ -100,6 +135,16 @@ class Tree:
         self.offset[1:].copy_(self.pool_offset[chosen])
         self.children.fill_(-1)
         self.children.view(-1).index_put_((parent_rows * self.w + self.rank[chosen],), self.rows_n)
+        if self.sampled:
+            self._drawn()
+
+    def _drawn(self) -> None:
+        """Each expanded row's children in draw order: the pool's w slots from w (1 + its offset)
+        (the root's offset is -1: the first w)."""
+        first = self.w * (1 + self.offset)  # [n+1]
+        slots = (first[:, None] + self.first_child).clamp(max=self.tokens.shape[0] - 1)
+        expanded = self.is_root | (self.offset >= 0) if self.k > 1 else self.is_root
+        self.drawn.copy_(torch.where(expanded[:, None], self.tokens[slots], -1))
 
     def target_rows(self, start: torch.Tensor) -> Rows:
         """The target's rows: the root and the selected nodes after its `start` ([1] int64) cached tokens."""

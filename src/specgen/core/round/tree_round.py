@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from specgen.core.round.couplings import GumbelCoupling
+from specgen.core.round.drafters import draft_spec
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.stage import NoStage
@@ -33,8 +34,9 @@ class TreeDraft:
 
     one_hot = False
 
-    def __init__(self, rnd, chain, tree: Tree, params: WarpParams, bad):
+    def __init__(self, rnd, chain, tree: Tree, params: WarpParams, bad, coupling):
         self.rnd, self.chain, self.tree, self.params, self.bad = rnd, chain, tree, params, bad
+        self.coupling = coupling
         self.runners = chain.runners
         self.level_logits = torch.full((tree.w, rnd.width), float("-inf"), dtype=torch.float32, device=rnd.device)
         self.confident = torch.ones(rnd.k, dtype=torch.bool, device=rnd.device)
@@ -42,20 +44,24 @@ class TreeDraft:
     def prefill(self, ids: list[int]) -> None:
         self.chain.prefill(ids)
 
-    def logq(self, logits: torch.Tensor) -> torch.Tensor:
-        """The draft's warped log q, whose top-w are a node's children."""
-        return logprobs_from_logits(logits, self.params.slice(0, logits.shape[0]), None, self.bad)
+    def logq(self, logits: torch.Tensor, level: int) -> torch.Tensor:
+        """The draft's warped log q at the nodes of `level` (0: the root), whose top-w are their
+        children (or from which they are drawn: the coupling keeps q where it verifies with it)."""
+        logq = logprobs_from_logits(logits, self.params.slice(0, logits.shape[0]), None, self.bad)
+        self.coupling.keep_q(level, logq)
+        return logq
 
     def draft(self) -> None:
         rnd, runner, tree, pending = self.rnd, self.chain.runner, self.tree, self.chain.pending[0]
         logits = self.chain.logits[2]
         with runner.step_context(2):
             runner.step(pending, logits)
-        tree.root(rnd.feed[0, :1], self.logq(logits[1:]))
+        noise = self.coupling.children_noise
+        tree.root(rnd.feed[0, :1], self.logq(logits[1:], 0), noise(0))
         start = runner.position.view(1)  # past the committed sequence, the root included
         for level in range(1, rnd.k):
             runner.step_rows(tree.level_rows(level, start), self.level_logits)
-            tree.expand(level, self.logq(self.level_logits))
+            tree.expand(level, self.logq(self.level_logits, level), noise(level))
         tree.select()
         rnd.ops.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
 
@@ -94,14 +100,20 @@ class TreeRows:
 
 
 class TreeRejection:
-    """Greedy: the walk follows the target's argmax. Sampled: the sibling walk, from uniforms [k, w]
-    and one Exp(1) row the host draws before each round."""
+    """Greedy: the walk follows the target's argmax. Sampled: from uniforms [k, w] and one Exp(1)
+    row the host draws before each round, the sibling walk over deterministic children, or, where
+    the children are drawn (`drawn`), the recursive walk over them, whose Exp(1) rows (one per node
+    the draft expands: the root, then each level's frontier) the host draws too, and whose q per
+    expanded node the drafter keeps here."""
 
-    def __init__(self, rnd, sampled: bool, width: int):
+    def __init__(self, rnd, sampled: bool, width: int, drawn: bool):
         z = dict(dtype=torch.float32, device=rnd.device)
-        self.rnd, self.sampled = rnd, sampled
+        self.rnd, self.sampled, self.w = rnd, sampled, width
         self.noise = torch.ones(1, rnd.width, **z) if sampled else None
         self.uniform = torch.ones(1, rnd.k, width, **z) if sampled else None
+        expanded = 1 + (rnd.k - 1) * width
+        self.kids_noise = torch.ones(expanded, rnd.width, **z) if drawn else None
+        self.q = torch.zeros(expanded, rnd.width, **z) if drawn else None
 
     def start(self, seed: int, origin: int) -> None:
         """The caller's generator draws the numbers: nothing to key."""
@@ -110,26 +122,53 @@ class TreeRejection:
         if self.sampled:
             exponentials_(self.noise, generator)
             uniforms_(self.uniform, generator)
+        if self.kids_noise is not None:
+            exponentials_(self.kids_noise, generator)
 
     def begin(self) -> None:
         pass
+
+    def _rows(self, level: int) -> slice:
+        """The expanded nodes of `level` (0: the root; then a level's w frontier nodes)."""
+        return slice(0, 1) if level == 0 else slice(1 + (level - 1) * self.w, 1 + level * self.w)
+
+    def children_noise(self, level: int) -> torch.Tensor | None:
+        return None if self.kids_noise is None else self.kids_noise[self._rows(level)]
+
+    def keep_q(self, level: int, logq: torch.Tensor) -> None:
+        if self.q is not None:
+            torch.exp(logq, out=self.q[self._rows(level)])
 
     def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
         rnd = self.rnd
         argmax, probs = rnd.ops.warp(rnd.tree_logits, params, penalties, bad)
         if probs is None:
             return tree_walk.greedy_walk(tree.children[None], tree.ids, argmax[None], rnd.num_drafts, rnd.k)
-        return tree_walk.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
-                                      rnd.num_drafts, rnd.k)
+        if self.q is None:
+            return tree_walk.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
+                                          rnd.num_drafts, rnd.k)
+        q = self.q.index_select(0, (1 + tree.offset).clamp(max=self.q.shape[0] - 1))  # [n+1, V] by tree row
+        return tree_walk.recursive_walk(tree.children[None], tree.drawn[None], tree.ids, probs[None], q[None],
+                                        self.uniform, self.noise, rnd.num_drafts, rnd.k)
 
 
 class TreeGumbel(GumbelCoupling):
     """The target's token at each node is its race against the noise row of the node's absolute
-    position (its depth past the root): the walk follows it, so the text is target-only's."""
+    position (its depth past the root): the walk follows it, so the text is target-only's. Drawn
+    children (`drawn`) are drawn with the same row: a node's first child is the draft's own race
+    there, the guess a Gumbel-coupled chain makes."""
 
-    def __init__(self, rnd, nodes: int):
+    def __init__(self, rnd, nodes: int, drawn: bool):
         super().__init__(rnd, draft_races=False)
+        self.drawn = drawn
         self.tree_choice = torch.zeros(nodes + 1, dtype=torch.long, device=rnd.device)
+
+    def children_noise(self, level: int) -> torch.Tensor | None:
+        """The children of `level`'s nodes (0: the root) sit at depth level + 1: noise row `level`."""
+        return self.noise[level : level + 1] if self.drawn else None
+
+    def keep_q(self, level: int, logq: torch.Tensor) -> None:
+        """The walk follows the target's race: it never reads q."""
 
     def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
         rnd = self.rnd
@@ -145,17 +184,21 @@ class TreeRound(Round):
     def __init__(self, shape, spec, backend, target, draft, stop_ids: list[int], head=None):
         super().__init__(shape, spec, backend, target, draft, stop_ids, head)
         k, w, n = shape.k, shape.tree_width, shape.tree_nodes
-        self.tree = Tree(k, w, n, self.device)
+        # sampled requests draw the children from q (speculation.draft_sampling; greedy requests
+        # and "argmax" take the top-w)
+        drawn = shape.draft_pick != "argmax" and not spec.greedy
+        self.tree = Tree(k, w, n, self.device, drawn=drawn and shape.coupling != "gumbel")
         # the target's rows as the step wrote them; target_logits (k + 1 rows) gets the accepted
         # path's, in order, where the host reads logprobs as after a chain round
         self.tree_logits = torch.full((n + 1, self.width), float("-inf"), dtype=torch.float32, device=self.device)
-        self.coupling = TreeGumbel(self, n) if shape.coupling == "gumbel" else TreeRejection(self, not spec.greedy, w)
+        self.coupling = TreeGumbel(self, n, drawn) if shape.coupling == "gumbel" else \
+            TreeRejection(self, not spec.greedy, w, drawn)
         self.params = WarpParams.from_spec(spec, n + 1, self.device)
         self.tree_rows = TreeRows(self, self.rows)
-        # the draft scores children without penalties or min_tokens: any deterministic children are
-        # lossless, and the target's rows apply both
-        self.drafter = TreeDraft(self, self.drafter, self.tree, WarpParams.from_spec(spec, w, self.device),
-                                 self.rows.mask.padding)
+        # the draft scores children without penalties or min_tokens: any deterministic children, and
+        # any q that drawn children come from, are lossless, and the target's rows apply both
+        draft_params = WarpParams.from_spec(draft_spec(spec, shape.draft_pick != "temperature"), w, self.device)
+        self.drafter = TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
         self.drafters = {Mode.MODEL: self.drafter}
 
     @property

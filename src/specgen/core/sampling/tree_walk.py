@@ -20,6 +20,13 @@ sum(r) <= r(c_i), u_i ~ U(0, 1]), else set r(c_i) = 0; if every child is rejecte
 drawn from r / sum(r) (the race argmax r / E; from p where rounding left r all zero). Each step
 is rejection sampling of a point mass against what is left of p, so the token follows p
 (docs/sampling.md, "Token trees").
+
+Rejection coupling with drawn children (`recursive_walk`), exact for children c_1 .. c_w drawn
+from the draft's q without replacement, in that order: r = p, q_1 = q; accept c_i with probability
+min(1, r(c_i) / q_i(c_i)); on rejection r <- max(0, r − q_i) normalised and q_(i+1) = q_i without
+c_i, normalised; if every child is rejected, the token is drawn from r. A child accepted but not in
+the tree (the budget left it out) is emitted and ends the walk, like a recovered token. At w = 1
+this is the chain's rule (core/sampling/rejection.py), bit for bit.
 """
 
 from __future__ import annotations
@@ -98,3 +105,66 @@ def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tens
         return hit, index, torch.where(hit, kid_tokens.gather(1, index[:, None])[:, 0], recovered)
 
     return walk(children, tokens, limit, k, pick, lambda node: (_at(probs, node) / expo).argmax(1))
+
+
+def recursive_walk(children: torch.Tensor, drawn: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
+                   q: torch.Tensor, uniforms: torch.Tensor, expo: torch.Tensor, limit: torch.Tensor,
+                   k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rejection coupling's walk over drawn children: drawn [B, R, w] each row's children's tokens
+    in draw order (-1: none drawn; children [B, R, w] their rows by the same rank, -1: not in the
+    tree), q [B, R, V] the draft's warped q they were drawn from, probs, uniforms, expo as for
+    sibling_walk."""
+
+    def pick(depth, node, kids, kid_tokens, allowed):
+        p, draws = _at(probs, node), _at(drawn, node)  # [B, V], [B, w]
+        rest = _Residual(p, _at(q, node))
+        accepted = torch.zeros_like(allowed)
+        index = torch.zeros_like(node)
+        for i in range(draws.shape[1]):
+            token = draws[:, i : i + 1].clamp(min=0)
+            valid = allowed & ~accepted & (draws[:, i] >= 0)
+            accept, tried = rest.try_draft(token, uniforms[:, depth, i], valid)
+            index = torch.where(accept, i, index)
+            accepted = accepted | accept
+            rest.reject(token, tried & ~accept)
+        chosen = draws.gather(1, index[:, None])[:, 0]
+        hit = accepted & (kids.gather(1, index[:, None])[:, 0] >= 0)
+        return hit, index, torch.where(accepted, chosen, rest.draw(expo))
+
+    return walk(children, tokens, limit, k, pick, lambda node: (_at(probs, node) / expo).argmax(1))
+
+
+class _Residual:
+    """What is left at a node after rejected drafts: r = mass / z (mass unnormalised, z its sum;
+    z = 1 at the start, so the first draft's test is the chain's u q(c) <= p(c) bit for bit) and
+    the draft's q without the drafts tried, whose sum is 1 − taken."""
+
+    def __init__(self, p: torch.Tensor, q: torch.Tensor):
+        self.p, self.mass, self.left = p, p.clone(), q.clone()
+        self.z = torch.ones(p.shape[0], device=p.device)
+        self.kept = torch.ones(p.shape[0], device=p.device)  # 1 − the q mass of the drafts tried
+
+    def try_draft(self, token: torch.Tensor, u: torch.Tensor, valid: torch.Tensor) -> tuple:
+        """(accepted, tried) [B]: accept when u q_i(c) z <= mass(c), i.e. u <= r(c) / q_i(c) (never
+        where r(c) = 0, even once rounding has left z = 0); a token of q_i zero was not drawn (fewer
+        than w ids had q > 0) and is not tried."""
+        qc = self.left.gather(1, token)[:, 0] / self.kept.clamp(min=1e-30)
+        mass = self.mass.gather(1, token)[:, 0]
+        tried = valid & (qc > 0)
+        return tried & (mass > 0) & (u * qc * self.z <= mass), tried
+
+    def reject(self, token: torch.Tensor, rejected: torch.Tensor) -> None:
+        """r <- max(0, r − q_i) normalised, and c_i leaves q, where `rejected`."""
+        q_i = self.left / self.kept.clamp(min=1e-30)[:, None]
+        mass = (self.mass - self.z[:, None] * q_i).clamp(min=0.0)
+        rows = rejected[:, None]
+        self.mass = torch.where(rows, mass, self.mass)
+        self.z = torch.where(rejected, mass.sum(1), self.z)
+        taken = self.left.gather(1, token)[:, 0]
+        self.kept = torch.where(rejected, self.kept - taken, self.kept)
+        self.left = torch.where(rows, self.left.scatter(1, token, 0.0), self.left)
+
+    def draw(self, expo: torch.Tensor) -> torch.Tensor:
+        """The token from r (the race argmax mass / E; from p where rounding left r all zero)."""
+        residual = torch.where((self.mass > 0).any(1, keepdim=True), self.mass, self.p)
+        return (residual / expo).argmax(1)
