@@ -276,6 +276,20 @@ def test_a_note_when_plain_hf_beats_target_only():
     assert "note: hf is faster than target-only at temperature 0 (75.2 vs 64.8 tok/s)" in console.export_text()
 
 
+def test_the_float32_checks_fallbacks_are_shown():
+    """A float32 engine whose step kernels failed (on an H100, Llama 3.1 8B's bf16-tuned tiles once
+    did) says so below the table, apart from the timed engine's notes."""
+    from rich.console import Console
+
+    from specgen.cli.bench import show
+
+    check = {"dtype": "float32", "device": "cuda:0", "results": [],
+             "fallbacks": ["target: the step kernels failed (OutOfResources); steps use SDPA and cuBLAS"]}
+    console = Console(width=200, record=True, highlight=False)
+    show(_document(["target-only"], cuda=False) | {"fp32_check": check}, console)
+    assert "float32 check: target: the step kernels failed (OutOfResources)" in console.export_text()
+
+
 def test_hf_baselines_refuse_what_transformers_cannot_do():
     with pytest.raises(Unavailable, match="presence or frequency"):
         hf_generation_config(SamplingSpec(presence_penalty=0.5), {0})
@@ -325,6 +339,7 @@ def test_fp32_check_when_the_models_run_in_bf16(tiny, monkeypatch):
     for row in check["results"]:  # lossless greedy and Gumbel in float32: identical, prompt by prompt
         assert row["identical_fraction"] == 1.0 and row["first_divergence"] == [None] * len(PROMPTS)
     assert "greedy same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
+    assert check["fallbacks"] == [] and "float32 check:" not in err  # the torch backend falls back from nothing
     assert "T=0.8 gumbel same as target-only in float32 (cpu): k=1 100%, k=2 100%" in err
     code, out, _ = bench_cli(monkeypatch, "bench", "-p", tiny, "--k", "1", "-n", "4", "--dtype", "bfloat16",
                            "-t", "0", "--no-fp32-check", "--format", "json", "-q")

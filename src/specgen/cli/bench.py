@@ -632,6 +632,8 @@ def footer_lines(document: dict) -> list[Text]:
                              + (f" (from tok {min(cut)})" if cut else ""))
             what = "greedy" if coupling is None else f"T={temperature:g} {coupling}"
             lines.append(Text(f"{what} same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
+        for fallback in check.get("fallbacks") or []:
+            lines.append(Text(f"float32 check: {fallback}", style="yellow"))
     for skipped in document["skipped_prompts"]:
         lines.append(Text(f"skipped prompt {skipped['index'] + 1}: {skipped['reason']}", style="dim"))
     if document["incomplete"]:

@@ -484,8 +484,10 @@ def fp32_check(engine: Engine, prompts: list[str], settings_for: SettingsFor,
                                     "proposer": profile.proposer.kind, "k": k, **tree_shape(profile.speculation),
                                     "identical_fraction": sum(w is None for w in where) / len(where),
                                     "first_divergence": where})
+    # the float32 engine is built apart from the timed one: a step that fell back there (kernels
+    # that do not fit float32, say) is said here, not in the timed engine's `fallbacks`
     return {"dtype": str(engine.pair.target.dtype).removeprefix("torch."), "device": str(engine.pair.device),
-            "results": results}
+            "fallbacks": list(engine.describe().get("fallbacks") or []), "results": results}
 
 
 class _FirstToken:
