@@ -128,6 +128,28 @@ def test_runner_steps_and_rollback_match_eager_forwards(pair, dtype, bound):
     assert int(runner.position) == int(eager.position)
 
 
+def test_a_decoder_built_after_a_re_allocation_captures_before_its_run(pair, monkeypatch):
+    """A cache that grew (room for a long prompt, as `specgen bench` takes before its warm-ups)
+    leaves the captured rounds over it stale: the next decoder re-captures both slots as it is
+    built, and its run captures nothing (core/bench/run.py times runs, not decoders' set-up)."""
+    from specgen.gpu import backend
+
+    engine = Engine(cuda_profile(*pair, max_tokens=16))
+    program = engine.decoder().programs[Mode.MODEL]
+    generation = engine.target_runner.generation
+    engine.decoder().reserve(engine.target_runner.capacity)  # a prompt as long as the cache: it grows
+    assert engine.target_runner.generation > generation and program.generation != program._generations()
+    decoder = engine.decoder()
+    assert decoder.pipelined and sorted(program.graphs) == [0, 1] and program.generation == program._generations()
+    captures = []
+    real = backend.capture
+    monkeypatch.setattr(backend, "capture", lambda *a, **k: captures.append(1) or real(*a, **k))
+    prompt = [3, 4, 5, 6, 7]
+    captured = finish(decoder, prompt)
+    assert captures == []
+    assert captured.token_ids == finish(eager_twin(engine.decoder()), prompt).token_ids
+
+
 def test_sampling_runs_and_stays_in_vocab(pair):
     engine = Engine(cuda_profile(*pair, temperature=0.8, top_p=0.95, seed=1, max_tokens=40))
     result = finish(engine.decoder(), [1, 2, 3])

@@ -100,11 +100,17 @@ def start_engine(settings, allow_pickle: bool, status: bool):
 def collector_paused():
     """Importing torch and transformers and loading the models create millions of objects that all
     live until the process ends; Python's cycle collector would walk them again and again meanwhile
-    (docs/benchmarks.md, "Start-up of the demo (2-core CPU)"). Paused for that, then resumed as it was."""
+    (docs/benchmarks.md, "Start-up of the demo (2-core CPU)"). Paused for that, then resumed as it was,
+    after one full collection: paused, the collector still counts them as young, and resumed it
+    would walk them all three times over (young, middle, then oldest generation) at whatever later
+    allocation its counts reach, inside a timed run as likely as not; walked once here, they sit in
+    the oldest generation, which it walks again only once that has grown by a quarter."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
+        if enabled:
+            gc.collect()
     finally:
         if enabled:
             gc.enable()

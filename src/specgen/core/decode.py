@@ -131,6 +131,13 @@ class Decoder:
         if error is not None:
             raise error
 
+    def reserve(self, prompt_tokens: int) -> None:
+        """Room in every cache for a run of a prompt this long (a run does it as it starts; a caller
+        that times runs does it first for its longest prompt, so that no cache re-allocates, and no
+        captured round re-captures, inside a timed run)."""
+        # k + 2: a round queued behind the last one fits too (_queue_ahead)
+        self.round.reserve(prompt_tokens + self.setup.sampling.max_tokens + self.setup.k + 2)
+
     def run(self, prompt_ids: list[int]):
         """Prefill, then rounds until a stop or max_tokens: a RoundEvent per round, then Finished."""
         self.check_prompt(prompt_ids)
@@ -161,7 +168,7 @@ class Decoder:
         self.adaptive = AdaptiveK() if self.adaptive_k else None
         seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
         start = time.perf_counter()
-        rnd.reserve(len(prompt_ids) + spec.max_tokens + self.setup.k + 2)  # a queued round fits (_queue_ahead)
+        self.reserve(len(prompt_ids))
         rnd.start(prompt_ids, seed, max_tokens=spec.max_tokens)
         if self.lookup is not None:
             self.lookup.start(prompt_ids)

@@ -182,7 +182,10 @@ class GraphProgram:
         self._capture(0)
 
     def prepare(self, slots: int) -> None:
-        """Capture the slots up to `slots` now (at start-up, not inside a timed run)."""
+        """Capture the slots up to `slots` now (at start-up, not inside a timed run), again where a
+        runner re-allocated its cache since they were captured (else launch() would, inside a run)."""
+        if self.eager is None and self.generation != self._generations():
+            self.graphs.clear()
         for slot in range(slots):
             if self.eager is None and slot not in self.graphs:
                 self._capture(slot)

@@ -3,7 +3,10 @@
 For each temperature, every baseline and every (proposer, k) of the sweep generate for every
 prompt: `warmup` untimed runs of the first prompt per method (so no method is timed cold: its first
 run pays for lazy set-up, caches and allocator growth), then, prompt by prompt, `repeat` timed runs
-of each method in turn; the median-time run stands for the prompt. Speed is core/stats.py's
+of each method in turn; the median-time run stands for the prompt. Before the warm-ups every cache
+takes room for the longest prompt, and after them Python's cycle collector walks the heap once, so
+that no timed run pays for a cache re-allocated (and the rounds over it re-captured) or a
+collection owed to the start-up (see _measure). Speed is core/stats.py's
 generation rate (tokens over the whole generation, prefill included), beside its decode rate
 (tokens after the first round over the seconds after it): the two rates `specgen generate`
 reports, by the same functions. Ratios are taken per prompt and summarised as medians; the
@@ -25,10 +28,11 @@ method of the interrupted temperature finished, and marks the document incomplet
 from __future__ import annotations
 
 import functools
+import gc
 import math
 import platform
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -90,6 +94,7 @@ class Sweep:
     unavailable: dict[str, str]
     samples: dict
     peaks: dict
+    profiles: dict = field(default_factory=dict)  # method -> Profile, for those that run specgen's own loop
 
     @property
     def finished(self) -> int:
@@ -191,23 +196,25 @@ class Bench:
 
     def _sweep(self, temperature: float, coupling: str | None) -> Sweep:
         profile = self._settings_for(self.plan.ks[0], temperature, coupling, self.plan.proposers[0])
-        methods, unavailable = {}, {}
+        methods, unavailable, profiles = {}, {}, {}
         first = coupling is None or coupling == self.plan.couplings[0]
         for name in self.plan.baselines:
             try:
                 if not first and name != "target-only":  # coupling changes specgen's tokens only
                     raise Unavailable(f"measured once per temperature, with {self.plan.couplings[0]} coupling")
                 methods[name] = self._baseline_runner(name, profile)
+                if name == "target-only":
+                    profiles[name] = target_only(profile)
             except Unavailable as exc:
                 unavailable[name] = str(exc)
                 self.progress(self.plan.warmup + len(self.prompts) * self.plan.repeat, f"T={temperature:g} {name}")
         for proposer in self.plan.proposers:
             for k in self.plan.ks:
                 for tree in self.plan.shapes(k):
-                    methods[proposer, k, tree] = functools.partial(
-                        self._ours, self._settings_for(k, temperature, coupling, proposer, tree))
+                    profiles[proposer, k, tree] = self._settings_for(k, temperature, coupling, proposer, tree)
+                    methods[proposer, k, tree] = functools.partial(self._ours, profiles[proposer, k, tree])
         return Sweep(temperature, coupling, methods, unavailable, {method: [] for method in methods},
-                     dict.fromkeys(methods))
+                     dict.fromkeys(methods), profiles)
 
     def _measure(self, sweep: Sweep) -> None:
         """Every method at one temperature, into `sweep`. Methods take turns prompt by prompt, so a
@@ -221,10 +228,16 @@ class Bench:
             shaped = f" w={tree[0]} n={tree[1]}" if tree and tree[0] > 1 else ""
             return f"T={sweep.temperature:g}{coupling} {named}k={k}{shaped}"
 
+        self._reserve(sweep)
         for method, run_one in sweep.methods.items():
             for _ in range(self.plan.warmup):
                 run_one(0)
                 self.progress(1, label(method) + " (warm-up)")
+        # Python's cycle collector walks the start-up's millions of objects (and the warm-ups'
+        # captures and kernels) when allocation counts say, not when it suits the clock: once here,
+        # so that no timed run pays for the walk (docs/benchmarks.md: 0.29 s inside an 8B bench's
+        # first timed lookup run)
+        gc.collect()
         for i in range(len(self.prompts)):
             for method, run_one in sweep.methods.items():
                 repeats = []
@@ -235,6 +248,15 @@ class Bench:
                     self.progress(1, label(method))
                 repeats.sort(key=lambda s: s.seconds)
                 sweep.samples[method].append(repeats[len(repeats) // 2])
+
+    def _reserve(self, sweep: Sweep) -> None:
+        """Room in every cache for the longest prompt, before any warm-up. A cache that grows
+        inside a timed run re-allocates there (the CUDA backend re-captures its runner's steps),
+        and each captured round over it re-captures at its next launch, on that run's clock; the
+        warm-ups, on the first prompt, reserve for that prompt only."""
+        longest = max(len(ids) for ids in self.prompt_ids)
+        for profile in sweep.profiles.values():
+            self.engine.decoder(profile).reserve(longest)
 
     def _summarise(self, sweep: Sweep) -> tuple[list[dict], list[dict]]:
         done = sweep.finished
