@@ -4,7 +4,7 @@ and shown equal (torch.equal) for the greedy, sibling and recursive walks.
 Random trees of several shapes (k, width, rows), B > 1, limits 0, 1 and k (one for all
 trees) and one per tree, small token ranges so that children match, duplicate siblings, drawn
 children missing from the tree and drafts of q = 0; vocabularies of one block and of several
-(8193: a pass over V in five blocks). On CPU (CI) the kernel runs in the Triton interpreter
+(8193: a pass over V in three blocks, the last one short). On CPU (CI) the kernel runs in the Triton interpreter
 (tests/triton_cpu.py); on a GPU the same tests run the compiled kernel.
 """
 
@@ -152,7 +152,7 @@ def test_recursive_walk_kernel_equals_the_reference(shape, seed):
 
 @pytest.mark.parametrize("walk", ["sibling", "recursive"])
 def test_sampled_walks_over_several_vocabulary_blocks(walk):
-    """8193 ids: each pass over V (sums, races) runs over five blocks, the last one short."""
+    """8193 ids: each pass over V (sums, races) runs over three blocks, the last one short."""
     shape, batch, vocab = (3, 2, 7), 3, 8193
     gen = torch.Generator().manual_seed(5)
     limit = torch.tensor([3], dtype=torch.int32, device=DEVICE)

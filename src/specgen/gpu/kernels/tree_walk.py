@@ -31,7 +31,9 @@ from specgen.gpu.kernels.dependent import launch_options, release_next, wait_pre
 from specgen.gpu.workspace import Workspace
 
 GREEDY, SIBLING, RECURSIVE = 0, 1, 2
-MAX_BLOCK_V = 2048  # vocabulary columns a pass reads at once (16 a thread over 4 warps)
+# vocabulary columns a pass reads at once, 16 a thread over 8 warps: one program walks a tree,
+# so a pass over V is latency-bound and wants many loads in flight
+MAX_BLOCK_V = 4096
 _FIXED = tl.constexpr(FIXED)
 _UNIT = tl.constexpr(1.0 / FIXED)
 
@@ -83,7 +85,7 @@ def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=No
         rows, k, vocab, 0 if limit.numel() == 1 else 1,
         MODE=mode, W=width, WB=max(2, triton.next_power_of_2(width)),
         BLOCK_V=min(MAX_BLOCK_V, max(16, triton.next_power_of_2(vocab))), DEPENDENT=dependent,
-        num_warps=1 if mode == GREEDY else 4, enable_fp_fusion=False, **launch_options(dependent),
+        num_warps=1 if mode == GREEDY else 8, enable_fp_fusion=False, **launch_options(dependent),
     )
     return out, path, shown
 
