@@ -448,6 +448,34 @@ def warp_scenarios(warp, argmax):
                                                               Workspace("cpu"), dependent=True)
 
 
+def tree_scenarios(tree_walk, compact):
+    """A k = 4, width 2, 8-node tree round's walks (greedy; sibling and recursive over 128256 ids,
+    and dependent), and the compaction of a 16-layer bf16 cache (head dim 64, 128)."""
+    k, w, rows, vocab = 4, 2, 9, 128256
+    children = torch.zeros(1, rows, w, dtype=torch.int64)
+    tokens = torch.zeros(1, rows, dtype=torch.int64)
+    limit = torch.tensor([k], dtype=torch.int32)
+    sampled = (torch.empty(1, rows, vocab), torch.empty(1, k, w), torch.empty(1, vocab))
+
+    def walks(dependent):
+        workspace = Workspace("cpu")
+        tree_walk.greedy_walk(children, tokens, tokens, limit, k, workspace, dependent=dependent)
+        probs, uniforms, expo = sampled
+        tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, k, workspace, dependent=dependent)
+        tree_walk.recursive_walk(children, children, tokens, probs, torch.empty(1, rows, vocab), uniforms, expo,
+                                 limit, k, workspace, dependent=dependent)
+
+    def move(dim, dependent=False):
+        planes = torch.empty(2, 16, 1, 8, 256, dim, dtype=BF16)
+        src = torch.zeros(1, k, dtype=torch.int64)
+        compact.compact(planes, torch.empty(1, 256, dtype=torch.int64), src, src, dependent=dependent)
+
+    yield "tree walks k=4 w=2", lambda: walks(False)
+    yield "tree walks k=4 w=2 dependent", lambda: walks(True)
+    yield "compact bf16 d=64", lambda: move(64)
+    yield "compact bf16 d=128 dependent", lambda: move(128, dependent=True)
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 
@@ -467,21 +495,22 @@ def main() -> dict:
         return report
     JITFunction.run = _run
 
-    from specgen.gpu.kernels import argmax, attention, cuts, linear, norm, step_io, verify, warp
+    from specgen.gpu.kernels import argmax, attention, compact, cuts, linear, norm, step_io, tree_walk, verify, warp
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 
     report["selfcheck"] = selfcheck()
     scenario_errors = {}
     for scenarios in (attention_scenarios(attention), linear_scenarios(linear), verify_scenarios(verify),
-                      warp_scenarios(warp, argmax), norm_scenarios(norm), step_io_scenarios(step_io)):
+                      warp_scenarios(warp, argmax), norm_scenarios(norm), step_io_scenarios(step_io),
+                      tree_scenarios(tree_walk, compact)):
         for label, call in scenarios:
             HARNESS.scenario = label
             try:
                 call()
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
-    report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io))
+    report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io, tree_walk, compact))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

@@ -149,3 +149,27 @@ def test_rounds_on_the_triton_table_equal_rounds_on_the_references(spec, shape):
             torch.testing.assert_close(rounds[1].stage_f, rounds[0].stage_f, rtol=2e-5, atol=1e-7)
         emitted.append(int(rounds[0].emitted))
     assert min(emitted) == 1 and max(emitted) > 1, emitted  # some rounds keep drafts, some keep none
+
+
+def test_the_tree_walks_of_each_table_agree():
+    """greedy_walk, sibling_walk and recursive_walk on both tables (the kernels' own exactness
+    tests are tests/gpu/kernels/test_tree_walk_kernel.py's): a full binary tree of depth 2, three
+    trees, each child's token its parent's likeliest ids."""
+    gen = torch.Generator().manual_seed(4)
+    k, w, batch = 2, 2, 3
+    children = torch.tensor([[1, 2], [3, 4], [5, 6]] + [[-1, -1]] * 4).expand(batch, -1, -1)
+    probs = torch.softmax(torch.randn(batch, 7, WIDTH, generator=gen) * 3, dim=-1)
+    q = torch.softmax(torch.randn(batch, 7, WIDTH, generator=gen) * 3, dim=-1)
+    drawn = probs.topk(w, dim=-1).indices  # [B, R, w]
+    tokens = torch.cat([torch.zeros(batch, 1, dtype=torch.long), drawn[:, :3].reshape(batch, 6)], dim=1)
+    x = [t.to(DEVICE) for t in (children, tokens, probs, q, drawn, probs.argmax(-1),
+                                sampling.uniforms((batch, k, w), gen, "cpu"), sampling.exponentials((batch, WIDTH), gen, "cpu"))]
+    children, tokens, probs, q, drawn, choice, uniforms, expo = x
+    limit = torch.tensor([k], dtype=torch.int32, device=DEVICE)
+    ref, ker = TorchRoundOps(), TritonRoundOps(Workspace(DEVICE))
+    calls = [lambda ops: ops.greedy_walk(children, tokens, choice, limit, k),
+             lambda ops: ops.sibling_walk(children, tokens, probs, uniforms, expo, limit, k),
+             lambda ops: ops.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k)]
+    for call in calls:
+        for want, got in zip(call(ref), call(ker)):
+            assert torch.equal(want, got)

@@ -7,7 +7,7 @@ held here once instead of passed with every call. Where a kernel is turned off, 
 outside what the kernel takes (more rows than a captured step has, biases the fused gate/up
 projection lacks), the op is the reference's own, so both tables compute
 every model. Each kernel's exactness against its torch reference is tested where the kernel is
-(tests/gpu/kernels/test_linear.py, test_norm.py, test_attention.py); tests/gpu/test_gpu_ops.py runs whole
+(tests/gpu/kernels/test_linear.py, test_norm.py, test_attention.py, test_compact.py); tests/gpu/test_gpu_ops.py runs whole
 steps.
 """
 
@@ -17,6 +17,7 @@ import torch
 
 from specgen.core.step.ops import TorchOps
 from specgen.gpu.kernels import attention as attention_kernels
+from specgen.gpu.kernels import compact as compact_kernels
 from specgen.gpu.kernels import linear as linear_kernels
 from specgen.gpu.kernels import norm as norm_kernels
 from specgen.gpu.kernels import step_io
@@ -127,3 +128,13 @@ class TritonOps(TorchOps):
                                                  softcap=softcap or 0.0, dependent=self.dependent,
                                                  tail=rows.tail, depth=rows.depth)
         return out.reshape(b, n, heads * d)  # [B, n, h, d] from the kernel
+
+    def compact(self, cache, src, dst):
+        """One launch for every layer's keys and values and the positions (gpu/kernels/compact.py),
+        where the cache's layers lie in one allocation on src's device (a cache over several GPUs,
+        or a sequence's view of a batch's cache, takes the reference)."""
+        planes = getattr(cache, "planes", None) or {}
+        if len(planes) != 1 or next(iter(planes.values())).device != src.device:
+            return super().compact(cache, src, dst)
+        (device, stack), = planes.items()
+        compact_kernels.compact(stack, cache.copies[device], src.long(), dst.long(), dependent=self.dependent)

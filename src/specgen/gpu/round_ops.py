@@ -1,5 +1,5 @@
-"""The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py, gpu/kernels/noise.py
-and gpu/kernels/commit.py over one device's workspace, each launched dependent on the kernel before when
+"""The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py, gpu/kernels/noise.py,
+gpu/kernels/tree_walk.py and gpu/kernels/commit.py over one device's workspace, each launched dependent on the kernel before when
 the target's kernel policy says so (gpu/kernels/dependent.py).
 
 The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
@@ -15,6 +15,7 @@ from specgen.core.sampling import noise
 from specgen.gpu.kernels import argmax as gpu_argmax
 from specgen.gpu.kernels import commit as gpu_commit
 from specgen.gpu.kernels import noise as gpu_noise
+from specgen.gpu.kernels import tree_walk as gpu_tree_walk
 from specgen.gpu.kernels import verify as gpu_verify
 from specgen.gpu.kernels import warp as gpu_warp
 from specgen.gpu.workspace import Workspace
@@ -49,6 +50,17 @@ class TritonRoundOps:
     def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
         return gpu_verify.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len,
                                     self.workspace, dependent=self.dependent)
+
+    def greedy_walk(self, children, tokens, choice, limit, k):
+        return gpu_tree_walk.greedy_walk(children, tokens, choice, limit, k, self.workspace, dependent=self.dependent)
+
+    def sibling_walk(self, children, tokens, probs, uniforms, expo, limit, k):
+        return gpu_tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, k, self.workspace,
+                                          dependent=self.dependent)
+
+    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k):
+        return gpu_tree_walk.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k,
+                                            self.workspace, dependent=self.dependent)
 
     def count_drafts(self, confident, budget, limit, generated, out):
         gpu_commit.count_drafts(confident, budget, limit, generated, out, dependent=self.dependent)

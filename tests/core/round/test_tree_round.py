@@ -95,6 +95,26 @@ def test_tree_rounds_on_the_kernel_table_give_target_only_tokens(pair):
     assert finish(decoder, prompt).token_ids == reference
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured test above runs the kernels")
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)])
+def test_tree_rounds_on_the_triton_round_ops_give_target_only_tokens(pair, sampling):
+    """The round's Triton table (the warp, the walk kernel) and the step table's compaction kernel,
+    here in the interpreter: greedy and Gumbel-coupled trees still give target-only's tokens."""
+    from gpu_helpers import KernelRunners, kernels
+    from specgen.gpu.round_ops import TritonRoundOps
+    from specgen.gpu.workspace import Workspace
+
+    profile = tree_profile(pair, 3, 2, 5, max_tokens=6, **sampling)
+    prompt = random_prompts(200, 1, seed=4)[0]
+    reference = finish(Engine(profile).decoder(target_only(profile)), prompt).token_ids
+    backend = KernelRunners(kernels())
+    backend.ops = TritonRoundOps(Workspace(backend.device))
+    decoder = Engine(profile, backend=backend).decoder()
+    assert isinstance(decoder.round, TreeRound) and decoder.round.ops is backend.ops
+    assert finish(decoder, prompt).token_ids == reference
+
+
 def test_tree_rows_count_each_paths_drafts_and_mask_by_depth():
     """Row r's penalty counts are a chain's after the drafts on r's path (its ancestors below the
     root, then r), and min_tokens masks the stop ids in rows of depth < min_tokens - generated."""

@@ -1,8 +1,8 @@
 """The round's ops: the table of tensor operations the round's parts call (warp, argmax, the race,
-Gumbel noise, verification, the draft count, the commit), chosen once by the backend.
+Gumbel noise, verification, a token tree's walks, the draft count, the commit), chosen once by the backend.
 
 `TorchRoundOps` is the table of references (core/sampling/warp.py, core/sampling/rejection.py, core/sampling/noise.py,
-core/sampling/bookkeeping.py): what the torch backend runs, and the CUDA backend too where the target's
+core/sampling/tree_walk.py, core/sampling/bookkeeping.py): what the torch backend runs, and the CUDA backend too where the target's
 kernel policy turns the round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes the
 same results with Triton kernels (tests/gpu/test_round_ops.py compares the two on one round's
 inputs). A table holds what its calls share (the Triton one: the device's workspace and the
@@ -20,6 +20,8 @@ from specgen.core.sampling import bookkeeping
 from specgen.core.sampling import noise
 
 from specgen.core.sampling import rejection
+
+from specgen.core.sampling import tree_walk
 
 from specgen.core.sampling import warp as sampling
 from specgen.core.sampling.bookkeeping import CommitBuffers
@@ -45,6 +47,13 @@ class RoundOps(Protocol):
 
     def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo,
                       max_spec_len: int) -> torch.Tensor: ...
+
+    def greedy_walk(self, children, tokens, choice, limit, k: int) -> tuple:
+        """A token tree's walk (out, path, shown): core/sampling/tree_walk.py's, as are the two below."""
+
+    def sibling_walk(self, children, tokens, probs, uniforms, expo, limit, k: int) -> tuple: ...
+
+    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k: int) -> tuple: ...
 
     def count_drafts(self, confident, budget, limit, generated, out) -> None: ...
 
@@ -77,6 +86,15 @@ class TorchRoundOps:
 
     def verify_random(self, drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len):
         return rejection.verify_random(drafts, cu, draft_probs, target_probs, uniforms, expo, max_spec_len)
+
+    def greedy_walk(self, children, tokens, choice, limit, k):
+        return tree_walk.greedy_walk(children, tokens, choice, limit, k)
+
+    def sibling_walk(self, children, tokens, probs, uniforms, expo, limit, k):
+        return tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, k)
+
+    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k):
+        return tree_walk.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k)
 
     def count_drafts(self, confident, budget, limit, generated, out):
         bookkeeping.count_drafts(confident, budget, limit, generated, out)

@@ -5,8 +5,9 @@ buffers, with a tree drafter, tree verification and a commit that compacts both 
              level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py)
     select   the n best candidates by cumulative draft log-probability, as tree rows
     target   one step over the root and the n nodes (core/step/rows.tree)
-    verify   the walk from the root (core/sampling/tree_walk.py): greedy and Gumbel coupling follow
-             the target's token, rejection coupling walks siblings
+    verify   the walk from the root (core/sampling/tree_walk.py, through the round's ops table: one
+             kernel on CUDA): greedy and Gumbel coupling follow the target's token, rejection
+             coupling walks siblings
     commit   the accepted path's K/V moves to the slots after each cache's committed prefix (the
              step's `compact` op), so the next round starts as after a chain; the ids are staged
              as a chain round stages them (out | the drafts the walk followed | drafts that count)
@@ -25,7 +26,6 @@ from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.stage import NoStage
 from specgen.core.round.tree import Tree
-from specgen.core.sampling import tree_walk
 from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, logprobs_from_logits, uniforms_
 
 
@@ -143,13 +143,13 @@ class TreeRejection:
         rnd = self.rnd
         argmax, probs = rnd.ops.warp(rnd.tree_logits, params, penalties, bad)
         if probs is None:
-            return tree_walk.greedy_walk(tree.children[None], tree.ids, argmax[None], rnd.num_drafts, rnd.k)
+            return rnd.ops.greedy_walk(tree.children[None], tree.ids, argmax[None], rnd.num_drafts, rnd.k)
         if self.q is None:
-            return tree_walk.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
-                                          rnd.num_drafts, rnd.k)
+            return rnd.ops.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
+                                        rnd.num_drafts, rnd.k)
         q = self.q.index_select(0, (1 + tree.offset).clamp(max=self.q.shape[0] - 1))  # [n+1, V] by tree row
-        return tree_walk.recursive_walk(tree.children[None], tree.drawn[None], tree.ids, probs[None], q[None],
-                                        self.uniform, self.noise, rnd.num_drafts, rnd.k)
+        return rnd.ops.recursive_walk(tree.children[None], tree.drawn[None], tree.ids, probs[None], q[None],
+                                      self.uniform, self.noise, rnd.num_drafts, rnd.k)
 
 
 class TreeGumbel(GumbelCoupling):
@@ -174,7 +174,7 @@ class TreeGumbel(GumbelCoupling):
         rnd = self.rnd
         noise = self.noise.index_select(0, rows.depth[0] - 1)  # [n+1, V]: each row's position's
         rnd.ops.warp_and_race(rnd.tree_logits, params, noise, self.tree_choice, penalties, bad)
-        return tree_walk.greedy_walk(tree.children[None], tree.ids, self.tree_choice[None], rnd.num_drafts, rnd.k)
+        return rnd.ops.greedy_walk(tree.children[None], tree.ids, self.tree_choice[None], rnd.num_drafts, rnd.k)
 
 
 class TreeRound(Round):

@@ -27,6 +27,12 @@ min(1, r(c_i) / q_i(c_i)); on rejection r <- max(0, r − q_i) normalised and q_
 c_i, normalised; if every child is rejected, the token is drawn from r. A child accepted but not in
 the tree (the budget left it out) is emitted and ends the walk, like a recovered token. At w = 1
 this is the chain's rule (core/sampling/rejection.py), bit for bit.
+
+Sums over V (the normaliser of what is left at a node) are `total`'s: each value truncated to a
+multiple of 2^-60 and added as an integer, so the sum is the same whatever the order of the adds,
+and gpu/kernels/tree_walk.py, whose blocked passes add in another order than torch, computes the
+same bits (a float32 sum would differ in its last bits with the order). The truncation (below
+1e-18 a value) is far under float32's own rounding of a sum of order 1.
 """
 
 from __future__ import annotations
@@ -39,6 +45,14 @@ import torch
 # the token emitted at `node` (the accepted child's when hit); kids, kid_tokens [B, w]
 Pick = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                 tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+FIXED = 2.0**60  # the unit of `total`'s integer sums: rows of probabilities sum to < 8
+
+
+def total(x: torch.Tensor) -> torch.Tensor:
+    """x [B, V] >= 0 -> [B] float32: the sum of each row, in fixed point (exact, order-free)."""
+    return (x * FIXED).long().sum(1).float() * (1.0 / FIXED)
 
 
 def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -96,11 +110,11 @@ def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tens
             token = kid_tokens[:, i : i + 1]
             valid = allowed & (kids[:, i] >= 0) & ~hit
             mass = left.gather(1, token)[:, 0]
-            accept = valid & (uniforms[:, depth, i] * left.sum(1) <= mass) & (mass > 0)
+            accept = valid & (uniforms[:, depth, i] * total(left) <= mass) & (mass > 0)
             index = torch.where(accept, i, index)
             hit = hit | accept
             left.scatter_(1, token, torch.where(valid & ~accept, 0.0, mass)[:, None])
-        residual = torch.where(left.sum(1, keepdim=True) > 0, left, p)
+        residual = torch.where((left > 0).any(1, keepdim=True), left, p)
         recovered = (residual / expo).argmax(1)
         return hit, index, torch.where(hit, kid_tokens.gather(1, index[:, None])[:, 0], recovered)
 
@@ -159,7 +173,7 @@ class _Residual:
         mass = (self.mass - self.z[:, None] * q_i).clamp(min=0.0)
         rows = rejected[:, None]
         self.mass = torch.where(rows, mass, self.mass)
-        self.z = torch.where(rejected, mass.sum(1), self.z)
+        self.z = torch.where(rejected, total(mass), self.z)
         taken = self.left.gather(1, token)[:, 0]
         self.kept = torch.where(rejected, self.kept - taken, self.kept)
         self.left = torch.where(rows, self.left.scatter(1, token, 0.0), self.left)

@@ -21,8 +21,16 @@ class SlotCache:
                  dtype: torch.dtype, devices: torch.device | list[torch.device]):
         shape = (batch, kv_heads, capacity, head_dim)
         self.devices = list(devices) if isinstance(devices, (list, tuple)) else [devices] * layers
-        self.keys = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
-        self.values = [torch.zeros(shape, dtype=dtype, device=d) for d in self.devices]
+        # one allocation a device, [2, its layers, *shape]: keys then values, each layer's table a view,
+        # so that a kernel reaches every layer's slots by one stride (the Triton table's compact
+        # moves a tree's path in all of them in one launch)
+        self.planes: dict[torch.device, torch.Tensor] = {}
+        self.keys, self.values = [None] * layers, [None] * layers
+        for device in dict.fromkeys(self.devices):
+            mine = [layer for layer, d in enumerate(self.devices) if d == device]
+            planes = self.planes[device] = torch.zeros(2, len(mine), *shape, dtype=dtype, device=device)
+            for i, layer in enumerate(mine):
+                self.keys[layer], self.values[layer] = planes[0, i], planes[1, i]
         # [B, capacity] on each device the layers use
         self.copies = {d: torch.zeros(batch, capacity, dtype=torch.long, device=d) for d in dict.fromkeys(self.devices)}
 
