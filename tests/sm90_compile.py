@@ -4,7 +4,7 @@ Why: CI has no GPU, so there the kernels only run in the Triton interpreter (tes
 which does not type-check. A kernel whose loop-carried variable changes type ("Loop-carried variable
 x has initial type int32 but is re-assigned to int64 in loop") or shape passes every CPU test and
 fails on its first GPU launch. This script calls the wrappers (gpu/kernels/attention.py, linear.py, norm.py,
-step_io.py, verify.py, warp.py) with CPU tensors, but with JITFunction.run replaced: each launch is specialised
+step_io.py, tree_build.py, verify.py, warp.py) with CPU tensors, but with JITFunction.run replaced: each launch is specialised
 as Triton specialises a GPU launch (its own binder: an int argument equal to 1 becomes a constant,
 pointer alignment becomes a divisibility attribute), compiled for GPUTarget("cuda", 90, 32) up to
 STAGE, and not run. Outputs are garbage (torch.empty), which nothing reads.
@@ -23,7 +23,7 @@ tl.dot paths compile (F32_DOT = False) and warp.py picks the tile sizes of compi
 
 Run by tests/gpu/kernels/test_sm90_compile.py; by hand: `python tests/sm90_compile.py`. Prints one JSON object,
 the last line of stdout: {"triton", "stage", "skip" (null or why), "kernels" (every top-level
-*_kernel JITFunction of the six modules), "variants" (one per distinct compile: kernel,
+*_kernel JITFunction of the listed modules), "variants" (one per distinct compile: kernel,
 constexprs, specialized (runtime arguments Triton made constants), options, scenario, status,
 error, seconds), "scenario_errors", "selfcheck", "seconds"}.
 """
@@ -476,6 +476,24 @@ def tree_scenarios(tree_walk, compact):
     yield "compact bf16 d=128 dependent", lambda: move(128, dependent=True)
 
 
+def tree_build_scenarios(tree_build):
+    """A k = 4, width 3 tree's construction: the root's level, a middle level (the next frontier),
+    the last level, and the selection of top-w and of drawn children, plainly and dependent."""
+    from specgen.core.round.tree import Tree
+
+    for dependent in (False, True):
+        for drawn in (False, True):
+            def call(dependent=dependent, drawn=drawn):
+                tree, start = Tree(4, 3, 12, torch.device("cpu"), drawn=drawn), torch.zeros(1, dtype=torch.int64)
+                kids, logq = torch.zeros(3, 3, dtype=torch.int64), torch.zeros(3, 3)
+                tree_build.expand(tree, 0, kids[:1], logq[:1], start, start, dependent=dependent)
+                for level in (1, 3):
+                    tree_build.expand(tree, level, kids, logq, start, dependent=dependent)
+                tree_build.select(tree, start, dependent=dependent)
+
+            yield f"tree_build dependent={dependent} drawn={drawn}", call
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 
@@ -495,7 +513,8 @@ def main() -> dict:
         return report
     JITFunction.run = _run
 
-    from specgen.gpu.kernels import argmax, attention, compact, cuts, linear, norm, step_io, tree_walk, verify, warp
+    from specgen.gpu.kernels import (argmax, attention, compact, cuts, linear, norm, step_io, tree_build,
+                                     tree_walk, verify, warp)
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 
@@ -503,14 +522,14 @@ def main() -> dict:
     scenario_errors = {}
     for scenarios in (attention_scenarios(attention), linear_scenarios(linear), verify_scenarios(verify),
                       warp_scenarios(warp, argmax), norm_scenarios(norm), step_io_scenarios(step_io),
-                      tree_scenarios(tree_walk, compact)):
+                      tree_scenarios(tree_walk, compact), tree_build_scenarios(tree_build)):
         for label, call in scenarios:
             HARNESS.scenario = label
             try:
                 call()
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
-    report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io, tree_walk, compact))
+    report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io, tree_walk, compact, tree_build))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

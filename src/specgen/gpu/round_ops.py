@@ -1,6 +1,7 @@
-"""The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py, gpu/kernels/noise.py,
-gpu/kernels/tree_walk.py and gpu/kernels/commit.py over one device's workspace, each launched dependent on the kernel before when
-the target's kernel policy says so (gpu/kernels/dependent.py).
+"""The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py,
+gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py
+over one device's workspace, each launched dependent on the kernel before when the target's kernel
+policy says so (gpu/kernels/dependent.py).
 
 The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
 reads with the round (gpu/kernels/verify.check_output). tests/gpu/test_round_ops.py compares this table with
@@ -15,6 +16,7 @@ from specgen.core.sampling import noise
 from specgen.gpu.kernels import argmax as gpu_argmax
 from specgen.gpu.kernels import commit as gpu_commit
 from specgen.gpu.kernels import noise as gpu_noise
+from specgen.gpu.kernels import tree_build as gpu_tree
 from specgen.gpu.kernels import tree_walk as gpu_tree_walk
 from specgen.gpu.kernels import verify as gpu_verify
 from specgen.gpu.kernels import warp as gpu_warp
@@ -73,3 +75,9 @@ class TritonRoundOps:
             gpu_commit.commit(buffers, dependent=self.dependent)
         else:
             bookkeeping.commit(buffers)
+
+    def tree_expand(self, tree, level, tokens, logq, start, root_id=None):
+        gpu_tree.expand(tree, level, tokens, logq, start, root_id, dependent=self.dependent)
+
+    def tree_select(self, tree, start):
+        gpu_tree.select(tree, start, dependent=self.dependent)

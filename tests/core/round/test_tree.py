@@ -11,8 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specgen.core.round.ops import TorchRoundOps
 from specgen.core.round.tree import Tree, envelope
 from specgen.core.sampling.warp import exponentials
+from specgen.core.step import rows as rowsets
 
 VOCAB = 40
 
@@ -35,13 +37,13 @@ def grown(k: int, w: int, n: int, seed: int, tied: bool = False, drawn: bool = F
         fed.append(torch.log_softmax(raw, -1))
         return fed[-1]
 
-    tree.root(torch.tensor([7]), logq(1), noise(1))
-    start = torch.tensor([30])
+    start, ops = torch.tensor([30]), TorchRoundOps()
+    tree.root(torch.tensor([7]), logq(1), noise(1), start, ops)
     for level in range(1, k):
         rows = tree.level_rows(level, start)
         assert rows.ids.shape == (1, w) and rows.tail.shape == (1, w, max(k - 1, 1))
-        tree.expand(level, logq(w), noise(w))
-    tree.select()
+        tree.expand(level, logq(w), noise(w), start, ops)
+    tree.select(torch.tensor([50]), ops)
     return tree, fed
 
 
@@ -140,3 +142,22 @@ def test_drawn_children_keep_every_stepped_node_first(k, w, n):
         assert kids == keys[level][f].topk(w).indices.tolist()
         for rank, child in enumerate(tree.children[row].tolist()):
             assert child < 0 or ids[child] == kids[rank]
+
+
+@pytest.mark.parametrize("k, w, n", [(4, 2, 9), (3, 3, 12), (1, 3, 2)])
+def test_the_steps_rows_are_written_with_the_tree(k, w, n):
+    """A frontier's draft rows (its tokens at position start + level - 1, its slots, its nodes'
+    draft paths) and the target's rows (core/step/rows.tree over the selected parents) are there
+    once the tree's construction wrote them (grown: draft start 30, target start 50)."""
+    tree, _ = grown(k, w, n, seed=2)
+    start = torch.tensor([30])
+    for level in range(1, k):
+        rows = tree.level_rows(level, start)
+        assert rows.ids[0].tolist() == tree.tokens[tree.frontier[level - 1]].tolist()
+        assert rows.positions.tolist() == [[30 + level - 1] * w] and rows.depth.tolist() == [[level] * w]
+        assert rows.slots[0].tolist() == [30 + (level - 1) * w + f for f in range(w)]
+        assert torch.equal(rows.tail[0, :, :level], 30 + tree.tail[level - 1, :, :level])
+    want = rowsets.tree(tree.ids, tree.parents, torch.tensor([50]), levels=k + 1)
+    got = tree.target_rows(torch.tensor([50]))
+    for field in ("ids", "positions", "slots", "tail", "depth"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field

@@ -3,13 +3,13 @@
 Why: without a GPU (CI) the kernels only run in the Triton interpreter, which does not type-check:
 a loop-carried variable that changes type (int32 -> int64) or shape passes every CPU test and
 breaks the first GPU launch. tests/sm90_compile.py calls the wrappers of gpu/kernels/attention.py,
-linear.py, verify.py, warp.py, norm.py and step_io.py over their compile-time branches, specialises each launch as
+linear.py, verify.py, warp.py, norm.py, step_io.py and tree_build.py over their compile-time branches, specialises each launch as
 Triton does on a GPU and compiles it for sm_90 through the front end (TTIR), launching nothing;
 see its docstring. It runs in a subprocess without TRITON_INTERPRET, which the other test modules
 set in this process (tests/triton_cpu.py), so that @triton.jit gives compilable JITFunctions.
 
 Checked: the harness reports the bug class it exists for (self-check kernels), no launch fails to
-compile, and every top-level *_kernel of the six modules was compiled at least once (a new kernel
+compile, and every top-level *_kernel of the listed modules was compiled at least once (a new kernel
 without a scenario in sm90_compile.py fails here). With CUDA the real compiles happen anyway: skipped.
 SPECGEN_SM90_STAGE=ttgir (passed through) compiles further; about 30 s instead of 10 s on 2 cores.
 """
@@ -28,7 +28,7 @@ from repo_paths import REPO, TESTS
 
 SCRIPT = TESTS / "sm90_compile.py"
 SRC = REPO / "src"
-MODULES = ("attention", "linear", "verify", "warp", "cuts", "argmax", "norm", "step_io", "tree_walk", "compact")  # specgen.gpu.*
+MODULES = ("attention", "linear", "verify", "warp", "cuts", "argmax", "norm", "step_io", "tree_walk", "compact", "tree_build")  # specgen.gpu.*
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles the kernels for real")
 
@@ -70,7 +70,7 @@ def test_every_launch_compiles_for_sm90(report):
 
 
 def test_every_kernel_is_compiled(report):
-    """Each top-level kernel of the six modules is launched by some scenario of sm90_compile.py."""
+    """Each top-level kernel of the listed modules is launched by some scenario of sm90_compile.py."""
     kernels = report["kernels"]
     for module in MODULES:  # the collection itself works: JITFunctions, not interpreted ones
         assert any(k.startswith(f"specgen.gpu.kernels.{module}.") for k in kernels), \

@@ -1,11 +1,13 @@
 """The round's ops: the table of tensor operations the round's parts call (warp, argmax, the race,
-Gumbel noise, verification, a token tree's walks, the draft count, the commit), chosen once by the backend.
+Gumbel noise, verification, the draft count, the commit, a token tree's construction and its
+walks), chosen once by the backend.
 
-`TorchRoundOps` is the table of references (core/sampling/warp.py, core/sampling/rejection.py, core/sampling/noise.py,
-core/sampling/tree_walk.py, core/sampling/bookkeeping.py): what the torch backend runs, and the CUDA backend too where the target's
-kernel policy turns the round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes the
-same results with Triton kernels (tests/gpu/test_round_ops.py compares the two on one round's
-inputs). A table holds what its calls share (the Triton one: the device's workspace and the
+`TorchRoundOps` is the table of references (core/sampling/warp.py, core/sampling/rejection.py,
+core/sampling/noise.py, core/sampling/bookkeeping.py, core/round/tree.py, core/sampling/tree_walk.py):
+what the torch backend runs, and the CUDA backend too where the target's kernel policy turns the
+round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes the same results with Triton
+kernels (tests/gpu/test_round_ops.py compares the two on one round's inputs, and
+tests/gpu/kernels/test_tree_build_kernel.py the tree's). A table holds what its calls share (the Triton one: the device's workspace and the
 dependent-launch flag), so the parts pass only their tensors.
 """
 
@@ -15,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from specgen.core.round import tree as tree_build
 from specgen.core.sampling import bookkeeping
 
 from specgen.core.sampling import noise
@@ -59,6 +62,13 @@ class RoundOps(Protocol):
 
     def commit(self, buffers: CommitBuffers) -> None: ...
 
+    def tree_expand(self, tree, level: int, tokens, logq, start, root_id=None) -> None:
+        """A token tree's level from its children (tokens, log q [w, w]; level 0: the root's [1, w]),
+        the next frontier and its draft rows past start: core/round/tree.grow."""
+
+    def tree_select(self, tree, start) -> None:
+        """The tree's n best nodes as rows, and the target's rows past start: core/round/tree.pick."""
+
 
 class TorchRoundOps:
     """The references. They raise inside warp (bad logits, all masked) and sync to do so: a round on
@@ -101,3 +111,9 @@ class TorchRoundOps:
 
     def commit(self, buffers):
         bookkeeping.commit(buffers)
+
+    def tree_expand(self, tree, level, tokens, logq, start, root_id=None):
+        tree_build.grow(tree, level, tokens, logq, start, root_id)
+
+    def tree_select(self, tree, start):
+        tree_build.pick(tree, start)

@@ -56,13 +56,13 @@ class TreeDraft:
         logits = self.chain.logits[2]
         with runner.step_context(2):
             runner.step(pending, logits)
-        noise = self.coupling.children_noise
-        tree.root(rnd.feed[0, :1], self.logq(logits[1:], 0), noise(0))
+        noise, ops = self.coupling.children_noise, rnd.ops
         start = runner.position.view(1)  # past the committed sequence, the root included
+        tree.root(rnd.feed[0, :1], self.logq(logits[1:], 0), noise(0), start, ops)
         for level in range(1, rnd.k):
             runner.step_rows(tree.level_rows(level, start), self.level_logits)
-            tree.expand(level, self.logq(self.level_logits, level), noise(level))
-        tree.select()
+            tree.expand(level, self.logq(self.level_logits, level), noise(level), start, ops)
+        tree.select(rnd.target.position.view(1), ops)  # the target's rows past its own position
         rnd.ops.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
 
     def state(self) -> list[torch.Tensor]:

@@ -1,0 +1,113 @@
+"""gpu/kernels/tree_build.py against core/round/tree.py's grow and pick (the references): every
+buffer of the Tree equal after each level's expansion and after the selection, through the two
+ops tables (TritonRoundOps and TorchRoundOps), for top-w and drawn children, with scores that tie
+(log q on a coarse grid, and -inf where the vocabulary runs out of finite entries), over depths 1
+to 6, widths 2 to 4 and budgets from one node to the whole pool (pools past a block of 64). On CPU
+(CI) the kernels run in the Triton interpreter (tests/triton_cpu.py); on a GPU the same tests run the
+compiled kernels, with and without dependent launch.
+"""
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import pytest
+import torch
+
+from decode_helpers import finish, make_profile, random_prompts
+from specgen.core.backend import TorchBackend
+from specgen.core.engine import Engine, target_only
+from specgen.core.round import TreeRound
+from specgen.core.round.ops import TorchRoundOps
+from specgen.core.round.tree import Tree, envelope
+from specgen.core.step import rows as rowsets
+from specgen.gpu.round_ops import TritonRoundOps
+from specgen.gpu.workspace import Workspace
+from tiny_models import build_pair
+
+DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
+VOCAB = 12
+
+
+def _logq(rows: int, gen: torch.Generator, tied: bool) -> torch.Tensor:
+    """Log q rows: random, or on a grid of halves (cumulative scores tie exactly), with a few
+    finite entries per row only (top-w then takes -inf scores, which tie too)."""
+    if not tied:
+        return torch.log_softmax(torch.randn(rows, VOCAB, generator=gen) * 2, -1)
+    logq = -0.5 * torch.randint(0, 3, (rows, VOCAB), generator=gen).float()
+    finite = torch.rand(rows, VOCAB, generator=gen) < 0.25
+    finite[:, 0] = True
+    return torch.where(finite, logq, float("-inf"))
+
+
+def _same(ours: Tree, theirs: Tree, when: str) -> None:
+    for name, value in vars(theirs).items():
+        if isinstance(value, torch.Tensor):
+            got = getattr(ours, name)
+            assert torch.equal(got, value), f"{when}, {name}: kernel {got.tolist()} reference {value.tolist()}"
+
+
+def _build(k: int, w: int, n: int, drawn: bool, tied: bool, seed: int, dependent: bool) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    trees = [Tree(k, w, n, DEVICE, drawn=drawn) for _ in range(2)]
+    tables = [TritonRoundOps(Workspace(DEVICE), dependent), TorchRoundOps()]
+    draft_start = torch.tensor([30 + seed], device=DEVICE)
+    target_start = torch.tensor([100 + seed], device=DEVICE)
+
+    def fed(rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logq = _logq(rows, gen, tied).to(DEVICE)
+        noise = torch.empty(rows, VOCAB).exponential_(generator=gen).to(DEVICE) if drawn else None
+        return logq, noise
+
+    for _round in range(2):  # a second round over the first's buffers: nothing stale survives
+        root_id = torch.randint(0, VOCAB, (1,), generator=gen).to(DEVICE)
+        logq, noise = fed(1)
+        for tree, ops in zip(trees, tables):
+            tree.root(root_id, logq, noise, draft_start, ops)
+        _same(*trees, "root")
+        for level in range(1, k):
+            logq, noise = fed(w)
+            for tree, ops in zip(trees, tables):
+                tree.expand(level, logq, noise, draft_start, ops)
+            _same(*trees, f"level {level}")
+        for tree, ops in zip(trees, tables):
+            tree.select(target_start, ops)
+        _same(*trees, "select")
+        ours = trees[0]
+        want = rowsets.tree(ours.ids, ours.parents, target_start, levels=k + 1)
+        got = ours.target_rows(target_start)
+        for field in ("ids", "positions", "slots", "tail", "depth"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("tied", [False, True], ids=["random", "tied"])
+@pytest.mark.parametrize("drawn", [False, True], ids=["top-w", "drawn"])
+@pytest.mark.parametrize("k, w", [(1, 3), (2, 2), (2, 4), (3, 3), (4, 2), (4, 4), (5, 3)])
+def test_tree_kernels_match_the_reference(k, w, drawn, tied, dependent):
+    size = envelope(k, w)
+    for n in sorted({1, min(k + 1, size), size // 2, size}):
+        _build(k, w, n, drawn, tied, seed=n + 10 * k + w, dependent=dependent)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drawn", [False, True], ids=["top-w", "drawn"])
+def test_tree_kernels_match_the_reference_past_a_block(drawn):
+    """Pools and tree rows longer than the kernels' blocks of 64: the rank and row loops chunk."""
+    for k, w, n in [(5, 4, 40), (5, 4, 68), (6, 4, 70)]:
+        _build(k, w, n, drawn, tied=True, seed=k + n, dependent=False)
+        _build(k, w, n, drawn, tied=False, seed=k + n, dependent=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)])
+def test_tree_rounds_on_the_kernel_table_give_target_only_tokens(tmp_path, sampling):
+    """Whole tree rounds on the Triton table (the tree's construction and every other round op;
+    the runners eager), greedy and Gumbel-coupled: target-only's tokens."""
+    pair = build_pair(tmp_path, noisy=0.1)
+    profile = make_profile(*pair, k=3, speculation=dict(tree_width=3, tree_nodes=8), max_tokens=8, **sampling)
+    prompt = random_prompts(200, 1, seed=4)[0]
+    reference = finish(Engine(profile).decoder(target_only(profile)), prompt).token_ids
+    backend = TorchBackend(DEVICE)
+    backend.ops = TritonRoundOps(Workspace(DEVICE))
+    decoder = Engine(profile, backend=backend).decoder()
+    assert isinstance(decoder.round, TreeRound)
+    assert finish(decoder, prompt).token_ids == reference
