@@ -360,6 +360,26 @@ def test_tree_shapes_are_swept_beside_each_k(tiny, monkeypatch):
     assert [r["identical_fraction"] for r in document["fp32_check"]["results"]] == [1.0] * 4
     assert "k=2 w=2 n=4" in err and "greedy same as target-only in float32 (cpu): k=2 100%, k=2 w=2 n=4 100%" in err
     assert {"tree_width", "tree_nodes"} <= set(document["recommendation"][0])
+    # the recommendation names its shape (a tree sweep: k and shape), and what auto would choose
+    for rec in document["recommendation"]:
+        assert rec["shape"] == ("none" if not rec["faster_than_target_only"] else
+                                "chain" if rec["tree_width"] == 1 else "tree")
+    assert "recommended k and tree shape at temperature 0: k=2" in err
+    assert [(a["temperature"], a["k"]) for a in document["auto"]] == [(0.0, 2), (0.8, 2)]
+    # (the choice itself follows this machine's timings: tests/core/test_tree_cost.py tests it with numbers)
+    assert all(a["reason"] and a["tree_width"] in (1, 2) and 2 <= a["tree_nodes"] <= 4 for a in document["auto"])
+    assert "tree_width auto at temperature 0, k=2: " in err
+    # the rows are kept for later runs' auto (the session's own cache folder: tests/conftest.py)
+    kept = document["measured"]
+    assert kept["rows"] == 6 and kept["path"].endswith("measured.json") and f"{kept['path']} for tree_width auto" in err
+    result = specgen(monkeypatch, "generate", "-p", tiny, "-n", "8", "--k", "2", "--tree-width", "auto",
+                     "--tree-nodes", "auto", "-v", "--no-live", "def f(x):")
+    assert result.code == 0, result.stderr
+    shape = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in result.stderr.splitlines()
+             if line.startswith("tree_")}
+    assert re.fullmatch(r"a chain|a tree of width 2, [234] nodes|no speculation, target-only is faster",
+                        shape["tree_auto"].split(" (bench's measurements, ")[0])
+    assert "T=0)" in shape["tree_auto"] and {"tree_width", "tree_nodes"} <= set(shape)
 
 
 def test_tree_shapes_that_do_not_fit_a_k_are_left_out_of_its_runs():

@@ -3,7 +3,8 @@
 After a complete sweep, bench writes its rows here (cli/bench.py): per pair (target, draft, device,
 dtype), one row per method it ran, target-only included (k 0), each with its sampling regime
 (temperature, coupling), its shape (k, tree_width, tree_nodes), the round's phases in ms per round,
-tokens per round, per-position acceptance and the rounds these came from. A later bench of the same
+its wall ms per round (tokens per round over the decode rate), tokens per round, per-position
+acceptance and the rounds these came from. A later bench of the same
 pair replaces the rows of the methods it ran again and keeps the others. core/tree_cost.py chooses
 a shape from them; a run with nothing measured for its pair resolves auto to a chain.
 
@@ -54,14 +55,23 @@ def rows_from_bench(document: dict) -> tuple[str, list[dict]]:
                      "tree_width": result.get("tree_width", 1), "tree_nodes": result.get("tree_nodes", result["k"]),
                      "tokens_per_round": result["mean_accepted_length"], "round_ms": result["round_ms"],
                      "per_position_acceptance": result["per_position_acceptance"],
-                     "rounds": result["counts"]["rounds"], "created": when})
+                     "rounds": result["counts"]["rounds"], "created": when,
+                     "wall_ms": _wall_ms(result["mean_accepted_length"], result.get("decode_tokens_per_second"))})
     for base in document["baselines"]:
         if base["method"] == "target-only" and base.get("available") and base.get("round_ms"):
             rows.append({"proposer": "none", "temperature": base["temperature"], "coupling": base.get("coupling"),
                          "k": 0, "tree_width": 1, "tree_nodes": 0, "tokens_per_round": 1.0,
                          "round_ms": base["round_ms"], "per_position_acceptance": [],
-                         "rounds": base.get("rounds"), "created": when})
+                         "rounds": base.get("rounds"), "created": when,
+                         "wall_ms": _wall_ms(1.0, base.get("decode_tokens_per_second"))})
     return key, rows
+
+
+def _wall_ms(tokens_per_round: float, decode: dict | None) -> float | None:
+    """A round's wall ms: its tokens over the median decode rate (what the table's decode tok/s
+    shows); None without one (a single round per prompt)."""
+    rate = (decode or {}).get("median")
+    return 1000.0 * tokens_per_round / rate if rate else None
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:

@@ -2,19 +2,20 @@
 what `specgen bench` measured on this machine (core/measured.py), never from guesses.
 
 Facts: measured rows, one per (proposer, temperature, coupling, k, width, nodes) the bench ran, each
-with the round's phases in ms (draft, verify, sample, other: core/stats.py's PHASES, per round),
-its tokens per round and its per-position acceptance P_i = P(at least i + 1 drafts accepted); and
-target-only's round (k 0: a one-row target step).
+with the round's phases in ms (draft, verify, sample, other: core/stats.py's PHASES, per round), its
+wall ms per round (wall_ms: its tokens over the bench's decode rate), its tokens per round and its
+per-position acceptance P_i = P(at least i + 1 drafts accepted); and target-only's round (k 0: a
+one-row target step).
 
-A shape's rate is its tokens per round over its round's ms. For a shape the bench ran at this
+A shape's rate is its tokens per round over its round's wall ms. For a shape the bench ran at this
 sampling regime both are its own measurements. For one it did not run:
 
 - round ms = verify(n + 1) + k · level(w) + rest(w, n + 1):
   verify(rows): the target step's ms, linear between the measured (rows, verify ms) points of every
   shape (target-only at 1 row, chains at k + 1, trees at n + 1), never past the largest rows measured;
   level(w): the draft's ms per level (draft ms / k) at width w, measured at that width (a width never
-  measured is not considered); rest(w, rows): sample + other (the walk, the host), linear in rows
-  between that width's measured rows, flat beyond them.
+  measured is not considered); rest(w, rows): the wall ms left besides draft and verify (the walk,
+  the host), linear in rows between that width's measured rows, flat beyond them.
 - tokens per round = 1 + the expected accepted length:
   a chain's: the sum of its first k P_i, pooled over the measured chains (a position no chain
   drafted counts 0);
@@ -183,7 +184,8 @@ class _Facts:
         self.verify = self._mean([(_rows(r), r["round_ms"]["verify"]) for r in rows])
         self.level = {w: sum(r["round_ms"]["draft"] / r["k"] for r in group) / len(group)
                       for w, group in [(1, self.chains), *self.trees.items()] if group}
-        self.rest = {w: self._mean([(_rows(r), r["round_ms"]["sample"] + r["round_ms"]["other"]) for r in group])
+        self.rest = {w: self._mean([(_rows(r), max(0.0, wall_ms(r) - r["round_ms"]["draft"] - r["round_ms"]["verify"]))
+                                    for r in group])
                      for w, group in [(1, self.chains), *self.trees.items()] if group}
         self.reach = self._reach()
 
@@ -207,15 +209,15 @@ class _Facts:
 
     def target_only(self) -> Prediction | None:
         row = next((r for r in self.rows if r["proposer"] == "none"), None)
-        if row is None or not row["round_ms"].get("total"):
+        if row is None or not wall_ms(row):
             return None
-        return Prediction(0, 0, 1.0, row["round_ms"]["total"], True)
+        return Prediction(0, 0, 1.0, wall_ms(row), True)
 
     def predict(self, k: int, w: int, n: int) -> Prediction | None:
         """Measured where the bench ran this shape, else modelled (None where a cost is unmeasured)."""
         for row in self.chains if w == 1 else self.trees.get(w, []):
             if row["k"] == k and (w == 1 or row["tree_nodes"] == n):
-                return Prediction(w, n if w > 1 else k, row["tokens_per_round"], row["round_ms"]["total"], True)
+                return Prediction(w, n if w > 1 else k, row["tokens_per_round"], wall_ms(row), True)
         rows = (n if w > 1 else k) + 1
         verify, level, rest = _interpolate(self.verify, rows), self.level.get(w), _interpolate(
             self.rest.get(w, {}), rows, flat=True)
@@ -236,6 +238,13 @@ class _Facts:
         """a_d: the top-1 child's acceptance at depth d, given its parent's."""
         reach = (self.reach + [0.0] * k)[:k]
         return [(reach[d] / reach[d - 1] if reach[d - 1] > 0 else 0.0) if d else reach[0] for d in range(k)]
+
+
+def wall_ms(row: dict) -> float:
+    """A measured round's wall time: its tokens over the bench's decode rate where the row has it
+    (core/measured.py), else its phases' sum. The phases leave out what the host does between
+    rounds, and on the CPU, where a round runs as it is queued, `other` holds the next round too."""
+    return row.get("wall_ms") or row["round_ms"]["total"]
 
 
 def _rows(row: dict) -> int:
