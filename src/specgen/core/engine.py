@@ -210,9 +210,9 @@ class Engine:
 
     def tree_report(self, profile: Profile, proposer_kind: str | None = None) -> dict:
         """The round's tree shape as reports give it (tree_shape), auto resolved, and with auto,
-        `tree_auto`: what it chose and why (generate -v, the bench JSON)."""
+        `tree_auto`: what it chose and why, None without auto (generate -v, the bench JSON)."""
         resolved, choice = self.resolve(profile, proposer_kind)
-        return {**tree_shape(resolved.speculation), **({"tree_auto": choice.reason} if choice else {})}
+        return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None}
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:

@@ -291,7 +291,7 @@ class Bench:
                         reason: str | None) -> dict:
         entry = {"method": name, "temperature": temperature, "available": samples is not None, "reason": reason,
                  "tokens_per_second": None, "decode_tokens_per_second": None, "time_to_first_token_seconds": None,
-                 "peak_gpu_memory_bytes": peak,
+                 "peak_gpu_memory_bytes": peak, "rounds": None, "round_ms": None,
                  "per_prompt": []}
         if samples is not None:
             entry.update(_speed(samples), per_prompt=[_prompt_row(self.indices[i], s) for i, s in enumerate(samples)])
@@ -584,9 +584,9 @@ def _round_ms(stats: AcceptanceStats) -> dict:
 
 def _own_rounds(samples: list[Sample]) -> dict:
     """A baseline that ran through specgen's loop (target-only): its rounds and their phases in ms,
-    which `tree_width` auto weighs a speculative round against (core/measured.py); {} for others."""
+    which `tree_width` auto weighs a speculative round against (core/measured.py); None for others."""
     if not samples or any(s.stats is None for s in samples):
-        return {}
+        return {"rounds": None, "round_ms": None}
     stats = AcceptanceStats()
     for sample in samples:
         stats.merge(sample.stats)
