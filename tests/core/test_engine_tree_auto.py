@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from decode_helpers import finish, make_profile, random_prompts
+from decode_helpers import BACKENDS, finish, make_profile, random_prompts
 from specgen.core import measured
 from specgen.core.engine import Engine, device_name, target_only
 from specgen.core.round import Round, TreeRound
@@ -22,8 +22,8 @@ def pair(tmp_path_factory):
     return build_pair(tmp_path_factory.mktemp("auto"), noisy=0.1)
 
 
-def auto_profile(pair, folder, **speculation):
-    profile = make_profile(*pair, k=3, speculation=speculation or AUTO)
+def auto_profile(pair, folder, backend: str = "torch", **speculation):
+    profile = make_profile(*pair, k=3, backend=backend, speculation=speculation or AUTO)
     return replace(profile, runtime=RuntimeSpec(threads=1, measured=str(folder)))
 
 
@@ -53,10 +53,13 @@ def test_auto_with_nothing_measured_is_a_chain_and_says_so(pair, tmp_path):
     assert "a chain (specgen bench" in described["tree_auto"]
 
 
-def test_auto_takes_the_shape_measured_fastest(pair, tmp_path):
-    engine = Engine(auto_profile(pair, tmp_path))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_takes_the_shape_measured_fastest(pair, tmp_path, backend):
+    """On the CUDA backend too: the facts are keyed by the GPU's name, and the tree round chosen is
+    captured as any other."""
+    engine = Engine(auto_profile(pair, tmp_path, backend))
     keep(engine, tmp_path, tree_tokens=2.6, alone_ms=0.5)
-    engine = Engine(auto_profile(pair, tmp_path))  # facts are read once per engine
+    engine = Engine(auto_profile(pair, tmp_path, backend))  # facts are read once per engine
     decoder = engine.decoder()
     assert isinstance(decoder.round, TreeRound) and (decoder.round.tree.w, decoder.round.tree.n) == (2, 5)
     assert (engine.describe()["tree_width"], engine.describe()["tree_nodes"]) == (2, 5)
@@ -65,7 +68,7 @@ def test_auto_takes_the_shape_measured_fastest(pair, tmp_path):
     reference = [finish(engine.decoder(target_only(engine.profile)), ids).token_ids for ids in prompts]
     assert [finish(decoder, ids).token_ids for ids in prompts] == reference
     # only what is auto is chosen: a fixed node budget the chosen width holds stays
-    resolved, choice = engine.resolve(auto_profile(pair, tmp_path, tree_width="auto", tree_nodes=4))
+    resolved, choice = engine.resolve(auto_profile(pair, tmp_path, backend, tree_width="auto", tree_nodes=4))
     assert (resolved.speculation.tree_width, resolved.speculation.tree_nodes) == (2, 4)
     assert "w=2 n=4" in choice.reason and "(modelled)" in choice.reason
 
