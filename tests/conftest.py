@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -20,6 +21,19 @@ def _current_gpu():
     yield
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.set_device(saved)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache(tmp_path_factory):
+    """The user's cache folder (tuned tables, the facts `bench` keeps for tree_width auto) is a
+    folder of the test session's, for this process and the ones it starts: no test reads what
+    the user measured, or writes there."""
+    with pytest.MonkeyPatch.context() as patch:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        # Hugging Face's cache stays where it was (it follows XDG_CACHE_HOME where HF_HOME is unset)
+        patch.setenv("HF_HOME", os.environ.get("HF_HOME") or os.path.join(cache, "huggingface"))
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 @pytest.fixture

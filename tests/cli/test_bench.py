@@ -236,7 +236,8 @@ def test_summaries_and_divergence():
             for k, tps, s in ((1, 10.0, 0.9), (2, 12.0, 0.95))]
     assert recommend(rows) == [{"temperature": 0.0, "coupling": None, "proposer": None, "k": 2,
                                 "tree_width": 1, "tree_nodes": 2, "by": "speedup.target-only", "tokens_per_second": 12.0,
-                                "speedup": 0.95, "speedup_vs_target_only": 0.95, "faster_than_target_only": False}]
+                                "speedup": 0.95, "speedup_vs_target_only": 0.95, "faster_than_target_only": False,
+                                "shape": "none"}]  # no row beat target-only: no speculation
 
 
 def test_recommendation_and_the_speedup_column_use_one_statistic():
@@ -253,7 +254,35 @@ def test_recommendation_and_the_speedup_column_use_one_statistic():
         "by": "tokens_per_second",
         "tokens_per_second": None,
         "speedup": None,
-        "speedup_vs_target_only": None, "faster_than_target_only": None}
+        "speedup_vs_target_only": None, "faster_than_target_only": None, "shape": "chain"}
+
+
+def test_the_recommendation_names_its_shape():
+    """A tree, a chain, or no speculation where no row beat target-only; with trees in the sweep
+    the line names k and the shape."""
+    from specgen.cli.bench import recommendation_lines
+
+    def result(k, width, nodes, s):
+        return {"temperature": 0.0, "coupling": None, "proposer": "draft", "k": k, "tree_width": width,
+                "tree_nodes": nodes, "tokens_per_second": {"median": 100 * s}, "speedup": {"target-only": {"median": s}}}
+
+    tree_wins = [result(4, 1, 4, 1.5), result(4, 2, 8, 1.7), result(4, 4, 16, 1.6)]
+    (rec,) = recommend(tree_wins)
+    assert (rec["shape"], rec["k"], rec["tree_width"], rec["tree_nodes"]) == ("tree", 4, 2, 8)
+    (chain,) = recommend([result(4, 1, 4, 1.5), result(4, 2, 8, 1.2)])
+    assert (chain["shape"], chain["tree_width"], chain["tree_nodes"]) == ("chain", 1, 4)
+    (none,) = recommend([result(4, 1, 4, 0.9), result(4, 2, 8, 0.8)])
+    assert none["shape"] == "none" and none["faster_than_target_only"] is False
+    document = {"settings": {"proposers": ["draft"]}, "profile": {"proposer": "draft"}, "results": tree_wins,
+                "recommendation": [rec], "recommendation_per_proposer": [rec],
+                "auto": [{"temperature": 0.0, "coupling": None, "k": 4, "reason": "a tree of width 2, 8 nodes"}]}
+    lines = [line.plain for line in recommendation_lines(document)]
+    assert lines[0].startswith("recommended k and tree shape at temperature 0: k=4 w=2 n=8 (a tree)  (best median")
+    assert lines[-1] == "tree_width auto at temperature 0, k=4: a tree of width 2, 8 nodes"
+    document.update(results=[result(4, 1, 4, 0.9), result(4, 2, 8, 0.8)], recommendation=[none])
+    (line, *_) = [line.plain for line in recommendation_lines(document)]
+    assert line.startswith("recommended k and tree shape at temperature 0: k=4 (a chain)")
+    assert line.endswith("speculation does not pay off here: use target-only, --proposer none)")
 
 
 def test_a_note_when_plain_hf_beats_target_only():
@@ -360,6 +389,26 @@ def test_tree_shapes_are_swept_beside_each_k(tiny, monkeypatch):
     assert [r["identical_fraction"] for r in document["fp32_check"]["results"]] == [1.0] * 4
     assert "k=2 w=2 n=4" in err and "greedy same as target-only in float32 (cpu): k=2 100%, k=2 w=2 n=4 100%" in err
     assert {"tree_width", "tree_nodes"} <= set(document["recommendation"][0])
+    # the recommendation names its shape (a tree sweep: k and shape), and what auto would choose
+    for rec in document["recommendation"]:
+        assert rec["shape"] == ("none" if not rec["faster_than_target_only"] else
+                                "chain" if rec["tree_width"] == 1 else "tree")
+    assert "recommended k and tree shape at temperature 0: k=2" in err
+    assert [(a["temperature"], a["k"]) for a in document["auto"]] == [(0.0, 2), (0.8, 2)]
+    # (the choice itself follows this machine's timings: tests/core/test_tree_cost.py tests it with numbers)
+    assert all(a["reason"] and a["tree_width"] in (1, 2) and 2 <= a["tree_nodes"] <= 4 for a in document["auto"])
+    assert "tree_width auto at temperature 0, k=2: " in err
+    # the rows are kept for later runs' auto (the session's own cache folder: tests/conftest.py)
+    kept = document["measured"]
+    assert kept["rows"] == 6 and kept["path"].endswith("measured.json") and f"{kept['path']} for tree_width auto" in err
+    result = specgen(monkeypatch, "generate", "-p", tiny, "-n", "8", "--k", "2", "--tree-width", "auto",
+                     "--tree-nodes", "auto", "-v", "--no-live", "def f(x):")
+    assert result.code == 0, result.stderr
+    shape = {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in result.stderr.splitlines()
+             if line.startswith("tree_")}
+    assert re.fullmatch(r"a chain|a tree of width 2, [234] nodes|no speculation, target-only is faster",
+                        shape["tree_auto"].split(" (bench's measurements, ")[0])
+    assert "T=0)" in shape["tree_auto"] and {"tree_width", "tree_nodes"} <= set(shape)
 
 
 def test_tree_shapes_that_do_not_fit_a_k_are_left_out_of_its_runs():

@@ -385,9 +385,11 @@ OUT_OF_RANGE = [
     ("proposer.draft_p_min", "-0.1", "must be in [0, 1)"),
     ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample, temperature"),
     ("speculation.pipeline", '"two"', "must be one of auto, on, off"),
-    ("speculation.tree_width", "0", "must be from 1 (a chain) to 8"),
-    ("speculation.tree_width", "9", "must be from 1 (a chain) to 8"),
-    ("speculation.tree_nodes", "64", "must be from 0 (= k) to 63"),
+    ("speculation.tree_width", "0", "must be auto or from 1 (a chain) to 8"),
+    ("speculation.tree_width", "9", "must be auto or from 1 (a chain) to 8"),
+    ("speculation.tree_width", '"wide"', "must be auto or from 1 (a chain) to 8"),
+    ("speculation.tree_nodes", "64", "must be auto or from 0 (= k) to 63"),
+    ("speculation.tree_nodes", '"Auto"', "must be auto or from 0 (= k) to 63"),
     ("runtime.threads", "-1", "must be from 0 (auto) to 1024"),
     ("kernels.attention", '"flash"', "must be one of auto, kernel, sdpa"),
     ("kernels.linear", '"cublas"', "must be one of auto, kernel, torch"),
@@ -494,6 +496,28 @@ def test_tree_nodes_must_fit_the_tree_envelope(tmp_path):
         load_with(tmp_path, {"speculation.k": "3", "speculation.tree_width": "2"}, {"speculation.tree_nodes": 2})
     tree = load_with(tmp_path, {"speculation.k": "3", "speculation.tree_width": "2", "speculation.tree_nodes": "10"})
     assert (tree.speculation.nodes, load_with(tmp_path, {"speculation.k": "3"}).speculation.nodes) == (10, 3)
+
+
+def test_tree_shape_auto_is_validated_and_one_line_errors_name_the_key(tmp_path):
+    """tree_width / tree_nodes take auto (a profile's string, the command line's word); anything
+    else is one line naming the key (its file and line, or its option). With tree_width auto a
+    node budget must fit the widest tree auto may choose."""
+    both = load_with(tmp_path, {"speculation.tree_width": '"auto"', "speculation.tree_nodes": '"auto"'})
+    assert (both.speculation.tree_width, both.speculation.tree_nodes, both.speculation.auto_tree) == ("auto", "auto", True)
+    cli = load_with(tmp_path, {}, {"speculation.tree_width": "auto", "speculation.tree_nodes": "12"})
+    assert (cli.speculation.tree_width, cli.speculation.tree_nodes) == ("auto", 12)
+    assert not load_with(tmp_path, {}).speculation.auto_tree
+    for overrides, option in (({"speculation.tree_width": "-1"}, "--tree-width -1"),
+                              ({"speculation.tree_nodes": "many"}, "--tree-nodes many")):
+        with pytest.raises(UsageError) as caught:
+            load_with(tmp_path, {}, overrides)
+        assert "\n" not in caught.value.message and caught.value.message.startswith(f"{option} is not allowed")
+    with pytest.raises(ProfileError) as caught:
+        load_with(tmp_path, {"speculation.tree_width": "true"})
+    assert "\n" not in str(caught.value) and "`speculation.tree_width = true` is a boolean" in str(caught.value)
+    with pytest.raises(UsageError, match=r"--tree-nodes \(2\) must be 0 \(= k\) or from --k \(4\) to 63, .*"
+                                         r"holds at the widest width auto may choose \(8\)"):
+        load_with(tmp_path, {"speculation.k": "4"}, {"speculation.tree_width": "auto", "speculation.tree_nodes": "2"})
 
 
 def test_draft_proposer_without_draft_says_how_to_fix_it(tmp_path):

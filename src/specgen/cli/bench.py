@@ -128,6 +128,8 @@ def bench(
         measured = [p["text"] for p in document["prompts"]]
         document["fp32_check"] = run_fp32_check(profile, overrides, measured, plan, encoding, allow_pickle, quiet)
         document["incomplete"] = document["fp32_check"] is None
+    if not document["incomplete"]:
+        keep_measured(document, first.runtime.measured)
     if output_format == Format.json:
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
         sys.stdout.flush()
@@ -210,6 +212,21 @@ def measure(settings_for, prompts: list[str], plan, encoding: Encoding, allow_pi
         task = bar.add_task("bench", total=runner.total_steps)
         runner.progress = lambda steps, label: bar.update(task, advance=steps, description=label)
         return runner.run()
+
+
+def keep_measured(document: dict, folder: str) -> None:
+    """What tree_width auto would choose from this run alone (the document's `auto`), and this
+    run's rows into the measured facts later runs' auto reads (core/measured.py): the document's
+    `measured` says where (or why not), and the footer shows it."""
+    from specgen.core import measured
+
+    document["auto"] = measured.auto_from_bench(document)
+    try:
+        path, rows = measured.save(folder, document)
+    except OSError as error:
+        document["measured"] = {"path": None, "rows": 0, "error": f"{error.strerror}: {error.filename}"}
+        return
+    document["measured"] = {"path": str(path), "rows": rows, "error": None}
 
 
 def fp32_sweeps(plan) -> tuple:
@@ -562,24 +579,53 @@ def legend_lines(document: dict) -> list[Text]:
 
 
 def recommendation_lines(document: dict) -> list[Text]:
-    """Per sweep, the recommended k; with several proposers, the recommended proposer and k, then
-    each proposer's best k, indented. Each says the statistic it was chosen by, and where another
-    row has the highest median tok/s, which one."""
+    """Per sweep, the recommended k (and tree shape, where the sweep ran trees), or no speculation
+    where target-only was faster; with several proposers, the recommended proposer and k, then each
+    proposer's best k, indented. Each says the statistic it was chosen by, and where another row
+    has the highest median tok/s, which one. Then what tree_width auto would choose from these
+    measurements (auto_lines)."""
     several = len(proposers(document)) > 1
+    trees = any(r.get("tree_width", 1) > 1 for r in document["results"])
     lines = []
     for rec in document["recommendation"]:
         coupling = f" ({rec['coupling']} coupling)" if rec.get("coupling") else ""
         sweep = f"at temperature {rec['temperature']:g}{coupling}: "
-        if not several:
-            lines += [_recommendation(f"recommended k {sweep}", shape_label(rec).removeprefix("k="), rec),
-                      *_fastest(document, rec, "")]
-            continue
-        lines += [_recommendation(f"recommended proposer and k {sweep}", f"{rec['proposer']} {shape_label(rec)}", rec),
-                  *_fastest(document, rec, "  ")]
-        lines += [_recommendation(f"  best k for {each['proposer']}: ", shape_label(each).removeprefix("k="), each)
-                  for each in document["recommendation_per_proposer"]
-                  if (each["temperature"], each.get("coupling")) == (rec["temperature"], rec.get("coupling"))]
-    return lines
+        what = ("proposer and k" if several else "k") + (" and tree shape" if trees else "")
+        lines += [_recommendation(f"recommended {what} {sweep}", recommended_choice(rec, several, trees), rec),
+                  *_fastest(document, rec, "  " if several else "")]
+        if several:
+            lines += [_recommendation(f"  best k for {each['proposer']}: ", shape_choice(each, trees), each)
+                      for each in document["recommendation_per_proposer"]
+                      if (each["temperature"], each.get("coupling")) == (rec["temperature"], rec.get("coupling"))]
+    return lines + auto_lines(document)
+
+
+def recommended_choice(rec: dict, several: bool, trees: bool) -> str:
+    """The recommended row: `4`, `k=4 (a chain)` or `k=4 w=2 n=8 (a tree)` where the sweep ran trees,
+    the proposer first where several ran (`draft k=4`). Where no row beat target-only, the line
+    says so after it (_recommendation), and the JSON's `shape` is none."""
+    if several:
+        return f"{rec['proposer']} {shape_label(rec)}" + (_kind(rec) if trees else "")
+    return shape_choice(rec, trees)
+
+
+def shape_choice(rec: dict, trees: bool) -> str:
+    """A row's shape as a recommendation names it: its k alone where the sweep ran chains only."""
+    return shape_label(rec) + _kind(rec) if trees else shape_label(rec).removeprefix("k=")
+
+
+def _kind(rec: dict) -> str:
+    return " (a chain)" if rec.get("tree_width", 1) == 1 else " (a tree)"
+
+
+def auto_lines(document: dict) -> list[Text]:
+    """What tree_width / tree_nodes auto would choose from this bench's measurements alone (the
+    document's `auto`; core/tree_cost.py), where the sweep ran trees."""
+    if not any(r.get("tree_width", 1) > 1 for r in document["results"]):
+        return []
+    return [Text(f"tree_width auto at temperature {each['temperature']:g}"
+                 + (f" ({each['coupling']} coupling)" if each.get("coupling") else "") + f", k={each['k']}: "
+                 + each["reason"], style="dim") for each in document.get("auto") or []]
 
 
 def _recommendation(head: str, choice: str, rec: dict) -> Text:
@@ -591,7 +637,7 @@ def _recommendation(head: str, choice: str, rec: dict) -> Text:
     else:
         line.append(f"  (best median tok/s: {rec['tokens_per_second']:.1f}")
     if rec["faster_than_target_only"] is False:
-        line.append("; speculation does not pay off here")
+        line.append("; speculation does not pay off here: use target-only, --proposer none")
     line.append(")")
     return line
 
@@ -634,6 +680,11 @@ def footer_lines(document: dict) -> list[Text]:
             lines.append(Text(f"{what} same as target-only in float32 ({check['device']}): " + ", ".join(parts)))
         for fallback in check.get("fallbacks") or []:
             lines.append(Text(f"float32 check: {fallback}", style="yellow"))
+    kept = document.get("measured")
+    if kept and kept["path"]:
+        lines.append(Text(f"measured: {kept['rows']} rows kept in {kept['path']} for tree_width auto", style="dim"))
+    elif kept:
+        lines.append(Text(f"measured: not kept for tree_width auto ({kept['error']})", style="yellow"))
     for skipped in document["skipped_prompts"]:
         lines.append(Text(f"skipped prompt {skipped['index'] + 1}: {skipped['reason']}", style="dim"))
     if document["incomplete"]:

@@ -42,10 +42,12 @@ Proposer = Annotated[Optional[str], _speculation(
     "--proposer", help="draft | ngram | hybrid (n-gram, else draft) | eagle (a head, --head) | mtp | none.")]
 Head = Annotated[Optional[str], _models("--head", help="EAGLE-3 head folder (for --proposer eagle).")]
 K = Annotated[Optional[int], _speculation("--k", help="Draft tokens per round (1..32).")]
-TreeWidth = Annotated[Optional[int], _speculation(
-    "--tree-width", help="Children a draft node may have (1 = a chain; draft model only).")]
-TreeNodes = Annotated[Optional[int], _speculation(
-    "--tree-nodes", help="Tokens the target verifies per round besides the root (0 = k).")]
+TreeWidth = Annotated[Optional[str], _speculation(
+    "--tree-width", help="Children a draft node may have (1 = a chain; draft model only; auto: from what "
+    "bench measured).")]
+TreeNodes = Annotated[Optional[str], _speculation(
+    "--tree-nodes", help="Tokens the target verifies per round besides the root (0 = k; auto: from what "
+    "bench measured).")]
 DraftPMin = Annotated[Optional[float], _speculation(
     "--draft-p-min", help="Stop a round's drafting when the draft's p(next) is below this (0 = off).")]
 AdaptiveK = Annotated[Optional[bool], _speculation(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import replace
 
 import torch
@@ -15,7 +16,9 @@ from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair
 from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_round import BatchRound
+from specgen.core import measured
 from specgen.core.settings import Profile
+from specgen.core.tree_cost import TreeChoice, choose, regime
 
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
@@ -66,6 +69,7 @@ class Engine:
         if self.pair.draft is not None:
             self.draft_runner = self.backend.runner(self.pair.draft, self.width, capacity, "draft")
         self._rounds: dict[tuple, tuple[Round, dict]] = {}
+        self._measured: dict[str, list[dict]] = {}  # by [runtime] measured folder: this pair's rows
 
     @property
     def tokenizer(self):
@@ -86,8 +90,8 @@ class Engine:
                 insight: bool = False) -> Decoder:
         """A decoder for `profile`'s settings (default: the engine's), optionally another proposer kind;
         insight=True makes its round events carry p(x), q(x) and entropy (inspect-acceptance)."""
-        profile = profile or self.profile
-        kind = proposer_kind or profile.proposer.kind
+        profile, choice = self.resolve(profile or self.profile, proposer_kind, insight)
+        kind = "none" if choice is not None and not choice.speculate else proposer_kind or profile.proposer.kind
         spec, sampling = profile.proposer, profile.sampling
         drafter = spec.drafter(kind)
         uses_model = drafter != "none"  # a draft model or a head drafts on the device
@@ -134,6 +138,42 @@ class Engine:
         return BatchDecoder(self._rounds[key], self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
                             adaptive_k=profile.proposer.adaptive_k)
 
+    def resolve(self, profile: Profile, proposer_kind: str | None = None,
+                insight: bool = False) -> tuple[Profile, TreeChoice | None]:
+        """The profile with tree_width / tree_nodes auto chosen from what `specgen bench` measured
+        for this pair on this device (core/measured.py, core/tree_cost.py), and the choice (None
+        where neither is auto). Where width auto predicts target-only faster, the profile's
+        proposer becomes none."""
+        spec = profile.speculation
+        if not spec.auto_tree:
+            return profile, None
+        choice = self._choose(profile, proposer_kind or profile.proposer.kind, insight)
+        resolved = replace(profile, speculation=replace(spec, tree_width=choice.width,
+                                                        tree_nodes=choice.nodes if choice.width > 1 else 0))
+        return (resolved if choice.speculate else target_only(resolved)), choice
+
+    def _choose(self, profile: Profile, kind: str, insight: bool) -> TreeChoice:
+        spec, sampling = profile.speculation, profile.sampling
+        k, width = spec.k, spec.tree_width
+        refusal = "" if kind == "none" else tree_refusal(profile, kind, insight,
+                                                         bool(getattr(self.backend, "spread", None)), self.pair)
+        if kind == "none" or refusal and width == "auto":
+            why = "no proposer drafts" if kind == "none" else f"token trees {refusal}"
+            return TreeChoice(1, k, reason=f"a chain: {why}")
+        key = measured.pair_key(profile.target.path, profile.draft.path if profile.draft else None,
+                                device_name(self.pair.device), str(self.pair.target.dtype).removeprefix("torch."))
+        folder = profile.runtime.measured
+        if folder not in self._measured:
+            self._measured[folder] = measured.load(folder).get(key, [])
+        rows = regime(self._measured[folder], sampling.temperature, sampling.coupling, kind)
+        if not rows:
+            sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
+            where = f" for {measured.describe_key(key)}, {sweep}"
+        else:
+            at = rows[0]["temperature"]
+            where = f" (bench's measurements, {measured.describe_key(key)}, T={at:g})"
+        return choose(k, width, spec.tree_nodes, rows, where)
+
     def _tree(self, profile: Profile, kind: str, k: int, insight: bool) -> dict:
         """The round's tree fields: a chain (width 1) unless the profile asks for a tree, which
         this run must be able to draft and verify (a one-line error says what to change)."""
@@ -166,7 +206,13 @@ class Engine:
         why transformers where it does), and which path each head's calls take ("kernels" or
         "torch")."""
         return {"modeling": self.pair.modeling, "modeling_note": self.pair.modeling_note,
-                **self.backend.describe(), "heads": self.head_paths, **tree_shape(self.profile.speculation)}
+                **self.backend.describe(), "heads": self.head_paths, **self.tree_report(self.profile)}
+
+    def tree_report(self, profile: Profile, proposer_kind: str | None = None) -> dict:
+        """The round's tree shape as reports give it (tree_shape), auto resolved, and with auto,
+        `tree_auto`: what it chose and why, None without auto (generate -v, the bench JSON)."""
+        resolved, choice = self.resolve(profile, proposer_kind)
+        return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None}
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
@@ -206,7 +252,7 @@ def batch_refusal(profile: Profile, backend: str) -> str:
         return "run on the torch backend only for now (--device cpu, or cuda_graphs = false)"
     if profile.proposer.kind != "draft" or profile.speculation.k == 0:
         return f"are drafted by the draft model only, not by the {profile.proposer.kind} proposer"
-    if spec.tree_width > 1:
+    if spec.tree_width != "auto" and spec.tree_width > 1:  # auto: batches run the chain
         return "take chains only, not token trees (tree_width 1)"
     checks = {"draft_p_min": profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
               "min_tokens": sampling.min_tokens > 0, "draft_sampling = argmax": spec.draft_sampling == "argmax",
@@ -219,6 +265,12 @@ def batch_refusal(profile: Profile, backend: str) -> str:
 def tree_shape(spec) -> dict:
     """The round's tree as reports give it: width 1 is a chain of k nodes."""
     return {"tree_width": spec.tree_width, "tree_nodes": spec.nodes if spec.tree_width > 1 else spec.k}
+
+
+def device_name(device: torch.device) -> str:
+    """The device as bench's environment names it (the key of its measured facts)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    return name or platform.machine()
 
 
 def target_only(profile: Profile) -> Profile:

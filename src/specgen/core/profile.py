@@ -27,7 +27,10 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 from specgen.core.errors import ProfileError, SpecgenError, UsageError
 from specgen.core.settings import (
+    AUTO,
     FUSIONS,
+    MAX_TREE_NODES,
+    MAX_TREE_WIDTH,
     KernelSpec,
     ModelSpec,
     Profile,
@@ -402,14 +405,19 @@ def _model_spec(merged: _Merged, table: str) -> ModelSpec:
 
 
 def _check_tree(spec: SpeculationSpec, merged: _Merged) -> None:
-    top = tree_envelope(spec.k, spec.tree_width)
+    """A node budget the tree can hold; with tree_width auto, the widest tree's (auto picks a
+    width that holds it, or the chain)."""
+    if spec.tree_nodes == AUTO:
+        return
+    top = min(tree_envelope(spec.k, MAX_TREE_WIDTH if spec.tree_width == AUTO else spec.tree_width), MAX_TREE_NODES)
     if spec.tree_nodes and not spec.k <= spec.tree_nodes <= top:
         origin = merged.blame("speculation.tree_nodes", "speculation.tree_width", "speculation.k")
         raise origin.error(
             "speculation.tree_nodes",
             f"{origin.name('speculation.tree_nodes')} ({spec.tree_nodes}) must be 0 (= k) or from "
-            f"{origin.name('speculation.k')} ({spec.k}) to {top}, the nodes a tree of that depth and width "
-            f"{spec.tree_width} holds",
+            f"{origin.name('speculation.k')} ({spec.k}) to {top}, the nodes a tree of that depth "
+            + (f"and width {spec.tree_width} holds" if spec.tree_width != AUTO else
+               f"holds at the widest width auto may choose ({MAX_TREE_WIDTH})"),
         )
 
 
@@ -638,8 +646,10 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "speculation.k": (lambda v: 1 <= v <= 32, "must be from 1 to 32"),
     "speculation.draft_sampling": _one_of("auto", "argmax", "sample", "temperature"),
     "speculation.pipeline": _one_of("auto", "on", "off"),
-    "speculation.tree_width": (lambda v: 1 <= v <= 8, "must be from 1 (a chain) to 8"),
-    "speculation.tree_nodes": (lambda v: 0 <= v <= 63, "must be from 0 (= k) to 63"),
+    "speculation.tree_width": (lambda v: v == "auto" or isinstance(v, int) and 1 <= v <= MAX_TREE_WIDTH,
+                               f"must be auto or from 1 (a chain) to {MAX_TREE_WIDTH}"),
+    "speculation.tree_nodes": (lambda v: v == "auto" or isinstance(v, int) and 0 <= v <= MAX_TREE_NODES,
+                               f"must be auto or from 0 (= k) to {MAX_TREE_NODES}"),
     # finite bounds: the warp runs in float32, where 1e300 is infinite; at 100 sampling is already
     # close to uniform, and 0.01 / 100 scale a repeated token's logit a hundredfold
     "sampling.temperature": (lambda v: 0 <= v <= 100, "must be from 0 (greedy) to 100"),

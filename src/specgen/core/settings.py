@@ -54,6 +54,11 @@ class ProposerSpec:
         return self.drafter() == "draft"
 
 
+AUTO = "auto"
+MAX_TREE_WIDTH = 8  # the widest tree_width a profile may ask for
+MAX_TREE_NODES = 63  # the most tree_nodes: 64 target rows with the root (the kernels' step limit)
+
+
 def tree_envelope(k: int, width: int) -> int:
     """The nodes a token tree of depth k and this width can hold: the root's children, then each
     later level's w best nodes' children (core/round/tree.py)."""
@@ -66,13 +71,22 @@ class SpeculationSpec:
     draft_sampling: str = "auto"  # auto | argmax | sample | temperature: how the draft picks its proposals
     cuda_graphs: bool = True
     pipeline: str = "auto"  # auto | on | off: queue a round before the one before it is read (core/decode.py)
-    tree_width: int = 1  # children a draft node may have; 1 = a chain (core/round/tree.py)
-    tree_nodes: int = 0  # tokens the target verifies per round besides the root; 0 = k
+    # children a draft node may have; 1 = a chain (core/round/tree.py); auto = chosen per run from
+    # what `specgen bench` measured on this machine (core/tree_cost.py), a chain where nothing was
+    tree_width: int | str = 1
+    # tokens the target verifies per round besides the root; 0 = k; auto = chosen as tree_width is
+    tree_nodes: int | str = 0
 
     @property
     def nodes(self) -> int:
-        """The tree's node budget: tree_nodes, or k where 0."""
+        """The tree's node budget: tree_nodes, or k where 0 (a resolved spec: no auto left,
+        Engine.resolve)."""
         return self.tree_nodes or self.k
+
+    @property
+    def auto_tree(self) -> bool:
+        """Whether the tree's shape is to be chosen from measured facts (tree_width or tree_nodes auto)."""
+        return AUTO in (self.tree_width, self.tree_nodes)
 
 
 # The fusions [kernels] disable may turn off, for ablation (each is on wherever it applies):
@@ -142,6 +156,10 @@ class RuntimeSpec:
     # Prompts of a --prompts-file decoded at once, each in a row of its own (generate); auto
     # resolves to 1 for now (sizing batches from memory and measured step costs is not built).
     batch_size: int | str = 1
+    # Folder of the facts `specgen bench` measured on this machine (step costs by rows, draft costs
+    # by width, per-depth acceptance: core/measured.py), which tree_width / tree_nodes auto read;
+    # "" = specgen's folder in the user cache ($XDG_CACHE_HOME/specgen, else ~/.cache/specgen).
+    measured: str = ""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 acceptance rate = accepted / drafted; mean accepted length = emitted tokens per round (accepted + 1);
 per-position acceptance = P(draft position i accepted | position i was drafted).
+Token trees: a drawn child that the node budget left out of the tree, accepted by the recursive
+walk, ends the round and counts as recovered, not accepted (docs/sampling.md, "Token trees").
 
 Rates (one definition each, used by generate, bench and the live view):
 generation rate = tokens / seconds from the run's start to its last token (prefill included);

@@ -265,8 +265,8 @@ class Bench:
         baselines = [self._baseline_entry(name, sweep.temperature, samples.get(name), sweep.peaks.get(name),
                                           sweep.unavailable.get(name)) for name in self.plan.baselines]
         ours = [method for method in samples if not isinstance(method, str)]
-        results = [self._result(*method, sweep.temperature, samples[method], sweep.peaks[method], base)
-                   for method in ours]
+        results = [self._result(*method, sweep.temperature, samples[method], sweep.peaks[method], base,
+                                coupling=sweep.coupling) for method in ours]
         for entry in baselines + results:
             entry["coupling"] = sweep.coupling
         return baselines, results
@@ -313,10 +313,11 @@ class Bench:
                         reason: str | None) -> dict:
         entry = {"method": name, "temperature": temperature, "available": samples is not None, "reason": reason,
                  "tokens_per_second": None, "decode_tokens_per_second": None, "time_to_first_token_seconds": None,
-                 "peak_gpu_memory_bytes": peak,
+                 "peak_gpu_memory_bytes": peak, "rounds": None, "round_ms": None,
                  "per_prompt": []}
         if samples is not None:
             entry.update(_speed(samples), per_prompt=[_prompt_row(self.indices[i], s) for i, s in enumerate(samples)])
+            entry.update(_own_rounds(samples))
         return entry
 
     def _baseline_runner(self, name: str, profile: Profile) -> Callable[[int], Sample]:
@@ -350,7 +351,7 @@ class Bench:
         return models[role]
 
     def _result(self, proposer: str, k: int, tree: tuple | None, temperature: float, samples: list[Sample],
-                peak: int | None, available: dict[str, list[Sample]]) -> dict:
+                peak: int | None, available: dict[str, list[Sample]], coupling: str | None = None) -> dict:
         stats = AcceptanceStats()
         for sample in samples:
             stats.merge(sample.stats)
@@ -363,7 +364,8 @@ class Bench:
         result = {
             "proposer": proposer,
             "k": k,
-            **tree_shape(self.settings_for(k, temperature, proposer, tree).speculation),
+            # the shape that ran: tree_width / tree_nodes auto as the engine resolved them, and why
+            **self.engine.tree_report(self._settings_for(k, temperature, coupling, proposer, tree)),
             "temperature": temperature,
             **_speed(samples),
             "speedup": {name: (summarise([r["speedup"][name] for r in rows]) if name in available else None)
@@ -503,7 +505,8 @@ def fp32_check(engine: Engine, prompts: list[str], settings_for: SettingsFor,
                     profile = at(k, proposer, tree)
                     where = [first_divergence(a, b) for a, b in zip(outputs(profile), reference)]
                     results.append({"temperature": temperature, "coupling": coupling,
-                                    "proposer": profile.proposer.kind, "k": k, **tree_shape(profile.speculation),
+                                    "proposer": profile.proposer.kind, "k": k,
+                                    **tree_shape(engine.resolve(profile)[0].speculation),
                                     "identical_fraction": sum(w is None for w in where) / len(where),
                                     "first_divergence": where})
     # the float32 engine is built apart from the timed one: a step that fell back there (kernels
@@ -601,6 +604,17 @@ def _round_ms(stats: AcceptanceStats) -> dict:
     return per_round
 
 
+def _own_rounds(samples: list[Sample]) -> dict:
+    """A baseline that ran through specgen's loop (target-only): its rounds and their phases in ms,
+    which `tree_width` auto weighs a speculative round against (core/measured.py); None for others."""
+    if not samples or any(s.stats is None for s in samples):
+        return {"rounds": None, "round_ms": None}
+    stats = AcceptanceStats()
+    for sample in samples:
+        stats.merge(sample.stats)
+    return {"rounds": stats.rounds, "round_ms": _round_ms(stats)}
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token (or the shorter length); None when identical."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -638,12 +652,21 @@ def recommend(results: list[dict], baselines: tuple[str, ...] = ("target-only",)
         speedup = (best["speedup"].get("target-only") or {}).get("median")
         out.append({"temperature": temperature, "coupling": coupling, "proposer": best.get("proposer"), "k": best["k"],
                     "tree_width": best.get("tree_width", 1), "tree_nodes": best.get("tree_nodes", best["k"]),
+                    "shape": recommended_shape(best, speedup),
                     "by": f"speedup.{against}" if against else "tokens_per_second",
                     "tokens_per_second": best["tokens_per_second"]["median"],
                     "speedup": best["speedup"][against]["median"] if against else None,
                     "speedup_vs_target_only": speedup,
                     "faster_than_target_only": None if speedup is None else speedup > 1.0})
     return out
+
+
+def recommended_shape(best: dict, speedup: float | None) -> str:
+    """What a recommendation asks for: "none" (no speculation: target-only was faster than every
+    row of the sweep), "chain" (tree width 1) or "tree"."""
+    if speedup is not None and speedup <= 1.0:
+        return "none"
+    return "chain" if best.get("tree_width", 1) == 1 else "tree"
 
 
 def notes(baselines: list[dict]) -> list[str]:

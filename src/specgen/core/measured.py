@@ -1,0 +1,125 @@
+"""The facts `specgen bench` measured on this machine, kept for `tree_width` / `tree_nodes` auto.
+
+After a complete sweep, bench writes its rows here (cli/bench.py): per pair (target, draft, device,
+dtype), one row per method it ran, target-only included (k 0), each with its sampling regime
+(temperature, coupling), its shape (k, tree_width, tree_nodes), the round's phases in ms per round,
+its wall ms per round (tokens per round over the decode rate), tokens per round, per-position
+acceptance and the rounds these came from. A later bench of the same
+pair replaces the rows of the methods it ran again and keeps the others. core/tree_cost.py chooses
+a shape from them; a run with nothing measured for its pair resolves auto to a chain.
+
+The file is `measured.json` in `[runtime] measured` (default: specgen's folder in the user cache,
+beside `tune-kernels`' tables). A file that cannot be read or is of another format counts as nothing
+measured. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+FILE = "measured.json"
+FORMAT = 1
+SHAPE = ("proposer", "temperature", "coupling", "k", "tree_width", "tree_nodes")  # what identifies a row
+
+
+def measured_dir(folder: str = "") -> Path:
+    """The profile's [runtime] measured folder, else specgen's folder in the user's cache directory."""
+    if folder:
+        return Path(folder).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen"
+
+
+def pair_key(target: str, draft: str | None, device_name: str, dtype: str) -> str:
+    """Whose facts: the two checkpoints, the device by name and the weights' dtype."""
+    return json.dumps([target, draft, device_name, dtype])
+
+
+def describe_key(key: str) -> str:
+    target, draft, device, dtype = json.loads(key)
+    return f"{Path(target).name} + {Path(draft).name if draft else 'no draft'} on {device} ({dtype})"
+
+
+def rows_from_bench(document: dict) -> tuple[str, list[dict]]:
+    """(pair key, rows) of a bench document (docs/bench-schema.md): its results, and its target-only
+    baselines that carry their round's phases."""
+    env, profile = document["environment"], document["profile"]
+    key = pair_key(profile["target"], profile.get("draft"), env["device_name"], env["dtype"])
+    when = document.get("created")
+    rows = []
+    for result in document["results"]:
+        rows.append({"proposer": result["proposer"], "temperature": result["temperature"],
+                     "coupling": result.get("coupling"), "k": result["k"],
+                     "tree_width": result.get("tree_width", 1), "tree_nodes": result.get("tree_nodes", result["k"]),
+                     "tokens_per_round": result["mean_accepted_length"], "round_ms": result["round_ms"],
+                     "per_position_acceptance": result["per_position_acceptance"],
+                     "rounds": result["counts"]["rounds"], "created": when,
+                     "wall_ms": _wall_ms(result["mean_accepted_length"], result.get("decode_tokens_per_second"))})
+    for base in document["baselines"]:
+        if base["method"] == "target-only" and base.get("available") and base.get("round_ms"):
+            rows.append({"proposer": "none", "temperature": base["temperature"], "coupling": base.get("coupling"),
+                         "k": 0, "tree_width": 1, "tree_nodes": 0, "tokens_per_round": 1.0,
+                         "round_ms": base["round_ms"], "per_position_acceptance": [],
+                         "rounds": base.get("rounds"), "created": when,
+                         "wall_ms": _wall_ms(1.0, base.get("decode_tokens_per_second"))})
+    return key, rows
+
+
+def _wall_ms(tokens_per_round: float, decode: dict | None) -> float | None:
+    """A round's wall ms: its tokens over the median decode rate (what the table's decode tok/s
+    shows); None without one (a single round per prompt)."""
+    rate = (decode or {}).get("median")
+    return 1000.0 * tokens_per_round / rate if rate else None
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """`old` without the rows `new` measures again, then `new`."""
+    again = {tuple(row.get(name) for name in SHAPE) for row in new}
+    return [row for row in old if tuple(row.get(name) for name in SHAPE) not in again] + new
+
+
+def load(folder: str = "") -> dict[str, list[dict]]:
+    """Rows by pair key; {} where nothing was written or the file cannot be read."""
+    path = measured_dir(folder) / FILE
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("pairs"), dict):
+        return {}
+    return data["pairs"]
+
+
+def save(folder: str, document: dict) -> tuple[Path, int]:
+    """Merge a bench document's rows into the file (written whole, then renamed into place, so a
+    reader never sees half of it); (its path, the rows written)."""
+    key, rows = rows_from_bench(document)
+    pairs = load(folder)
+    pairs[key] = merge(pairs.get(key, []), rows)
+    path = measured_dir(folder) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    temporary.write_text(json.dumps({"format": FORMAT, "updated": stamp, "pairs": pairs}, indent=1), "utf-8")
+    temporary.replace(path)
+    return path, len(rows)
+
+
+def auto_from_bench(document: dict) -> list[dict]:
+    """What `tree_width` / `tree_nodes` auto would choose from this bench's own rows alone, per
+    sweep at its recommended k (the draft proposer's: trees are drafted by the draft model only)."""
+    from specgen.core.tree_cost import choose, regime
+
+    _, rows = rows_from_bench(document)
+    out = []
+    for rec in document["recommendation_per_proposer"]:
+        if rec.get("proposer") != "draft":
+            continue
+        ours = regime(rows, rec["temperature"], rec.get("coupling") or "rejection")
+        choice = choose(rec["k"], "auto", "auto", ours, f" (this bench, T={rec['temperature']:g})")
+        out.append({"temperature": rec["temperature"], "coupling": rec.get("coupling"), "k": rec["k"],
+                    "speculate": choice.speculate, "tree_width": choice.width, "tree_nodes": choice.nodes,
+                    "reason": choice.reason})
+    return out
