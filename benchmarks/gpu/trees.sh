@@ -8,9 +8,12 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
 PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
   --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1 &
-timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short \
-  tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/core/sampling/test_tree_walk.py \
-  -m "not slow" \
+if python3 -c "import xdist" 2>/dev/null; then par="-n 8 --dist loadfile"; else par=""; fi
+# shellcheck disable=SC2086
+timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short $par \
+  tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/gpu/kernels/test_tree_walk_kernel.py \
+  tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_compact.py tests/gpu/test_round_ops.py \
+  tests/core/test_engine_tree_auto.py \
   > "$OUT/tests.txt" 2>&1
 echo "== tests rc=$? at $SECONDS s: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
 grep -E "^FAILED|^ERROR" "$OUT/tests.txt" | head -20 | tee -a "$LOG"
@@ -22,3 +25,6 @@ PYTHONPATH=$PWD/src timeout ${BENCH_LIMIT:-200} python3 -m specgen.cli.main benc
 echo "== bench rc=$? at $SECONDS s" | tee -a "$LOG"
 tail -3 /tmp/trees.err | cut -c1-300 | tee -a "$LOG"
 PYTHONPATH=$PWD/src python3 benchmarks/bench_summary.py "$OUT/trees.json" 2>&1 | tail -20 | tee -a "$LOG"
+# what `auto` makes of the rows that bench just measured (kept under runtime.measured)
+PYTHONPATH=$PWD/src timeout 60 python3 -m specgen.cli.main generate -p /tmp/bench/pair.toml --k 4 --tree-width auto \
+  --tree-nodes auto -n 64 -v "def fib(n):" 2>&1 >/dev/null | grep -i "tree" | tee -a "$LOG"
