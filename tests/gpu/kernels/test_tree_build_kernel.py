@@ -12,16 +12,11 @@ from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET witho
 import pytest
 import torch
 
-from decode_helpers import finish, make_profile, random_prompts
-from specgen.core.backend import TorchBackend
-from specgen.core.engine import Engine, target_only
-from specgen.core.round import TreeRound
 from specgen.core.round.ops import TorchRoundOps
 from specgen.core.round.tree import Tree, envelope
 from specgen.core.step import rows as rowsets
 from specgen.gpu.round_ops import TritonRoundOps
 from specgen.gpu.workspace import Workspace
-from tiny_models import build_pair
 
 DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
 VOCAB = 12
@@ -95,19 +90,3 @@ def test_tree_kernels_match_the_reference_past_a_block(drawn):
     for k, w, n in [(5, 4, 40), (5, 4, 68), (6, 4, 70)]:
         _build(k, w, n, drawn, tied=True, seed=k + n, dependent=False)
         _build(k, w, n, drawn, tied=False, seed=k + n, dependent=False)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)])
-def test_tree_rounds_on_the_kernel_table_give_target_only_tokens(tmp_path, sampling):
-    """Whole tree rounds on the Triton table (the tree's construction and every other round op;
-    the runners eager), greedy and Gumbel-coupled: target-only's tokens."""
-    pair = build_pair(tmp_path, noisy=0.1)
-    profile = make_profile(*pair, k=3, speculation=dict(tree_width=3, tree_nodes=8), max_tokens=8, **sampling)
-    prompt = random_prompts(200, 1, seed=4)[0]
-    reference = finish(Engine(profile).decoder(target_only(profile)), prompt).token_ids
-    backend = TorchBackend(DEVICE)
-    backend.ops = TritonRoundOps(Workspace(DEVICE))
-    decoder = Engine(profile, backend=backend).decoder()
-    assert isinstance(decoder.round, TreeRound)
-    assert finish(decoder, prompt).token_ids == reference
