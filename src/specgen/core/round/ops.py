@@ -50,6 +50,15 @@ class RoundOps(Protocol):
 
     def commit(self, buffers: CommitBuffers) -> None: ...
 
+    # -- a batch's rows (core/round/batch_round.py): B rows in one call, each as it computes alone --
+
+    def gumbel_noise_rows(self, out, key, first) -> None:
+        """out [B, R, V] <- each sequence's Exp(1) rows from its key [B, 2] and first [B]."""
+
+    def count_drafts_rows(self, confident, budget, limit, generated, out) -> None: ...
+
+    def commit_rows(self, buffers: CommitBuffers) -> None: ...
+
 
 class TorchRoundOps:
     """The references. They raise inside warp (bad logits, all masked) and sync to do so: a round on
@@ -83,3 +92,15 @@ class TorchRoundOps:
 
     def commit(self, buffers):
         bookkeeping.commit(buffers)
+
+    # -- a batch's rows (core/round/batch_round.py) ---------------------------------------------
+
+    def gumbel_noise_rows(self, out, key, first):
+        out.copy_(noise.uniform_rows(key, first, out.shape[1], out.shape[2]))
+        noise.exponential_(out)
+
+    def count_drafts_rows(self, confident, budget, limit, generated, out):
+        bookkeeping.count_drafts_rows(confident, budget, limit, generated, out)
+
+    def commit_rows(self, buffers):
+        bookkeeping.commit_rows(buffers)
