@@ -42,11 +42,13 @@ class _Row:
 
 
 class BatchDecoder:
-    """Runs prompts through `rnd`. eos_ids: the model's; cut(spec): whether the draft's q keeps the
-    prompt's top-k / top-p / min-p (core/engine.draft_picking); adaptive_k: each row its own."""
+    """Runs prompts through `rnd`, each round by `program` (the backend's: run as it is, or
+    captured). eos_ids: the model's; cut(spec): whether the draft's q keeps the prompt's top-k /
+    top-p / min-p (core/engine.draft_picking); adaptive_k: each row its own."""
 
-    def __init__(self, rnd: BatchRound, tokenizer, eos_ids: set[int], cut, adaptive_k: bool = False):
-        self.round, self.tokenizer, self.eos_ids, self.cut, self.adaptive_k = rnd, tokenizer, eos_ids, cut, adaptive_k
+    def __init__(self, rnd: BatchRound, program, tokenizer, eos_ids: set[int], cut, adaptive_k: bool = False):
+        self.round, self.program = rnd, program
+        self.tokenizer, self.eos_ids, self.cut, self.adaptive_k = tokenizer, eos_ids, cut, adaptive_k
         self.rows: list[_Row | None] = [None] * rnd.batch
 
     def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
@@ -101,10 +103,12 @@ class BatchDecoder:
                 rnd.set_budget(b, row.budget)
                 rnd.draw(b, row.gen)
         began = time.perf_counter()
-        with torch.inference_mode():
-            rnd.body()
+        self.program.launch()
         staged = rnd.stage_ids.tolist()  # the round's one sync
         seconds = time.perf_counter() - began
+        for b, row in enumerate(self.rows):  # the kernels' error sentinel (a row's first id), as one request's
+            if row is not None:
+                rnd.backend.check(staged[b][0])
         free = [b for b, row in enumerate(self.rows) if row is not None and self._settle(row, staged[b], seconds)]
         for b in free:
             done[self.rows[b].index] = self._finish(self.rows[b])
