@@ -137,6 +137,12 @@ class Engine:
         return BatchDecoder(rnd, program, self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
                             adaptive_k=profile.proposer.adaptive_k and k > 0)
 
+    def forget_batches(self) -> None:
+        """Drop the batch rounds built so far (their caches hold B rows each): bench's batch sizes
+        are measured one after another, never needed again."""
+        for key in [key for key in self._rounds if key[0] == "batch"]:
+            del self._rounds[key]
+
     def _tree(self, profile: Profile, kind: str, k: int, insight: bool) -> dict:
         """The round's tree fields: a chain (width 1) unless the profile asks for a tree, which
         this run must be able to draft and verify (a one-line error says what to change)."""
