@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from repo_paths import REPO
 from specgen.core.bench.batches import recommend
 from tiny_models import build_pair, write_profile
 
@@ -67,6 +68,21 @@ def test_batch_bench_json_has_each_size_and_method(cli, tiny):
     recs, stops = recommend(doc["results"])
     assert doc["recommendations"] == recs and doc["speculation_stops_paying_at"] == stops
     assert [r["batch_size"] for r in recs] == [1, 3]
+    documented = documented_batch_fields()
+    assert documented
+    for path in documented:  # every documented field is in the document, and every field documented
+        *lists, last = path.split("[].")
+        node = doc[lists[0]][0] if lists else doc
+        assert last.split(".")[0] in node, path
+    assert set(doc) == {p.split("[].")[0] for p in documented}
+
+
+def documented_batch_fields() -> list[str]:
+    """The field paths of docs/bench-schema.md's "Batches" table."""
+    import re
+
+    lines = (REPO / "docs" / "bench-schema.md").read_text().split("## Batches", 1)[1].splitlines()
+    return [m.group(1) for m in (re.match(r"\| `([^`]+)` \|", line) for line in lines) if m]
 
 
 def test_batch_bench_table(cli, tiny):
