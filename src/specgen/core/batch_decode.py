@@ -112,8 +112,8 @@ class BatchDecoder:
                 row.budget = min(rnd.k, row.spec.max_tokens - len(row.out.ids) - 1)
                 if row.adaptive is not None:
                     row.budget = row.adaptive.budget(row.budget)
-                rnd.set_budget(b, row.budget)
                 rnd.draw(b, row.gen)
+        rnd.set_budgets([row.budget if row is not None else 0 for row in self.rows])
         began = time.perf_counter()
         self.program.launch()
         staged = rnd.stage_ids.tolist()  # the round's one sync

@@ -255,8 +255,10 @@ class BatchRound:
         self.active[b].fill_(False)
         self.budget[b].fill_(0)
 
-    def set_budget(self, b: int, n: int) -> None:
-        self.budget[b].fill_(n)
+    def set_budgets(self, budgets: list[int]) -> None:
+        """Every row's draft budget for the next round, in one copy (a fill per row would be a
+        launch per row and round)."""
+        self.budget.copy_(torch.tensor(budgets, dtype=torch.int32))
 
     def draw(self, b: int, generator: torch.Generator) -> None:
         self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
