@@ -43,6 +43,31 @@ def test_results_stream_in_input_order(engine):
     assert seen[0][1] < 9  # the first result came out before the queue was read to its end
 
 
+def test_results_held_for_a_long_prompt_are_bounded_by_the_batch(engine):
+    """A long first prompt and many short ones behind it: free rows stop taking prompts once
+    WAITING x B results wait for it, so the queue is read no further than that while it runs; all
+    come out in order, each as alone."""
+    from specgen.core.batch_decode import WAITING
+
+    prompts = random_prompts(200, 30, seed=8)
+    lengths = [60] + [2] * 29
+    taken: list[int] = []
+
+    def queue():
+        for i, (ids, n) in enumerate(zip(prompts, lengths)):
+            taken.append(i)
+            yield ids, spec(engine, n)
+
+    seen = []
+    for index, finished in engine.batch_decoder(2).run(queue()):
+        seen.append((index, len(taken), finished.token_ids))
+    assert [index for index, _, _ in seen] == list(range(30))
+    assert seen[0][1] <= 1 + (WAITING + 1) * 2  # prompt 0, the results waiting for it, one more per row
+    for index in (0, 1, 29):
+        alone = engine.decoder(replace(engine.profile, sampling=spec(engine, lengths[index])))
+        assert seen[index][2] == finish(alone, prompts[index]).token_ids
+
+
 def test_finished_results_survive_a_later_failure(engine):
     """Prompt 0 still running, 1 to 3 finished behind it, then the queue fails: 1 to 3 still come
     out (in order), then the error."""

@@ -61,6 +61,9 @@ def bench(
         "the profile's first).")] = None,
     baselines: Annotated[str, _sweep(
         "--baseline", help="Comma list of target-only, hf, hf-static, hf-assisted.")] = "target-only",
+    batch_sizes: Annotated[Optional[str], _sweep(
+        "--batch-size", help="Comma list of batch sizes, e.g. 1,4,16: throughput and per-row latency of "
+        "batches, target-only and each k, and where speculation stops paying.")] = None,
     prompts_file: opt.PromptsFile = None,
     prompts: opt.PromptsAlias = None,
     num_prompts: Annotated[Optional[int], _sweep("--num-prompts", min=1, help="Use the first N prompts.")] = None,
@@ -121,6 +124,11 @@ def bench(
     validate(settings_for, plan, named)
     opt.warn_settings(settings_for(plan.ks[0], max(plan.temperatures)), quiet)
     texts = bench_prompts(path, first, num_prompts)
+    if batch_sizes is not None:
+        sizes = parse_batch_sizes(batch_sizes, plan, records)
+        encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0], "draft"))
+        batch_bench(settings_for, texts, plan, sizes, encoding, allow_pickle, quiet, output_format)
+        return
     encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0],
                                                                       plan.proposers[0]))
     document = measure(settings_for, texts, plan, encoding, allow_pickle, quiet)
@@ -140,6 +148,105 @@ def bench(
     if document["incomplete"]:
         print("specgen: interrupted", file=sys.stderr)
         raise typer.Exit(130)
+
+
+def parse_batch_sizes(text: str, plan, records: bool) -> tuple[int, ...]:
+    """--batch-size as batch sizes (1..256 each); what batches do not take is refused here, in one line."""
+    from specgen.core.errors import UsageError
+
+    sizes = parse_list(text, int, "--batch-size")
+    if not all(1 <= size <= 256 for size in sizes):
+        raise UsageError(f"--batch-size {text}: each batch size must be from 1 to 256", hint="e.g. --batch-size 1,4,16")
+    if plan.proposers != ("draft",):
+        raise UsageError(f"--batch-size measures the draft proposer against target-only, not {', '.join(plan.proposers)}",
+                         hint="drop --proposer, or measure other proposers in a run without --batch-size")
+    if any(tree is not None for tree in plan.trees) or records:
+        raise UsageError("--batch-size takes chains only, without --records",
+                         hint="drop --tree-width / --tree-nodes / --records, or --batch-size")
+    if 0 in plan.ks:
+        raise UsageError("--batch-size: k 0 is target-only, which every batch size measures already",
+                         hint="list the k of the speculative runs, e.g. --k 2,4")
+    return sizes
+
+
+def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], encoding, allow_pickle: bool,
+                quiet: bool, output_format: Format) -> None:
+    """Batches at each size (core/bench/batches.py), at the sweep's first temperature, each with
+    the profile's coupling; the JSON document or the table, as bench prints its own."""
+    from specgen.cli.loading import collector_paused, load_engine
+
+    with collector_paused():
+        from specgen.core.bench import batches
+    temperature = plan.temperatures[0]
+    start = time.perf_counter()
+    engine = load_engine(settings_for(max(plan.ks), temperature, "draft"), allow_pickle, status=not quiet,
+                         proposers=("draft",))
+    startup = time.perf_counter() - start
+    encode = encoding.for_engine(engine)
+    ids = [encode(text) for text in prompts]
+    checker = engine.decoder(settings_for(max(plan.ks), temperature, "draft"))
+    for one in ids:  # a prompt the context cannot hold at the largest k: one error before anything runs
+        checker.check_prompt(one)
+    results, incomplete = [], False
+    with progress_bar(render.stderr_console(), enabled=not quiet and sys.stderr.isatty()) as bar:
+        task = bar.add_task("batches", total=len(sizes) * (len(plan.ks) + 1))
+        try:
+            for size in sizes:
+                results += batches.measure(engine, ids, settings_for, (size,), plan.ks, temperature, plan.warmup,
+                                           lambda steps, label: bar.update(task, advance=steps, description=label))
+        except KeyboardInterrupt:
+            incomplete = True
+    document = batches.document(results, engine, temperature, startup, len(ids),
+                                engine.profile.sampling.max_tokens, incomplete)
+    if output_format == Format.json:
+        sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        if not quiet:
+            show_batches(document, render.stderr_console())
+    else:
+        show_batches(document, Console(highlight=False, no_color=render.no_color()))
+    if incomplete:
+        print("specgen: interrupted", file=sys.stderr)
+        raise typer.Exit(130)
+
+
+def show_batches(document: dict, console: Console) -> None:
+    """A batch bench's table: per batch size, target-only then each k (tok/s, the row's ms per
+    token, × target-only), then per batch size the choice, and where speculation stops paying."""
+    env = document["environment"]
+    t = document["temperature"]
+    console.print(f"{document['profile']} · batches · {document['prompts']} prompts × {document['max_tokens']} tokens"
+                  f" · T={t:g}{' ' + document['coupling'] if document['coupling'] else ''} · {env['device']}"
+                  + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""), soft_wrap=True)
+    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("batch", "method", "tok/s", "row ms/tok", "× target-only", "mean len"):
+        grid.add_column(name, justify="left" if name == "method" else "right", no_wrap=True)
+    base = {r["batch_size"]: r["tokens_per_second"] for r in document["results"] if r["method"] == "target-only"}
+    for r in document["results"]:
+        ratio = r["tokens_per_second"] / base[r["batch_size"]] if base.get(r["batch_size"]) else None
+        row_ms = (r["row_ms_per_token"] or {}).get("median")
+        grid.add_row(str(r["batch_size"]), "target-only" if r["method"] == "target-only" else f"k={r['k']}",
+                     f"{r['tokens_per_second']:.1f}", f"{row_ms:.2f}" if row_ms is not None else "–",
+                     f"{ratio:.2f}×" if ratio is not None else "–",
+                     f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "–")
+    console.print(grid)
+    for line in batch_recommendation_lines(document):
+        console.print(line, soft_wrap=True)
+
+
+def batch_recommendation_lines(document: dict) -> list[Text]:
+    lines = []
+    for rec in document["recommendations"]:
+        line = Text(f"batch {rec['batch_size']}: ", style="bold")
+        line.append(rec["choice"], style="bold green" if rec["speculation_pays"] else "bold red")
+        line.append(f"  (best k={rec['best_k']}: {rec['speculative_tokens_per_second']:.1f} tok/s, "
+                    f"{rec['speedup']:.2f}× target-only's {rec['target_only_tokens_per_second']:.1f})"
+                    if rec["speedup"] is not None else "")
+        lines.append(line)
+    stops = document["speculation_stops_paying_at"]
+    lines.append(Text(f"speculation stops paying at batch {stops}" if stops is not None
+                      else "speculation pays at every batch size measured", style="bold"))
+    return lines
 
 
 def validate(settings_for, plan, named: bool) -> None:

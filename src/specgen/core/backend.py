@@ -44,6 +44,10 @@ class Backend(Protocol):
 
     def program(self, rnd, mode) -> Program: ...
 
+    def batch_program(self, rnd) -> "BatchProgram":
+        """A BatchRound's body ready to run (core/round/batch_round.py): as it is, or captured."""
+        ...
+
     def head_ops(self, head):
         """The kernel table (core/step/ops.py's protocol) an EAGLE-3 head's calls compute through
         on this backend; None: the head keeps the torch reference."""
@@ -119,6 +123,24 @@ class EagerProgram:
             self.body(clock.mark)
 
 
+class BatchProgram(Protocol):
+    """One round of a BatchRound: launch() runs it or replays its capture (queued: the host's read
+    of the staged ids is the round's sync)."""
+
+    def launch(self) -> None: ...
+
+
+class EagerBatch:
+    """A BatchRound's body run as it is, every launch."""
+
+    def __init__(self, rnd):
+        self.rnd = rnd
+
+    def launch(self) -> None:
+        with torch.inference_mode():
+            self.rnd.body()
+
+
 class TorchBackend:
     """The torch references and eager runners: CPU, or any device without the CUDA backend."""
 
@@ -133,6 +155,9 @@ class TorchBackend:
 
     def program(self, rnd, mode) -> Program:
         return EagerProgram(lambda mark: rnd.body(mode, mark))
+
+    def batch_program(self, rnd) -> BatchProgram:
+        return EagerBatch(rnd)
 
     def head_ops(self, head):
         return None

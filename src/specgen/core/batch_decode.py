@@ -5,8 +5,9 @@ one sync brings back every row's staged ids. The host then settles each row as t
 decode loop settles a run (core/decode.py: stop ids, max_tokens, stop strings, statistics), and
 a row that finished takes the next prompt of the queue at once, so a long prompt never holds the
 others back. Results come out in input order, each as soon as every earlier prompt is done: what
-waits are the results that finished while an earlier prompt still runs (a few per round of the
-rows beside it), and the queue is read one prompt at a time, never the whole file.
+waits are the results that finished while an earlier prompt still runs, at most WAITING x B of
+them (then free rows take no prompt until it is done), and the queue is read one prompt at a time,
+never the whole file: memory is bounded by B, not by the file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.round.batch_round import BatchRound
 from specgen.core.settings import SamplingSpec
 from specgen.core.stats import AcceptanceStats
+
+
+WAITING = 4  # results held for an earlier prompt still running, per row, before free rows stop taking prompts
 
 
 @dataclass
@@ -42,11 +46,13 @@ class _Row:
 
 
 class BatchDecoder:
-    """Runs prompts through `rnd`. eos_ids: the model's; cut(spec): whether the draft's q keeps the
-    prompt's top-k / top-p / min-p (core/engine.draft_picking); adaptive_k: each row its own."""
+    """Runs prompts through `rnd`, each round by `program` (the backend's: run as it is, or
+    captured). eos_ids: the model's; cut(spec): whether the draft's q keeps the prompt's top-k /
+    top-p / min-p (core/engine.draft_picking); adaptive_k: each row its own."""
 
-    def __init__(self, rnd: BatchRound, tokenizer, eos_ids: set[int], cut, adaptive_k: bool = False):
-        self.round, self.tokenizer, self.eos_ids, self.cut, self.adaptive_k = rnd, tokenizer, eos_ids, cut, adaptive_k
+    def __init__(self, rnd: BatchRound, program, tokenizer, eos_ids: set[int], cut, adaptive_k: bool = False):
+        self.round, self.program = rnd, program
+        self.tokenizer, self.eos_ids, self.cut, self.adaptive_k = tokenizer, eos_ids, cut, adaptive_k
         self.rows: list[_Row | None] = [None] * rnd.batch
 
     def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
@@ -56,14 +62,15 @@ class BatchDecoder:
         the error; on Ctrl-C the prompts still running come out too, as far as they got (reason
         "interrupted")."""
         queue, done, ready = enumerate(jobs), {}, 0
-        for b in range(self.round.batch):
-            self._refill(b, queue)
+        self.exhausted = False
         try:
+            self._fill(queue, done)
             while any(self.rows):
-                self._round(queue, done)
+                self._round(done)
                 while ready in done:
                     yield ready, done.pop(ready)
                     ready += 1
+                self._fill(queue, done)
         except GeneratorExit:  # the caller stopped reading: nothing to hand over
             raise
         except BaseException as exc:
@@ -73,13 +80,19 @@ class BatchDecoder:
                 yield index, done.pop(index)
             raise
 
-    def _refill(self, b: int, queue) -> None:
-        """Row b takes the queue's next prompt, or stops when the queue is empty."""
+    def _fill(self, queue, done: dict) -> None:
+        """Each free row takes the queue's next prompt, while fewer than WAITING x B results wait
+        for an earlier prompt (a long prompt holds back what finished after it, never more:
+        memory is bounded by B, not by the file); the rows left free run masked."""
+        for b, row in enumerate(self.rows):
+            if row is None and not self.exhausted and len(done) < WAITING * self.round.batch:
+                self.exhausted = not self._refill(b, queue)
+
+    def _refill(self, b: int, queue) -> bool:
+        """Row b takes the queue's next prompt; False when the queue is empty."""
         job = next(queue, None)
         if job is None:
-            self.rows[b] = None
-            self.round.stop(b)
-            return
+            return False
         index, (ids, spec) = job
         started = time.perf_counter()
         seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
@@ -90,27 +103,29 @@ class BatchDecoder:
                    adaptive=AdaptiveK() if self.adaptive_k else None)
         row.stats.prefill_seconds = time.perf_counter() - started
         self.rows[b] = row
+        return True
 
-    def _round(self, queue, done: dict) -> None:
+    def _round(self, done: dict) -> None:
         rnd = self.round
         for b, row in enumerate(self.rows):
             if row is not None:
                 row.budget = min(rnd.k, row.spec.max_tokens - len(row.out.ids) - 1)
                 if row.adaptive is not None:
                     row.budget = row.adaptive.budget(row.budget)
-                rnd.set_budget(b, row.budget)
                 rnd.draw(b, row.gen)
+        rnd.set_budgets([row.budget if row is not None else 0 for row in self.rows])
         began = time.perf_counter()
-        with torch.inference_mode():
-            rnd.body()
+        self.program.launch()
         staged = rnd.stage_ids.tolist()  # the round's one sync
         seconds = time.perf_counter() - began
+        for b, row in enumerate(self.rows):  # the kernels' error sentinel (a row's first id), as one request's
+            if row is not None:
+                rnd.backend.check(staged[b][0])
         free = [b for b, row in enumerate(self.rows) if row is not None and self._settle(row, staged[b], seconds)]
-        for b in free:
+        for b in free:  # each row settled first: a prompt that fails to start (in _fill) loses none of them
             done[self.rows[b].index] = self._finish(self.rows[b])
             self.rows[b] = None
-        for b in free:  # after every row is settled: a prompt that fails to start loses none of them
-            self._refill(b, queue)
+            rnd.stop(b)
 
     def _settle(self, row: _Row, staged: list[int], seconds: float) -> bool:
         """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""

@@ -123,20 +123,29 @@ class Engine:
         """A decoder of `batch` rows at once for `profile`'s settings (default: the engine's); each
         prompt brings its own (core/batch_decode.py). What batches do not take yet is a one-line error."""
         profile = profile or self.profile
-        refusal = batch_refusal(profile, self.backend.name)
+        refusal = batch_refusal(profile, bool(getattr(self.backend, "spread", None)))
         if refusal:
             raise UsageError(f"batches (batch_size {batch}) {refusal}",
                              hint="set batch_size = 1 (--batch-size 1), or change what the message names")
-        if self.draft_runner is None:
+        sampling = profile.sampling
+        k = profile.speculation.k if profile.proposer.kind != "none" else 0
+        if k and self.draft_runner is None:
             raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
-        sampling, k = profile.sampling, profile.speculation.k
         key = ("batch", batch, k, sampling.coupling)
         if key not in self._rounds:
-            self._rounds[key] = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
-                                           self.backend, self.target_runner, self.draft_runner)
+            rnd = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
+                             self.backend, self.target_runner, self.draft_runner if k else None)
+            self._rounds[key] = (rnd, self.backend.batch_program(rnd))
+        rnd, program = self._rounds[key]
         mode = profile.speculation.draft_sampling
-        return BatchDecoder(self._rounds[key], self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
-                            adaptive_k=profile.proposer.adaptive_k)
+        return BatchDecoder(rnd, program, self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
+                            adaptive_k=profile.proposer.adaptive_k and k > 0)
+
+    def forget_batches(self) -> None:
+        """Drop the batch rounds built so far (their caches hold B rows each): bench's batch sizes
+        are measured one after another, never needed again."""
+        for key in [key for key in self._rounds if key[0] == "batch"]:
+            del self._rounds[key]
 
     def resolve(self, profile: Profile, proposer_kind: str | None = None,
                 insight: bool = False) -> tuple[Profile, TreeChoice | None]:
@@ -245,13 +254,14 @@ def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair:
     return ""
 
 
-def batch_refusal(profile: Profile, backend: str) -> str:
-    """Why this run cannot decode prompts in batches ("" where it can)."""
+def batch_refusal(profile: Profile, spread: bool = False) -> str:
+    """Why this run cannot decode prompts in batches ("" where it can). spread: a model lies over
+    several GPUs (its step crosses devices; a batch's caches do not yet)."""
     spec, sampling = profile.speculation, profile.sampling
-    if backend != "torch":
-        return "run on the torch backend only for now (--device cpu, or cuda_graphs = false)"
-    if profile.proposer.kind != "draft" or profile.speculation.k == 0:
+    if profile.proposer.kind not in ("draft", "none"):
         return f"are drafted by the draft model only, not by the {profile.proposer.kind} proposer"
+    if spread:
+        return "need each model on one GPU, and this run spreads one over several"
     if spec.tree_width != "auto" and spec.tree_width > 1:  # auto: batches run the chain
         return "take chains only, not token trees (tree_width 1)"
     checks = {"draft_p_min": profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,

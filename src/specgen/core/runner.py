@@ -40,6 +40,11 @@ class Runner(Protocol):
 
     def step_context(self, tokens: int) -> ContextManager: ...
 
+    def batch_ops(self, capacity: int):
+        """The kernel table (core/step/ops.py) a batch round steps this runner's model with over
+        caches of B rows and `capacity` slots (core/round/batch_round.py): computing each row as
+        this runner's own steps do."""
+
     def reserve(self, positions: int) -> None: ...
 
 
@@ -119,6 +124,12 @@ class EagerRunner:
         from specgen.core.step.model import REFERENCE
 
         REFERENCE.compact(self.cache, src[None], dst[None])
+
+    def batch_ops(self, capacity: int):
+        """The kernel table a batch round steps this runner's model with: the reference."""
+        from specgen.core.step.model import REFERENCE
+
+        return REFERENCE
 
     def _room(self, slots: int) -> None:
         if slots > self.cache.capacity:

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from specgen.core.backend import EagerProgram, RoundClock
+from specgen.core.backend import EagerBatch, EagerProgram, RoundClock
 from specgen.core.errors import SpecgenError, UsageError
 from specgen.core.round import Mode, Round
 from specgen.core.round.ops import RoundOps, TorchRoundOps
@@ -149,6 +149,13 @@ class CudaBackend:
         self.programs.add(program)
         return program
 
+    def batch_program(self, rnd):
+        """A BatchRound's body captured (BatchGraphs), or run as it is where the round's ops are the
+        references (they sync)."""
+        if not self.ops.capturable:
+            return EagerBatch(rnd)
+        return BatchGraphs(rnd, self)
+
     def describe(self) -> dict:
         return {"backend": self.name, "device": torch.cuda.get_device_name(self.device),
                 "cuda_graphs": True,
@@ -253,6 +260,57 @@ class GraphProgram:
     def _restore(self, saved: list[torch.Tensor]) -> None:
         for tensor, value in zip(self._state(), saved):
             tensor.copy_(value)
+
+
+class BatchGraphs:
+    """A BatchRound's body (core/round/batch_round.py) captured as CUDA graphs: one per shape_key()
+    (its caches' generation and its rows' warp flags, which choose the body's launches), captured
+    when first needed and dropped when the caches are re-allocated. Warm-ups run at the scratch
+    end of the caches and the round's state is restored before capture, as GraphProgram does. A
+    body that cannot be captured runs eagerly from then on, after one warning."""
+
+    def __init__(self, rnd, backend: CudaBackend):
+        self.rnd, self.backend = rnd, backend
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.generation = rnd.generation
+        self.eager: EagerBatch | None = None
+
+    def launch(self) -> None:
+        if self.eager is not None:
+            return self.eager.launch()
+        rnd = self.rnd
+        if rnd.generation != self.generation:  # the graphs point at the old caches
+            self.graphs.clear()
+            self.generation = rnd.generation
+        key = rnd.shape_key()
+        if key not in self.graphs and not self._capture(key):
+            return self.eager.launch()
+        self.graphs[key].replay()
+
+    def _capture(self, key: tuple) -> bool:
+        rnd, device = self.rnd, self.rnd.device
+        saved = [t.clone() for t in rnd.state()]
+
+        def warm_up():
+            rnd.scratch()
+            rnd.body()
+
+        def restore():
+            for tensor, value in zip(rnd.state(), saved):
+                tensor.copy_(value)
+
+        try:
+            graph, _ = capture(rnd.body, device, WARMUP_ROUNDS, warm_up=warm_up, settle=restore)
+        except Exception as exc:  # noqa: BLE001 (an optimisation: run it eagerly instead)
+            torch.cuda.synchronize(device)
+            restore()
+            self.graphs.clear()
+            self.eager = EagerBatch(rnd)
+            self.backend._warn(f"could not capture the batch round ({_first_line(exc)}); rounds run eagerly")
+            return False
+        restore()
+        self.graphs[key] = graph
+        return True
 
 
 def _none() -> None:

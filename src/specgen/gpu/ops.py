@@ -34,12 +34,16 @@ def _rows(x: torch.Tensor) -> int:
 class TritonOps(TorchOps):
     name = "triton"
 
-    def __init__(self, kernels: ResolvedKernels, counters: dict | None = None, table=None):
+    def __init__(self, kernels: ResolvedKernels, counters: dict | None = None, table=None, rows: int = MAX_STEP):
         """counters: split-K's arrival counters by device (gpu/kernels/linear.py; a model over several GPUs
-        has a set on each); table: the linear kernel's configurations (default: the policy's)."""
+        has a set on each); table: the linear kernel's configurations (default: the policy's); rows:
+        the most rows of one call that the kernels take (a runner's: its longest captured step; a
+        batch's table: its verification's B x (k + 1), so that every row of it is computed as
+        a one-request step computes it), more running on the reference."""
         self.kernels = kernels
+        self.rows = rows
         self.table = None  # [capacity, 2, d]: cos and sin of every position, in the model's dtype
-        self.embeds = None  # [MAX_STEP, H]: a step's embedding rows (step_io), sized at its first call
+        self.embeds = None  # [rows, H]: a step's embedding rows (step_io), sized at its first call
         self.dependent = kernels.dependent_launch
         self.counters = counters or {}
         self.split_k = kernels.split_k and bool(self.counters)
@@ -56,18 +60,18 @@ class TritonOps(TorchOps):
         with torch.inference_mode():
             cos, sin = super().rotary(torch.arange(capacity, device=inv_freq.device)[None], inv_freq, dtype)
             self.table = torch.stack([cos[0], sin[0]], dim=1)
-            self.rotary_rows = torch.zeros(MAX_STEP, 2 * cos.shape[-1], dtype=dtype, device=inv_freq.device)
+            self.rotary_rows = torch.zeros(self.rows, 2 * cos.shape[-1], dtype=dtype, device=inv_freq.device)
 
     def inputs(self, rows, weight, scale, inv_freq):
         """One launch (gpu/kernels/step_io.py) for the rows' embeddings and rotary rows, and a chain's or a
-        batch's pending positions; any layout of at most MAX_STEP rows in all."""
+        batch's pending positions; any layout of at most `rows` rows in all."""
         b, n = rows.ids.shape
-        if (not self.kernels.step_io or self.table is None or b * n > MAX_STEP
+        if (not self.kernels.step_io or self.table is None or b * n > self.rows
                 or self.table.dtype != weight.dtype):
             return super().inputs(rows, weight, scale, inv_freq)
         if self.embeds is None or self.embeds.shape[1] != weight.shape[1]:
             with torch.inference_mode():  # as the reference's gathers return inside a step
-                self.embeds = torch.zeros(MAX_STEP, weight.shape[1], dtype=weight.dtype, device=weight.device)
+                self.embeds = torch.zeros(self.rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
         positions = rows.positions.reshape(-1)  # pending: the buffer's view, written here
         if not rows.pending:
             positions = positions.contiguous()
@@ -85,18 +89,18 @@ class TritonOps(TorchOps):
         return rows[..., 0, :], rows[..., 1, :]
 
     def linear(self, x, weight, bias=None, residual=None):
-        if not self.kernels.linear or _rows(x) > linear_kernels.MAX_ROWS:
+        if not self.kernels.linear or _rows(x) > self.rows:
             return super().linear(x, weight, bias, residual)
         return linear_kernels.linear(x, weight, bias, residual=residual, **self._launch(x))
 
     def qkv(self, x, attn):
         fused = getattr(attn, "fused", None)
-        if fused is None or not self.kernels.linear or _rows(x) > linear_kernels.MAX_ROWS:
+        if fused is None or not self.kernels.linear or _rows(x) > self.rows:
             return super().qkv(x, attn)
         return linear_kernels.linear(x, fused.weight, fused.bias, **self._launch(x)).split(fused.widths, dim=-1)
 
     def gate_up(self, x, gate, up, activation, gate_bias=None, up_bias=None):
-        if (not self.kernels.linear or gate_bias is not None or _rows(x) > linear_kernels.MAX_ROWS
+        if (not self.kernels.linear or gate_bias is not None or _rows(x) > self.rows
                 or activation not in linear_kernels.ACTIVATIONS):
             return super().gate_up(x, gate, up, activation, gate_bias, up_bias)
         return linear_kernels.gate_up(x, gate, up, activation, **self._launch(x))

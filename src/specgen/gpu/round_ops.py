@@ -81,3 +81,16 @@ class TritonRoundOps:
 
     def tree_select(self, tree, start):
         gpu_tree.select(tree, start, dependent=self.dependent)
+    # -- a batch's rows (core/round/batch_round.py) ---------------------------------------------
+
+    def gumbel_noise_rows(self, out, key, first):
+        gpu_noise.uniform_rows_(out, key, first)
+        noise.exponential_(out)
+
+    def count_drafts_rows(self, confident, budget, limit, generated, out):
+        gpu_commit.count_drafts_rows(confident, budget, limit, generated, out, dependent=self.dependent)
+
+    def commit_rows(self, buffers):
+        """One launch for every row; a batch's buffers all lie on the round's device (batches
+        refuse models spread over several GPUs)."""
+        gpu_commit.commit_rows(buffers, dependent=self.dependent)

@@ -172,6 +172,18 @@ class GraphRunner:
         """Move the K/V in slots src [m] to slots dst [m] (a tree's accepted path), on the device."""
         self.ops.compact(self.cache, src[None], dst[None])
 
+    def batch_ops(self, capacity: int):
+        """The kernel table a batch round (core/round/batch_round.py) steps this runner's model with,
+        over caches of `capacity` slots of its own: this runner's kernels and linear configurations,
+        taking a batch's B x (k + 1) rows in one call, so that each row gets the bits of this
+        runner's own steps, and a rotary table of that capacity."""
+        from specgen.gpu.kernels.linear import BATCH_ROWS
+        from specgen.gpu.ops import TritonOps
+
+        ops = TritonOps(self.kernels, self.ops.counters, self.ops.linear_table, rows=BATCH_ROWS)
+        ops.tabulate(self.model.inv_freq, self.model.dtype, capacity)
+        return ops
+
     def crossings(self) -> dict[str, str]:
         """Per captured step of a model over several devices, what its replay runs (describe())."""
         return {f"{n}-token step": g.graph.summary() for n, g in sorted(self.graphs.items())

@@ -99,3 +99,52 @@ def test_count_drafts_matches_reference(k, dependent):
         assert torch.equal(ours, theirs), (confident.tolist(), budget, limit, generated, ours, theirs)
         unsure = [i for i, sure in enumerate(confident.tolist()) if not sure]
         assert ours.item() == min(budget, unsure[0] if unsure else k, max(0, min(k, limit - generated)))
+
+
+def _rows_of(rows: list[bookkeeping.CommitBuffers]) -> bookkeeping.CommitBuffers:
+    """One-request buffers stacked as a batch's (core/round/batch_round.py): rows leading."""
+    def stack(name):
+        values = [getattr(r, name) for r in rows]
+        if values[0] is None:
+            return None
+        shape = () if name == "num_drafts" else values[0].shape  # [B] int32, as the batch's
+        return torch.stack(values).reshape(len(rows), *shape).contiguous()
+    names = [f.name for f in dataclasses.fields(rows[0]) if f.name != "ran"]
+    return bookkeeping.CommitBuffers(**{name: stack(name) for name in names}, ran=rows[0].ran)
+
+
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("draft", [True, False], ids=["draft-model", "no-draft"])
+@pytest.mark.parametrize("k", [0, 1, 4, 7])
+def test_commit_rows_equals_each_row_committed_alone(k, draft, dependent):
+    """A batch of rows at every accepted count (and one error sentinel): the kernel and the
+    reference over the batch each equal the one-row reference applied to every row."""
+    alone = [_buffers(k, accepted, draft, seed=7) for accepted in range(k + 1)]
+    alone.append(_buffers(k, 0, draft, seed=7, sentinel=True))
+    alone = [dataclasses.replace(b, ran=k + 1) for b in alone]
+    ours, theirs = _rows_of(alone), _rows_of(alone)
+    gpu_commit.commit_rows(ours, dependent=dependent)
+    bookkeeping.commit_rows(theirs)
+    for b in alone:
+        bookkeeping.commit(b)
+    _assert_same(ours, _rows_of(alone))
+    _assert_same(theirs, _rows_of(alone))
+
+
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_count_drafts_rows_equals_each_row_counted_alone(k, dependent):
+    gen = torch.Generator().manual_seed(k)
+    batch = 9
+    confident = torch.ones(k, dtype=torch.bool, device=DEVICE)
+    budget = torch.randint(0, k + 1, (batch,), generator=gen, dtype=torch.int32).to(DEVICE)
+    limit = torch.randint(0, 60, (batch,), generator=gen).to(DEVICE)
+    generated = torch.randint(0, 60, (batch,), generator=gen).to(DEVICE)
+    ours = torch.full((batch,), -5, dtype=torch.int32, device=DEVICE)
+    theirs = ours.clone()
+    gpu_commit.count_drafts_rows(confident, budget, limit, generated, ours, dependent=dependent)
+    bookkeeping.count_drafts_rows(confident, budget, limit, generated, theirs)
+    for b in range(batch):
+        one = torch.full((1,), -5, dtype=torch.int32, device=DEVICE)
+        bookkeeping.count_drafts(confident, budget[b:b + 1], limit[b], generated[b], one)
+        assert ours[b].item() == theirs[b].item() == one.item(), b

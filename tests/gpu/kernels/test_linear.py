@@ -185,7 +185,8 @@ def test_leading_dims_and_strided_rows():
 
 
 def test_too_many_rows_is_refused():
-    x, w, _, _ = _data(L.MAX_ROWS + 1, 8, 16, torch.float32)
+    """More than a batch's verification (BATCH_ROWS) is the reference's: the kernel refuses it."""
+    x, w, _, _ = _data(L.BATCH_ROWS + 1, 8, 16, torch.float32)
     with pytest.raises(AssertionError):
         L.linear(x, w)
 

@@ -46,6 +46,16 @@ def test_kernel_equals_the_reference(seed, first, rows, width):
     assert torch.equal(got, want)
 
 
+def test_rows_kernel_equals_each_sequence_alone():
+    """A batch's noise (core/round/batch_round.py): sequence b's rows are uniform(key b, first b)."""
+    seeds, firsts = [3, 2**40 + 5, 0], [0, 17, 2**32 - 2]
+    key = torch.stack([key_of(s) for s in seeds])
+    first = torch.tensor(firsts, dtype=torch.int64, device=DEVICE)
+    want = torch.stack([noise.uniform(key_of(s), position(f), 4, 300) for s, f in zip(seeds, firsts)])
+    assert torch.equal(noise.uniform_rows(key, first, 4, 300), want)
+    assert torch.equal(gpu_noise.uniform_rows_(torch.empty(3, 4, 300, device=DEVICE), key, first), want)
+
+
 def test_uniforms_are_multiples_of_2_to_the_minus_24_in_the_half_open_unit_interval():
     u = noise.uniform(key_of(1), position(0), 8, 4096).double()
     assert float(u.min()) > 0 and float(u.max()) <= 1

@@ -2,22 +2,38 @@
 
 The chain round's phases (core/round/round.py), with a batch dimension everywhere:
 
+    count    each row's num_drafts from its budget, limit and tokens so far, before drafting
+             (batches take no draft_p_min, so no draft step can cut it: the chain round's count)
     draft    the draft model steps over each row's `pending` [B, 2], then k - 1 steps [B, 1], each
              row at its own position in its own cache row (core/step/rows.batch); each row's pick
-             races its own noise row against its own warped q (greedy rows: their argmax)
+             races its own noise row against its own warped q (an all-greedy batch: the argmax)
     target   one step over feed [B, k + 1]
-    verify   the rows' warp in one call (WarpParams per row), then each row verified by itself with
-             the references' calls on its own slices, so that a row computes what it would alone
-    commit   each row's positions, `pending` and next `last` (core/sampling/bookkeeping.commit per row)
+    verify   the rows' warp in one call (WarpParams per row), then one verification call for every
+             row (core/sampling/rejection.py's layout with k draft rows per row: the drafts past a
+             row's num_drafts are made to fail, which leaves each row's output what it is alone)
+    commit   each row's positions, `pending` and next `last`, in one call (bookkeeping.commit_rows)
+
+How a row stays what it is alone: every op is the one-request op over more rows, and each row's
+result depends on its own rows only (the step kernels' row invariance, gpu/kernels/linear.py and
+attention.py; the references compute row by row). Verification with fewer drafts than k: greedy
+and Gumbel verification compare a draft with the target's pick, so a draft past num_drafts is
+replaced by -1, which no pick equals; rejection verification accepts a draft only where q(d) > 0,
+so the draft's probs past num_drafts are zeroed, and the token after the last counted draft is then
+drawn from max(p - 0, 0) = p with the row's Exp(1) row: the bonus token, bit for bit.
 
 Each row has its own budget and num_drafts, max_tokens (`limit`), warp settings, and seed:
 rejection coupling's numbers come from the row's own generator into the row's own buffers,
 drawn in the order and shapes the chain round draws them, so a row emits the tokens it emits
 alone; Gumbel coupling keys each row's noise by its own seed and positions. A row without a
 prompt (finished, or never started) runs with the others (the shapes stay (B, k)) but its
-positions and count stay where they were: `active` masks it. The body reads no host value, so a
-backend may capture it; the torch backend runs it as it is (the CUDA backend does not take
-batches yet).
+positions and count stay where they were: `active` masks it. k = 0 is target-only decoding in
+batches (no draft model, a bonus token per row and round).
+
+The body reads no host value and allocates nothing that outlives it, so a backend may capture it
+(gpu/backend.py: one CUDA graph per batch shape, cache generation and the rows' warp flags); the
+torch backend runs it as it is. Each model steps over caches of this round's own (B rows, grown
+with the longest request) with its runner's batch kernel table (Runner.batch_ops); a row's prompt
+is prefilled by the runner itself, as it is alone, and its keys and values copied into the row.
 """
 
 from __future__ import annotations
@@ -35,23 +51,36 @@ from specgen.core.step import rows as rowsets
 
 FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
           "frequency_penalty")
+SLACK = 64  # cache slots past the longest request: where a capture's warm-ups write
 
 
 class RowParams:
-    """WarpParams for `rows_per` logits rows of each of B rows, set row by row on the host."""
+    """WarpParams for `rows_per` logits rows of each of B rows, set row by row on the host. Its
+    log(min-p) is a buffer of its own, written with min-p: a captured warp reads it at replay."""
 
     def __init__(self, batch: int, rows_per: int, device: torch.device):
         self.rows_per = rows_per
         plain = WarpParams.from_spec(SamplingSpec(), batch * rows_per, device)
         self.params = WarpParams(*(getattr(plain, f) for f in FIELDS))
+        self.params.__dict__["log_min_p"] = torch.log(self.params.min_p)
         self.specs: list[SamplingSpec | None] = [None] * batch
+        self._flag()
+
+    @property
+    def flags(self) -> WarpFlags:
+        return self.params.flags
 
     def set(self, b: int, spec: SamplingSpec) -> None:
         at = slice(b * self.rows_per, (b + 1) * self.rows_per)
         for name in FIELDS:
             getattr(self.params, name)[at].fill_(getattr(spec, name))
+        self.params.log_min_p[at].copy_(torch.log(self.params.min_p[at]))
         self.specs[b] = spec
-        self.params.__dict__.pop("log_min_p", None)  # cached from the old min-p
+        self._flag()
+
+    def _flag(self) -> None:
+        """The flags of every row that took a prompt (a finished row's stay: at worst a filter runs
+        as a no-op for it)."""
         live = [s for s in self.specs if s is not None]
         self.params.__dict__["flags"] = WarpFlags(all(s.greedy for s in live), any(s.top_k > 0 for s in live),
                                                   any(s.top_p < 1 for s in live), any(s.min_p > 0 for s in live))
@@ -60,18 +89,27 @@ class RowParams:
 class BatchCoupling:
     """Both couplings' buffers per row. noise [B, k + 1, V]: the draft's race rows 0 .. k - 1 and
     the target's row k (rejection: Exp(1) from the row's generator; Gumbel: from the row's key and
-    positions); uniform [B, k]; q [B, k, V] the draft's probs per step."""
+    positions); uniform [B, k]; q [B, k, V] the draft's probs per step (rejection coupling; zero
+    past each row's num_drafts). expo [B, V] and q_step [B, V]: one step's noise rows and probs,
+    contiguous, as the warp takes them."""
 
     def __init__(self, rnd, gumbel: bool):
         b, k, width, z = rnd.batch, rnd.k, rnd.width, dict(device=rnd.device)
         self.rnd, self.gumbel = rnd, gumbel
         self.noise = torch.ones(b, k + 1, width, dtype=torch.float32, **z)
-        self.uniform = torch.ones(b, k, dtype=torch.float32, **z)
-        self.q = torch.zeros(b, k, width, dtype=torch.float32, **z)
+        # never an empty allocation (k = 0): the kernels take its address
+        self.uniform = torch.ones(b * k + 1, dtype=torch.float32, **z)[: b * k].view(b, k)
+        self.q = None if gumbel else torch.zeros(b, k, width, dtype=torch.float32, **z)
+        self.q_step = torch.zeros(b, width, dtype=torch.float32, **z)
+        self.expo = torch.ones(b, width, dtype=torch.float32, **z)
         self.key = torch.zeros(b, 2, dtype=torch.long, **z)
         self.origin = torch.zeros(b, dtype=torch.long, **z)
         self.first = torch.zeros(b, dtype=torch.long, **z)
         self.choice = torch.zeros(b * (k + 1), dtype=torch.long, **z)
+
+    def state(self) -> list[torch.Tensor]:
+        """The host's draws for the next round (a capture's warm-ups must not lose them)."""
+        return [self.noise, self.uniform]
 
     def start(self, b: int, seed: int, origin: int) -> None:
         self.key[b].copy_(torch.tensor(noise.split_seed(seed)))
@@ -88,49 +126,72 @@ class BatchCoupling:
     def begin(self) -> None:
         if not self.gumbel:
             return
-        rnd = self.rnd
-        torch.add(self.origin, rnd.generated, out=self.first)
-        for b in range(rnd.batch):
-            rnd.ops.gumbel_noise(self.noise[b], self.key[b], self.first[b])
+        torch.add(self.origin, self.rnd.generated, out=self.first)
+        self.rnd.ops.gumbel_noise_rows(self.noise, self.key, self.first)
 
-    def verify(self, logits: torch.Tensor, params: WarpParams, bad) -> None:
-        """Each row's output row from the target's logits [B * (k + 1), V]."""
-        rnd, k = self.rnd, self.rnd.k
+    def pick(self, i: int) -> None:
+        """Draft step i's ids into feed[:, i + 1]: each row's race of its noise row i against its
+        warped q (greedy rows: their argmax), or, in an all-greedy batch, the argmax alone."""
+        rnd = self.rnd
+        params = rnd.draft_params.params
+        if params.flags.all_greedy:
+            rnd.ops.argmax(rnd.draft_logits, rnd.pick)
+        else:
+            self.expo.copy_(self.noise[:, i])
+            rnd.ops.warp_and_race(rnd.draft_logits, params, self.expo, rnd.pick, None, rnd.bad, probs_out=self.q_step)
+            if self.q is not None:  # past a row's num_drafts: zero (see the module's docstring)
+                torch.mul(self.q_step, (i < rnd.num_drafts)[:, None], out=self.q[:, i])
+        rnd.feed[:, i + 1].copy_(rnd.pick)
+
+    def verify(self) -> None:
+        """Every row's output row from the target's logits, in one warp and one verification."""
+        rnd, k, width = self.rnd, self.rnd.k, self.rnd.width
+        ops, logits, params = rnd.ops, rnd.target_logits.view(-1, width), rnd.target_params.params
         if self.gumbel:
-            rnd.ops.warp_and_race(logits, params, self.noise.view(-1, rnd.width), self.choice, None, bad)
-            for b in range(rnd.batch):
-                rows = self.choice[b * (k + 1):(b + 1) * (k + 1)]
-                rnd.out[b].copy_(rnd.ops.verify_greedy(rnd.drafts[b], rnd.num_drafts[b:b + 1], rows, k)[0])
-            return
-        argmax, probs = rnd.ops.warp(logits, params, None, bad)
-        for b in range(rnd.batch):
-            at = slice(b * (k + 1), (b + 1) * (k + 1))
+            ops.warp_and_race(logits, params, self.noise.view(-1, width), self.choice, None, rnd.bad)
+            out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, self.choice, k)
+        else:
+            argmax, probs = ops.warp(logits, params, None, rnd.bad)
             if probs is None:
-                out = rnd.ops.verify_greedy(rnd.drafts[b], rnd.num_drafts[b:b + 1], argmax[at], k)
+                out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, argmax, k)
             else:
-                out = rnd.ops.verify_random(rnd.drafts[b], rnd.num_drafts[b:b + 1], self.q[b], probs[at],
-                                            self.uniform[b], self.noise[b, k:], k)
-            rnd.out[b].copy_(out[0])
+                rnd.drafts.copy_(rnd.feed[:, 1:])
+                self.expo.copy_(self.noise[:, k])
+                out = ops.verify_random(rnd.drafts.view(-1), rnd.cu, self.q.view(-1, width) if k else None, probs,
+                                        self.uniform.reshape(-1), self.expo, k)
+        rnd.out.copy_(out)
 
 
 class BatchRound:
-    """B rows of chain speculation with the draft model. target, draft: the runners (EagerRunner) of
-    specgen's own models; each row's keys and values live in this round's caches' row b."""
+    """B rows of chain speculation with the draft model (k = 0: the target alone). target, draft:
+    the runners of specgen's own models (draft None when k = 0); each row's keys and values live in
+    this round's caches' row b."""
 
     def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target, draft):
-        if not all(getattr(r, "owned", False) for r in (target, draft)):
+        from specgen.core.step.model import OwnedModel
+
+        self.runners = [target, draft] if k else [target]
+        if not all(isinstance(r.model, OwnedModel) for r in self.runners):
             raise UsageError("batches need specgen's own model step, and this pair runs on transformers",
                              hint="set batch_size = 1 (--batch-size 1), or use checkpoints specgen's step covers")
         self.k, self.batch, self.width, self.backend = k, batch, width, backend
-        self.models = (target.model, draft.model)
+        self.models = [r.model for r in self.runners]
         self.device = device = target.device
         z = dict(device=device)
-        self.caches = [m.new_cache(batch, 64) for m in self.models]
+        self.caches: list = [None] * len(self.runners)
+        self.step_ops: list = [None] * len(self.runners)  # each model's batch kernel table (Runner.batch_ops)
+        self.capacity = 0
+        self.generation = 0  # bumped when the caches are re-allocated (a capture must be made anew)
         self.feed = torch.zeros(batch, k + 1, dtype=torch.long, **z)  # [B, k+1] last, d0 .. d(k-1)
-        self.drafts = self.feed[:, 1:]  # [B, k]
+        self.drafts = torch.zeros(batch * k + 1, dtype=torch.long, **z)[: batch * k].view(batch, k)  # verify's
+        self.pick = torch.zeros(batch, dtype=torch.long, **z)  # a draft step's ids
+        self.cu = (torch.arange(1, batch + 1, **z) * k).int()  # k draft rows per row (rejection.py's layout)
+        self.steps = torch.arange(k, **z)
+        self.no_draft = torch.full((), -1, dtype=torch.long, **z)  # what replaces a draft that does not count
         self.out = torch.zeros(batch, k + 1, dtype=torch.long, **z)
         self.pending = torch.zeros(batch, 2, dtype=torch.long, **z)  # the draft's next step: committed[-2:]
         self.positions = torch.zeros(2, batch, dtype=torch.long, **z)  # target, draft
+        self.step_positions = torch.zeros(batch * (k + 1), dtype=torch.long, **z)  # a step's rows' (the inputs op's)
         self.held = torch.zeros(3, batch, dtype=torch.long, **z)  # positions and generated before the round
         self.budget = torch.zeros(batch, dtype=torch.int32, **z)
         self.num_drafts = torch.zeros(batch, dtype=torch.int32, **z)
@@ -146,10 +207,28 @@ class BatchRound:
         self.draft_params = RowParams(batch, 1, device)
         self.bad = Padding(width, vocab_size, device).padding
         self.coupling = BatchCoupling(self, gumbel)
+        self._room(1)
 
     @property
     def ops(self):
         return self.backend.ops
+
+    @property
+    def reach(self) -> int:
+        """Slots past a row's position that one round may write."""
+        return self.k + 3
+
+    def shape_key(self) -> tuple:
+        """What a captured body depends on besides the buffers: the caches and the warp flags."""
+        return self.generation, self.target_params.flags, self.draft_params.flags
+
+    def state(self) -> list[torch.Tensor]:
+        """The buffers the next round reads that a round writes (a capture's warm-up restores them)."""
+        return [self.positions, self.feed, self.pending, self.generated, self.emitted, *self.coupling.state()]
+
+    def scratch(self) -> None:
+        """Every row at the scratch end of its caches (where a capture's warm-up may write)."""
+        self.positions.fill_(self.capacity - self.reach)
 
     # -- host side, between rounds ----------------------------------------------------------------
 
@@ -158,10 +237,11 @@ class BatchRound:
         draft: all but the last two, a one-token prompt seen twice), its settings and its seed.
         cut: the draft's q keeps the request's top-k / top-p / min-p (core/engine.draft_picking)."""
         ids = list(prompt_ids)
-        self._room(len(ids) + spec.max_tokens + self.k + 3)
-        for which, prefix in ((0, ids[:-1]), (1, ids[:-2])):
-            self._prefill(which, b, prefix)
-        self.pending[b].copy_(torch.tensor((ids * 2)[-2:]))
+        self._room(len(ids) + spec.max_tokens + self.reach)
+        self._prefill(0, b, ids[:-1])
+        if self.k:
+            self._prefill(1, b, ids[:-2])
+            self.pending[b].copy_(torch.tensor((ids * 2)[-2:]))
         self.feed[b, 0].fill_(ids[-1])
         self.generated[b].zero_()
         self.limit[b].fill_(spec.max_tokens - 1)
@@ -175,23 +255,45 @@ class BatchRound:
         self.active[b].fill_(False)
         self.budget[b].fill_(0)
 
-    def set_budget(self, b: int, n: int) -> None:
-        self.budget[b].fill_(n)
+    def set_budgets(self, budgets: list[int]) -> None:
+        """Every row's draft budget for the next round, in one copy (a fill per row would be a
+        launch per row and round)."""
+        self.budget.copy_(torch.tensor(budgets, dtype=torch.int32))
 
     def draw(self, b: int, generator: torch.Generator) -> None:
         self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
 
     def _room(self, slots: int) -> None:
-        for i, cache in enumerate(self.caches):
-            if slots > cache.capacity:
-                self.caches[i] = cache.grown(max(2 * cache.capacity, slots))
+        """Caches of B rows with room for `slots` positions (and SLACK); grown by doubling, the
+        rows keeping their keys and values. Each runner reserves as much: a row's prompt is
+        prefilled there first."""
+        if slots + SLACK <= self.capacity:
+            return
+        for runner in self.runners:
+            runner.reserve(slots)
+        self.capacity = capacity = max(2 * self.capacity, slots + SLACK)
+        for i, (model, runner) in enumerate(zip(self.models, self.runners)):
+            cache = self.caches[i]
+            self.caches[i] = model.new_cache(self.batch, capacity) if cache is None else cache.grown(capacity)
+            self.step_ops[i] = runner.batch_ops(capacity)
+        self.generation += 1
 
     def _prefill(self, which: int, b: int, ids: list[int]) -> None:
-        """One row's prefix, stepped as a sequence alone over row b's view of the cache."""
+        """One row's prefix, prefilled by its model's runner as it is alone (the same steps, the same
+        bits), then copied into row b of the batch's cache."""
         self.positions[which, b].fill_(len(ids))
-        if ids:
-            view = row_view(self.caches[which], b)
-            self.models[which].step(rowsets.chain(torch.tensor([ids], device=self.device), 0), view, keep=1)
+        if not ids:
+            return
+        runner, cache, n = self.runners[which], self.caches[which], len(ids)
+        runner.reset()
+        with torch.inference_mode():
+            runner.forward(torch.tensor(ids, dtype=torch.long), want_logits=False)
+            alone = runner.cache
+            for mine, theirs in ((cache.keys, alone.keys), (cache.values, alone.values)):
+                for row, one in zip(mine, theirs):
+                    row[b, :, :n].copy_(one[0, :, :n])
+            for device, positions in cache.copies.items():
+                positions[b, :n].copy_(alone.copies[device][0, :n])
 
     # -- the device program -----------------------------------------------------------------------
 
@@ -199,44 +301,38 @@ class BatchRound:
         """One round for every row, no host sync."""
         self.held[:2].copy_(self.positions)
         self.held[2].copy_(self.generated)
+        if self.k:
+            self.ops.count_drafts_rows(self.confident, self.budget, self.limit, self.generated, self.num_drafts)
+        else:
+            self.num_drafts.zero_()
         self.coupling.begin()
-        self._draft()
+        ids = self.pending
+        for i in range(self.k):
+            self._step(1, ids, self.draft_logits[:, None], keep=1)
+            self.coupling.pick(i)
+            ids = self.feed[:, i + 1: i + 2]
         self._step(0, self.feed, self.target_logits)
-        self.coupling.verify(self.target_logits.view(-1, self.width), self.target_params.params, self.bad)
-        for b in range(self.batch):
-            self.ops.commit(CommitBuffers(
-                row=self.out[b], feed=self.feed[b], num_drafts=self.num_drafts[b:b + 1], stage=self.stage_ids[b],
-                target_position=self.positions[0, b], emitted=self.emitted[b], generated=self.generated[b],
-                draft_position=self.positions[1, b], pending=self.pending[b], ran=self.k + 1))
+        self.coupling.verify()
+        self.ops.commit_rows(CommitBuffers(
+            row=self.out, feed=self.feed, num_drafts=self.num_drafts, stage=self.stage_ids,
+            target_position=self.positions[0], emitted=self.emitted, generated=self.generated,
+            draft_position=self.positions[1] if self.k else None, pending=self.pending if self.k else None,
+            ran=self.k + 1))
         self.positions.copy_(torch.where(self.active, self.positions, self.held[:2]))
         self.generated.copy_(torch.where(self.active, self.generated, self.held[2]))
 
-    def _draft(self) -> None:
-        ids, params = self.pending, self.draft_params.params
-        for i in range(self.k):
-            self._step(1, ids, self.draft_logits[:, None], keep=1)
-            self.ops.warp_and_race(self.draft_logits, params, self.coupling.noise[:, i], self.drafts[:, i], None,
-                                   self.bad, probs_out=self.coupling.q[:, i])
-            ids = self.drafts[:, i : i + 1]
-        for b in range(self.batch):
-            self.ops.count_drafts(self.confident, self.budget[b:b + 1], self.limit[b], self.generated[b],
-                                  self.num_drafts[b:b + 1])
+    def counted_drafts(self) -> torch.Tensor:
+        """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick
+        equals it: greedy and Gumbel verification reject it, as if the row had drafted fewer)."""
+        torch.where(self.steps < self.num_drafts[:, None], self.feed[:, 1:], self.no_draft, out=self.drafts)
+        return self.drafts.view(-1)
 
     def _step(self, which: int, ids: torch.Tensor, out: torch.Tensor, keep: int = 0) -> None:
         """Every row's ids [B, n] at its own position of model `which` (0 target, 1 draft), the
         logits of its last `keep` rows (0: all) into out [B, keep or n, width]."""
         position = self.positions[which]
-        logits = self.models[which].step(rowsets.batch(ids, position), self.caches[which], keep=keep)
+        rows = rowsets.batch(ids, position, self.step_positions)  # the positions: the inputs op's to write
+        logits = self.models[which].step(rows, self.caches[which], self.step_ops[which], keep)
         position.add_(ids.shape[1])
         cols = min(logits.shape[-1], self.width)
         out[..., :cols].copy_(logits[..., :cols])
-
-
-def row_view(cache, b: int):
-    """Cache row b as a one-sequence SlotCache sharing its memory (a prefill writes through it)."""
-    view = object.__new__(type(cache))
-    view.devices = cache.devices
-    view.keys = [t[b : b + 1] for t in cache.keys]
-    view.values = [t[b : b + 1] for t in cache.values]
-    view.copies = {d: c[b : b + 1] for d, c in cache.copies.items()}
-    return view

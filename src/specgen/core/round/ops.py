@@ -68,6 +68,14 @@ class RoundOps(Protocol):
 
     def tree_select(self, tree, start) -> None:
         """The tree's n best nodes as rows, and the target's rows past start: core/round/tree.pick."""
+    # -- a batch's rows (core/round/batch_round.py): B rows in one call, each as it computes alone --
+
+    def gumbel_noise_rows(self, out, key, first) -> None:
+        """out [B, R, V] <- each sequence's Exp(1) rows from its key [B, 2] and first [B]."""
+
+    def count_drafts_rows(self, confident, budget, limit, generated, out) -> None: ...
+
+    def commit_rows(self, buffers: CommitBuffers) -> None: ...
 
 
 class TorchRoundOps:
@@ -117,3 +125,14 @@ class TorchRoundOps:
 
     def tree_select(self, tree, start):
         tree_build.pick(tree, start)
+    # -- a batch's rows (core/round/batch_round.py) ---------------------------------------------
+
+    def gumbel_noise_rows(self, out, key, first):
+        out.copy_(noise.uniform_rows(key, first, out.shape[1], out.shape[2]))
+        noise.exponential_(out)
+
+    def count_drafts_rows(self, confident, budget, limit, generated, out):
+        bookkeeping.count_drafts_rows(confident, budget, limit, generated, out)
+
+    def commit_rows(self, buffers):
+        bookkeeping.commit_rows(buffers)

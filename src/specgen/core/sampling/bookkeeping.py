@@ -64,3 +64,39 @@ def commit(b: CommitBuffers) -> None:
     b.feed[:1].copy_(newest)
     b.emitted.copy_(emitted)
     b.generated.add_(emitted)
+
+
+# -- a batch's rows (core/round/batch_round.py) ------------------------------------------------------
+# The same two operations over B rows at once, each row computing what count_drafts and commit
+# compute for it alone (integers only: exactly). Why not a loop of the above: captured, each row's
+# call is a launch of its own, and a batch of 16 would pay 16 of them per operation per round.
+
+
+def count_drafts_rows(confident: torch.Tensor, budget: torch.Tensor, limit: torch.Tensor, generated: torch.Tensor,
+                      out: torch.Tensor) -> None:
+    """count_drafts for B rows: budget and out [B] int32, limit and generated [B]; confident [k]
+    bool, shared by the rows (draft_p_min is not taken by batches: it is all True there)."""
+    k = confident.shape[0]
+    stop = confident.logical_not().int().argmax().int()
+    first_unsure = torch.where(confident.all(), k, stop)
+    room = (limit - generated).clamp(0, k)
+    torch.minimum(torch.minimum(budget, first_unsure), room, out=out)
+
+
+def commit_rows(b: CommitBuffers) -> None:
+    """commit for B rows: every CommitBuffers tensor with a leading batch dimension (row and feed
+    [B, k + 1], num_drafts [B] int32, stage [B, 2k + 2], the positions, emitted and generated
+    [B], pending [B, 2]); `ran` is the rows' common one."""
+    k = b.row.shape[1] - 1
+    torch.cat([b.row, b.feed[:, 1:], b.num_drafts.long()[:, None]], dim=1, out=b.stage)
+    emitted = (b.row >= 0).sum(1)
+    last = (emitted - 1).clamp(0, k)[:, None]  # [B, 1]
+    newest = b.row.gather(1, last)
+    b.target_position.sub_(k + 1 - emitted)
+    if b.draft_position is not None:
+        b.draft_position.sub_(b.ran - emitted)
+        b.pending[:, :1].copy_(b.feed.gather(1, last))
+        b.pending[:, 1:].copy_(newest)
+    b.feed[:, :1].copy_(newest)
+    b.emitted.copy_(emitted)
+    b.generated.add_(emitted)

@@ -73,3 +73,16 @@ def exponential_(u: torch.Tensor) -> torch.Tensor:
 
 def exponential(key: torch.Tensor, first: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     return exponential_(uniform(key, first, rows, width))
+
+
+def uniform_rows(key: torch.Tensor, first: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """uniform for B sequences at once: u [B, rows, width], sequence b's from its key [B, 2] and
+    its first position first [B]; each sequence's rows are uniform(key[b], first[b], rows, width)
+    bit for bit (integer arithmetic, broadcast)."""
+    device = key.device
+    ids = torch.arange(width, dtype=torch.int64, device=device)[None, None]  # [1, 1, V]
+    position = first.to(torch.int64)[:, None, None] + torch.arange(rows, dtype=torch.int64, device=device)[None, :, None]
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    words = (key[:, 0, None, None], key[:, 1, None, None])
+    word = philox(words, [ids, position & MASK32, position >> 32, zero])[0]
+    return ((word >> 8) + 1).to(torch.float32) * (2.0 ** -24)

@@ -7,7 +7,8 @@ two kernels (H200)"). Each kernel here is one program of one warp over the round
 positions:
 every load comes before any store, and a scalar's read-modify-write (the positions, generated)
 is stored by one thread from its own load. Integers only, so they equal the reference exactly
-(tests/gpu/kernels/test_commit.py, in the Triton interpreter and on the GPU).
+(tests/gpu/kernels/test_commit.py, in the Triton interpreter and on the GPU). A batch's rows
+(count_drafts_rows, commit_rows) launch one such program per row, each at its row's offsets.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def count_drafts(confident: torch.Tensor, budget: torch.Tensor, limit: torch.Ten
                         num_warps=1, **launch_options(dependent))
 
 
+def count_drafts_rows(confident: torch.Tensor, budget: torch.Tensor, limit: torch.Tensor, generated: torch.Tensor,
+                      out: torch.Tensor, dependent: bool = False) -> None:
+    """core/sampling/bookkeeping.count_drafts_rows: one program per row, each the one-row kernel."""
+    k, rows = confident.shape[0], budget.shape[0]
+    assert confident.dtype == torch.bool and budget.dtype == out.dtype == torch.int32
+    assert all(t.shape == (rows,) and t.is_contiguous() for t in (budget, limit, generated, out))
+    _count_kernel[(rows,)](confident, budget, limit, generated, out, k, BLOCK=_block(k), DEPENDENT=dependent,
+                           num_warps=1, **launch_options(dependent))
+
+
 def commit(b: CommitBuffers, dependent: bool = False) -> None:
     k = b.row.shape[0] - 1
     has_draft = b.draft_position is not None
@@ -44,11 +55,33 @@ def commit(b: CommitBuffers, dependent: bool = False) -> None:
     )
 
 
+def commit_rows(b: CommitBuffers, dependent: bool = False) -> None:
+    """core/sampling/bookkeeping.commit_rows: one program per row, each the one-row kernel at its
+    row's offsets (every buffer contiguous, rows leading)."""
+    rows, k = b.row.shape[0], b.row.shape[1] - 1
+    has_draft = b.draft_position is not None
+    assert b.row.dtype == b.feed.dtype == b.stage.dtype == torch.int64 and b.num_drafts.dtype == torch.int32
+    assert b.stage.shape == (rows, 2 * k + 2) and b.feed.shape == (rows, k + 1)
+    tensors = (b.row, b.feed, b.num_drafts, b.stage, b.target_position, b.emitted, b.generated,
+               *((b.draft_position, b.pending) if has_draft else ()))
+    assert all(t.is_contiguous() and t.shape[0] == rows for t in tensors)
+    _commit_kernel[(rows,)](
+        b.row, b.feed, b.num_drafts, b.stage, b.target_position, b.emitted, b.generated,
+        b.draft_position if has_draft else b.target_position, b.pending if has_draft else b.feed, k, b.ran,
+        HAS_DRAFT=has_draft, BLOCK=_block(k), DEPENDENT=dependent, num_warps=1, **launch_options(dependent),
+    )
+
+
 @triton.jit
 def _count_kernel(confident_ptr, budget_ptr, limit_ptr, generated_ptr, out_ptr, k, BLOCK: tl.constexpr,
                   DEPENDENT: tl.constexpr):
     wait_previous(DEPENDENT)
     release_next(DEPENDENT)
+    r = tl.program_id(0)  # the row (a batch's; 0 for one request)
+    budget_ptr += r
+    limit_ptr += r
+    generated_ptr += r
+    out_ptr += r
     i = tl.arange(0, BLOCK)
     sure = tl.load(confident_ptr + i, mask=i < k, other=1).to(tl.int32)
     first_unsure = tl.min(tl.where(sure == 0, i, k), axis=0)  # k when every step is sure
@@ -62,6 +95,16 @@ def _commit_kernel(row_ptr, feed_ptr, num_ptr, stage_ptr, target_pos_ptr, emitte
                    pending_ptr, k, ran, HAS_DRAFT: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
     wait_previous(DEPENDENT)
     release_next(DEPENDENT)
+    r = tl.program_id(0).to(tl.int64)  # the row (a batch's; 0 for one request): its buffers' offsets
+    row_ptr += r * (k + 1)
+    feed_ptr += r * (k + 1)
+    num_ptr += r
+    stage_ptr += r * (2 * k + 2)
+    target_pos_ptr += r
+    emitted_ptr += r
+    generated_ptr += r
+    draft_pos_ptr += r
+    pending_ptr += r * 2
     i = tl.arange(0, BLOCK)
     in_row = i <= k
     row = tl.load(row_ptr + i, mask=in_row, other=-1)

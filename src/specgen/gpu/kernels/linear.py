@@ -51,6 +51,9 @@ from specgen.gpu.workspace import Workspace
 # The rows of a captured step (gpu/runner.py's MAX_GRAPH_TOKENS): prefill chunks too, so a prompt's
 # cache is computed the same way whichever captured shape a prefill replays.
 MAX_ROWS = 64
+# The most rows one call takes: a batch's verification step, B x (k + 1) rows, through the same
+# kernel so that each row gets the bits it gets in a one-request step (core/round/batch_round.py).
+BATCH_ROWS = 512
 DOT_ROWS = 16  # rows per tensor-core tile
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
 # Rows one matrix-vector program computes one after another (its weights loaded once from memory):
@@ -73,7 +76,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            *, split_k: bool = False, counters: torch.Tensor | None = None,
            table: LinearTable | None = None, residual: torch.Tensor | None = None,
            dependent: bool = False) -> torch.Tensor:
-    """F.linear for inputs of at most MAX_ROWS rows: x [..., K], weight [N, K] -> [..., N].
+    """F.linear for inputs of at most BATCH_ROWS rows (a captured step's: MAX_ROWS): x [..., K], weight [N, K] -> [..., N].
     config: forced, else table's (packaged()'s) pick for the shape; split_k: allow split-K
     configurations (they need `counters`, split_k_counters(workspace)); residual [..., N]: return
     residual + F.linear(x, weight, bias), the sum in x's dtype as a decoder layer's add computes
@@ -113,7 +116,7 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent):
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     rows = x2.shape[0]
-    assert rows <= MAX_ROWS and weight.ndim == 2 and weight.stride(-1) == 1
+    assert rows <= BATCH_ROWS and weight.ndim == 2 and weight.stride(-1) == 1
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
     if residual is not None:
         assert residual.shape == (*lead, n) and residual.dtype == x.dtype, "residual and output differ in shape or dtype"

@@ -23,7 +23,22 @@ def uniform_(out: torch.Tensor, key: torch.Tensor, first: torch.Tensor) -> torch
     assert out.dtype == torch.float32 and out.is_contiguous()
     assert key.dtype == torch.int64 and key.numel() == 2 and first.dtype == torch.int64
     _uniform_kernel[(rows, triton.cdiv(width, BLOCK))](
-        out, key, first, width,
+        out, key, first, width, rows,
+        MASK=noise.MASK32, M0=noise.MULTIPLIER_0, M1=noise.MULTIPLIER_1,
+        STEP0=noise.KEY_STEP_0, STEP1=noise.KEY_STEP_1, ROUNDS=noise.ROUNDS, BLOCK=BLOCK,
+    )
+    return out
+
+
+def uniform_rows_(out: torch.Tensor, key: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """out [B, rows, width] float32 <- core/sampling/noise.uniform_rows(key [B, 2], first [B], rows, width):
+    one launch for a batch's sequences, each keyed by its own seed and positions."""
+    batch, rows, width = out.shape
+    assert out.dtype == torch.float32 and out.is_contiguous()
+    assert key.dtype == torch.int64 and key.shape == (batch, 2) and key.is_contiguous()
+    assert first.dtype == torch.int64 and first.shape == (batch,) and first.is_contiguous()
+    _uniform_kernel[(batch * rows, triton.cdiv(width, BLOCK))](
+        out, key, first, width, rows,
         MASK=noise.MASK32, M0=noise.MULTIPLIER_0, M1=noise.MULTIPLIER_1,
         STEP0=noise.KEY_STEP_0, STEP1=noise.KEY_STEP_1, ROUNDS=noise.ROUNDS, BLOCK=BLOCK,
     )
@@ -31,14 +46,15 @@ def uniform_(out: torch.Tensor, key: torch.Tensor, first: torch.Tensor) -> torch
 
 
 @triton.jit
-def _uniform_kernel(out_ptr, key_ptr, first_ptr, width, MASK: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr,
+def _uniform_kernel(out_ptr, key_ptr, first_ptr, width, per, MASK: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr,
                     STEP0: tl.constexpr, STEP1: tl.constexpr, ROUNDS: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
+    seq = row // per  # the sequence whose key and first position the row takes (per: its rows)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < width
-    k0 = tl.load(key_ptr).to(tl.uint64)
-    k1 = tl.load(key_ptr + 1).to(tl.uint64)
-    position = tl.load(first_ptr) + row
+    k0 = tl.load(key_ptr + 2 * seq).to(tl.uint64)
+    k1 = tl.load(key_ptr + 2 * seq + 1).to(tl.uint64)
+    position = tl.load(first_ptr + seq) + row % per
     mask = tl.full((), MASK, tl.uint64)
     c0 = cols.to(tl.uint64)
     c1 = tl.zeros((BLOCK,), tl.uint64) + (position & MASK).to(tl.uint64)

@@ -1,0 +1,106 @@
+"""`specgen bench --batch-size`: batches, target-only and each k, at each batch size (tiny models,
+CPU), the JSON's fields, and where the recommendation says speculation stops paying."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from repo_paths import REPO
+from specgen.core.bench.batches import recommend
+from tiny_models import build_pair, write_profile
+
+PROMPTS = ["def add(a, b):", "class Point:", "import os", "for i in range(10):", "x = [1, 2, 3]"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-batches")
+    target, draft = build_pair(root, noisy=0.1)
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return write_profile(root / "tiny.toml", target, draft)
+
+
+def run(tps: dict) -> list[dict]:
+    """Results of synthetic runs: {(batch, k): tokens/s}, k 0 target-only."""
+    return [{"batch_size": b, "method": "speculative" if k else "target-only", "k": k, "tokens_per_second": v}
+            for (b, k), v in tps.items()]
+
+
+def test_recommendation_says_where_speculation_stops_paying():
+    """Speculation wins at B = 1 and 4 (by its best k), loses at 16 and 32: it stops paying at 16,
+    where target-only is the choice; a tie still pays (speculative is not below target-only)."""
+    recs, stops = recommend(run({(1, 0): 100, (1, 2): 180, (1, 4): 200,
+                                 (4, 0): 350, (4, 2): 420, (4, 4): 400,
+                                 (8, 0): 600, (8, 2): 600,
+                                 (16, 0): 900, (16, 2): 850, (16, 4): 700,
+                                 (32, 0): 1500, (32, 2): 1100}))
+    assert stops == 16
+    assert [(r["batch_size"], r["choice"], r["best_k"], r["speculation_pays"]) for r in recs] == [
+        (1, "k=4", 4, True), (4, "k=2", 2, True), (8, "k=2", 2, True), (16, "target-only", 2, False),
+        (32, "target-only", 2, False)]
+    assert recs[0]["speedup"] == pytest.approx(2.0) and recs[3]["speedup"] == pytest.approx(850 / 900)
+    assert recs[3]["k"] == 0 and recs[0]["k"] == 4
+
+
+def test_recommendation_when_speculation_always_pays_or_never_does():
+    assert recommend(run({(1, 0): 10, (1, 3): 20, (8, 0): 50, (8, 3): 60}))[1] is None
+    recs, stops = recommend(run({(1, 0): 10, (1, 3): 9, (8, 0): 50, (8, 3): 60}))
+    assert stops == 1 and [r["speculation_pays"] for r in recs] == [False, True]  # the first size where it loses
+
+
+def test_batch_bench_json_has_each_size_and_method(cli, tiny):
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "1,3", "--k", "2,3", "--max-tokens", "6",
+                         "--warmup", "1", "--format", "json", "-q")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "specgen.bench.batches/1" and not doc["incomplete"]
+    assert doc["batch_sizes"] == [1, 3] and doc["prompts"] == len(PROMPTS) and doc["temperature"] == 0.0
+    assert [(r["batch_size"], r["method"], r["k"]) for r in doc["results"]] == [
+        (b, m, k) for b in (1, 3) for m, k in (("target-only", 0), ("speculative", 2), ("speculative", 3))]
+    for r in doc["results"]:
+        assert r["tokens"] == 6 * len(PROMPTS)  # ignore_eos: max_tokens each
+        assert r["tokens_per_second"] > 0 and r["seconds"] > 0
+        assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])
+        assert r["row_ms_per_token"]["median"] > 0
+        assert (r["mean_accepted_length"] is None) == (r["method"] == "target-only")
+    recs, stops = recommend(doc["results"])
+    assert doc["recommendations"] == recs and doc["speculation_stops_paying_at"] == stops
+    assert [r["batch_size"] for r in recs] == [1, 3]
+    documented = documented_batch_fields()
+    assert documented
+    for path in documented:  # every documented field is in the document, and every field documented
+        *lists, last = path.split("[].")
+        node = doc[lists[0]][0] if lists else doc
+        assert last.split(".")[0] in node, path
+    assert set(doc) == {p.split("[].")[0] for p in documented}
+
+
+def documented_batch_fields() -> list[str]:
+    """The field paths of docs/bench-schema.md's "Batches" table."""
+    import re
+
+    lines = (REPO / "docs" / "bench-schema.md").read_text().split("## Batches", 1)[1].splitlines()
+    return [m.group(1) for m in (re.match(r"\| `([^`]+)` \|", line) for line in lines) if m]
+
+
+def test_batch_bench_table(cli, tiny):
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "2", "--k", "2", "--max-tokens", "4",
+                         "--warmup", "0", "-n", "3")
+    assert code == 0, err
+    assert "target-only" in out and "k=2" in out and "row ms/tok" in out
+    assert "batch 2: " in out and ("speculation stops paying at batch 2" in out
+                                   or "speculation pays at every batch size measured" in out)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "each batch size must be from 1 to 256"),
+    (["--batch-size", "2", "--proposer", "ngram"], "measures the draft proposer"),
+    (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "4"], "chains only"),
+    (["--batch-size", "2", "--repetition-penalty", "1.2"], "do not take penalties yet"),
+])
+def test_what_a_batch_bench_cannot_take_is_one_line(cli, tiny, args, message):
+    code, out, err = cli("bench", "-p", tiny, "--k", "2", "--max-tokens", "4", *args)
+    assert code == 2 and out == "" and message in err
+    assert len([line for line in err.splitlines() if line.strip()]) <= 2  # the error and its hint

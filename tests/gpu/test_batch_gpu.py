@@ -1,0 +1,141 @@
+"""Batches on the kernels: core/round/batch_round.py over the Triton step and round kernels.
+
+On the CPU (the Triton interpreter, uncaptured): the kernel tables a GPU captures, greedy and
+Gumbel, each prompt's tokens at B = 2 equal to the chain round's alone on the same kernels. On a
+GPU (skipped without CUDA): greedy bfloat16 through the CUDA backend, every prompt's tokens at
+B = 1, 7 and 16 equal to decoding it alone; Gumbel sampling likewise; and the captured batch round
+equal to the same round run eagerly.
+"""
+
+from __future__ import annotations
+
+import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
+from triton_cpu import DEVICE
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from decode_helpers import CUDA, finish, make_profile, random_prompts
+from gpu_helpers import KernelRunners, kernels
+from specgen.core.backend import EagerBatch
+from specgen.core.engine import Engine
+from tiny_models import build_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("batch-kernels"), noisy=0.1)
+
+
+def jobs(profile, count: int, seed: int = 0, **sampling) -> list:
+    """(ids, settings) of `count` prompts of 1 to 12 ids, each with its own max_tokens and seed."""
+    prompts = random_prompts(200, count, seed=seed)
+    return [(ids, replace(profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i, **sampling))
+            for i, ids in enumerate(prompts)]
+
+
+def alone(engine: Engine, work: list) -> list[list[int]]:
+    return [finish(engine.decoder(replace(engine.profile, sampling=spec)), ids).token_ids for ids, spec in work]
+
+
+def batched(engine: Engine, batch: int, work: list, eager: bool = False) -> list[list[int]]:
+    decoder = engine.batch_decoder(batch)
+    if eager:
+        decoder.program = EagerBatch(decoder.round)
+    results = list(decoder.run(work))
+    assert [index for index, _ in results] == list(range(len(work)))
+    return [finished.token_ids for _, finished in results]
+
+
+class KernelTables(KernelRunners):
+    """KernelRunners with the round's Triton table too: every kernel a GPU's round captures, run
+    in the interpreter as the body calls it."""
+
+    def __init__(self, kernel_set):
+        super().__init__(kernel_set)
+        from specgen.gpu.round_ops import TritonRoundOps
+        from specgen.gpu.workspace import Workspace
+
+        self.workspace = Workspace(DEVICE)
+        self.ops = TritonRoundOps(self.workspace)
+
+    def check(self, first_id: int) -> None:
+        from specgen.gpu.kernels.verify import check_output
+
+        check_output(first_id, self.workspace)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.9, top_k=40, coupling="gumbel")],
+                         ids=["greedy", "gumbel"])
+def test_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, sampling):
+    """The step kernels (linear, attention with rope, norms, inputs) over a batch's caches, the
+    round's kernels over its rows (warp, verification with k draft rows per row, the rows' commit
+    and noise): each row's tokens are the chain round's on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    engine = Engine(make_profile(*pair, k=3, **sampling), backend=KernelTables(tables))
+    assert engine.target_runner.ops.kernels.linear
+    work = jobs(engine.profile, 2, seed=1)
+    reference = alone(engine, work)
+    assert batched(engine, 2, work) == reference
+
+
+# -- on a GPU ------------------------------------------------------------------------------------
+
+
+def on_cuda(test):
+    """Marked `cuda`, skipped without a GPU (decode_helpers.CUDA)."""
+    for mark in CUDA:
+        test = mark(test)
+    return test
+
+
+def cuda_engine(target, draft, k: int = 4, dtype: str = "bfloat16", **sampling) -> Engine:
+    profile = make_profile(target, draft, k=k, backend="cuda", **({"max_tokens": 32} | sampling))
+    profile = replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
+    engine = Engine(profile)
+    assert engine.backend.name == "cuda"
+    return engine
+
+
+@on_cuda
+@pytest.mark.parametrize("batch", [1, 7, 16])
+def test_bf16_greedy_rows_equal_each_prompt_alone_on_cuda(pair, batch):
+    """48 prompts of their own lengths and max_tokens, bfloat16 on the owned kernels: every row's
+    tokens at B = 1, 7 and 16 are the prompt's alone (the captured chain round)."""
+    engine = cuda_engine(*pair)
+    work = jobs(engine.profile, 48, seed=batch)
+    reference = alone(engine, work)
+    got = batched(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, reference))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+
+
+@on_cuda
+@pytest.mark.parametrize("batch", [7, 16])
+def test_bf16_gumbel_rows_equal_each_prompt_alone_on_cuda(pair, batch):
+    """Gumbel coupling with each prompt's seed (every prompt the same warp settings, so the batch's
+    warp runs the filters each row runs alone): the same sampled tokens at any batch size."""
+    engine = cuda_engine(*pair, temperature=0.8, top_p=0.95, coupling="gumbel")
+    work = jobs(engine.profile, 32, seed=batch)
+    assert batched(engine, batch, work) == alone(engine, work)
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+def test_captured_batch_round_equals_the_batch_round_run_eagerly(pair, sampling):
+    """The same BatchRound, buffers, kernels and draws: replayed as CUDA graphs (one per warp
+    flags, re-captured when the caches grow: the long max_tokens below grows them) or run as it is."""
+    engine = cuda_engine(*pair, dtype="float32", **sampling)
+    work = jobs(engine.profile, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    captured = [f.token_ids for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == batched(engine, 8, work, eager=True)
