@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Batches on one GPU, in one call: the CUDA batch tests, then `specgen bench --batch-size` on the
+# bench pair (trained MINUTES minutes in the call; greedy, and t 0.8 with Gumbel coupling) and on
+# Llama 3.1 8B + 3.2 1B random-weight shapes (greedy: costs only), then where a tree round's time
+# goes (benchmarks/gpu/round_kernels.py).
+#   bash benchmarks/gpu/batches.sh          # logs and the bench JSON in $OUT
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/batches-log.txt
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
+(PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
+  --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1
+ PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/family_pairs.py --family llama-3.1 --scale full --prompts 16 \
+  --out /tmp/fam --device cuda --dtype bfloat16 > /tmp/fam.log 2>&1) &
+if python3 -c "import xdist" 2>/dev/null; then par="-n 6 --dist loadfile"; else par=""; fi
+# shellcheck disable=SC2086
+timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short $par \
+  tests/gpu/test_batch_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py \
+  tests/gpu/test_round_ops.py tests/gpu/test_gpu.py tests/gpu/kernels/test_tree_build_kernel.py \
+  > "$OUT/tests.txt" 2>&1
+echo "== tests rc=$? at $SECONDS s: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
+grep -E "^FAILED|^ERROR" "$OUT/tests.txt" | head -20 | tee -a "$LOG"
+wait
+echo "== pairs at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-120) | $(tail -1 /tmp/fam.log | cut -c1-120)" | tee -a "$LOG"
+bench() {  # name, limit, args...
+  local name=$1 limit=$2; shift 2
+  PYTHONPATH=$PWD/src timeout "$limit" python3 -m specgen.cli.main bench "$@" --format json > "$OUT/$name.json" 2> "/tmp/$name.err"
+  echo "== $name rc=$? at $SECONDS s" | tee -a "$LOG"
+  tail -2 "/tmp/$name.err" | cut -c1-300 | tee -a "$LOG"
+  python3 - "$OUT/$name.json" <<'PY' 2>&1 | tee -a "$LOG"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d.get("results", []):
+    print(r["batch_size"], r["method"], r["k"], round(r["tokens_per_second"], 1),
+          (r.get("row_ms_per_token") or {}).get("median"), r.get("mean_accepted_length"))
+for r in d.get("recommendations", []):
+    print("B", r["batch_size"], r["choice"], r.get("speedup"))
+print("stops paying at", d.get("speculation_stops_paying_at"))
+PY
+}
+bench pair-greedy 120 -p /tmp/bench/pair.toml --batch-size 1,4,8,16,32 --k 2,4 --num-prompts 64 -n 128
+bench pair-gumbel 90 -p /tmp/bench/pair.toml --batch-size 1,8,32 --k 4 -t 0.8 --top-p 0.95 --coupling gumbel \
+  --num-prompts 64 -n 128
+bench 8b-greedy 150 -p /tmp/fam/llama-3.1/pair.toml --batch-size 1,4,16 --k 4 --num-prompts 16 -n 32
+PYTHONPATH=$PWD/src timeout 90 python3 benchmarks/gpu/round_kernels.py /tmp/bench/pair.toml --k 4 \
+  --shapes 1:0,2:8 -n 128 --top 30 > "$OUT/round-kernels.txt" 2>&1
+echo "== round kernels rc=$? at $SECONDS s" | tee -a "$LOG"

@@ -1,0 +1,85 @@
+"""Where a round's time goes, kernel by kernel: torch.profiler over whole greedy decodes of one
+prompt with the chain round and with tree shapes, each kernel name's launches and GPU time per
+round (CUDA graphs' kernels included), and the round's wall time against the kernels' sum (the
+rest is gaps between launches).
+
+    PYTHONPATH=src python3 benchmarks/gpu/round_kernels.py PAIR.toml [--k 4] [--shapes 1:0,2:8,4:16]
+        [-n 128] [--top 25] [--temperature 0]
+
+A shape is width:nodes (1:0 the chain). Written to find what a tree round adds to a chain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+
+from specgen.core.engine import Engine
+from specgen.core.events import Finished
+from specgen.core.profile import load_profile
+
+
+def decode(decoder, ids) -> tuple[Finished, int]:
+    rounds = 0
+    for event in decoder.run(ids):
+        if isinstance(event, Finished):
+            return event, rounds
+        rounds += 1
+    raise RuntimeError("the decode ended without Finished")
+
+
+def profile_shape(engine: Engine, pair: str, k: int, width: int, nodes: int, tokens: int, temperature: float,
+                  prompt: list[int]) -> tuple[dict, list[str]]:
+    overrides = {"speculation.k": k, "speculation.tree_width": width, "speculation.tree_nodes": nodes,
+                 "sampling.max_tokens": tokens, "sampling.temperature": temperature, "sampling.ignore_eos": True}
+    decoder = engine.decoder(load_profile(pair, overrides))
+    decode(decoder, prompt)  # warm: captures, Triton compiles
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    _, rounds = decode(decoder, prompt)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - start) / rounds * 1e3
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        finished, rounds = decode(decoder, prompt)
+        torch.cuda.synchronize()
+    per = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            row = per[event.name[:70]]
+            row[0] += 1
+            row[1] += event.time_range.elapsed_us()
+    kernels_us = sum(v[1] for v in per.values()) / rounds
+    launches = sum(v[0] for v in per.values()) / rounds
+    label = "chain" if width == 1 else f"w={width} n={nodes}"
+    summary = {"shape": label, "rounds": rounds, "tokens_per_round": len(finished.token_ids) / rounds,
+               "wall_ms_per_round": round(wall, 4), "kernel_ms_per_round": round(kernels_us / 1e3, 4),
+               "launches_per_round": round(launches, 1)}
+    lines = [f"{v[0] / rounds:6.1f} {v[1] / rounds:8.2f}  {name}" for name, v in
+             sorted(per.items(), key=lambda item: -item[1][1])]
+    return summary, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("pair")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--shapes", default="1:0,2:8,4:16")
+    parser.add_argument("-n", type=int, default=128)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    args = parser.parse_args()
+    engine = Engine(load_profile(args.pair))
+    prompt = engine.encode("def quicksort(arr):\n    ")
+    for shape in args.shapes.split(","):
+        width, nodes = (int(x) for x in shape.split(":"))
+        summary, lines = profile_shape(engine, args.pair, args.k, width, nodes, args.n, args.temperature, prompt)
+        print(f"== {summary}")
+        print("launches/round  us/round  kernel")
+        print("\n".join(lines[: args.top]))
+
+
+if __name__ == "__main__":
+    main()
