@@ -8,15 +8,15 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/batches-log.txt
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
-(PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
+([ -f /tmp/bench/pair.toml ] || PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
   --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1
- PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/family_pairs.py --family llama-3.1 --scale full --prompts 16 \
+ [ -f /tmp/fam/llama-3.1/pair.toml ] || PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/family_pairs.py --family llama-3.1 --scale full --prompts 16 \
   --out /tmp/fam --device cuda --dtype bfloat16 > /tmp/fam.log 2>&1) &
 if python3 -c "import xdist" 2>/dev/null; then par="-n 6 --dist loadfile"; else par=""; fi
+TESTS=${TESTS:-"tests/gpu/test_batch_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py tests/gpu/test_round_ops.py tests/gpu/test_gpu.py tests/gpu/kernels/test_tree_build_kernel.py"}  # TESTS: other test files (one string)
 # shellcheck disable=SC2086
 timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short $par \
-  tests/gpu/test_batch_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py \
-  tests/gpu/test_round_ops.py tests/gpu/test_gpu.py tests/gpu/kernels/test_tree_build_kernel.py \
+  $TESTS \
   > "$OUT/tests.txt" 2>&1
 echo "== tests rc=$? at $SECONDS s: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
 grep -E "^FAILED|^ERROR" "$OUT/tests.txt" | head -20 | tee -a "$LOG"
@@ -45,3 +45,7 @@ bench 8b-greedy 150 -p /tmp/fam/llama-3.1/pair.toml --batch-size 1,4,16 --k 4 --
 PYTHONPATH=$PWD/src timeout 90 python3 benchmarks/gpu/round_kernels.py /tmp/bench/pair.toml --k 4 \
   --shapes 1:0,2:8 -n 128 --top 30 > "$OUT/round-kernels.txt" 2>&1
 echo "== round kernels rc=$? at $SECONDS s" | tee -a "$LOG"
+# the same on the 8B shapes (random weights: a round emits one token, so only the costs count)
+PYTHONPATH=$PWD/src timeout 120 python3 benchmarks/gpu/round_kernels.py /tmp/fam/llama-3.1/pair.toml --k 4 \
+  --shapes 1:0,2:8,4:16 -n 32 --top 12 > "$OUT/round-kernels-8b.txt" 2>&1
+echo "== 8B round kernels rc=$? at $SECONDS s" | tee -a "$LOG"
