@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 import torch
 
 from specgen.core.drafters.proposers import AdaptiveK
-from specgen.core.events import Fate, Finished, Output, RoundEvent, text_starts
+from specgen.core.events import Fate, Finished, Output, text_starts
 from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.round.batch_round import BatchRound
 from specgen.core.settings import SamplingSpec
@@ -183,21 +183,21 @@ class BatchDecoder:
             self.events[launched.slot].synchronize()
         staged = self.host[launched.slot].tolist()
         now = time.perf_counter()
-        seconds, self.fetched = now - self.fetched, now
-        for b, row in enumerate(launched.rows):
-            if row is None or row.reason is not None:
-                continue
-            rnd.backend.check(staged[b][0])  # the kernels' error sentinel (a row's first id), as one request's
-            if self._settle(row, staged[b], seconds, now):
+        timings, self.fetched = {"other": now - self.fetched}, now  # the batch's round, not split into phases
+        live = [(b, row) for b, row in enumerate(launched.rows) if row is not None and row.reason is None]
+        first = min((staged[b][0] for b, _ in live), default=0)
+        rnd.backend.check(first)  # the kernels' error sentinel (a row's first id), as one request's
+        for b, row in live:
+            if self._settle(row, staged[b], timings, now):
                 done[row.index] = self._finish(row)
                 self.rows[b] = None
                 rnd.stop(b)
 
-    def _settle(self, row: _Row, staged: list[int], seconds: float, now: float) -> bool:
+    def _settle(self, row: _Row, staged: list[int], timings: dict, now: float) -> bool:
         """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""
         k = self.round.k
-        if not self.adaptive_k:  # the budget the device kept to (with adaptive k: set at launch)
-            row.budget = self._budget(row)
+        if row.adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
+            row.budget = max(0, min(k, row.spec.max_tokens - len(row.out.ids) - 1))
         emitted = [t for t in staged[: k + 1] if t >= 0]
         n = staged[2 * k + 1]
         accepted = len(emitted) - 1
@@ -215,11 +215,8 @@ class BatchDecoder:
         emitted, fates, pieces, starts, delta = self._text(row, emitted, fates)
         row.stats.released(now - row.start, len(emitted))
         kept = min(accepted, len(emitted))
-        timings = {"other": seconds}  # the batch's round, not split into phases
         row.stats.add_round(used, kept, len(emitted), timings, early_stop=used < row.budget, k_used=row.budget)
-        event = RoundEvent(row.stats.rounds, emitted, fates, delta, pieces, used, kept, drafted[:used], timings,
-                           k_used=row.budget)
-        row.out.add(event, starts)
+        row.out.extend(emitted, fates, pieces, starts)
         if row.reason is None and len(row.out.ids) >= row.spec.max_tokens:
             row.reason = "length"
         return row.reason is not None

@@ -322,8 +322,9 @@ class BatchRound:
             target_position=self.positions[0], emitted=self.emitted, generated=self.generated,
             draft_position=self.positions[1] if self.k else None, pending=self.pending if self.k else None,
             ran=self.k + 1))
-        self.positions.copy_(torch.where(self.active, self.positions, self.held[:2]))
-        self.generated.copy_(torch.where(self.active, self.generated, self.held[2]))
+        # in place (an elementwise op may write its own input): no temporary, one launch each
+        torch.where(self.active, self.positions, self.held[:2], out=self.positions)
+        torch.where(self.active, self.generated, self.held[2], out=self.generated)
 
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick
