@@ -130,12 +130,14 @@ def test_bf16_gumbel_rows_equal_each_prompt_alone_on_cuda(pair, batch):
                          ids=["greedy", "gumbel", "rejection"])
 def test_captured_batch_round_equals_the_batch_round_run_eagerly(pair, sampling):
     """The same BatchRound, buffers, kernels and draws: replayed as CUDA graphs (one per warp
-    flags, re-captured when the caches grow: the long max_tokens below grows them) or run as it is."""
+    flags, re-captured when the caches grow: the long max_tokens below grows them, a refill doing so
+    while a round is in flight) or run as it is."""
     engine = cuda_engine(*pair, dtype="float32", **sampling)
     work = jobs(engine.profile, 20, seed=3)
     work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
     decoder = engine.batch_decoder(8)
     assert type(decoder.program).__name__ == "BatchGraphs"
+    assert decoder.pipelined  # two rounds in flight: the caches grow and rounds re-capture behind one
     captured = [f.token_ids for _, f in decoder.run(work)]
     assert decoder.program.eager is None and decoder.program.graphs
     assert captured == batched(engine, 8, work, eager=True)

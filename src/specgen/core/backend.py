@@ -125,13 +125,18 @@ class EagerProgram:
 
 class BatchProgram(Protocol):
     """One round of a BatchRound: launch() runs it or replays its capture (queued: the host's read
-    of the staged ids is the round's sync)."""
+    of the staged ids is the round's sync). asynchronous: launch() only queues the round, so the
+    batch loop gains from queueing the next one before reading this one (core/batch_decode.py)."""
+
+    asynchronous: bool
 
     def launch(self) -> None: ...
 
 
 class EagerBatch:
     """A BatchRound's body run as it is, every launch."""
+
+    asynchronous = False
 
     def __init__(self, rnd):
         self.rnd = rnd

@@ -8,18 +8,31 @@ others back. Results come out in input order, each as soon as every earlier prom
 waits are the results that finished while an earlier prompt still runs, at most WAITING x B of
 them (then free rows take no prompt until it is done), and the queue is read one prompt at a time,
 never the whole file: memory is bounded by B, not by the file.
+
+Two rounds in flight (`[speculation] pipeline`, as core/decode.py's): round i + 1 is queued before
+round i's staged ids are read, so the device does not wait for the host between rounds (its sync,
+each row's settling, refills, the next launch). Nothing the host learns from round i changes round
+i + 1: each row's budget is k on the device, where count_drafts_rows caps it at max_tokens (`limit`),
+the same cap the host would set; each round copies its staged ids into host buffers of its own. A
+row that ends in round i (a stop id or string, max_tokens) has run on in round i + 1: the host
+drops what it made there (its results are those of a prompt that has finished), and the row is
+stopped and refilled at round i's settling, queued behind round i + 1. Rows stay what they are
+alone: a row's rounds and draws are the ones it makes alone, in the same order; rounds past its
+end only add rounds nobody reads. Adaptive k chooses each row's budget from the round before it,
+so with adaptive k one round is in flight.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import torch
 
 from specgen.core.drafters.proposers import AdaptiveK
-from specgen.core.events import Fate, Finished, Output, RoundEvent, text_starts
+from specgen.core.events import Fate, Finished, Output, text_starts
 from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.round.batch_round import BatchRound
 from specgen.core.settings import SamplingSpec
@@ -38,6 +51,7 @@ class _Row:
     gen: torch.Generator  # rejection coupling's draws, from the prompt's seed
     text: TextTracker
     start: float
+    stops: frozenset  # the ids that end it: its stop ids, and the model's eos unless ignore_eos
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     out: Output = field(default_factory=lambda: Output(False))
     adaptive: AdaptiveK | None = None
@@ -45,15 +59,37 @@ class _Row:
     reason: str | None = None
 
 
+@dataclass
+class _Launched:
+    """A round queued on the device: who held each row when it was launched (None: a free row),
+    and which host buffer its staged ids are copied into."""
+
+    rows: list
+    slot: int
+
+
 class BatchDecoder:
     """Runs prompts through `rnd`, each round by `program` (the backend's: run as it is, or
     captured). eos_ids: the model's; cut(spec): whether the draft's q keeps the prompt's top-k /
-    top-p / min-p (core/engine.draft_picking); adaptive_k: each row its own."""
+    top-p / min-p (core/engine.draft_picking); adaptive_k: each row its own; pipeline: auto | on |
+    off, two rounds in flight (auto: where the program only queues a round)."""
 
-    def __init__(self, rnd: BatchRound, program, tokenizer, eos_ids: set[int], cut, adaptive_k: bool = False):
+    def __init__(self, rnd: BatchRound, program, tokenizer, eos_ids: set[int], cut, adaptive_k: bool = False,
+                 pipeline: str = "auto"):
         self.round, self.program = rnd, program
         self.tokenizer, self.eos_ids, self.cut, self.adaptive_k = tokenizer, eos_ids, cut, adaptive_k
         self.rows: list[_Row | None] = [None] * rnd.batch
+        asynchronous = getattr(program, "asynchronous", False)
+        self.depth = 1 if adaptive_k or pipeline == "off" or (pipeline == "auto" and not asynchronous) else 2
+        cuda = rnd.device.type == "cuda"
+        # each round in flight its own host copy of the staged ids (pinned: the copy is queued, not waited
+        # for) and its own event: the round's one sync
+        self.host = [torch.zeros(rnd.stage_ids.shape, dtype=torch.long, pin_memory=cuda) for _ in range(self.depth)]
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(self.depth)]
+
+    @property
+    def pipelined(self) -> bool:
+        return self.depth == 2
 
     def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
         """(index, Finished) for each (prompt ids, settings) of `jobs`, in their order, each as soon
@@ -63,10 +99,18 @@ class BatchDecoder:
         "interrupted")."""
         queue, done, ready = enumerate(jobs), {}, 0
         self.exhausted = False
+        for b, row in enumerate(self.rows):  # a run the caller stopped reading left its rows
+            if row is not None:
+                self.rows[b] = None
+                self.round.stop(b)
+        flight: deque[_Launched] = deque()
+        self.fetched = time.perf_counter()
         try:
             self._fill(queue, done)
-            while any(self.rows):
-                self._round(done)
+            while any(self.rows) or flight:
+                while any(self.rows) and len(flight) < self.depth:
+                    flight.append(self._launch(flight))
+                self._settle_round(flight.popleft(), done)
                 while ready in done:
                     yield ready, done.pop(ready)
                     ready += 1
@@ -99,42 +143,66 @@ class BatchDecoder:
         gen = torch.Generator(device=self.round.device)
         gen.manual_seed(seed)
         self.round.start(b, ids, spec, seed, self.cut(spec))
+        stops = frozenset(spec.stop_token_ids) | (frozenset() if spec.ignore_eos else frozenset(self.eos_ids))
         row = _Row(index, spec, gen, TextTracker(IncrementalDetokenizer(self.tokenizer, ids), spec.stop), started,
-                   adaptive=AdaptiveK() if self.adaptive_k else None)
+                   stops, adaptive=AdaptiveK() if self.adaptive_k else None)
         row.stats.prefill_seconds = time.perf_counter() - started
         self.rows[b] = row
         return True
 
-    def _round(self, done: dict) -> None:
+    def _launch(self, flight: deque) -> _Launched:
+        """Queue a round for the rows as they are, and the copy of its staged ids (no sync). With
+        adaptive k (one round in flight) each row's budget is its own, set first; otherwise every
+        row's is k (BatchRound.start) and the device caps it at max_tokens."""
         rnd = self.round
+        if self.adaptive_k:
+            for row in self.rows:
+                if row is not None:
+                    row.budget = row.adaptive.budget(self._budget(row))
+            rnd.set_budgets([row.budget if row is not None else 0 for row in self.rows])
         for b, row in enumerate(self.rows):
             if row is not None:
-                row.budget = min(rnd.k, row.spec.max_tokens - len(row.out.ids) - 1)
-                if row.adaptive is not None:
-                    row.budget = row.adaptive.budget(row.budget)
                 rnd.draw(b, row.gen)
-        rnd.set_budgets([row.budget if row is not None else 0 for row in self.rows])
-        began = time.perf_counter()
+        slot = 1 - flight[-1].slot if flight else 0
         self.program.launch()
-        staged = rnd.stage_ids.tolist()  # the round's one sync
-        seconds = time.perf_counter() - began
-        for b, row in enumerate(self.rows):  # the kernels' error sentinel (a row's first id), as one request's
-            if row is not None:
-                rnd.backend.check(staged[b][0])
-        free = [b for b, row in enumerate(self.rows) if row is not None and self._settle(row, staged[b], seconds)]
-        for b in free:  # each row settled first: a prompt that fails to start (in _fill) loses none of them
-            done[self.rows[b].index] = self._finish(self.rows[b])
-            self.rows[b] = None
-            rnd.stop(b)
+        self.host[slot].copy_(rnd.stage_ids, non_blocking=True)
+        if self.events[slot] is not None:
+            self.events[slot].record()
+        return _Launched(list(self.rows), slot)
 
-    def _settle(self, row: _Row, staged: list[int], seconds: float) -> bool:
+    def _budget(self, row: _Row) -> int:
+        """The drafts a round may make for row (before adaptive k): what the device's limit leaves."""
+        return max(0, min(self.round.k, row.spec.max_tokens - len(row.out.ids) - 1))
+
+    def _settle_round(self, launched: _Launched, done: dict) -> None:
+        """The round's one sync and one read of every row's staged ids; each row that held its
+        prompt through the round settled (a row whose prompt ended in an earlier round ran on past
+        its end: nothing of it is read), and the rows that end now freed."""
+        rnd = self.round
+        if self.events[launched.slot] is not None:
+            self.events[launched.slot].synchronize()
+        staged = self.host[launched.slot].tolist()
+        now = time.perf_counter()
+        timings, self.fetched = {"other": now - self.fetched}, now  # the batch's round, not split into phases
+        live = [(b, row) for b, row in enumerate(launched.rows) if row is not None and row.reason is None]
+        first = min((staged[b][0] for b, _ in live), default=0)
+        rnd.backend.check(first)  # the kernels' error sentinel (a row's first id), as one request's
+        for b, row in live:
+            if self._settle(row, staged[b], timings, now):
+                done[row.index] = self._finish(row)
+                self.rows[b] = None
+                rnd.stop(b)
+
+    def _settle(self, row: _Row, staged: list[int], timings: dict, now: float) -> bool:
         """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""
         k = self.round.k
+        if row.adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
+            row.budget = max(0, min(k, row.spec.max_tokens - len(row.out.ids) - 1))
         emitted = [t for t in staged[: k + 1] if t >= 0]
         n = staged[2 * k + 1]
         accepted = len(emitted) - 1
         fates = [Fate.ACCEPTED] * accepted + [Fate.BONUS if accepted == n else Fate.RECOVERED]
-        stops = set(row.spec.stop_token_ids) | (set() if row.spec.ignore_eos else self.eos_ids)
+        stops = row.stops
         drafted = staged[k + 1: k + 1 + n]
         used = next((i + 1 for i, t in enumerate(drafted) if t in stops), n)  # none past a drafted stop id
         for i, token in enumerate(emitted):
@@ -145,13 +213,10 @@ class BatchDecoder:
         if row.adaptive is not None and row.budget > 0:
             row.adaptive.update(accepted)
         emitted, fates, pieces, starts, delta = self._text(row, emitted, fates)
-        row.stats.released(time.perf_counter() - row.start, len(emitted))
+        row.stats.released(now - row.start, len(emitted))
         kept = min(accepted, len(emitted))
-        timings = {"other": seconds}  # the batch's round, not split into phases
         row.stats.add_round(used, kept, len(emitted), timings, early_stop=used < row.budget, k_used=row.budget)
-        event = RoundEvent(row.stats.rounds, emitted, fates, delta, pieces, used, kept, drafted[:used], timings,
-                           k_used=row.budget)
-        row.out.add(event, starts)
+        row.out.extend(emitted, fates, pieces, starts)
         if row.reason is None and len(row.out.ids) >= row.spec.max_tokens:
             row.reason = "length"
         return row.reason is not None

@@ -139,7 +139,7 @@ class Engine:
         rnd, program = self._rounds[key]
         mode = profile.speculation.draft_sampling
         return BatchDecoder(rnd, program, self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
-                            adaptive_k=profile.proposer.adaptive_k and k > 0)
+                            adaptive_k=profile.proposer.adaptive_k and k > 0, pipeline=profile.speculation.pipeline)
 
     def forget_batches(self) -> None:
         """Drop the batch rounds built so far (their caches hold B rows each): bench's batch sizes

@@ -57,12 +57,17 @@ class Output:
         self.starts: list[int] = []  # where each token's text starts in the output text
 
     def add(self, event: RoundEvent, starts: list[int]) -> None:
-        self.starts += starts
-        self.ids += event.token_ids
-        self.fates += event.fates
-        self.pieces += event.pieces
+        self.extend(event.token_ids, event.fates, event.pieces, starts)
         if self.logprobs is not None:
             self.logprobs += event.logprobs or []
+
+    def extend(self, ids: list[int], fates: list[Fate], pieces: list[str], starts: list[int]) -> None:
+        """A round's tokens without its event (the batch loop builds none: a row's events are not
+        yielded, and one per row and round is host work that grows with the batch)."""
+        self.starts += starts
+        self.ids += ids
+        self.fates += fates
+        self.pieces += pieces
 
     def trim(self, length: int) -> list[Fate]:
         """Drop the tokens whose text starts at or after `length` (a stop string cut the text there);

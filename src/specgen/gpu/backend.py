@@ -267,7 +267,10 @@ class BatchGraphs:
     (its caches' generation and its rows' warp flags, which choose the body's launches), captured
     when first needed and dropped when the caches are re-allocated. Warm-ups run at the scratch
     end of the caches and the round's state is restored before capture, as GraphProgram does. A
-    body that cannot be captured runs eagerly from then on, after one warning."""
+    body that cannot be captured runs eagerly from then on, after one warning (its kernels are
+    queued all the same: the loop may keep two rounds in flight either way)."""
+
+    asynchronous = True
 
     def __init__(self, rnd, backend: CudaBackend):
         self.rnd, self.backend = rnd, backend

@@ -112,7 +112,8 @@ class BatchCoupling:
         return [self.noise, self.uniform]
 
     def start(self, b: int, seed: int, origin: int) -> None:
-        self.key[b].copy_(torch.tensor(noise.split_seed(seed)))
+        for i, half in enumerate(noise.split_seed(seed)):  # fills, not a copy from the host: no sync
+            self.key[b, i].fill_(half)
         self.origin[b].fill_(origin)
 
     def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
@@ -241,8 +242,10 @@ class BatchRound:
         self._prefill(0, b, ids[:-1])
         if self.k:
             self._prefill(1, b, ids[:-2])
-            self.pending[b].copy_(torch.tensor((ids * 2)[-2:]))
+            for i, token in enumerate((ids * 2)[-2:]):  # fills, not a copy from the host: no sync
+                self.pending[b, i].fill_(token)
         self.feed[b, 0].fill_(ids[-1])
+        self.budget[b].fill_(self.k)  # the device caps it at max_tokens (count_drafts_rows: limit)
         self.generated[b].zero_()
         self.limit[b].fill_(spec.max_tokens - 1)
         self.target_params.set(b, spec)
@@ -257,7 +260,8 @@ class BatchRound:
 
     def set_budgets(self, budgets: list[int]) -> None:
         """Every row's draft budget for the next round, in one copy (a fill per row would be a
-        launch per row and round)."""
+        launch per row and round). Only adaptive k needs it: start() sets k, which the device caps
+        at each row's max_tokens, the budget the host would set."""
         self.budget.copy_(torch.tensor(budgets, dtype=torch.int32))
 
     def draw(self, b: int, generator: torch.Generator) -> None:
@@ -318,8 +322,9 @@ class BatchRound:
             target_position=self.positions[0], emitted=self.emitted, generated=self.generated,
             draft_position=self.positions[1] if self.k else None, pending=self.pending if self.k else None,
             ran=self.k + 1))
-        self.positions.copy_(torch.where(self.active, self.positions, self.held[:2]))
-        self.generated.copy_(torch.where(self.active, self.generated, self.held[2]))
+        # in place (an elementwise op may write its own input): no temporary, one launch each
+        torch.where(self.active, self.positions, self.held[:2], out=self.positions)
+        torch.where(self.active, self.generated, self.held[2], out=self.generated)
 
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick
