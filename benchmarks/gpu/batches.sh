@@ -39,6 +39,10 @@ print("stops paying at", d.get("speculation_stops_paying_at"))
 PY
 }
 bench pair-greedy 120 -p /tmp/bench/pair.toml --batch-size 1,4,8,16,32 --k 2,4 --num-prompts 64 -n 128
+if [ -n "${PIPELINE_AB:-}" ]; then  # the same sweep with one round in flight (before the queue-ahead)
+  sed 's/^\[speculation\]$/[speculation]\npipeline = "off"/' /tmp/bench/pair.toml > /tmp/bench/pair-off.toml
+  bench pair-greedy-off 120 -p /tmp/bench/pair-off.toml --batch-size 1,4,8,16,32 --k 2,4 --num-prompts 64 -n 128
+fi
 bench pair-gumbel 90 -p /tmp/bench/pair.toml --batch-size 1,8,32 --k 4 -t 0.8 --top-p 0.95 --coupling gumbel \
   --num-prompts 64 -n 128
 bench 8b-greedy 150 -p /tmp/fam/llama-3.1/pair.toml --batch-size 1,4,16 --k 4 --num-prompts 16 -n 32
