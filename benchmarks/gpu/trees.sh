@@ -12,7 +12,8 @@ if python3 -c "import xdist" 2>/dev/null; then par="-n 8 --dist loadfile"; else 
 # shellcheck disable=SC2086
 timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short $par \
   tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/gpu/kernels/test_tree_walk_kernel.py \
-  tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_compact.py tests/gpu/test_round_ops.py \
+  tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_topw_kernel.py tests/gpu/kernels/test_compact.py \
+  tests/gpu/test_round_ops.py \
   tests/core/test_engine_tree_auto.py \
   > "$OUT/tests.txt" 2>&1
 echo "== tests rc=$? at $SECONDS s: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
