@@ -3,11 +3,12 @@
 Why: CI has no GPU, so there the kernels only run in the Triton interpreter (tests/triton_cpu.py),
 which does not type-check. A kernel whose loop-carried variable changes type ("Loop-carried variable
 x has initial type int32 but is re-assigned to int64 in loop") or shape passes every CPU test and
-fails on its first GPU launch. This script calls the wrappers (gpu/kernels/attention.py, linear.py, norm.py,
-step_io.py, tree_build.py, verify.py, warp.py) with CPU tensors, but with JITFunction.run replaced: each launch is specialised
-as Triton specialises a GPU launch (its own binder: an int argument equal to 1 becomes a constant,
-pointer alignment becomes a divisibility attribute), compiled for GPUTarget("cuda", 90, 32) up to
-STAGE, and not run. Outputs are garbage (torch.empty), which nothing reads.
+fails on its first GPU launch. This script calls the wrappers (gpu/kernels/attention.py, linear.py,
+norm.py, step_io.py, topw.py, tree_build.py, verify.py, warp.py) with CPU tensors, but with
+JITFunction.run replaced: each launch is specialised as Triton specialises a GPU launch (its own
+binder: an int argument equal to 1 becomes a constant, pointer alignment becomes a divisibility
+attribute), compiled for GPUTarget("cuda", 90, 32) up to STAGE, and not run. Outputs are garbage
+(torch.empty), which nothing reads.
 
 STAGE (SPECGEN_SM90_STAGE, default ttir): the errors above come from the front end (AST -> Triton
 IR): about 0.1 s a variant, 7 s for the ~80 variants below on a 2-core CPU (11 s with the imports).
@@ -494,6 +495,19 @@ def tree_build_scenarios(tree_build):
             yield f"tree_build dependent={dependent} drawn={drawn}", call
 
 
+def topw_scenarios(topw):
+    """A tree's children: the top-w of a root's [1, 128256] and a level's [3, 32000] log q, with w
+    from 1 to 8, with Exp(1) noise per row and shared, plainly and dependent."""
+    for dependent in (False, True):
+        for rows, vocab, w, noise in ((1, 128256, 2, None), (3, 32000, 3, "rows"), (3, 32000, 8, "shared"),
+                                      (1, 4096, 1, None)):
+            def call(rows=rows, vocab=vocab, w=w, noise=noise, dependent=dependent):
+                expo = None if noise is None else torch.empty(rows if noise == "rows" else 1, vocab)
+                topw.top_w(torch.empty(rows, vocab), expo, w, Workspace("cpu"), dependent=dependent)
+
+            yield f"topw [{rows}, {vocab}] w={w} noise={noise} dependent={dependent}", call
+
+
 # -- main -------------------------------------------------------------------------------------------
 
 
@@ -513,7 +527,7 @@ def main() -> dict:
         return report
     JITFunction.run = _run
 
-    from specgen.gpu.kernels import (argmax, attention, compact, cuts, linear, norm, step_io, tree_build,
+    from specgen.gpu.kernels import (argmax, attention, compact, cuts, linear, norm, step_io, topw, tree_build,
                                      tree_walk, verify, warp)
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
@@ -522,14 +536,15 @@ def main() -> dict:
     scenario_errors = {}
     for scenarios in (attention_scenarios(attention), linear_scenarios(linear), verify_scenarios(verify),
                       warp_scenarios(warp, argmax), norm_scenarios(norm), step_io_scenarios(step_io),
-                      tree_scenarios(tree_walk, compact), tree_build_scenarios(tree_build)):
+                      tree_scenarios(tree_walk, compact), tree_build_scenarios(tree_build), topw_scenarios(topw)):
         for label, call in scenarios:
             HARNESS.scenario = label
             try:
                 call()
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
-    report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io, tree_walk, compact, tree_build))
+    report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io, tree_walk, compact, tree_build,
+                                 topw))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

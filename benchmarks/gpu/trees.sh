@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 [ -f /tmp/bench/pair.toml ] || PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
   --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1 &
 if python3 -c "import xdist" 2>/dev/null; then par="-n 8 --dist loadfile"; else par=""; fi
-TESTS=${TESTS:-"tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/gpu/kernels/test_tree_walk_kernel.py tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_compact.py tests/gpu/test_round_ops.py tests/core/test_engine_tree_auto.py"}  # TESTS: other test files (one string)
+TESTS=${TESTS:-"tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/gpu/kernels/test_tree_walk_kernel.py tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_topw_kernel.py tests/gpu/kernels/test_compact.py tests/gpu/test_round_ops.py tests/core/test_engine_tree_auto.py"}  # TESTS: other test files (one string)
 # shellcheck disable=SC2086
 timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short $par \
   $TESTS \

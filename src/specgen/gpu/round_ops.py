@@ -1,5 +1,5 @@
 """The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py,
-gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py
+gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/topw.py, gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py
 over one device's workspace, each launched dependent on the kernel before when the target's kernel
 policy says so (gpu/kernels/dependent.py).
 
@@ -16,6 +16,7 @@ from specgen.core.sampling import noise
 from specgen.gpu.kernels import argmax as gpu_argmax
 from specgen.gpu.kernels import commit as gpu_commit
 from specgen.gpu.kernels import noise as gpu_noise
+from specgen.gpu.kernels import topw as gpu_topw
 from specgen.gpu.kernels import tree_build as gpu_tree
 from specgen.gpu.kernels import tree_walk as gpu_tree_walk
 from specgen.gpu.kernels import verify as gpu_verify
@@ -75,6 +76,9 @@ class TritonRoundOps:
             gpu_commit.commit(buffers, dependent=self.dependent)
         else:
             bookkeeping.commit(buffers)
+
+    def tree_children(self, logq, noise, w):
+        return gpu_topw.top_w(logq.contiguous(), noise, w, self.workspace, dependent=self.dependent)
 
     def tree_expand(self, tree, level, tokens, logq, start, root_id=None):
         gpu_tree.expand(tree, level, tokens, logq, start, root_id, dependent=self.dependent)

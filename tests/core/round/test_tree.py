@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specgen.core.round.ops import TorchRoundOps
-from specgen.core.round.tree import Tree, envelope
+from specgen.core.round.tree import Tree, draw_children, envelope
 from specgen.core.sampling.warp import exponentials
 from specgen.core.step import rows as rowsets
 
@@ -110,6 +110,26 @@ def test_children_are_ranked_by_the_drafts_log_q():
     offsets = tree.offset.tolist()
     assert offsets[0] == -1 and sorted(offsets[r] for r in root_kids) == [0, 1, 2]  # level 1: stepped
     assert all(o == -1 for o in offsets[4:])  # the last level is never stepped
+
+
+@pytest.mark.parametrize("w", [1, 3, 8])
+def test_children_tie_to_the_lower_id(w):
+    """The children are the first w of a stable descending sort of the keys (log q, or log q − log E)
+    whatever the ties: log q on a grid of three values with -inf tails, a row of fewer finite ids
+    than w, a row all -inf (its first w ids); values are log q at the chosen ids."""
+    gen = torch.Generator().manual_seed(w)
+    logq = -0.5 * torch.randint(0, 3, (6, VOCAB), generator=gen).float()
+    logq = torch.where(torch.rand(6, VOCAB, generator=gen) < 0.4, logq, float("-inf"))
+    logq[0] = float("-inf")
+    logq[1, :] = float("-inf")
+    logq[1, [9, 30]] = -1.0
+    for noise in (None, exponentials((6, VOCAB), gen, "cpu"), exponentials((1, VOCAB), gen, "cpu")):
+        key = logq if noise is None else logq - noise.log()
+        tokens, values = draw_children(logq, noise, w)
+        assert torch.equal(tokens, key.sort(dim=-1, descending=True, stable=True).indices[:, :w])
+        assert torch.equal(values, logq.gather(-1, tokens))
+    assert draw_children(logq, None, w)[0][0].tolist() == list(range(w))
+    assert draw_children(logq, None, w)[0][1].tolist() == ([9, 30] + list(range(w - 2)))[:w]
 
 
 @pytest.mark.parametrize("k, w, n", [(3, 2, 7), (4, 3, 12), (3, 3, 4), (1, 3, 2), (4, 2, 14)])

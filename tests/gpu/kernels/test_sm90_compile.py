@@ -28,7 +28,8 @@ from repo_paths import REPO, TESTS
 
 SCRIPT = TESTS / "sm90_compile.py"
 SRC = REPO / "src"
-MODULES = ("attention", "linear", "verify", "warp", "cuts", "argmax", "norm", "step_io", "tree_walk", "compact", "tree_build")  # specgen.gpu.*
+MODULES = ("attention", "linear", "verify", "warp", "cuts", "argmax", "norm", "step_io", "tree_walk", "compact", "tree_build",
+           "topw")  # specgen.gpu.*
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles the kernels for real")
 

@@ -1,6 +1,7 @@
 """gpu/kernels/tree_build.py against core/round/tree.py's grow and pick (the references): every
 buffer of the Tree equal after each level's expansion and after the selection, through the two
-ops tables (TritonRoundOps and TorchRoundOps), for top-w and drawn children, with scores that tie
+ops tables (TritonRoundOps and TorchRoundOps, the children by each table's tree_children: the
+kernels of gpu/kernels/topw.py against the reference), for top-w and drawn children, with scores that tie
 (log q on a coarse grid, and -inf where the vocabulary runs out of finite entries), over depths 1
 to 6, widths 2 to 4 and budgets from one node to the whole pool (pools past a block of 64). On CPU
 (CI) the kernels run in the Triton interpreter (tests/triton_cpu.py); on a GPU the same tests run the

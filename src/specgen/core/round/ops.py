@@ -62,6 +62,10 @@ class RoundOps(Protocol):
 
     def commit(self, buffers: CommitBuffers) -> None: ...
 
+    def tree_children(self, logq, noise, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [R, w], log q [R, w]): each row's top-w of log q [R, V] (of log q − log E with
+        noise E [R or 1, V]), larger first, ties to the lower id: core/round/tree.draw_children."""
+
     def tree_expand(self, tree, level: int, tokens, logq, start, root_id=None) -> None:
         """A token tree's level from its children (tokens, log q [w, w]; level 0: the root's [1, w]),
         the next frontier and its draft rows past start: core/round/tree.grow."""
@@ -119,6 +123,9 @@ class TorchRoundOps:
 
     def commit(self, buffers):
         bookkeeping.commit(buffers)
+
+    def tree_children(self, logq, noise, w):
+        return tree_build.draw_children(logq, noise, w)
 
     def tree_expand(self, tree, level, tokens, logq, start, root_id=None):
         tree_build.grow(tree, level, tokens, logq, start, root_id)

@@ -11,7 +11,9 @@ selected node's parent is always selected (the tree is ancestor-closed).
 Children are the top-w of the draft's warped q at their parent, a function of the committed
 sequence alone (rejection verification then walks siblings, core/sampling/tree_walk.py), or, where
 a round passes noise, w draws from q without replacement: the top-w of log q − log E (E Exp(1),
-the Gumbel-top-w trick), in draw order. Scores stay the cumulative log q of the chosen tokens.
+the Gumbel-top-w trick), in draw order; larger keys first, equal keys to the lower token id (the
+round's ops table's `tree_children`: draw_children below is the reference, gpu/kernels/topw.py
+the kernels). Scores stay the cumulative log q of the chosen tokens.
 
 Drawn children are verified by recursive rejection, which is exact only if a node's place in the
 tree does not depend on the draws at it or below it. The frontiers satisfy this (a level's
@@ -44,12 +46,33 @@ from specgen.core.step.rows import Rows, tree as tree_rows
 
 def draw_children(logq: torch.Tensor, noise: torch.Tensor | None, w: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [R, w], their log q [R, w]) of each row of log q [R, V]: its top-w, or with Exp(1)
-    noise [R or 1, V] the top-w of log q − log E, w draws from q without replacement in draw order."""
-    if noise is None:
-        top = logq.topk(w, dim=-1)
-        return top.indices, top.values
-    tokens = (logq - noise.log()).topk(w, dim=-1).indices
+    noise [R or 1, V] the top-w of log q − log E, w draws from q without replacement in draw order.
+    The reference of the ops' tree_children (gpu/kernels/topw.py does it in two launches).
+
+    Order: the larger key first, equal keys by the lower token id (the first w of a stable
+    descending sort), so that the children are one function of (log q, E) on every backend:
+    torch.topk promises no order among equal keys, and a draft's log q ties (a row's masked ids are
+    all -inf). Drawn children are unaffected in law: continuous noise ties with probability 0.
+    Keys are never NaN (the warp rejects NaN logits, E > 0 is finite) and w <= V."""
+    key = logq if noise is None else logq - noise.log()
+    tokens = first_w(key, w)
     return tokens, logq.gather(-1, tokens)
+
+
+def first_w(key: torch.Tensor, w: int) -> torch.Tensor:
+    """The ids [R, w] of each row's w largest keys [R, V], larger first, ties to the lower id.
+    Not a full sort (some 50 times topk's time over a 128k vocabulary on a CPU): t, the w-th
+    largest key, is the same whatever topk's tie order; every id above t is in (fewer than w of
+    them), the lowest ids equal to t fill the rest; then the w are ordered."""
+    t = key.topk(w, dim=-1).values[:, -1:]  # [R, 1]
+    above, tied = key > t, key == t
+    room = w - above.sum(-1, keepdim=True)
+    chosen = above | (tied & (tied.cumsum(-1) <= room))  # exactly w per row
+    vocab = key.shape[-1]
+    rank = vocab - torch.arange(vocab, device=key.device)  # distinct, larger for lower ids
+    ids = (chosen * rank).topk(w, dim=-1).indices  # the chosen, by ascending id (distinct keys)
+    order = key.gather(-1, ids).sort(dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, order)
 
 
 class Tree:
@@ -88,17 +111,17 @@ class Tree:
         self.path = torch.zeros(1, nodes + 1, k + 1, dtype=torch.long, **z)  # [1, n+1, k+1] the tail
         self.depth = torch.zeros(1, nodes + 1, dtype=torch.long, **z)
 
-    def _children(self, logq: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _children(self, logq: torch.Tensor, noise: torch.Tensor | None, ops) -> tuple[torch.Tensor, torch.Tensor]:
         if noise is None and self.sampled:
             raise ValueError("a tree of drawn children needs noise to draw them")
-        return draw_children(logq, noise, self.w)
+        return ops.tree_children(logq, noise, self.w)
 
     def root(self, root_id: torch.Tensor, logq: torch.Tensor, noise: torch.Tensor | None, start: torch.Tensor,
              ops) -> None:
         """Level 1 from the draft's log q [1, V] after the root (root_id [1], the round's `last`);
         noise [1, V]: the Exp(1) row its children are drawn with (None: its top-w). start ([1]
         int64 on the device): the draft's committed prefix, the root included; ops: the round's."""
-        tokens, logq_tokens = self._children(logq, noise)
+        tokens, logq_tokens = self._children(logq, noise, ops)
         ops.tree_expand(self, 0, tokens, logq_tokens, start, root_id)
 
     def level_rows(self, level: int, start: torch.Tensor) -> Rows:
@@ -114,7 +137,7 @@ class Tree:
         """Level + 1's candidates from the draft's log q [w, V] at frontier `level`'s nodes (noise
         [w or 1, V]: the Exp(1) rows they are drawn with), and the next frontier (its w best, ties
         to the lower index) with its nodes' draft paths and rows past `start`."""
-        tokens, logq_tokens = self._children(logq, noise)  # [w, w] each frontier node's children
+        tokens, logq_tokens = self._children(logq, noise, ops)  # [w, w] each frontier node's children
         ops.tree_expand(self, level, tokens, logq_tokens, start)
 
     def select(self, start: torch.Tensor, ops) -> None:
