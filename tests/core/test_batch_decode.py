@@ -22,20 +22,22 @@ def spec(engine: Engine, max_tokens: int):
     return replace(engine.profile.sampling, max_tokens=max_tokens)
 
 
+def counted_queue(engine, prompts, lengths, taken: list[int]):
+    """The prompts with their max_tokens, noting in `taken` each index as the batch reads it."""
+    for i, (ids, n) in enumerate(zip(prompts, lengths)):
+        taken.append(i)
+        yield ids, spec(engine, n)
+
+
 def test_results_stream_in_input_order(engine):
     """A long first prompt: later ones finish first but wait for it; results come out while the
     queue is still being read."""
     prompts = random_prompts(200, 9, seed=5)
     lengths = [30] + [4] * 8
     taken: list[int] = []
-
-    def queue():
-        for i, (ids, n) in enumerate(zip(prompts, lengths)):
-            taken.append(i)
-            yield ids, spec(engine, n)
-
+    queue = counted_queue(engine, prompts, lengths, taken)
     seen = []
-    for index, finished in engine.batch_decoder(2).run(queue()):
+    for index, finished in engine.batch_decoder(2).run(queue):
         seen.append((index, len(taken)))
         alone = engine.decoder(replace(engine.profile, sampling=spec(engine, lengths[index])))
         assert finished.token_ids == finish(alone, prompts[index]).token_ids
@@ -52,14 +54,9 @@ def test_results_held_for_a_long_prompt_are_bounded_by_the_batch(engine):
     prompts = random_prompts(200, 30, seed=8)
     lengths = [60] + [2] * 29
     taken: list[int] = []
-
-    def queue():
-        for i, (ids, n) in enumerate(zip(prompts, lengths)):
-            taken.append(i)
-            yield ids, spec(engine, n)
-
+    queue = counted_queue(engine, prompts, lengths, taken)
     seen = []
-    for index, finished in engine.batch_decoder(2).run(queue()):
+    for index, finished in engine.batch_decoder(2).run(queue):
         seen.append((index, len(taken), finished.token_ids))
     assert [index for index, _, _ in seen] == list(range(30))
     assert seen[0][1] <= 1 + (WAITING + 1) * 2  # prompt 0, the results waiting for it, one more per row
