@@ -8,18 +8,12 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/batches-log.txt
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
-([ -f /tmp/bench/pair.toml ] || PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
-  --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1
- [ -f /tmp/fam/llama-3.1/pair.toml ] || PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/family_pairs.py --family llama-3.1 --scale full --prompts 16 \
-  --out /tmp/fam --device cuda --dtype bfloat16 > /tmp/fam.log 2>&1) &
-if python3 -c "import xdist" 2>/dev/null; then par="-n 6 --dist loadfile"; else par=""; fi
-TESTS=${TESTS:-"tests/gpu/test_batch_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py tests/gpu/test_round_ops.py tests/gpu/test_gpu.py tests/gpu/kernels/test_tree_build_kernel.py"}  # TESTS: other test files (one string)
-# shellcheck disable=SC2086
-timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short $par \
-  $TESTS \
-  > "$OUT/tests.txt" 2>&1
-echo "== tests rc=$? at $SECONDS s: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
-grep -E "^FAILED|^ERROR" "$OUT/tests.txt" | head -20 | tee -a "$LOG"
+. benchmarks/gpu/common.sh
+(bench_pair
+ [ -f /tmp/fam/llama-3.1/pair.toml ] || PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/family_pairs.py \
+   --family llama-3.1 --scale full --prompts 16 --out /tmp/fam --device cuda --dtype bfloat16 > /tmp/fam.log 2>&1) &
+gpu_tests 6 "tests/gpu/test_batch_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py
+  tests/gpu/test_round_ops.py tests/gpu/test_gpu.py tests/gpu/kernels/test_tree_build_kernel.py"
 wait
 echo "== pairs at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-120) | $(tail -1 /tmp/fam.log | cut -c1-120)" | tee -a "$LOG"
 bench() {  # name, limit, args...

@@ -6,16 +6,11 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/trees-log.txt
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
-[ -f /tmp/bench/pair.toml ] || PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench --seed 0 --out /tmp/bench \
-  --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1 &
-if python3 -c "import xdist" 2>/dev/null; then par="-n 8 --dist loadfile"; else par=""; fi
-TESTS=${TESTS:-"tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/gpu/kernels/test_tree_walk_kernel.py tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_topw_kernel.py tests/gpu/kernels/test_compact.py tests/gpu/test_round_ops.py tests/core/test_engine_tree_auto.py"}  # TESTS: other test files (one string)
-# shellcheck disable=SC2086
-timeout ${TEST_LIMIT:-150} python3 -m pytest -q -p no:cacheprovider -p no:benchmark -rfE --tb=short $par \
-  $TESTS \
-  > "$OUT/tests.txt" 2>&1
-echo "== tests rc=$? at $SECONDS s: $(tail -1 "$OUT/tests.txt")" | tee -a "$LOG"
-grep -E "^FAILED|^ERROR" "$OUT/tests.txt" | head -20 | tee -a "$LOG"
+. benchmarks/gpu/common.sh
+bench_pair &
+gpu_tests 8 "tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/gpu/kernels/test_tree_walk_kernel.py
+  tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_topw_kernel.py tests/gpu/kernels/test_compact.py
+  tests/gpu/test_round_ops.py tests/core/test_engine_tree_auto.py"
 wait
 echo "== bench pair at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-160)" | tee -a "$LOG"
 PYTHONPATH=$PWD/src timeout ${BENCH_LIMIT:-200} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml --k 4 \
