@@ -25,7 +25,8 @@ MEASURED = rows({(1, 0): 100, (1, 2): 180, (1, 4): 200,
 def test_picks_the_measured_batch_with_the_most_tokens_per_second():
     choice = choose(MEASURED, "draft", 100, None, " (here)", "memory not capped on cpu")
     assert (choice.batch, choice.speculate, choice.k, choice.measured) == (16, False, 0, True)
-    assert choice.reason.startswith("batch 16, target-only (speculation stops paying at batch 16")
+    assert choice.reason.startswith("batch 16, target-only (here): ")
+    assert "; speculation does not pay at batch 16: target-only was measured faster" in choice.reason
     assert "batch 8 k=2 700 tok/s" in choice.reason and "memory not capped on cpu" in choice.reason
 
 
@@ -72,7 +73,7 @@ def test_a_single_prompt_is_batch_one():
 def test_a_target_only_profile_reads_target_only_rows():
     choice = choose(MEASURED, "none", 100, None)
     assert (choice.batch, choice.speculate, choice.k) == (16, False, 0)
-    assert "speculation stops paying" not in choice.reason  # it was not asked to speculate
+    assert "speculation does not pay" not in choice.reason  # it was not asked to speculate
 
 
 @pytest.mark.parametrize("free, row, fit", [(10 * 2**30, 2**30, 8), (2**30, 2 * 2**30, 0), (100, 0, 0)])

@@ -99,7 +99,7 @@ def choose(rows: list[dict], proposer: str, prompts: int, rows_fit: int | None, 
     rate, speculate, k = sizes[at]
     what = f"k={k}" if speculate else "target-only"
     if not speculate and proposer != "none":
-        what += f" (speculation stops paying at batch {at}: target-only measured faster)"
+        notes.insert(0, f"speculation does not pay at batch {at}: target-only was measured faster")
     summary = ", ".join(f"batch {b} {'k=' + str(sizes[b][2]) if sizes[b][1] else 'target-only'} "
                         f"{sizes[b][0]:,.0f} tok/s" for b in sorted(sizes))
     return BatchChoice(batch, speculate, k, measured=True,
