@@ -196,8 +196,9 @@ class Engine:
         """(the rows whose caches and buffers fit in core/batch_cost.MEMORY_SHARE of the free
         device memory, the cap in words). A row: both models' keys and values at the run's most
         positions (its longest prompt and max_tokens, the round's reach, the caches' slack), and
-        the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None: host memory is not capped (the bench ran the measured batches on this
-        machine, and the operating system pages rather than failing an allocation)."""
+        the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None: host memory
+        is not capped (the bench ran the measured batches on this machine, and the operating
+        system pages rather than failing an allocation)."""
         device = self.pair.device
         if device.type != "cuda":
             return None, f"memory not capped on {device.type}"
