@@ -49,11 +49,104 @@ def test_text_output_equals_one_prompt_at_a_time(monkeypatch, tiny):
     assert batched.code == 0 and batched.stdout == alone.stdout
 
 
-def test_auto_says_it_resolves_to_one(monkeypatch, tiny):
+def test_auto_with_nothing_measured_is_batch_one_and_says_so(monkeypatch, tiny, tmp_path):
     profile, prompts = tiny
-    result = specgen(monkeypatch, "generate", "-p", profile, "--prompts-file", prompts, "--batch-size", "auto",
+    own = write_profile(tmp_path / "own.toml", *pair_of(profile), sampling={"max_tokens": 12, "ignore_eos": True},
+                        runtime={"threads": 1, "measured": str(tmp_path)})
+    result = specgen(monkeypatch, "generate", "-p", own, "--prompts-file", prompts, "--batch-size", "auto",
                      "--format", "jsonl")
-    assert result.code == 0 and "batch_size auto resolves to 1" in result.stderr
+    assert result.code == 0 and "specgen: batch_size auto: nothing measured for " in result.stderr
+    assert "greedy: batch 1 (specgen bench --batch-size 1,4,8,16 measures batches)" in result.stderr
+    verbose = specgen(monkeypatch, "generate", "-p", own, "--batch-size", "auto", "-v", "--no-live", "def f(x):")
+    assert verbose.code == 0 and "batch_size: 1\nbatch_auto: a single prompt: batch 1\n" in verbose.stderr
+
+
+def pair_of(profile) -> tuple[str, str]:
+    """The target and draft paths of a profile write_profile wrote."""
+    import tomllib
+
+    table = tomllib.loads(profile.read_text())
+    return table["target"]["path"], table["draft"]["path"]
+
+
+def auto_lines(stderr: str) -> dict:
+    return {line.split(": ", 1)[0]: line.split(": ", 1)[1] for line in stderr.splitlines()
+            if line.startswith(("batch_size: ", "batch_auto: "))}
+
+
+GREEDY = [{"prompt": p} for p in ("def add(a, b):", "import os", "class A:", "for i in x:", "x = 1")]
+
+
+@pytest.fixture
+def measured_profile(tiny, tmp_path):
+    """A profile whose [runtime] measured is a folder of this test's, and a file of greedy prompts
+    (greedy fp32: the same tokens at any batch size, k or proposer)."""
+    profile = write_profile(tmp_path / "own.toml", *pair_of(tiny[0]), sampling={"max_tokens": 8, "ignore_eos": True},
+                            runtime={"threads": 1, "measured": str(tmp_path / "facts")})
+    prompts = tmp_path / "greedy.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in GREEDY))
+    return profile, prompts, str(tmp_path / "facts")
+
+
+def test_auto_decodes_target_only_where_speculation_stops_paying(monkeypatch, measured_profile):
+    """Synthetic facts for this pair on this machine: batch 2 is fastest and speculation stops
+    paying there, so the run decodes 2 rows target-only (no drafts) and says so."""
+    from specgen.core import measured
+    from specgen.core.engine import device_name
+    import torch
+
+    profile, prompts, folder = measured_profile
+    target, draft = pair_of(profile)
+    document = {"pair": {"target": target, "draft": draft, "device_name": device_name(torch.device("cpu")),
+                         "dtype": "float32"}, "temperature": 0.0, "coupling": None, "max_tokens": 8,
+                "results": [{"batch_size": b, "k": k, "tokens_per_second": v}
+                            for (b, k), v in {(1, 0): 10.0, (1, 3): 30.0, (2, 0): 80.0, (2, 3): 60.0}.items()]}
+    measured.save_batches(folder, document)
+    alone = specgen(monkeypatch, "generate", "-p", profile, "--prompts-file", prompts, "-q", "--format", "jsonl")
+    result = specgen(monkeypatch, "generate", "-p", profile, "--prompts-file", prompts, "--batch-size", "auto",
+                     "-v", "--format", "jsonl")
+    assert result.code == 0, result.stderr
+    lines = auto_lines(result.stderr)
+    assert lines["batch_size"] == "2"
+    assert lines["batch_auto"].startswith("batch 2, target-only (bench's measurements, target + draft on ")
+    assert lines["batch_auto"].endswith("; speculation does not pay at batch 2: target-only was measured faster"
+                                        "; memory not capped on cpu")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert all(r["stats"]["drafted"] == 0 for r in records)  # target-only: no draft ran
+    assert [r["token_ids"] for r in records] == [json.loads(line)["token_ids"] for line in alone.stdout.splitlines()]
+    # a prompts file of one line stays batch 1
+    one = prompts.parent / "one.jsonl"
+    one.write_text(json.dumps(GREEDY[0]) + "\n")
+    single = specgen(monkeypatch, "generate", "-p", profile, "--prompts-file", one, "--batch-size", "auto", "-v",
+                     "--format", "jsonl")
+    assert auto_lines(single.stderr) == {"batch_size": "1", "batch_auto": "a single prompt: batch 1"}
+
+
+def test_bench_then_auto_takes_the_measured_choice(monkeypatch, measured_profile):
+    """`bench --batch-size 1,2` keeps its rows; `generate --batch-size auto -v` then runs what
+    core/batch_cost.py chooses from them (which one follows this machine's timings)."""
+    from specgen.core import batch_cost, measured
+    from specgen.core.tree_cost import regime
+
+    profile, prompts, folder = measured_profile
+    bench = specgen(monkeypatch, "bench", "-p", profile, "--prompts-file", prompts, "--batch-size", "1,2",
+                    "--k", "2", "--max-tokens", "4", "--warmup", "0", "--format", "json", "-q")
+    assert bench.code == 0, bench.stderr
+    document = json.loads(bench.stdout)
+    assert document["measured"]["rows"] == 4 and document["measured"]["path"].startswith(folder)
+    (rows,) = measured.load_batches(folder).values()
+    assert sorted((r["batch_size"], r["k"]) for r in rows) == [(1, 0), (1, 2), (2, 0), (2, 2)]
+    expected = batch_cost.choose(regime(rows, 0.0, "rejection"), "draft", len(GREEDY), None)
+    result = specgen(monkeypatch, "generate", "-p", profile, "--prompts-file", prompts, "--batch-size", "auto",
+                     "-v", "--format", "jsonl")
+    assert result.code == 0, result.stderr
+    lines = auto_lines(result.stderr)
+    assert lines["batch_size"] == str(expected.batch) and expected.measured
+    what = f"k={expected.k}" if expected.speculate else "target-only"
+    assert lines["batch_auto"].startswith(f"batch {expected.batch}, {what}")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == len(GREEDY)
+    assert all((r["stats"]["drafted"] > 0) == expected.speculate for r in records)
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -198,6 +198,8 @@ def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], 
             incomplete = True
     document = batches.document(results, engine, temperature, startup, len(ids),
                                 engine.profile.sampling.max_tokens, incomplete)
+    if not incomplete:
+        keep_batch_measured(document, engine.profile.runtime.measured)
     if output_format == Format.json:
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
         sys.stdout.flush()
@@ -246,7 +248,25 @@ def batch_recommendation_lines(document: dict) -> list[Text]:
     stops = document["speculation_stops_paying_at"]
     lines.append(Text(f"speculation stops paying at batch {stops}" if stops is not None
                       else "speculation pays at every batch size measured", style="bold"))
+    kept = document.get("measured")
+    if kept and kept["path"]:
+        lines.append(Text(f"measured: {kept['rows']} rows kept in {kept['path']} for batch_size auto", style="dim"))
+    elif kept:
+        lines.append(Text(f"measured: not kept for batch_size auto ({kept['error']})", style="yellow"))
     return lines
+
+
+def keep_batch_measured(document: dict, folder: str) -> None:
+    """A complete batch bench's rows into the measured facts `batch_size` auto reads
+    (core/measured.py); the document's `measured` says where (or why not), as the sweep's does."""
+    from specgen.core import measured
+
+    try:
+        path, rows = measured.save_batches(folder, document)
+    except OSError as error:
+        document["measured"] = {"path": None, "rows": 0, "error": f"{error.strerror}: {error.filename}"}
+        return
+    document["measured"] = {"path": str(path), "rows": rows, "error": None}
 
 
 def validate(settings_for, plan, named: bool) -> None:

@@ -101,9 +101,18 @@ def generate(
                                       ).check_prompt(ids),
                    skip_long=skip_long_prompts, warn=None if quiet else warn)
     several = len(texts) > 1
-    rows = batch_rows(settings.runtime.batch_size, quiet)
-    if rows > 1 and len(jobs) > 1:
-        run_batch(engine, engine.batch_decoder(rows), jobs, own, output_format, quiet, startup, began)
+    batch = engine.resolve_batch(settings, [(len(ids), own[id(item)].sampling.max_tokens) for item, ids in jobs])
+    if batch.measured:  # auto from the bench's rows: its recommendation at that size (target-only, or its k)
+        settings = engine.batch_profile(settings, batch)
+        own = {id(item): with_prompt_settings(settings, item.settings, item.source) for item in texts}
+    if verbose and not quiet:
+        warn(describe({"batch_size": batch.batch, "batch_auto": batch.reason}))
+    elif batch.reason and not batch.measured and len(jobs) > 1 and not quiet:  # auto fell back to 1: say why
+        warn(f"specgen: batch_size auto: {batch.reason}")
+    if batch.batch > 1 and len(jobs) > 1:
+        room = max(len(ids) + own[id(item)].sampling.max_tokens for item, ids in jobs)
+        run_batch(engine, engine.batch_decoder(batch.batch, settings, room), jobs, own, output_format, quiet,
+                  startup, began)
         return
     for n, (item, ids) in enumerate(jobs):
         label = (item.source or "prompt") if several else None
@@ -114,15 +123,6 @@ def generate(
                   {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
-
-
-def batch_rows(batch_size, quiet: bool) -> int:
-    """[runtime] batch_size as rows: auto is 1 until batches are sized from memory and step costs."""
-    if batch_size != "auto":
-        return batch_size
-    if not quiet:
-        warn("specgen: batch_size auto resolves to 1 (sizing batches is not built yet)")
-    return 1
 
 
 def run_batch(engine, decoder, jobs: list, own: dict, output_format: Format, quiet: bool, startup,

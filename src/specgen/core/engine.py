@@ -15,9 +15,10 @@ from specgen.core.drafters.heads import build_heads
 from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair, logits_width
 from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
-from specgen.core.round.batch_round import BatchRound
-from specgen.core import measured
-from specgen.core.settings import Profile
+from specgen.core.round.batch_round import SLACK, BatchRound
+from specgen.core import batch_cost, measured
+from specgen.core.batch_cost import BatchChoice
+from specgen.core.settings import AUTO, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
 
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
@@ -119,9 +120,11 @@ class Engine:
                             pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
 
-    def batch_decoder(self, batch: int, profile: Profile | None = None) -> BatchDecoder:
+    def batch_decoder(self, batch: int, profile: Profile | None = None, room: int = 0) -> BatchDecoder:
         """A decoder of `batch` rows at once for `profile`'s settings (default: the engine's); each
-        prompt brings its own (core/batch_decode.py). What batches do not take yet is a one-line error."""
+        prompt brings its own (core/batch_decode.py). What batches do not take yet is a one-line error.
+        room: the most positions a prompt of the run takes (its tokens and max_tokens), for which
+        the caches are allocated at once (0: grown as prompts come)."""
         profile = profile or self.profile
         refusal = batch_refusal(profile, bool(getattr(self.backend, "spread", None)))
         if refusal:
@@ -137,6 +140,8 @@ class Engine:
                              self.backend, self.target_runner, self.draft_runner if k else None)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         rnd, program = self._rounds[key]
+        if room:
+            rnd.reserve(room + rnd.reach)
         mode = profile.speculation.draft_sampling
         return BatchDecoder(rnd, program, self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
                             adaptive_k=profile.proposer.adaptive_k and k > 0, pipeline=profile.speculation.pipeline)
@@ -146,6 +151,69 @@ class Engine:
         are measured one after another, never needed again."""
         for key in [key for key in self._rounds if key[0] == "batch"]:
             del self._rounds[key]
+
+    def resolve_batch(self, profile: Profile, work: list[tuple[int, int]]) -> BatchChoice:
+        """[runtime] batch_size for a run of prompts, work: (prompt tokens, max_tokens) each. A
+        number stands; auto is chosen from what `specgen bench --batch-size` measured for this pair
+        on this device (core/measured.py, core/batch_cost.py), capped by memory and the prompts:
+        batch 1 where nothing was measured, or where batches cannot run these settings."""
+        from specgen.core.step.model import OwnedModel
+
+        size = profile.runtime.batch_size
+        if size != AUTO:
+            return BatchChoice(size)
+        if len(work) <= 1:
+            return batch_cost.choose([], profile.proposer.kind, len(work), None)
+        refusal = batch_refusal(profile, bool(getattr(self.backend, "spread", None)))
+        if not refusal and not all(isinstance(m, OwnedModel) for m in (self.pair.target, self.pair.draft) if m):
+            refusal = "need specgen's own model step, and this pair runs on transformers"
+        if refusal:
+            return BatchChoice(1, reason=f"batch 1: batches {refusal}")
+        sampling = profile.sampling
+        key = self._pair_key(profile)
+        rows = regime(measured.load_batches(profile.runtime.measured).get(key, []), sampling.temperature,
+                      sampling.coupling)
+        if not rows:
+            sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
+            where = f" for {measured.describe_key(key)}, {sweep}"
+        else:
+            where = f" (bench's measurements, {measured.describe_key(key)}, T={rows[0]['temperature']:g})"
+        speculates = profile.proposer.kind != "none"
+        k = max([r["k"] for r in rows] + [profile.speculation.k if speculates else 0])
+        fit, memory = self._rows_fit(max(n + m for n, m in work), k, speculates)
+        return batch_cost.choose(rows, profile.proposer.kind, len(work), fit, where, memory)
+
+    def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
+        """The profile a run at `choice` decodes with: a choice from measurements takes its
+        recommendation (target-only, or its k), else the profile stands."""
+        if not choice.measured:
+            return profile
+        if not choice.speculate:
+            return target_only(profile)
+        return replace(profile, speculation=replace(profile.speculation, k=choice.k))
+
+    def _rows_fit(self, longest: int, k: int, speculates: bool) -> tuple[int | None, str]:
+        """(the rows whose caches and buffers fit in core/batch_cost.MEMORY_SHARE of the free
+        device memory, the cap in words). A row: both models' keys and values at the run's most
+        positions (its longest prompt and max_tokens, the round's reach, the caches' slack), and
+        the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None: host memory
+        is not capped (the bench ran the measured batches on this machine, and the operating
+        system pages rather than failing an allocation)."""
+        device = self.pair.device
+        if device.type != "cuda":
+            return None, f"memory not capped on {device.type}"
+        positions = longest + k + 3 + SLACK  # BatchRound.reach, and its caches' slack
+        per_row = batch_row_bytes((self.pair.target, self.pair.draft if speculates else None), positions, k,
+                                  self.width)
+        free, _ = torch.cuda.mem_get_info(device)
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # the allocator's pool
+        fit = batch_cost.memory_rows(free, per_row)
+        return fit, (f"memory holds {fit} rows ({batch_cost.MEMORY_SHARE:.0%} of {free / 2**30:.1f} GiB free, "
+                     f"{per_row / 2**20:,.1f} MiB a row at {positions:,} positions)")
+
+    def _pair_key(self, profile: Profile) -> str:
+        return measured.pair_key(profile.target.path, profile.draft.path if profile.draft else None,
+                                 device_name(self.pair.device), str(self.pair.target.dtype).removeprefix("torch."))
 
     def resolve(self, profile: Profile, proposer_kind: str | None = None,
                 insight: bool = False) -> tuple[Profile, TreeChoice | None]:
@@ -169,8 +237,7 @@ class Engine:
         if kind == "none" or refusal and width == "auto":
             why = "no proposer drafts" if kind == "none" else f"token trees {refusal}"
             return TreeChoice(1, k, reason=f"a chain: {why}")
-        key = measured.pair_key(profile.target.path, profile.draft.path if profile.draft else None,
-                                device_name(self.pair.device), str(self.pair.target.dtype).removeprefix("torch."))
+        key = self._pair_key(profile)
         folder = profile.runtime.measured
         if folder not in self._measured:
             self._measured[folder] = measured.load(folder).get(key, [])
@@ -222,6 +289,20 @@ class Engine:
         `tree_auto`: what it chose and why, None without auto (generate -v, the bench JSON)."""
         resolved, choice = self.resolve(profile, proposer_kind)
         return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None}
+
+
+def batch_row_bytes(models, positions: int, k: int, width: int) -> int:
+    """The device bytes one row of a batch takes (Engine._rows_fit): each model's keys, values and
+    slot positions at `positions` (core/step/cache.py), and the round's fp32 rows of the
+    vocabulary (logits, noise, probabilities: 3 (k + 1) + 3 of them, core/round/batch_round.py),
+    counted twice for what a step and the warp allocate on the way."""
+    total = 2 * (3 * (k + 1) + 3) * width * 4
+    for model in models:
+        if model is not None:
+            c = model.config
+            per_slot = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * model.dtype.itemsize
+            total += positions * (per_slot + 8)  # keys, values and the slot's position (int64)
+    return total
 
 
 def draft_picking(mode: str, sampling) -> tuple[bool, bool]:

@@ -1,4 +1,5 @@
-"""The facts `specgen bench` measured on this machine, kept for `tree_width` / `tree_nodes` auto.
+"""The facts `specgen bench` measured on this machine, kept for `tree_width` / `tree_nodes` auto
+and `batch_size` auto.
 
 After a complete sweep, bench writes its rows here (cli/bench.py): per pair (target, draft, device,
 dtype), one row per method it ran, target-only included (k 0), each with its sampling regime
@@ -7,6 +8,12 @@ its wall ms per round (tokens per round over the decode rate), tokens per round,
 acceptance and the rounds these came from. A later bench of the same
 pair replaces the rows of the methods it ran again and keeps the others. core/tree_cost.py chooses
 a shape from them; a run with nothing measured for its pair resolves auto to a chain.
+
+After a complete batch bench (`specgen bench --batch-size`) its rows go into the same file, under
+`batches` beside `pairs`, keyed by the same pair: one row per (batch size, k) at its sampling
+regime (k 0: target-only, proposer none), with its total tokens per second and its rows' median ms
+per token (core/batch_cost.py chooses from them). A later batch bench replaces the rows it ran
+again. `batches` is an addition within format 1: a reader that knows only `pairs` ignores it.
 
 The file is `measured.json` in `[runtime] measured` (default: specgen's folder in the user cache,
 beside `tune-kernels`' tables). A file that cannot be read or is of another format counts as nothing
@@ -23,6 +30,7 @@ from pathlib import Path
 FILE = "measured.json"
 FORMAT = 1
 SHAPE = ("proposer", "temperature", "coupling", "k", "tree_width", "tree_nodes")  # what identifies a row
+BATCH_SHAPE = ("proposer", "temperature", "coupling", "batch_size", "k")  # what identifies a batch row
 
 
 def measured_dir(folder: str = "") -> Path:
@@ -74,14 +82,28 @@ def _wall_ms(tokens_per_round: float, decode: dict | None) -> float | None:
     return 1000.0 * tokens_per_round / rate if rate else None
 
 
-def merge(old: list[dict], new: list[dict]) -> list[dict]:
-    """`old` without the rows `new` measures again, then `new`."""
-    again = {tuple(row.get(name) for name in SHAPE) for row in new}
-    return [row for row in old if tuple(row.get(name) for name in SHAPE) not in again] + new
+def batch_rows_from_bench(document: dict) -> tuple[str, list[dict]]:
+    """(pair key, rows) of a batch bench document (docs/bench-schema.md, "Batches"): each run's
+    batch size, k (0: target-only), tokens/s and median row ms per token, at its regime."""
+    pair, when = document["pair"], document.get("created")
+    key = pair_key(pair["target"], pair.get("draft"), pair["device_name"], pair["dtype"])
+    rows = [{"proposer": "draft" if r["k"] else "none", "temperature": document["temperature"],
+             "coupling": document.get("coupling"), "batch_size": r["batch_size"], "k": r["k"],
+             "tokens_per_second": r["tokens_per_second"],
+             "row_ms_per_token": (r.get("row_ms_per_token") or {}).get("median"),
+             "prompts": r.get("prompts"), "max_tokens": document.get("max_tokens"), "created": when}
+            for r in document["results"]]
+    return key, rows
 
 
-def load(folder: str = "") -> dict[str, list[dict]]:
-    """Rows by pair key; {} where nothing was written or the file cannot be read."""
+def merge(old: list[dict], new: list[dict], shape: tuple[str, ...] = SHAPE) -> list[dict]:
+    """`old` without the rows `new` measures again (the same `shape` fields), then `new`."""
+    again = {tuple(row.get(name) for name in shape) for row in new}
+    return [row for row in old if tuple(row.get(name) for name in shape) not in again] + new
+
+
+def _read(folder: str) -> dict:
+    """The file's content: {} where nothing was written, it cannot be read or is of another format."""
     path = measured_dir(folder) / FILE
     try:
         data = json.loads(path.read_text("utf-8"))
@@ -89,20 +111,43 @@ def load(folder: str = "") -> dict[str, list[dict]]:
         return {}
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("pairs"), dict):
         return {}
-    return data["pairs"]
+    return data
+
+
+def load(folder: str = "") -> dict[str, list[dict]]:
+    """Rows by pair key; {} where nothing was written or the file cannot be read."""
+    return _read(folder).get("pairs", {})
+
+
+def load_batches(folder: str = "") -> dict[str, list[dict]]:
+    """Batch rows by pair key; {} where no batch bench was kept (or the file cannot be read)."""
+    batches = _read(folder).get("batches")
+    return batches if isinstance(batches, dict) else {}
 
 
 def save(folder: str, document: dict) -> tuple[Path, int]:
     """Merge a bench document's rows into the file (written whole, then renamed into place, so a
     reader never sees half of it); (its path, the rows written)."""
     key, rows = rows_from_bench(document)
-    pairs = load(folder)
-    pairs[key] = merge(pairs.get(key, []), rows)
+    return _write(folder, "pairs", key, rows, SHAPE)
+
+
+def save_batches(folder: str, document: dict) -> tuple[Path, int]:
+    """Merge a batch bench document's rows into the file, as save() does; (its path, the rows written)."""
+    key, rows = batch_rows_from_bench(document)
+    return _write(folder, "batches", key, rows, BATCH_SHAPE)
+
+
+def _write(folder: str, table: str, key: str, rows: list[dict], shape: tuple[str, ...]) -> tuple[Path, int]:
+    data = _read(folder)
+    batches = data.get("batches")
+    tables = {"pairs": data.get("pairs", {}), "batches": batches if isinstance(batches, dict) else {}}
+    tables[table][key] = merge(tables[table].get(key, []), rows, shape)
     path = measured_dir(folder) / FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    temporary.write_text(json.dumps({"format": FORMAT, "updated": stamp, "pairs": pairs}, indent=1), "utf-8")
+    temporary.write_text(json.dumps({"format": FORMAT, "updated": stamp, **tables}, indent=1), "utf-8")
     temporary.replace(path)
     return path, len(rows)
 

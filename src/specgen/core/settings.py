@@ -153,11 +153,13 @@ class RuntimeSpec:
     # covers the checkpoint, which starts seconds sooner than transformers' modeling code, and
     # transformers for everything else; transformers = always transformers.
     modeling: str = "auto"
-    # Prompts of a --prompts-file decoded at once, each in a row of its own (generate); auto
-    # resolves to 1 for now (sizing batches from memory and measured step costs is not built).
+    # Prompts of a --prompts-file decoded at once, each in a row of its own (generate); auto: the
+    # batch size `specgen bench --batch-size` measured fastest, capped by memory and the prompts
+    # (core/batch_cost.py), 1 where nothing was measured.
     batch_size: int | str = 1
     # Folder of the facts `specgen bench` measured on this machine (step costs by rows, draft costs
-    # by width, per-depth acceptance: core/measured.py), which tree_width / tree_nodes auto read;
+    # by width, per-depth acceptance, batches' tokens/s: core/measured.py), which tree_width /
+    # tree_nodes auto and batch_size auto read;
     # "" = specgen's folder in the user cache ($XDG_CACHE_HOME/specgen, else ~/.cache/specgen).
     measured: str = ""
 

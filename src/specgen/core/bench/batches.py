@@ -14,9 +14,10 @@ caches grown to their size before the clock starts). What is measured, per run:
 Speculation costs the draft's steps and a verification step k + 1 rows wide; at batch 1 those
 are nearly free (the step streams the weights once whatever its rows), but as B grows a step's
 rows cost compute of their own and the speculative round's extra rows stop paying.
-`recommend` says, per batch size, whether the best speculative run beats target-only there and
-where speculation stops paying: the smallest measured B at which the best speculative tokens/s
-is below target-only's.
+`recommend` (core/batch_cost.py, which `batch_size` auto reads too) says, per batch size,
+whether the best speculative run beats target-only there and where speculation stops paying: the
+smallest measured B at which the best speculative tokens/s is below target-only's. A complete
+bench keeps its rows for `batch_size` auto (core/measured.py, cli/bench.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from specgen.core.batch_cost import recommend  # noqa: F401 (the bench's recommendation, batch auto's too)
 from specgen.core.stats import AcceptanceStats
 
 SCHEMA = "specgen.bench.batches/1"
@@ -80,34 +82,17 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
             "mean_accepted_length": stats.mean_accepted_length if k else None}
 
 
-def recommend(results: list[dict]) -> tuple[list[dict], int | None]:
-    """(per batch size: the best speculative run by tokens/s against target-only there, and the
-    choice; the smallest batch size at which speculation stops paying, None when it pays at every
-    one measured). Speculation pays at B when its best tokens/s is not below target-only's."""
-    out, stops = [], None
-    for batch in dict.fromkeys(r["batch_size"] for r in results):
-        rows = [r for r in results if r["batch_size"] == batch]
-        base = next((r for r in rows if r["method"] == "target-only"), None)
-        spec = [r for r in rows if r["method"] == "speculative"]
-        best = max(spec, key=lambda r: r["tokens_per_second"]) if spec else None
-        if base is None or best is None:
-            continue
-        ratio = best["tokens_per_second"] / base["tokens_per_second"] if base["tokens_per_second"] > 0 else None
-        pays = best["tokens_per_second"] >= base["tokens_per_second"]
-        if not pays and stops is None:
-            stops = batch
-        out.append({"batch_size": batch, "choice": f"k={best['k']}" if pays else "target-only",
-                    "k": best["k"] if pays else 0, "best_k": best["k"], "speculation_pays": pays,
-                    "speculative_tokens_per_second": best["tokens_per_second"],
-                    "target_only_tokens_per_second": base["tokens_per_second"], "speedup": ratio})
-    return out, stops
-
-
 def document(results: list[dict], engine, temperature: float, startup_seconds: float, prompts: int,
              max_tokens: int, incomplete: bool = False) -> dict:
     """The JSON document of a batch bench (docs/bench-schema.md, "Batches")."""
+    from specgen.core.engine import device_name
+
     recommendations, stops = recommend(results)
-    return {"schema": SCHEMA, "profile": engine.profile.name, "environment": engine.describe(),
+    profile = engine.profile
+    pair = {"target": profile.target.path, "draft": profile.draft.path if profile.draft is not None else None,
+            "device_name": device_name(engine.pair.device),
+            "dtype": str(engine.pair.target.dtype).removeprefix("torch.")}
+    return {"schema": SCHEMA, "profile": profile.name, "pair": pair, "environment": engine.describe(),
             "startup_seconds": startup_seconds, "temperature": temperature,
             "coupling": engine.profile.sampling.coupling if temperature > 0 else None,
             "prompts": prompts, "max_tokens": max_tokens,

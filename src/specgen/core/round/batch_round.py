@@ -267,6 +267,12 @@ class BatchRound:
     def draw(self, b: int, generator: torch.Generator) -> None:
         self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
 
+    def reserve(self, slots: int) -> None:
+        """Caches with room for `slots` positions per row before the run (a prompt's length,
+        max_tokens and the round's reach), so that they are not grown, nor a capture made anew,
+        while it runs: batch_size auto sized the batch for them."""
+        self._room(slots)
+
     def _room(self, slots: int) -> None:
         """Caches of B rows with room for `slots` positions (and SLACK); grown by doubling, the
         rows keeping their keys and values. Each runner reserves as much: a row's prompt is

@@ -1,0 +1,112 @@
+"""batch_size through the engine (core/engine.py `resolve_batch`): a number stands; auto from the
+batch rows bench kept for this pair on this device (core/measured.py), capped by memory on a GPU;
+the caches a run reserves, and the memory estimate against what a row's caches take."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from decode_helpers import BACKENDS, make_profile
+from specgen.core import measured
+from specgen.core.engine import Engine, batch_row_bytes, device_name
+from specgen.core.round.batch_round import SLACK
+from specgen.core.settings import ProposerSpec, RuntimeSpec
+from tiny_models import build_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("batch-auto"), noisy=0.1)
+
+
+def profile_of(pair, folder, batch_size="auto", backend: str = "torch", **proposer):
+    profile = make_profile(*pair, k=3, backend=backend, proposer=ProposerSpec(**proposer) if proposer else None,
+                           max_tokens=10)
+    return replace(profile, runtime=RuntimeSpec(threads=1, measured=str(folder), batch_size=batch_size))
+
+
+def keep(engine: Engine, folder, tps: dict) -> None:
+    """Synthetic batch bench rows for this engine's pair and device: {(batch, k): tokens/s}."""
+    profile = engine.profile
+    document = {"pair": {"target": profile.target.path, "draft": profile.draft.path,
+                         "device_name": device_name(engine.pair.device), "dtype": "float32"},
+                "temperature": 0.0, "coupling": None, "max_tokens": 10,
+                "results": [{"batch_size": b, "k": k, "tokens_per_second": v} for (b, k), v in tps.items()]}
+    measured.save_batches(str(folder), document)
+
+
+WORK = [(8, 10)] * 20  # (prompt tokens, max_tokens) of 20 prompts
+
+
+def test_a_number_stands(pair, tmp_path):
+    engine = Engine(profile_of(pair, tmp_path, 4))
+    choice = engine.resolve_batch(engine.profile, WORK)
+    assert (choice.batch, choice.measured, choice.reason) == (4, False, None)
+    assert engine.batch_profile(engine.profile, choice) is engine.profile
+
+
+def test_auto_takes_the_measured_choice_and_its_k(pair, tmp_path):
+    engine = Engine(profile_of(pair, tmp_path))
+    nothing = engine.resolve_batch(engine.profile, WORK)
+    assert (nothing.batch, nothing.measured) == (1, False)
+    assert nothing.reason.startswith("nothing measured for target + draft on ")
+    keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 2): 90, (8, 0): 80, (8, 2): 70})
+    engine = Engine(profile_of(pair, tmp_path))
+    choice = engine.resolve_batch(engine.profile, WORK)
+    assert (choice.batch, choice.speculate, choice.k, choice.measured) == (4, True, 2, True)
+    assert choice.reason.startswith("batch 4, k=2 (bench's measurements, target + draft on ")
+    resolved = engine.batch_profile(engine.profile, choice)
+    assert resolved.speculation.k == 2 and resolved.proposer.kind == "draft"
+    assert engine.resolve_batch(engine.profile, WORK[:3]).batch == 3  # never more rows than prompts
+    assert engine.resolve_batch(engine.profile, WORK[:1]).batch == 1
+
+
+def test_auto_is_batch_one_where_batches_cannot_run(pair, tmp_path):
+    engine = Engine(profile_of(pair, tmp_path, kind="ngram"))
+    choice = engine.resolve_batch(engine.profile, WORK)
+    assert (choice.batch, choice.measured) == (1, False)
+    assert choice.reason == "batch 1: batches are drafted by the draft model only, not by the ngram proposer"
+
+
+def test_a_run_reserves_its_caches_before_the_first_prompt(pair, tmp_path):
+    engine = Engine(profile_of(pair, tmp_path, 2))
+    decoder = engine.batch_decoder(2, room=300)
+    rnd = decoder.round
+    assert rnd.capacity == 300 + rnd.reach + SLACK
+    generation = rnd.generation
+    list(decoder.run([([1, 2, 3], engine.profile.sampling)] * 3))
+    assert rnd.generation == generation  # not grown while it ran
+
+
+def test_the_row_estimate_covers_a_rows_caches(pair, tmp_path):
+    """batch_row_bytes counts at least what the round's caches take per row at their capacity."""
+    engine = Engine(profile_of(pair, tmp_path, 2))
+    rnd = engine.batch_decoder(2, room=100).round
+    cached = sum(t.numel() * t.element_size() for cache in rnd.caches
+                 for t in (*cache.keys, *cache.values, *cache.copies.values())) // rnd.batch
+    estimate = batch_row_bytes((engine.pair.target, engine.pair.draft), rnd.capacity, rnd.k, engine.width)
+    assert cached <= estimate < 4 * cached + 10 * 4 * (3 * (rnd.k + 1) + 3) * engine.width
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_memory_caps_auto_on_a_gpu_only(pair, tmp_path, backend):
+    """On the CPU memory is not capped; on a GPU the reason says how many rows fit, and a row as
+    long as the free memory fits nowhere: batch 1."""
+    engine = Engine(profile_of(pair, tmp_path, backend=backend))
+    keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 2): 90})
+    engine = Engine(profile_of(pair, tmp_path, backend=backend))
+    choice = engine.resolve_batch(engine.profile, WORK)
+    assert choice.batch == 4
+    if backend == "torch":
+        assert choice.reason.endswith("; memory not capped on cpu")
+        return
+    assert "; memory holds " in choice.reason and "GiB free" in choice.reason
+    free, _ = torch.cuda.mem_get_info(engine.pair.device)
+    models = (engine.pair.target, engine.pair.draft)
+    position = batch_row_bytes(models, 2, 3, engine.width) - batch_row_bytes(models, 1, 3, engine.width)
+    huge = [(2 * free // position, 10)] * 20  # prompts whose caches alone outgrow the free memory
+    capped = engine.resolve_batch(engine.profile, huge)
+    assert capped.batch == 1 and "no measured batch fits" in capped.reason
