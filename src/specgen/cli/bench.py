@@ -138,13 +138,19 @@ def bench(
         document["incomplete"] = document["fp32_check"] is None
     if not document["incomplete"]:
         keep_measured(document, first.runtime.measured)
+    emit(document, output_format, quiet, show)
+
+
+def emit(document: dict, output_format: Format, quiet: bool, shower) -> None:
+    """The document as JSON on stdout (and, unless quiet, its table on stderr) or as the table on
+    stdout; an interrupted run then exits 130 with its partial results out."""
     if output_format == Format.json:
         sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
         sys.stdout.flush()
         if not quiet:
-            show(document, render.stderr_console())
+            shower(document, render.stderr_console())
     else:
-        show(document, Console(highlight=False, no_color=render.no_color()))
+        shower(document, Console(highlight=False, no_color=render.no_color()))
     if document["incomplete"]:
         print("specgen: interrupted", file=sys.stderr)
         raise typer.Exit(130)
@@ -200,16 +206,7 @@ def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], 
                                 engine.profile.sampling.max_tokens, incomplete)
     if not incomplete:
         keep_batch_measured(document, engine.profile.runtime.measured)
-    if output_format == Format.json:
-        sys.stdout.write(json.dumps(document, ensure_ascii=False) + "\n")
-        sys.stdout.flush()
-        if not quiet:
-            show_batches(document, render.stderr_console())
-    else:
-        show_batches(document, Console(highlight=False, no_color=render.no_color()))
-    if incomplete:
-        print("specgen: interrupted", file=sys.stderr)
-        raise typer.Exit(130)
+    emit(document, output_format, quiet, show_batches)
 
 
 def show_batches(document: dict, console: Console) -> None:
