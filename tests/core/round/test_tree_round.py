@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from decode_helpers import _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
+from specgen.core.events import Fate
 from specgen.core.round import Round, TreeRound
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
@@ -262,3 +263,48 @@ def test_what_trees_cannot_take_yet_is_a_usage_error(pair, change, message):
     profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=4), **change)
     with pytest.raises(UsageError, match=message):
         Engine(profile).decoder()
+
+
+@pytest.mark.parametrize("shape", [(3, 3, 4), (2, 3, 2)])
+def test_a_draw_accepted_outside_the_tree_is_an_accepted_draft(pair, shape):
+    """Sampled rejection coupling with drawn children and a node budget that leaves draws out of
+    the tree: where the walk accepts one of those (taken), the round ends on it, and the host
+    reports it as a draft the target accepted (fate accepted, shown as the drafted token at its
+    depth, counted in num_accepted and the stats), not as a recovered token."""
+    profile = tree_profile(pair, *shape, max_tokens=24, temperature=1.0, seed=2)
+    profile = replace(profile, speculation=replace(profile.speculation, pipeline="off"))
+    engine = Engine(profile)
+    decoder = engine.decoder()
+    rnd = decoder.round
+    assert rnd.tree.sampled
+    walks = []  # (taken, out) of each round, in order: the walk's own verdict
+    verify = rnd.coupling.verify
+
+    def recorded(*args):
+        result = verify(*args)
+        walks.append((bool(result[3][0]), result[0][0].tolist()))
+        return result
+
+    rnd.coupling.verify = recorded
+    taken_rounds = 0
+    for prompt in random_prompts(200, 6, seed=9):
+        walks.clear()
+        events = list(decoder.run(prompt))
+        finished, rounds = events[-1], events[:-1]
+        assert len(rounds) == len(walks)
+        for event, (taken, out) in zip(rounds, walks):
+            assert event.token_ids == [t for t in out if t >= 0]
+            if taken:
+                taken_rounds += 1
+                assert event.fates == [Fate.ACCEPTED] * len(event.token_ids)
+                assert event.num_accepted == len(event.token_ids) <= event.num_drafted
+                assert event.drafted_ids[: event.num_accepted] == event.token_ids
+            else:
+                assert event.fates[-1] in (Fate.RECOVERED, Fate.BONUS)
+                assert event.num_accepted == len(event.token_ids) - 1
+        stats = finished.stats
+        assert stats.accepted == finished.fates.count(Fate.ACCEPTED) == sum(e.num_accepted for e in rounds)
+        assert stats.recovered == finished.fates.count(Fate.RECOVERED)
+        assert stats.bonus == finished.fates.count(Fate.BONUS)
+        assert stats.accepted_at[0] == sum(e.num_accepted > 0 for e in rounds)
+    assert taken_rounds > 0, "no walk accepted a draw outside the tree: pick other seeds"
