@@ -116,6 +116,28 @@ def test_tree_rounds_on_the_triton_round_ops_give_target_only_tokens(pair, sampl
     assert finish(decoder, prompt).token_ids == reference
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/test_round_ops.py runs the kernels")
+def test_taken_draws_on_the_triton_round_ops_are_the_torch_tables(pair):
+    """Sampled rejection coupling with drawn children on the round's Triton table (the recursive
+    walk kernel's taken flag through the staged ids), in the interpreter: the tokens and fates of
+    the torch table, rounds that end on a draw accepted outside the tree included."""
+    from gpu_helpers import KernelRunners, kernels
+    from specgen.gpu.round_ops import TritonRoundOps
+    from specgen.gpu.workspace import Workspace
+
+    profile = tree_profile(pair, 2, 3, 2, max_tokens=10, temperature=1.0, seed=2)
+    prompt = random_prompts(200, 1, seed=9)[0]
+    want = list(Engine(profile).decoder().run(prompt))
+    backend = KernelRunners(kernels())
+    backend.ops = TritonRoundOps(Workspace(backend.device))
+    decoder = Engine(profile, backend=backend).decoder()
+    assert decoder.round.tree.sampled and decoder.round.ops is backend.ops
+    got = list(decoder.run(prompt))
+    assert [(e.token_ids, e.fates, e.drafted_ids) for e in got[:-1]] == \
+        [(e.token_ids, e.fates, e.drafted_ids) for e in want[:-1]]
+    assert any(e.fates[-1] == Fate.ACCEPTED for e in want[:-1]), "no round ended on a taken draw"
+
+
 def test_tree_rows_count_each_paths_drafts_and_mask_by_depth():
     """Row r's penalty counts are a chain's after the drafts on r's path (its ancestors below the
     root, then r), and min_tokens masks the stop ids in rows of depth < min_tokens - generated."""
