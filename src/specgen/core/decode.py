@@ -183,7 +183,7 @@ class Decoder:
         the proposers' verdict, then (with the next round queued as soon as this one is known not
         to end the run) detokenizing, stop strings, statistics and the event."""
         run, spec = self.current, self.setup.sampling
-        ids, drafted, n, p, q, entropy = self._fetch(launched)
+        ids, drafted, n, taken, p, q, entropy = self._fetch(launched)
         # The round's tokens are on the host now: the time they count at. Not when the event is
         # yielded: on the CPU the next round's launch runs it to the end before that.
         fetched = time.perf_counter()
@@ -192,9 +192,11 @@ class Decoder:
             launched.k_used = max(0, min(self.setup.k, spec.max_tokens - len(run.out.ids) - 1))
         self.backend.check(ids[0])
         emitted = [t for t in ids if t >= 0]
-        num_accepted = len(emitted) - 1
+        # a tree's walk may end on a draw it accepted outside the tree (taken): a draft accepted too
+        num_accepted = len(emitted) - 1 + int(taken)
         drafted = self._cut_at_stop(drafted[:n])
-        fates = [Fate.ACCEPTED] * num_accepted + [Fate.BONUS if num_accepted == n else Fate.RECOVERED]
+        fates = [Fate.ACCEPTED] * num_accepted + \
+            ([] if taken else [Fate.BONUS if num_accepted == n else Fate.RECOVERED])
         run.reason, emitted, fates = self._stop_tokens(emitted, fates)
         logprobs = self._logprobs(emitted, spec) if spec.logprobs is not None else None
         self._follow(launched, emitted, num_accepted)
@@ -280,11 +282,10 @@ class Decoder:
     def _fetch(self, launched: _Launched):
         """The round's one sync, then plain host reads of its staged results."""
         self.clocks[launched.slot].wait()
-        k, rnd = self.setup.k, self.round
-        values = self.host_ids[launched.slot].tolist()
-        floats = self.host_f[launched.slot].tolist()
-        p, q, entropy = rnd.read_floats(floats, launched.mode)
-        return values[: k + 1], values[k + 1 : 2 * k + 1], values[2 * k + 1], p, q, entropy
+        rnd = self.round
+        ids, drafted, n, taken = rnd.read_ids(self.host_ids[launched.slot].tolist())
+        p, q, entropy = rnd.read_floats(self.host_f[launched.slot].tolist(), launched.mode)
+        return ids, drafted, n, taken, p, q, entropy
 
     def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int) -> None:
         """Host proposers and adaptive k learn the round's verdict before the next round."""

@@ -27,7 +27,7 @@ EXAMPLES = 3  # contexts kept per rejected token
 class RoundRecord:
     drafted_ids: list[int]
     num_accepted: int
-    token_ids: list[int]  # emitted: accepted + (recovered | bonus), cut at a stop token
+    token_ids: list[int]  # emitted: accepted + (recovered | bonus; none after a tree's taken draw), cut at a stop token
     target_p: list[float] | None = None  # [drafted] p(x) of each drafted token
     draft_q: list[float] | None = None  # [drafted] q(x) of each drafted token
     target_entropy: list[float] | None = None  # [drafted] entropy of p at each drafted position (nats)

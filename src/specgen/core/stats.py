@@ -3,7 +3,8 @@
 acceptance rate = accepted / drafted; mean accepted length = emitted tokens per round (accepted + 1);
 per-position acceptance = P(draft position i accepted | position i was drafted).
 Token trees: a drawn child that the node budget left out of the tree, accepted by the recursive
-walk, ends the round and counts as recovered, not accepted (docs/sampling.md, "Token trees").
+walk, ends the round and counts as accepted, with no recovered or bonus token after it
+(docs/sampling.md, "Token trees").
 
 Rates (one definition each, used by generate, bench and the live view):
 generation rate = tokens / seconds from the run's start to its last token (prefill included);
@@ -44,7 +45,9 @@ class AcceptanceStats:
         self.accepted += num_accepted
         self.emitted += num_emitted
         self.early_stops += int(early_stop)
-        if num_emitted > num_accepted:  # a round cut short by a stop token ends on an accepted token
+        # a round cut short by a stop token ends on an accepted token, as does a tree's that ends on
+        # a draw accepted outside the tree
+        if num_emitted > num_accepted:
             if num_accepted == num_drafted:
                 self.bonus += 1
             else:

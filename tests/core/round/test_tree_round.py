@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from decode_helpers import _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
+from specgen.core.events import Fate
 from specgen.core.round import Round, TreeRound
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
@@ -113,6 +114,28 @@ def test_tree_rounds_on_the_triton_round_ops_give_target_only_tokens(pair, sampl
     decoder = Engine(profile, backend=backend).decoder()
     assert isinstance(decoder.round, TreeRound) and decoder.round.ops is backend.ops
     assert finish(decoder, prompt).token_ids == reference
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, tests/gpu/test_round_ops.py runs the kernels")
+def test_taken_draws_on_the_triton_round_ops_are_the_torch_tables(pair):
+    """Sampled rejection coupling with drawn children on the round's Triton table (the recursive
+    walk kernel's taken flag through the staged ids), in the interpreter: the tokens and fates of
+    the torch table, rounds that end on a draw accepted outside the tree included."""
+    from gpu_helpers import KernelRunners, kernels
+    from specgen.gpu.round_ops import TritonRoundOps
+    from specgen.gpu.workspace import Workspace
+
+    profile = tree_profile(pair, 2, 3, 2, max_tokens=10, temperature=1.0, seed=2)
+    prompt = random_prompts(200, 1, seed=9)[0]
+    want = list(Engine(profile).decoder().run(prompt))
+    backend = KernelRunners(kernels())
+    backend.ops = TritonRoundOps(Workspace(backend.device))
+    decoder = Engine(profile, backend=backend).decoder()
+    assert decoder.round.tree.sampled and decoder.round.ops is backend.ops
+    got = list(decoder.run(prompt))
+    assert [(e.token_ids, e.fates, e.drafted_ids) for e in got[:-1]] == \
+        [(e.token_ids, e.fates, e.drafted_ids) for e in want[:-1]]
+    assert any(e.fates[-1] == Fate.ACCEPTED for e in want[:-1]), "no round ended on a taken draw"
 
 
 def test_tree_rows_count_each_paths_drafts_and_mask_by_depth():
@@ -262,3 +285,48 @@ def test_what_trees_cannot_take_yet_is_a_usage_error(pair, change, message):
     profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=4), **change)
     with pytest.raises(UsageError, match=message):
         Engine(profile).decoder()
+
+
+@pytest.mark.parametrize("shape", [(3, 3, 4), (2, 3, 2)])
+def test_a_draw_accepted_outside_the_tree_is_an_accepted_draft(pair, shape):
+    """Sampled rejection coupling with drawn children and a node budget that leaves draws out of
+    the tree: where the walk accepts one of those (taken), the round ends on it, and the host
+    reports it as a draft the target accepted (fate accepted, shown as the drafted token at its
+    depth, counted in num_accepted and the stats), not as a recovered token."""
+    profile = tree_profile(pair, *shape, max_tokens=24, temperature=1.0, seed=2)
+    profile = replace(profile, speculation=replace(profile.speculation, pipeline="off"))
+    engine = Engine(profile)
+    decoder = engine.decoder()
+    rnd = decoder.round
+    assert rnd.tree.sampled
+    walks = []  # (taken, out) of each round, in order: the walk's own verdict
+    verify = rnd.coupling.verify
+
+    def recorded(*args):
+        result = verify(*args)
+        walks.append((bool(result[3][0]), result[0][0].tolist()))
+        return result
+
+    rnd.coupling.verify = recorded
+    taken_rounds = 0
+    for prompt in random_prompts(200, 6, seed=9):
+        walks.clear()
+        events = list(decoder.run(prompt))
+        finished, rounds = events[-1], events[:-1]
+        assert len(rounds) == len(walks)
+        for event, (taken, out) in zip(rounds, walks):
+            assert event.token_ids == [t for t in out if t >= 0]
+            if taken:
+                taken_rounds += 1
+                assert event.fates == [Fate.ACCEPTED] * len(event.token_ids)
+                assert event.num_accepted == len(event.token_ids) <= event.num_drafted
+                assert event.drafted_ids[: event.num_accepted] == event.token_ids
+            else:
+                assert event.fates[-1] in (Fate.RECOVERED, Fate.BONUS)
+                assert event.num_accepted == len(event.token_ids) - 1
+        stats = finished.stats
+        assert stats.accepted == finished.fates.count(Fate.ACCEPTED) == sum(e.num_accepted for e in rounds)
+        assert stats.recovered == finished.fates.count(Fate.RECOVERED)
+        assert stats.bonus == finished.fates.count(Fate.BONUS)
+        assert stats.accepted_at[0] == sum(e.num_accepted > 0 for e in rounds)
+    assert taken_rounds > 0, "no walk accepted a draw outside the tree: pick other seeds"

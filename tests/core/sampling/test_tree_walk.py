@@ -28,6 +28,7 @@ from specgen.core.round.tree import draw_children
 from specgen.core.sampling import rejection, tree_walk
 from specgen.core.sampling import warp as sampling
 from specgen.core.settings import SamplingSpec
+from tree_walk_cases import K, OUT, PATH, TAKEN, outside_tree_inputs
 
 VOCAB, DEPTH, WIDTH = 30, 2, 2
 ROUNDS = 40_000
@@ -132,7 +133,7 @@ def _no_zeroing(probs, uniforms, expo):
             index = torch.where(accept, i, index)
             hit = hit | accept
         token = torch.where(hit, kid_tokens.gather(1, index[:, None])[:, 0], (p / expo).argmax(1))
-        return hit, index, token
+        return hit, hit, index, token
 
     return pick
 
@@ -151,9 +152,9 @@ def test_the_walk_stops_at_the_drafts_that_count():
     rounds = 5000
     uniforms = sampling.uniforms((rounds, DEPTH, WIDTH), gen, "cpu")
     expo = sampling.exponentials((rounds, VOCAB), gen, "cpu")
-    out, path, _ = tree_walk.sibling_walk(children.expand(rounds, -1, -1), tokens.expand(rounds, -1),
-                                          probs.expand(rounds, -1, -1), uniforms, expo,
-                                          torch.tensor([1], dtype=torch.int32), DEPTH)
+    out, path, _, _ = tree_walk.sibling_walk(children.expand(rounds, -1, -1), tokens.expand(rounds, -1),
+                                             probs.expand(rounds, -1, -1), uniforms, expo,
+                                             torch.tensor([1], dtype=torch.int32), DEPTH)
     assert (out[:, 2] == -1).all() and (path[:, 1] == 0).all()
     went = out[:, 0] == tokens[1]
     assert torch.equal(out[went, 1], (probs[1] / expo[went]).argmax(1))
@@ -182,8 +183,8 @@ def test_greedy_walk_follows_the_targets_tokens(seed):
     tokens = [rng.randrange(4) for _ in range(rows)]
     choice = [rng.randrange(4) for _ in range(rows)]
     limit = rng.randint(0, k)
-    out, path, _ = tree_walk.greedy_walk(torch.tensor(children)[None], torch.tensor(tokens)[None],
-                                         torch.tensor(choice)[None], torch.tensor([limit], dtype=torch.int32), k)
+    out, path, _, _ = tree_walk.greedy_walk(torch.tensor(children)[None], torch.tensor(tokens)[None],
+                                            torch.tensor(choice)[None], torch.tensor([limit], dtype=torch.int32), k)
     want_out, want_path = python_greedy(children, tokens, choice, limit, k)
     assert out[0].tolist() == want_out and path[0].tolist() == want_path
 
@@ -236,13 +237,15 @@ def drawn_trees(layout, p: torch.Tensor, q: torch.Tensor, gen: torch.Generator):
     return children.expand(ROUNDS, -1, -1), drawn, tokens, p[tokens], q[tokens]
 
 
-def recursive_outputs(layout, p, q, seed: int) -> torch.Tensor:
+def recursive_outputs(layout, p, q, seed: int, whole: bool = False):
+    """out [ROUNDS, DEPTH + 1] of ROUNDS walks of `layout` (whole: the walk's four outputs)."""
     gen = torch.Generator().manual_seed(seed)
     children, drawn, tokens, probs, q_rows = drawn_trees(layout, p, q, gen)
     uniforms = sampling.uniforms((ROUNDS, DEPTH, WIDTH), gen, "cpu")
     expo = sampling.exponentials((ROUNDS, VOCAB), gen, "cpu")
     limit = torch.tensor([DEPTH], dtype=torch.int32)
-    return tree_walk.recursive_walk(children, drawn, tokens, probs, q_rows, uniforms, expo, limit, DEPTH)[0]
+    walked = tree_walk.recursive_walk(children, drawn, tokens, probs, q_rows, uniforms, expo, limit, DEPTH)
+    return walked if whole else walked[0]
 
 
 def markov_pvalues(out: torch.Tensor, p: torch.Tensor, followed: int = FOLLOWED) -> list[float]:
@@ -266,8 +269,10 @@ def markov_pvalues(out: torch.Tensor, p: torch.Tensor, followed: int = FOLLOWED)
 @pytest.mark.parametrize("combo", list(COMBOS))
 def test_recursive_walk_over_drawn_children_emits_the_target_distribution(combo, layout):
     p, q = markov(len(combo), COMBOS[combo])
-    out = recursive_outputs(LAYOUTS[layout], p, q, seed=len(combo) + 200)
+    out, _, _, taken = recursive_outputs(LAYOUTS[layout], p, q, seed=len(combo) + 200, whole=True)
     assert (out[:, DEPTH] >= 0).sum() > 200, "too few rounds accepted a whole path"
+    # a round ends on a draw accepted outside the tree only where the tree leaves draws out
+    assert bool(taken.any()) == (layout == "pruned")
     assert min(markov_pvalues(out, p)) > RECURSIVE_ALPHA
 
 
@@ -351,3 +356,25 @@ def test_a_residual_rounded_to_zero_accepts_nothing_and_draws_from_p():
     accepted, tried = rest.try_draft(torch.tensor([[1]]), torch.tensor([0.5]), torch.tensor([True]))
     assert tried.item() and not accepted.item()
     assert rest.draw(torch.tensor([[1.0, 0.1, 1.0]])).item() == 1
+
+
+def test_an_accepted_draw_outside_the_tree_is_taken():
+    """Recursive rejection accepts a drawn child the tree left out (tests/tree_walk_cases.py):
+    the walk emits it and ends, and `taken` says the token is a draft the target accepted, where
+    a recovered token (the residual's, or p's race with no draft counting) is not."""
+    out, path, shown, taken = tree_walk.recursive_walk(*outside_tree_inputs(), K)
+    assert out.tolist() == OUT and path.tolist() == PATH and taken.tolist() == TAKEN
+    assert shown[0].tolist() == [1, 1]  # the tree's best child: the host shows the taken token instead
+
+
+@pytest.mark.parametrize("walk", ["greedy", "sibling"])
+def test_walks_over_tree_children_take_nothing(walk):
+    """Every child the greedy and sibling walks accept is a tree row: taken is 0."""
+    children, _, tokens, probs, _, uniforms, expo, limit = outside_tree_inputs()
+    children = torch.tensor([[1, 2], [-1, -1], [-1, -1]]).expand(len(TAKEN), -1, -1)
+    tokens = torch.tensor([0, 1, 2]).expand(len(TAKEN), -1)
+    if walk == "greedy":
+        result = tree_walk.greedy_walk(children, tokens, probs.argmax(-1), limit, K)
+    else:
+        result = tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, K)
+    assert (result[1][:, 0] > 0).any() and not result[3].any()

@@ -1,5 +1,5 @@
-"""gpu/kernels/tree_walk.py against core/sampling/tree_walk.py (the torch references): out, path
-and shown equal (torch.equal) for the greedy, sibling and recursive walks.
+"""gpu/kernels/tree_walk.py against core/sampling/tree_walk.py (the torch references): out, path,
+shown and taken equal (torch.equal) for the greedy, sibling and recursive walks.
 
 Random trees of several shapes (k, width, rows), B > 1, limits 0, 1 and k (one for all
 trees) and one per tree, small token ranges so that children match, duplicate siblings, drawn
@@ -17,6 +17,7 @@ from specgen.core.sampling import tree_walk
 from specgen.core.sampling import warp as sampling
 from specgen.gpu.kernels import tree_walk as gpu_walk
 from specgen.gpu.workspace import Workspace
+from tree_walk_cases import K, OUT, TAKEN, outside_tree_inputs
 
 SHAPES = [(1, 1, 2), (2, 2, 5), (3, 3, 12), (4, 2, 9), (5, 4, 24)]  # (k, width, rows)
 # the interpreter replays a node's rejections per block: the widest tree takes ~15 s a case
@@ -59,7 +60,8 @@ def probabilities(batch: int, rows: int, vocab: int, gen: torch.Generator, draft
 
 
 def assert_walks_equal(want, got) -> None:
-    for name, a, b in zip(("out", "path", "shown"), want, got):
+    assert len(want) == len(got) == 4
+    for name, a, b in zip(("out", "path", "shown", "taken"), want, got):
         assert torch.equal(a, b), f"{name}:\n{a.tolist()}\n{b.tolist()}"
 
 
@@ -176,17 +178,31 @@ def test_the_walks_cover_acceptance_rejection_and_the_bonus():
     shape, batch = (3, 3, 12), 100
     limit = torch.tensor([3], dtype=torch.int32, device=DEVICE)
     children, tokens, probs, uniforms, expo = sibling_inputs(shape, batch, 40, gen)
-    out, _, _ = tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, 3)
+    out, _, _, taken = tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, 3)
     kid_tokens = tokens.gather(1, children[:, 0].clamp(min=0))  # the root's children's
     later = (out[:, :1] == kid_tokens[:, 1:]).any(1) & (out[:, 0] != kid_tokens[:, 0]) & (children[:, 0, 1] >= 0)
     emitted = (out >= 0).sum(1)
     assert (emitted == 4).any() and (emitted == 1).any() and later.any()
+    assert not taken.any()  # the tree holds every sibling
     children, drawn, *rest = recursive_inputs(shape, batch, 40, gen)
-    out, path, _ = tree_walk.recursive_walk(children, drawn, *rest, limit, 3)
+    out, path, _, taken = tree_walk.recursive_walk(children, drawn, *rest, limit, 3)
     later = (out[:, :1] == drawn[:, 0, 1:]).any(1) & (out[:, 0] != drawn[:, 0, 0])
     outside = ((out[:, :1] == drawn[:, 0]) & (children[:, 0] < 0)).any(1) & (path[:, 0] == 0)  # a draw, no row
     emitted = (out >= 0).sum(1)
     assert (emitted == 4).any() and (emitted == 1).any() and later.any() and outside.any()
+    # taken: the walk ended on an accepted draw outside the tree, at the root (where it is one of
+    # `outside`'s: a draw, no row) and deeper down
+    taken, root = taken.bool(), path[:, 0] == 0
+    assert (taken & root).any() and not (taken & root & ~outside).any() and (taken & ~root).any()
+
+
+def test_the_kernel_takes_the_crafted_draws_outside_the_tree():
+    """tests/tree_walk_cases.py: the walks that end on a draw accepted outside the tree, and
+    those that do not, as the reference (and by hand)."""
+    want = tree_walk.recursive_walk(*outside_tree_inputs(), K)
+    got = gpu_walk.recursive_walk(*outside_tree_inputs(DEVICE), K, Workspace(DEVICE))
+    assert_walks_equal(want, [t.cpu() for t in got])
+    assert got[3].tolist() == TAKEN and got[0].tolist() == OUT
 
 
 def test_an_error_flag_leaves_the_sentinel():
@@ -195,6 +211,6 @@ def test_an_error_flag_leaves_the_sentinel():
     children, tokens = on(random_tree(2, 2, 5, 3, gen), torch.randint(0, 3, (3, 5), generator=gen))
     workspace = Workspace(DEVICE)
     workspace.error.fill_(1)
-    out, _, _ = gpu_walk.greedy_walk(children, tokens, tokens, torch.tensor([2], dtype=torch.int32, device=DEVICE),
+    out, _, _, _ = gpu_walk.greedy_walk(children, tokens, tokens, torch.tensor([2], dtype=torch.int32, device=DEVICE),
                                      2, workspace)
     assert out[:, 0].tolist() == [-2, -2, -2]

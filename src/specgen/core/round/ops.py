@@ -52,7 +52,7 @@ class RoundOps(Protocol):
                       max_spec_len: int) -> torch.Tensor: ...
 
     def greedy_walk(self, children, tokens, choice, limit, k: int) -> tuple:
-        """A token tree's walk (out, path, shown): core/sampling/tree_walk.py's, as are the two below."""
+        """A token tree's walk (out, path, shown, taken): core/sampling/tree_walk.py's, as are the two below."""
 
     def sibling_walk(self, children, tokens, probs, uniforms, expo, limit, k: int) -> tuple: ...
 

@@ -86,6 +86,13 @@ class Shared:
         self.target_logits = torch.full((k + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.stage_ids = torch.zeros(2 * k + 2, dtype=torch.long, **z)  # [out (k+1) | drafts (k) | n]
 
+    def read_ids(self, values: list[int]) -> tuple[list[int], list[int], int, bool]:
+        """(out, drafted ids, drafts that count, whether the last token out is a draft accepted)
+        from the host's copy of stage_ids. A chain's last token is never a draft: its accepted
+        drafts come first, then the recovered or bonus token."""
+        k = self.k
+        return values[: k + 1], values[k + 1 : 2 * k + 1], values[2 * k + 1], False
+
     @property
     def ops(self):  # the backend's table (core/round/ops.py), read at each call (CUDA's follows the target)
         return self.backend.ops

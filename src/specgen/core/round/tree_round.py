@@ -10,7 +10,9 @@ buffers, with a tree drafter, tree verification and a commit that compacts both 
              coupling walks siblings
     commit   the accepted path's K/V moves to the slots after each cache's committed prefix (the
              step's `compact` op), so the next round starts as after a chain; the ids are staged
-             as a chain round stages them (out | the drafts the walk followed | drafts that count)
+             as a chain round stages them (out | the drafts the walk followed | drafts that count),
+             then `taken`: 1 where the walk ended on a drawn child it accepted outside the tree
+             (the drafts staged show that token at its depth), which the host counts as accepted
 
 Every shape is fixed by (k, width, nodes): no host sync, nothing the next round needs is
 allocated. A width of 1 never comes here: that is the chain round (core/round/round.py).
@@ -200,6 +202,8 @@ class TreeRound(Round):
         draft_params = WarpParams.from_spec(draft_spec(spec, shape.draft_pick != "temperature"), w, self.device)
         self.drafter = TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
         self.drafters = {Mode.MODEL: self.drafter}
+        # the chain's layout and one slot more: [out (k+1) | drafts (k) | n | taken]
+        self.stage_ids = torch.zeros(2 * k + 3, dtype=torch.long, device=self.device)
 
     @property
     def reach(self) -> int:
@@ -220,9 +224,9 @@ class TreeRound(Round):
         self.target.step_rows(rows, self.tree_logits)
         mark()
         penalties, bad = self.tree_rows.target_rows(self.tree, rows)
-        out, path, shown = self.coupling.verify(self.tree, rows, self.params, penalties, bad)
+        out, path, shown, taken = self.coupling.verify(self.tree, rows, self.params, penalties, bad)
         self.keep_path_rows(path[0], penalties, bad)
-        self.commit(out[0], path[0], shown[0])
+        self.commit(out[0], path[0], shown[0], taken[0])
         self.rows.penalties.commit(out[0])
         mark()
 
@@ -235,9 +239,10 @@ class TreeRound(Round):
             penalties = PenaltyRows(penalties.counts[rows], penalties.seen[rows])
         self.rows.last = (self.rows.params, penalties, bad[rows] if bad is not None and bad.dim() == 2 else bad)
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor) -> None:
+    def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor) -> None:
         """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes, the draft
-        the m - 2 of them that it stepped (its last two ids wait in `pending`)."""
+        the m - 2 of them that it stepped (its last two ids wait in `pending`). A last token
+        `taken` (a draw accepted outside the tree) has no K/V in either cache, as a recovered one."""
         k, target, draft = self.k, self.target, self.drafter.chain.runner
         emitted = (out >= 0).sum()
         steps = self.steps[:k]
@@ -247,7 +252,9 @@ class TreeRound(Round):
             dst = draft.position + steps[: k - 1]
             src = draft.position + self.tree.offset[path[: k - 1]]
             draft.compact(torch.where(steps[: k - 1] < emitted - 2, src, dst), dst)
-        torch.cat([out, shown, self.num_drafts.long()], out=self.stage_ids)
+        # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
+        shown = torch.where((taken > 0) & (steps == emitted - 1), out[:k], shown)
+        torch.cat([out, shown, self.num_drafts.long(), taken.view(1)], out=self.stage_ids)
         ids = torch.cat([self.feed[0, :1], out])  # the root, then the round's tokens
         self.drafter.chain.pending[0].copy_(ids.index_select(0, emitted - 1 + self.steps[:2]))
         self.feed[0, :1].copy_(out.index_select(0, (emitted - 1).view(1)))
@@ -255,3 +262,8 @@ class TreeRound(Round):
         draft.position.add_(emitted - 2)
         self.emitted.copy_(emitted)
         self.generated.add_(emitted)
+
+    def read_ids(self, values: list[int]) -> tuple[list[int], list[int], int, bool]:
+        """As a chain's, and the last token out a draft where the walk took it outside the tree."""
+        ids, drafted, n, _ = super().read_ids(values)
+        return ids, drafted, n, values[2 * self.k + 2] == 1

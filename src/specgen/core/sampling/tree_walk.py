@@ -9,6 +9,9 @@ most `limit` ([1] or [B] int32, the drafts that count) deep, and writes:
     path   [B, k]: the accepted nodes' rows (0 past them)
     shown  [B, k]: per depth, the node the walk followed or, once stopped, the draft's best child
            below (its token is what the host reports as drafted; a branch that ends repeats its last)
+    taken  [B] int64: 1 where the last emitted token is a child the walk accepted that is not in
+           the tree (drawn children only: a drafted token the target accepted, which ends the walk
+           as a recovered token would), else 0; the host counts it as accepted (core/round/tree_round.py)
 
 Greedy and Gumbel coupling: `choice` [B, R] is the target's token at each row (its argmax, or the
 race x = argmax p~/E with noise keyed by the row's absolute position); the walk moves to the child
@@ -25,7 +28,8 @@ Rejection coupling with drawn children (`recursive_walk`), exact for children c_
 from the draft's q without replacement, in that order: r = p, q_1 = q; accept c_i with probability
 min(1, r(c_i) / q_i(c_i)); on rejection r <- max(0, r − q_i) normalised and q_(i+1) = q_i without
 c_i, normalised; if every child is rejected, the token is drawn from r. A child accepted but not in
-the tree (the budget left it out) is emitted and ends the walk, like a recovered token. At w = 1
+the tree (the budget left it out) is emitted and ends the walk, like a recovered token, but it is
+a drafted token the target accepted: `taken` says so. At w = 1
 this is the chain's rule (core/sampling/rejection.py), bit for bit.
 
 Sums over V (the normaliser of what is left at a node) are `total`'s: each value truncated to a
@@ -41,10 +45,12 @@ from typing import Callable
 
 import torch
 
-# pick(depth, node, kids, kid_tokens, allowed) -> (hit, child index among kids, token), each [B]:
-# the token emitted at `node` (the accepted child's when hit); kids, kid_tokens [B, w]
+# pick(depth, node, kids, kid_tokens, allowed) -> (hit, accepted, child index, token), each [B]:
+# hit: the walk moves to a child in the tree; accepted: the token is a child accepted, in the tree
+# (hit) or not; the token emitted at `node` (the accepted child's when accepted); kids, kid_tokens [B, w]
 Pick = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+Walk = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (out, path, shown, taken)
 
 
 FIXED = 2.0**60  # the unit of `total`'s integer sums: rows of probabilities sum to < 8
@@ -61,18 +67,20 @@ def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def walk(children: torch.Tensor, tokens: torch.Tensor, limit: torch.Tensor, k: int, pick: Pick,
-         bonus: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out [B, k + 1], path [B, k], shown [B, k]); bonus(node): the token after k accepted."""
+         bonus: Callable[[torch.Tensor], torch.Tensor]) -> Walk:
+    """(out [B, k + 1], path [B, k], shown [B, k], taken [B]); bonus(node): the token after k accepted."""
     b, device = tokens.shape[0], tokens.device
     out = torch.full((b, k + 1), -1, dtype=torch.long, device=device)
     path = torch.zeros(b, k, dtype=torch.long, device=device)
     shown = torch.zeros(b, k, dtype=torch.long, device=device)
     node = follow = torch.zeros(b, dtype=torch.long, device=device)
     alive = torch.ones(b, dtype=torch.bool, device=device)
+    taken = torch.zeros(b, dtype=torch.bool, device=device)
     for depth in range(k):
         kids = _at(children, node)  # [B, w]
         kid_tokens = tokens.gather(1, kids.clamp(min=0))
-        hit, index, token = pick(depth, node, kids, kid_tokens, alive & (limit > depth))
+        hit, accepted, index, token = pick(depth, node, kids, kid_tokens, alive & (limit > depth))
+        taken = taken | (accepted & ~hit)  # accepted only where allowed: at most once, where the walk stops
         nxt = kids.gather(1, index[:, None])[:, 0]
         out[:, depth] = torch.where(alive, token, -1)
         path[:, depth] = torch.where(hit, nxt, 0)
@@ -81,23 +89,24 @@ def walk(children: torch.Tensor, tokens: torch.Tensor, limit: torch.Tensor, k: i
         shown[:, depth] = tokens.gather(1, follow[:, None])[:, 0]
         alive, node = hit, torch.where(hit, nxt, node)
     out[:, k] = torch.where(alive, bonus(node), -1)
-    return out, path, shown
+    return out, path, shown, taken.long()
 
 
 def greedy_walk(children: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor, limit: torch.Tensor,
-                k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                k: int) -> Walk:
     """Follow the child equal to the target's token choice [B, R] at each node."""
 
     def pick(depth, node, kids, kid_tokens, allowed):
         x = choice.gather(1, node[:, None])[:, 0]
         match = (kids >= 0) & (kid_tokens == x[:, None])
-        return match.any(1) & allowed, match.int().argmax(1), x
+        hit = match.any(1) & allowed
+        return hit, hit, match.int().argmax(1), x
 
     return walk(children, tokens, limit, k, pick, lambda node: choice.gather(1, node[:, None])[:, 0])
 
 
 def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor,
-                 expo: torch.Tensor, limit: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 expo: torch.Tensor, limit: torch.Tensor, k: int) -> Walk:
     """Rejection coupling's walk: probs [B, R, V] the target's warped p per row, uniforms [B, k, w]
     in (0, 1], expo [B, V] Exp(1) (the one recovered or bonus token's race)."""
 
@@ -116,14 +125,14 @@ def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tens
             left.scatter_(1, token, torch.where(valid & ~accept, 0.0, mass)[:, None])
         residual = torch.where((left > 0).any(1, keepdim=True), left, p)
         recovered = (residual / expo).argmax(1)
-        return hit, index, torch.where(hit, kid_tokens.gather(1, index[:, None])[:, 0], recovered)
+        return hit, hit, index, torch.where(hit, kid_tokens.gather(1, index[:, None])[:, 0], recovered)
 
     return walk(children, tokens, limit, k, pick, lambda node: (_at(probs, node) / expo).argmax(1))
 
 
 def recursive_walk(children: torch.Tensor, drawn: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
                    q: torch.Tensor, uniforms: torch.Tensor, expo: torch.Tensor, limit: torch.Tensor,
-                   k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   k: int) -> Walk:
     """Rejection coupling's walk over drawn children: drawn [B, R, w] each row's children's tokens
     in draw order (-1: none drawn; children [B, R, w] their rows by the same rank, -1: not in the
     tree), q [B, R, V] the draft's warped q they were drawn from, probs, uniforms, expo as for
@@ -143,7 +152,7 @@ def recursive_walk(children: torch.Tensor, drawn: torch.Tensor, tokens: torch.Te
             rest.reject(token, tried & ~accept)
         chosen = draws.gather(1, index[:, None])[:, 0]
         hit = accepted & (kids.gather(1, index[:, None])[:, 0] >= 0)
-        return hit, index, torch.where(accepted, chosen, rest.draw(expo))
+        return hit, accepted, index, torch.where(accepted, chosen, rest.draw(expo))
 
     return walk(children, tokens, limit, k, pick, lambda node: (_at(probs, node) / expo).argmax(1))
 

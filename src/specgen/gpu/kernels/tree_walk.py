@@ -1,6 +1,6 @@
 """A token tree's walk in one launch: core/sampling/tree_walk.py's greedy_walk, sibling_walk and
 recursive_walk (the references, and the glossary), with the same outputs out [B, k + 1], path
-[B, k] and shown [B, k], bit for bit.
+[B, k], shown [B, k] and taken [B], bit for bit.
 
 Why: the reference walks depth by depth in some ten tensor ops a depth, and the sampled walks add
 V-long ops per sibling; captured, a k = 4, width 2 tree round spent 0.58 ms walking and committing
@@ -39,7 +39,7 @@ _UNIT = tl.constexpr(1.0 / FIXED)
 
 
 def greedy_walk(children: torch.Tensor, tokens: torch.Tensor, choice: torch.Tensor, limit: torch.Tensor, k: int,
-                workspace: Workspace, dependent: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                workspace: Workspace, dependent: bool = False) -> tuple:
     """choice [B, R] int64: the target's token at each row (its argmax, or the Gumbel race's)."""
     assert choice.shape == tokens.shape and choice.dtype == torch.int64
     return _walk(GREEDY, children, tokens, limit, k, workspace, dependent, choice=choice)
@@ -47,7 +47,7 @@ def greedy_walk(children: torch.Tensor, tokens: torch.Tensor, choice: torch.Tens
 
 def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor,
                  expo: torch.Tensor, limit: torch.Tensor, k: int, workspace: Workspace,
-                 dependent: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 dependent: bool = False) -> tuple:
     """probs [B, R, V], uniforms [B, k, w], expo [B, V] float32."""
     return _walk(SIBLING, children, tokens, limit, k, workspace, dependent, probs=probs, uniforms=uniforms,
                  expo=expo)
@@ -55,7 +55,7 @@ def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tens
 
 def recursive_walk(children: torch.Tensor, drawn: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
                    q: torch.Tensor, uniforms: torch.Tensor, expo: torch.Tensor, limit: torch.Tensor, k: int,
-                   workspace: Workspace, dependent: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   workspace: Workspace, dependent: bool = False) -> tuple:
     """drawn [B, R, w] int64 the drawn children's tokens, q [B, R, V] the draft's q; as sibling_walk."""
     assert drawn.shape == children.shape and drawn.dtype == torch.int64 and q.shape == probs.shape
     return _walk(RECURSIVE, children, tokens, limit, k, workspace, dependent, probs=probs, uniforms=uniforms,
@@ -80,14 +80,15 @@ def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=No
     out = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     path = torch.empty(batch, k, dtype=torch.int64, device=device)
     shown = torch.empty(batch, k, dtype=torch.int64, device=device)
+    taken = torch.empty(batch, dtype=torch.int64, device=device)
     _walk_kernel[(batch,)](
-        out, path, shown, children.contiguous(), tokens.contiguous(), limit, *dense, workspace.error,
+        out, path, shown, taken, children.contiguous(), tokens.contiguous(), limit, *dense, workspace.error,
         rows, k, vocab, 0 if limit.numel() == 1 else 1,
         MODE=mode, W=width, WB=max(2, triton.next_power_of_2(width)),
         BLOCK_V=min(MAX_BLOCK_V, max(16, triton.next_power_of_2(vocab))), DEPENDENT=dependent,
         num_warps=1 if mode == GREEDY else 8, enable_fp_fusion=False, **launch_options(dependent),
     )
-    return out, path, shown
+    return out, path, shown, taken
 
 
 # ----------------------------------------------------------------------------------------------
@@ -100,6 +101,7 @@ def _walk_kernel(
     out_ptr,  # [B, k + 1] int64
     path_ptr,  # [B, k] int64
     shown_ptr,  # [B, k] int64
+    taken_ptr,  # [B] int64
     children_ptr,  # [B, R, W] int64
     tokens_ptr,  # [B, R] int64
     limit_ptr,  # [1] or [B] int32
@@ -130,6 +132,7 @@ def _walk_kernel(
     node = b * 0  # tree row of the walk's node
     follow = b * 0  # the row whose token `shown` repeats
     alive = b >= 0
+    taken = b < 0  # the last token a child accepted outside the tree
     for depth in range(k):
         kids = tl.load(children_ptr + (first_row + node) * W + lane, mask=lane < W, other=-1)
         kid_tokens = tl.load(tokens_ptr + first_row + tl.maximum(kids, 0), mask=lane < W, other=0)
@@ -141,15 +144,18 @@ def _walk_kernel(
             hit = allowed & (index < W)
             index = tl.where(index < W, index, 0)
             token = x
+            accepted = hit
         elif MODE == 1:
             hit, index, token = _sibling_pick(probs_ptr + (first_row + node) * vocab, expo_row,
                                               uniform_ptr + (b * k + depth) * W, kids, kid_tokens, alive, allowed,
                                               lane, vocab, W, BLOCK_V)
+            accepted = hit
         else:
-            hit, index, token = _recursive_pick(probs_ptr + (first_row + node) * vocab,
+            hit, accepted, index, token = _recursive_pick(probs_ptr + (first_row + node) * vocab,
                                                 q_ptr + (first_row + node) * vocab, expo_row,
                                                 drawn_ptr + (first_row + node) * W, uniform_ptr + (b * k + depth) * W,
                                                 kids, alive, allowed, lane, vocab, W, BLOCK_V)
+        taken = taken | (accepted & ~hit)
         nxt = _lane(kids, index, lane)
         tl.store(out_ptr + b * (k + 1) + depth, tl.where(alive, token, -1))
         tl.store(path_ptr + b * k + depth, tl.where(hit, nxt, 0))
@@ -168,6 +174,7 @@ def _walk_kernel(
                           lane * 0, none, tl.zeros([WB], tl.float32), tl.zeros([WB], tl.float32), lane, vocab,
                           MODE, W, BLOCK_V)
     tl.store(out_ptr + b * (k + 1) + k, tl.where(alive, bonus, -1))
+    tl.store(taken_ptr + b, taken.to(tl.int64))
     tl.debug_barrier()  # the sentinel overwrites out[b, 0], which another thread may have written
     error = tl.load(error_ptr)
     if error != 0:
@@ -263,7 +270,7 @@ def _recursive_pick(p_row, q_row, expo_row, drawn_row, uniform_row, kids, alive,
     token = _lane(draws, index, lane)
     if alive & ~accepted:
         token = _race(p_row, q_row, expo_row, tokens, rejected, zs, kepts, lane, vocab, 2, W, BLOCK_V)
-    return hit, index, token
+    return hit, accepted, index, token
 
 
 @triton.jit
