@@ -248,7 +248,7 @@ def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair:
     if kind == "hybrid":
         return ("are drafted by the draft model or by prompt lookup, not yet by the hybrid proposer "
                 "(its lookup trees and the model's are not merged)")
-    if kind not in ("draft", "ngram") or profile.proposer.drafter(kind) != ("draft" if kind == "draft" else "none"):
+    if kind not in ("draft", "ngram"):
         return f"are drafted by the draft model or by prompt lookup (ngram) only, not by the {kind} proposer"
     if spread:
         return "need each model on one GPU, and this run spreads one over several"

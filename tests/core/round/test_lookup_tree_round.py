@@ -146,3 +146,57 @@ def test_a_tree_accepts_more_per_round_than_the_chain_where_continuations_differ
         assert events[-1].token_ids == finish(engine.decoder(target_only(shaped)), prompt).token_ids
         first[width] = events[0].num_accepted
     assert first[1] == 0 and first[2] >= len(right)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)])
+def test_captured_lookup_tree_rounds_give_target_only_tokens(target, sampling):
+    """On a GPU the lookup tree round (the staged tree's copies, the target's tree step, the walk,
+    the compaction) is one captured program: greedy and Gumbel-coupled text is still target-only's."""
+    engine = Engine(lookup_profile(target, 4, 3, 12, backend="cuda", **sampling))
+    decoder = engine.decoder()
+    assert engine.backend.name == "cuda" and all(getattr(program, "eager", None) is None and program.graphs
+                                                 for program in decoder.programs.values())
+    for prompt in repetitive_prompts(4, engine.pair.vocab_size, seed=9):
+        want = finish(engine.decoder(target_only(engine.profile)), prompt).token_ids
+        assert finish(engine.decoder(), prompt).token_ids == want
+
+
+def warped_next(model, ids: list[int], spec) -> torch.Tensor:
+    from specgen.core.sampling.warp import WarpParams, warp
+
+    logits = torch.log(next_token_probs(model, ids))[None]
+    return warp(logits, WarpParams.from_spec(spec, 1))[1][0]
+
+
+@pytest.mark.slow
+def test_sampled_lookup_tree_rounds_follow_the_target_distribution(target):
+    """Rejection coupling through whole lookup tree rounds (the sibling walk over the trie's one-hot
+    children): χ² of the first emitted token, and of the next after the most common first, against
+    the target's warped p. The prompt's unigram s was followed by the target's likeliest tokens,
+    so the root's children carry much of p. α = 1e-4 per test: false failures below 2e-4."""
+    from scipy.stats import chisquare
+
+    from decode_helpers import _chi2_pvalue
+
+    profile = lookup_profile(target, 3, 3, 8, max_tokens=3, temperature=1.0, top_k=12)
+    engine = Engine(profile)
+    model, vocab = engine.pair.target, engine.pair.vocab_size
+    head, s = [11, 12, 13], 14
+    likely = [1, 2, 3]
+    for _ in range(3):  # the children follow the target's likeliest next tokens, as far as that goes
+        prompt = head + sum(([s, t] for t in likely), []) + [s]
+        likely = warped_next(model, prompt, profile.sampling).topk(3).indices.tolist()
+    lookup = TreeLookup(1, 3, 3, 8)
+    lookup.start(prompt)
+    assert len([p for p in lookup.lookup(3).parents if p == -1]) >= 2  # branches at the root
+    runs = []
+    for seed in range(1500):
+        seeded = replace(profile, sampling=replace(profile.sampling, seed=seed))
+        runs.append(finish(engine.decoder(seeded), prompt).token_ids)
+    firsts = [ids[0] for ids in runs]
+    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
+    common = max(set(firsts), key=firsts.count)
+    follow = [ids[1] for ids in runs if ids[0] == common]
+    assert len(follow) > 100
+    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4
