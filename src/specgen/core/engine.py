@@ -13,7 +13,7 @@ from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
 from specgen.core.drafters.heads import build_heads
 from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair, logits_width
-from specgen.core.drafters.ngram import NgramProposer
+from specgen.core.drafters.ngram import NgramProposer, TreeLookup
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_round import SLACK, BatchRound
 from specgen.core import batch_cost, measured
@@ -116,6 +116,8 @@ class Engine:
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
+        if lookup is not None and shape.tree_width > 1:  # ngram only: tree_refusal refuses hybrid
+            lookup = TreeLookup(spec.ngram_min, spec.ngram_max, shape.tree_width, shape.tree_nodes)
         setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context,
                             pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
@@ -324,13 +326,17 @@ def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair:
     over several GPUs (its step crosses devices; tree rows do not yet)."""
     from specgen.core.step.model import OwnedModel
 
-    if profile.proposer.drafter(kind) != "draft" or kind != "draft":
-        return f"are drafted by the draft model only, not by the {kind} proposer"
+    if kind == "hybrid":
+        return ("are drafted by the draft model or by prompt lookup, not yet by the hybrid proposer "
+                "(its lookup trees and the model's are not merged)")
+    if kind not in ("draft", "ngram"):
+        return f"are drafted by the draft model or by prompt lookup (ngram) only, not by the {kind} proposer"
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
-    if not all(isinstance(model, OwnedModel) for model in (pair.target, pair.draft)):
+    models = (pair.target, pair.draft) if kind == "draft" else (pair.target,)
+    if not all(isinstance(model, OwnedModel) for model in models):
         return "need specgen's own model step, and this pair runs on transformers"
-    if insight or profile.proposer.draft_p_min > 0:
+    if insight or kind == "draft" and profile.proposer.draft_p_min > 0:
         return "do not take insight or draft_p_min yet"
     return ""
 

@@ -1,7 +1,7 @@
 """The round with a token tree (speculation.tree_width > 1): the chain round's host side and
 buffers, with a tree drafter, tree verification and a commit that compacts both caches.
 
-    draft    the draft model steps over `pending` (the root's children: level 1), then once per
+    draft    the host's lookup tree (core/round/host_tree.py, the ngram proposer), or the draft model steps over `pending` (the root's children: level 1), then once per
              level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py)
     select   the n best candidates by cumulative draft log-probability, as tree rows
     target   one step over the root and the n nodes (core/step/rows.tree)
@@ -24,6 +24,7 @@ import torch
 
 from specgen.core.round.couplings import GumbelCoupling
 from specgen.core.round.drafters import draft_spec
+from specgen.core.round.host_tree import HostTree
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.stage import NoStage
@@ -66,6 +67,19 @@ class TreeDraft:
             tree.expand(level, self.logq(self.level_logits, level), noise(level), start, ops)
         tree.select(rnd.target.position.view(1), ops)  # the target's rows past its own position
         rnd.ops.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
+
+    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+        """The draft keeps the m - 2 accepted nodes it stepped (m = emitted; its last two ids wait
+        in `pending`). Before the round's `last` moves (pending reads it)."""
+        rnd, draft = self.rnd, self.chain.runner
+        k, steps = rnd.k, rnd.steps
+        if k > 1:
+            dst = draft.position + steps[: k - 1]
+            src = draft.position + self.tree.offset[path[: k - 1]]
+            draft.compact(torch.where(steps[: k - 1] < emitted - 2, src, dst), dst)
+        ids = torch.cat([rnd.feed[0, :1], out])  # the root, then the round's tokens
+        self.chain.pending[0].copy_(ids.index_select(0, emitted - 1 + steps[:2]))
+        draft.position.add_(emitted - 2)
 
     def state(self) -> list[torch.Tensor]:
         return self.chain.state()
@@ -200,10 +214,17 @@ class TreeRound(Round):
         # the draft scores children without penalties or min_tokens: any deterministic children, and
         # any q that drawn children come from, are lossless, and the target's rows apply both
         draft_params = WarpParams.from_spec(draft_spec(spec, shape.draft_pick != "temperature"), w, self.device)
-        self.drafter = TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
-        self.drafters = {Mode.MODEL: self.drafter}
+        self.drafter, mode = self._tree_drafter(shape, draft_params)
+        self.drafters = {mode: self.drafter}
         # the chain's layout and one slot more: [out (k+1) | drafts (k) | n | taken]
         self.stage_ids = torch.zeros(2 * k + 3, dtype=torch.long, device=self.device)
+
+    def _tree_drafter(self, shape, draft_params: WarpParams) -> tuple:
+        """(the drafter part, the mode it runs in): the host's lookup tree where no model drafts."""
+        if shape.drafter == "none":
+            return HostTree(self, self.tree, self.drafter), Mode.HOST
+        return TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling), \
+            Mode.MODEL
 
     @property
     def reach(self) -> int:
@@ -240,26 +261,20 @@ class TreeRound(Round):
         self.rows.last = (self.rows.params, penalties, bad[rows] if bad is not None and bad.dim() == 2 else bad)
 
     def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor) -> None:
-        """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes, the draft
-        the m - 2 of them that it stepped (its last two ids wait in `pending`). A last token
-        `taken` (a draw accepted outside the tree) has no K/V in either cache, as a recovered one."""
-        k, target, draft = self.k, self.target, self.drafter.chain.runner
+        """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes; the drafter
+        keeps what it needs of its own (TreeDraft.commit, HostTree.commit). A last token `taken` (a
+        draw accepted outside the tree) has no K/V in any cache, as a recovered one."""
+        k, target = self.k, self.target
         emitted = (out >= 0).sum()
         steps = self.steps[:k]
         dst = target.position + 1 + steps
         target.compact(torch.where(steps < emitted - 1, target.position + path, dst), dst)
-        if k > 1:
-            dst = draft.position + steps[: k - 1]
-            src = draft.position + self.tree.offset[path[: k - 1]]
-            draft.compact(torch.where(steps[: k - 1] < emitted - 2, src, dst), dst)
+        self.drafter.commit(out, path, emitted)
         # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
         shown = torch.where((taken > 0) & (steps == emitted - 1), out[:k], shown)
         torch.cat([out, shown, self.num_drafts.long(), taken.view(1)], out=self.stage_ids)
-        ids = torch.cat([self.feed[0, :1], out])  # the root, then the round's tokens
-        self.drafter.chain.pending[0].copy_(ids.index_select(0, emitted - 1 + self.steps[:2]))
         self.feed[0, :1].copy_(out.index_select(0, (emitted - 1).view(1)))
         target.position.add_(emitted)
-        draft.position.add_(emitted - 2)
         self.emitted.copy_(emitted)
         self.generated.add_(emitted)
 

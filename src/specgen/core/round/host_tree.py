@@ -1,0 +1,100 @@
+"""A token tree the host drafted: prompt lookup's trie (core/drafters/ngram.py lookup_tree), the
+drafter part of a TreeRound whose proposer is `ngram` (no draft model, no head).
+
+Before each round the host packs the tree into one int64 buffer and copies it to the device in one
+copy: the nodes' tokens and parents as tree rows (row 0 the root, the round's `last`; row 1 + i
+node i), each row's children by rank, and the target's rows relative to its committed prefix
+(core/step/rows.tree over the parents, computed on the host: the tree's shape is known there). The
+body copies the tree into the round's Tree buffers and adds the target's position to the rows,
+so a round reads nothing the host wrote into the Tree itself (a capture's warm-up may replay the
+body: it is idempotent).
+
+The envelope is static: a lookup's m <= n nodes fill rows 1 .. m; rows m + 1 .. n are padding, a
+child of the root with token 0 that no children table names, so no walk ever follows one. A
+padding row costs its row in the target's step and nothing else (its key and value land past the
+accepted path, which the commit's compaction overwrites or leaves behind the position).
+
+The children are a deterministic function of the committed sequence, so q is one-hot: greedy and
+Gumbel coupling follow the target's token, rejection coupling walks the siblings
+(core/sampling/tree_walk.py), all lossless. `num_drafts` is the tree's depth (the walk's limit:
+the host capped the lookup at the round's budget, max_tokens included).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.core.drafters.ngram import LookupTree
+from specgen.core.round.tree import Tree
+from specgen.core.step.rows import tree as tree_rows
+
+
+class HostTree:
+    """Drafts the host wrote as a tree; `follower` (NoDraft) prefills the target."""
+
+    one_hot = True
+
+    def __init__(self, rnd, tree: Tree, follower):
+        self.rnd, self.tree, self.follower = rnd, tree, follower
+        self.runners = follower.runners
+        k, w, n = tree.k, tree.w, tree.n
+        self.sizes = [n, n + 1, (n + 1) * w, n + 1, n + 1, (n + 1) * (k + 1), 1]
+        self.staged = torch.zeros(sum(self.sizes), dtype=torch.long, device=rnd.device)
+        ids, parents, children, depth, positions, path, budget = self.staged.split(self.sizes)
+        self.ids, self.parents, self.depth, self.positions, self.budget = ids, parents, depth, positions, budget
+        self.children = children.view(n + 1, w)
+        self.path = path.view(n + 1, k + 1)
+        self.slots = torch.arange(n + 1, device=rnd.device)  # row r's slot past the prefix (static)
+
+    def pack(self, drafted: LookupTree | list) -> torch.Tensor:
+        """The staged buffer's contents on the host for a lookup's tree (an empty one: [] too)."""
+        k, w, n = self.tree.k, self.tree.w, self.tree.n
+        tokens, parents = (drafted.tokens, drafted.parents) if drafted else ([], [])
+        m = len(tokens)
+        if m > n or len(parents) != m:
+            raise ValueError(f"a host tree of {m} nodes ({len(parents)} parents) in an envelope of {n}")
+        rows = [-1] + [p + 1 for p in parents] + [0] * (n - m)  # parents as tree rows; padding: the root's
+        children = [-1] * ((n + 1) * w)
+        ranks, depth = [0] * (n + 1), [0] * (m + 1)  # depth: below the root
+        for row in range(1, m + 1):
+            up = rows[row]
+            if not 0 <= up < row or ranks[up] >= w:
+                raise ValueError(f"node {row - 1}: parent {up - 1} is not an earlier node with room for a child")
+            children[up * w + ranks[up]] = row
+            ranks[up] += 1
+            depth[row] = depth[up] + 1
+        if max(depth) > k:
+            raise ValueError(f"a host tree of depth {max(depth)} in an envelope of depth {k}")
+        ids = [0] + list(tokens) + [0] * (n - m)
+        at = tree_rows(torch.tensor([ids]), torch.tensor(rows), 0, levels=k + 1)
+        return torch.cat([torch.tensor(ids[1:] + rows + children), at.depth[0], at.positions[0],
+                          at.tail[0].reshape(-1), torch.tensor([max(depth)])])
+
+    def set_drafts(self, drafted: LookupTree | list) -> None:
+        """The next round's tree (one host-to-device copy)."""
+        self.staged.copy_(self.pack(drafted), non_blocking=True)
+
+    def prefill(self, ids: list[int]) -> None:
+        self.follower.prefill(ids)
+
+    def draft(self) -> None:
+        rnd, tree = self.rnd, self.tree
+        start = rnd.target.position
+        tree.ids[0, :1].copy_(rnd.feed[0, :1])
+        tree.ids[0, 1:].copy_(self.ids)
+        tree.parents.copy_(self.parents)
+        tree.children.copy_(self.children)
+        tree.depth[0].copy_(self.depth)
+        torch.add(self.positions, start, out=tree.positions[0])
+        torch.add(self.slots, start, out=tree.slots[0])
+        torch.add(self.path, start, out=tree.path[0])
+        rnd.num_drafts.copy_(self.budget)
+
+    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+        """No cache besides the target's: nothing to keep."""
+
+    def follow(self) -> None:
+        pass
+
+    def state(self) -> list[torch.Tensor]:
+        return []
