@@ -424,7 +424,7 @@ def test_tree_shapes_that_do_not_fit_a_k_are_left_out_of_its_runs():
 
 @pytest.mark.parametrize("args, message", [
     (("--tree-nodes", "4"), "--tree-nodes sizes a tree, and no --tree-width was given"),
-    (("--tree-width", "2", "--proposer", "ngram"), "token trees are drafted by the draft model only, not by ngram"),
+    (("--tree-width", "2", "--proposer", "hybrid"), "(ngram) only, not by hybrid"),
     (("--tree-width", "2,4", "--tree-nodes", "30"), "--tree-nodes (30) must be 0 (= k) or from --k (2) to 6"),
 ])
 def test_tree_sweeps_that_cannot_run_are_usage_errors(tiny, monkeypatch, args, message):

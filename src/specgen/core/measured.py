@@ -154,7 +154,7 @@ def _write(folder: str, table: str, key: str, rows: list[dict], shape: tuple[str
 
 def auto_from_bench(document: dict) -> list[dict]:
     """What `tree_width` / `tree_nodes` auto would choose from this bench's own rows alone, per
-    sweep at its recommended k (the draft proposer's: trees are drafted by the draft model only)."""
+    sweep at its recommended k (the draft proposer's: auto reads the draft model's trees from a bench)."""
     from specgen.core.tree_cost import choose, regime
 
     _, rows = rows_from_bench(document)
