@@ -64,14 +64,14 @@ class Prediction:
 
     @property
     def rate(self) -> float:
-        """Tokens per second."""
+        """Tokens per second while decoding: no prefill, so above bench's tok/s column, which counts it."""
         return 1000.0 * self.tokens / self.ms if self.ms > 0 else 0.0
 
     def label(self) -> str:
         if self.width == 0:
-            return f"target-only {self.rate:,.0f} tok/s (measured)"
+            return f"target-only {self.rate:,.0f} decode tok/s (measured)"
         shape = "chain" if self.width == 1 else f"w={self.width} n={self.nodes}"
-        return f"{shape} {self.rate:,.0f} tok/s ({'measured' if self.measured else 'modelled'})"
+        return f"{shape} {self.rate:,.0f} decode tok/s ({'measured' if self.measured else 'modelled'})"
 
 
 @dataclass(frozen=True)
