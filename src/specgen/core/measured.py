@@ -35,8 +35,13 @@ BATCH_SHAPE = ("proposer", "temperature", "coupling", "batch_size", "k")  # what
 
 def measured_dir(folder: str = "") -> Path:
     """The profile's [runtime] measured folder, else specgen's folder in the user's cache directory."""
-    if folder:
-        return Path(folder).expanduser()
+    return Path(folder).expanduser() if folder else user_cache()
+
+
+def user_cache() -> Path:
+    """specgen's folder in the user's cache directory ($XDG_CACHE_HOME/specgen, else
+    ~/.cache/specgen): where measured facts and tuned tables go unless the profile names a
+    folder. The standard's location, not a switch: the profile's fields choose."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen"
 
 

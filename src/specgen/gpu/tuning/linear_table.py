@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,7 +186,9 @@ def tables_dir(folder: str = "") -> Path:
     tables, else specgen's folder in the user's cache directory."""
     if folder:
         return Path(folder).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen" / "kernels"
+    from specgen.core.measured import user_cache
+
+    return user_cache() / "kernels"
 
 
 def for_run(folder: str = "") -> LinearTable:
