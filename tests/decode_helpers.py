@@ -97,3 +97,30 @@ def draft_follows(engine, decoder, prompt: list[int], token_ids: list[int]) -> N
     fresh = EagerRunner(engine.pair.draft, engine.width, len(seen) + 8)
     want = fresh.forward(torch.tensor(seen, dtype=torch.long))[-1]
     assert relative_error(got, want) < 1e-4, "the draft's logits after the run are not a fresh forward's"
+
+
+def warped_next(model, ids: list[int], spec) -> torch.Tensor:
+    """The target's warped p [V] after ids, as the sampler warps it (spec: a SamplingSpec)."""
+    from specgen.core.sampling.warp import WarpParams, warp
+
+    logits = torch.log(next_token_probs(model, ids))[None]
+    return warp(logits, WarpParams.from_spec(spec, 1))[1][0]
+
+
+def assert_first_two_follow_p(engine, profile, prompt: list[int], model, runs: int = 1500) -> None:
+    """Decode prompt `runs` times with seeds 0.. : χ² of the first emitted token against the
+    target's warped p, and of the next after the most common first (over 100 samples), at α = 1e-4."""
+    from dataclasses import replace
+
+    from scipy.stats import chisquare
+
+    outputs = []
+    for seed in range(runs):
+        seeded = replace(profile, sampling=replace(profile.sampling, seed=seed))
+        outputs.append(finish(engine.decoder(seeded), prompt).token_ids)
+    firsts = [ids[0] for ids in outputs]
+    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
+    common = max(set(firsts), key=firsts.count)
+    follow = [ids[1] for ids in outputs if ids[0] == common]
+    assert len(follow) > 100
+    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_helpers import finish, make_profile, next_token_probs
+from decode_helpers import assert_first_two_follow_p, finish, make_profile, next_token_probs, warped_next
 from specgen.core.engine import Engine, target_only
 from specgen.core.round import Mode, Round, TreeRound
 from specgen.core.round.host_tree import HostTree
@@ -162,26 +162,16 @@ def test_captured_lookup_tree_rounds_give_target_only_tokens(target, sampling):
         assert finish(engine.decoder(), prompt).token_ids == want
 
 
-def warped_next(model, ids: list[int], spec) -> torch.Tensor:
-    from specgen.core.sampling.warp import WarpParams, warp
-
-    logits = torch.log(next_token_probs(model, ids))[None]
-    return warp(logits, WarpParams.from_spec(spec, 1))[1][0]
-
-
 @pytest.mark.slow
 def test_sampled_lookup_tree_rounds_follow_the_target_distribution(target):
     """Rejection coupling through whole lookup tree rounds (the sibling walk over the trie's one-hot
     children): χ² of the first emitted token, and of the next after the most common first, against
     the target's warped p. The prompt's unigram s was followed by the target's likeliest tokens,
     so the root's children carry much of p. α = 1e-4 per test: false failures below 2e-4."""
-    from scipy.stats import chisquare
-
-    from decode_helpers import _chi2_pvalue
 
     profile = lookup_profile(target, 3, 3, 8, max_tokens=3, temperature=1.0, top_k=12)
     engine = Engine(profile)
-    model, vocab = engine.pair.target, engine.pair.vocab_size
+    model = engine.pair.target
     head, s = [11, 12, 13], 14
     likely = [1, 2, 3]
     for _ in range(3):  # the children follow the target's likeliest next tokens, as far as that goes
@@ -190,13 +180,4 @@ def test_sampled_lookup_tree_rounds_follow_the_target_distribution(target):
     lookup = TreeLookup(1, 3, 3, 8)
     lookup.start(prompt)
     assert len([p for p in lookup.lookup(3).parents if p == -1]) >= 2  # branches at the root
-    runs = []
-    for seed in range(1500):
-        seeded = replace(profile, sampling=replace(profile.sampling, seed=seed))
-        runs.append(finish(engine.decoder(seeded), prompt).token_ids)
-    firsts = [ids[0] for ids in runs]
-    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
-    common = max(set(firsts), key=firsts.count)
-    follow = [ids[1] for ids in runs if ids[0] == common]
-    assert len(follow) > 100
-    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4
+    assert_first_two_follow_p(engine, profile, prompt, model)

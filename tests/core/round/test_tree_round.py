@@ -16,7 +16,7 @@ import torch
 from dataclasses import replace
 from types import SimpleNamespace
 
-from decode_helpers import _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
+from decode_helpers import assert_first_two_follow_p, finish, make_profile, random_prompts
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.events import Fate
@@ -24,7 +24,7 @@ from specgen.core.round import Round, TreeRound
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
 from specgen.core.round.tree_round import TreeRows
-from specgen.core.sampling.warp import WarpParams, penalty_rows, warp
+from specgen.core.sampling.warp import penalty_rows
 from specgen.core.step import rows as rowsets
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
@@ -181,11 +181,6 @@ DRAWN_CASES = {
 }
 
 
-def warped_next(model, ids: list[int], spec) -> torch.Tensor:
-    logits = torch.log(next_token_probs(model, ids))[None]
-    return warp(logits, WarpParams.from_spec(spec, 1))[1][0]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(DRAWN_CASES))
 def test_sampled_tree_rounds_follow_the_target_distribution(pair, case):
@@ -193,24 +188,13 @@ def test_sampled_tree_rounds_follow_the_target_distribution(pair, case):
     walk, or top-w children and the sibling walk; the commit): χ² of the first emitted token, and
     of the next one after the most common first, against the target's exact warped p. α = 1e-4
     per test (6 tests): false failures below 6e-4."""
-    from scipy.stats import chisquare
-
     shape, sampling, pick = DRAWN_CASES[case]
     profile = tree_profile(pair, *shape, max_tokens=5, **sampling)
     profile = replace(profile, speculation=replace(profile.speculation, draft_sampling=pick))
     engine = Engine(profile)
     assert engine.decoder().round.tree.sampled == (pick == "auto")
     prompt, model = [7, 8, 9], engine.pair.target
-    runs = []
-    for seed in range(1500):
-        seeded = replace(profile, sampling=replace(profile.sampling, seed=seed))
-        runs.append(finish(engine.decoder(seeded), prompt).token_ids)
-    firsts = [ids[0] for ids in runs]
-    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
-    common = max(set(firsts), key=firsts.count)
-    follow = [ids[1] for ids in runs if ids[0] == common]
-    assert len(follow) > 100
-    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4
+    assert_first_two_follow_p(engine, profile, prompt, model)
 
 
 @pytest.mark.parametrize("sampling, pick, drawn", [
