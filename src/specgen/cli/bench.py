@@ -253,17 +253,23 @@ def batch_recommendation_lines(document: dict) -> list[Text]:
     return lines
 
 
+def record_measured(document: dict, save) -> None:
+    """Run save() -> (path, rows) and note in the document's `measured` where the rows went, or
+    why they did not (an unwritable folder is reported, never fatal)."""
+    try:
+        path, rows = save()
+    except OSError as error:
+        document["measured"] = {"path": None, "rows": 0, "error": f"{error.strerror}: {error.filename}"}
+        return
+    document["measured"] = {"path": str(path), "rows": rows, "error": None}
+
+
 def keep_batch_measured(document: dict, folder: str) -> None:
     """A complete batch bench's rows into the measured facts `batch_size` auto reads
     (core/measured.py); the document's `measured` says where (or why not), as the sweep's does."""
     from specgen.core import measured
 
-    try:
-        path, rows = measured.save_batches(folder, document)
-    except OSError as error:
-        document["measured"] = {"path": None, "rows": 0, "error": f"{error.strerror}: {error.filename}"}
-        return
-    document["measured"] = {"path": str(path), "rows": rows, "error": None}
+    record_measured(document, lambda: measured.save_batches(folder, document))
 
 
 def validate(settings_for, plan, named: bool) -> None:
@@ -347,12 +353,7 @@ def keep_measured(document: dict, folder: str) -> None:
     from specgen.core import measured
 
     document["auto"] = measured.auto_from_bench(document)
-    try:
-        path, rows = measured.save(folder, document)
-    except OSError as error:
-        document["measured"] = {"path": None, "rows": 0, "error": f"{error.strerror}: {error.filename}"}
-        return
-    document["measured"] = {"path": str(path), "rows": rows, "error": None}
+    record_measured(document, lambda: measured.save(folder, document))
 
 
 def fp32_sweeps(plan) -> tuple:
