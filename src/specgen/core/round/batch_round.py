@@ -314,7 +314,9 @@ class BatchRound:
         runner, cache, n = self.runners[which], self.caches[which], len(ids)
         runner.reset()
         with torch.inference_mode():
-            runner.forward(torch.tensor(ids, dtype=torch.long), want_logits=False)
+            # the ids from pinned staging, the copy queued: a pageable copy would wait for the round
+            # in flight (and the runner's own copy of them would be another)
+            runner.forward(self.staging.put(torch.tensor(ids, dtype=torch.long)), want_logits=False)
             alone = runner.cache
             for mine, theirs in ((cache.keys, alone.keys), (cache.values, alone.values)):
                 for row, one in zip(mine, theirs):
