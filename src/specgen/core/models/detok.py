@@ -16,13 +16,23 @@ class IncrementalDetokenizer:
         self.ids = list(prompt_ids[-CONTEXT:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        # the prefix window's text, kept while the offsets stay: ids only grow, so ids[prefix_offset:
+        # read_offset] and its decode are the same until they move (a held-back id, as within a
+        # multi-byte character, then costs one decode, not two)
+        self._prefix: tuple[tuple[int, int], str] | None = None
+
+    def _prefix_text(self) -> str:
+        window = (self.prefix_offset, self.read_offset)
+        if self._prefix is None or self._prefix[0] != window:
+            self._prefix = window, self._decode(self.ids[self.prefix_offset:self.read_offset])
+        return self._prefix[1]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def add(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        prefix = self._prefix_text()
         text = self._decode(self.ids[self.prefix_offset:])
         if len(text) <= len(prefix) or text.endswith(REPLACEMENT):
             return ""
@@ -31,7 +41,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end stays U+FFFD)."""
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        prefix = self._prefix_text()
         text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
         return text[len(prefix):] if len(text) > len(prefix) else ""
