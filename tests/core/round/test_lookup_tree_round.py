@@ -148,6 +148,17 @@ def test_a_tree_accepts_more_per_round_than_the_chain_where_continuations_differ
     assert first[1] == 0 and first[2] >= len(right)
 
 
+def test_a_fresh_host_tree_is_the_empty_tree(target):
+    """A capture's warm-ups run the body before the host set any tree: what it reads then must be a
+    tree (the empty one, rows at depth >= 1), or Gumbel coupling indexes noise row -1 (on a GPU a
+    device-side assert in the captured program)."""
+    engine = Engine(lookup_profile(target, 4, 3, 12, temperature=0.9, top_p=0.95, coupling="gumbel", seed=7))
+    drafter = engine.decoder().round.drafter
+    assert isinstance(drafter, HostTree)
+    assert torch.equal(drafter.staged, drafter.pack([]).to(drafter.staged.device))
+    assert int(drafter.depth.min()) >= 1 and int(drafter.budget) == 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)])
 def test_captured_lookup_tree_rounds_give_target_only_tokens(target, sampling):

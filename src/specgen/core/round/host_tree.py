@@ -45,6 +45,9 @@ class HostTree:
         self.children = children.view(n + 1, w)
         self.path = path.view(n + 1, k + 1)
         self.slots = torch.arange(n + 1, device=rnd.device)  # row r's slot past the prefix (static)
+        # an empty tree until the host sets one: a capture's warm-ups run the body before any
+        # set_drafts, and zeros are no tree (depth 0 indexes the Gumbel noise row -1)
+        self.staged.copy_(self.pack([]))
 
     def pack(self, drafted: LookupTree | list) -> torch.Tensor:
         """The staged buffer's contents on the host for a lookup's tree (an empty one: [] too)."""
