@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specgen.core.round.batch_round import FIELDS, RowParams
-from specgen.core.round.staging import Staging
+from specgen.core.round.staging import Staging, _Buffer
 from specgen.core.settings import SamplingSpec
 
 SPECS = [
@@ -87,3 +87,11 @@ def test_staging_never_rewrites_a_buffer_whose_copy_is_queued():
         with torch.inference_mode(mode):
             again = staging.put(torch.ones(3, dtype=torch.long))
         assert len(staging.buffers) == len(puts) and again.tolist() == [1, 1, 1]
+
+
+def test_buffers_of_two_sizes_are_told_apart_by_identity():
+    """Growing a buffer finds it among the others: buffers compare by identity, never by their
+    tensors (an elementwise compare of a 1,024- and a 256-byte buffer failed a CUDA bench at
+    batch 32 with "the size of tensor a (1024) must match the size of tensor b (256)")."""
+    small, large = (_Buffer(torch.zeros(n, dtype=torch.uint8), torch.zeros(n, dtype=torch.uint8)) for n in (256, 1024))
+    assert [small, large].index(large) == 1 and small != large and small == small

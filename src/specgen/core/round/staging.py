@@ -23,7 +23,9 @@ import torch
 MIN_BYTES = 256  # a new buffer's size at least: a row's params and short prompts never grow it
 
 
-@dataclass
+# compared by identity (list.index finds one): a generated __eq__ would compare the tensors
+# elementwise, which fails on buffers of two sizes
+@dataclass(eq=False)
 class _Buffer:
     host: torch.Tensor  # uint8, pinned
     device: torch.Tensor  # uint8, the same size
