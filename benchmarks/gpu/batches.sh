@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Batches on one GPU, in one call: the CUDA batch tests, then `specgen bench --batch-size` on the
 # bench pair (trained MINUTES minutes in the call; greedy, and t 0.8 with Gumbel coupling) and on
-# Llama 3.1 8B + 3.2 1B random-weight shapes (greedy: costs only), then where a tree round's time
-# goes (benchmarks/gpu/round_kernels.py).
+# Llama 3.1 8B + 3.2 1B random-weight shapes (greedy: costs only), each run's round against its
+# floor (the weights once a step, plus each row's keys and values: core/bench/floors.py), then
+# where a tree round's time goes (benchmarks/gpu/round_kernels.py).
 #   bash benchmarks/gpu/batches.sh          # logs and the bench JSON in $OUT
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/batches-log.txt
@@ -13,7 +14,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
  [ -f /tmp/fam/llama-3.1/pair.toml ] || PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/family_pairs.py \
    --family llama-3.1 --scale full --prompts 16 --out /tmp/fam --device cuda --dtype bfloat16 > /tmp/fam.log 2>&1) &
 gpu_tests 6 "tests/gpu/test_batch_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py
-  tests/gpu/test_round_ops.py tests/gpu/test_gpu.py tests/gpu/kernels/test_tree_build_kernel.py"
+  tests/gpu/test_round_ops.py tests/gpu/test_gpu.py tests/gpu/kernels/test_tree_build_kernel.py
+  tests/core/bench/test_batch_floors.py"
 wait
 echo "== pairs at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-120) | $(tail -1 /tmp/fam.log | cut -c1-120)" | tee -a "$LOG"
 bench() {  # name, limit, args...
@@ -24,9 +26,18 @@ bench() {  # name, limit, args...
   python3 - "$OUT/$name.json" <<'PY' 2>&1 | tee -a "$LOG"
 import json, sys
 d = json.load(open(sys.argv[1]))
+f = d.get("floor") or {}
+bw = f.get("copy_bandwidth_bytes_per_s")
+print("floor: copy GB/s", round(bw / 1e9) if bw else None, "streamed", f.get("streamed_bytes"),
+      "cache B/position", f.get("cache_bytes_per_position"))
+fmt = lambda v, n=3: None if v is None else round(v, n)
+print("B method k tok/s row_ms/tok mean_len | rounds rows/round round_ms floor_ms x_floor floor_GB(target,draft)")
 for r in d.get("results", []):
+    parts = r.get("round_floor_bytes") or {}
     print(r["batch_size"], r["method"], r["k"], round(r["tokens_per_second"], 1),
-          (r.get("row_ms_per_token") or {}).get("median"), r.get("mean_accepted_length"))
+          fmt((r.get("row_ms_per_token") or {}).get("median")), fmt(r.get("mean_accepted_length")), "|",
+          r.get("rounds"), fmt(r.get("rows_per_round"), 2), fmt(r.get("round_ms")), fmt(r.get("round_floor_ms")),
+          fmt(r.get("round_over_floor")), [fmt(v / 1e9 if v is not None else None) for v in parts.values()])
 for r in d.get("recommendations", []):
     print("B", r["batch_size"], r["choice"], r.get("speedup"))
 print("stops paying at", d.get("speculation_stops_paying_at"))

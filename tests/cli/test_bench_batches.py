@@ -77,6 +77,50 @@ def test_batch_bench_json_has_each_size_and_method(cli, tiny):
     assert set(doc) == {p.split("[].")[0] for p in documented}
 
 
+def test_batch_bench_json_weighs_each_round_against_its_floor(cli, tiny):
+    """On the CPU the bytes of a round's floor are known and its ms are not (no copy bandwidth):
+    round_floor_ms and round_over_floor are null, never a made-up number."""
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "1,2", "--k", "2", "--max-tokens", "5",
+                         "--warmup", "0", "--format", "json", "-q")
+    assert code == 0, err
+    doc = json.loads(out)
+    facts = doc["floor"]
+    assert facts["copy_bandwidth_bytes_per_s"] is None
+    assert set(facts["streamed_bytes"]) == set(facts["cache_bytes_per_position"]) == {"target", "draft"}
+    assert all(v > 0 for part in ("streamed_bytes", "cache_bytes_per_position") for v in facts[part].values())
+    for r in doc["results"]:
+        assert r["rounds"] > 0 and r["round_ms"] > 0 and 1 <= r["rows_per_round"] <= r["batch_size"]
+        floor = r["round_floor_bytes"]
+        # the weights once a round, and more: each row's keys and values
+        assert floor["target"] > facts["streamed_bytes"]["target"]
+        if r["method"] == "target-only":
+            assert floor["draft"] is None
+        else:
+            assert floor["draft"] > r["k"] * facts["streamed_bytes"]["draft"]
+        assert r["round_floor_ms"] is None and r["round_over_floor"] is None
+
+
+def test_batch_bench_floor_with_a_bandwidth(cli, tiny, monkeypatch):
+    from specgen.core.bench import floors
+
+    monkeypatch.setattr(floors, "copy_bandwidth", lambda device: 2e9)  # a stand-in: the CPU has none
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "2", "--k", "2", "--max-tokens", "5",
+                         "--warmup", "0", "--format", "json", "-q")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["floor"]["copy_bandwidth_bytes_per_s"] == 2e9
+    for r in doc["results"]:
+        total = sum(v for v in r["round_floor_bytes"].values() if v is not None)
+        assert r["round_floor_ms"] == pytest.approx(total / 2e9 * 1e3)
+        assert r["round_over_floor"] == pytest.approx(r["round_ms"] / r["round_floor_ms"])
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "2", "--k", "2", "--max-tokens", "4",
+                         "--warmup", "0", "-n", "2")
+    assert code == 0, err
+    assert "at 2 GB/s" in out  # the table names the bandwidth it divides by
+    floor_rows = out.split("rounds against their floor", 1)[1].splitlines()
+    assert any("k=2" in line and line.rstrip().endswith("×") for line in floor_rows)
+
+
 def documented_batch_fields() -> list[str]:
     """The field paths of docs/bench-schema.md's "Batches" table."""
     import re
@@ -90,6 +134,15 @@ def test_batch_bench_table(cli, tiny):
                          "--warmup", "0", "-n", "3")
     assert code == 0, err
     assert "target-only" in out and "k=2" in out and "row ms/tok" in out
+    # the rounds against their floor: the round's ms measured, the floor's ms not known on the CPU
+    floors = out.split("rounds against their floor", 1)[1].split("batch 2: ", 1)[0]
+    assert "no bandwidth measured off CUDA" in floors
+    for name in ("rows/round", "round ms", "floor GB", "floor ms", "× floor"):
+        assert name in floors
+    rows = [line.split() for line in floors.splitlines() if line.strip().startswith("2 ")]
+    assert [row[1] for row in rows] == ["target-only", "k=2"]
+    for row in rows:
+        assert float(row[3]) > 0 and float(row[4]) > 0 and row[5:] == ["–", "–"]
     assert "batch 2: " in out and ("speculation stops paying at batch 2" in out
                                    or "speculation pays at every batch size measured" in out)
 

@@ -182,7 +182,7 @@ def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], 
     from specgen.cli.loading import collector_paused, load_engine
 
     with collector_paused():
-        from specgen.core.bench import batches
+        from specgen.core.bench import batches, floors
     temperature = plan.temperatures[0]
     start = time.perf_counter()
     engine = load_engine(settings_for(max(plan.ks), temperature, "draft"), allow_pickle, status=not quiet,
@@ -194,16 +194,18 @@ def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], 
     for one in ids:  # a prompt the context cannot hold at the largest k: one error before anything runs
         checker.check_prompt(one)
     results, incomplete = [], False
+    bandwidth = floors.copy_bandwidth(engine.pair.device)  # before any timing: it empties torch's cache
     with progress_bar(render.stderr_console(), enabled=not quiet and sys.stderr.isatty()) as bar:
         task = bar.add_task("batches", total=len(sizes) * (len(plan.ks) + 1))
         try:
             for size in sizes:
                 results += batches.measure(engine, ids, settings_for, (size,), plan.ks, temperature, plan.warmup,
-                                           lambda steps, label: bar.update(task, advance=steps, description=label))
+                                           lambda steps, label: bar.update(task, advance=steps, description=label),
+                                           bandwidth)
         except KeyboardInterrupt:
             incomplete = True
     document = batches.document(results, engine, temperature, startup, len(ids),
-                                engine.profile.sampling.max_tokens, incomplete)
+                                engine.profile.sampling.max_tokens, incomplete, bandwidth)
     if not incomplete:
         keep_batch_measured(document, engine.profile.runtime.measured)
     emit(document, output_format, quiet, show_batches)
@@ -211,7 +213,9 @@ def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], 
 
 def show_batches(document: dict, console: Console) -> None:
     """A batch bench's table: per batch size, target-only then each k (tok/s, the row's ms per
-    token, × target-only), then per batch size the choice, and where speculation stops paying."""
+    token, × target-only, the round's device ms, its floor and the round over it: "–" where the
+    bandwidth is not known, off CUDA), then per batch size the choice, and where speculation stops
+    paying."""
     env = document["environment"]
     t = document["temperature"]
     console.print(f"{document['profile']} · batches · {document['prompts']} prompts × {document['max_tokens']} tokens"
@@ -224,13 +228,40 @@ def show_batches(document: dict, console: Console) -> None:
     for r in document["results"]:
         ratio = r["tokens_per_second"] / base[r["batch_size"]] if base.get(r["batch_size"]) else None
         row_ms = (r["row_ms_per_token"] or {}).get("median")
-        grid.add_row(str(r["batch_size"]), "target-only" if r["method"] == "target-only" else f"k={r['k']}",
-                     f"{r['tokens_per_second']:.1f}", f"{row_ms:.2f}" if row_ms is not None else "–",
-                     f"{ratio:.2f}×" if ratio is not None else "–",
-                     f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "–")
+        grid.add_row(str(r["batch_size"]), _method(r), f"{r['tokens_per_second']:.1f}", _or_dash(row_ms, "{:.2f}"),
+                     _or_dash(ratio, "{:.2f}×"), _or_dash(r["mean_accepted_length"], "{:.2f}"))
     console.print(grid)
+    show_batch_floors(document, console)
     for line in batch_recommendation_lines(document):
         console.print(line, soft_wrap=True)
+
+
+def show_batch_floors(document: dict, console: Console) -> None:
+    """Each run's rounds against their floor (core/bench/floors.py, batch_bytes): a round's device
+    ms, the floor's GB and ms, and the round over it; "–" where it is not known (the floor's ms
+    off CUDA, where the copy bandwidth is not measured)."""
+    bandwidth = (document.get("floor") or {}).get("copy_bandwidth_bytes_per_s")
+    console.print("rounds against their floor: the weights streamed once a step, and each row's keys and values"
+                  + (f" at {bandwidth / 1e9:,.0f} GB/s" if bandwidth else " (– : no bandwidth measured off CUDA)"),
+                  soft_wrap=True)
+    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("batch", "method", "rows/round", "round ms", "floor GB", "floor ms", "× floor"):
+        grid.add_column(name, justify="left" if name == "method" else "right", no_wrap=True)
+    for r in document["results"]:
+        parts = r.get("round_floor_bytes")
+        gb = sum(v for v in parts.values() if v is not None) / 1e9 if parts else None
+        grid.add_row(str(r["batch_size"]), _method(r), _or_dash(r.get("rows_per_round"), "{:.1f}"),
+                     _or_dash(r.get("round_ms"), "{:.2f}"), _or_dash(gb, "{:.3g}"),
+                     _or_dash(r.get("round_floor_ms"), "{:.2f}"), _or_dash(r.get("round_over_floor"), "{:.2f}×"))
+    console.print(grid)
+
+
+def _method(result: dict) -> str:
+    return "target-only" if result["method"] == "target-only" else f"k={result['k']}"
+
+
+def _or_dash(value: float | None, form: str) -> str:
+    return form.format(value) if value is not None else "–"
 
 
 def batch_recommendation_lines(document: dict) -> list[Text]:

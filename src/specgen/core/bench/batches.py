@@ -18,6 +18,13 @@ rows cost compute of their own and the speculative round's extra rows stop payin
 whether the best speculative run beats target-only there and where speculation stops paying: the
 smallest measured B at which the best speculative tokens/s is below target-only's. A complete
 bench keeps its rows for `batch_size` auto (core/measured.py, cli/bench.py).
+
+Each run also weighs its rounds against their floor (core/bench/floors.py, `batch_bytes`): the
+weights streamed once a step and each row's keys and values read, the draft's k steps and the
+target's one, over the device's copy bandwidth. A round's device time is measured around each
+launch (`RoundMeter`: CUDA events, read after the run; on the CPU, where a launch runs the round,
+its wall time); the rows and cached positions each round reads are summed on the device before
+its launch, so nothing waits for them.
 """
 
 from __future__ import annotations
@@ -26,32 +33,36 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+import torch
+
 from specgen.core.batch_cost import recommend  # noqa: F401 (the bench's recommendation, batch auto's too)
+from specgen.core.bench import floors
 from specgen.core.stats import AcceptanceStats
 
 SCHEMA = "specgen.bench.batches/1"
 
 
 def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_sizes: tuple[int, ...],
-            ks: tuple[int, ...], temperature: float, warmup: int = 1, progress=None) -> list[dict]:
+            ks: tuple[int, ...], temperature: float, warmup: int = 1, progress=None,
+            bandwidth: float | None = None) -> list[dict]:
     """Every (B, method) run: target-only (k 0) and each k of `ks`, at each batch size, in order.
-    settings_for(k, temperature, proposer) -> Profile; progress(steps, label) after each run."""
+    settings_for(k, temperature, proposer) -> Profile; progress(steps, label) after each run;
+    bandwidth: the device's copy bandwidth in bytes/s (floors.copy_bandwidth), None off CUDA."""
     results = []
     for batch in batch_sizes:
         for k in (0, *ks):
             profile = settings_for(k or ks[0], temperature, "none" if k == 0 else "draft")
             label = f"batch {batch}, " + ("target-only" if k == 0 else f"k={k}")
-            results.append(run(engine, profile, batch, prompt_ids, warmup))
+            results.append(run(engine, profile, batch, prompt_ids, warmup, bandwidth))
             engine.forget_batches()  # its caches: B rows each, not kept past the run
             if progress is not None:
                 progress(1, label)
     return results
 
 
-def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 1) -> dict:
+def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 1,
+        bandwidth: float | None = None) -> dict:
     """One timed run of every prompt through `batch` rows; each prompt its own seed (the profile's + i)."""
-    import torch
-
     from specgen.core.bench.run import summarise
 
     decoder = engine.batch_decoder(batch, profile)
@@ -62,6 +73,7 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
         for _ in decoder.run([work[i] for i in sorted(longest)]):
             pass
     cuda = decoder.round.device.type == "cuda"
+    decoder.program = meter = RoundMeter(decoder.program, decoder.round)  # the timed run's rounds only
     if cuda:
         torch.cuda.synchronize(decoder.round.device)
     began = time.perf_counter()
@@ -79,11 +91,91 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
             "prompts": len(work), "tokens": tokens, "seconds": seconds,
             "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
             "row_ms_per_token": summarise(per_row),
-            "mean_accepted_length": stats.mean_accepted_length if k else None}
+            "mean_accepted_length": stats.mean_accepted_length if k else None,
+            **round_floor(meter, step_bytes(decoder.round), k, bandwidth)}
+
+
+class RoundMeter:
+    """A BatchDecoder's program, measured: each launch's device time (CUDA events around it, read
+    after the run; on the CPU the launch runs the round, so its wall time), and, queued on the
+    device before it, the sums the round's floor needs: the rows that hold a prompt (`active`)
+    and their cached positions in each model. Only bench wraps a program in it; the round is
+    launched as it is (a captured one replayed), the sums and events lie outside it."""
+
+    def __init__(self, program, rnd):
+        self.program, self.rnd = program, rnd
+        self.cuda = rnd.device.type == "cuda"
+        # per row, summed over the rounds: held a prompt, target positions, draft positions (three launches a round)
+        self.sums = torch.zeros(3, rnd.batch, dtype=torch.long, device=rnd.device)
+        self.spans: list = []  # (start, end) events, or seconds
+
+    def __getattr__(self, name):  # asynchronous, and whatever else the decoder asks of its program
+        return getattr(self.program, name)
+
+    def launch(self) -> None:
+        rnd = self.rnd
+        self.sums[0].add_(rnd.active)
+        self.sums[1:] += rnd.positions * rnd.active
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.program.launch()
+            end.record()
+            self.spans.append((start, end))
+        else:
+            began = time.perf_counter()
+            self.program.launch()
+            self.spans.append(time.perf_counter() - began)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.spans)
+
+    def seconds(self) -> float:
+        """The rounds' device time, after the run's last sync."""
+        if self.cuda:
+            return sum(start.elapsed_time(end) for start, end in self.spans) / 1e3
+        return sum(self.spans)
+
+    def totals(self) -> tuple[int, int, int]:
+        """(rows, target positions, draft positions), each summed over the rounds (read after the run)."""
+        rows, target, draft = self.sums.sum(1).tolist()
+        return rows, target, draft
+
+
+def step_bytes(rnd) -> list[floors.StepBytes]:
+    """floors.StepBytes of each model of the round (target, then the draft where k > 0), from the
+    model and the dtype its cache holds."""
+    return [floors.StepBytes(floors.streamed_bytes(model),
+                             floors.cache_bytes_per_position(model.config, model.dtype.itemsize))
+            for model in rnd.models]
+
+
+def round_floor(meter: RoundMeter, steps: list[floors.StepBytes], k: int, bandwidth: float | None) -> dict:
+    """A run's rounds against their floor (docs/bench-schema.md, "Batches"): the mean device ms of
+    a round, the mean bytes its floor reads by model, and, where the bandwidth is known, the floor
+    in ms and the round over it."""
+    rounds = meter.rounds
+    out = {"rounds": rounds, "round_ms": 1e3 * meter.seconds() / rounds if rounds else None,
+           "rows_per_round": None, "round_floor_bytes": None, "round_floor_ms": None, "round_over_floor": None}
+    if not rounds:
+        return out
+    rows, target_positions, draft_positions = meter.totals()
+    out["rows_per_round"] = rows / rounds
+    parts = floors.batch_bytes(steps[0], steps[1] if k else None, k, rounds, rows, target_positions, draft_positions)
+    if parts["target"] is None or (k and parts["draft"] is None):
+        return out
+    out["round_floor_bytes"] = {"target": parts["target"] / rounds,
+                                "draft": parts["draft"] / rounds if k else None}
+    if bandwidth is not None:
+        floor = sum(v for v in out["round_floor_bytes"].values() if v is not None) / bandwidth * 1e3
+        out["round_floor_ms"] = floor
+        out["round_over_floor"] = out["round_ms"] / floor
+    return out
 
 
 def document(results: list[dict], engine, temperature: float, startup_seconds: float, prompts: int,
-             max_tokens: int, incomplete: bool = False) -> dict:
+             max_tokens: int, incomplete: bool = False, bandwidth: float | None = None) -> dict:
     """The JSON document of a batch bench (docs/bench-schema.md, "Batches")."""
     from specgen.core.engine import device_name
 
@@ -97,5 +189,16 @@ def document(results: list[dict], engine, temperature: float, startup_seconds: f
             "coupling": engine.profile.sampling.coupling if temperature > 0 else None,
             "prompts": prompts, "max_tokens": max_tokens,
             "batch_sizes": list(dict.fromkeys(r["batch_size"] for r in results)),
+            "floor": floor_facts(engine, bandwidth),
             "results": results, "recommendations": recommendations, "speculation_stops_paying_at": stops,
             "incomplete": incomplete}
+
+
+def floor_facts(engine, bandwidth: float | None) -> dict:
+    """What the runs' floors are made of: the bandwidth and, per model, its bytes a step."""
+    models = {"target": engine.pair.target, "draft": engine.pair.draft}
+    return {"copy_bandwidth_bytes_per_s": bandwidth,
+            "streamed_bytes": {name: floors.streamed_bytes(m) if m is not None else None for name, m in models.items()},
+            "cache_bytes_per_position": {
+                name: floors.cache_bytes_per_position(m.config, m.dtype.itemsize) if m is not None else None
+                for name, m in models.items()}}

@@ -1,4 +1,4 @@
-"""The weight-streaming floor: the least time a batch-1 step or round can take on a device.
+"""The weight-streaming floor: the least time a step or round can take on a device.
 
 At batch 1 a decode step reads every weight it multiplies by once, so its time cannot fall below
 those bytes over the device's memory bandwidth; how near a step or round comes to that floor says
@@ -9,11 +9,18 @@ The bytes are the model's parameters as a step reads them: each stored tensor on
 once), less the input embedding unless the output projection is that same tensor, since a step
 gathers one row of it. The bandwidth is a device-to-device copy's, bytes read plus bytes written,
 measured in the same process, as docs/benchmarks.md's floors are.
+
+A batch step (core/round/batch_round.py) streams the weights once for all its rows, and each row
+reads its own keys and values: the cached positions before the step, times the cache's bytes per
+position (layers x kv heads x head dim x 2 x the element's bytes). That is the batch floor
+(`batch_bytes`); what it leaves out is small beside it, so it stays a floor: the keys and values
+a step writes (k + 1 positions a row), the activations and the logits.
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import torch
 
@@ -77,3 +84,46 @@ def floor_ms(target_bytes: int, drafter_bytes: int, calls: int, bandwidth: float
     """A round's floor in ms: one target step, and `calls` drafter calls (k for a draft model or a
     head: a round's first call extends over two or more rows, the rest step one)."""
     return (target_bytes + calls * drafter_bytes) / bandwidth * 1e3
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """What one step of a model reads in a batch: its weights once (`streamed_bytes`), and per row
+    `per_position` bytes of keys and values for each position it has cached (None where that is
+    not one number: a model with sliding windows reads at most a window)."""
+
+    weights: int
+    per_position: int | None
+
+
+def cache_bytes_per_position(config, element_size: int) -> int | None:
+    """Bytes of keys and values one row holds for one position, over every layer: layers x kv
+    heads x head dim x 2 (keys, values) x element_size (core/step/cache.py's SlotCache). None for
+    sliding windows (StepConfig.windows), or a config that does not say its heads."""
+    if any(w is not None for w in getattr(config, "windows", ())):
+        return None
+    heads = getattr(config, "num_key_value_heads", None)
+    dim = getattr(config, "head_dim", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not (heads and dim and layers):
+        return None
+    return layers * heads * dim * 2 * element_size
+
+
+def batch_bytes(target: StepBytes, draft: StepBytes | None, k: int, rounds: int, rows: int,
+                target_positions: int, draft_positions: int = 0) -> dict[str, int | None]:
+    """The least bytes `rounds` rounds of a batch read, by model: {"target": ..., "draft": ...}
+    (draft None at k 0). rows: the rows that held a prompt, summed over the rounds;
+    *_positions: their cached positions in each model before each round, summed likewise.
+
+    target: one step a round (k + 1 ids a row), its weights once and each row's cached keys.
+    draft: k steps a round; step 0 steps a row's two pending ids at its position P, step i >= 1
+    one id at P + i + 1 (core/round/batch_round.py), so a row's k steps read k P + (k - 1)(k + 2) / 2
+    positions. A part is None where its model's per-position bytes are."""
+    out: dict[str, int | None] = {"target": None, "draft": None}
+    if target.per_position is not None:
+        out["target"] = rounds * target.weights + target.per_position * target_positions
+    if k and draft is not None and draft.per_position is not None:
+        read = k * draft_positions + rows * (k - 1) * (k + 2) // 2
+        out["draft"] = k * rounds * draft.weights + draft.per_position * read
+    return out

@@ -1,0 +1,153 @@
+"""core/bench/batches.py's rounds against their floor (tiny models, CPU): RoundMeter counts the rounds
+and sums, on the device before each launch, the rows and cached positions the floor reads; the
+sums equal a hand count where the positions are known (a draft that is the target: every draft
+accepted), and what the host sees before each launch with two rounds in flight. The CPU has no
+copy bandwidth: the floor's ms is null there, and a stand-in bandwidth gives it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from decode_helpers import BACKENDS, CUDA, make_profile
+from specgen.core.bench import batches, floors
+from specgen.core.engine import Engine
+from tiny_models import build_pair
+
+K = 2
+MAX_TOKENS = 7  # k = 2, all accepted: rounds of 3, 3 and 1 tokens (the last round's budget is 0)
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20]]
+
+
+@pytest.fixture(scope="module")
+def same_pair(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("batch-floors-same"), same=True)
+
+
+@pytest.fixture(scope="module")
+def same_engine(same_pair):
+    return Engine(make_profile(*same_pair, k=K, max_tokens=MAX_TOKENS, speculation=dict(pipeline="off")))
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def noisy_engine(request, tmp_path_factory):
+    target, draft = build_pair(tmp_path_factory.mktemp("batch-floors-noisy"), noisy=0.1)
+    return Engine(make_profile(target, draft, k=3, max_tokens=9, backend=request.param,
+                               speculation=dict(pipeline="on")))
+
+
+def target_only(profile):
+    return replace(profile, proposer=replace(profile.proposer, kind="none"))
+
+
+def steps(engine) -> tuple[floors.StepBytes, floors.StepBytes]:
+    pair = engine.pair
+    return tuple(floors.StepBytes(floors.streamed_bytes(m), floors.cache_bytes_per_position(m.config, m.dtype.itemsize))
+                 for m in (pair.target, pair.draft))
+
+
+def test_a_target_only_batch_reads_each_rows_positions_round_by_round(same_engine):
+    """B = 3, every prompt at once: round r reads L - 1 + r positions of a row of L prompt ids."""
+    result = batches.run(same_engine, target_only(same_engine.profile), 3, PROMPTS, warmup=0)
+    target, _ = steps(same_engine)
+    assert result["rounds"] == MAX_TOKENS and result["rows_per_round"] == 3
+    positions = sum(len(p) - 1 + r for p in PROMPTS for r in range(MAX_TOKENS))
+    assert result["round_floor_bytes"] == {
+        "target": (MAX_TOKENS * target.weights + target.per_position * positions) / MAX_TOKENS, "draft": None}
+    assert result["round_ms"] > 0
+    assert result["round_floor_ms"] is None and result["round_over_floor"] is None  # no bandwidth on the CPU
+
+
+def test_a_speculative_batch_reads_the_drafts_positions_too(same_engine):
+    """k = 2, every draft accepted: a row of L ids holds L - 1 + g target positions and L - 2 + g
+    draft positions after g generated tokens, g = 0, 3, 6 (three rounds to 7 tokens)."""
+    result = batches.run(same_engine, same_engine.profile, 3, PROMPTS, warmup=0, bandwidth=5e8)
+    target, draft = steps(same_engine)
+    assert result["rounds"] == 3 and result["rows_per_round"] == 3
+    assert result["mean_accepted_length"] == pytest.approx(7 / 3)  # tokens a round: 3, 3, 1
+    target_positions = sum(len(p) - 1 + g for p in PROMPTS for g in (0, 3, 6))
+    draft_positions = sum(len(p) - 2 + g for p in PROMPTS for g in (0, 3, 6))
+    rows = 9
+    draft_read = K * draft_positions + rows * (K - 1) * (K + 2) // 2  # a row at P: P, P + 2 (k = 2)
+    expected = {"target": 3 * target.weights + target.per_position * target_positions,
+                "draft": K * 3 * draft.weights + draft.per_position * draft_read}
+    assert expected == floors.batch_bytes(target, draft, K, 3, rows, target_positions, draft_positions)
+    assert result["round_floor_bytes"] == {name: v / 3 for name, v in expected.items()}
+    floor = sum(expected.values()) / 3 / 5e8 * 1e3
+    assert result["round_floor_ms"] == pytest.approx(floor)
+    assert result["round_over_floor"] == pytest.approx(result["round_ms"] / floor)
+
+
+class Watched(batches.RoundMeter):
+    """RoundMeter that also reads, on the host, what each launch's rows hold (a sync, for the test)."""
+
+    def __init__(self, program, rnd):
+        super().__init__(program, rnd)
+        self.seen = [0, 0, 0]
+
+    def launch(self):
+        live = self.rnd.active.tolist()
+        positions = self.rnd.positions.tolist()
+        self.seen[0] += sum(live)
+        for which in (0, 1):
+            self.seen[which + 1] += sum(p for p, on in zip(positions[which], live) if on)
+        super().launch()
+
+
+def test_with_two_rounds_in_flight_the_sums_are_what_each_launch_reads(noisy_engine, monkeypatch):
+    """Pipelined (rows end mid-flight and run one round on, refills between): the device's sums
+    are what the rows held at each launch, rounds and rows included."""
+    meters = []
+
+    def watched(program, rnd):
+        meters.append(Watched(program, rnd))
+        return meters[-1]
+
+    monkeypatch.setattr(batches, "RoundMeter", watched)
+    prompts = PROMPTS + [[21, 22], [23, 24, 25, 26], [27]]
+    result = batches.run(noisy_engine, noisy_engine.profile, 2, prompts, warmup=1)
+    meter = meters[0]
+    assert list(meter.totals()) == meter.seen and meter.seen[0] > 0
+    assert result["rounds"] == meter.rounds > 0
+    assert result["rows_per_round"] == pytest.approx(meter.seen[0] / meter.rounds)
+    target, draft = steps(noisy_engine)
+    parts = floors.batch_bytes(target, draft, 3, meter.rounds, *meter.seen)
+    assert result["round_floor_bytes"] == {name: v / meter.rounds for name, v in parts.items()}
+
+
+def test_floor_facts_of_the_document(same_engine):
+    results = [batches.run(same_engine, target_only(same_engine.profile), 2, PROMPTS, warmup=0)]
+    doc = batches.document(results, same_engine, 0.0, 0.0, len(PROMPTS), MAX_TOKENS, bandwidth=None)
+    target, draft = steps(same_engine)
+    assert doc["floor"] == {"copy_bandwidth_bytes_per_s": None,
+                            "streamed_bytes": {"target": target.weights, "draft": draft.weights},
+                            "cache_bytes_per_position": {"target": target.per_position, "draft": draft.per_position}}
+    config = same_engine.pair.target.config
+    assert target.per_position == (config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
+                                   * same_engine.pair.target.dtype.itemsize)
+
+
+@pytest.mark.parametrize("pipeline", [pytest.param("off", marks=CUDA), pytest.param("on", marks=CUDA)])
+def test_on_the_gpu_the_floor_has_its_ms(same_pair, pipeline):
+    """The CUDA backend (captured rounds, events around each replay): the same hand count of the
+    positions as on the CPU with one round in flight, and the floor's ms from the measured
+    bandwidth. Two in flight: rows that ended run one round on, so only the bounds are known."""
+    import torch
+
+    engine = Engine(make_profile(*same_pair, k=K, max_tokens=MAX_TOKENS, backend="cuda",
+                                 speculation=dict(pipeline=pipeline)))
+    bandwidth = floors.copy_bandwidth(torch.device("cuda"))
+    assert bandwidth is not None
+    result = batches.run(engine, engine.profile, 3, PROMPTS, warmup=1, bandwidth=bandwidth)
+    target, draft = steps(engine)
+    if pipeline == "off":
+        assert result["rounds"] == 3 and result["rows_per_round"] == 3
+        target_positions = sum(len(p) - 1 + g for p in PROMPTS for g in (0, 3, 6))
+        draft_positions = sum(len(p) - 2 + g for p in PROMPTS for g in (0, 3, 6))
+        expected = floors.batch_bytes(target, draft, K, 3, 9, target_positions, draft_positions)
+        assert result["round_floor_bytes"] == {name: v / 3 for name, v in expected.items()}
+    else:
+        assert result["rounds"] >= 3
+    assert 0 < result["round_floor_ms"] < result["round_ms"]  # a floor: the round cannot beat it
+    assert result["round_over_floor"] == pytest.approx(result["round_ms"] / result["round_floor_ms"])
