@@ -46,7 +46,7 @@ class Timed:
 
 def sync() -> None:
     if torch.cuda.is_available():  # the script also runs on a CPU (a smoke test of its own code)
-        sync()
+        torch.cuda.synchronize()
 
 
 def one(engine: Engine, pair: str, batch: int, k: int, prompts: list[list[int]], tokens: int, top: int) -> None:
