@@ -55,9 +55,10 @@ def html_page(document: dict) -> str:
     tree = document.get("tree")
     if tree:
         parts += [
-            f"<h2>Token tree against its chain</h2><p>{escape(tree['line'])}: "
-            f"{tree['tokens_per_round']:.2f} tokens per round, the chain inside the tree "
-            f"{tree['chain_tokens_per_round']:.2f}</p>",
+            f"<h2>Token tree against its chain</h2><p>{tree['tokens_per_round']:.2f} tokens per round; the "
+            f"chain inside the tree (each node's first child) would have yielded "
+            f"{tree['chain_tokens_per_round']:.2f} ({tree['gain_per_round']:+.2f}). Per depth: the rounds whose "
+            "accepted path reached it, those whose chain would have, and those won by another child.</p>",
             _table(("depth", "reached", "rate", "its chain reached", "chain rate", "branch wins", "of reached"),
                    [(d["depth"], d["reached"], _pct(d["rate"]), d["chain_reached"], _pct(d["chain_rate"]),
                      d["branch_wins"], _pct(d["branch_rate"])) for d in tree["per_depth"]]),
