@@ -48,7 +48,7 @@ class AcceptanceStats:
     first_round_tokens: int = 0  # tokens that first round released
     generation_seconds: float = 0.0  # from the run's start to the latest round's tokens
     tree_rounds: int = 0  # rounds that verified a token tree
-    tree_emitted: int = 0  # tokens those rounds emitted
+    tree_emitted: int = 0  # tokens those rounds emitted (as verified: drop() leaves it, as the chain's)
     chain_emitted: int = 0  # tokens the chain inside each tree would have emitted (see above)
     chain_at: list[int] = field(default_factory=list)  # [depth] tree rounds whose chain reached depth i + 1
     branch_at: list[int] = field(default_factory=list)  # [depth] tree rounds accepting a non-first child there
