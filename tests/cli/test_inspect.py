@@ -202,6 +202,8 @@ def test_token_tree_report(cli, tiny, tmp_path):
     code, out, err = cli("inspect-acceptance", *args)
     assert code == 0, err
     assert "Token tree against its chain" in out and "branch" in out  # a narrow terminal wraps headers
+    won = [f"{i + 1} ({'·'.join(map(str, r['branch']))})" for i, r in enumerate(rounds) if any(r["branch"])]
+    assert "rounds a branch won (sibling per depth): " + (", ".join(won) or "none") in out.replace("\n", " ")
 
 
 def test_a_chain_run_has_no_tree(cli, tiny):

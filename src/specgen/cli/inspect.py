@@ -316,6 +316,9 @@ def show(document: dict, console: Console) -> None:
         text = Text(run["prompt"] + ("\n" if document["source"].get("chat") else ""), style="dim")
         text.append_text(render.coloured(run["pieces"], run["fates"], len(run["text"])))
         console.print(text)
+        won = branch_line(run)
+        if won:
+            console.print(won, style="dim", soft_wrap=True)
     console.print(render.legend())
     console.print(totals_line(document), soft_wrap=True)
     console.print(position_table(document["per_position"]))
@@ -324,6 +327,16 @@ def show(document: dict, console: Console) -> None:
     console.print(rejected_table(document))
     if document["entropy"]:
         console.print(entropy_table(document["entropy"]))
+
+
+def branch_line(run: dict) -> str:
+    """A tree run's rounds that a branch won (round number, then the accepted path's sibling index
+    per depth, 0 the first child): '' for a chain, or where the first children always won."""
+    won = [f"{i + 1} ({'·'.join(map(str, r['branch']))})" for i, r in enumerate(run["rounds"])
+           if any(r.get("branch") or ())]
+    if not won and not any(r.get("branch") is not None for r in run["rounds"]):
+        return ""
+    return "rounds a branch won (sibling per depth): " + (", ".join(won) or "none")
 
 
 def totals_line(document: dict) -> Text:

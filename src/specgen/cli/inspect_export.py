@@ -105,13 +105,10 @@ def _text(run: dict, chat: bool) -> str:
 def _rounds(run: dict) -> str:
     """A tree run's rounds, each a <details> that opens to its tree (records with insight), its
     summary the tokens, the chain's and the winning branch ('' for a chain's run)."""
-    rounds = [r for r in run["rounds"] if r.get("branch") is not None]
-    if not rounds:
-        return ""
     texts = run.get("token_text", {})
     items = []
     for i, r in enumerate(run["rounds"]):
-        if r.get("branch") is None:
+        if r.get("branch") is None:  # a chain's round (records from before trees too)
             continue
         branch = r["branch"]
         chain = min(next((d for d, rank in enumerate(branch) if rank != 0), len(branch)) + 1, len(r["token_ids"]))
@@ -120,7 +117,7 @@ def _rounds(run: dict) -> str:
                    f"sibling per depth {won}")
         body = _tree(r, texts) if r.get("tree") else "<p>(no tree: run with insight to keep it)</p>"
         items.append(f'<details class="round"><summary>{escape(summary)}</summary>{body}</details>')
-    return "<h3>Rounds (click one for its tree)</h3>" + "".join(items)
+    return "<h3>Rounds (click one for its tree)</h3>" + "".join(items) if items else ""
 
 
 def _tree(r: dict, texts: dict) -> str:
