@@ -8,7 +8,6 @@ with insight stages what the eager one does.
 
 from __future__ import annotations
 
-import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
 import pytest
 import torch
 
