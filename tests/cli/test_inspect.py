@@ -166,6 +166,52 @@ def test_exports_json_and_self_contained_html(cli, tiny, tmp_path):
     check_counts(document)
 
 
+def test_token_tree_report(cli, tiny, tmp_path):
+    """A tree run: the JSON's `tree` (tokens per round against the chain inside the tree, per
+    depth), each round's `branch` and `tree`; the text report's table; the HTML draws each round's
+    tree with its accepted path highlighted."""
+    html_path = tmp_path / "tree.html"
+    args = ("-p", tiny, "-n", "16", "--k", "3", "--tree-width", "2", "--tree-nodes", "5", "def add(a, b):")
+    document = inspect_json(cli, *args, "--export", html_path)
+    check_counts(document)
+    assert (document["source"]["tree_width"], document["source"]["tree_nodes"]) == (2, 5)
+    tree, totals = document["tree"], document["totals"]
+    rounds = document["runs"][0]["rounds"]
+    assert tree["rounds"] == totals["rounds"] == len(rounds)
+    assert tree["tokens_per_round"] * tree["rounds"] == pytest.approx(totals["generated_tokens"])
+    assert tree["gain_per_round"] == pytest.approx(tree["tokens_per_round"] - tree["chain_tokens_per_round"])
+    assert sum(d["reached"] for d in tree["per_depth"]) == totals["accepted"]
+    assert tree["line"].startswith("tree +") and "over its chain" in tree["line"]
+    for r in rounds:
+        assert len(r["branch"]) == r["num_accepted"]
+        view = r["tree"]
+        assert len(view["tokens"]) == len(view["parents"]) == len(view["p"]) == len(view["q"]) == 6
+        assert [view["tokens"][row] for row in view["path"]] == r["token_ids"][: len(view["path"])]
+        assert [view["ranks"][row] for row in view["path"]] == r["branch"][: len(view["path"])]
+    page = html_path.read_text()
+    checker = Checker()
+    checker.feed(page)
+    checker.close()
+    assert checker.stack == [] and checker.urls == [] and not checker.tags & {"script", "link", "img"}
+    assert "Token tree against its chain" in page
+    i, known = max(enumerate(rounds), key=lambda item: len(item[1]["tree"]["path"]))
+    assert known["tree"]["path"], "no round accepted a node: pick another prompt"
+    block = page.split(f'<details class="round"><summary>round {i + 1}: ')[1].split("</details>")[0]
+    highlighted = re.findall(r'class="node path" data-row="(\d+)"', block)
+    assert sorted(map(int, highlighted)) == [0] + sorted(known["tree"]["path"])
+    code, out, err = cli("inspect-acceptance", *args)
+    assert code == 0, err
+    assert "Token tree against its chain" in out and "branch" in out  # a narrow terminal wraps headers
+    won = [f"{i + 1} ({'·'.join(map(str, r['branch']))})" for i, r in enumerate(rounds) if any(r["branch"])]
+    assert "rounds a branch won (sibling per depth): " + (", ".join(won) or "none") in out.replace("\n", " ")
+
+
+def test_a_chain_run_has_no_tree(cli, tiny):
+    document = inspect_json(cli, "-p", tiny, "-n", "8", "x = 1")
+    assert document["tree"] is None and document["source"]["tree_width"] == 1
+    assert all(r["branch"] is None and r["tree"] is None for r in document["runs"][0]["rounds"])
+
+
 def test_png_export(cli, tiny, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "plot.png"

@@ -117,6 +117,20 @@ def test_footer_content():
     footer = render.footer(stats).plain
     assert "2 rounds" in footer and "acceptance 62.5%" in footer and "mean accepted length 3.50" in footer
     assert "per position ▕" in footer and "1:100%  2:50%  3:50%  4:50%" in footer
+    assert "tree" not in footer  # a chain's rounds
+
+
+def test_footer_says_what_a_token_tree_bought():
+    """Tree rounds (the accepted nodes' sibling indices): tokens per round over the chain inside the
+    tree (its first children: min(leading zeros + 1, tokens) per round), and per depth the share of
+    the paths reaching it through another child."""
+    stats = AcceptanceStats()
+    stats.add_round(3, 3, 4, {}, ranks=[0, 1, 0])  # the chain would have stopped at depth 2: 2 tokens
+    stats.add_round(3, 1, 2, {}, ranks=[0])  # the chain's own path: 2 tokens
+    stats.add_round(3, 2, 2, {}, ranks=[2, 0])  # ends on a draw outside the tree: the chain 1
+    assert (stats.tree_emitted, stats.chain_emitted, stats.chain_at, stats.branch_at) == (8, 5, [2, 0, 0], [1, 1, 0])
+    footer = render.footer(stats).plain
+    assert footer.splitlines()[-1] == "tree +1.00 tok/round over its chain, branch wins at depth 1..3: 33% 50% 0%"
 
 
 def test_a_dumb_terminal_gets_plain_streaming(command, reference):

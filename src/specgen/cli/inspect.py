@@ -3,7 +3,8 @@
 Runs prompts with an insight decoder (p, q and the target's entropy for every drafted token), or
 reads the per-round records of `specgen bench --records`, and reports what core/insight.py finds:
 the text coloured by fate, per-position acceptance, the most rejected draft tokens with their
-contexts, and acceptance against the target's entropy. stdout gets the report (text or JSON);
+contexts, and acceptance against the target's entropy; for token trees, what the tree bought over
+the chain inside it, per depth, and each round's tree (the HTML export draws it). stdout gets the report (text or JSON);
 --export writes it as .json, a self-contained .html page, or a .png plot.
 """
 
@@ -51,6 +52,8 @@ def inspect_acceptance(
     proposer: opt.Proposer = None,
     head: opt.Head = None,
     k: opt.K = None,
+    tree_width: opt.TreeWidth = None,
+    tree_nodes: opt.TreeNodes = None,
     draft_p_min: opt.DraftPMin = None,
     adaptive_k: opt.AdaptiveK = None,
     temperature: opt.Temperature = None,
@@ -232,6 +235,8 @@ def _generate(request: Request, allow_pickle: bool):
     source = {"kind": "prompts", "file": str(request.prompts_file) if request.prompts_file else None,
               "profile": settings.name, "proposer": settings.proposer.kind, "k": settings.speculation.k,
               "temperature": settings.sampling.temperature, "chat": request.chat or request.system is not None}
+    shape = engine.tree_report(settings)  # the round's tree (auto resolved): width 1 and k nodes for a chain
+    source.update(tree_width=shape["tree_width"], tree_nodes=shape["tree_nodes"])
     return source, runs, complete
 
 
@@ -311,12 +316,27 @@ def show(document: dict, console: Console) -> None:
         text = Text(run["prompt"] + ("\n" if document["source"].get("chat") else ""), style="dim")
         text.append_text(render.coloured(run["pieces"], run["fates"], len(run["text"])))
         console.print(text)
+        won = branch_line(run)
+        if won:
+            console.print(won, style="dim", soft_wrap=True)
     console.print(render.legend())
     console.print(totals_line(document), soft_wrap=True)
     console.print(position_table(document["per_position"]))
+    if document.get("tree"):
+        console.print(tree_table(document["tree"]))
     console.print(rejected_table(document))
     if document["entropy"]:
         console.print(entropy_table(document["entropy"]))
+
+
+def branch_line(run: dict) -> str:
+    """A tree run's rounds that a branch won (round number, then the accepted path's sibling index
+    per depth, 0 the first child): '' for a chain, or where the first children always won."""
+    won = [f"{i + 1} ({'·'.join(map(str, r['branch']))})" for i, r in enumerate(run["rounds"])
+           if any(r.get("branch") or ())]
+    if not won and not any(r.get("branch") is not None for r in run["rounds"]):
+        return ""
+    return "rounds a branch won (sibling per depth): " + (", ".join(won) or "none")
 
 
 def totals_line(document: dict) -> Text:
@@ -345,6 +365,24 @@ def position_table(rows: list[dict]) -> Table:
         table.add_row(str(row["position"]), str(row["drafted"]), str(row["accepted"]), f"{row['rate']:.1%}",
                       Text(_bar(row["rate"]), style="green"))
     return table
+
+
+def tree_table(tree: dict) -> Table:
+    """Per depth: how often the tree's accepted path reached it, how often the chain inside the
+    tree would have, and how often a branch (not the first child) won there."""
+    title = (f"Token tree against its chain: {tree['tokens_per_round']:.2f} tokens per round, its chain "
+             f"{tree['chain_tokens_per_round']:.2f} ({tree['gain_per_round']:+.2f})")
+    table = Table("depth", "reached", "rate", Column("", no_wrap=True), "chain reached", "chain rate",
+                  "branch wins", title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for d in tree["per_depth"]:
+        wins = f"{d['branch_wins']} ({_pct(d['branch_rate'])})"
+        table.add_row(str(d["depth"]), str(d["reached"]), f"{d['rate']:.1%}", Text(_bar(d["rate"]), style="green"),
+                      str(d["chain_reached"]), f"{d['chain_rate']:.1%}", wins)
+    return table
+
+
+def _pct(rate: float | None) -> str:
+    return "–" if rate is None else f"{rate:.0%}"
 
 
 def visible(text: str) -> str:

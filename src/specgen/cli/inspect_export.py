@@ -1,6 +1,8 @@
 """inspect-acceptance exports: a self-contained HTML page and a PNG plot of the same report.
 
-The page has inline CSS only (no scripts, fonts or links), so it opens anywhere, offline.
+The page has inline CSS only (no scripts, fonts or links), so it opens anywhere, offline. A token
+tree run's rounds each open on a click (<details>) to the round's tree as nested lists, the
+accepted path highlighted.
 The plot needs matplotlib, the optional extra `plot`.
 """
 
@@ -24,6 +26,10 @@ th:first-child, td.left { text-align: left; }
 .bar { background: #1a7f37; height: .8rem; }
 .barcell { width: 12rem; }
 code { background: #f6f8fa; padding: 0 .2rem; white-space: pre; }  /* a token's spaces are part of it */
+details.round > summary { cursor: pointer; }
+ul.tree { list-style: none; margin: .1rem 0; padding-left: 1.4rem; border-left: 1px dotted #d0d7de; }
+.node { color: #6e7781; } .node.path code { color: #1a7f37; font-weight: bold; background: #dafbe1; }
+.node.target code { color: #b08800; } .node small { color: #6e7781; }
 """
 
 
@@ -39,12 +45,25 @@ def html_page(document: dict) -> str:
         "<p>" + " ".join(f'<span class="{fate}">■ {fate}</span>' for fate in COLOURS) + "</p>",
     ]
     for i, run in enumerate(document["runs"]):
-        parts.append(f"<h2>Prompt {i + 1}</h2>{_text(run, source.get('chat', False))}")
+        parts.append(f"<h2>Prompt {i + 1}</h2>{_text(run, source.get('chat', False))}{_rounds(run)}")
     parts += [
         "<h2>Per-position acceptance</h2>",
         _table(("position", "drafted", "accepted", "rate", ""),
                [(r["position"], r["drafted"], r["accepted"], _pct(r["rate"]), _bar(r["rate"]))
                 for r in document["per_position"]]),
+    ]
+    tree = document.get("tree")
+    if tree:
+        parts += [
+            f"<h2>Token tree against its chain</h2><p>{tree['tokens_per_round']:.2f} tokens per round; the "
+            f"chain inside the tree (each node's first child) would have yielded "
+            f"{tree['chain_tokens_per_round']:.2f} ({tree['gain_per_round']:+.2f}). Per depth: the rounds whose "
+            "accepted path reached it, those whose chain would have, and those won by another child.</p>",
+            _table(("depth", "reached", "rate", "its chain reached", "chain rate", "branch wins", "of reached"),
+                   [(d["depth"], d["reached"], _pct(d["rate"]), d["chain_reached"], _pct(d["chain_rate"]),
+                     d["branch_wins"], _pct(d["branch_rate"])) for d in tree["per_depth"]]),
+        ]
+    parts += [
         "<h2>Most rejected draft tokens</h2>",
         _table(("token", "count", "q(x) draft", "p(x) target", "target chose", "context"),
                [(_code(repr(e["text"])), e["count"], _p(e["mean_q"]), _p(e["mean_p"]),
@@ -81,6 +100,68 @@ def _text(run: dict, chat: bool) -> str:
         spans.append(f'<span class="{fate}" title="{escape(_tooltip(fate, known))}">{escape(piece)}</span>')
     prompt = run["prompt"] + ("\n" if chat else "")  # a chat's reply starts a line; a completion goes on
     return f'<pre><span class="prompt">{escape(prompt)}</span>{"".join(spans)}</pre>'
+
+
+def _rounds(run: dict) -> str:
+    """A tree run's rounds, each a <details> that opens to its tree (records with insight), its
+    summary the tokens, the chain's and the winning branch ('' for a chain's run)."""
+    texts = run.get("token_text", {})
+    items = []
+    for i, r in enumerate(run["rounds"]):
+        if r.get("branch") is None:  # a chain's round (records from before trees too)
+            continue
+        branch = r["branch"]
+        chain = min(next((d for d, rank in enumerate(branch) if rank != 0), len(branch)) + 1, len(r["token_ids"]))
+        won = "·".join(str(rank) for rank in branch) or "none"
+        summary = (f"round {i + 1}: {len(r['token_ids'])} tokens, its chain {chain} · "
+                   f"sibling per depth {won}")
+        body = _tree(r, texts) if r.get("tree") else "<p>(no tree: run with insight to keep it)</p>"
+        items.append(f'<details class="round"><summary>{escape(summary)}</summary>{body}</details>')
+    return "<h3>Rounds (click one for its tree)</h3>" + "".join(items) if items else ""
+
+
+def _tree(r: dict, texts: dict) -> str:
+    """The round's tree as nested lists from the root: each node's token, sibling index, p and q;
+    the accepted path (and a draw taken outside the tree) highlighted, the target's own token
+    (recovered or bonus) under the node the walk stopped at."""
+    tree = r["tree"]
+    path = set(tree["path"])
+    last = tree["path"][-1] if tree["path"] else 0
+    kids: dict[int, list[int]] = {}
+    for row, up in enumerate(tree["parents"]):
+        if up >= 0:
+            kids.setdefault(up, []).append(row)
+
+    def text(token: int) -> str:
+        return repr(texts.get(str(token), texts.get(token, str(token))))
+
+    def node(row: int) -> str:
+        label = (f'<span class="node{" path" if row in path or row == 0 else ""}" data-row="{row}">'
+                 f"<code>{escape(text(tree['tokens'][row]))}</code>")
+        if row:
+            label += (f" <small>#{tree['ranks'][row]} p={tree['p'][row]:.3f} q={tree['q'][row]:.3f}</small>")
+        label += "</span>"
+        below = [node(child) for child in sorted(kids.get(row, []), key=lambda c: tree["ranks"][c])]
+        if row == last:
+            below += _ends(r, tree, text)
+        return f"<li>{label}" + (f'<ul class="tree">{"".join(below)}</ul>' if below else "") + "</li>"
+
+    return f'<ul class="tree">{node(0)}</ul>'
+
+
+def _ends(r: dict, tree: dict, text) -> list[str]:
+    """Where the walk ended, under its last accepted node: a draw it took outside the tree, or the
+    target's token (recovered or bonus) after the accepted path."""
+    taken = tree.get("taken")
+    if taken:
+        token, p, q, rank = taken
+        return [f'<li><span class="node path"><code>{escape(text(token))}</code> <small>#{rank} p={p:.3f} '
+                f"q={q:.3f} (drawn outside the tree)</small></span></li>"]
+    if len(r["token_ids"]) > r["num_accepted"]:
+        fate = "bonus" if r["num_accepted"] == len(r["drafted_ids"]) else "recovered"
+        return [f'<li><span class="node target"><code>{escape(text(r["token_ids"][-1]))}</code> '
+                f"<small>the target's ({fate})</small></span></li>"]
+    return []
 
 
 def _tooltip(fate: str, known: dict) -> str:

@@ -95,6 +95,8 @@ def footer(stats) -> Text:
         text.append(f"\nper position ▕{position_bars(stats.per_position)}▏")
         if len(stats.per_position) <= 8:  # percentages while they fit on the line
             text.append("  " + "  ".join(f"{i + 1}:{r:.0%}" for i, r in enumerate(stats.per_position)), style="dim")
+    if stats.tree_rounds:  # what the token tree bought over the chain inside it (core/stats.py)
+        text.append("\n" + stats.tree_line())
     return text
 
 
@@ -128,10 +130,12 @@ class LiveView:
 
     def update(self, event, stats) -> None:
         self.text.append_text(coloured(event.pieces, [f.value for f in event.fates]))
-        self.live.update(Group(self._tail(), Text(""), footer(stats), legend()))
+        below = footer(stats)
+        self.live.update(Group(self._tail(len(below.plain.split("\n"))), Text(""), below, legend()))
 
-    def _tail(self) -> Text:
-        room = max(3, self.console.size.height - 5)  # the footer, a blank line and the legend take 4 lines
+    def _tail(self, footer_lines: int) -> Text:
+        # the footer, a blank line, the legend and one line to spare
+        room = max(3, self.console.size.height - footer_lines - 3)
         lines = self.text.split("\n", allow_blank=True)
         return Text("\n").join(lines[-room:])
 

@@ -183,7 +183,7 @@ class Decoder:
         the proposers' verdict, then (with the next round queued as soon as this one is known not
         to end the run) detokenizing, stop strings, statistics and the event."""
         run, spec = self.current, self.setup.sampling
-        ids, drafted, n, taken, p, q, entropy = self._fetch(launched)
+        ids, drafted, n, taken, p, q, entropy, ranks, tree = self._fetch(launched)
         # The round's tokens are on the host now: the time they count at. Not when the event is
         # yielded: on the CPU the next round's launch runs it to the end before that.
         fetched = time.perf_counter()
@@ -208,11 +208,13 @@ class Decoder:
         run.round_end = now
         used, kept_accepted = len(drafted), min(num_accepted, len(emitted))
         early_stop = used < launched.k_used
+        ranks = ranks if ranks is None else ranks[:kept_accepted]
         run.stats.add_round(used, kept_accepted, len(emitted), timings, early_stop=early_stop,
-                            k_used=launched.k_used)
+                            k_used=launched.k_used, ranks=ranks)
         event = RoundEvent(run.index, emitted, fates, delta, pieces, used, kept_accepted, drafted, timings,
                            q and q[:used], p and p[:used], logprobs, k_used=launched.k_used, early_stop=early_stop)
         event.target_entropy = entropy and entropy[:used]
+        event.ranks, event.tree = ranks, tree
         run.out.add(event, starts)
         return event
 
@@ -283,9 +285,10 @@ class Decoder:
         """The round's one sync, then plain host reads of its staged results."""
         self.clocks[launched.slot].wait()
         rnd = self.round
-        ids, drafted, n, taken = rnd.read_ids(self.host_ids[launched.slot].tolist())
-        p, q, entropy = rnd.read_floats(self.host_f[launched.slot].tolist(), launched.mode)
-        return ids, drafted, n, taken, p, q, entropy
+        values, floats = self.host_ids[launched.slot].tolist(), self.host_f[launched.slot].tolist()
+        ids, drafted, n, taken = rnd.read_ids(values)
+        p, q, entropy = rnd.read_floats(floats, launched.mode)
+        return ids, drafted, n, taken, p, q, entropy, rnd.read_ranks(values), rnd.read_tree(floats)
 
     def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int) -> None:
         """Host proposers and adaptive k learn the round's verdict before the next round."""

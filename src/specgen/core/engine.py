@@ -90,8 +90,9 @@ class Engine:
     def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None,
                 insight: bool = False) -> Decoder:
         """A decoder for `profile`'s settings (default: the engine's), optionally another proposer kind;
-        insight=True makes its round events carry p(x), q(x) and entropy (inspect-acceptance)."""
-        profile, choice = self.resolve(profile or self.profile, proposer_kind, insight)
+        insight=True makes its round events carry p(x), q(x) and entropy (inspect-acceptance), and a
+        tree round's its tree (core/round/tree_stage.py)."""
+        profile, choice = self.resolve(profile or self.profile, proposer_kind)
         kind = "none" if choice is not None and not choice.speculate else proposer_kind or profile.proposer.kind
         spec, sampling = profile.proposer, profile.sampling
         drafter = spec.drafter(kind)
@@ -112,7 +113,7 @@ class Engine:
                            coupling="gumbel" if sampling.coupling == "gumbel" and not sampling.greedy
                            else "rejection", rows=rows, p_min=spec.draft_p_min if uses_model else 0.0,
                            stages=("insight",) * insight)
-        shape = replace(shape, **self._tree(profile, kind, k, insight))
+        shape = replace(shape, **self._tree(profile, kind, k))
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
@@ -217,8 +218,7 @@ class Engine:
         return measured.pair_key(profile.target.path, profile.draft.path if profile.draft else None,
                                  device_name(self.pair.device), str(self.pair.target.dtype).removeprefix("torch."))
 
-    def resolve(self, profile: Profile, proposer_kind: str | None = None,
-                insight: bool = False) -> tuple[Profile, TreeChoice | None]:
+    def resolve(self, profile: Profile, proposer_kind: str | None = None) -> tuple[Profile, TreeChoice | None]:
         """The profile with tree_width / tree_nodes auto chosen from what `specgen bench` measured
         for this pair on this device (core/measured.py, core/tree_cost.py), and the choice (None
         where neither is auto). Where width auto predicts target-only faster, the profile's
@@ -226,16 +226,16 @@ class Engine:
         spec = profile.speculation
         if not spec.auto_tree:
             return profile, None
-        choice = self._choose(profile, proposer_kind or profile.proposer.kind, insight)
+        choice = self._choose(profile, proposer_kind or profile.proposer.kind)
         resolved = replace(profile, speculation=replace(spec, tree_width=choice.width,
                                                         tree_nodes=choice.nodes if choice.width > 1 else 0))
         return (resolved if choice.speculate else target_only(resolved)), choice
 
-    def _choose(self, profile: Profile, kind: str, insight: bool) -> TreeChoice:
+    def _choose(self, profile: Profile, kind: str) -> TreeChoice:
         spec, sampling = profile.speculation, profile.sampling
         k, width = spec.k, spec.tree_width
-        refusal = "" if kind == "none" else tree_refusal(profile, kind, insight,
-                                                         bool(getattr(self.backend, "spread", None)), self.pair)
+        refusal = "" if kind == "none" else tree_refusal(profile, kind, bool(getattr(self.backend, "spread", None)),
+                                                         self.pair)
         if kind == "none" or refusal and width == "auto":
             why = "no proposer drafts" if kind == "none" else f"token trees {refusal}"
             return TreeChoice(1, k, reason=f"a chain: {why}")
@@ -252,13 +252,13 @@ class Engine:
             where = f" (bench's measurements, {measured.describe_key(key)}, T={at:g})"
         return choose(k, width, spec.tree_nodes, rows, where)
 
-    def _tree(self, profile: Profile, kind: str, k: int, insight: bool) -> dict:
+    def _tree(self, profile: Profile, kind: str, k: int) -> dict:
         """The round's tree fields: a chain (width 1) unless the profile asks for a tree, which
         this run must be able to draft and verify (a one-line error says what to change)."""
         spec = profile.speculation
         if spec.tree_width == 1 or k == 0:
             return {}
-        refusal = tree_refusal(profile, kind, insight, bool(getattr(self.backend, "spread", None)), self.pair)
+        refusal = tree_refusal(profile, kind, bool(getattr(self.backend, "spread", None)), self.pair)
         if refusal:
             raise UsageError(f"token trees (tree_width {spec.tree_width}) {refusal}",
                              hint="set tree_width = 1 (--tree-width 1), or change what the message names")
@@ -321,7 +321,7 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
     return mode in ("sample", "temperature"), mode != "temperature"
 
 
-def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair: LoadedPair) -> str:
+def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) -> str:
     """Why this run cannot draft or verify a token tree ("" where it can). spread: a model lies
     over several GPUs (its step crosses devices; tree rows do not yet)."""
     from specgen.core.step.model import OwnedModel
@@ -336,8 +336,8 @@ def tree_refusal(profile: Profile, kind: str, insight: bool, spread: bool, pair:
     models = (pair.target, pair.draft) if kind == "draft" else (pair.target,)
     if not all(isinstance(model, OwnedModel) for model in models):
         return "need specgen's own model step, and this pair runs on transformers"
-    if insight or kind == "draft" and profile.proposer.draft_p_min > 0:
-        return "do not take insight or draft_p_min yet"
+    if kind == "draft" and profile.proposer.draft_p_min > 0:
+        return "do not take draft_p_min yet"
     return ""
 
 

@@ -32,6 +32,8 @@ class RoundEvent:
     target_entropy: list[float] | None = None  # insight only: entropy of p at each drafted position (nats)
     k_used: int = 0  # the round's k: the profile's, cut to fit max_tokens, or the adaptive one
     early_stop: bool = False  # fewer than k_used drafted (unsure draft, drafted stop token, short n-gram match)
+    ranks: list[int] | None = None  # token trees: each accepted node's sibling index (0: the chain's choice)
+    tree: object | None = None  # token trees with insight: the round's tree (core/round/tree_stage.TreeView)
 
 
 @dataclass

@@ -9,6 +9,10 @@ Definitions used below: a drafted position is *verified* when the verifier judge
 accepted or it was the first rejection of its round; positions after a rejection were drafted but
 never judged. A token is *rejected* at the first unaccepted position of a round that emitted a
 recovered token there (a round cut by a stop token rejects nothing).
+
+Token trees: a record also keeps each accepted node's sibling index (`branch`: 0 the first child,
+the chain's choice), and with insight the round's tree (`tree`, core/round/tree_stage.TreeView as
+a dict); `tree_report` compares the tree with the chain inside it (core/stats.py defines it).
 """
 
 from __future__ import annotations
@@ -33,11 +37,15 @@ class RoundRecord:
     target_entropy: list[float] | None = None  # [drafted] entropy of p at each drafted position (nats)
     k_used: int | None = None  # the k this round asked for (adaptive k, or less near max_tokens)
     early_stop: bool = False  # drafted fewer than k_used (draft_p_min, a drafted stop, a short n-gram)
+    branch: list[int] | None = None  # token trees: each accepted node's sibling index (0: the chain's choice)
+    tree: dict | None = None  # token trees with insight: the round's tree (TreeView.as_dict)
 
     @classmethod
     def from_event(cls, event) -> "RoundRecord":
+        tree = getattr(event, "tree", None)
         return cls(event.drafted_ids, event.num_accepted, event.token_ids, event.target_p, event.draft_q,
-                   getattr(event, "target_entropy", None), event.k_used, event.early_stop)
+                   getattr(event, "target_entropy", None), event.k_used, event.early_stop,
+                   getattr(event, "ranks", None), tree.as_dict() if tree is not None else None)
 
     @property
     def rejected(self) -> bool:
@@ -65,7 +73,9 @@ class RunRecord:
         rounds = [RoundRecord.from_event(e) for e in events]
         rejected = {r.drafted_ids[r.num_accepted] for r in rounds if r.rejected}
         chosen = {r.token_ids[r.num_accepted] for r in rounds if r.rejected}
-        token_text = {t: tokenizer.decode([t], skip_special_tokens=False) for t in sorted(rejected | chosen)}
+        # a tree's nodes and the round's own tokens, for the HTML report's drawing of each tree
+        nodes = {t for r in rounds if r.tree for t in r.tree["tokens"] + r.token_ids}
+        token_text = {t: tokenizer.decode([t], skip_special_tokens=False) for t in sorted(rejected | chosen | nodes)}
         return cls(prompt, finished.text, finished.token_ids, [f.value for f in finished.fates],
                    finished.pieces, rounds, token_text)
 
@@ -95,7 +105,7 @@ def stats_of(runs: list[RunRecord]) -> AcceptanceStats:
         for r in run.rounds:
             k_used = len(r.drafted_ids) if r.k_used is None else r.k_used
             stats.add_round(len(r.drafted_ids), r.num_accepted, len(r.token_ids), {},
-                            early_stop=r.early_stop, k_used=k_used)
+                            early_stop=r.early_stop, k_used=k_used, ranks=r.branch)
     return stats
 
 
@@ -123,7 +133,26 @@ def analyse(runs: list[RunRecord], top: int = 10) -> dict:
         "rejected": rejected_tokens(runs, top),
         "entropy": entropy_bins(runs),
         "has_probabilities": any(r.target_p is not None for run in runs for r in run.rounds if r.drafted_ids),
+        "tree": tree_report(stats),
     }
+
+
+def tree_report(stats: AcceptanceStats) -> dict | None:
+    """What the tree bought over the chain inside it (core/stats.py), None without tree rounds:
+    tokens per round of each, and per depth d (1-based) the rounds whose accepted path reached d
+    (`reached`, rate: of all tree rounds), those whose chain would have (`chain_reached`), and
+    those whose node at d is not a first child (`branch_wins`, rate: of `reached`)."""
+    rounds = stats.tree_rounds
+    if not rounds:
+        return None
+    per_depth = []
+    for d, (reached, chain, wins) in enumerate(zip(stats.accepted_at, stats.chain_at, stats.branch_at)):
+        per_depth.append({"depth": d + 1, "reached": reached, "rate": reached / rounds, "chain_reached": chain,
+                          "chain_rate": chain / rounds, "branch_wins": wins,
+                          "branch_rate": wins / reached if reached else None})
+    return {"rounds": rounds, "tokens_per_round": stats.tree_emitted / rounds,
+            "chain_tokens_per_round": stats.chain_emitted / rounds, "gain_per_round": stats.tree_gain,
+            "line": stats.tree_line(), "per_depth": per_depth}
 
 
 def rejected_tokens(runs: list[RunRecord], top: int) -> list[dict]:

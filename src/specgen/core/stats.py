@@ -6,6 +6,17 @@ Token trees: a drawn child that the node budget left out of the tree, accepted b
 walk, ends the round and counts as accepted, with no recovered or bonus token after it
 (docs/sampling.md, "Token trees").
 
+What a tree bought (tree rounds, from each accepted node's sibling index, 0 the first child): the
+chain inside the tree is the path of first children from the root (each node's child the draft
+ranks first: its top-1 token, or with drawn children its first draw; with top-w children it is
+the best-scoring node of every level, the draft's own greedy chain). Verified with the same
+random numbers, that chain accepts exactly the leading first children of the tree's accepted
+path (a0 of them: the walks try a node's first child with the chain's own test), then emits one
+more token, so it would have yielded min(a0 + 1, the round's tokens) (the cap: a stop token or
+max_tokens ends both). Per depth d: the rounds whose accepted path reached d (accepted_at),
+those whose chain would have (chain_at), and those whose node at d is not a first child
+(branch_at: a branch won there).
+
 Rates (one definition each, used by generate, bench and the live view):
 generation rate = tokens / seconds from the run's start to its last token (prefill included);
 decode rate = tokens after the first round's / seconds after the first round's tokens were out:
@@ -36,9 +47,15 @@ class AcceptanceStats:
     first_token_seconds: float | None = None  # from the run's start to the first round's tokens
     first_round_tokens: int = 0  # tokens that first round released
     generation_seconds: float = 0.0  # from the run's start to the latest round's tokens
+    tree_rounds: int = 0  # rounds that verified a token tree
+    tree_emitted: int = 0  # tokens those rounds emitted (as verified: drop() leaves it, as the chain's)
+    chain_emitted: int = 0  # tokens the chain inside each tree would have emitted (see above)
+    chain_at: list[int] = field(default_factory=list)  # [depth] tree rounds whose chain reached depth i + 1
+    branch_at: list[int] = field(default_factory=list)  # [depth] tree rounds accepting a non-first child there
 
     def add_round(self, num_drafted: int, num_accepted: int, num_emitted: int, timings: dict[str, float],
-                  early_stop: bool = False, k_used: int = 0) -> None:
+                  early_stop: bool = False, k_used: int = 0, ranks: list[int] | None = None) -> None:
+        """ranks: a tree round's accepted nodes' sibling indices (num_accepted of them; None: a chain)."""
         self.rounds += 1
         self.k_total += k_used
         self.drafted += num_drafted
@@ -62,6 +79,21 @@ class AcceptanceStats:
             self.accepted_at[i] += 1
         for phase, value in timings.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + value
+        if ranks is not None:
+            self._add_tree(ranks, num_emitted)
+
+    def _add_tree(self, ranks: list[int], num_emitted: int) -> None:
+        chain = next((i for i, rank in enumerate(ranks) if rank != 0), len(ranks))  # a0: its accepted
+        self.tree_rounds += 1
+        self.tree_emitted += num_emitted
+        self.chain_emitted += min(chain + 1, num_emitted)
+        grow = len(ranks) - len(self.chain_at)
+        if grow > 0:
+            self.chain_at.extend([0] * grow)
+            self.branch_at.extend([0] * grow)
+        for i, rank in enumerate(ranks):
+            self.chain_at[i] += int(i < chain)
+            self.branch_at[i] += int(rank != 0)
 
     def released(self, seconds: float, tokens: int) -> None:
         """A round's tokens are out, `seconds` after the run's start (the first time: time to first token)."""
@@ -118,6 +150,22 @@ class AcceptanceStats:
     @property
     def mean_k(self) -> float:
         return self.k_total / self.rounds if self.rounds else 0.0
+
+    @property
+    def tree_gain(self) -> float | None:
+        """Tokens per tree round over what the chain inside the tree would have yielded (None: no tree round)."""
+        return (self.tree_emitted - self.chain_emitted) / self.tree_rounds if self.tree_rounds else None
+
+    def tree_line(self) -> str:
+        """What the tree bought, for people ("" without tree rounds): tokens per round over its
+        chain's, and per depth the share of the paths reaching it through a branch."""
+        if not self.tree_rounds:
+            return ""
+        wins = [b / a if a else 0.0 for b, a in zip(self.branch_at, self.accepted_at)]
+        line = f"tree {self.tree_gain:+.2f} tok/round over its chain"
+        if wins:
+            line += f", branch wins at depth 1..{len(wins)}: " + " ".join(f"{w:.0%}" for w in wins)
+        return line
 
     @property
     def per_position(self) -> list[float]:

@@ -264,7 +264,7 @@ def test_width_one_is_the_chain_round(pair):
 @pytest.mark.parametrize("change, message", [
     (dict(proposer=ProposerSpec(kind="hybrid")), "are drafted by the draft model or by prompt lookup, not yet by "
                                                   "the hybrid proposer"),
-    (dict(proposer=ProposerSpec(draft_p_min=0.3)), "do not take insight or draft_p_min yet"),
+    (dict(proposer=ProposerSpec(draft_p_min=0.3)), "do not take draft_p_min yet"),
 ])
 def test_what_trees_cannot_take_yet_is_a_usage_error(pair, change, message):
     profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=4), **change)

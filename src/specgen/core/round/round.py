@@ -160,6 +160,14 @@ class Round(Shared):
         """(p, q, entropy) from the host's copy of stage_f (each None where not staged)."""
         return self.stage.read(floats, self.drafters[mode].one_hot)
 
+    def read_ranks(self, values: list[int]) -> list[int] | None:
+        """A tree round's accepted nodes' sibling indices (core/round/tree_round.py); a chain has none."""
+        return None
+
+    def read_tree(self, floats: list[float]):
+        """A tree round's tree with insight (core/round/tree_stage.py's TreeView); a chain has none."""
+        return None
+
     def state(self) -> list[torch.Tensor]:
         """The buffers a round reads and writes that outlive it (a capture's warm-up restores them)."""
         return [self.feed, self.budget, self.num_drafts, self.generated, self.limit,

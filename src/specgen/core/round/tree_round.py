@@ -12,7 +12,9 @@ buffers, with a tree drafter, tree verification and a commit that compacts both 
              step's `compact` op), so the next round starts as after a chain; the ids are staged
              as a chain round stages them (out | the drafts the walk followed | drafts that count),
              then `taken`: 1 where the walk ended on a drawn child it accepted outside the tree
-             (the drafts staged show that token at its depth), which the host counts as accepted
+             (the drafts staged show that token at its depth), which the host counts as accepted,
+             then each accepted node's sibling index (core/round/tree_stage.py: which branch won)
+    stage    with insight, the tree itself (core/round/tree_stage.py's TreeInsight)
 
 Every shape is fixed by (k, width, nodes): no host sync, nothing the next round needs is
 allocated. A width of 1 never comes here: that is the chain round (core/round/round.py).
@@ -27,8 +29,8 @@ from specgen.core.round.drafters import draft_spec
 from specgen.core.round.host_tree import HostTree
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
-from specgen.core.round.stage import NoStage
 from specgen.core.round.tree import Tree
+from specgen.core.round.tree_stage import NoTreeStage, TreeInsight, path_ranks
 from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, logprobs_from_logits, uniforms_
 
 
@@ -216,8 +218,10 @@ class TreeRound(Round):
         draft_params = WarpParams.from_spec(draft_spec(spec, shape.draft_pick != "temperature"), w, self.device)
         self.drafter, mode = self._tree_drafter(shape, draft_params)
         self.drafters = {mode: self.drafter}
-        # the chain's layout and one slot more: [out (k+1) | drafts (k) | n | taken]
-        self.stage_ids = torch.zeros(2 * k + 3, dtype=torch.long, device=self.device)
+        # the chain's layout and more: [out (k+1) | drafts (k) | n | taken | ranks (k)]
+        self.stage_ids = torch.zeros(3 * k + 3, dtype=torch.long, device=self.device)
+        self.stage = TreeInsight(self, self.tree, self.drafter.one_hot) if "insight" in shape.stages \
+            else NoTreeStage(self)
 
     def _tree_drafter(self, shape, draft_params: WarpParams) -> tuple:
         """(the drafter part, the mode it runs in): the host's lookup tree where no model drafts."""
@@ -233,8 +237,8 @@ class TreeRound(Round):
         tree = self.tree
         return max(self.k + 3, tree.n + 2, 2 + (self.k - 1) * tree.w + 1)
 
-    def _stage(self, insight: bool, spec) -> NoStage:
-        return NoStage(self)
+    def _stage(self, insight: bool, spec) -> NoTreeStage:
+        return NoTreeStage(self)  # the tree's own, once the tree is built (__init__)
 
     def body(self, mode: Mode, mark) -> None:
         mark()
@@ -246,8 +250,10 @@ class TreeRound(Round):
         mark()
         penalties, bad = self.tree_rows.target_rows(self.tree, rows)
         out, path, shown, taken = self.coupling.verify(self.tree, rows, self.params, penalties, bad)
+        ranks = path_ranks(self.tree, out[0], path[0], taken[0], self.steps[: self.k])
+        self.stage.stage(out[0], path[0], taken[0], ranks, penalties, bad)
         self.keep_path_rows(path[0], penalties, bad)
-        self.commit(out[0], path[0], shown[0], taken[0])
+        self.commit(out[0], path[0], shown[0], taken[0], ranks)
         self.rows.penalties.commit(out[0])
         mark()
 
@@ -260,10 +266,12 @@ class TreeRound(Round):
             penalties = PenaltyRows(penalties.counts[rows], penalties.seen[rows])
         self.rows.last = (self.rows.params, penalties, bad[rows] if bad is not None and bad.dim() == 2 else bad)
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor) -> None:
+    def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor,
+               ranks: torch.Tensor) -> None:
         """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes; the drafter
         keeps what it needs of its own (TreeDraft.commit, HostTree.commit). A last token `taken` (a
-        draw accepted outside the tree) has no K/V in any cache, as a recovered one."""
+        draw accepted outside the tree) has no K/V in any cache, as a recovered one. ranks [k]:
+        the accepted nodes' sibling indices, staged after the chain's ids."""
         k, target = self.k, self.target
         emitted = (out >= 0).sum()
         steps = self.steps[:k]
@@ -272,7 +280,7 @@ class TreeRound(Round):
         self.drafter.commit(out, path, emitted)
         # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
         shown = torch.where((taken > 0) & (steps == emitted - 1), out[:k], shown)
-        torch.cat([out, shown, self.num_drafts.long(), taken.view(1)], out=self.stage_ids)
+        torch.cat([out, shown, self.num_drafts.long(), taken.view(1), ranks], out=self.stage_ids)
         self.feed[0, :1].copy_(out.index_select(0, (emitted - 1).view(1)))
         target.position.add_(emitted)
         self.emitted.copy_(emitted)
@@ -282,3 +290,11 @@ class TreeRound(Round):
         """As a chain's, and the last token out a draft where the walk took it outside the tree."""
         ids, drafted, n, _ = super().read_ids(values)
         return ids, drafted, n, values[2 * self.k + 2] == 1
+
+    def read_ranks(self, values: list[int]) -> list[int]:
+        """The sibling index of each accepted node (0: the chain's choice) from stage_ids' copy."""
+        return [r for r in values[2 * self.k + 3:] if r >= 0]
+
+    def read_tree(self, floats: list[float]):
+        """The round's TreeView from stage_f's copy (None without insight)."""
+        return self.stage.view(floats)
