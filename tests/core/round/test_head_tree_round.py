@@ -9,10 +9,11 @@ On a GPU: captured rounds equal eager ones, and bf16 greedy trees give target-on
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
 import pytest
 import torch
+
+from dataclasses import replace
 
 from decode_helpers import assert_first_two_follow_p, finish, make_profile, random_prompts
 from specgen.core.engine import Engine, target_only
@@ -148,6 +149,30 @@ def test_sampled_head_tree_rounds_follow_the_target_distribution(headed, case):
                    if isinstance(e, RoundEvent))
     assert accepted > 5, "the head's trees were (almost) never accepted: the test would not test acceptance"
     assert_first_two_follow_p(engine, profile, [7, 8, 9], engine.pair.target)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_head_trees_on_the_kernel_table_give_target_only_tokens(headed):
+    """The head's calls on the step's Triton table (here in the interpreter, uncaptured): its
+    levels' tree rows through the attention kernel's tails over its own cache, the target's tree
+    step through the runners a GPU captures. Greedy output is still target-only's."""
+    from gpu_helpers import KernelRunners, kernels
+
+    class HeadKernels(KernelRunners):
+        def head_ops(self, head):
+            from specgen.gpu.ops import TritonOps
+
+            head.layers[0].self_attn.fuse()
+            return TritonOps(self.kernels)
+
+    target, _, reduced = headed
+    profile = tree_profile(target, reduced, 3, 3, 8, max_tokens=6)
+    prompt = random_prompts(200, 1, seed=4)[0]
+    reference = finish(Engine(target_only(profile)).decoder(), prompt).token_ids
+    engine = Engine(profile, backend=HeadKernels(kernels(attention=True, rope=True)))
+    assert engine.describe()["heads"] == {"eagle": "kernels"}
+    assert finish(engine.decoder(), prompt).token_ids == reference
 
 
 def test_mtp_trees_are_refused(headed):
