@@ -144,8 +144,8 @@ def test_sampled_head_tree_rounds_follow_the_target_distribution(headed, case):
     profile = tree_profile(target, whole if vocab == "whole" else reduced, *shape, max_tokens=3, **sampling)
     engine = Engine(profile)
     assert engine.decoder().round.tree.sampled
-    accepted = sum(e.num_accepted for seed in range(40)
-                   for e in engine.decoder(replace(profile, sampling=replace(profile.sampling, seed=seed))).run([7, 8, 9])
+    seeded = [replace(profile, sampling=replace(profile.sampling, seed=seed)) for seed in range(40)]
+    accepted = sum(e.num_accepted for run in seeded for e in engine.decoder(run).run([7, 8, 9])
                    if isinstance(e, RoundEvent))
     assert accepted > 5, "the head's trees were (almost) never accepted: the test would not test acceptance"
     assert_first_two_follow_p(engine, profile, [7, 8, 9], engine.pair.target)
