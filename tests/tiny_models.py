@@ -146,6 +146,26 @@ def build_head(config=None, seed: int = 0, owns_embedding: bool = False):
     return head
 
 
+def head_for(target: Path, folder: Path, draft_vocab: int | None = None, seed: int = 3,
+             aux: tuple[int, ...] = (0, 1, 1)) -> Path:
+    """A random EAGLE-3 head for a tiny target (build_pair's: 2 layers, so aux (0, 1, 1)), saved
+    in the speculators format. draft_vocab: a reduced vocabulary of that many target ids (a seeded
+    random subset), else the whole one."""
+    import json
+
+    from specgen.core.drafters.head_formats import save_speculators
+
+    config = json.loads((target / "config.json").read_text())
+    vocab = config["vocab_size"]
+    head = build_head(tiny_head_config(hidden_size=config["hidden_size"], target_hidden_size=config["hidden_size"],
+                                       target_vocab_size=vocab, draft_vocab_size=draft_vocab or vocab,
+                                       aux_layer_ids=aux, max_position_embeddings=512), seed=seed)
+    if draft_vocab is None:
+        head.identity_vocab()
+    save_speculators(head, folder, "tiny-target")
+    return folder
+
+
 def write_eagle3_original(head, folder: Path, with_embedding: bool = False) -> Path:
     """The head as the EAGLE-3 repository (and SpecForge) write one: a flat Llama config with
     `LlamaForCausalLMEagle3`, layer ids one lower than vLLM's under `eagle_config`, weights

@@ -88,5 +88,5 @@ def test_auto_is_a_chain_where_trees_cannot_run(pair, tmp_path):
     profile = replace(auto_profile(pair, tmp_path), proposer=ProposerSpec(kind="hybrid"))
     engine = Engine(profile)
     assert type(engine.decoder().round) is Round
-    assert engine.describe()["tree_auto"].startswith("a chain: token trees are drafted by the draft model or by "
-                                                     "prompt lookup, not yet by the hybrid proposer")
+    assert engine.describe()["tree_auto"].startswith("a chain: token trees are drafted by the draft model, an "
+                                                     "EAGLE-3 head or prompt lookup, not yet by the hybrid proposer")

@@ -327,16 +327,17 @@ def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) ->
     from specgen.core.step.model import OwnedModel
 
     if kind == "hybrid":
-        return ("are drafted by the draft model or by prompt lookup, not yet by the hybrid proposer "
-                "(its lookup trees and the model's are not merged)")
-    if kind not in ("draft", "ngram"):
-        return f"are drafted by the draft model or by prompt lookup (ngram) only, not by the {kind} proposer"
+        return ("are drafted by the draft model, an EAGLE-3 head or prompt lookup, not yet by the hybrid "
+                "proposer (its lookup trees and the model's are not merged)")
+    if kind not in ("draft", "eagle", "ngram"):  # mtp: its layer's cache rolls back on the host
+        return (f"are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
+                f"not by the {kind} proposer")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
     models = (pair.target, pair.draft) if kind == "draft" else (pair.target,)
     if not all(isinstance(model, OwnedModel) for model in models):
         return "need specgen's own model step, and this pair runs on transformers"
-    if kind == "draft" and profile.proposer.draft_p_min > 0:
+    if kind != "ngram" and profile.proposer.draft_p_min > 0:
         return "do not take draft_p_min yet"
     return ""
 

@@ -163,8 +163,10 @@ class GraphRunner:
     def step_rows(self, rows, logits_out: torch.Tensor) -> None:
         """A step over given rows (a token tree's, core/step/rows.py), logits into logits_out [n,
         width]; the position stays (the round's commit moves it). Inside a round's capture; a
-        model over several GPUs never gets here (core/engine.py's tree_refusal)."""
-        logits = self.model.step(rows, self.cache, self.ops)[0]
+        model over several GPUs never gets here (core/engine.py's tree_refusal). The head's tap armed:
+        a head drafting trees reads the accepted path's states (core/round/head_tree.py)."""
+        with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
+            logits = self.model.step(rows, self.cache, self.ops)[0]
         cols = min(logits.shape[-1], self.width)
         logits_out[:, :cols].copy_(logits[:, :cols])
 

@@ -335,6 +335,21 @@ class Eagle3Head(nn.Module):
         kernel launches a call)."""
         if positions is None:
             positions = self.position + torch.arange(ids.shape[0], device=ids.device)
+        # one chain of rows from positions[0] (its slots are its positions): the rows' layout the
+        # attention kernel reads
+        logits, out = self.forward_rows(Rows(ids[None], positions[None], positions[None], positions[:1]),
+                                        features, keys)
+        if track:
+            self.position.copy_(positions[-1] + 1)
+        return logits, out
+
+    def forward_rows(self, rows: Rows, features: torch.Tensor,
+                     keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward over one sequence's rows in any layout (core/step/rows.py, B = 1): a chain's, or
+        a token tree's, each node after the committed prefix and its ancestors at their slots.
+        features [N, ...] as forward's, one per row; keys as forward's (more than the largest slot).
+        Leaves `position` alone."""
+        ids, positions = rows.ids[0], rows.positions[0]
         h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
         ops = self.ops
         embeds = ops.embed(self.embedding, ids[None]).to(h.dtype)
@@ -342,14 +357,9 @@ class Eagle3Head(nn.Module):
         if rope[0].dtype != h.dtype:  # features in another dtype than the head's weights
             rope = self.rotary(positions, h.dtype)
         rotary = (rope[0][:, 0][None], rope[1][:, 0][None])  # [N, 1, D] -> the ops' [1, N, D]
-        # one chain of rows from positions[0] (its slots are its positions): the rows' layout the
-        # attention kernel reads
-        rows = Rows(ids[None], positions[None], positions[None], positions[:1])
         cache = _Slots(self.k_cache, self.v_cache) if keys is None else \
             _Slots(self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
         out = self.layers[0](embeds, h[None], rows, cache, ops, rotary)
-        if track:
-            self.position.copy_(positions[-1] + 1)
         return ops.linear(self.norm(out, ops), self.lm_head.weight)[0], out[0]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -236,6 +236,18 @@ class EagleDrafter:
         logits, hidden = self.head.forward(ids, hidden, positions, self._keys(positions), False)
         return self._logits(logits), hidden
 
+    def step_rows(self, rows, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """step over given rows (a token tree's level: core/round/head_tree.py), each on the
+        hidden state [N, H] of its parent: (logits [N, width], output hidden states [N, H])."""
+        keys = int(rows.slots.max()) + 1 if self.eager else None  # tails name earlier slots only
+        logits, hidden = self.head.forward_rows(rows, hidden, keys)
+        return self._logits(logits), hidden
+
+    def hidden_rows(self, n: int) -> torch.Tensor:
+        """A buffer for n of the head's output hidden states (zeros)."""
+        weight = self.head.fc.weight
+        return weight.new_zeros(n, self.head.config.hidden_size)
+
 
 class MtpDrafter:
     """A checkpoint's MTP layer (core/drafters/mtp.py) as the round's drafter. Its cache is a growing one,

@@ -36,10 +36,16 @@ class HeadDrafts:
     def extend(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over the previous round's k + 1 target rows: the logits and hidden state of its
         last emitted row, which predict the token after `last`."""
+        return self.extend_over(self.rnd.out[0], self.head.features(self.rnd.k + 1))
+
+    def extend_over(self, out: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """extend, given the previous round's output row out [k+1] (accepted drafts, then the new
+        token; -1 past them) and its target rows' features [k+1, F] in the same order (a tree
+        round's: its accepted path's, core/round/head_tree.py)."""
         rnd, head = self.rnd, self.head
-        ids = rnd.out[0].clamp_min(0)  # accepted drafts, then the new token; stale ids past them
+        ids = out.clamp_min(0)  # stale ids past the emitted ones
         positions = (rnd.target.position - rnd.emitted + rnd.steps).clamp_min(0)
-        logits, hidden = head.extend(ids, head.features(rnd.k + 1), positions)
+        logits, hidden = head.extend(ids, features, positions)
         last = (rnd.emitted - 1).view(1)
         return logits.index_select(0, last), hidden.index_select(0, last)
 

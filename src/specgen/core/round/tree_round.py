@@ -2,7 +2,8 @@
 buffers, with a tree drafter, tree verification and a commit that compacts both caches.
 
     draft    the host's lookup tree (core/round/host_tree.py, the ngram proposer), or the draft model steps over `pending` (the root's children: level 1), then once per
-             level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py)
+             level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py);
+             an EAGLE-3 head likewise after its extend (core/round/head_tree.py)
     select   the n best candidates by cumulative draft log-probability, as tree rows
     target   one step over the root and the n nodes (core/step/rows.tree)
     verify   the walk from the root (core/sampling/tree_walk.py, through the round's ops table: one
@@ -26,6 +27,7 @@ import torch
 
 from specgen.core.round.couplings import GumbelCoupling
 from specgen.core.round.drafters import draft_spec
+from specgen.core.round.head_tree import HeadTreeDraft
 from specgen.core.round.host_tree import HostTree
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
@@ -224,9 +226,13 @@ class TreeRound(Round):
             else NoTreeStage(self)
 
     def _tree_drafter(self, shape, draft_params: WarpParams) -> tuple:
-        """(the drafter part, the mode it runs in): the host's lookup tree where no model drafts."""
+        """(the drafter part, the mode it runs in): the host's lookup tree where no model drafts, the
+        head's (core/round/head_tree.py) where an EAGLE-3 head does."""
         if shape.drafter == "none":
             return HostTree(self, self.tree, self.drafter), Mode.HOST
+        if shape.drafter == "eagle":
+            return HeadTreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding,
+                                 self.coupling), Mode.MODEL
         return TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling), \
             Mode.MODEL
 
