@@ -177,6 +177,24 @@ def test_head_trees_on_the_kernel_table_give_target_only_tokens(headed):
     assert finish(engine.decoder(), prompt).token_ids == reference
 
 
+def test_head_trees_with_insight_stage_each_rounds_tree(headed):
+    """Insight takes head trees as it takes the draft model's: the same tokens as without it; each
+    round's staged tree holds its accepted tokens along its path, q in (0, 1] below the root."""
+    target, whole, _ = headed
+    engine = Engine(tree_profile(target, whole, 3, 2, 5, max_tokens=16, temperature=1.0, seed=4))
+    for ids in random_prompts(200, 2, seed=5):
+        plain = finish(engine.decoder(), ids)
+        events = list(engine.decoder(insight=True).run(ids))
+        assert events[-1].token_ids == plain.token_ids
+        rounds = [e for e in events if isinstance(e, RoundEvent)]
+        assert events[-1].stats.tree_rounds == len(rounds) > 0
+        for r in rounds:
+            view = r.tree
+            path = [view.tokens[row] for row in view.path]  # a draw taken outside the tree is no row
+            assert path == r.token_ids[: len(path)] and len(path) == r.num_accepted - (view.taken is not None)
+            assert all(0 < q <= 1 for q in view.q[1:])
+
+
 def test_mtp_trees_are_refused(headed):
     """An MTP layer's cache grows and rolls back on the host: it steps no tree rows."""
     from specgen.core.engine import tree_refusal
