@@ -95,12 +95,13 @@ class BatchDecoder:
 
     def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
         """(index, Finished) for each (prompt ids, settings) of `jobs`, in their order, each as soon
-        as every earlier one is out. Should a round, a row's start or the queue fail, every result
-        finished by then comes out first (in order, leaving out the prompts still running), then
-        the error; on Ctrl-C the prompts still running come out too, as far as they got (reason
-        "interrupted")."""
+        as every earlier one is out. Should the queue fail (a prompts file that turned unreadable),
+        it is read no further, the prompts taken run to their end and come out, then the error.
+        Should a round or a row's start fail, every result finished by then comes out first (in
+        order, leaving out the prompts still running), then the error; on Ctrl-C the prompts still
+        running come out too, as far as they got (reason "interrupted")."""
         queue, done, ready = enumerate(jobs), {}, 0
-        self.exhausted = False
+        self.exhausted, self.failure = False, None
         for b, row in enumerate(self.rows):  # a run the caller stopped reading left its rows
             if row is not None:
                 self.rows[b] = None
@@ -117,6 +118,8 @@ class BatchDecoder:
                     yield ready, done.pop(ready)
                     ready += 1
                 self._fill(queue, done)
+            if self.failure is not None:
+                raise self.failure
         except GeneratorExit:  # the caller stopped reading: nothing to hand over
             raise
         except BaseException as exc:
@@ -135,8 +138,13 @@ class BatchDecoder:
                 self.exhausted = not self._refill(b, queue)
 
     def _refill(self, b: int, queue) -> bool:
-        """Row b takes the queue's next prompt; False when the queue is empty."""
-        job = next(queue, None)
+        """Row b takes the queue's next prompt; False when the queue is empty or failed (its error
+        kept for the end of the run, after the prompts taken)."""
+        try:
+            job = next(queue, None)
+        except Exception as exc:
+            self.failure = exc
+            return False
         if job is None:
             return False
         index, (ids, spec) = job
