@@ -65,9 +65,9 @@ def test_results_held_for_a_long_prompt_are_bounded_by_the_batch(engine):
         assert seen[index][2] == finish(alone, prompts[index]).token_ids
 
 
-def test_finished_results_survive_a_later_failure(engine):
-    """Prompt 0 still running, 1 to 3 finished behind it, then the queue fails: 1 to 3 still come
-    out (in order), then the error."""
+def test_prompts_taken_finish_when_the_queue_fails(engine):
+    """Prompt 0 still running, 1 to 3 finished behind it, then the queue fails: it is read no
+    further, 0 runs to its end, 0 to 3 come out (in order), then the error."""
     prompts = random_prompts(200, 4, seed=6)
 
     def queue():
@@ -80,7 +80,7 @@ def test_finished_results_survive_a_later_failure(engine):
     with pytest.raises(RuntimeError, match="could not be read on"):
         for index, finished in engine.batch_decoder(2).run(queue()):
             seen.append((index, finished.reason))
-    assert seen == [(1, "length"), (2, "length"), (3, "length")]
+    assert seen == [(0, "length"), (1, "length"), (2, "length"), (3, "length")]
 
 
 def test_ctrl_c_hands_over_the_prompts_in_flight_as_far_as_they_got(engine):

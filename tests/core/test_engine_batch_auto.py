@@ -38,35 +38,35 @@ def keep(engine: Engine, folder, tps: dict) -> None:
     measured.save_batches(str(folder), document)
 
 
-WORK = [(8, 10)] * 20  # (prompt tokens, max_tokens) of 20 prompts
+WORK = (20, 18)  # 20 prompts, the longest 8 tokens and max_tokens 10
 
 
 def test_a_number_stands(pair, tmp_path):
     engine = Engine(profile_of(pair, tmp_path, 4))
-    choice = engine.resolve_batch(engine.profile, WORK)
+    choice = engine.resolve_batch(engine.profile, *WORK)
     assert (choice.batch, choice.measured, choice.reason) == (4, False, None)
     assert engine.batch_profile(engine.profile, choice) is engine.profile
 
 
 def test_auto_takes_the_measured_choice_and_its_k(pair, tmp_path):
     engine = Engine(profile_of(pair, tmp_path))
-    nothing = engine.resolve_batch(engine.profile, WORK)
+    nothing = engine.resolve_batch(engine.profile, *WORK)
     assert (nothing.batch, nothing.measured) == (1, False)
     assert nothing.reason.startswith("nothing measured for target + draft on ")
     keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 2): 90, (8, 0): 80, (8, 2): 70})
     engine = Engine(profile_of(pair, tmp_path))
-    choice = engine.resolve_batch(engine.profile, WORK)
+    choice = engine.resolve_batch(engine.profile, *WORK)
     assert (choice.batch, choice.speculate, choice.k, choice.measured) == (4, True, 2, True)
     assert choice.reason.startswith("batch 4, k=2 (bench's measurements, target + draft on ")
     resolved = engine.batch_profile(engine.profile, choice)
     assert resolved.speculation.k == 2 and resolved.proposer.kind == "draft"
-    assert engine.resolve_batch(engine.profile, WORK[:3]).batch == 3  # never more rows than prompts
-    assert engine.resolve_batch(engine.profile, WORK[:1]).batch == 1
+    assert engine.resolve_batch(engine.profile, 3, 18).batch == 3  # never more rows than prompts
+    assert engine.resolve_batch(engine.profile, 1, 18).batch == 1
 
 
 def test_auto_is_batch_one_where_batches_cannot_run(pair, tmp_path):
     engine = Engine(profile_of(pair, tmp_path, kind="ngram"))
-    choice = engine.resolve_batch(engine.profile, WORK)
+    choice = engine.resolve_batch(engine.profile, *WORK)
     assert (choice.batch, choice.measured) == (1, False)
     assert choice.reason == "batch 1: batches are drafted by the draft model only, not by the ngram proposer"
 
@@ -98,7 +98,7 @@ def test_memory_caps_auto_on_a_gpu_only(pair, tmp_path, backend):
     engine = Engine(profile_of(pair, tmp_path, backend=backend))
     keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 2): 90})
     engine = Engine(profile_of(pair, tmp_path, backend=backend))
-    choice = engine.resolve_batch(engine.profile, WORK)
+    choice = engine.resolve_batch(engine.profile, *WORK)
     assert choice.batch == 4
     if backend == "torch":
         assert choice.reason.endswith("; memory not capped on cpu")
@@ -107,6 +107,6 @@ def test_memory_caps_auto_on_a_gpu_only(pair, tmp_path, backend):
     free, _ = torch.cuda.mem_get_info(engine.pair.device)
     models = (engine.pair.target, engine.pair.draft)
     position = batch_row_bytes(models, 2, 3, engine.width) - batch_row_bytes(models, 1, 3, engine.width)
-    huge = [(2 * free // position, 10)] * 20  # prompts whose caches alone outgrow the free memory
-    capped = engine.resolve_batch(engine.profile, huge)
+    huge = 2 * free // position + 10  # prompts whose caches alone outgrow the free memory
+    capped = engine.resolve_batch(engine.profile, 20, huge)
     assert capped.batch == 1 and "no measured batch fits" in capped.reason

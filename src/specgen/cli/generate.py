@@ -16,7 +16,7 @@ import typer
 from specgen.cli import options as opt
 from specgen.cli import render
 from specgen.cli.loading import start_engine
-from specgen.cli.prompts import Prompt, fitting, prompt_ids, read
+from specgen.cli.prompts import checked, prompt_ids, source
 
 
 class Format(str, enum.Enum):
@@ -81,7 +81,7 @@ def generate(
     from specgen.core.profile import load_profile, with_prompt_settings
 
     began = time.perf_counter()  # the records' wall_seconds count from here
-    texts = read_prompts(prompt, opt.prompts_path(prompts_file, prompts), output_format)
+    texts, several = read_prompts(prompt, opt.prompts_path(prompts_file, prompts), output_format)
     if logprobs is not None and output_format == Format.text:
         from specgen.core.errors import UsageError
 
@@ -89,51 +89,83 @@ def generate(
                          hint="add --format json (one prompt) or --format jsonl (--prompts-file)")
     settings = load_profile(profile, opt.overrides(**locals()))
     opt.warn_settings(settings, quiet)
-    own = {id(item): with_prompt_settings(settings, item.settings, item.source) for item in texts}  # a line's own
+    for item in texts:  # each line's own settings, checked before the models load
+        with_prompt_settings(settings, item.settings, item.source)
     # torch and transformers: only for valid input
     engine, decoder, startup = start_engine(settings, allow_pickle, status=not quiet)
     if verbose and not quiet:
         warn(describe({**engine.describe(), "startup": startup.as_dict()}))
     show_live = (live and not quiet and output_format == Format.text
                  and render.can_draw_beside_stdout(render.stderr_console()))
-    jobs = fitting(texts, lambda item: prompt_ids(engine, own[id(item)], item.text, chat, system, truncate_prompt),
-                   lambda item, ids: (engine.decoder(own[id(item)]) if item and item.settings else decoder
-                                      ).check_prompt(ids),
-                   skip_long=skip_long_prompts, warn=None if quiet else warn)
-    several = len(texts) > 1
-    batch = engine.resolve_batch(settings, [(len(ids), own[id(item)].sampling.max_tokens) for item, ids in jobs])
+
+    def encode(item):  # (the prompt's settings, its ids)
+        own = with_prompt_settings(settings, item.settings, item.source)
+        return own, prompt_ids(engine, own, item.text, chat, system, truncate_prompt)
+
+    def check(item, job):
+        own, ids = job
+        (engine.decoder(own) if item.settings else decoder).check_prompt(ids)
+
+    def jobs(warn_skipped):
+        return checked(texts, encode, check, skip_long=skip_long_prompts, warn=warn_skipped)
+
+    prompts, longest = fit(decoder, jobs(None if quiet else warn))  # every prompt, before anything generates
+    batch = engine.resolve_batch(settings, prompts, longest)
+    runs = settings
     if batch.measured:  # auto from the bench's rows: its recommendation at that size (target-only, or its k)
-        settings = engine.batch_profile(settings, batch)
-        own = {id(item): with_prompt_settings(settings, item.settings, item.source) for item in texts}
+        runs = engine.batch_profile(settings, batch)
     if verbose and not quiet:
         warn(describe({"batch_size": batch.batch, "batch_auto": batch.reason}))
-    elif batch.reason and not batch.measured and len(jobs) > 1 and not quiet:  # auto fell back to 1: say why
+    elif batch.reason and not batch.measured and prompts > 1 and not quiet:  # auto fell back to 1: say why
         warn(f"specgen: batch_size auto: {batch.reason}")
-    if batch.batch > 1 and len(jobs) > 1:
-        room = max(len(ids) + own[id(item)].sampling.max_tokens for item, ids in jobs)
-        run_batch(engine, engine.batch_decoder(batch.batch, settings, room), jobs, own, output_format, quiet,
-                  startup, began)
+    # read again as the loop takes them (the ids as checked above; the run's settings for the rest)
+    work = ((item, ids, with_prompt_settings(runs, item.settings, item.source) if runs is not settings else own)
+            for item, (own, ids) in jobs(None))
+    if batch.batch > 1 and prompts > 1:
+        run_batch(engine, engine.batch_decoder(batch.batch, runs, longest), work, output_format, quiet, startup,
+                  began)
         return
-    for n, (item, ids) in enumerate(jobs):
+    for n, (item, ids, own) in enumerate(work):
         label = (item.source or "prompt") if several else None
         # start-up happens once: said on the first summary line, and in every record
-        result = run_one(engine.decoder(own[id(item)]), ids, output_format, show_live, quiet, label,
+        result = run_one(engine.decoder(own), ids, output_format, show_live, quiet, label,
                          startup if n == 0 else None)
-        emit_json(result, item.text, len(ids), own[id(item)], output_format, engine.tokenizer,
+        emit_json(result, item.text, len(ids), own, output_format, engine.tokenizer,
                   {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
         if result.reason == INTERRUPTED:
             raise typer.Exit(130)
 
 
-def run_batch(engine, decoder, jobs: list, own: dict, output_format: Format, quiet: bool, startup,
-              began: float) -> None:
+def fit(decoder, jobs) -> tuple[int, int]:
+    """(prompts that fit the context, the most positions one takes: its tokens and max_tokens), from
+    one pass over them that keeps nothing else (cli/prompts.py `fitting`, one prompt at a time)."""
+    from specgen.cli.prompts import EVERY_PROMPT_TOO_LONG
+    from specgen.core.errors import UsageError
+
+    decoder.check_prompt([0])  # a one-token prompt: fails only when max_tokens and k leave no room for any prompt
+    prompts = longest = 0
+    for _, (own, ids) in jobs:
+        prompts, longest = prompts + 1, max(longest, len(ids) + own.sampling.max_tokens)
+    if not prompts:
+        raise UsageError(EVERY_PROMPT_TOO_LONG, hint="shorten them or lower --max-tokens")
+    return prompts, longest
+
+
+def run_batch(engine, decoder, work, output_format: Format, quiet: bool, startup, began: float) -> None:
     """The prompts of a file through a BatchDecoder: each result, in input order, written as
     run_one writes a finished one (no live view: many prompts advance at once); after Ctrl-C, the
-    prompts that were running as far as they got, then exit 130."""
-    work = ((ids, own[id(item)].sampling) for item, ids in jobs)
+    prompts that were running as far as they got, then exit 130. work: (prompt, ids, settings) of
+    each, read as the loop takes them; only those taken and not yet written are held."""
+    held: dict[int, tuple] = {}
+
+    def queue():
+        for index, (item, ids, own) in enumerate(work):
+            held[index] = item, len(ids), own
+            yield ids, own.sampling
+
     try:
-        for index, finished in decoder.run(work):
-            item, ids = jobs[index]
+        for index, finished in decoder.run(queue()):
+            item, tokens, own = held.pop(index)
             label = item.source or "prompt"
             if output_format == Format.text:
                 sys.stdout.write(f"==> {label} <==\n{finished.text}\n")
@@ -141,7 +173,7 @@ def run_batch(engine, decoder, jobs: list, own: dict, output_format: Format, qui
             if not quiet:
                 render.summary(finished.stats, label=label, startup=startup if index == 0 else None,
                                interrupted=finished.reason == INTERRUPTED)
-            emit_json(finished, item.text, len(ids), own[id(item)], output_format, engine.tokenizer,
+            emit_json(finished, item.text, tokens, own, output_format, engine.tokenizer,
                       {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -166,15 +198,18 @@ def warn(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: Format) -> list[Prompt]:
+def read_prompts(prompt: str | None, prompts_file: Path | None, output_format: Format):
+    """(the prompts, read again each time they are iterated; whether there are several), every line
+    of a file checked once here, none of it kept."""
     from specgen.core.errors import UsageError
 
     if prompts_file is None and output_format == Format.jsonl:
         raise UsageError("--format jsonl needs --prompts-file", hint="use --format json for a single prompt")
-    prompts = read(prompt, prompts_file)
-    if output_format == Format.json and len(prompts) > 1:
+    prompts = source(prompt, prompts_file)
+    count = sum(1 for _ in prompts)
+    if output_format == Format.json and count > 1:
         raise UsageError("--format json takes one prompt", hint="use --format jsonl with --prompts-file")
-    return prompts
+    return prompts, count > 1
 
 
 INTERRUPTED = "interrupted"

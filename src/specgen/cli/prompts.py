@@ -4,6 +4,11 @@ A prompts file has one prompt per line, or JSONL with a string field "prompt" an
 the prompt's own values of some [sampling] keys (core/profile.py's PROMPT_SETTINGS). Lines end at "\n"
 only (a trailing "\r" is dropped): a form feed or U+2028 inside a prompt is part of the prompt, so
 specgen's own JSONL output, which JSON writes with such characters raw, reads back as it was written.
+
+A prompts file is read a line at a time, as often as a run goes over it (generate checks every line
+before the models load, every prompt against the context before anything generates, then feeds the
+prompts to the loop as it takes them): memory holds a line, not the file. A file that can be read
+only once (a pipe, /dev/stdin) is read whole into memory first, as every file was before.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
+from io import BytesIO
 from pathlib import Path
+from typing import Iterator
 
 from specgen.core.errors import UsageError
 
 # Far above any model's context in text (a million tokens is a few MiB), low enough that
-# `< /dev/zero` or a wrong file stops at once instead of filling memory.
+# `< /dev/zero` or a wrong file stops at once instead of filling memory: a prompt (stdin, a line of a
+# file) and a file that is read whole (a pipe).
 STDIN_LIMIT = 32 * 2**20
 FILE_LIMIT = 256 * 2**20
 
@@ -33,17 +41,23 @@ class Prompt:
 
 def read(prompt: str | None, prompts_file: Path | None) -> list[Prompt]:
     """The prompt argument ('-' or None: stdin), or every prompt of the file; none of them empty."""
+    return list(source(prompt, prompts_file))
+
+
+def source(prompt: str | None, prompts_file: Path | None) -> list[Prompt] | PromptsFile:
+    """The prompt argument ('-' or None: stdin), or the file's prompts, read each time they are
+    iterated; each checked as it is read (the file's whole once: an empty file is refused here)."""
     if prompts_file is not None:
         if prompt is not None:
             raise UsageError("give a prompt or --prompts-file, not both")
-        prompts = read_file(prompts_file)
-    else:
-        prompts = [Prompt(read_stdin() if prompt in (None, "-") else prompt)]
-    for p in prompts:
-        if not p.text.strip():
-            where = f" (line {p.source.rsplit(':', 1)[1]} of {prompts_file})" if p.source else ""
-            raise UsageError(f"the prompt is empty{where}", hint="give a prompt as an argument or on stdin")
-    return prompts
+        prompts = PromptsFile(prompts_file)
+        if not any(True for _ in prompts):
+            raise UsageError(f"prompts file {prompts_file} has no prompts")
+        return prompts
+    text = read_stdin() if prompt in (None, "-") else prompt
+    if not text.strip():
+        raise UsageError("the prompt is empty", hint="give a prompt as an argument or on stdin")
+    return [Prompt(text)]
 
 
 def read_stdin() -> str:
@@ -61,33 +75,60 @@ def read_stdin() -> str:
 
 
 def read_file(path: Path) -> list[Prompt]:
-    raw = _read_bounded(path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"prompts file {path} is not valid UTF-8 (offset {exc.start})") from None
-    prompts = []
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.removesuffix("\r")  # files written on Windows
+    """Every prompt of the file, at once (bench and inspect-acceptance run each several times)."""
+    return read(None, path)
+
+
+class PromptsFile:
+    """The prompts of a file, each line read, decoded and checked as it is reached, every time the
+    file is iterated."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            if path.is_dir():
+                raise UsageError(f"prompts file {path} is a directory", hint="give a file with one prompt per line")
+            self._whole = None if path.is_file() else _read_bounded(path)  # a pipe: it cannot be read again
+        except OSError as exc:
+            raise UsageError(f"cannot read prompts file {path}: {exc.strerror}") from None
+
+    def __iter__(self) -> Iterator[Prompt]:
+        try:
+            file = self.path.open("rb") if self._whole is None else BytesIO(self._whole)
+        except OSError as exc:
+            raise UsageError(f"cannot read prompts file {self.path}: {exc.strerror}") from None
+        with file:
+            offset, number = 0, 0
+            while raw := file.readline(STDIN_LIMIT + 1):
+                number += 1
+                if len(raw) > STDIN_LIMIT and not raw.endswith(b"\n"):
+                    raise UsageError(f"{self.path}:{number}: the line holds more than {STDIN_LIMIT // 2**20} MiB, "
+                                     "more than any prompt can use", hint="check that this is the prompts file")
+                prompt = self._prompt(raw, number, offset)
+                offset += len(raw)
+                if prompt is not None:
+                    yield prompt
+
+    def _prompt(self, raw: bytes, number: int, offset: int) -> Prompt | None:
+        """Line `number` (at byte `offset`) as a prompt; None for a blank line."""
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"prompts file {self.path} is not valid UTF-8 (offset {offset + exc.start})") from None
+        line = line.removesuffix("\n").removesuffix("\r")  # files written on Windows
         if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            prompts.append(_json_prompt(path, number, line))
-        else:
-            prompts.append(Prompt(line, f"{path}:{number}"))
-    if not prompts:
-        raise UsageError(f"prompts file {path} has no prompts")
-    return prompts
+            return None
+        prompt = _json_prompt(self.path, number, line) if line.lstrip().startswith("{") else Prompt(
+            line, f"{self.path}:{number}")
+        if not prompt.text.strip():
+            raise UsageError(f"the prompt is empty (line {number} of {self.path})",
+                             hint="give a prompt as an argument or on stdin")
+        return prompt
 
 
 def _read_bounded(path: Path) -> bytes:
-    try:
-        if path.is_dir():
-            raise UsageError(f"prompts file {path} is a directory", hint="give a file with one prompt per line")
-        with path.open("rb") as file:
-            raw = file.read(FILE_LIMIT + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read prompts file {path}: {exc.strerror}") from None
+    with path.open("rb") as file:
+        raw = file.read(FILE_LIMIT + 1)
     if len(raw) > FILE_LIMIT:
         raise UsageError(f"prompts file {path} is larger than {FILE_LIMIT // 2**20} MiB",
                          hint="split it into several files")
@@ -126,11 +167,22 @@ def fitting(prompts: list[Prompt], encode, check, *, skip_long: bool, warn) -> l
     silently). Settings that leave room for no prompt at all stop it either way.
     """
     check(None, [0])  # a one-token prompt: fails only when max_tokens and k leave no room for any prompt
-    jobs = []
+    jobs = list(checked(prompts, encode, check, skip_long=skip_long, warn=warn))
+    if not jobs:
+        raise UsageError(EVERY_PROMPT_TOO_LONG, hint="shorten them or lower --max-tokens")
+    return jobs
+
+
+EVERY_PROMPT_TOO_LONG = "every prompt is too long for the model's context"
+
+
+def checked(prompts, encode, check, *, skip_long: bool, warn) -> Iterator[tuple[Prompt, object]]:
+    """fitting's prompts one at a time, as they are read: (prompt, encode(prompt)) for each that
+    check(prompt, encode(prompt)) lets through, and for no other."""
     for prompt in prompts:
-        ids = encode(prompt)
+        encoded = encode(prompt)
         try:
-            check(prompt, ids)
+            check(prompt, encoded)
         except UsageError as exc:
             if prompt.source is None:
                 raise
@@ -140,10 +192,7 @@ def fitting(prompts: list[Prompt], encode, check, *, skip_long: bool, warn) -> l
             if warn is not None:
                 warn(f"specgen: warning: skipped {prompt.locate(exc.message)}")
             continue
-        jobs.append((prompt, ids))
-    if not jobs:
-        raise UsageError("every prompt is too long for the model's context", hint="shorten them or lower --max-tokens")
-    return jobs
+        yield prompt, encoded
 
 
 def prompt_ids(engine, settings, text: str, chat: bool, system: str | None, truncate: bool) -> list[int]:

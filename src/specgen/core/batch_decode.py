@@ -32,7 +32,7 @@ from typing import Iterable, Iterator
 import torch
 
 from specgen.core.drafters.proposers import AdaptiveK
-from specgen.core.events import Fate, Finished, Output, text_starts
+from specgen.core.events import Fate, Finished
 from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.round.batch_round import BatchRound
 from specgen.core.settings import SamplingSpec
@@ -53,7 +53,9 @@ class _Row:
     start: float
     stops: frozenset  # the ids that end it: its stop ids, and the model's eos unless ignore_eos
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
-    out: Output = field(default_factory=lambda: Output(False))
+    # the tokens emitted so far and their fates (no per-token text: nothing a batch writes shows it)
+    ids: list[int] = field(default_factory=list)
+    fates: list[Fate] = field(default_factory=list)
     adaptive: AdaptiveK | None = None
     budget: int = 0
     reason: str | None = None
@@ -93,12 +95,13 @@ class BatchDecoder:
 
     def run(self, jobs: Iterable[tuple[list[int], SamplingSpec]]) -> Iterator[tuple[int, Finished]]:
         """(index, Finished) for each (prompt ids, settings) of `jobs`, in their order, each as soon
-        as every earlier one is out. Should a round, a row's start or the queue fail, every result
-        finished by then comes out first (in order, leaving out the prompts still running), then
-        the error; on Ctrl-C the prompts still running come out too, as far as they got (reason
-        "interrupted")."""
+        as every earlier one is out. Should the queue fail (a prompts file that turned unreadable),
+        it is read no further, the prompts taken run to their end and come out, then the error.
+        Should a round or a row's start fail, every result finished by then comes out first (in
+        order, leaving out the prompts still running), then the error; on Ctrl-C the prompts still
+        running come out too, as far as they got (reason "interrupted")."""
         queue, done, ready = enumerate(jobs), {}, 0
-        self.exhausted = False
+        self.exhausted, self.failure = False, None
         for b, row in enumerate(self.rows):  # a run the caller stopped reading left its rows
             if row is not None:
                 self.rows[b] = None
@@ -115,6 +118,8 @@ class BatchDecoder:
                     yield ready, done.pop(ready)
                     ready += 1
                 self._fill(queue, done)
+            if self.failure is not None:
+                raise self.failure
         except GeneratorExit:  # the caller stopped reading: nothing to hand over
             raise
         except BaseException as exc:
@@ -133,8 +138,13 @@ class BatchDecoder:
                 self.exhausted = not self._refill(b, queue)
 
     def _refill(self, b: int, queue) -> bool:
-        """Row b takes the queue's next prompt; False when the queue is empty."""
-        job = next(queue, None)
+        """Row b takes the queue's next prompt; False when the queue is empty or failed (its error
+        kept for the end of the run, after the prompts taken)."""
+        try:
+            job = next(queue, None)
+        except Exception as exc:
+            self.failure = exc
+            return False
         if job is None:
             return False
         index, (ids, spec) = job
@@ -172,7 +182,7 @@ class BatchDecoder:
 
     def _budget(self, row: _Row) -> int:
         """The drafts a round may make for row (before adaptive k): what the device's limit leaves."""
-        return max(0, min(self.round.k, row.spec.max_tokens - len(row.out.ids) - 1))
+        return max(0, min(self.round.k, row.spec.max_tokens - len(row.ids) - 1))
 
     def _settle_round(self, launched: _Launched, done: dict) -> None:
         """The round's one sync and one read of every row's staged ids; each row that held its
@@ -197,49 +207,54 @@ class BatchDecoder:
         """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""
         k = self.round.k
         if row.adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
-            row.budget = max(0, min(k, row.spec.max_tokens - len(row.out.ids) - 1))
+            row.budget = max(0, min(k, row.spec.max_tokens - len(row.ids) - 1))
         emitted = [t for t in staged[: k + 1] if t >= 0]
         n = staged[2 * k + 1]
         accepted = len(emitted) - 1
-        fates = [Fate.ACCEPTED] * accepted + [Fate.BONUS if accepted == n else Fate.RECOVERED]
         stops = row.stops
-        drafted = staged[k + 1: k + 1 + n]
-        used = next((i + 1 for i, t in enumerate(drafted) if t in stops), n)  # none past a drafted stop id
-        for i, token in enumerate(emitted):
-            if token in stops:
-                row.reason = "stop_token" if token in row.spec.stop_token_ids else "eos"
-                emitted, fates = emitted[: i + 1], fates[: i + 1]
-                break
+        used = n
+        if not stops.isdisjoint(staged[k + 1: k + 1 + n]):  # none past a drafted stop id
+            used = next(i + 1 for i, t in enumerate(staged[k + 1: k + 1 + n]) if t in stops)
+        if not stops.isdisjoint(emitted):
+            end = next(i + 1 for i, t in enumerate(emitted) if t in stops)
+            row.reason = "stop_token" if emitted[end - 1] in row.spec.stop_token_ids else "eos"
+            emitted = emitted[:end]
         if row.adaptive is not None and row.budget > 0:
             row.adaptive.update(accepted)
-        emitted, fates, pieces, starts, delta = self._text(row, emitted, fates)
-        row.stats.released(now - row.start, len(emitted))
+        emitted = self._text(row, emitted)
         kept = min(accepted, len(emitted))
+        row.stats.released(now - row.start, len(emitted))
         row.stats.add_round(used, kept, len(emitted), timings, early_stop=used < row.budget, k_used=row.budget)
-        row.out.extend(emitted, fates, pieces, starts)
-        if row.reason is None and len(row.out.ids) >= row.spec.max_tokens:
+        row.ids += emitted
+        row.fates += [Fate.ACCEPTED] * kept
+        if len(emitted) > kept:
+            row.fates.append(Fate.BONUS if accepted == n else Fate.RECOVERED)
+        if row.reason is None and len(row.ids) >= row.spec.max_tokens:
             row.reason = "length"
         return row.reason is not None
 
-    def _text(self, row: _Row, emitted: list[int], fates: list):
-        """Detokenize; a stop string cuts the ids where the text ends (core/decode.py, `Decoder._text`)."""
+    def _text(self, row: _Row, emitted: list[int]) -> list[int]:
+        """Detokenize the round's ids at once; a stop string cuts the ids where the text ends (as
+        core/decode.py's `Decoder._text`, which takes them one at a time and keeps each one's text:
+        here only a stop string needs that, replayed when it hits). Returns the ids kept."""
         text = row.text
-        pieces = [text.detok.add([t]) for t in emitted]
-        before = len(text.text)
-        delta, stop_hit = text.add("".join(pieces))
-        starts = text_starts(before, pieces)
+        _, stop_hit = text.add(text.detok.add_all(emitted))
         if stop_hit and row.reason is None:
             row.reason = "stop"
-            keep = sum(1 for at in starts if at < len(text.text))
-            emitted, fates, pieces, starts = emitted[:keep], fates[:keep], pieces[:keep], starts[:keep]
-            row.stats.drop(row.out.trim(len(text.text)))
-        return emitted, fates, pieces, starts, delta
+            at, keep = 0, 0  # the ids whose text starts before the cut, earlier rounds' included
+            for piece in text.detok.pieces():
+                if at >= len(text.text):
+                    break
+                at, keep = at + len(piece), keep + 1
+            if keep < len(row.ids):
+                row.stats.drop(row.fates[keep:])
+                del row.ids[keep:], row.fates[keep:]
+            emitted = emitted[: max(0, keep - len(row.ids))]
+        return emitted
 
     def _interrupted(self, row: _Row) -> Finished:
-        out = row.out
-        return Finished("interrupted", row.text.released, out.ids, out.fates, row.stats, out.pieces)
+        return Finished("interrupted", row.text.released, row.ids, row.fates, row.stats)
 
     def _finish(self, row: _Row) -> Finished:
-        out = row.out
         tail = row.text.finish(row.reason == "stop")
-        return Finished(row.reason, row.text.released, out.ids, out.fates, row.stats, out.pieces, tail, None)
+        return Finished(row.reason, row.text.released, row.ids, row.fates, row.stats, [], tail, None)

@@ -155,18 +155,19 @@ class Engine:
         for key in [key for key in self._rounds if key[0] == "batch"]:
             del self._rounds[key]
 
-    def resolve_batch(self, profile: Profile, work: list[tuple[int, int]]) -> BatchChoice:
-        """[runtime] batch_size for a run of prompts, work: (prompt tokens, max_tokens) each. A
-        number stands; auto is chosen from what `specgen bench --batch-size` measured for this pair
-        on this device (core/measured.py, core/batch_cost.py), capped by memory and the prompts:
-        batch 1 where nothing was measured, or where batches cannot run these settings."""
+    def resolve_batch(self, profile: Profile, prompts: int, longest: int) -> BatchChoice:
+        """[runtime] batch_size for a run of `prompts` prompts, the longest taking `longest` positions
+        (its tokens and max_tokens). A number stands; auto is chosen from what `specgen bench
+        --batch-size` measured for this pair on this device (core/measured.py, core/batch_cost.py),
+        capped by memory and the prompts: batch 1 where nothing was measured, or where batches
+        cannot run these settings."""
         from specgen.core.step.model import OwnedModel
 
         size = profile.runtime.batch_size
         if size != AUTO:
             return BatchChoice(size)
-        if len(work) <= 1:
-            return batch_cost.choose([], profile.proposer.kind, len(work), None)
+        if prompts <= 1:
+            return batch_cost.choose([], profile.proposer.kind, prompts, None)
         refusal = batch_refusal(profile, bool(getattr(self.backend, "spread", None)))
         if not refusal and not all(isinstance(m, OwnedModel) for m in (self.pair.target, self.pair.draft) if m):
             refusal = "need specgen's own model step, and this pair runs on transformers"
@@ -183,8 +184,8 @@ class Engine:
             where = f" (bench's measurements, {measured.describe_key(key)}, T={rows[0]['temperature']:g})"
         speculates = profile.proposer.kind != "none"
         k = max([r["k"] for r in rows] + [profile.speculation.k if speculates else 0])
-        fit, memory = self._rows_fit(max(n + m for n, m in work), k, speculates)
-        return batch_cost.choose(rows, profile.proposer.kind, len(work), fit, where, memory)
+        fit, memory = self._rows_fit(longest, k, speculates)
+        return batch_cost.choose(rows, profile.proposer.kind, prompts, fit, where, memory)
 
     def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
         """The profile a run at `choice` decodes with: a choice from measurements takes its

@@ -2,6 +2,11 @@
 
 Decodes a short window of ids and releases only text that is stable: when the newest ids end in an
 incomplete UTF-8 sequence the decoder yields U+FFFD, and that text is held back until it completes.
+
+A window's text past its first id does not depend on where the window starts (the decoders of
+byte-level BPE, SentencePiece's metaspace and byte fallback, WordPiece): the windows move as ids are
+released, and the batch loop releases a round's ids at once (add_all) where the single loop takes
+them one at a time (add), to the same text.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_ids: list[int]):
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids[-CONTEXT:])
+        self.context = len(self.ids)
+        self._decode = decoder(tokenizer)
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         # the prefix window's text, kept while the offsets stay: ids only grow, so ids[prefix_offset:
@@ -27,9 +34,6 @@ class IncrementalDetokenizer:
             self._prefix = window, self._decode(self.ids[self.prefix_offset:self.read_offset])
         return self._prefix[1]
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
     def add(self, new_ids: list[int]) -> str:
         self.ids.extend(new_ids)
         prefix = self._prefix_text()
@@ -39,12 +43,49 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return text[len(prefix):]
 
+    def add_all(self, new_ids: list[int]) -> str:
+        """What add([t]) for each of new_ids releases, joined: one decode where the ids end on a whole
+        character, else one id at a time (what comes before the incomplete character is released now,
+        as add releases it)."""
+        if len(new_ids) < 2:
+            return self.add(new_ids)
+        text = self._decode(self.ids[self.prefix_offset:] + new_ids)
+        if text.endswith(REPLACEMENT):
+            return "".join([self.add([t]) for t in new_ids])
+        prefix = self._prefix_text()
+        self.ids.extend(new_ids)
+        if len(text) <= len(prefix):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(prefix):]
+
+    def pieces(self) -> list[str]:
+        """The text each output id so far released as add took them one at a time (a stop string
+        cuts the ids where their text does): replayed from the prompt's context, once a stop hits."""
+        again = IncrementalDetokenizer(self.tokenizer, self.ids[:self.context])
+        return [again.add([t]) for t in self.ids[self.context:]]
+
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end stays U+FFFD)."""
         prefix = self._prefix_text()
         text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
         return text[len(prefix):] if len(text) > len(prefix) else ""
+
+
+def decoder(tokenizer):
+    """ids -> text, skipping special tokens, without cleaning up spaces: a tokenizer of the
+    `tokenizers` library decodes in its own call (transformers' decode only converts the ids and
+    calls it, at several times the cost, and a round decodes each row's window); any other through
+    its decode."""
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+    kind = type(tokenizer)
+    if (isinstance(tokenizer, PreTrainedTokenizerFast)
+            and kind._decode is PreTrainedTokenizerFast._decode and kind.decode is PreTrainedTokenizerBase.decode):
+        backend = tokenizer.backend_tokenizer
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 class TextTracker:
