@@ -4,7 +4,7 @@ round (CUDA graphs' kernels included), and the round's wall time against the ker
 rest is gaps between launches).
 
     PYTHONPATH=src python3 benchmarks/gpu/round_kernels.py PAIR.toml [--k 4] [--shapes 1:0,2:8,4:16]
-        [-n 128] [--top 25] [--temperature 0]
+        [-n 128] [--top 25] [--temperature 0] [--proposer eagle]
 
 A shape is width:nodes (1:0 the chain). Written to find what a tree round adds to a chain's.
 """
@@ -32,9 +32,11 @@ def decode(decoder, ids) -> tuple[Finished, int]:
 
 
 def profile_shape(engine: Engine, pair: str, k: int, width: int, nodes: int, tokens: int, temperature: float,
-                  prompt: list[int]) -> tuple[dict, list[str]]:
+                  prompt: list[int], proposer: str | None = None) -> tuple[dict, list[str]]:
     overrides = {"speculation.k": k, "speculation.tree_width": width, "speculation.tree_nodes": nodes,
                  "sampling.max_tokens": tokens, "sampling.temperature": temperature, "sampling.ignore_eos": True}
+    if proposer:
+        overrides["proposer.kind"] = proposer
     decoder = engine.decoder(load_profile(pair, overrides))
     decode(decoder, prompt)  # warm: captures, Triton compiles
     torch.cuda.synchronize()
@@ -70,12 +72,14 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--proposer", default=None, help="the profile's proposer unless given (draft, eagle)")
     args = parser.parse_args()
     engine = Engine(load_profile(args.pair))
     prompt = engine.encode("def quicksort(arr):\n    ")
     for shape in args.shapes.split(","):
         width, nodes = (int(x) for x in shape.split(":"))
-        summary, lines = profile_shape(engine, args.pair, args.k, width, nodes, args.n, args.temperature, prompt)
+        summary, lines = profile_shape(engine, args.pair, args.k, width, nodes, args.n, args.temperature, prompt,
+                                       args.proposer)
         print(f"== {summary}")
         print("launches/round  us/round  kernel")
         print("\n".join(lines[: args.top]))
