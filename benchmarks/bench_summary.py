@@ -26,7 +26,9 @@ def summary(path: Path) -> list[str]:
     for r in data["results"]:
         agreement = ((r.get("greedy_agreement") or {}).get("target-only") or {}).get("identical_fraction")
         phases = {k: round(v, 3) for k, v in r["round_ms"].items()}
-        lines.append(f"{r['proposer']} {r['k']} {r['temperature']} tok/s {r['tokens_per_second']['median']:.0f} "
+        shape = f"w{r['tree_width']}n{r['tree_nodes']}" if r.get("tree_width", 1) > 1 else "chain"
+        coupling = r.get("coupling") or "-"
+        lines.append(f"{r['proposer']} {r['k']} {shape} {r['temperature']} {coupling} tok/s {r['tokens_per_second']['median']:.0f} "
                      f"mal {r['mean_accepted_length']:.2f} x {r['speedup']['target-only']['median']:.2f} "
                      f"identical {agreement} {phases}")
     return lines

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Token trees drafted by an EAGLE-3 head, on one GPU in one call: the head tree tests (captured
 # rounds, bf16 greedy identity), a head trained HEAD_MINUTES minutes on the bench pair, `specgen
-# bench` of the head's chains against its trees (greedy and t 0.8 / top-p 0.95), and what a round
+# bench` of the head's chains against its trees (greedy, and t 0.8 / top-p 0.95 with both couplings), and what a round
 # costs on Llama 3.1 8B + EAGLE-3 head shapes (random weights) with a chain and with trees.
 #   bash benchmarks/gpu/head_trees.sh          # logs, the bench JSON and kernel tables in $OUT
 set -u
@@ -19,8 +19,8 @@ gpu_tests 6 "tests/core/round/test_head_tree_round.py tests/core/round/test_tree
   tests/core/round/test_lookup_tree_round.py tests/core/drafters/test_heads.py"
 wait
 PYTHONPATH=$PWD/src timeout ${BENCH_LIMIT:-240} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml \
-  --proposer eagle --head /tmp/head --k 4,6 --tree-width 1,2,4 --tree-nodes 8,16 -t 0,0.8 --top-p 0.95 \
-  --coupling rejection --num-prompts 5 -n 128 --baseline target-only --no-fp32-check --format json \
+  --proposer eagle --head /tmp/head --k 4,6 --tree-width 1,2,4 --tree-nodes 16 -t 0,0.8 --top-p 0.95 \
+  --num-prompts 5 -n 128 --baseline target-only --no-fp32-check --format json \
   > "$OUT/head-trees.json" 2> /tmp/bench.err
 echo "== bench rc=$? at $SECONDS s" | tee -a "$LOG"
 tail -3 /tmp/bench.err | cut -c1-300 | tee -a "$LOG"
