@@ -3,7 +3,9 @@
 # bench pair (trained MINUTES minutes in the call; greedy, and t 0.8 with Gumbel coupling) and on
 # Llama 3.1 8B + 3.2 1B random-weight shapes (greedy: costs only), each run's round against its
 # floor (the weights once a step, plus each row's keys and values: core/bench/floors.py), then
-# where a tree round's time goes (benchmarks/gpu/round_kernels.py).
+# where a batch round's time goes (benchmarks/gpu/batch_kernels.py). BASE=folder adds the greedy
+# sweep on that folder's src/ (a baseline: before/after in one call); where head_trees.sh trained a
+# head on this machine (/tmp/head), the head's batches too.
 #   bash benchmarks/gpu/batches.sh          # logs and the bench JSON in $OUT
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/batches-log.txt
@@ -20,7 +22,7 @@ wait
 echo "== pairs at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-120) | $(tail -1 /tmp/fam.log | cut -c1-120)" | tee -a "$LOG"
 bench() {  # name, limit, args...
   local name=$1 limit=$2; shift 2
-  PYTHONPATH=$PWD/src timeout "$limit" python3 -m specgen.cli.main bench "$@" --format json > "$OUT/$name.json" 2> "/tmp/$name.err"
+  PYTHONPATH=${PYTHONPATH%%:*} timeout "$limit" python3 -m specgen.cli.main bench "$@" --format json > "$OUT/$name.json" 2> "/tmp/$name.err"
   echo "== $name rc=$? at $SECONDS s" | tee -a "$LOG"
   tail -2 "/tmp/$name.err" | cut -c1-300 | tee -a "$LOG"
   python3 - "$OUT/$name.json" <<'PY' 2>&1 | tee -a "$LOG"
@@ -44,17 +46,19 @@ print("stops paying at", d.get("speculation_stops_paying_at"))
 PY
 }
 bench pair-greedy 120 -p /tmp/bench/pair.toml --batch-size 1,4,8,16,32 --k 2,4 --num-prompts 64 -n 128
-if [ -n "${PIPELINE_AB:-}" ]; then  # the same sweep with one round in flight (before the queue-ahead)
-  sed 's/^\[speculation\]$/[speculation]\npipeline = "off"/' /tmp/bench/pair.toml > /tmp/bench/pair-off.toml
-  bench pair-greedy-off 120 -p /tmp/bench/pair-off.toml --batch-size 1,4,8,16,32 --k 2,4 --num-prompts 64 -n 128
+if [ -n "${BASE:-}" ]; then  # the same sweep on a baseline tree's src/ (before/after in one call)
+  PYTHONPATH=$BASE/src:$PWD/tests bench pair-greedy-base 120 -p /tmp/bench/pair.toml --batch-size 1,4,8,16,32 --k 2,4 \
+    --num-prompts 64 -n 128
 fi
 bench pair-gumbel 90 -p /tmp/bench/pair.toml --batch-size 1,8,32 --k 4 -t 0.8 --top-p 0.95 --coupling gumbel \
   --num-prompts 64 -n 128
+if [ -f /tmp/head/profile.toml ]; then  # a head another script trained on this machine (head_trees.sh)
+  bench pair-eagle 90 -p /tmp/bench/pair.toml --proposer eagle --head /tmp/head --batch-size 1,8,32 --k 4,6 \
+    --num-prompts 64 -n 128
+fi
 bench 8b-greedy 150 -p /tmp/fam/llama-3.1/pair.toml --batch-size 1,4,16 --k 4 --num-prompts 16 -n 32
-PYTHONPATH=$PWD/src timeout 90 python3 benchmarks/gpu/round_kernels.py /tmp/bench/pair.toml --k 4 \
-  --shapes 1:0,2:8 -n 128 --top 30 > "$OUT/round-kernels.txt" 2>&1
-echo "== round kernels rc=$? at $SECONDS s" | tee -a "$LOG"
-# the same on the 8B shapes (random weights: a round emits one token, so only the costs count)
-PYTHONPATH=$PWD/src timeout 120 python3 benchmarks/gpu/round_kernels.py /tmp/fam/llama-3.1/pair.toml --k 4 \
-  --shapes 1:0,2:8,4:16 -n 32 --top 12 > "$OUT/round-kernels-8b.txt" 2>&1
-echo "== 8B round kernels rc=$? at $SECONDS s" | tee -a "$LOG"
+# where a batch round's time goes: the device's kernels against the host's settling
+PYTHONPATH=$PWD/src timeout 120 python3 benchmarks/gpu/batch_kernels.py /tmp/bench/pair.toml --batch-sizes 1,8,32 \
+  --k 0,2 --top 14 > "$OUT/batch-kernels.txt" 2>&1
+echo "== batch kernels rc=$? at $SECONDS s" | tee -a "$LOG"
+grep "^==" "$OUT/batch-kernels.txt" | tee -a "$LOG"

@@ -1,9 +1,11 @@
 # Shared by benchmarks/gpu/*.sh (sourced): the bench pair made once per machine, and the CUDA tests.
 # bench_pair: the bench pair into /tmp/bench unless a call on this machine made it already
 # (trained MINUTES minutes, default 1; log in /tmp/pair.log).
+# Scripts run side by side (one per GPU) share it: the first makes it, the others wait on the lock.
 bench_pair() {
-  [ -f /tmp/bench/pair.toml ] || PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench \
-    --seed 0 --out /tmp/bench --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1
+  (flock 9
+   [ -f /tmp/bench/pair.toml ] || PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/make_pair.py --preset bench \
+     --seed 0 --out /tmp/bench --minutes "${MINUTES:-1}" --device cuda > /tmp/pair.log 2>&1) 9> /tmp/bench.lock
 }
 # gpu_tests WORKERS FILES: pytest over FILES (one string; TESTS overrides it) within TEST_LIMIT
 # seconds (default 150), outcomes in $OUT/tests.txt, failures in $LOG.

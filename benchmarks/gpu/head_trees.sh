@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
    --minutes "${HEAD_MINUTES:-2}" --device cuda > /tmp/head.log 2>&1
  echo "== head rc=$? at $SECONDS s: $(tail -3 /tmp/head.log | tr '\n' ' ' | cut -c1-300)" | tee -a "$LOG") &
 (PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/family_pairs.py --family llama-3.1 --scale full --head \
-   --out /tmp/fam --device cuda > /tmp/fam.log 2>&1; echo "== 8B pair rc=$? at $SECONDS s" | tee -a "$LOG") &
+   --out /tmp/famhead --device cuda > /tmp/famhead.log 2>&1; echo "== 8B pair rc=$? at $SECONDS s" | tee -a "$LOG") &
 gpu_tests 6 "tests/core/round/test_head_tree_round.py tests/core/round/test_tree_insight.py
   tests/core/round/test_lookup_tree_round.py tests/core/drafters/test_heads.py"
 wait
@@ -26,7 +26,7 @@ echo "== bench rc=$? at $SECONDS s" | tee -a "$LOG"
 tail -3 /tmp/bench.err | cut -c1-300 | tee -a "$LOG"
 PYTHONPATH=$PWD/src python3 benchmarks/bench_summary.py "$OUT/head-trees.json" 2>&1 | tail -30 | tee -a "$LOG"
 # the 8B shapes: what a tree round costs against the chain round of the same depth
-PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/gpu/round_kernels.py /tmp/fam/llama-3.1/pair.toml --proposer eagle \
+PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/gpu/round_kernels.py /tmp/famhead/llama-3.1/pair.toml --proposer eagle \
   --k 6 --shapes 1:0,2:16,4:32 -n 32 --top 12 > "$OUT/head-round-kernels-8b.txt" 2>&1
 echo "== 8B head round kernels rc=$? at $SECONDS s" | tee -a "$LOG"
 grep "^==" "$OUT/head-round-kernels-8b.txt" | tee -a "$LOG"
