@@ -7,6 +7,7 @@ and float32 rounding between a 1-token and a (k+1)-token forward cannot flip the
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -144,6 +145,25 @@ def build_head(config=None, seed: int = 0, owns_embedding: bool = False):
         head.t2d.zero_()
         head.t2d[kept] = True
     return head
+
+
+AUX = (0, 1, 1)  # the aux layers of head_for's heads: the tiny target has 2 layers
+
+
+def head_for(target: Path, folder: Path, draft_vocab: int | None = None, seed: int = 3) -> Path:
+    """A random EAGLE-3 head for the tiny target, saved in the speculators format. draft_vocab:
+    a reduced vocabulary of that many target ids (a seeded random subset), else the whole one."""
+    from specgen.core.drafters.head_formats import save_speculators
+
+    config = json.loads((target / "config.json").read_text())
+    vocab = config["vocab_size"]
+    head = build_head(tiny_head_config(hidden_size=config["hidden_size"], target_hidden_size=config["hidden_size"],
+                                       target_vocab_size=vocab, draft_vocab_size=draft_vocab or vocab,
+                                       aux_layer_ids=AUX, max_position_embeddings=512), seed=seed)
+    if draft_vocab is None:
+        head.identity_vocab()
+    save_speculators(head, folder, "tiny-target")
+    return folder
 
 
 def write_eagle3_original(head, folder: Path, with_embedding: bool = False) -> Path:

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from decode_helpers import BACKENDS, _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
-from tiny_models import build_head, build_mtp_checkpoint, build_pair, build_tokenizer, tiny_head_config, write_profile
+from tiny_models import (AUX, build_head, build_mtp_checkpoint, build_pair, build_tokenizer, head_for, tiny_head_config,
+                         write_profile)
 from cli_helpers import assert_error, specgen
 
 from specgen.core.engine import Engine, target_only
@@ -26,23 +27,6 @@ from specgen.core.events import RoundEvent
 from specgen.core.drafters.head_formats import load_head, save_speculators
 from specgen.core.drafters.heads import AuxTap
 from specgen.core.settings import ProposerSpec
-
-AUX = (0, 1, 1)  # the tiny target has 2 layers
-
-
-def head_for(target: Path, folder: Path, draft_vocab: int | None = None, seed: int = 3) -> Path:
-    """A random EAGLE-3 head for the tiny target, saved in the speculators format. draft_vocab:
-    a reduced vocabulary of that many target ids (a seeded random subset), else the whole one."""
-    config = json.loads((target / "config.json").read_text())
-    vocab = config["vocab_size"]
-    head = build_head(tiny_head_config(hidden_size=config["hidden_size"], target_hidden_size=config["hidden_size"],
-                                       target_vocab_size=vocab, draft_vocab_size=draft_vocab or vocab,
-                                       aux_layer_ids=AUX, max_position_embeddings=512), seed=seed)
-    if draft_vocab is None:
-        head.identity_vocab()
-    save_speculators(head, folder, "tiny-target")
-    return folder
-
 
 @pytest.fixture(scope="module")
 def headed(tmp_path_factory):

@@ -251,8 +251,9 @@ class Eagle3Layer(nn.Module):
         return self.mlp(self.post_attention_layernorm(h, ops), ops, residual=h)
 
 
-class _Slots:
-    """The head's cache as the owned step's ops read it (SlotCache's fields for one layer)."""
+class Slots:
+    """The head's cache as the owned step's ops read it (SlotCache's fields for one layer): keys
+    and values [B, g, C, d], B = 1 for the head's own, one row per sequence for a batch's."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         self.keys, self.values = [keys], [values]
@@ -335,9 +336,7 @@ class Eagle3Head(nn.Module):
         kernel launches a call)."""
         if positions is None:
             positions = self.position + torch.arange(ids.shape[0], device=ids.device)
-        h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
-        ops = self.ops
-        embeds = ops.embed(self.embedding, ids[None]).to(h.dtype)
+        h = self.fused(features)
         rope = self.rotary.lookup(positions)
         if rope[0].dtype != h.dtype:  # features in another dtype than the head's weights
             rope = self.rotary(positions, h.dtype)
@@ -345,12 +344,26 @@ class Eagle3Head(nn.Module):
         # one chain of rows from positions[0] (its slots are its positions): the rows' layout the
         # attention kernel reads
         rows = Rows(ids[None], positions[None], positions[None], positions[:1])
-        cache = _Slots(self.k_cache, self.v_cache) if keys is None else \
-            _Slots(self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
-        out = self.layers[0](embeds, h[None], rows, cache, ops, rotary)
+        cache = Slots(self.k_cache, self.v_cache) if keys is None else \
+            Slots(self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
+        logits, out = self.over_rows(h[None], rows, cache, self.ops, rotary)
         if track:
             self.position.copy_(positions[-1] + 1)
-        return ops.linear(self.norm(out, ops), self.lm_head.weight)[0], out[0]
+        return logits[0], out[0]
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's aux states [..., 3 * target_hidden] fused to [..., H]; the head's own [..., H]
+        (or fused ones) as they are."""
+        return self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
+
+    def over_rows(self, h: torch.Tensor, rows: Rows, cache, ops, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's computation for B sequences' n rows each (`rows`: their ids, positions and
+        slots) over `cache` (keys and values [B, g, C, d], a layer's slot cache as Slots holds
+        it): h [B, n, H] fused features or the head's own states, rotary (cos, sin) [B, n, D] ->
+        (logits over the draft vocabulary [B, n, Vd], output hidden states [B, n, H])."""
+        embeds = ops.embed(self.embedding, rows.ids).to(h.dtype)
+        out = self.layers[0](embeds, h, rows, cache, ops, rotary)
+        return ops.linear(self.norm(out, ops), self.lm_head.weight), out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (any shape)."""

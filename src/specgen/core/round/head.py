@@ -38,7 +38,9 @@ class HeadDrafts:
         last emitted row, which predict the token after `last`."""
         rnd, head = self.rnd, self.head
         ids = rnd.out[0].clamp_min(0)  # accepted drafts, then the new token; stale ids past them
-        positions = (rnd.target.position - rnd.emitted + rnd.steps).clamp_min(0)
+        # clamped as a whole: a one-token prompt's first round (P - e = -1) would otherwise put two
+        # rows at position 0, and which of their keys the cache keeps is the write's choice
+        positions = (rnd.target.position - rnd.emitted).clamp_min(0) + rnd.steps
         logits, hidden = head.extend(ids, head.features(rnd.k + 1), positions)
         last = (rnd.emitted - 1).view(1)
         return logits.index_select(0, last), hidden.index_select(0, last)
