@@ -23,6 +23,7 @@ from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
 
+BENCH_EAGLE = "bench --batch-size measures the draft model's batches, not an EAGLE-3 head's"
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
 
@@ -179,6 +180,8 @@ class Engine:
             refusal = "need specgen's own model step, and this pair runs on transformers"
         if refusal:
             return BatchChoice(1, reason=f"batch 1: batches {refusal}")
+        if profile.proposer.kind == "eagle":  # the measured rows are the draft model's (bench --batch-size)
+            return BatchChoice(1, reason=f"batch 1: {BENCH_EAGLE}")
         sampling = profile.sampling
         key = self._pair_key(profile)
         rows = regime(measured.load_batches(profile.runtime.measured).get(key, []), sampling.temperature,

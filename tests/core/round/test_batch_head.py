@@ -1,25 +1,24 @@
 """core/round/batch_head.py: an EAGLE-3 head drafting every row of a batch, on tiny fp32 models.
 
-Batch invariance with the head: each prompt's tokens, fates and every round's drafts (so the
-head's own work, which a random head's rare acceptances would hide behind the target's picks) at
-B = 1, 3, 7 equal decoding that prompt alone with the head in the chain round: prompts of 1 to 12 ids, ragged max_tokens, more prompts
-than rows (refills, each prefilling its row of the head's cache) and at B = 7 rows that run
-masked. Greedy exactly, over the whole and a reduced draft vocabulary; Gumbel coupling with each
-prompt's seed the same sampled text; rejection coupling the same tokens too (each row draws from
-its own generator, as alone).
+Batch invariance with the head: each prompt's tokens, fates and every round's drafts (the head's
+own work, which a random head's rare acceptances would hide behind the target's picks) at
+B = 1, 3, 7 equal decoding that prompt alone with the head in the chain round. Prompts of 1 to 12
+ids with ragged max_tokens, more prompts than rows (refills, each prefilling its row of the head's
+cache) and, at B = 7, rows that run masked. Greedy exactly, over the whole and a reduced draft
+vocabulary; Gumbel coupling with each prompt's seed the same sampled text (target-only's);
+rejection coupling the same tokens too (each row draws from its own generator, as alone).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import replace
 
 import pytest
 
+from batch_helpers import alone_rounds, batched_rounds
 from decode_helpers import finish, make_profile, random_prompts
 from specgen.core.engine import Engine
 from specgen.core.errors import UsageError
-from specgen.core.events import RoundEvent
 from specgen.core.settings import ProposerSpec
 from tiny_models import build_pair, head_for
 
@@ -45,53 +44,14 @@ def jobs(profile, count: int, sampled: bool = False) -> list:
             for i, ids in enumerate(prompts)]
 
 
-def alone(engine: Engine, work: list) -> list[tuple]:
-    """Each prompt's (tokens, fates, every round's counted drafts) decoded alone."""
-    out = []
-    for ids, spec in work:
-        events = list(engine.decoder(replace(engine.profile, sampling=spec)).run(ids))
-        drafts = [e.drafted_ids for e in events if isinstance(e, RoundEvent)]
-        out.append((events[-1].token_ids, events[-1].fates, drafts))
-    return out
-
-
-class Recorder:
-    """The batch's program, noting after each round the counted drafts of every row that holds a
-    prompt (the staged ids: output row | drafts | count), by the prompt's index. The torch
-    backend's program is eager: one round in flight, so a row holds its prompt through its rounds only."""
-
-    asynchronous = False
-
-    def __init__(self, decoder):
-        self.decoder, self.inner = decoder, decoder.program
-        self.drafts = defaultdict(list)
-        decoder.program = self
-
-    def launch(self) -> None:
-        self.inner.launch()
-        k = self.decoder.round.k
-        for row, staged in zip(self.decoder.rows, self.decoder.round.stage_ids.tolist()):
-            if row is not None:
-                self.drafts[row.index].append(staged[k + 1: k + 1 + staged[2 * k + 1]])
-
-
-def batched(engine: Engine, batch: int, work: list) -> list[tuple]:
-    decoder = engine.batch_decoder(batch)
-    assert not decoder.pipelined
-    recorder = Recorder(decoder)
-    results = list(decoder.run(work))
-    assert [index for index, _ in results] == list(range(len(work)))
-    return [(f.token_ids, f.fates, recorder.drafts[i]) for i, f in results]
-
-
 @pytest.mark.parametrize("vocab", ["whole", "reduced"])
 def test_greedy_rows_with_a_head_equal_each_prompt_alone(headed, vocab):
     target, whole, reduced = headed
     engine = eagle_engine(target, whole if vocab == "whole" else reduced, k=3)
     work = jobs(engine.profile, 9)
-    reference = alone(engine, work)
+    reference = alone_rounds(engine, work)
     for batch in (1, 3, 7):
-        assert batched(engine, batch, work) == reference, f"batch {batch}"
+        assert batched_rounds(engine, batch, work) == reference, f"batch {batch}"
 
 
 @pytest.mark.parametrize("coupling", ["gumbel", "rejection"])
@@ -100,9 +60,9 @@ def test_sampled_rows_with_a_head_equal_each_prompt_alone(headed, coupling):
     target, whole, _ = headed
     engine = eagle_engine(target, whole, k=4, temperature=1.0, coupling=coupling)
     work = jobs(engine.profile, 8, sampled=True)
-    reference = alone(engine, work)
+    reference = alone_rounds(engine, work)
     for batch in (1, 3, 7):
-        assert batched(engine, batch, work) == reference, f"batch {batch}"
+        assert batched_rounds(engine, batch, work) == reference, f"batch {batch}"
 
 
 def test_gumbel_rows_with_a_head_give_target_only_text(headed):
@@ -113,7 +73,7 @@ def test_gumbel_rows_with_a_head_give_target_only_text(headed):
     plain = Engine(replace(engine.profile, proposer=ProposerSpec(kind="none")))
     reference = [finish(plain.decoder(replace(plain.profile, sampling=spec)), ids).token_ids for ids, spec in work]
     for batch in (3, 7):
-        assert [ids for ids, _, _ in batched(engine, batch, work)] == reference
+        assert [ids for ids, _, _ in batched_rounds(engine, batch, work)] == reference
 
 
 def test_forgotten_batches_let_go_of_the_target(headed):
@@ -138,3 +98,13 @@ def test_mtp_batches_are_refused_in_one_line(headed):
         Engine(make_profile(target, None, k=3, proposer=ProposerSpec(kind="ngram"))).batch_decoder(2)
     assert str(error.value) == ("batches (batch_size 2) are drafted by the draft model or an EAGLE-3 head only, "
                                 "not by the ngram proposer")
+
+
+def test_batch_size_auto_with_a_head_is_batch_one(headed):
+    """What bench --batch-size measures is the draft model's batches: nothing to choose a head's B from."""
+    target, whole, _ = headed
+    engine = eagle_engine(target, whole)
+    profile = replace(engine.profile, runtime=replace(engine.profile.runtime, batch_size="auto"))
+    choice = engine.resolve_batch(profile, [(5, 10)] * 4)
+    assert (choice.batch, choice.reason) == (1, "batch 1: bench --batch-size measures the draft model's batches, "
+                                                "not an EAGLE-3 head's")

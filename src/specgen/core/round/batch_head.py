@@ -36,7 +36,7 @@ class BatchHead:
         first, stop, _ = drafter.span.indices(len(drafter.tap.points) * hidden)
         # the target's states at the head's points, for the B x (k + 1) rows of the round's target step
         self.tap = AuxTap(rnd.target.model, drafter.tap.points[first // hidden: stop // hidden], batch * (k + 1))
-        self.ops = rnd.backend.head_ops(self.head, rows=batch * (k + 1)) or self.head.ops
+        self.ops = rnd.backend.head_ops(self.head, batch=True) or self.head.ops
         self.steps = torch.arange(k + 1, **z)
         self.origin = torch.zeros(batch, dtype=torch.long, **z)  # each row's P - e: its extend's first position
         self.extend_positions = torch.zeros(batch, k + 1, dtype=torch.long, **z)
