@@ -7,6 +7,7 @@ and float32 rounding between a 1-token and a (k+1)-token forward cannot flip the
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -146,13 +147,14 @@ def build_head(config=None, seed: int = 0, owns_embedding: bool = False):
     return head
 
 
+AUX = (0, 1, 1)  # the aux layers of head_for's heads: the tiny target has 2 layers
+
+
 def head_for(target: Path, folder: Path, draft_vocab: int | None = None, seed: int = 3,
-             aux: tuple[int, ...] = (0, 1, 1)) -> Path:
+             aux: tuple[int, ...] = AUX) -> Path:
     """A random EAGLE-3 head for a tiny target (build_pair's: 2 layers, so aux (0, 1, 1)), saved
     in the speculators format. draft_vocab: a reduced vocabulary of that many target ids (a seeded
     random subset), else the whole one."""
-    import json
-
     from specgen.core.drafters.head_formats import save_speculators
 
     config = json.loads((target / "config.json").read_text())

@@ -4,11 +4,12 @@ the file's order; what batches do not take yet is a one-line usage error."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from cli_helpers import assert_error, specgen
-from tiny_models import build_pair, write_profile
+from tiny_models import build_pair, head_for, write_profile
 
 LINES = [{"prompt": "def add(a, b):", "max_tokens": 9}, {"prompt": "import os", "temperature": 0.8, "seed": 3},
          {"prompt": "class A:", "max_tokens": 4}, {"prompt": "for i in x:", "top_k": 5, "temperature": 1.0, "seed": 1},
@@ -47,6 +48,19 @@ def test_text_output_equals_one_prompt_at_a_time(monkeypatch, tiny):
     alone = generate(monkeypatch, tiny)
     batched = generate(monkeypatch, tiny, "--batch-size", "3")
     assert batched.code == 0 and batched.stdout == alone.stdout
+
+
+def test_eagle_records_equal_one_prompt_at_a_time(monkeypatch, tiny, tmp_path):
+    """--proposer eagle: an EAGLE-3 head drafts every row, each record the prompt's alone."""
+    profile, prompts = tiny
+    target = Path(pair_of(profile)[0])
+    head = head_for(target, tmp_path / "head")
+    own = write_profile(tmp_path / "eagle.toml", target, None, sampling={"max_tokens": 12, "ignore_eos": True},
+                        proposer={"kind": "eagle", "head": str(head)})
+    def run(*args):
+        return specgen(monkeypatch, "generate", "-p", own, "--prompts-file", prompts, "-q", "--format", "jsonl", *args)
+
+    assert records(run("--batch-size", "3")) == records(run())
 
 
 def test_auto_with_nothing_measured_is_batch_one_and_says_so(monkeypatch, tiny, tmp_path):
@@ -151,7 +165,8 @@ def test_bench_then_auto_takes_the_measured_choice(monkeypatch, measured_profile
 
 @pytest.mark.parametrize("args, fragment", [
     (["--batch-size", "0"], "--batch-size 0 is not allowed: must be auto or from 1 to 256"),
-    (["--batch-size", "2", "--proposer", "ngram"], "batches (batch_size 2) are drafted by the draft model only"),
+    (["--batch-size", "2", "--proposer", "ngram"],
+     "batches (batch_size 2) are drafted by the draft model or an EAGLE-3 head only, not by the ngram proposer"),
     (["--batch-size", "2", "--format", "jsonl", "--logprobs", "1"], "do not take logprobs yet"),
 ])
 def test_what_batches_do_not_take_is_a_usage_error(monkeypatch, tiny, args, fragment):

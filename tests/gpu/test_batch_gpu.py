@@ -4,7 +4,9 @@ On the CPU (the Triton interpreter, uncaptured): the kernel tables a GPU capture
 Gumbel, each prompt's tokens at B = 2 equal to the chain round's alone on the same kernels. On a
 GPU (skipped without CUDA): greedy bfloat16 through the CUDA backend, every prompt's tokens at
 B = 1, 7 and 16 equal to decoding it alone; Gumbel sampling likewise; and the captured batch round
-equal to the same round run eagerly.
+equal to the same round run eagerly. The same with an EAGLE-3 head drafting every row
+(core/round/batch_head.py): bfloat16 greedy rows at B = 7, 16 equal to batch 1 and to each prompt
+alone, and the captured round equal to the round run eagerly.
 """
 
 from __future__ import annotations
@@ -12,21 +14,29 @@ from __future__ import annotations
 import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
 from triton_cpu import DEVICE
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
 import torch
 
+from batch_helpers import alone_rounds, batched_rounds
 from decode_helpers import CUDA, finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners, kernels
 from specgen.core.backend import EagerBatch
 from specgen.core.engine import Engine
-from tiny_models import build_pair
+from specgen.core.settings import ProposerSpec
+from tiny_models import build_pair, head_for
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     return build_pair(tmp_path_factory.mktemp("batch-kernels"), noisy=0.1)
+
+
+@pytest.fixture(scope="module")
+def head(pair, tmp_path_factory):
+    return head_for(pair[0], tmp_path_factory.mktemp("batch-head") / "head")
 
 
 def jobs(profile, count: int, seed: int = 0, **sampling) -> list:
@@ -81,6 +91,31 @@ def test_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, sampling)
     work = jobs(engine.profile, 2, seed=1)
     reference = alone(engine, work)
     assert batched(engine, 2, work) == reference
+
+
+class HeadTables(KernelTables):
+    """KernelTables whose heads compute through the kernel table too (the CUDA backend's head_ops)."""
+
+    def head_ops(self, head, batch: bool = False):
+        from specgen.gpu.kernels.linear import BATCH_ROWS
+        from specgen.gpu.ops import TritonOps
+
+        head.layers[0].self_attn.fuse()
+        return TritonOps(dataclasses.replace(self.kernels, split_k=False), **({"rows": BATCH_ROWS} if batch else {}))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_eagle_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, head):
+    """An EAGLE-3 head drafting every row through the kernel table (its batch attention over B
+    cache rows, its linears over B x (k + 1) rows): each row's tokens, fates and every round's
+    drafts are the chain round's on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True, head=True)
+    profile = make_profile(pair[0], None, k=3, proposer=ProposerSpec(kind="eagle", head=str(head)))
+    engine = Engine(profile, backend=HeadTables(tables))
+    assert engine.describe()["heads"] == {"eagle": "kernels"}
+    work = jobs(engine.profile, 3, seed=1)
+    assert batched_rounds(engine, 2, work) == alone_rounds(engine, work)
 
 
 # -- on a GPU ------------------------------------------------------------------------------------
@@ -141,3 +176,56 @@ def test_captured_batch_round_equals_the_batch_round_run_eagerly(pair, sampling)
     captured = [f.token_ids for _, f in decoder.run(work)]
     assert decoder.program.eager is None and decoder.program.graphs
     assert captured == batched(engine, 8, work, eager=True)
+
+
+# -- an EAGLE-3 head drafting every row, on a GPU ----------------------------------------------------
+
+
+def cuda_eagle_engine(target, head, k: int = 4, dtype: str = "bfloat16", **sampling) -> Engine:
+    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="eagle", head=str(head)),
+                           **({"max_tokens": 32} | sampling))
+    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
+    assert engine.backend.name == "cuda" and engine.describe()["heads"] == {"eagle": "kernels"}
+    return engine
+
+
+def fated(engine: Engine, batch: int, work: list, eager: bool = False) -> list[tuple]:
+    """Each prompt's (tokens, fates) through `batch` rows: the fates say what the head's drafts did."""
+    decoder = engine.batch_decoder(batch)
+    if eager:
+        decoder.program = EagerBatch(decoder.round)
+    return [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+
+
+@on_cuda
+@pytest.mark.parametrize("batch", [7, 16])
+def test_bf16_greedy_eagle_rows_equal_batch_one_on_cuda(pair, head, batch):
+    """32 prompts of their own lengths and max_tokens (refills prefill their rows of the head's
+    cache), bfloat16 on the owned kernels and the head's: every row's tokens and fates at B = 7 and
+    16 are batch 1's, and batch 1's the prompt's alone (the captured chain round with the head)."""
+    engine = cuda_eagle_engine(pair[0], head)
+    work = jobs(engine.profile, 32, seed=batch)
+    one = fated(engine, 1, work)
+    got = fated(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, one))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+    assert [ids for ids, _ in one] == alone(engine, work)
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+def test_captured_eagle_batch_round_equals_the_round_run_eagerly(pair, head, sampling):
+    """The batch round with the head, replayed as CUDA graphs (re-captured when the caches grow:
+    the long max_tokens below grows them while a round is in flight) or run as it is: the same
+    tokens and fates."""
+    engine = cuda_eagle_engine(pair[0], head, dtype="float32", **sampling)
+    work = jobs(engine.profile, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    assert decoder.pipelined
+    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == fated(engine, 8, work, eager=True)

@@ -48,9 +48,10 @@ class Backend(Protocol):
         """A BatchRound's body ready to run (core/round/batch_round.py): as it is, or captured."""
         ...
 
-    def head_ops(self, head):
+    def head_ops(self, head, batch: bool = False):
         """The kernel table (core/step/ops.py's protocol) an EAGLE-3 head's calls compute through
-        on this backend; None: the head keeps the torch reference."""
+        on this backend (batch: a batch round's, taking its B x (k + 1) rows in one call); None:
+        the head keeps the torch reference."""
         ...
 
     def graph(self, fn: Callable[[], None], what: str) -> Callable[[], None]:
@@ -164,7 +165,7 @@ class TorchBackend:
     def batch_program(self, rnd) -> BatchProgram:
         return EagerBatch(rnd)
 
-    def head_ops(self, head):
+    def head_ops(self, head, batch: bool = False):
         return None
 
     def graph(self, fn, what):

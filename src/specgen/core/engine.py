@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -15,12 +16,14 @@ from specgen.core.drafters.heads import build_heads
 from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair, logits_width
 from specgen.core.drafters.ngram import NgramProposer, TreeLookup
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
-from specgen.core.round.batch_round import SLACK, BatchRound
+from specgen.core.round.batch_head import BatchHead
+from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
 
+BENCH_EAGLE = "bench --batch-size measures the draft model's batches, not an EAGLE-3 head's"
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
 
@@ -134,13 +137,19 @@ class Engine:
             raise UsageError(f"batches (batch_size {batch}) {refusal}",
                              hint="set batch_size = 1 (--batch-size 1), or change what the message names")
         sampling = profile.sampling
-        k = profile.speculation.k if profile.proposer.kind != "none" else 0
-        if k and self.draft_runner is None:
+        kind = profile.proposer.kind
+        k = profile.speculation.k if kind != "none" else 0
+        if k and kind == "draft" and self.draft_runner is None:
             raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
-        key = ("batch", batch, k, sampling.coupling)
+        if k and kind == "eagle" and "eagle" not in self.heads:
+            raise UsageError("the eagle proposer needs the eagle drafter, which this run did not load",
+                             hint="name every proposer when the run starts (bench --proposer a,b)")
+        key = ("batch", batch, k, sampling.coupling, kind if k else "none")
         if key not in self._rounds:
+            drafter = (partial(BatchHead, drafter=self.heads["eagle"]) if kind == "eagle"
+                       else partial(BatchDraftModel, runner=self.draft_runner))
             rnd = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
-                             self.backend, self.target_runner, self.draft_runner if k else None)
+                             self.backend, self.target_runner, drafter if k else None)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         rnd, program = self._rounds[key]
         if room:
@@ -153,7 +162,7 @@ class Engine:
         """Drop the batch rounds built so far (their caches hold B rows each): bench's batch sizes
         are measured one after another, never needed again."""
         for key in [key for key in self._rounds if key[0] == "batch"]:
-            del self._rounds[key]
+            self._rounds.pop(key)[0].close()
 
     def resolve_batch(self, profile: Profile, prompts: int, longest: int) -> BatchChoice:
         """[runtime] batch_size for a run of `prompts` prompts, the longest taking `longest` positions
@@ -173,6 +182,8 @@ class Engine:
             refusal = "need specgen's own model step, and this pair runs on transformers"
         if refusal:
             return BatchChoice(1, reason=f"batch 1: batches {refusal}")
+        if profile.proposer.kind == "eagle":  # the measured rows are the draft model's (bench --batch-size)
+            return BatchChoice(1, reason=f"batch 1: {BENCH_EAGLE}")
         sampling = profile.sampling
         key = self._pair_key(profile)
         rows = regime(measured.load_batches(profile.runtime.measured).get(key, []), sampling.temperature,
@@ -347,8 +358,8 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
     """Why this run cannot decode prompts in batches ("" where it can). spread: a model lies over
     several GPUs (its step crosses devices; a batch's caches do not yet)."""
     spec, sampling = profile.speculation, profile.sampling
-    if profile.proposer.kind not in ("draft", "none"):
-        return f"are drafted by the draft model only, not by the {profile.proposer.kind} proposer"
+    if profile.proposer.kind not in ("draft", "eagle", "none"):
+        return f"are drafted by the draft model or an EAGLE-3 head only, not by the {profile.proposer.kind} proposer"
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
     if spec.tree_width != "auto" and spec.tree_width > 1:  # auto: batches run the chain

@@ -112,10 +112,11 @@ class CudaBackend:
         """The kernels cannot raise: they leave a sentinel in the output row, read with the round."""
         gpu_verify.check_output(first_id, self.workspace)
 
-    def head_ops(self, head):
+    def head_ops(self, head, batch: bool = False):
         """An EAGLE-3 head's kernel table: the target's kernel policy (when its head fusion is on,
         with its linear kernel) with the draft picks of the linear table (a head steps one row at a
-        time, as a draft model does); None: the torch reference. No split-K: a small head's
+        time, as a draft model does); None: the torch reference. batch: a batch's table
+        (core/round/batch_head.py), taking its B x (k + 1) rows in one call as Runner.batch_ops does. No split-K: a small head's
         products do not gain from it; at Llama 3.1 8B's width it would save 3% of a head call
         (`git show 1b54921:docs/benchmarks.md`, "An EAGLE-3 head on Llama 3.1 8B (H200)"), about 1%
         of a round, not yet worth a split-K table for every head's shapes."""
@@ -125,7 +126,10 @@ class CudaBackend:
         from specgen.gpu.ops import TritonOps  # noqa: PLC0415 (only with a head)
 
         head.layers[0].self_attn.fuse()
-        return TritonOps(dataclasses.replace(kernels, split_k=False), table=kernels.linear_table.for_drafts())
+        from specgen.gpu.kernels.linear import BATCH_ROWS  # noqa: PLC0415
+
+        return TritonOps(dataclasses.replace(kernels, split_k=False), table=kernels.linear_table.for_drafts(),
+                         **({"rows": BATCH_ROWS} if batch else {}))
 
     # -- capture ----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from decode_helpers import BACKENDS, _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
-from tiny_models import (build_head, build_mtp_checkpoint, build_pair, build_tokenizer, head_for, tiny_head_config,
+from tiny_models import (AUX, build_head, build_mtp_checkpoint, build_pair, build_tokenizer, head_for, tiny_head_config,
                          write_profile)
 from cli_helpers import assert_error, specgen
 
@@ -27,9 +27,6 @@ from specgen.core.events import RoundEvent
 from specgen.core.drafters.head_formats import load_head, save_speculators
 from specgen.core.drafters.heads import AuxTap
 from specgen.core.settings import ProposerSpec
-
-AUX = (0, 1, 1)  # the tiny target has 2 layers
-
 
 @pytest.fixture(scope="module")
 def headed(tmp_path_factory):

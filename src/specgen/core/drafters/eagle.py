@@ -251,8 +251,9 @@ class Eagle3Layer(nn.Module):
         return self.mlp(self.post_attention_layernorm(h, ops), ops, residual=h)
 
 
-class _Slots:
-    """The head's cache as the owned step's ops read it (SlotCache's fields for one layer)."""
+class Slots:
+    """The head's cache as the owned step's ops read it (SlotCache's fields for one layer): keys
+    and values [B, g, C, d], B = 1 for the head's own, one row per sequence for a batch's."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         self.keys, self.values = [keys], [values]
@@ -349,18 +350,30 @@ class Eagle3Head(nn.Module):
         a token tree's, each node after the committed prefix and its ancestors at their slots.
         features [N, ...] as forward's, one per row; keys as forward's (more than the largest slot).
         Leaves `position` alone."""
-        ids, positions = rows.ids[0], rows.positions[0]
-        h = self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
-        ops = self.ops
-        embeds = ops.embed(self.embedding, ids[None]).to(h.dtype)
+        positions = rows.positions[0]
+        h = self.fused(features)
         rope = self.rotary.lookup(positions)
         if rope[0].dtype != h.dtype:  # features in another dtype than the head's weights
             rope = self.rotary(positions, h.dtype)
         rotary = (rope[0][:, 0][None], rope[1][:, 0][None])  # [N, 1, D] -> the ops' [1, N, D]
-        cache = _Slots(self.k_cache, self.v_cache) if keys is None else \
-            _Slots(self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
-        out = self.layers[0](embeds, h[None], rows, cache, ops, rotary)
-        return ops.linear(self.norm(out, ops), self.lm_head.weight)[0], out[0]
+        cache = Slots(self.k_cache, self.v_cache) if keys is None else \
+            Slots(self.k_cache[:, :, :keys], self.v_cache[:, :, :keys])
+        logits, out = self.over_rows(h[None], rows, cache, self.ops, rotary)
+        return logits[0], out[0]
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's aux states [..., 3 * target_hidden] fused to [..., H]; the head's own [..., H]
+        (or fused ones) as they are."""
+        return self.fuse(features) if features.shape[-1] == 3 * self.config.target_hidden_size else features
+
+    def over_rows(self, h: torch.Tensor, rows: Rows, cache, ops, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's computation for B sequences' n rows each (`rows`: their ids, positions and
+        slots) over `cache` (keys and values [B, g, C, d], a layer's slot cache as Slots holds
+        it): h [B, n, H] fused features or the head's own states, rotary (cos, sin) [B, n, D] ->
+        (logits over the draft vocabulary [B, n, Vd], output hidden states [B, n, H])."""
+        embeds = ops.embed(self.embedding, rows.ids).to(h.dtype)
+        out = self.layers[0](embeds, h, rows, cache, ops, rotary)
+        return ops.linear(self.norm(out, ops), self.lm_head.weight), out
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target ids (any shape)."""

@@ -52,7 +52,9 @@ class AuxTap:
     embeddings), point N the final norm's output (transformers' output_hidden_states numbering).
 
     Hooks copy only while `active` (the runner's forwards and captures), so other users of the same
-    model object (Hugging Face baselines) are left alone. A forward of more than `rows` tokens is
+    model object (Hugging Face baselines) are left alone. A step over B sequences' n rows each
+    fills rows b * n .. b * n + n - 1 with sequence b's (a batch round's own tap,
+    core/round/batch_head.py). A forward of more than `rows` tokens is
     not copied: that is a prefill no head reads (a draft-model round's, in a bench that runs both),
     since a head's round feeds its prefill in chunks of `rows` (core/drafters/heads.prefill_head)."""
 
@@ -85,9 +87,7 @@ class AuxTap:
     def _write(self, j: int, hidden: torch.Tensor) -> None:
         if not self.active:
             return
-        n = hidden.shape[-2]
-        if hidden.dim() == 3 and hidden.shape[0] != 1:
-            raise RuntimeError("the hidden-state tap reads batch 1 only")
+        n = hidden.numel() // self.hidden  # a batch's B x n rows, sequence after sequence
         if n > self.rows:
             return
         self.out[:n, j * self.hidden:(j + 1) * self.hidden].copy_(hidden.reshape(n, self.hidden))
@@ -295,11 +295,14 @@ class MtpDrafter:
 
 
 
-def prefill_head(head: HeadDrafter, target, ids: list[int], device: torch.device) -> None:
+def prefill_head(head: HeadDrafter, target, ids: list[int], device: torch.device, put=None) -> None:
     """The target's prefill over ids[:-1] in chunks the tap holds, their states gathered; then one
     head forward over rows t = 0 .. len - 3 (id ids[t+1], the target's states at t). The prompt's
     last target row is left in the tap's row 0 for the first round to extend over. A one-token
-    prompt has no target row: the first round's drafts read zeros (verified like any other)."""
+    prompt has no target row: the first round's drafts read zeros (verified like any other).
+    put(host tensor) -> device tensor: how the ids reach the device (a batch's Staging, whose copies
+    do not wait for the round in flight; default: a plain copy)."""
+    put = put or (lambda values: values.to(device))
     tap = head.tap
     head.reset()
     tap.out.zero_()
@@ -308,13 +311,13 @@ def prefill_head(head: HeadDrafter, target, ids: list[int], device: torch.device
     for at in range(0, prefix.shape[0], tap.rows):
         chunk = prefix[at:at + tap.rows]
         n = chunk.shape[0]
-        target.forward(chunk, want_logits=False)
+        target.forward(put(chunk), want_logits=False)
         states.append(head.features(n).clone())  # the next chunk's replay overwrites the tap
     if n:
         tap.out[:1].copy_(tap.out[n - 1:n])
     rows = prefix.shape[0] - 1
     if rows > 0:
-        follow = torch.tensor(ids[1:rows + 1], dtype=torch.long, device=device)
+        follow = put(torch.tensor(ids[1:rows + 1], dtype=torch.long))
         head.prefill(follow, torch.cat(states)[:rows], torch.arange(rows, device=device))
 
 

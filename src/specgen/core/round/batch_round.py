@@ -1,12 +1,14 @@
-"""The round over a batch: B rows, each its own sequence, drafted by the draft model in chains.
+"""The round over a batch: B rows, each its own sequence, drafted in chains by a drafter part:
+the draft model (BatchDraftModel, below) or an EAGLE-3 head (core/round/batch_head.py).
 
 The chain round's phases (core/round/round.py), with a batch dimension everywhere:
 
     count    each row's num_drafts from its budget, limit and tokens so far, before drafting
              (batches take no draft_p_min, so no draft step can cut it: the chain round's count)
-    draft    the draft model steps over each row's `pending` [B, 2], then k - 1 steps [B, 1], each
-             row at its own position in its own cache row (core/step/rows.batch); each row's pick
-             races its own noise row against its own warped q (an all-greedy batch: the argmax)
+    draft    the drafter's k steps over every row at once, each row at its own position in its
+             own cache row (core/step/rows.batch): the draft model over each row's `pending`
+             [B, 2], then k - 1 steps [B, 1]; each row's pick races its own noise row against its
+             own warped q (an all-greedy batch: the argmax)
     target   one step over feed [B, k + 1]
     verify   the rows' warp in one call (WarpParams per row), then one verification call for every
              row (core/sampling/rejection.py's layout with k draft rows per row: the drafts past a
@@ -37,6 +39,8 @@ is prefilled by the runner itself, as it is alone, and its keys and values copie
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -179,24 +183,62 @@ class BatchCoupling:
         rnd.out.copy_(out)
 
 
-class BatchRound:
-    """B rows of chain speculation with the draft model (k = 0: the target alone). target, draft:
-    the runners of specgen's own models (draft None when k = 0); each row's keys and values live in
-    this round's caches' row b."""
+class BatchDraftModel:
+    """The draft model drafting every row: it steps over each row's `pending` [B, 2] (its committed
+    sequence's last two ids; its cache row holds the rest), then k - 1 steps [B, 1] on the ids
+    picked before, each row in the round's draft cache row (model 1 of the round's runners)."""
 
-    def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target, draft):
+    def __init__(self, rnd: "BatchRound", runner):
+        self.rnd = rnd
+        self.runners = [runner]
+        self.pending = torch.zeros(rnd.batch, 2, dtype=torch.long, device=rnd.device)  # committed[-2:]
+
+    def start(self, b: int, ids: list[int]) -> None:
+        """Both caches' row b (the target: all but the last id; the draft: all but the last two, a
+        one-token prompt seen twice)."""
+        self.rnd._prefill(0, b, ids[:-1])
+        self.rnd._prefill(1, b, ids[:-2])
+        for i, token in enumerate((ids * 2)[-2:]):  # fills, not a copy from the host: no sync
+            self.pending[b, i].fill_(token)
+
+    def room(self, slots: int, capacity: int) -> None:
+        """Its cache is one of the round's (grown with the target's)."""
+
+    def draft(self) -> None:
+        rnd, ids = self.rnd, self.pending
+        for i in range(rnd.k):
+            rnd._step(1, ids, rnd.draft_logits[:, None], keep=1)
+            rnd.coupling.pick(i)
+            ids = rnd.feed[:, i + 1: i + 2]
+
+    def reading(self):
+        """What it reads of the target's step: nothing."""
+        return contextlib.nullcontext()
+
+    def commit_fields(self) -> dict:
+        return dict(draft_position=self.rnd.positions[1], pending=self.pending)
+
+    def state(self) -> list[torch.Tensor]:
+        return [self.pending]
+
+    def close(self) -> None:
+        pass
+
+
+class BatchRound:
+    """B rows of chain speculation (k = 0: the target alone). target: the runner of specgen's own
+    target model; drafter(round): the part that drafts every row (BatchDraftModel, or
+    core/round/batch_head.BatchHead), None when k = 0. Each row's keys and values live in this
+    round's caches' row b (a drafter's runners' too)."""
+
+    def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target,
+                 drafter=None):
         from specgen.core.step.model import OwnedModel
 
-        self.runners = [target, draft] if k else [target]
-        if not all(isinstance(r.model, OwnedModel) for r in self.runners):
-            raise UsageError("batches need specgen's own model step, and this pair runs on transformers",
-                             hint="set batch_size = 1 (--batch-size 1), or use checkpoints specgen's step covers")
         self.k, self.batch, self.width, self.backend = k, batch, width, backend
-        self.models = [r.model for r in self.runners]
+        self.target = target
         self.device = device = target.device
         z = dict(device=device)
-        self.caches: list = [None] * len(self.runners)
-        self.step_ops: list = [None] * len(self.runners)  # each model's batch kernel table (Runner.batch_ops)
         self.capacity = 0
         self.generation = 0  # bumped when the caches are re-allocated (a capture must be made anew)
         self.feed = torch.zeros(batch, k + 1, dtype=torch.long, **z)  # [B, k+1] last, d0 .. d(k-1)
@@ -206,10 +248,7 @@ class BatchRound:
         self.steps = torch.arange(k, **z)
         self.no_draft = torch.full((), -1, dtype=torch.long, **z)  # what replaces a draft that does not count
         self.out = torch.zeros(batch, k + 1, dtype=torch.long, **z)
-        self.pending = torch.zeros(batch, 2, dtype=torch.long, **z)  # the draft's next step: committed[-2:]
-        self.positions = torch.zeros(2, batch, dtype=torch.long, **z)  # target, draft
         self.step_positions = torch.zeros(batch * (k + 1), dtype=torch.long, **z)  # a step's rows' (the inputs op's)
-        self.held = torch.zeros(3, batch, dtype=torch.long, **z)  # positions and generated before the round
         self.budget = torch.zeros(batch, dtype=torch.int32, **z)
         self.num_drafts = torch.zeros(batch, dtype=torch.int32, **z)
         self.generated = torch.zeros(batch, dtype=torch.long, **z)
@@ -225,6 +264,16 @@ class BatchRound:
         self.draft_params = RowParams(batch, 1, device, self.staging)
         self.bad = Padding(width, vocab_size, device).padding
         self.coupling = BatchCoupling(self, gumbel)
+        self.drafter = drafter(self) if drafter is not None and k else None
+        self.runners = [target, *(self.drafter.runners if self.drafter is not None else [])]
+        if not all(isinstance(r.model, OwnedModel) for r in self.runners):
+            raise UsageError("batches need specgen's own model step, and this pair runs on transformers",
+                             hint="set batch_size = 1 (--batch-size 1), or use checkpoints specgen's step covers")
+        self.models = [r.model for r in self.runners]
+        self.caches: list = [None] * len(self.runners)
+        self.step_ops: list = [None] * len(self.runners)  # each model's batch kernel table (Runner.batch_ops)
+        self.positions = torch.zeros(len(self.runners), batch, dtype=torch.long, **z)  # target, draft model
+        self.held = torch.zeros(len(self.runners) + 1, batch, dtype=torch.long, **z)  # positions, generated
         self._room(1)
 
     @property
@@ -242,7 +291,8 @@ class BatchRound:
 
     def state(self) -> list[torch.Tensor]:
         """The buffers the next round reads that a round writes (a capture's warm-up restores them)."""
-        return [self.positions, self.feed, self.pending, self.generated, self.emitted, *self.coupling.state()]
+        drafter = self.drafter.state() if self.drafter is not None else []
+        return [self.positions, self.feed, self.generated, self.emitted, *drafter, *self.coupling.state()]
 
     def scratch(self) -> None:
         """Every row at the scratch end of its caches (where a capture's warm-up may write)."""
@@ -251,16 +301,15 @@ class BatchRound:
     # -- host side, between rounds ----------------------------------------------------------------
 
     def start(self, b: int, prompt_ids: list[int], spec: SamplingSpec, seed: int, cut: bool = True) -> None:
-        """Row b takes a prompt: both caches' row b prefilled (the target: all but the last id; the
-        draft: all but the last two, a one-token prompt seen twice), its settings and its seed.
+        """Row b takes a prompt: its caches' row b prefilled (the target's with all but the last id;
+        the drafter prefills the target with its own), its settings and its seed.
         cut: the draft's q keeps the request's top-k / top-p / min-p (core/engine.draft_picking)."""
         ids = list(prompt_ids)
         self._room(len(ids) + spec.max_tokens + self.reach)
-        self._prefill(0, b, ids[:-1])
-        if self.k:
-            self._prefill(1, b, ids[:-2])
-            for i, token in enumerate((ids * 2)[-2:]):  # fills, not a copy from the host: no sync
-                self.pending[b, i].fill_(token)
+        if self.drafter is not None:
+            self.drafter.start(b, ids)
+        else:
+            self._prefill(0, b, ids[:-1])
         self.feed[b, 0].fill_(ids[-1])
         self.budget[b].fill_(self.k)  # the device caps it at max_tokens (count_drafts_rows: limit)
         self.generated[b].zero_()
@@ -303,7 +352,14 @@ class BatchRound:
             cache = self.caches[i]
             self.caches[i] = model.new_cache(self.batch, capacity) if cache is None else cache.grown(capacity)
             self.step_ops[i] = runner.batch_ops(capacity)
+        if self.drafter is not None:
+            self.drafter.room(slots, capacity)
         self.generation += 1
+
+    def close(self) -> None:
+        """Let go of what it holds on the models (a head's tap on the target's layers)."""
+        if self.drafter is not None:
+            self.drafter.close()
 
     def _prefill(self, which: int, b: int, ids: list[int]) -> None:
         """One row's prefix, prefilled by its model's runner as it is alone (the same steps, the same
@@ -311,45 +367,48 @@ class BatchRound:
         self.positions[which, b].fill_(len(ids))
         if not ids:
             return
-        runner, cache, n = self.runners[which], self.caches[which], len(ids)
+        runner = self.runners[which]
         runner.reset()
         with torch.inference_mode():
             # the ids from pinned staging, the copy queued: a pageable copy would wait for the round
             # in flight (and the runner's own copy of them would be another)
             runner.forward(self.staging.put(torch.tensor(ids, dtype=torch.long)), want_logits=False)
-            alone = runner.cache
-            for mine, theirs in ((cache.keys, alone.keys), (cache.values, alone.values)):
-                for row, one in zip(mine, theirs):
-                    row[b, :, :n].copy_(one[0, :, :n])
-            for device, positions in cache.copies.items():
-                positions[b, :n].copy_(alone.copies[device][0, :n])
+            self.adopt(which, b, len(ids))
+
+    def adopt(self, which: int, b: int, n: int) -> None:
+        """Model `which`'s runner's first n slots, as it prefilled them alone, into row b of the
+        round's cache."""
+        cache, alone = self.caches[which], self.runners[which].cache
+        for mine, theirs in ((cache.keys, alone.keys), (cache.values, alone.values)):
+            for row, one in zip(mine, theirs):
+                row[b, :, :n].copy_(one[0, :, :n])
+        for device, positions in cache.copies.items():
+            positions[b, :n].copy_(alone.copies[device][0, :n])
 
     # -- the device program -----------------------------------------------------------------------
 
     def body(self) -> None:
         """One round for every row, no host sync."""
-        self.held[:2].copy_(self.positions)
-        self.held[2].copy_(self.generated)
-        if self.k:
+        drafter = self.drafter
+        self.held[:-1].copy_(self.positions)
+        self.held[-1].copy_(self.generated)
+        if drafter is not None:
             self.ops.count_drafts_rows(self.confident, self.budget, self.limit, self.generated, self.num_drafts)
         else:
             self.num_drafts.zero_()
         self.coupling.begin()
-        ids = self.pending
-        for i in range(self.k):
-            self._step(1, ids, self.draft_logits[:, None], keep=1)
-            self.coupling.pick(i)
-            ids = self.feed[:, i + 1: i + 2]
-        self._step(0, self.feed, self.target_logits)
+        if drafter is not None:
+            drafter.draft()
+        with drafter.reading() if drafter is not None else contextlib.nullcontext():
+            self._step(0, self.feed, self.target_logits)
         self.coupling.verify()
         self.ops.commit_rows(CommitBuffers(
             row=self.out, feed=self.feed, num_drafts=self.num_drafts, stage=self.stage_ids,
             target_position=self.positions[0], emitted=self.emitted, generated=self.generated,
-            draft_position=self.positions[1] if self.k else None, pending=self.pending if self.k else None,
-            ran=self.k + 1))
+            ran=self.k + 1, **(drafter.commit_fields() if drafter is not None else {})))
         # in place (an elementwise op may write its own input): no temporary, one launch each
-        torch.where(self.active, self.positions, self.held[:2], out=self.positions)
-        torch.where(self.active, self.generated, self.held[2], out=self.generated)
+        torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
+        torch.where(self.active, self.generated, self.held[-1], out=self.generated)
 
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick
@@ -358,7 +417,7 @@ class BatchRound:
         return self.drafts.view(-1)
 
     def _step(self, which: int, ids: torch.Tensor, out: torch.Tensor, keep: int = 0) -> None:
-        """Every row's ids [B, n] at its own position of model `which` (0 target, 1 draft), the
+        """Every row's ids [B, n] at its own position of model `which` (0 target, 1 draft model), the
         logits of its last `keep` rows (0: all) into out [B, keep or n, width]."""
         position = self.positions[which]
         rows = rowsets.batch(ids, position, self.step_positions)  # the positions: the inputs op's to write

@@ -44,7 +44,9 @@ class HeadDrafts:
         round's: its accepted path's, core/round/head_tree.py)."""
         rnd, head = self.rnd, self.head
         ids = out.clamp_min(0)  # stale ids past the emitted ones
-        positions = (rnd.target.position - rnd.emitted + rnd.steps).clamp_min(0)
+        # clamped as a whole: a one-token prompt's first round (P - e = -1) would otherwise put two
+        # rows at position 0, and which of their keys the cache keeps is the write's choice
+        positions = (rnd.target.position - rnd.emitted).clamp_min(0) + rnd.steps
         logits, hidden = head.extend(ids, features, positions)
         last = (rnd.emitted - 1).view(1)
         return logits.index_select(0, last), hidden.index_select(0, last)

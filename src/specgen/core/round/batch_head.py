@@ -1,0 +1,136 @@
+"""An EAGLE-3 head drafting every row of a batch (core/round/batch_round.py's drafter part).
+
+The chain round's head (core/round/head.py) with a batch dimension: each row b extends the head
+over its own previous round's k + 1 target rows (its output row: accepted drafts, then the new
+token, stale ids past them; the target's states at those rows, from this part's tap), at its own
+positions P_b - e_b .. P_b - e_b + k (e_b: the tokens it emitted, ragged across rows), in its own
+row of this part's head cache; its row e_b - 1 predicts its first draft; then k - 1 head steps
+over the B rows at once, each on its own output hidden state at P_b + i - 1. Every row computes
+what it computes alone (the same ops over more rows, each row reading its own cache row only).
+
+Buffers are allocated once (the cache and its rotary table when the round's caches grow); the body
+reads no host value, so the round captures it whole. A row's prompt is prefilled as the chain round
+prefills it (core/drafters/heads.prefill_head: the target in chunks the engine's tap holds, then the
+head), by the engine's head and target runner, and both caches' slots copied into the row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.core.drafters.eagle import Slots
+from specgen.core.drafters.heads import AuxTap, prefill_head
+from specgen.core.step.rows import Rows
+
+
+class BatchHead:
+    """drafter: the engine's EagleDrafter (core/drafters/heads.py): its head's weights, its tap's
+    points, its single-sequence cache for prefills and its vocabulary map."""
+
+    runners: list = []  # no model the round keeps a cache of: the head's cache is this part's
+
+    def __init__(self, rnd, drafter):
+        k, batch, z = rnd.k, rnd.batch, dict(device=rnd.device)
+        self.rnd, self.drafter, self.head = rnd, drafter, drafter.head
+        hidden = drafter.tap.hidden
+        first, stop, _ = drafter.span.indices(len(drafter.tap.points) * hidden)
+        # the target's states at the head's points, for the B x (k + 1) rows of the round's target step
+        self.tap = AuxTap(rnd.target.model, drafter.tap.points[first // hidden: stop // hidden], batch * (k + 1))
+        self.ops = rnd.backend.head_ops(self.head, batch=True) or self.head.ops
+        self.steps = torch.arange(k + 1, **z)
+        self.origin = torch.zeros(batch, dtype=torch.long, **z)  # each row's P - e: its extend's first position
+        self.extend_positions = torch.zeros(batch, k + 1, dtype=torch.long, **z)
+        self.last = torch.zeros(batch, 1, dtype=torch.long, **z)  # each row's e - 1
+        self.step_positions = torch.zeros(batch, 1, dtype=torch.long, **z)
+        self.cache: Slots | None = None
+        self.rotary: torch.Tensor | None = None  # [C, 2, D]: cos and sin of every position (Rotary.tabulate's)
+
+    def room(self, slots: int, capacity: int) -> None:
+        """The head cache of B rows and `capacity` slots (the rows keeping their keys and values),
+        and the rotary table of as many positions."""
+        head, batch = self.head, self.rnd.batch
+        weight = head.fc.weight
+        shape = (batch, head.config.num_key_value_heads, capacity, head.config.head_dim)
+        keys, values = weight.new_zeros(shape), weight.new_zeros(shape)
+        if self.cache is not None:
+            keys[:, :, :self.cache.capacity].copy_(self.cache.keys[0])
+            values[:, :, :self.cache.capacity].copy_(self.cache.values[0])
+        self.cache = Slots(keys, values)
+        with torch.inference_mode():
+            cos, sin = head.rotary(torch.arange(capacity, device=weight.device), weight.dtype)
+        self.rotary = torch.cat([cos, sin], dim=1)
+
+    def start(self, b: int, ids: list[int]) -> None:
+        """Row b's prompt through the engine's target runner and head as the chain round feeds them,
+        both caches' slots copied into row b, and its first round set to extend over the prompt's
+        last target row as if the round before had emitted `last` (core/round/head.HeadDrafts)."""
+        rnd, head, k = self.rnd, self.head, self.rnd.k
+        rnd.positions[0, b].fill_(len(ids) - 1)
+        rnd.target.reset()
+        self.drafter.reserve(len(ids))
+        with torch.inference_mode():
+            prefill_head(self.drafter, rnd.target, ids, rnd.device, rnd.staging.put)
+            rnd.adopt(0, b, len(ids) - 1)
+            n = max(len(ids) - 2, 0)  # the head's prompt rows
+            self.cache.keys[0][b, :, :n].copy_(head.k_cache[0, :, :n])
+            self.cache.values[0][b, :, :n].copy_(head.v_cache[0, :, :n])
+            self.tap.out[b * (k + 1)].copy_(self.drafter.features(1)[0])
+        rnd.out[b].fill_(-1)
+        rnd.out[b, 0].fill_(ids[-1])
+        rnd.emitted[b].fill_(1)
+
+    def draft(self) -> None:
+        """Every row's k drafts into feed[:, 1:] (core/round/head.HeadDrafts.draft, row by row)."""
+        rnd, k, batch = self.rnd, self.rnd.k, self.rnd.batch
+        # the previous round's target rows, at P - e + j (P - e clamped at 0 as the chain round's:
+        # a one-token prompt's first round)
+        torch.sub(rnd.positions[0], rnd.emitted, out=self.origin)
+        self.origin.clamp_(min=0)
+        torch.add(self.origin[:, None], self.steps, out=self.extend_positions)
+        ids = rnd.out.clamp_min(0)  # accepted drafts, then the new token; stale ids past them
+        rows = Rows(ids, self.extend_positions, self.extend_positions, self.origin)
+        logits, hidden = self._forward(self.tap.out[:batch * (k + 1)].view(batch, k + 1, -1), rows)
+        torch.sub(rnd.emitted[:, None], 1, out=self.last)
+        self.last.clamp_(0, k)  # a row that never started: emitted 0
+        hidden = hidden.gather(1, self.last[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, 1, H]
+        self._pick(0, logits.gather(1, self.last[:, :, None].expand(-1, -1, logits.shape[-1]))[:, 0])
+        for i in range(1, k):  # step i embeds draft i - 1 at position P + i - 1
+            torch.add(rnd.positions[0][:, None], i - 1, out=self.step_positions)
+            rows = Rows(rnd.feed[:, i: i + 1], self.step_positions, self.step_positions, self.step_positions[:, 0])
+            logits, hidden = self._forward(hidden, rows)
+            self._pick(i, logits[:, 0])
+
+    def _forward(self, features: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over the rows (features [B, n, 3 x target width] or its own states [B, n, H])."""
+        head = self.head
+        h = head.fused(features)
+        rope = self.rotary[rows.positions]  # [B, n, 2, D]
+        rotary = (rope[:, :, 0], rope[:, :, 1])
+        if rotary[0].dtype != h.dtype:  # features in another dtype than the head's weights (as forward)
+            cos, sin = head.rotary(rows.positions.reshape(-1), h.dtype)
+            rotary = (cos.view(*rows.positions.shape, -1), sin.view(*rows.positions.shape, -1))
+        return head.over_rows(h, rows, self.cache, self.ops, rotary)
+
+    def _pick(self, i: int, logits: torch.Tensor) -> None:
+        """Draft step i from the head's logits [B, Vd]: over the target's vocabulary (-inf outside
+        the draft vocabulary) into the round's draft logits, then every row's pick."""
+        rnd = self.rnd
+        if self.drafter.identity:
+            rnd.draft_logits.copy_(logits)
+        else:
+            rnd.draft_logits.index_copy_(1, self.drafter.columns, logits.float())
+        rnd.coupling.pick(i)
+
+    def reading(self):
+        """The round's target step, whose states the next round extends over: the tap copies them."""
+        return self.tap.armed()
+
+    def commit_fields(self) -> dict:
+        return {}
+
+    def state(self) -> list[torch.Tensor]:
+        """The output row and the tap outlive the round only for the next round's extend."""
+        return [self.rnd.out, self.tap.out]
+
+    def close(self) -> None:
+        self.tap.remove()

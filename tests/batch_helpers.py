@@ -1,0 +1,50 @@
+"""Batch decoding with what each round drafted: for batch invariance tests that check the drafter's
+own work (a random head's drafts are rarely accepted, so tokens alone would hide them)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from specgen.core.engine import Engine
+from specgen.core.events import RoundEvent
+
+
+def alone_rounds(engine: Engine, work: list) -> list[tuple]:
+    """Each prompt's (tokens, fates, every round's counted drafts) decoded alone."""
+    out = []
+    for ids, spec in work:
+        events = list(engine.decoder(replace(engine.profile, sampling=spec)).run(ids))
+        drafts = [e.drafted_ids for e in events if isinstance(e, RoundEvent)]
+        out.append((events[-1].token_ids, events[-1].fates, drafts))
+    return out
+
+
+class Recorder:
+    """The batch's program, noting after each round the counted drafts of every row that holds a
+    prompt (the staged ids: output row | drafts | count), by the prompt's index. The torch
+    backend's program is eager: one round in flight, so a row holds its prompt through its rounds only."""
+
+    asynchronous = False
+
+    def __init__(self, decoder):
+        self.decoder, self.inner = decoder, decoder.program
+        self.drafts = defaultdict(list)
+        decoder.program = self
+
+    def launch(self) -> None:
+        self.inner.launch()
+        k = self.decoder.round.k
+        for row, staged in zip(self.decoder.rows, self.decoder.round.stage_ids.tolist()):
+            if row is not None:
+                self.drafts[row.index].append(staged[k + 1: k + 1 + staged[2 * k + 1]])
+
+
+def batched_rounds(engine: Engine, batch: int, work: list) -> list[tuple]:
+    """Each prompt's (tokens, fates, every round's counted drafts) through `batch` rows, in order."""
+    decoder = engine.batch_decoder(batch)
+    assert not decoder.pipelined
+    recorder = Recorder(decoder)
+    results = list(decoder.run(work))
+    assert [index for index, _ in results] == list(range(len(work)))
+    return [(f.token_ids, f.fates, recorder.drafts[i]) for i, f in results]
