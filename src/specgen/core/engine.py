@@ -187,6 +187,8 @@ class Engine:
         head = profile.proposer.head if kind == "eagle" else None
         kept = measured.batch_rows(measured.load_batches(profile.runtime.measured).get(key, []), kind, head)
         rows = regime(kept, sampling.temperature, sampling.coupling, kind if kind != "none" else "draft")
+        if kind != "none" and not any(r["k"] for r in rows):  # target-only rows alone: nothing of this proposer's
+            rows = []
         pair = measured.describe_key(key) + (f", EAGLE-3 head {measured.describe_head(head)}" if head else "")
         if not rows:
             sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
