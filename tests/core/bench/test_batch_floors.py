@@ -223,3 +223,21 @@ def test_a_head_batchs_floor_is_what_each_launch_reads(eagle_engine, monkeypatch
     assert doc["floor"]["streamed_bytes"]["draft"] == floors.streamed_bytes(eagle_engine.heads["eagle"].head)
     assert doc["floor"]["first_call_bytes"]["draft"] == head.first
     assert doc["floor"]["cache_bytes_per_position"]["draft"] == head.per_position
+
+
+@pytest.mark.parametrize("backend", [pytest.param("cuda", marks=CUDA)])
+def test_on_the_gpu_a_heads_round_is_above_its_floor(tmp_path, backend):
+    """The CUDA backend (captured rounds, the head's calls in them): the head batch's floor from the
+    measured bandwidth, which its rounds cannot beat."""
+    import torch
+
+    target, _ = build_pair(tmp_path, noisy=0.1)
+    head = head_for(target, tmp_path / "head", draft_vocab=150)
+    engine = Engine(make_profile(target, None, k=3, max_tokens=9, backend=backend,
+                                 proposer=ProposerSpec(kind="eagle", head=str(head))))
+    bandwidth = floors.copy_bandwidth(torch.device("cuda"))
+    assert bandwidth is not None
+    result = batches.run(engine, engine.profile, 3, PROMPTS, warmup=1, bandwidth=bandwidth)
+    assert result["proposer"] == "eagle" and result["rounds"] > 0
+    assert result["round_floor_bytes"]["draft"] > 0
+    assert 0 < result["round_floor_ms"] < result["round_ms"]
