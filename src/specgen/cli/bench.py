@@ -227,7 +227,8 @@ def show_batches(document: dict, console: Console) -> None:
     paying."""
     env = document["environment"]
     t = document["temperature"]
-    console.print(f"{document['profile']} · batches · {document.get('proposer', 'draft')} · {document['prompts']} prompts × {document['max_tokens']} tokens"
+    console.print(f"{document['profile']} · batches · {document.get('proposer', 'draft')} · "
+                  f"{document['prompts']} prompts × {document['max_tokens']} tokens"
                   f" · T={t:g}{' ' + document['coupling'] if document['coupling'] else ''} · {env['device']}"
                   + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""), soft_wrap=True)
     grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)

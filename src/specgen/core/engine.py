@@ -214,9 +214,9 @@ class Engine:
         device memory, the cap in words). A row: the target's keys and values and the drafter's
         (the draft model's, or an EAGLE-3 head's with proposer eagle; none target-only) at the
         run's most positions (its longest prompt and max_tokens, the round's reach, the caches'
-        slack), and the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None: host memory
-        is not capped (the bench ran the measured batches on this machine, and the operating
-        system pages rather than failing an allocation)."""
+        slack), and the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None:
+        host memory is not capped (the bench ran the measured batches on this machine, and the
+        operating system pages rather than failing an allocation)."""
         device = self.pair.device
         if device.type != "cuda":
             return None, f"memory not capped on {device.type}"

@@ -16,7 +16,8 @@ eagle with the head's folder in `head`: a head's rows stand for that head only),
 tokens per second and its rows' median ms per token (core/batch_cost.py chooses from the run's
 proposer's rows and target-only's). A later batch bench replaces the rows it ran again. Rows kept
 before eagle could batch carry proposer draft (or none); a row without one reads as the draft
-model's (k > 0) or target-only (k 0), which is what every such bench measured. `batches` is an addition within format 1: a reader that knows only `pairs` ignores it.
+model's (k > 0) or target-only (k 0), which is what every such bench measured. `batches` is an
+addition within format 1: a reader that knows only `pairs` ignores it.
 
 The file is `measured.json` in `[runtime] measured` (default: specgen's folder in the user cache,
 beside `tune-kernels`' tables). A file that cannot be read or is of another format counts as nothing

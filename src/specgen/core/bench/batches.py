@@ -2,8 +2,9 @@
 
 At each batch size B the same prompts go through core/batch_decode.py's BatchDecoder (continuous
 batching, B rows) once target-only (k = 0: a BatchRound without a draft) and once per k of the
-sweep with the run's one proposer (PROPOSERS: the draft model, or an EAGLE-3 head), after an untimed warm-up over the B longest prompts (captures, and
-caches grown to their size before the clock starts). What is measured, per run:
+sweep with the run's one proposer (PROPOSERS: the draft model, or an EAGLE-3 head), after an
+untimed warm-up over the B longest prompts (captures, and caches grown to their size before the
+clock starts). What is measured, per run:
 
     tokens_per_second    every prompt's tokens over the wall seconds of the whole run (the
                          batch's throughput)
