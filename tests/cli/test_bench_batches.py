@@ -4,12 +4,13 @@ CPU), the JSON's fields, and where the recommendation says speculation stops pay
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from repo_paths import REPO
 from specgen.core.bench.batches import recommend
-from tiny_models import build_pair, write_profile
+from tiny_models import build_pair, head_for, write_profile
 
 PROMPTS = ["def add(a, b):", "class Point:", "import os", "for i in range(10):", "x = [1, 2, 3]"]
 
@@ -20,6 +21,19 @@ def tiny(tmp_path_factory):
     target, draft = build_pair(root, noisy=0.1)
     (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     return write_profile(root / "tiny.toml", target, draft)
+
+
+def pair_of(profile) -> tuple[Path, Path]:
+    import tomllib
+
+    table = tomllib.loads(Path(profile).read_text())
+    return Path(table["target"]["path"]), Path(table["draft"]["path"])
+
+
+@pytest.fixture(scope="module")
+def head(tiny):
+    """A tiny EAGLE-3 head of the profile's target, over a reduced draft vocabulary."""
+    return head_for(pair_of(tiny)[0], Path(tiny).parent / "head", draft_vocab=150)
 
 
 def run(tps: dict) -> list[dict]:
@@ -57,8 +71,10 @@ def test_batch_bench_json_has_each_size_and_method(cli, tiny):
     doc = json.loads(out)
     assert doc["schema"] == "specgen.bench.batches/1" and not doc["incomplete"]
     assert doc["batch_sizes"] == [1, 3] and doc["prompts"] == len(PROMPTS) and doc["temperature"] == 0.0
-    assert [(r["batch_size"], r["method"], r["k"]) for r in doc["results"]] == [
-        (b, m, k) for b in (1, 3) for m, k in (("target-only", 0), ("speculative", 2), ("speculative", 3))]
+    assert doc["proposer"] == "draft" and doc["pair"]["head"] is None
+    assert [(r["batch_size"], r["method"], r["proposer"], r["k"]) for r in doc["results"]] == [
+        (b, m, p, k) for b in (1, 3) for m, p, k in (("target-only", "none", 0), ("speculative", "draft", 2),
+                                                      ("speculative", "draft", 3))]
     for r in doc["results"]:
         assert r["tokens"] == 6 * len(PROMPTS)  # ignore_eos: max_tokens each
         assert r["tokens_per_second"] > 0 and r["seconds"] > 0
@@ -149,7 +165,10 @@ def test_batch_bench_table(cli, tiny):
 
 @pytest.mark.parametrize("args, message", [
     (["--batch-size", "0"], "each batch size must be from 1 to 256"),
-    (["--batch-size", "2", "--proposer", "ngram"], "measures the draft proposer"),
+    (["--batch-size", "2", "--proposer", "ngram"], "measures one proposer, draft or eagle, against target-only, "
+                                                   "not ngram"),
+    (["--batch-size", "2", "--proposer", "draft,ngram"], "measures one proposer, draft or eagle, against "
+                                                         "target-only, not draft,ngram"),
     (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "4"], "chains only"),
     (["--batch-size", "2", "--repetition-penalty", "1.2"], "do not take penalties yet"),
 ])
@@ -157,3 +176,37 @@ def test_what_a_batch_bench_cannot_take_is_one_line(cli, tiny, args, message):
     code, out, err = cli("bench", "-p", tiny, "--k", "2", "--max-tokens", "4", *args)
     assert code == 2 and out == "" and message in err
     assert len([line for line in err.splitlines() if line.strip()]) <= 2  # the error and its hint
+
+
+def test_batch_bench_with_an_eagle_head(cli, tiny, head, tmp_path):
+    """--proposer eagle --head: the head drafts every speculative run; the document and each result
+    say so, the head's floor is its own (fc once a round, its one layer's cache), and the rows kept
+    for batch_size auto are the head's, beside the draft model's."""
+    from specgen.core import measured
+
+    facts = tmp_path / "facts"
+    own = write_profile(tmp_path / "own.toml", *pair_of(tiny), runtime={"threads": 1, "measured": str(facts)})
+    code, out, err = cli("bench", "-p", own, "--proposer", "eagle", "--head", str(head), "--batch-size", "1,3",
+                         "--k", "2", "--max-tokens", "5", "--warmup", "0", "--format", "json", "-q")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["proposer"] == "eagle" and doc["pair"]["head"] == str(head) and not doc["incomplete"]
+    assert [(r["batch_size"], r["proposer"], r["k"]) for r in doc["results"]] == [
+        (1, "none", 0), (1, "eagle", 2), (3, "none", 0), (3, "eagle", 2)]
+    floor = doc["floor"]
+    assert floor["first_call_bytes"]["draft"] > 0 and floor["first_call_bytes"]["target"] == 0
+    per_call = floor["streamed_bytes"]["draft"] - floor["first_call_bytes"]["draft"]
+    for r in doc["results"]:
+        assert r["tokens"] == 5 * len(PROMPTS) and r["tokens_per_second"] > 0
+        if r["k"]:
+            assert r["round_floor_bytes"]["draft"] > 2 * per_call + floor["first_call_bytes"]["draft"]
+            assert r["mean_accepted_length"] >= 1
+    kept = measured.load_batches(str(facts))
+    assert doc["measured"]["rows"] == 4 and len(kept) == 1
+    rows = next(iter(kept.values()))
+    assert sorted((r["proposer"], r["head"], r["batch_size"], r["k"]) for r in rows) == [
+        ("eagle", str(head), 1, 2), ("eagle", str(head), 3, 2), ("none", None, 1, 0), ("none", None, 3, 0)]
+    code, out, err = cli("bench", "-p", own, "--proposer", "eagle", "--head", str(head), "--batch-size", "2",
+                         "--k", "2", "--max-tokens", "4", "--warmup", "0", "-n", "2")
+    assert code == 0, err
+    assert " · batches · eagle · " in out and "k=2" in out

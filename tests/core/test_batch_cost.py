@@ -124,3 +124,43 @@ def test_batch_rows_are_kept_beside_the_tree_rows(tmp_path):
 
     choice = choose(regime(kept, 0.0, "rejection"), "draft", 10, None)
     assert (choice.batch, choice.speculate, choice.k) == (4, True, 2)
+
+
+def test_batch_rows_are_labelled_by_proposer_and_head(tmp_path):
+    """An eagle batch bench's rows carry proposer eagle and the head's folder, kept beside the draft
+    model's (target-only rows are shared: the same measurement); a run reads its own proposer's
+    rows (a head's of that head only) and target-only's; a row kept without a proposer reads as
+    the draft model's (k > 0) or target-only (k 0)."""
+    import json
+
+    from specgen.core import measured
+    from specgen.core.tree_cost import regime
+
+    folder = str(tmp_path)
+    key = measured.pair_key("/m/target", "/m/draft", "GPU X", "bfloat16")
+    measured.save_batches(folder, batch_document({(1, 0): 100, (1, 2): 180, (4, 0): 350, (4, 2): 500}))
+    eagle = batch_document({(1, 0): 100, (1, 3): 250, (4, 0): 350, (4, 3): 300})
+    eagle["proposer"], eagle["pair"]["head"] = "eagle", "/m/head"
+    path, written = measured.save_batches(folder, eagle)
+    assert written == 4
+    kept = measured.load_batches(folder)[key]
+    assert sorted((r["proposer"], r["head"], r["batch_size"], r["k"]) for r in kept) == [
+        ("draft", None, 1, 2), ("draft", None, 4, 2), ("eagle", "/m/head", 1, 3), ("eagle", "/m/head", 4, 3),
+        ("none", None, 1, 0), ("none", None, 4, 0)]
+
+    def chosen(proposer, head=None):
+        rows = regime(measured.batch_rows(kept, proposer, head), 0.0, "rejection", proposer)
+        choice = choose(rows, proposer, 10, None)
+        return choice.batch, choice.speculate, choice.k
+
+    assert chosen("draft") == (4, True, 2)
+    assert chosen("eagle", "/m/head") == (4, False, 0)  # the head's k = 3 is slower than target-only at 4
+    assert choose(regime(measured.batch_rows(kept, "eagle", "/m/other"), 0.0, "rejection", "eagle"), "eagle",
+                  10, None).measured is False  # another head's rows are not this one's
+    # a file written before rows were labelled: its rows are the draft model's and target-only's
+    data = json.loads(path.read_text())
+    data["batches"][key] = [{k: v for k, v in row.items() if k != "proposer"} for row in data["batches"][key]
+                            if row["proposer"] != "eagle"]
+    path.write_text(json.dumps(data))
+    assert sorted((r["proposer"], r["k"]) for r in measured.load_batches(folder)[key]) == [
+        ("draft", 2), ("draft", 2), ("none", 0), ("none", 0)]

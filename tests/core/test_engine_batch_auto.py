@@ -1,6 +1,8 @@
 """batch_size through the engine (core/engine.py `resolve_batch`): a number stands; auto from the
 batch rows bench kept for this pair on this device (core/measured.py), capped by memory on a GPU;
-the caches a run reserves, and the memory estimate against what a row's caches take."""
+the caches a run reserves, and the memory estimate against what a row's caches take. With
+--proposer eagle, auto reads the rows bench kept for that head (and target-only's), never the
+draft model's."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_helpers import BACKENDS, make_profile
+from decode_helpers import BACKENDS, CUDA, make_profile
 from specgen.core import measured
 from specgen.core.engine import Engine, batch_row_bytes, device_name
 from specgen.core.round.batch_round import SLACK
 from specgen.core.settings import ProposerSpec, RuntimeSpec
-from tiny_models import build_pair
+from tiny_models import build_pair, head_for
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +30,12 @@ def profile_of(pair, folder, batch_size="auto", backend: str = "torch", **propos
     return replace(profile, runtime=RuntimeSpec(threads=1, measured=str(folder), batch_size=batch_size))
 
 
-def keep(engine: Engine, folder, tps: dict) -> None:
+def keep(engine: Engine, folder, tps: dict, proposer: str = "draft", head: str | None = None) -> None:
     """Synthetic batch bench rows for this engine's pair and device: {(batch, k): tokens/s}."""
     profile = engine.profile
-    document = {"pair": {"target": profile.target.path, "draft": profile.draft.path,
-                         "device_name": device_name(engine.pair.device), "dtype": "float32"},
+    document = {"proposer": proposer,
+                "pair": {"target": profile.target.path, "draft": profile.draft.path if profile.draft else None,
+                         "head": head, "device_name": device_name(engine.pair.device), "dtype": "float32"},
                 "temperature": 0.0, "coupling": None, "max_tokens": 10,
                 "results": [{"batch_size": b, "k": k, "tokens_per_second": v} for (b, k), v in tps.items()]}
     measured.save_batches(str(folder), document)
@@ -111,3 +114,74 @@ def test_memory_caps_auto_on_a_gpu_only(pair, tmp_path, backend):
     huge = 2 * free // position + 10  # prompts whose caches alone outgrow the free memory
     capped = engine.resolve_batch(engine.profile, 20, huge)
     assert capped.batch == 1 and "no measured batch fits" in capped.reason
+
+
+@pytest.fixture(scope="module")
+def heads(pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("batch-auto-heads")
+    return head_for(pair[0], root / "head"), head_for(pair[0], root / "other", seed=5)
+
+
+def eagle_profile(pair, folder, head, batch_size="auto", backend: str = "torch"):
+    profile = profile_of(pair, folder, batch_size, backend, kind="eagle", head=str(head))
+    return replace(profile, draft=None)
+
+
+def test_auto_with_a_head_reads_that_heads_rows(pair, heads, tmp_path):
+    """The draft model's rows say nothing of a head's batches: with only those kept, an eagle run
+    has nothing measured (batch 1, and the reason says how to measure a head's); with the head's
+    rows it chooses from them as a draft run does from its own; another head's rows stay apart."""
+    head, other = heads
+    engine = Engine(eagle_profile(pair, tmp_path, head))
+    draft_engine = Engine(profile_of(pair, tmp_path))
+    keep(engine, tmp_path, {(1, 0): 10, (4, 0): 50, (8, 0): 80})  # target-only rows
+    keep(engine, tmp_path, {(1, 2): 300, (4, 2): 900, (8, 2): 1000}, proposer="draft")  # not the head's
+    nothing = engine.resolve_batch(engine.profile, *WORK)
+    assert (nothing.batch, nothing.measured) == (1, False)
+    assert nothing.reason.startswith("nothing measured for target + no draft on ")
+    assert ", EAGLE-3 head head, greedy: batch 1 (specgen bench --batch-size 1,4,8,16 --proposer eagle " \
+           "measures batches)" in nothing.reason
+    keep(engine, tmp_path, {(1, 3): 30, (4, 3): 90, (8, 3): 70}, proposer="eagle", head=str(head))
+    keep(engine, tmp_path, {(1, 3): 5, (4, 3): 5, (8, 3): 500}, proposer="eagle", head=str(other))
+    engine = Engine(eagle_profile(pair, tmp_path, head))
+    choice = engine.resolve_batch(engine.profile, *WORK)
+    assert (choice.batch, choice.speculate, choice.k, choice.measured) == (4, True, 3, True)
+    assert choice.reason.startswith("batch 4, k=3 (bench's measurements, target + no draft on ")
+    assert "batch 1 k=3 30 tok/s, batch 4 k=3 90 tok/s, batch 8 target-only 80 tok/s" in choice.reason
+    resolved = engine.batch_profile(engine.profile, choice)
+    assert resolved.proposer.kind == "eagle" and resolved.speculation.k == 3
+    mine = Engine(eagle_profile(pair, tmp_path, other))
+    assert mine.resolve_batch(mine.profile, *WORK).batch == 8  # the other head's rows: B = 8 at 500 tok/s
+    # the draft model's run of the same target (another key: it has a draft) reads none of these
+    assert draft_engine.resolve_batch(draft_engine.profile, *WORK).measured is False
+
+
+def test_the_row_estimate_covers_a_heads_cache(pair, heads, tmp_path):
+    """With a head, batch_row_bytes counts its one layer's cache at the round's capacity and its
+    tap's target states, beside the target's cache: at least what the round holds per row."""
+    engine = Engine(eagle_profile(pair, tmp_path, heads[0], 2))
+    rnd = engine.batch_decoder(2, room=100).round
+    drafter = rnd.drafter
+    held = sum(t.numel() * t.element_size() for cache in rnd.caches
+               for t in (*cache.keys, *cache.values, *cache.copies.values()))
+    held += sum(t.numel() * t.element_size() for t in (*drafter.cache.keys, *drafter.cache.values, drafter.tap.out))
+    head = engine.heads["eagle"].head
+    estimate = batch_row_bytes((engine.pair.target, None), rnd.capacity, rnd.k, engine.width, head)
+    without = batch_row_bytes((engine.pair.target, None), rnd.capacity, rnd.k, engine.width)
+    assert held // rnd.batch <= estimate
+    c = head.config
+    assert estimate - without == (rnd.capacity * 2 * c.num_key_value_heads * c.head_dim
+                                  + (rnd.k + 1) * 3 * c.target_hidden_size) * head.fc.weight.element_size()
+
+
+@pytest.mark.parametrize("backend", [pytest.param("cuda", marks=CUDA)])
+def test_memory_caps_a_heads_auto_with_its_cache(pair, heads, tmp_path, backend):
+    """On a GPU the eagle run's cap counts the head's cache per row (not a draft model's)."""
+    engine = Engine(eagle_profile(pair, tmp_path, heads[0], backend=backend))
+    keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 2): 90}, proposer="eagle", head=str(heads[0]))
+    choice = engine.resolve_batch(engine.profile, *WORK)
+    assert choice.batch == 4 and "; memory holds " in choice.reason
+    head = engine.heads["eagle"].head
+    positions = WORK[1] + 3 + 3 + SLACK  # the longest, k + 3, the slack
+    per_row = batch_row_bytes((engine.pair.target, None), positions, 3, engine.width, head)
+    assert f"{per_row / 2**20:,.1f} MiB a row at {positions:,} positions" in choice.reason

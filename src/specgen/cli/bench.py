@@ -28,6 +28,11 @@ from specgen.cli import options as opt
 from specgen.cli import render
 
 
+# the proposers a batch bench drafts with, one a run: core/bench/batches.PROPOSERS (not imported
+# here: torch loads with the models, after the options are checked)
+BATCH_PROPOSERS = ("draft", "eagle")
+
+
 class Format(str, enum.Enum):
     text = "text"
     json = "json"
@@ -126,7 +131,8 @@ def bench(
     texts = bench_prompts(path, first, num_prompts)
     if batch_sizes is not None:
         sizes = parse_batch_sizes(batch_sizes, plan, records)
-        encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0], "draft"))
+        encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0],
+                                                                          plan.proposers[0]))
         batch_bench(settings_for, texts, plan, sizes, encoding, allow_pickle, quiet, output_format)
         return
     encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0],
@@ -163,9 +169,10 @@ def parse_batch_sizes(text: str, plan, records: bool) -> tuple[int, ...]:
     sizes = parse_list(text, int, "--batch-size")
     if not all(1 <= size <= 256 for size in sizes):
         raise UsageError(f"--batch-size {text}: each batch size must be from 1 to 256", hint="e.g. --batch-size 1,4,16")
-    if plan.proposers != ("draft",):
-        raise UsageError(f"--batch-size measures the draft proposer against target-only, not {', '.join(plan.proposers)}",
-                         hint="drop --proposer, or measure other proposers in a run without --batch-size")
+    if len(plan.proposers) != 1 or plan.proposers[0] not in BATCH_PROPOSERS:
+        raise UsageError(f"--batch-size measures one proposer, {' or '.join(BATCH_PROPOSERS)}, against target-only, "
+                         f"not {','.join(plan.proposers)}",
+                         hint="--proposer draft or --proposer eagle; other proposers in a run without --batch-size")
     if any(tree is not None for tree in plan.trees) or records:
         raise UsageError("--batch-size takes chains only, without --records",
                          hint="drop --tree-width / --tree-nodes / --records, or --batch-size")
@@ -178,19 +185,21 @@ def parse_batch_sizes(text: str, plan, records: bool) -> tuple[int, ...]:
 def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], encoding, allow_pickle: bool,
                 quiet: bool, output_format: Format) -> None:
     """Batches at each size (core/bench/batches.py), at the sweep's first temperature, each with
-    the profile's coupling; the JSON document or the table, as bench prints its own."""
+    the profile's coupling, drafted by the plan's one proposer (draft or eagle); the JSON document
+    or the table, as bench prints its own."""
     from specgen.cli.loading import collector_paused, load_engine
 
     with collector_paused():
         from specgen.core.bench import batches, floors
     temperature = plan.temperatures[0]
     start = time.perf_counter()
-    engine = load_engine(settings_for(max(plan.ks), temperature, "draft"), allow_pickle, status=not quiet,
-                         proposers=("draft",))
+    proposer = plan.proposers[0]
+    engine = load_engine(settings_for(max(plan.ks), temperature, proposer), allow_pickle, status=not quiet,
+                         proposers=(proposer,))
     startup = time.perf_counter() - start
     encode = encoding.for_engine(engine)
     ids = [encode(text) for text in prompts]
-    checker = engine.decoder(settings_for(max(plan.ks), temperature, "draft"))
+    checker = engine.decoder(settings_for(max(plan.ks), temperature, proposer))
     for one in ids:  # a prompt the context cannot hold at the largest k: one error before anything runs
         checker.check_prompt(one)
     results, incomplete = [], False
@@ -201,11 +210,11 @@ def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], 
             for size in sizes:
                 results += batches.measure(engine, ids, settings_for, (size,), plan.ks, temperature, plan.warmup,
                                            lambda steps, label: bar.update(task, advance=steps, description=label),
-                                           bandwidth)
+                                           bandwidth, proposer)
         except KeyboardInterrupt:
             incomplete = True
     document = batches.document(results, engine, temperature, startup, len(ids),
-                                engine.profile.sampling.max_tokens, incomplete, bandwidth)
+                                engine.profile.sampling.max_tokens, incomplete, bandwidth, proposer)
     if not incomplete:
         keep_batch_measured(document, engine.profile.runtime.measured)
     emit(document, output_format, quiet, show_batches)
@@ -218,7 +227,8 @@ def show_batches(document: dict, console: Console) -> None:
     paying."""
     env = document["environment"]
     t = document["temperature"]
-    console.print(f"{document['profile']} · batches · {document['prompts']} prompts × {document['max_tokens']} tokens"
+    console.print(f"{document['profile']} · batches · {document.get('proposer', 'draft')} · "
+                  f"{document['prompts']} prompts × {document['max_tokens']} tokens"
                   f" · T={t:g}{' ' + document['coupling'] if document['coupling'] else ''} · {env['device']}"
                   + (" · INCOMPLETE (interrupted)" if document["incomplete"] else ""), soft_wrap=True)
     grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)

@@ -3,10 +3,11 @@
 never from guesses.
 
 Facts: the batch bench's rows, one per (batch size B, k) it ran at a sampling regime, k 0 being
-target-only, each with its total tokens per second (every prompt's tokens over the run's wall
-seconds). Per B the bench's recommendation (`recommend`, the one `specgen bench --batch-size`
-prints) says whether speculation pays there (its best k's tokens/s is not below target-only's) and
-at which k; B's rate is the recommended method's tokens/s.
+target-only, each labelled by the proposer that drafted it (draft or eagle; none target-only: a
+run reads its own proposer's rows and target-only's), each with its total tokens per second
+(every prompt's tokens over the run's wall seconds). Per B the bench's recommendation
+(`recommend`, the one `specgen bench --batch-size` prints) says whether speculation pays there (its
+best k's tokens/s is not below target-only's) and at which k; B's rate is the recommended method's tokens/s.
 
 The choice is the measured B with the highest rate among those whose rows fit in memory
 (`memory_rows`, what the engine computes from the free device memory; None: not capped), then
@@ -29,6 +30,11 @@ from dataclasses import dataclass
 
 MEMORY_SHARE = 0.8  # of the free device memory a batch's caches and buffers may take
 BENCH_HINT = "specgen bench --batch-size 1,4,8,16 measures batches"
+
+
+def bench_hint(proposer: str) -> str:
+    """How to measure the batches a run of `proposer` reads (an EAGLE-3 head's: with --proposer eagle)."""
+    return BENCH_HINT.replace(" measures", " --proposer eagle measures") if proposer == "eagle" else BENCH_HINT
 
 
 @dataclass(frozen=True)
@@ -75,13 +81,14 @@ def memory_rows(free_bytes: int, row_bytes: int, share: float = MEMORY_SHARE) ->
 def choose(rows: list[dict], proposer: str, prompts: int, rows_fit: int | None, where: str = "",
            memory: str = "") -> BatchChoice:
     """B for `prompts` prompts from `rows` (one regime's batch rows: tree_cost.regime). proposer:
-    the profile's (draft, or none: target-only rows only). rows_fit: the rows memory holds (None:
-    not capped); where, memory: the facts' and the memory cap's descriptions, for the reason."""
+    the profile's (draft or eagle: its rows and target-only's; none: target-only rows only).
+    rows_fit: the rows memory holds (None: not capped); where, memory: the facts' and the memory
+    cap's descriptions, for the reason."""
     if prompts <= 1:
         return BatchChoice(1, reason="a single prompt: batch 1")
     sizes = _rates(rows, proposer)
     if not sizes:
-        return BatchChoice(1, reason=f"nothing measured{where}: batch 1 ({BENCH_HINT})")
+        return BatchChoice(1, reason=f"nothing measured{where}: batch 1 ({bench_hint(proposer)})")
     fits = [b for b in sizes if rows_fit is None or b <= rows_fit]
     notes = [memory] if memory else []
     if fits:

@@ -23,7 +23,6 @@ from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
 
-BENCH_EAGLE = "bench --batch-size measures the draft model's batches, not an EAGLE-3 head's"
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
 
@@ -169,7 +168,8 @@ class Engine:
         (its tokens and max_tokens). A number stands; auto is chosen from what `specgen bench
         --batch-size` measured for this pair on this device (core/measured.py, core/batch_cost.py),
         capped by memory and the prompts: batch 1 where nothing was measured, or where batches
-        cannot run these settings."""
+        cannot run these settings. The rows read are the profile's proposer's (an EAGLE-3 head's
+        of this head only) and target-only's."""
         from specgen.core.step.model import OwnedModel
 
         size = profile.runtime.batch_size
@@ -182,20 +182,22 @@ class Engine:
             refusal = "need specgen's own model step, and this pair runs on transformers"
         if refusal:
             return BatchChoice(1, reason=f"batch 1: batches {refusal}")
-        if profile.proposer.kind == "eagle":  # the measured rows are the draft model's (bench --batch-size)
-            return BatchChoice(1, reason=f"batch 1: {BENCH_EAGLE}")
-        sampling = profile.sampling
+        sampling, kind = profile.sampling, profile.proposer.kind
         key = self._pair_key(profile)
-        rows = regime(measured.load_batches(profile.runtime.measured).get(key, []), sampling.temperature,
-                      sampling.coupling)
+        head = profile.proposer.head if kind == "eagle" else None
+        kept = measured.batch_rows(measured.load_batches(profile.runtime.measured).get(key, []), kind, head)
+        rows = regime(kept, sampling.temperature, sampling.coupling, kind if kind != "none" else "draft")
+        if kind != "none" and not any(r["k"] for r in rows):  # target-only rows alone: nothing of this proposer's
+            rows = []
+        pair = measured.describe_key(key) + (f", EAGLE-3 head {measured.describe_head(head)}" if head else "")
         if not rows:
             sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
-            where = f" for {measured.describe_key(key)}, {sweep}"
+            where = f" for {pair}, {sweep}"
         else:
-            where = f" (bench's measurements, {measured.describe_key(key)}, T={rows[0]['temperature']:g})"
-        speculates = profile.proposer.kind != "none"
+            where = f" (bench's measurements, {pair}, T={rows[0]['temperature']:g})"
+        speculates = kind != "none"
         k = max([r["k"] for r in rows] + [profile.speculation.k if speculates else 0])
-        fit, memory = self._rows_fit(longest, k, speculates)
+        fit, memory = self._rows_fit(longest, k, kind if speculates else "none")
         return batch_cost.choose(rows, profile.proposer.kind, prompts, fit, where, memory)
 
     def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
@@ -207,19 +209,21 @@ class Engine:
             return target_only(profile)
         return replace(profile, speculation=replace(profile.speculation, k=choice.k))
 
-    def _rows_fit(self, longest: int, k: int, speculates: bool) -> tuple[int | None, str]:
+    def _rows_fit(self, longest: int, k: int, proposer: str) -> tuple[int | None, str]:
         """(the rows whose caches and buffers fit in core/batch_cost.MEMORY_SHARE of the free
-        device memory, the cap in words). A row: both models' keys and values at the run's most
-        positions (its longest prompt and max_tokens, the round's reach, the caches' slack), and
-        the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None: host memory
-        is not capped (the bench ran the measured batches on this machine, and the operating
-        system pages rather than failing an allocation)."""
+        device memory, the cap in words). A row: the target's keys and values and the drafter's
+        (the draft model's, or an EAGLE-3 head's with proposer eagle; none target-only) at the
+        run's most positions (its longest prompt and max_tokens, the round's reach, the caches'
+        slack), and the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None:
+        host memory is not capped (the bench ran the measured batches on this machine, and the
+        operating system pages rather than failing an allocation)."""
         device = self.pair.device
         if device.type != "cuda":
             return None, f"memory not capped on {device.type}"
         positions = longest + k + 3 + SLACK  # BatchRound.reach, and its caches' slack
-        per_row = batch_row_bytes((self.pair.target, self.pair.draft if speculates else None), positions, k,
-                                  self.width)
+        head = self.heads["eagle"].head if proposer == "eagle" and "eagle" in self.heads else None
+        per_row = batch_row_bytes((self.pair.target, self.pair.draft if proposer == "draft" else None), positions,
+                                  k, self.width, head)
         free, _ = torch.cuda.mem_get_info(device)
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # the allocator's pool
         fit = batch_cost.memory_rows(free, per_row)
@@ -305,17 +309,23 @@ class Engine:
         return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None}
 
 
-def batch_row_bytes(models, positions: int, k: int, width: int) -> int:
+def batch_row_bytes(models, positions: int, k: int, width: int, head=None) -> int:
     """The device bytes one row of a batch takes (Engine._rows_fit): each model's keys, values and
     slot positions at `positions` (core/step/cache.py), and the round's fp32 rows of the
     vocabulary (logits, noise, probabilities: 3 (k + 1) + 3 of them, core/round/batch_round.py),
-    counted twice for what a step and the warp allocate on the way."""
+    counted twice for what a step and the warp allocate on the way. head: an EAGLE-3 head drafting
+    the batch (core/round/batch_head.py): its one layer's keys and values at `positions`, and its
+    tap's k + 1 rows of the target's states (3 target widths each)."""
     total = 2 * (3 * (k + 1) + 3) * width * 4
     for model in models:
         if model is not None:
             c = model.config
             per_slot = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * model.dtype.itemsize
             total += positions * (per_slot + 8)  # keys, values and the slot's position (int64)
+    if head is not None:
+        c, element = head.config, head.fc.weight.element_size()
+        total += positions * 2 * c.num_key_value_heads * c.head_dim * element
+        total += (k + 1) * 3 * c.target_hidden_size * element
     return total
 
 

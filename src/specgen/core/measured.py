@@ -11,9 +11,13 @@ a shape from them; a run with nothing measured for its pair resolves auto to a c
 
 After a complete batch bench (`specgen bench --batch-size`) its rows go into the same file, under
 `batches` beside `pairs`, keyed by the same pair: one row per (batch size, k) at its sampling
-regime (k 0: target-only, proposer none), with its total tokens per second and its rows' median ms
-per token (core/batch_cost.py chooses from them). A later batch bench replaces the rows it ran
-again. `batches` is an addition within format 1: a reader that knows only `pairs` ignores it.
+regime (k 0: target-only, proposer none), labelled by the proposer that drafted it (draft, or
+eagle with the head's folder in `head`: a head's rows stand for that head only), with its total
+tokens per second and its rows' median ms per token (core/batch_cost.py chooses from the run's
+proposer's rows and target-only's). A later batch bench replaces the rows it ran again. Rows kept
+before eagle could batch carry proposer draft (or none); a row without one reads as the draft
+model's (k > 0) or target-only (k 0), which is what every such bench measured. `batches` is an
+addition within format 1: a reader that knows only `pairs` ignores it.
 
 The file is `measured.json` in `[runtime] measured` (default: specgen's folder in the user cache,
 beside `tune-kernels`' tables). A file that cannot be read or is of another format counts as nothing
@@ -30,7 +34,7 @@ from pathlib import Path
 FILE = "measured.json"
 FORMAT = 1
 SHAPE = ("proposer", "temperature", "coupling", "k", "tree_width", "tree_nodes")  # what identifies a row
-BATCH_SHAPE = ("proposer", "temperature", "coupling", "batch_size", "k")  # what identifies a batch row
+BATCH_SHAPE = ("proposer", "head", "temperature", "coupling", "batch_size", "k")  # what identifies a batch row
 
 
 def measured_dir(folder: str = "") -> Path:
@@ -48,6 +52,10 @@ def user_cache() -> Path:
 def pair_key(target: str, draft: str | None, device_name: str, dtype: str) -> str:
     """Whose facts: the two checkpoints, the device by name and the weights' dtype."""
     return json.dumps([target, draft, device_name, dtype])
+
+
+def describe_head(head: str) -> str:
+    return Path(head).name
 
 
 def describe_key(key: str) -> str:
@@ -89,10 +97,15 @@ def _wall_ms(tokens_per_round: float, decode: dict | None) -> float | None:
 
 def batch_rows_from_bench(document: dict) -> tuple[str, list[dict]]:
     """(pair key, rows) of a batch bench document (docs/bench-schema.md, "Batches"): each run's
-    batch size, k (0: target-only), tokens/s and median row ms per token, at its regime."""
+    batch size, k (0: target-only), tokens/s and median row ms per token, at its regime, and its
+    proposer (none target-only; a document without one is the draft model's), with the head's
+    folder for eagle."""
     pair, when = document["pair"], document.get("created")
     key = pair_key(pair["target"], pair.get("draft"), pair["device_name"], pair["dtype"])
-    rows = [{"proposer": "draft" if r["k"] else "none", "temperature": document["temperature"],
+    proposer = document.get("proposer", "draft")
+    head = pair.get("head") if proposer == "eagle" else None
+    rows = [{"proposer": proposer if r["k"] else "none", "head": head if r["k"] else None,
+             "temperature": document["temperature"],
              "coupling": document.get("coupling"), "batch_size": r["batch_size"], "k": r["k"],
              "tokens_per_second": r["tokens_per_second"],
              "row_ms_per_token": (r.get("row_ms_per_token") or {}).get("median"),
@@ -125,9 +138,20 @@ def load(folder: str = "") -> dict[str, list[dict]]:
 
 
 def load_batches(folder: str = "") -> dict[str, list[dict]]:
-    """Batch rows by pair key; {} where no batch bench was kept (or the file cannot be read)."""
+    """Batch rows by pair key; {} where no batch bench was kept (or the file cannot be read). A row
+    without a proposer (none was written before eagle could batch) is the draft model's, or
+    target-only at k 0."""
     batches = _read(folder).get("batches")
-    return batches if isinstance(batches, dict) else {}
+    if not isinstance(batches, dict):
+        return {}
+    return {key: [row if "proposer" in row else {**row, "proposer": "draft" if row.get("k") else "none"}
+                  for row in rows] for key, rows in batches.items()}
+
+
+def batch_rows(rows: list[dict], proposer: str, head: str | None = None) -> list[dict]:
+    """The batch rows a run of `proposer` reads: its proposer's and target-only's (tree_cost.regime
+    keeps those), an EAGLE-3 head's only where they are this `head`'s."""
+    return [row for row in rows if row["proposer"] != "eagle" or (proposer == "eagle" and row.get("head") == head)]
 
 
 def save(folder: str, document: dict) -> tuple[Path, int]:

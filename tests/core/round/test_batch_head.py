@@ -99,12 +99,3 @@ def test_mtp_batches_are_refused_in_one_line(headed):
     assert str(error.value) == ("batches (batch_size 2) are drafted by the draft model or an EAGLE-3 head only, "
                                 "not by the ngram proposer")
 
-
-def test_batch_size_auto_with_a_head_is_batch_one(headed):
-    """What bench --batch-size measures is the draft model's batches: nothing to choose a head's B from."""
-    target, whole, _ = headed
-    engine = eagle_engine(target, whole)
-    profile = replace(engine.profile, runtime=replace(engine.profile.runtime, batch_size="auto"))
-    choice = engine.resolve_batch(profile, [(5, 10)] * 4)
-    assert (choice.batch, choice.reason) == (1, "batch 1: bench --batch-size measures the draft model's batches, "
-                                                "not an EAGLE-3 head's")

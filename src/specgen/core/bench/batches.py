@@ -2,8 +2,9 @@
 
 At each batch size B the same prompts go through core/batch_decode.py's BatchDecoder (continuous
 batching, B rows) once target-only (k = 0: a BatchRound without a draft) and once per k of the
-sweep with the draft model, after an untimed warm-up over the B longest prompts (captures, and
-caches grown to their size before the clock starts). What is measured, per run:
+sweep with the run's one proposer (PROPOSERS: the draft model, or an EAGLE-3 head), after an
+untimed warm-up over the B longest prompts (captures, and caches grown to their size before the
+clock starts). What is measured, per run:
 
     tokens_per_second    every prompt's tokens over the wall seconds of the whole run (the
                          batch's throughput)
@@ -20,8 +21,9 @@ smallest measured B at which the best speculative tokens/s is below target-only'
 bench keeps its rows for `batch_size` auto (core/measured.py, cli/bench.py).
 
 Each run also weighs its rounds against their floor (core/bench/floors.py, `batch_bytes`): the
-weights streamed once a step and each row's keys and values read, the draft's k steps and the
-target's one, over the device's copy bandwidth. A round's device time is measured around each
+weights streamed once a step and each row's keys and values read, the drafter's k steps (the draft
+model's, or the head's: floors.head_batch_bytes) and the target's one, over the device's copy
+bandwidth. A round's device time is measured around each
 launch (`RoundMeter`: CUDA events, read after the run; on the CPU, where a launch runs the round,
 its wall time); the rows and cached positions each round reads are summed on the device before
 its launch, so nothing waits for them.
@@ -40,18 +42,22 @@ from specgen.core.bench import floors
 from specgen.core.stats import AcceptanceStats
 
 SCHEMA = "specgen.bench.batches/1"
+PROPOSERS = ("draft", "eagle")  # the proposers a batch drafts with (core/engine.py batch_refusal), one a run
 
 
 def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_sizes: tuple[int, ...],
             ks: tuple[int, ...], temperature: float, warmup: int = 1, progress=None,
-            bandwidth: float | None = None) -> list[dict]:
-    """Every (B, method) run: target-only (k 0) and each k of `ks`, at each batch size, in order.
-    settings_for(k, temperature, proposer) -> Profile; progress(steps, label) after each run;
-    bandwidth: the device's copy bandwidth in bytes/s (floors.copy_bandwidth), None off CUDA."""
+            bandwidth: float | None = None, proposer: str = "draft") -> list[dict]:
+    """Every (B, method) run: target-only (k 0) and each k of `ks` with `proposer` (one of
+    PROPOSERS), at each batch size, in order. settings_for(k, temperature, proposer) -> Profile;
+    progress(steps, label) after each run; bandwidth: the device's copy bandwidth in bytes/s
+    (floors.copy_bandwidth), None off CUDA."""
+    if proposer not in PROPOSERS:
+        raise ValueError(f"batches draft with {' or '.join(PROPOSERS)}, not {proposer}")
     results = []
     for batch in batch_sizes:
         for k in (0, *ks):
-            profile = settings_for(k or ks[0], temperature, "none" if k == 0 else "draft")
+            profile = settings_for(k or ks[0], temperature, "none" if k == 0 else proposer)
             label = f"batch {batch}, " + ("target-only" if k == 0 else f"k={k}")
             results.append(run(engine, profile, batch, prompt_ids, warmup, bandwidth))
             engine.forget_batches()  # its caches: B rows each, not kept past the run
@@ -62,7 +68,8 @@ def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_s
 
 def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 1,
         bandwidth: float | None = None) -> dict:
-    """One timed run of every prompt through `batch` rows; each prompt its own seed (the profile's + i)."""
+    """One timed run of every prompt through `batch` rows; each prompt its own seed (the profile's + i).
+    The profile's proposer drafts (none at k 0)."""
     from specgen.core.bench.run import summarise
 
     decoder = engine.batch_decoder(batch, profile)
@@ -87,26 +94,31 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
         stats.merge(f.stats)
     per_row = [1000 * f.stats.generation_seconds / len(f.token_ids) for f in finished if f.token_ids]
     k = decoder.round.k
-    return {"batch_size": batch, "method": "speculative" if k else "target-only", "k": k,
+    proposer = profile.proposer.kind if k else "none"
+    target, drafter = step_bytes(engine, proposer)
+    return {"batch_size": batch, "method": "speculative" if k else "target-only", "proposer": proposer, "k": k,
             "prompts": len(work), "tokens": tokens, "seconds": seconds,
             "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
             "row_ms_per_token": summarise(per_row),
             "mean_accepted_length": stats.mean_accepted_length if k else None,
-            **round_floor(meter, step_bytes(decoder.round), k, bandwidth)}
+            **round_floor(meter, target, drafter, proposer, k, bandwidth)}
 
 
 class RoundMeter:
     """A BatchDecoder's program, measured: each launch's device time (CUDA events around it, read
     after the run; on the CPU the launch runs the round, so its wall time), and, queued on the
-    device before it, the sums the round's floor needs: the rows that hold a prompt (`active`)
-    and their cached positions in each model. Only bench wraps a program in it; the round is
+    device before it, the sums the round's floor needs: the rows that hold a prompt (`active`),
+    their cached positions in each model, and where a head's first call extends from (P - e,
+    core/round/batch_head.py's origin). Only bench wraps a program in it; the round is
     launched as it is (a captured one replayed), the sums and events lie outside it."""
 
     def __init__(self, program, rnd):
         self.program, self.rnd = program, rnd
         self.cuda = rnd.device.type == "cuda"
-        # per row, summed over the rounds: held a prompt, target positions, draft positions (three launches a round)
-        self.sums = torch.zeros(3, rnd.batch, dtype=torch.long, device=rnd.device)
+        # per row, summed over the rounds: held a prompt, target positions, draft model positions (the
+        # target's where no draft model runs), a head's origins P - e (four launches a round)
+        self.sums = torch.zeros(4, rnd.batch, dtype=torch.long, device=rnd.device)
+        self.origin = torch.zeros(rnd.batch, dtype=torch.long, device=rnd.device)
         self.spans: list = []  # (start, end) events, or seconds
 
     def __getattr__(self, name):  # asynchronous, and whatever else the decoder asks of its program
@@ -115,7 +127,9 @@ class RoundMeter:
     def launch(self) -> None:
         rnd = self.rnd
         self.sums[0].add_(rnd.active)
-        self.sums[1:] += rnd.positions * rnd.active
+        self.sums[1:3] += rnd.positions[[0, -1]] * rnd.active
+        torch.sub(rnd.positions[0], rnd.emitted, out=self.origin)  # the round reads them as its head does
+        self.sums[3] += self.origin.clamp_(min=0) * rnd.active
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -137,32 +151,47 @@ class RoundMeter:
             return sum(start.elapsed_time(end) for start, end in self.spans) / 1e3
         return sum(self.spans)
 
-    def totals(self) -> tuple[int, int, int]:
-        """(rows, target positions, draft positions), each summed over the rounds (read after the run)."""
-        rows, target, draft = self.sums.sum(1).tolist()
-        return rows, target, draft
+    def totals(self) -> tuple[int, int, int, int]:
+        """(rows, target positions, draft model positions, head origins), each summed over the
+        rounds (read after the run)."""
+        rows, target, draft, origins = self.sums.sum(1).tolist()
+        return rows, target, draft, origins
 
 
-def step_bytes(rnd) -> list[floors.StepBytes]:
-    """floors.StepBytes of each model of the round (target, then the draft where k > 0), from the
-    model and the dtype its cache holds."""
-    return [floors.StepBytes(floors.streamed_bytes(model),
-                             floors.cache_bytes_per_position(model.config, model.dtype.itemsize))
-            for model in rnd.models]
+def model_bytes(model) -> floors.StepBytes:
+    """floors.StepBytes of a model of the round, from the model and the dtype its cache holds."""
+    return floors.StepBytes(floors.streamed_bytes(model),
+                            floors.cache_bytes_per_position(model.config, model.dtype.itemsize))
 
 
-def round_floor(meter: RoundMeter, steps: list[floors.StepBytes], k: int, bandwidth: float | None) -> dict:
+def step_bytes(engine, proposer: str) -> tuple[floors.StepBytes, floors.StepBytes | None]:
+    """floors.StepBytes of the target and of the proposer's drafter: the draft model, the EAGLE-3
+    head (floors.head_step_bytes), None for none."""
+    target = model_bytes(engine.pair.target)
+    if proposer == "eagle":
+        return target, floors.head_step_bytes(engine.heads["eagle"].head)
+    if proposer == "draft" and engine.pair.draft is not None:
+        return target, model_bytes(engine.pair.draft)
+    return target, None
+
+
+def round_floor(meter: RoundMeter, target: floors.StepBytes, drafter: floors.StepBytes | None, proposer: str,
+                k: int, bandwidth: float | None) -> dict:
     """A run's rounds against their floor (docs/bench-schema.md, "Batches"): the mean device ms of
-    a round, the mean bytes its floor reads by model, and, where the bandwidth is known, the floor
-    in ms and the round over it."""
+    a round, the mean bytes its floor reads by model (`draft`: the proposer's drafter, the draft
+    model or the head), and, where the bandwidth is known, the floor in ms and the round over it."""
     rounds = meter.rounds
     out = {"rounds": rounds, "round_ms": 1e3 * meter.seconds() / rounds if rounds else None,
            "rows_per_round": None, "round_floor_bytes": None, "round_floor_ms": None, "round_over_floor": None}
     if not rounds:
         return out
-    rows, target_positions, draft_positions = meter.totals()
+    rows, target_positions, draft_positions, origins = meter.totals()
     out["rows_per_round"] = rows / rounds
-    parts = floors.batch_bytes(steps[0], steps[1] if k else None, k, rounds, rows, target_positions, draft_positions)
+    if proposer == "eagle":
+        parts = {"target": floors.batch_bytes(target, None, 0, rounds, rows, target_positions)["target"],
+                 "draft": floors.head_batch_bytes(drafter, k, rounds, rows, target_positions, origins)}
+    else:
+        parts = floors.batch_bytes(target, drafter, k, rounds, rows, target_positions, draft_positions)
     if parts["target"] is None or (k and parts["draft"] is None):
         return out
     out["round_floor_bytes"] = {"target": parts["target"] / rounds,
@@ -175,30 +204,35 @@ def round_floor(meter: RoundMeter, steps: list[floors.StepBytes], k: int, bandwi
 
 
 def document(results: list[dict], engine, temperature: float, startup_seconds: float, prompts: int,
-             max_tokens: int, incomplete: bool = False, bandwidth: float | None = None) -> dict:
-    """The JSON document of a batch bench (docs/bench-schema.md, "Batches")."""
+             max_tokens: int, incomplete: bool = False, bandwidth: float | None = None,
+             proposer: str = "draft") -> dict:
+    """The JSON document of a batch bench (docs/bench-schema.md, "Batches"); proposer: the one
+    the speculative runs drafted with (PROPOSERS)."""
     from specgen.core.engine import device_name
 
     recommendations, stops = recommend(results)
     profile = engine.profile
     pair = {"target": profile.target.path, "draft": profile.draft.path if profile.draft is not None else None,
+            "head": profile.proposer.head if proposer == "eagle" else None,
             "device_name": device_name(engine.pair.device),
             "dtype": str(engine.pair.target.dtype).removeprefix("torch.")}
-    return {"schema": SCHEMA, "profile": profile.name, "pair": pair, "environment": engine.describe(),
+    return {"schema": SCHEMA, "profile": profile.name, "proposer": proposer, "pair": pair,
+            "environment": engine.describe(),
             "startup_seconds": startup_seconds, "temperature": temperature,
             "coupling": engine.profile.sampling.coupling if temperature > 0 else None,
             "prompts": prompts, "max_tokens": max_tokens,
             "batch_sizes": list(dict.fromkeys(r["batch_size"] for r in results)),
-            "floor": floor_facts(engine, bandwidth),
+            "floor": floor_facts(engine, bandwidth, proposer),
             "results": results, "recommendations": recommendations, "speculation_stops_paying_at": stops,
             "incomplete": incomplete}
 
 
-def floor_facts(engine, bandwidth: float | None) -> dict:
-    """What the runs' floors are made of: the bandwidth and, per model, its bytes a step."""
-    models = {"target": engine.pair.target, "draft": engine.pair.draft}
+def floor_facts(engine, bandwidth: float | None, proposer: str = "draft") -> dict:
+    """What the runs' floors are made of: the bandwidth and, for the target and the proposer's
+    drafter (`draft`: the draft model or the head), its weight bytes (all of them), the bytes of
+    them only a round's first drafter call reads (a head's fc) and its cache's bytes a position."""
+    steps = dict(zip(("target", "draft"), step_bytes(engine, proposer)))
     return {"copy_bandwidth_bytes_per_s": bandwidth,
-            "streamed_bytes": {name: floors.streamed_bytes(m) if m is not None else None for name, m in models.items()},
-            "cache_bytes_per_position": {
-                name: floors.cache_bytes_per_position(m.config, m.dtype.itemsize) if m is not None else None
-                for name, m in models.items()}}
+            "streamed_bytes": {name: s.weights + s.first if s is not None else None for name, s in steps.items()},
+            "first_call_bytes": {name: s.first if s is not None else None for name, s in steps.items()},
+            "cache_bytes_per_position": {name: s.per_position if s is not None else None for name, s in steps.items()}}

@@ -14,7 +14,10 @@ A batch step (core/round/batch_round.py) streams the weights once for all its ro
 reads its own keys and values: the cached positions before the step, times the cache's bytes per
 position (layers x kv heads x head dim x 2 x the element's bytes). That is the batch floor
 (`batch_bytes`); what it leaves out is small beside it, so it stays a floor: the keys and values
-a step writes (k + 1 positions a row), the activations and the logits.
+a step writes (k + 1 positions a row), the activations and the logits. An EAGLE-3 head drafting
+the batch (core/round/batch_head.py) is its own drafter (`head_batch_bytes`): its one layer's cache
+per position, and its weights less `fc`, which only a round's first call reads (it fuses the
+target's states; the later calls step the head's own).
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ class StepBytes:
 
     weights: int
     per_position: int | None
+    first: int = 0  # weights only a round's first drafter call reads (a head's fc), not in `weights`
 
 
 def cache_bytes_per_position(config, element_size: int) -> int | None:
@@ -108,6 +112,18 @@ def cache_bytes_per_position(config, element_size: int) -> int | None:
     if not (heads and dim and layers):
         return None
     return layers * heads * dim * 2 * element_size
+
+
+def head_step_bytes(head) -> StepBytes:
+    """StepBytes of an EAGLE-3 head (core/drafters/eagle.py's Eagle3Head) as a batch drafts with it:
+    its parameters (its layer, norms and lm_head over the draft vocabulary; the embedding is the
+    target's, a buffer a step gathers rows of) less `fc`, which `first` holds; per position its one
+    layer's keys and values (kv heads x head dim x 2 x the cache's element, fc's dtype:
+    core/round/batch_head.py's cache)."""
+    fc = head.fc.weight
+    fused = fc.numel() * fc.element_size()
+    per_position = head.config.num_key_value_heads * head.config.head_dim * 2 * fc.element_size()
+    return StepBytes(streamed_bytes(head) - fused, per_position, first=fused)
 
 
 def batch_bytes(target: StepBytes, draft: StepBytes | None, k: int, rounds: int, rows: int,
@@ -127,3 +143,19 @@ def batch_bytes(target: StepBytes, draft: StepBytes | None, k: int, rounds: int,
         read = k * draft_positions + rows * (k - 1) * (k + 2) // 2
         out["draft"] = k * rounds * draft.weights + draft.per_position * read
     return out
+
+
+def head_batch_bytes(head: StepBytes, k: int, rounds: int, rows: int, target_positions: int,
+                     origins: int) -> int | None:
+    """The least bytes an EAGLE-3 head's k calls read over `rounds` rounds of a batch (None where
+    its per-position bytes are not known). rows, target_positions: as batch_bytes's; origins: each
+    row's P - e before each round (e the tokens its last round emitted, 0 at least), summed likewise.
+
+    Call 0 extends the head over the last round's k + 1 target rows from P - e, reading the P - e
+    positions cached before them, and fuses their states (`first`); call i >= 1 steps one id at
+    P + i - 1 (core/round/batch_head.py), so a row's k calls read P - e + (k - 1) P + (k - 1)(k - 2) / 2
+    positions."""
+    if head.per_position is None:
+        return None
+    read = origins + (k - 1) * target_positions + rows * (k - 1) * (k - 2) // 2
+    return k * rounds * head.weights + rounds * head.first + head.per_position * read
