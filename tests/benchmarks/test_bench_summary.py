@@ -20,7 +20,7 @@ def test_a_recorded_bench_reads_back_line_for_line():
     lines = _module().summary(REPO / "benchmarks" / "results" / "owned-step" / "pair-head-1.json")
     assert lines[0].startswith("== pair-head-1 dependent on startup 6.27")
     assert lines[1] == " target-only 0.0 tok/s 3209"
-    assert lines[4] == ("draft 4 0.0 tok/s 5470 mal 3.31 x 2.02 identical 1.0 "
+    assert lines[4] == ("draft 4 chain 0.0 - tok/s 5470 mal 3.31 x 2.02 identical 1.0 "
                         "{'draft': 0.179, 'verify': 0.332, 'sample': 0.015, 'other': 0.014, 'total': 0.54}")
     assert len(lines) == 7  # three baselines, three results
 

@@ -11,6 +11,8 @@ them one at a time (add), to the same text.
 
 from __future__ import annotations
 
+import sys
+
 REPLACEMENT = "\ufffd"
 CONTEXT = 5  # prompt ids kept before the output, so leading spaces decode as they would in context
 
@@ -77,9 +79,13 @@ def decoder(tokenizer):
     """ids -> text, skipping special tokens, without cleaning up spaces: a tokenizer of the
     `tokenizers` library decodes in its own call (transformers' decode only converts the ids and
     calls it, at several times the cost, and a round decodes each row's window); any other through
-    its decode."""
-    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
-
+    its decode. A transformers tokenizer means transformers is imported: specgen's own plain
+    tokenizer (the demo's) must not import it (its start-up cost is most of the demo's)."""
+    transformers = sys.modules.get("transformers")
+    if transformers is None:
+        return lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    PreTrainedTokenizerBase, PreTrainedTokenizerFast = (transformers.PreTrainedTokenizerBase,
+                                                        transformers.PreTrainedTokenizerFast)
     kind = type(tokenizer)
     if (isinstance(tokenizer, PreTrainedTokenizerFast)
             and kind._decode is PreTrainedTokenizerFast._decode and kind.decode is PreTrainedTokenizerBase.decode):
