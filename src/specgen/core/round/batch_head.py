@@ -28,6 +28,7 @@ class BatchHead:
     points, its single-sequence cache for prefills and its vocabulary map."""
 
     runners: list = []  # no model the round keeps a cache of: the head's cache is this part's
+    one_hot = False  # its drafts race q on the device
 
     def __init__(self, rnd, drafter):
         k, batch, z = rnd.k, rnd.batch, dict(device=rnd.device)
@@ -80,7 +81,7 @@ class BatchHead:
         rnd.emitted[b].fill_(1)
 
     def draft(self) -> None:
-        """Every row's k drafts into feed[:, 1:] (core/round/head.HeadDrafts.draft, row by row)."""
+        """Every row's k drafts into feed[:, 1:] (core/round/head.py's HeadDrafts.draft, row by row)."""
         rnd, k, batch = self.rnd, self.rnd.k, self.rnd.batch
         # the previous round's target rows, at P - e + j (P - e clamped at 0 as the chain round's:
         # a one-token prompt's first round)
