@@ -3,10 +3,11 @@ own work (a random head's drafts are rarely accepted, so tokens alone would hide
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from dataclasses import replace
 
-from specgen.core.engine import Engine
+from specgen.core.engine import Engine, target_only
 from specgen.core.events import RoundEvent
 
 
@@ -48,3 +49,28 @@ def batched_rounds(engine: Engine, batch: int, work: list) -> list[tuple]:
     results = list(decoder.run(work))
     assert [index for index, _ in results] == list(range(len(work)))
     return [(f.token_ids, f.fates, recorder.drafts[i]) for i, f in results]
+
+
+def chain_prompts(engine: Engine, count: int, seed: int = 0) -> list[list[int]]:
+    """Prompts that hold the text a bigram target (tiny_models.bigram_target) writes after them, so
+    that prompt lookup finds drafts it accepts: the target's greedy chain from a random id (3 to 14
+    ids), then the chain's first one or two ids again; every third prompt a random one (1 to 12 ids)
+    whose lookups find little at first."""
+    rng = random.Random(seed)
+    plain = target_only(engine.profile)
+    prompts = []
+    for i in range(count):
+        if i % 3 == 2:
+            prompts.append([rng.randrange(200) for _ in range(rng.randint(1, 12))])
+            continue
+        first = [rng.randrange(200)]
+        chain = first + _greedy(engine, plain, first, rng.randint(2, 13))
+        prompts.append(chain + chain[: 1 + i % 2])
+    return prompts
+
+
+def _greedy(engine: Engine, profile, ids: list[int], tokens: int) -> list[int]:
+    """The target's greedy text after ids (target-only)."""
+    events = list(engine.decoder(replace(profile, sampling=replace(profile.sampling, max_tokens=tokens,
+                                                                   temperature=0.0))).run(ids))
+    return events[-1].token_ids

@@ -83,6 +83,21 @@ def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows
     return root / "target", root / "draft"
 
 
+def bigram_target(target: Path, folder: Path) -> Path:
+    """A copy of `target` with its attention outputs zeroed: each next token is a function of the
+    current one (a bigram model), so its greedy text follows chains t, f(t), f(f(t)), ... which
+    prompt lookup finds in a prompt that holds them (a random model's text rarely repeats)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(target, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in tensors:
+        if name.endswith("self_attn.o_proj.weight"):
+            tensors[name] = torch.zeros_like(tensors[name])
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
 def write_profile(path: Path, target: Path, draft: Path | None, device: str = "cpu", dtype: str | None = None,
                   **tables) -> Path:
     """A profile for the pair. device "cpu" by default: the CLI tests that use it check the CPU path

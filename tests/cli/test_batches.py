@@ -63,6 +63,19 @@ def test_eagle_records_equal_one_prompt_at_a_time(monkeypatch, tiny, tmp_path):
     assert records(run("--batch-size", "3")) == records(run())
 
 
+def test_lookup_records_equal_one_prompt_at_a_time(monkeypatch, tiny):
+    """--proposer ngram: each row's own prompt lookup drafts it (stop strings, seeds and max_tokens
+    per line), each record the prompt's alone, drafts and all."""
+    def run(*args):
+        result = generate(monkeypatch, tiny, "--format", "jsonl", "--proposer", "ngram", *args)
+        lines = [json.loads(line) for line in result.stdout.splitlines()]
+        return records(result), [(r["stats"]["drafted"], r["stats"]["accepted"]) for r in lines]
+
+    alone = run()
+    assert sum(drafted for drafted, _ in alone[1]) > 0
+    assert run("--batch-size", "3") == alone
+
+
 def test_auto_with_nothing_measured_is_batch_one_and_says_so(monkeypatch, tiny, tmp_path):
     profile, prompts = tiny
     own = write_profile(tmp_path / "own.toml", *pair_of(profile), sampling={"max_tokens": 12, "ignore_eos": True},
@@ -165,8 +178,9 @@ def test_bench_then_auto_takes_the_measured_choice(monkeypatch, measured_profile
 
 @pytest.mark.parametrize("args, fragment", [
     (["--batch-size", "0"], "--batch-size 0 is not allowed: must be auto or from 1 to 256"),
-    (["--batch-size", "2", "--proposer", "ngram"],
-     "batches (batch_size 2) are drafted by the draft model or an EAGLE-3 head only, not by the ngram proposer"),
+    (["--batch-size", "2", "--proposer", "hybrid"],
+     "batches (batch_size 2) are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
+     "not by the hybrid proposer"),
     (["--batch-size", "2", "--format", "jsonl", "--logprobs", "1"], "do not take logprobs yet"),
 ])
 def test_what_batches_do_not_take_is_a_usage_error(monkeypatch, tiny, args, fragment):

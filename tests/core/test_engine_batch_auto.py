@@ -68,11 +68,11 @@ def test_auto_takes_the_measured_choice_and_its_k(pair, tmp_path):
 
 
 def test_auto_is_batch_one_where_batches_cannot_run(pair, tmp_path):
-    engine = Engine(profile_of(pair, tmp_path, kind="ngram"))
+    engine = Engine(profile_of(pair, tmp_path, kind="hybrid"))
     choice = engine.resolve_batch(engine.profile, *WORK)
     assert (choice.batch, choice.measured) == (1, False)
-    assert choice.reason == ("batch 1: batches are drafted by the draft model or an EAGLE-3 head only, "
-                             "not by the ngram proposer")
+    assert choice.reason == ("batch 1: batches are drafted by the draft model, an EAGLE-3 head (eagle) or prompt "
+                             "lookup (ngram) only, not by the hybrid proposer")
 
 
 def test_a_run_reserves_its_caches_before_the_first_prompt(pair, tmp_path):

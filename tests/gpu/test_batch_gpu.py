@@ -6,7 +6,11 @@ GPU (skipped without CUDA): greedy bfloat16 through the CUDA backend, every prom
 B = 1, 7 and 16 equal to decoding it alone; Gumbel sampling likewise; and the captured batch round
 equal to the same round run eagerly. The same with an EAGLE-3 head drafting every row
 (core/round/batch_head.py): bfloat16 greedy rows at B = 7, 16 equal to batch 1 and to each prompt
-alone, and the captured round equal to the round run eagerly.
+alone, and the captured round equal to the round run eagerly. And with prompt lookup drafting
+every row (core/round/batch_lookup.py, a bigram target whose text the prompts hold): on the
+interpreter's kernel tables greedy and rejection-coupled rows (one-hot q through the verification
+kernel) equal each prompt alone; on a GPU bfloat16 greedy rows at B = 7, 16 equal batch 1 and each
+prompt alone, and the captured round equals the round run eagerly.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from batch_helpers import alone_rounds, batched_rounds
+from batch_helpers import alone_rounds, batched_rounds, chain_prompts
 from decode_helpers import CUDA, finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners, kernels
 from specgen.core.backend import EagerBatch
 from specgen.core.engine import Engine
+from specgen.core.events import Fate
 from specgen.core.settings import ProposerSpec
-from tiny_models import build_pair, head_for
+from tiny_models import bigram_target, build_pair, head_for
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +42,22 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def head(pair, tmp_path_factory):
     return head_for(pair[0], tmp_path_factory.mktemp("batch-head") / "head")
+
+
+@pytest.fixture(scope="module")
+def bigram(pair, tmp_path_factory):
+    return bigram_target(pair[0], tmp_path_factory.mktemp("batch-lookup") / "bigram")
+
+
+def lookup_jobs(engine: Engine, count: int, seed: int = 0) -> list:
+    """(ids, settings) of `count` prompts that hold the bigram target's text (chain_prompts), each
+    with its own max_tokens and seed."""
+    return [(ids, replace(engine.profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i))
+            for i, ids in enumerate(chain_prompts(engine, count, seed=seed))]
+
+
+def accepted_lookups(results: list[tuple]) -> int:
+    return sum(fates.count(Fate.ACCEPTED) for _, fates, *_ in results)
 
 
 def jobs(profile, count: int, seed: int = 0, **sampling) -> list:
@@ -116,6 +137,22 @@ def test_eagle_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, hea
     assert engine.describe()["heads"] == {"eagle": "kernels"}
     work = jobs(engine.profile, 3, seed=1)
     assert batched_rounds(engine, 2, work) == alone_rounds(engine, work)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.9, coupling="rejection")], ids=["greedy", "rejection"])
+def test_lookup_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(bigram, sampling):
+    """Prompt lookup drafting every row, on the step and round kernels: the verification kernel
+    with one-hot q rows (zero past each row's count) gives each row's tokens, fates and drafts as
+    the chain round's kernel gives them with q one-hot (no q)."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    profile = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="ngram"), **sampling)
+    engine = Engine(profile, backend=KernelTables(tables))
+    work = lookup_jobs(engine, 3, seed=1)
+    reference = alone_rounds(engine, work)
+    assert accepted_lookups(reference) > 0
+    assert batched_rounds(engine, 2, work) == reference
 
 
 # -- on a GPU ------------------------------------------------------------------------------------
@@ -228,4 +265,52 @@ def test_captured_eagle_batch_round_equals_the_round_run_eagerly(pair, head, sam
     assert decoder.pipelined
     captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
     assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == fated(engine, 8, work, eager=True)
+
+
+# -- prompt lookup drafting every row, on a GPU ----------------------------------------------------
+
+
+def cuda_lookup_engine(target, k: int = 4, dtype: str = "bfloat16", **sampling) -> Engine:
+    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="ngram"),
+                           **({"max_tokens": 32} | sampling))
+    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
+    assert engine.backend.name == "cuda"
+    return engine
+
+
+@on_cuda
+@pytest.mark.parametrize("batch", [7, 16])
+def test_bf16_greedy_lookup_rows_equal_batch_one_on_cuda(bigram, batch):
+    """32 prompts that hold the bigram target's text, of their own lengths and max_tokens (refills
+    restart their rows' proposers), bfloat16 on the owned kernels: every row's tokens, fates and
+    drafts at B = 7 and 16 are batch 1's, and batch 1's tokens the prompt's alone (the captured
+    chain round with host drafts)."""
+    engine = cuda_lookup_engine(bigram)
+    work = lookup_jobs(engine, 32, seed=batch)
+    one = batched_rounds(engine, 1, work)
+    assert accepted_lookups(one) > 0
+    got = batched_rounds(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, one))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+    assert [ids for ids, _, _ in one] == alone(engine, work)
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+def test_captured_lookup_batch_round_equals_the_round_run_eagerly(bigram, sampling):
+    """The batch round with prompt lookup, replayed as CUDA graphs (the staged drafts a static
+    buffer the graph reads; re-captured when the long max_tokens below grows the caches) or run as
+    it is: the same tokens and fates. One round in flight: the drafts come from the round before."""
+    engine = cuda_lookup_engine(bigram, dtype="float32", **sampling)
+    work = lookup_jobs(engine, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    assert not decoder.pipelined
+    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert accepted_lookups(captured) > 0
     assert captured == fated(engine, 8, work, eager=True)

@@ -19,7 +19,10 @@ drops what it made there (its results are those of a prompt that has finished), 
 stopped and refilled at round i's settling, queued behind round i + 1. Rows stay what they are
 alone: a row's rounds and draws are the ones it makes alone, in the same order; rounds past its
 end only add rounds nobody reads. Adaptive k chooses each row's budget from the round before it,
-so with adaptive k one round is in flight.
+and prompt lookup (the round's host_drafts) each row's drafts from the tokens before them, so with
+either one round is in flight: at launch each row's budget (and, for lookup, its drafts from its
+own proposer, core/round/batch_lookup.py) is set from what the rows hold, and a row's proposer
+follows the tokens it emitted when its round settles.
 """
 
 from __future__ import annotations
@@ -82,7 +85,9 @@ class BatchDecoder:
         self.tokenizer, self.eos_ids, self.cut, self.adaptive_k = tokenizer, eos_ids, cut, adaptive_k
         self.rows: list[_Row | None] = [None] * rnd.batch
         asynchronous = getattr(program, "asynchronous", False)
-        self.depth = 1 if adaptive_k or pipeline == "off" or (pipeline == "auto" and not asynchronous) else 2
+        # the next round's budgets or drafts depend on this round's tokens: one round in flight
+        serial = adaptive_k or rnd.host_drafts
+        self.depth = 1 if serial or pipeline == "off" or (pipeline == "auto" and not asynchronous) else 2
         cuda = rnd.device.type == "cuda"
         # each round in flight its own host copy of the staged ids (pinned: the copy is queued, not waited
         # for) and its own event: the round's one sync
@@ -162,13 +167,14 @@ class BatchDecoder:
 
     def _launch(self, flight: deque) -> _Launched:
         """Queue a round for the rows as they are, and the copy of its staged ids (no sync). With
-        adaptive k (one round in flight) each row's budget is its own, set first; otherwise every
-        row's is k (BatchRound.start) and the device caps it at max_tokens."""
+        adaptive k or host drafts (one round in flight) each row's budget is its own, set first (host
+        drafts: each row's drafts up to it); otherwise every row's is k (BatchRound.start) and the
+        device caps it at max_tokens."""
         rnd = self.round
-        if self.adaptive_k:
+        if self.adaptive_k or rnd.host_drafts:
             for row in self.rows:
                 if row is not None:
-                    row.budget = row.adaptive.budget(self._budget(row))
+                    row.budget = self._budget(row) if row.adaptive is None else row.adaptive.budget(self._budget(row))
             rnd.set_budgets([row.budget if row is not None else 0 for row in self.rows])
         for b, row in enumerate(self.rows):
             if row is not None:
@@ -198,10 +204,13 @@ class BatchDecoder:
         first = min((staged[b][0] for b, _ in live), default=0)
         rnd.backend.check(first)  # the kernels' error sentinel (a row's first id), as one request's
         for b, row in live:
+            before = len(row.ids)
             if self._settle(row, staged[b], timings, now):
                 done[row.index] = self._finish(row)
                 self.rows[b] = None
                 rnd.stop(b)
+            else:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
+                rnd.follow(b, row.ids[before:])
 
     def _settle(self, row: _Row, staged: list[int], timings: dict, now: float) -> bool:
         """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""

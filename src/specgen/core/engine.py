@@ -17,11 +17,16 @@ from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair
 from specgen.core.drafters.ngram import NgramProposer, TreeLookup
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_head import BatchHead
+from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
+
+# what bench --batch-size cannot measure: auto has no rows to choose from for these proposers
+BENCH_UNMEASURED = {"ngram": "bench --batch-size measures the draft model's and EAGLE-3 heads' batches, "
+                              "not prompt lookup's"}
 
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
@@ -143,10 +148,16 @@ class Engine:
         if k and kind == "eagle" and "eagle" not in self.heads:
             raise UsageError("the eagle proposer needs the eagle drafter, which this run did not load",
                              hint="name every proposer when the run starts (bench --proposer a,b)")
-        key = ("batch", batch, k, sampling.coupling, kind if k else "none")
+        proposer = profile.proposer
+        lookup = (proposer.ngram_min, proposer.ngram_max) if kind == "ngram" else None
+        key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup)
         if key not in self._rounds:
-            drafter = (partial(BatchHead, drafter=self.heads["eagle"]) if kind == "eagle"
-                       else partial(BatchDraftModel, runner=self.draft_runner))
+            if kind == "eagle":
+                drafter = partial(BatchHead, drafter=self.heads["eagle"])
+            elif kind == "ngram":
+                drafter = partial(BatchLookup, ngram_min=proposer.ngram_min, ngram_max=proposer.ngram_max)
+            else:
+                drafter = partial(BatchDraftModel, runner=self.draft_runner)
             rnd = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
                              self.backend, self.target_runner, drafter if k else None)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
@@ -155,7 +166,8 @@ class Engine:
             rnd.reserve(room + rnd.reach)
         mode = profile.speculation.draft_sampling
         return BatchDecoder(rnd, program, self.tokenizer, self.eos_ids, lambda spec: draft_picking(mode, spec)[1],
-                            adaptive_k=profile.proposer.adaptive_k and k > 0, pipeline=profile.speculation.pipeline)
+                            adaptive_k=proposer.adaptive_k and k > 0 and proposer.drafter(kind) != "none",
+                            pipeline=profile.speculation.pipeline)
 
     def forget_batches(self) -> None:
         """Drop the batch rounds built so far (their caches hold B rows each): bench's batch sizes
@@ -182,6 +194,8 @@ class Engine:
             refusal = "need specgen's own model step, and this pair runs on transformers"
         if refusal:
             return BatchChoice(1, reason=f"batch 1: batches {refusal}")
+        if profile.proposer.kind in BENCH_UNMEASURED:  # no measured rows are prompt lookup's
+            return BatchChoice(1, reason=f"batch 1: {BENCH_UNMEASURED[profile.proposer.kind]}")
         sampling, kind = profile.sampling, profile.proposer.kind
         key = self._pair_key(profile)
         head = profile.proposer.head if kind == "eagle" else None
@@ -367,15 +381,18 @@ def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) ->
 def batch_refusal(profile: Profile, spread: bool = False) -> str:
     """Why this run cannot decode prompts in batches ("" where it can). spread: a model lies over
     several GPUs (its step crosses devices; a batch's caches do not yet)."""
-    spec, sampling = profile.speculation, profile.sampling
-    if profile.proposer.kind not in ("draft", "eagle", "none"):
-        return f"are drafted by the draft model or an EAGLE-3 head only, not by the {profile.proposer.kind} proposer"
+    spec, sampling, kind = profile.speculation, profile.sampling, profile.proposer.kind
+    if kind not in ("draft", "eagle", "ngram", "none"):  # hybrid: its rows would mix host and model rounds
+        return (f"are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
+                f"not by the {kind} proposer")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
     if spec.tree_width != "auto" and spec.tree_width > 1:  # auto: batches run the chain
         return "take chains only, not token trees (tree_width 1)"
-    checks = {"draft_p_min": profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
-              "min_tokens": sampling.min_tokens > 0, "draft_sampling = argmax": spec.draft_sampling == "argmax",
+    model = kind != "ngram"  # what a model drafts with (prompt lookup's drafts are the host's)
+    checks = {"draft_p_min": model and profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
+              "min_tokens": sampling.min_tokens > 0,
+              "draft_sampling = argmax": model and spec.draft_sampling == "argmax",
               "penalties": (sampling.repetition_penalty, sampling.presence_penalty, sampling.frequency_penalty)
               != (1.0, 0.0, 0.0)}
     taken = [name for name, used in checks.items() if used]

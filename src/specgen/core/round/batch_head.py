@@ -28,6 +28,7 @@ class BatchHead:
     points, its single-sequence cache for prefills and its vocabulary map."""
 
     runners: list = []  # no model the round keeps a cache of: the head's cache is this part's
+    one_hot = False  # its drafts race q on the device
 
     def __init__(self, rnd, drafter):
         k, batch, z = rnd.k, rnd.batch, dict(device=rnd.device)

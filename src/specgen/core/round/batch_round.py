@@ -1,5 +1,6 @@
 """The round over a batch: B rows, each its own sequence, drafted in chains by a drafter part:
-the draft model (BatchDraftModel, below) or an EAGLE-3 head (core/round/batch_head.py).
+the draft model (BatchDraftModel, below), an EAGLE-3 head (core/round/batch_head.py) or the host's
+prompt lookup (core/round/batch_lookup.py: the host writes each row's drafts; q is one-hot).
 
 The chain round's phases (core/round/round.py), with a batch dimension everywhere:
 
@@ -8,7 +9,8 @@ The chain round's phases (core/round/round.py), with a batch dimension everywher
     draft    the drafter's k steps over every row at once, each row at its own position in its
              own cache row (core/step/rows.batch): the draft model over each row's `pending`
              [B, 2], then k - 1 steps [B, 1]; each row's pick races its own noise row against its
-             own warped q (an all-greedy batch: the argmax)
+             own warped q (an all-greedy batch: the argmax); prompt lookup: the host's drafts and
+             counts, staged before the round, copied into feed and num_drafts
     target   one step over feed [B, k + 1]
     verify   the rows' warp in one call (WarpParams per row), then one verification call for every
              row (core/sampling/rejection.py's layout with k draft rows per row: the drafts past a
@@ -22,6 +24,9 @@ and Gumbel verification compare a draft with the target's pick, so a draft past 
 replaced by -1, which no pick equals; rejection verification accepts a draft only where q(d) > 0,
 so the draft's probs past num_drafts are zeroed, and the token after the last counted draft is then
 drawn from max(p - 0, 0) = p with the row's Exp(1) row: the bonus token, bit for bit.
+Host drafts (prompt lookup) have a one-hot q: its rows are 1 at each counted draft and 0 past a
+row's count, which rejection verification reads as the chain round reads host drafts (accept d
+where u <= p(d); the residual p with p(d) zeroed), bit for bit.
 
 Each row has its own budget and num_drafts, max_tokens (`limit`), warp settings, and seed:
 rejection coupling's numbers come from the row's own generator into the row's own buffers,
@@ -138,10 +143,11 @@ class BatchCoupling:
 
     def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
         """Row b's numbers for the next round, as the chain round draws them (rejection coupling,
-        sampled rows: every draft step races, so all k + 1 noise rows, then the uniforms)."""
+        sampled rows: where a model drafts every draft step races, so all k + 1 noise rows; where
+        the host drafts none does, so the target's row k alone; then the uniforms)."""
         if self.gumbel or not sampled:
             return
-        exponentials_(self.noise[b], generator)
+        exponentials_(self.noise[b, self.rnd.k:] if self.rnd.host_drafts else self.noise[b], generator)
         uniforms_(self.uniform[b], generator)
 
     def begin(self) -> None:
@@ -177,16 +183,29 @@ class BatchCoupling:
                 out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, argmax, k)
             else:
                 rnd.drafts.copy_(rnd.feed[:, 1:])
+                if rnd.host_drafts:
+                    self._one_hot()
                 self.expo.copy_(self.noise[:, k])
                 out = ops.verify_random(rnd.drafts.view(-1), rnd.cu, self.q.view(-1, width) if k else None, probs,
                                         self.uniform.reshape(-1), self.expo, k)
         rnd.out.copy_(out)
+
+    def _one_hot(self) -> None:
+        """q of host drafts: 1 at each row's counted drafts, 0 elsewhere (past a row's count: all 0,
+        as the draft model's q there). Rejection verification then accepts draft d where u <= p(d),
+        and its residual is p with p(d) zeroed: the chain round's one-hot verification, bit for bit."""
+        rnd = self.rnd
+        self.q.zero_()
+        counted = (rnd.steps < rnd.num_drafts[:, None]).float()  # [B, k]
+        self.q.scatter_(2, rnd.feed[:, 1:, None], counted[:, :, None])
 
 
 class BatchDraftModel:
     """The draft model drafting every row: it steps over each row's `pending` [B, 2] (its committed
     sequence's last two ids; its cache row holds the rest), then k - 1 steps [B, 1] on the ids
     picked before, each row in the round's draft cache row (model 1 of the round's runners)."""
+
+    one_hot = False  # its drafts race q on the device
 
     def __init__(self, rnd: "BatchRound", runner):
         self.rnd = rnd
@@ -227,9 +246,9 @@ class BatchDraftModel:
 
 class BatchRound:
     """B rows of chain speculation (k = 0: the target alone). target: the runner of specgen's own
-    target model; drafter(round): the part that drafts every row (BatchDraftModel, or
-    core/round/batch_head.BatchHead), None when k = 0. Each row's keys and values live in this
-    round's caches' row b (a drafter's runners' too)."""
+    target model; drafter(round): the part that drafts every row (BatchDraftModel,
+    core/round/batch_head.BatchHead or core/round/batch_lookup.BatchLookup), None when k = 0. Each
+    row's keys and values live in this round's caches' row b (a drafter's runners' too)."""
 
     def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target,
                  drafter=None):
@@ -285,6 +304,12 @@ class BatchRound:
         """Slots past a row's position that one round may write."""
         return self.k + 3
 
+    @property
+    def host_drafts(self) -> bool:
+        """Whether the host writes the drafts (prompt lookup: q is one-hot, and the next round's
+        drafts depend on this round's tokens, so the batch loop keeps one round in flight)."""
+        return self.drafter is not None and self.drafter.one_hot
+
     def shape_key(self) -> tuple:
         """What a captured body depends on besides the buffers: the caches and the warp flags."""
         return self.generation, self.target_params.flags, self.draft_params.flags
@@ -326,9 +351,18 @@ class BatchRound:
 
     def set_budgets(self, budgets: list[int]) -> None:
         """Every row's draft budget for the next round, in one copy (a fill per row would be a
-        launch per row and round). Only adaptive k needs it: start() sets k, which the device caps
-        at each row's max_tokens, the budget the host would set."""
-        self.budget.copy_(torch.tensor(budgets, dtype=torch.int32))
+        launch per row and round). Adaptive k and host drafts need it: start() sets k, which the
+        device caps at each row's max_tokens, the budget the host would set. Where the host drafts,
+        its drafter writes each row's drafts up to its budget, and their counts, in that one copy."""
+        if self.host_drafts:
+            self.drafter.propose(budgets)
+        else:
+            self.budget.copy_(torch.tensor(budgets, dtype=torch.int32))
+
+    def follow(self, b: int, committed: list[int]) -> None:
+        """Row b's tokens of a round it goes on after, for a drafter that drafts on the host."""
+        if self.host_drafts:
+            self.drafter.follow(b, committed)
 
     def draw(self, b: int, generator: torch.Generator) -> None:
         self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
