@@ -116,9 +116,9 @@ def test_lookup_takes_what_only_a_model_draft_refuses(bigram):
 
 
 def test_batch_size_auto_with_lookup_is_batch_one(bigram):
-    """What bench --batch-size measures is the draft model's batches: nothing to choose lookup's B from."""
+    """bench --batch-size measures the draft model's and heads' batches: nothing to choose lookup's B from."""
     engine = lookup_engine(bigram)
     profile = replace(engine.profile, runtime=replace(engine.profile.runtime, batch_size="auto"))
     choice = engine.resolve_batch(profile, 4, 30)
-    assert (choice.batch, choice.reason) == (1, "batch 1: bench --batch-size measures the draft model's batches, "
-                                                "not prompt lookup's")
+    assert (choice.batch, choice.reason) == (1, "batch 1: bench --batch-size measures the draft model's and "
+                                                "EAGLE-3 heads' batches, not prompt lookup's")
