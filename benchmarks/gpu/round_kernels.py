@@ -74,7 +74,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--proposer", default=None, help="the profile's proposer unless given (draft, eagle)")
     args = parser.parse_args()
-    engine = Engine(load_profile(args.pair))
+    # the engine loads the drafters of the profile's proposer: the one profiled, where given
+    engine = Engine(load_profile(args.pair, {"proposer.kind": args.proposer} if args.proposer else {}))
     prompt = engine.encode("def quicksort(arr):\n    ")
     for shape in args.shapes.split(","):
         width, nodes = (int(x) for x in shape.split(":"))
