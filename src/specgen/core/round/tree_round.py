@@ -1,7 +1,9 @@
 """The round with a token tree (speculation.tree_width > 1): the chain round's host side and
 buffers, with a tree drafter, tree verification and a commit that compacts both caches.
 
-    draft    the host's lookup tree (core/round/host_tree.py, the ngram proposer), or the draft model steps over `pending` (the root's children: level 1), then once per
+    draft    the host's lookup tree (core/round/host_tree.py: the ngram proposer's, and the hybrid
+             proposer's where the lookup finds continuations, its model following), or the draft
+             model steps over `pending` (the root's children: level 1), then once per
              level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py);
              an EAGLE-3 head likewise after its extend (core/round/head_tree.py)
     select   the n best candidates by cumulative draft log-probability, as tree rows
