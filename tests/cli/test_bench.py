@@ -422,9 +422,20 @@ def test_tree_shapes_that_do_not_fit_a_k_are_left_out_of_its_runs():
     assert plan.shapes(2) == ((1, 0), (2, 6)) and plan.shapes(3) == plan.trees
 
 
+def test_hybrid_trees_are_swept(tiny, monkeypatch):
+    """--proposer hybrid takes --tree-width: its rounds are the lookup's trees or the draft's,
+    and greedy text is target-only's."""
+    code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--proposer", "hybrid", "--k", "2",
+                               "--tree-width", "1,2", "--tree-nodes", "4", "-n", "4", "-t", "0", "--format", "json")
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    assert [(r["proposer"], r["k"], r["tree_width"]) for r in results] == [("hybrid", 2, 1), ("hybrid", 2, 2)]
+    assert all(r["greedy_agreement"]["target-only"]["identical_fraction"] == 1.0 for r in results)
+
+
 @pytest.mark.parametrize("args, message", [
     (("--tree-nodes", "4"), "--tree-nodes sizes a tree, and no --tree-width was given"),
-    (("--tree-width", "2", "--proposer", "hybrid"), "(ngram) only, not by hybrid"),
+    (("--tree-width", "2", "--proposer", "mtp"), "(ngram) and hybrid only, not by mtp"),
     (("--tree-width", "2,4", "--tree-nodes", "30"), "--tree-nodes (30) must be 0 (= k) or from --k (2) to 6"),
 ])
 def test_tree_sweeps_that_cannot_run_are_usage_errors(tiny, monkeypatch, args, message):

@@ -84,9 +84,8 @@ def test_auto_chooses_no_speculation_where_target_only_is_faster(pair, tmp_path)
 
 
 def test_auto_is_a_chain_where_trees_cannot_run(pair, tmp_path):
-    """Hybrid drafts no trees yet: with it auto is the chain, not an error."""
-    profile = replace(auto_profile(pair, tmp_path), proposer=ProposerSpec(kind="hybrid"))
+    """Trees take no draft_p_min yet: with it auto is the chain, not an error."""
+    profile = replace(auto_profile(pair, tmp_path), proposer=ProposerSpec(kind="draft", draft_p_min=0.3))
     engine = Engine(profile)
     assert type(engine.decoder().round) is Round
-    assert engine.describe()["tree_auto"].startswith("a chain: token trees are drafted by the draft model, an "
-                                                     "EAGLE-3 head or prompt lookup, not yet by the hybrid proposer")
+    assert engine.describe()["tree_auto"].startswith("a chain: token trees do not take draft_p_min yet")

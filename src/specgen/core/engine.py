@@ -21,7 +21,7 @@ from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
-from specgen.core.settings import AUTO, Profile
+from specgen.core.settings import AUTO, TREE_DRAFTERS, TREE_PROPOSERS, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
 
 # what bench --batch-size cannot measure: auto has no rows to choose from for these proposers
@@ -124,7 +124,7 @@ class Engine:
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
-        if lookup is not None and shape.tree_width > 1:  # ngram only: tree_refusal refuses hybrid
+        if lookup is not None and shape.tree_width > 1:  # ngram, and hybrid's host rounds
             lookup = TreeLookup(spec.ngram_min, spec.ngram_max, shape.tree_width, shape.tree_nodes)
         setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context,
                             pipeline=profile.speculation.pipeline)
@@ -362,18 +362,17 @@ def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) ->
     over several GPUs (its step crosses devices; tree rows do not yet)."""
     from specgen.core.step.model import OwnedModel
 
-    if kind == "hybrid":
-        return ("are drafted by the draft model, an EAGLE-3 head or prompt lookup, not yet by the hybrid "
-                "proposer (its lookup trees and the model's are not merged)")
-    if kind not in ("draft", "eagle", "ngram"):  # mtp: its layer's cache rolls back on the host
-        return (f"are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
-                f"not by the {kind} proposer")
+    drafter = profile.proposer.drafter(kind)  # hybrid: the model its lookup's trees take turns with
+    if kind not in TREE_PROPOSERS or drafter not in TREE_DRAFTERS:
+        what = f"the {kind} proposer" + (f" with {drafter} (hybrid_with)" if kind == "hybrid" else "")
+        return (f"are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) or hybrid only, "
+                f"not by {what}")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
-    models = (pair.target, pair.draft) if kind == "draft" else (pair.target,)
+    models = (pair.target, pair.draft) if drafter == "draft" else (pair.target,)
     if not all(isinstance(model, OwnedModel) for model in models):
         return "need specgen's own model step, and this pair runs on transformers"
-    if kind != "ngram" and profile.proposer.draft_p_min > 0:
+    if drafter != "none" and profile.proposer.draft_p_min > 0:
         return "do not take draft_p_min yet"
     return ""
 

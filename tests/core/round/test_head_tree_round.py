@@ -203,8 +203,10 @@ def test_mtp_trees_are_refused(headed):
     profile = make_profile(target, None, k=3, proposer=ProposerSpec(kind="mtp"),
                            speculation=dict(tree_width=2, tree_nodes=4))
     assert tree_refusal(profile, "mtp", False, None) == (
-        "are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, not by the mtp "
-        "proposer")
+        "are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) or hybrid only, not by "
+        "the mtp proposer")
+    hybrid = replace(profile, proposer=ProposerSpec(kind="hybrid", hybrid_with="mtp"))
+    assert tree_refusal(hybrid, "hybrid", False, None).endswith("not by the hybrid proposer with mtp (hybrid_with)")
 
 
 def test_head_trees_refuse_draft_p_min(headed):

@@ -52,13 +52,13 @@ class Snapshots:
         self.rnd, self.rounds = rnd, []
         stage = rnd.stage.stage
 
-        def recorded(out, path, taken, ranks, penalties, bad):
+        def recorded(out, path, taken, ranks, penalties, bad, one_hot):
             tree = rnd.tree
             self.rounds.append(dict(ids=tree.ids[0].clone(), parents=tree.parents.clone(),
                                     children=tree.children.clone(), depth=tree.depth[0].clone(),
                                     path=path.clone(), logits=rnd.tree_logits.clone(),
                                     scores=tree.scores.clone(), row_of=tree.row_of.clone()))
-            stage(out, path, taken, ranks, penalties, bad)
+            stage(out, path, taken, ranks, penalties, bad, one_hot)
 
         rnd.stage.stage = recorded
 

@@ -262,8 +262,7 @@ def test_width_one_is_the_chain_round(pair):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(proposer=ProposerSpec(kind="hybrid")), "are drafted by the draft model, an EAGLE-3 head or prompt lookup, "
-                                                  "not yet by the hybrid proposer"),
+    (dict(proposer=ProposerSpec(kind="hybrid", draft_p_min=0.3)), "do not take draft_p_min yet"),
     (dict(proposer=ProposerSpec(draft_p_min=0.3)), "do not take draft_p_min yet"),
 ])
 def test_what_trees_cannot_take_yet_is_a_usage_error(pair, change, message):

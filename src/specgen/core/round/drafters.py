@@ -109,6 +109,9 @@ class NoDraft:
     def follow(self) -> None:
         pass
 
+    def follow_commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+        """A host tree round's commit (core/round/host_tree.py): no cache to keep."""
+
     def commit_fields(self) -> dict:
         return dict(ran=self.rnd.k + 1)
 

@@ -87,5 +87,17 @@ class HeadTreeDraft:
         self.path_rows[1:].copy_(path)
         torch.index_select(self.head.features(self.tree.n + 1), 0, self.path_rows, out=self.features)
 
+    def follow(self) -> None:
+        """A host tree's round (the hybrid proposer), before the target's step: the head extends
+        over the previous round's rows, as a model round's draft starts, so its cache keeps
+        following (the logits are left: the host drafted this round)."""
+        self.chain.extend_over(self.out, self.features)
+
+    def follow_commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+        """A host tree's round, at its commit: the target stepped over the host's tree, whose rows
+        the tap holds as a model tree's: the accepted path's, as commit gathers them, for the
+        next round's extend (whoever drafts it)."""
+        self.commit(out, path, emitted)
+
     def state(self) -> list[torch.Tensor]:
         return [self.out, self.features, self.rnd.emitted]

@@ -1,5 +1,13 @@
 """A token tree the host drafted: prompt lookup's trie (core/drafters/ngram.py lookup_tree), the
-drafter part of a TreeRound whose proposer is `ngram` (no draft model, no head).
+drafter part of a TreeRound whose proposer is `ngram` (no draft model, no head), and of the
+hybrid proposer's rounds where the lookup finds continuations (its other rounds are the model's
+tree; the two are not merged: a round is one or the other, as a hybrid chain's).
+
+The hybrid proposer's model follows the host's rounds (`follower`): the draft model steps once
+over its pending pair and the round's tokens at the commit (TreeDraft.follow_commit), an EAGLE-3
+head extends over the previous round's rows before the target's step and gathers the accepted
+path's rows at the commit (HeadTreeDraft.follow, follow_commit), so that the next model round
+starts from the caches a chain of the same tokens leaves.
 
 Before each round the host packs the tree into one int64 buffer and copies it to the device in one
 copy: the nodes' tokens and parents as tree rows (row 0 the root, the round's `last`; row 1 + i
@@ -30,7 +38,11 @@ from specgen.core.step.rows import tree as tree_rows
 
 
 class HostTree:
-    """Drafts the host wrote as a tree; `follower` (NoDraft) prefills the target."""
+    """Drafts the host wrote as a tree. `follower`: the ngram proposer's NoDraft (it prefills the
+    target), or the hybrid proposer's model tree drafter (TreeDraft, HeadTreeDraft), which keeps
+    its cache following the host's rounds: `follow()` before the target's step, `follow_commit`
+    at the round's commit, so that the next model round starts where a chain of the same tokens
+    would leave it."""
 
     one_hot = True
 
@@ -81,6 +93,7 @@ class HostTree:
         self.follower.prefill(ids)
 
     def draft(self) -> None:
+        self.follower.follow()
         rnd, tree = self.rnd, self.tree
         start = rnd.target.position
         tree.ids[0, :1].copy_(rnd.feed[0, :1])
@@ -94,10 +107,8 @@ class HostTree:
         rnd.num_drafts.copy_(self.budget)
 
     def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
-        """No cache besides the target's: nothing to keep."""
-
-    def follow(self) -> None:
-        pass
+        """The follower keeps its cache following the committed sequence (nothing without a model)."""
+        self.follower.follow_commit(out, path, emitted)
 
     def state(self) -> list[torch.Tensor]:
-        return []
+        return self.follower.state()

@@ -1,7 +1,9 @@
 """The round with a token tree (speculation.tree_width > 1): the chain round's host side and
 buffers, with a tree drafter, tree verification and a commit that compacts both caches.
 
-    draft    the host's lookup tree (core/round/host_tree.py, the ngram proposer), or the draft model steps over `pending` (the root's children: level 1), then once per
+    draft    the host's lookup tree (core/round/host_tree.py: the ngram proposer's, and the hybrid
+             proposer's where the lookup finds continuations, its model following), or the draft
+             model steps over `pending` (the root's children: level 1), then once per
              level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py);
              an EAGLE-3 head likewise after its extend (core/round/head_tree.py)
     select   the n best candidates by cumulative draft log-probability, as tree rows
@@ -81,9 +83,34 @@ class TreeDraft:
             dst = draft.position + steps[: k - 1]
             src = draft.position + self.tree.offset[path[: k - 1]]
             draft.compact(torch.where(steps[: k - 1] < emitted - 2, src, dst), dst)
-        ids = torch.cat([rnd.feed[0, :1], out])  # the root, then the round's tokens
-        self.chain.pending[0].copy_(ids.index_select(0, emitted - 1 + steps[:2]))
+        self._pending(out, emitted)
         draft.position.add_(emitted - 2)
+
+    def follow(self) -> None:
+        """A host tree's round, before the target's step: nothing yet (the draft follows the
+        round's tokens at its commit, follow_commit)."""
+
+    def follow_commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+        """A host tree's round (the hybrid proposer), at its commit: the draft steps once over its
+        pending pair and the round's first k tokens (k + 2 rows, as a chain's host round steps
+        over [committed[-2], feed]), and keeps the rows of the pending pair and the m - 2 tokens
+        before the last two (m = emitted), which then wait in `pending`: its cache, position and
+        pending are what a model round (commit) leaves after the same tokens. Rows past those
+        (the round's last two tokens, and -1 past the emitted ones, read as id 0) are junk past the
+        position, which later steps overwrite, as a model round's rejected drafts'."""
+        rnd, draft, chain = self.rnd, self.chain.runner, self.chain
+        k = rnd.k
+        chain.follow_ids[:2].copy_(chain.pending[0])
+        torch.clamp(out[:k], min=0, out=chain.follow_ids[2:])
+        with draft.step_context(k + 2):
+            draft.step(chain.follow_ids, chain.logits[k + 2])
+        self._pending(out, emitted)
+        draft.position.add_(emitted - (k + 2))
+
+    def _pending(self, out: torch.Tensor, emitted: torch.Tensor) -> None:
+        """The committed sequence's last two ids, of the root and the round's m tokens."""
+        ids = torch.cat([self.rnd.feed[0, :1], out])  # the root, then the round's tokens
+        self.chain.pending[0].copy_(ids.index_select(0, emitted - 1 + self.rnd.steps[:2]))
 
     def state(self) -> list[torch.Tensor]:
         return self.chain.state()
@@ -159,12 +186,14 @@ class TreeRejection:
         if self.q is not None:
             torch.exp(logq, out=self.q[self._rows(level)])
 
-    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
+    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad, one_hot: bool) -> tuple:
+        """one_hot: the host drafted the tree (its children are deterministic, whatever the draft's
+        would be): the sibling walk."""
         rnd = self.rnd
         argmax, probs = rnd.ops.warp(rnd.tree_logits, params, penalties, bad)
         if probs is None:
             return rnd.ops.greedy_walk(tree.children[None], tree.ids, argmax[None], rnd.num_drafts, rnd.k)
-        if self.q is None:
+        if self.q is None or one_hot:
             return rnd.ops.sibling_walk(tree.children[None], tree.ids, probs[None], self.uniform, self.noise,
                                         rnd.num_drafts, rnd.k)
         q = self.q.index_select(0, (1 + tree.offset).clamp(max=self.q.shape[0] - 1))  # [n+1, V] by tree row
@@ -190,7 +219,7 @@ class TreeGumbel(GumbelCoupling):
     def keep_q(self, level: int, logq: torch.Tensor) -> None:
         """The walk follows the target's race: it never reads q."""
 
-    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad) -> tuple:
+    def verify(self, tree: Tree, rows, params: WarpParams, penalties, bad, one_hot: bool) -> tuple:
         rnd = self.rnd
         noise = self.noise.index_select(0, rows.depth[0] - 1)  # [n+1, V]: each row's position's
         rnd.ops.warp_and_race(rnd.tree_logits, params, noise, self.tree_choice, penalties, bad)
@@ -218,23 +247,24 @@ class TreeRound(Round):
         # the draft scores children without penalties or min_tokens: any deterministic children, and
         # any q that drawn children come from, are lossless, and the target's rows apply both
         draft_params = WarpParams.from_spec(draft_spec(spec, shape.draft_pick != "temperature"), w, self.device)
-        self.drafter, mode = self._tree_drafter(shape, draft_params)
-        self.drafters = {mode: self.drafter}
+        self.drafters = self._tree_drafters(shape, draft_params)
+        self.drafter = self.drafters.get(Mode.MODEL, self.drafters[Mode.HOST])  # the one that prefills
         # the chain's layout and more: [out (k+1) | drafts (k) | n | taken | ranks (k)]
         self.stage_ids = torch.zeros(3 * k + 3, dtype=torch.long, device=self.device)
-        self.stage = TreeInsight(self, self.tree, self.drafter.one_hot) if "insight" in shape.stages \
-            else NoTreeStage(self)
+        self.stage = TreeInsight(self, self.tree) if "insight" in shape.stages else NoTreeStage(self)
 
-    def _tree_drafter(self, shape, draft_params: WarpParams) -> tuple:
-        """(the drafter part, the mode it runs in): the host's lookup tree where no model drafts, the
-        head's (core/round/head_tree.py) where an EAGLE-3 head does."""
+    def _tree_drafters(self, shape, draft_params: WarpParams) -> dict:
+        """The drafter part of each mode: the host's lookup tree (HOST) whoever follows it, and
+        where a model drafts, its tree (MODEL): the draft model's, or the head's
+        (core/round/head_tree.py) where an EAGLE-3 head drafts. The hybrid proposer runs both,
+        one per round: the model's part follows the host's rounds (HostTree's `follower`)."""
         if shape.drafter == "none":
-            return HostTree(self, self.tree, self.drafter), Mode.HOST
+            return {Mode.HOST: HostTree(self, self.tree, self.drafter)}
         if shape.drafter == "eagle":
-            return HeadTreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding,
-                                 self.coupling), Mode.MODEL
-        return TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling), \
-            Mode.MODEL
+            model = HeadTreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
+        else:
+            model = TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
+        return {Mode.MODEL: model, Mode.HOST: HostTree(self, self.tree, model)}
 
     @property
     def reach(self) -> int:
@@ -247,19 +277,23 @@ class TreeRound(Round):
         return NoTreeStage(self)  # the tree's own, once the tree is built (__init__)
 
     def body(self, mode: Mode, mark) -> None:
+        drafter = self.drafters[mode]
         mark()
         self.coupling.begin()
-        self.drafter.draft()
+        drafter.draft()
         mark()
         rows = self.tree.target_rows(self.target.position.view(1))
         self.target.step_rows(rows, self.tree_logits)
         mark()
         penalties, bad = self.tree_rows.target_rows(self.tree, rows)
-        out, path, shown, taken = self.coupling.verify(self.tree, rows, self.params, penalties, bad)
-        ranks = path_ranks(self.tree, out[0], path[0], taken[0], self.steps[: self.k])
-        self.stage.stage(out[0], path[0], taken[0], ranks, penalties, bad)
+        # a host tree's children are one-hot whatever the model's would be: its walk is the siblings'
+        one_hot = drafter.one_hot
+        out, path, shown, taken = self.coupling.verify(self.tree, rows, self.params, penalties, bad, one_hot)
+        ranks = path_ranks(self.tree, out[0], path[0], taken[0], self.steps[: self.k],
+                           drawn=self.tree.sampled and not one_hot)
+        self.stage.stage(out[0], path[0], taken[0], ranks, penalties, bad, one_hot)
         self.keep_path_rows(path[0], penalties, bad)
-        self.commit(out[0], path[0], shown[0], taken[0], ranks)
+        self.commit(drafter, out[0], path[0], shown[0], taken[0], ranks)
         self.rows.penalties.commit(out[0])
         mark()
 
@@ -272,10 +306,11 @@ class TreeRound(Round):
             penalties = PenaltyRows(penalties.counts[rows], penalties.seen[rows])
         self.rows.last = (self.rows.params, penalties, bad[rows] if bad is not None and bad.dim() == 2 else bad)
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor,
+    def commit(self, drafter, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor,
                ranks: torch.Tensor) -> None:
-        """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes; the drafter
-        keeps what it needs of its own (TreeDraft.commit, HostTree.commit). A last token `taken` (a
+        """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes; the round's
+        drafter keeps what it needs of its own (TreeDraft.commit, HostTree.commit: its follower's
+        follow_commit). A last token `taken` (a
         draw accepted outside the tree) has no K/V in any cache, as a recovered one. ranks [k]:
         the accepted nodes' sibling indices, staged after the chain's ids."""
         k, target = self.k, self.target
@@ -283,7 +318,7 @@ class TreeRound(Round):
         steps = self.steps[:k]
         dst = target.position + 1 + steps
         target.compact(torch.where(steps < emitted - 1, target.position + path, dst), dst)
-        self.drafter.commit(out, path, emitted)
+        drafter.commit(out, path, emitted)
         # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
         shown = torch.where((taken > 0) & (steps == emitted - 1), out[:k], shown)
         torch.cat([out, shown, self.num_drafts.long(), taken.view(1), ranks], out=self.stage_ids)

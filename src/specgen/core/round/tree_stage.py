@@ -29,16 +29,18 @@ EXACT = 1 << 24  # integers float32 holds exactly: token ids and tree rows below
 
 
 def path_ranks(tree: Tree, out: torch.Tensor, path: torch.Tensor, taken: torch.Tensor,
-               steps: torch.Tensor) -> torch.Tensor:
+               steps: torch.Tensor, drawn: bool) -> torch.Tensor:
     """[k] the sibling index of the accepted node at each depth (-1 past them), from the walk's
     out [k + 1] (-1 past the tokens), path [k] (the accepted rows, 0 past them) and taken [] (1:
     the last token is a draw outside the tree); steps [k] 0 .. k - 1. A node's siblings are its
     parent's children by rank (with drawn children every draw, in draw order, in the tree or
-    not), which hold distinct tokens: the accepted token names the child."""
+    not), which hold distinct tokens: the accepted token names the child. drawn: the round's
+    children were drawn (the tree's `drawn` table; not in a host tree's round, whose children are
+    the `children` table's, in a round that draws them in its model's rounds)."""
     k = steps.shape[0]
     accepted = (out >= 0).sum() - 1 + taken.view(())
     parents = torch.cat([path[:1] * 0, path[: k - 1]])  # [k] each depth's parent row (the root first)
-    if tree.sampled:
+    if drawn:
         siblings = tree.drawn.index_select(0, parents)  # [k, w] tokens, -1: none
     else:
         kids = tree.children.index_select(0, parents)  # [k, w] rows, -1: none
@@ -106,19 +108,20 @@ class TreeInsight(NoTreeStage):
 
     staged = True
 
-    def __init__(self, rnd, tree: Tree, one_hot: bool):
+    def __init__(self, rnd, tree: Tree):
         if rnd.width > EXACT:
             raise ValueError(f"tree insight stages token ids as float32, exact below {EXACT}, not {rnd.width}")
-        self.rnd, self.tree, self.one_hot = rnd, tree, one_hot
+        self.rnd, self.tree = rnd, tree
         n, k = tree.n, rnd.k
         self.sizes = [n + 1] * 7 + [k, 4]
         self.out = torch.zeros(sum(self.sizes), dtype=torch.float32, device=rnd.device)
         self.rows = torch.arange(n + 1, device=rnd.device)
 
     def stage(self, out: torch.Tensor, path: torch.Tensor, taken: torch.Tensor, ranks: torch.Tensor,
-              penalties, bad) -> None:
+              penalties, bad, one_hot: bool) -> None:
         """After the walk (out, path, taken as path_ranks reads them, and its ranks [k]), from the
-        tree's buffers and the target's rows over it (penalties, bad: the warp's, as verified)."""
+        tree's buffers and the target's rows over it (penalties, bad: the warp's, as verified).
+        one_hot: the host drafted the tree (q is 1; the draft's scores are another round's)."""
         rnd, tree = self.rnd, self.tree
         ids, parents = tree.ids[0], tree.parents
         up = parents.clamp(min=0)
@@ -129,7 +132,7 @@ class TreeInsight(NoTreeStage):
         if probs is None:  # greedy: the softmax of the penalised logits, as the chain's insight
             probs = logprobs_from_logits(rnd.tree_logits, rnd.params, penalties, bad).exp()
         p = probs[up, ids]
-        q = torch.ones_like(p) if self.one_hot else self._q(up)
+        q = torch.ones_like(p) if one_hot else self._q(up)
         entropy = torch.special.entr(probs).sum(-1)
         emitted = (out >= 0).sum()
         token = out.index_select(0, (emitted - 1).view(1))  # [1]: the draw taken, where one was

@@ -1,0 +1,377 @@
+"""Hybrid token trees (core/round/tree_round.py, host_tree.py): each round is the lookup's tree where
+prompt lookup finds continuations, else the model's tree (the draft model's, or an EAGLE-3
+head's), both programs of one TreeRound, on tiny fp32 models.
+
+Greedy and Gumbel-coupled hybrid trees give target-only's tokens, and both kinds of round occur;
+sampled rejection coupling (drawn children in the model's rounds, the sibling walk over the
+lookup's one-hot children in the host's) is seed-stable; after every host round the draft
+model's cache, position and pending pair are a chain's after the same tokens, and an EAGLE-3
+head's cache is a fresh head's over the committed sequence; insight stages host rounds' q as 1.
+On a GPU: captured hybrid tree rounds give target-only's tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from decode_helpers import _chi2_pvalue, finish, make_profile, next_token_probs, warped_next
+from specgen.core.engine import Engine, target_only
+from specgen.core.events import RoundEvent
+from specgen.core.drafters.ngram import LookupTree, TreeLookup
+from specgen.core.round import Mode, TreeRound
+from specgen.core.round.head_tree import HeadTreeDraft
+from specgen.core.round.host_tree import HostTree
+from specgen.core.round.tree_round import TreeDraft
+from specgen.core.runner import EagerRunner
+from specgen.core.settings import ProposerSpec
+from tiny_models import build_pair, head_for
+
+SHAPES = [(3, 2, 5), (4, 3, 12)]  # (k, width, nodes)
+AUX = (0, 1, 1)  # head_for's aux layers on the tiny 2-layer target
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("hybrid_trees"), noisy=0.1)
+
+
+@pytest.fixture(scope="module")
+def head(pair, tmp_path_factory):
+    return head_for(pair[0], tmp_path_factory.mktemp("hybrid_tree_head") / "head")
+
+
+def hybrid_profile(pair, k: int, width: int, nodes: int, head=None, backend: str = "torch", **sampling):
+    sampling.setdefault("max_tokens", 32)
+    with_ = dict(hybrid_with="eagle", head=str(head)) if head is not None else {}
+    proposer = ProposerSpec(kind="hybrid", ngram_min=1, ngram_max=3, **with_)
+    return make_profile(pair[0], None if head is not None else pair[1], k=k, backend=backend, proposer=proposer,
+                        speculation=dict(tree_width=width, tree_nodes=nodes), **sampling)
+
+
+def prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+    """Half repetitive with a change (one n-gram, several continuations: the lookup's trees), half
+    random (the model drafts, until the output repeats itself)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        piece = [rng.randrange(vocab) for _ in range(rng.randint(2, 5))]
+        tweak = list(piece)
+        tweak[rng.randrange(1, len(tweak))] = rng.randrange(vocab)
+        out.append(piece * 2 + tweak + piece if i % 2 else piece + [rng.randrange(vocab)])
+    return out
+
+
+def assert_hybrid_tree(decoder, model_drafter) -> None:
+    """One TreeRound, two programs: the model's tree (MODEL) and the lookup's (HOST), which the
+    model's drafter follows."""
+    rnd = decoder.round
+    assert isinstance(rnd, TreeRound) and isinstance(decoder.lookup, TreeLookup)
+    assert set(decoder.programs) == {Mode.MODEL, Mode.HOST}
+    host = rnd.drafters[Mode.HOST]
+    assert isinstance(rnd.drafters[Mode.MODEL], model_drafter) and isinstance(host, HostTree)
+    assert host.follower is rnd.drafters[Mode.MODEL]
+
+
+def check_identity(pair, head=None, shapes=SHAPES, backend: str = "torch", oracle: bool = False,
+                   **sampling) -> dict:
+    """Every shape's tokens are target-only's; returns the rounds each proposer drafted. oracle:
+    the lookup is an OracleLookup (host rounds that accept up to k drafts), else the ngram's."""
+    engine = Engine(hybrid_profile(pair, *shapes[0], head=head, backend=backend, **sampling))
+    batch = prompts(engine.pair.vocab_size, 6, seed=len(sampling))
+    reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in batch]
+    rounds = {"ngram": 0, "draft": 0}
+    for shape in shapes:
+        profile = hybrid_profile(pair, *shape, head=head, backend=backend, **sampling)
+        for prompt, want in zip(batch, reference):
+            decoder = engine.decoder(profile)
+            assert_hybrid_tree(decoder, TreeDraft if head is None else HeadTreeDraft)
+            if oracle:
+                decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, shape[0])
+            if engine.backend.name == "cuda":  # both programs captured, not run eagerly
+                assert all(getattr(program, "eager", None) is None and program.graphs
+                           for program in decoder.programs.values())
+            done = finish(decoder, prompt)
+            assert done.token_ids == want, (shape, prompt)
+            assert sum(decoder.proposer_rounds.values()) == done.stats.rounds
+            for kind, count in decoder.proposer_rounds.items():
+                rounds[kind] += count
+    assert rounds["ngram"] > 5 and rounds["draft"] > 5, rounds  # both kinds of round really ran
+    return rounds
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_greedy_hybrid_trees_give_target_only_tokens(pair, oracle):
+    check_identity(pair, oracle=oracle)
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_gumbel_hybrid_trees_give_target_only_text(pair, oracle):
+    check_identity(pair, oracle=oracle, temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_greedy_hybrid_head_trees_give_target_only_tokens(pair, head, oracle):
+    check_identity(pair, head=head, oracle=oracle)
+
+
+def test_gumbel_hybrid_head_trees_give_target_only_text(pair, head):
+    check_identity(pair, head=head, shapes=SHAPES[1:], oracle=True, temperature=0.9, top_p=0.95,
+                   coupling="gumbel", seed=7)
+
+
+def test_sampled_rejection_hybrid_trees_are_seed_stable(pair):
+    """The model's rounds draw their children and walk them recursively, the host's walk the
+    lookup's one-hot siblings; the host draws every round's numbers whoever drafts it, so a seed
+    gives one text, another seed another."""
+    engine = Engine(hybrid_profile(pair, 4, 3, 10, temperature=0.8, top_k=40))
+    prompt = prompts(engine.pair.vocab_size, 2, seed=5)[1]
+    texts, rounds = {}, {"ngram": 0, "draft": 0}
+    for seed in (1, 1, 2):
+        decoder = engine.decoder(hybrid_profile(pair, 4, 3, 10, temperature=0.8, top_k=40, seed=seed))
+        assert decoder.round.tree.sampled and decoder.round.coupling.q is not None
+        got = finish(decoder, prompt).token_ids
+        assert texts.setdefault(seed, got) == got
+        for kind, count in decoder.proposer_rounds.items():
+            rounds[kind] += count
+    assert texts[1] != texts[2]
+    assert rounds["ngram"] > 0 and rounds["draft"] > 0, rounds
+
+
+class OracleLookup:
+    """A lookup for the decode loop that knows the target's greedy continuation: every other round
+    (from the first) a tree whose first branch is that continuation cut after its first `right`
+    tokens and ended by a wrong one, and a wrong child of the root beside it; `right` cycles
+    through 0 .. k, so greedy host rounds emit every count 1 .. k + 1 (a tiny random target
+    rarely follows a real lookup's drafts, whose host rounds then emit one token). The rounds
+    between find nothing: the model drafts them."""
+
+    kind = "ngram"
+
+    def __init__(self, model, vocab: int, k: int):
+        self.model, self.vocab, self.k = model, vocab, k
+        self.tokens: list[int] = []
+        self.asked = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.tokens, self.asked = list(prompt_ids), 0
+
+    def follow(self, committed: list[int]) -> None:
+        self.tokens += committed
+
+    def lookup(self, k: int) -> LookupTree:
+        self.asked += 1
+        if k <= 0 or self.asked % 2 == 0:
+            return LookupTree()
+        right = (self.asked // 2) % (self.k + 1)
+        branch = []
+        for _ in range(min(right, k)):
+            branch.append(int(next_token_probs(self.model, self.tokens + branch).argmax()))
+        if len(branch) < k:  # a token the greedy target does not take there
+            branch.append((int(next_token_probs(self.model, self.tokens + branch).argmax()) + 1) % self.vocab)
+        wrong = (branch[0] + 2) % self.vocab
+        return LookupTree(branch + [wrong], list(range(-1, len(branch) - 1)) + [-1])
+
+
+class FirstRoundTree:
+    """A lookup whose first round's tree holds the target's likeliest next tokens (its top
+    `width` under the request's warp) as the root's children, and the likeliest after the first
+    of them below it; every later round finds nothing (the model drafts)."""
+
+    kind = "ngram"
+
+    def __init__(self, model, spec, width: int):
+        self.model, self.spec, self.width = model, spec, width
+        self.tokens: list[int] = []
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.tokens, self.asked = list(prompt_ids), 0
+
+    def follow(self, committed: list[int]) -> None:
+        self.tokens += committed
+
+    def lookup(self, k: int) -> LookupTree:
+        self.asked += 1
+        if self.asked > 1 or k <= 0:
+            return LookupTree()
+        top = warped_next(self.model, self.tokens, self.spec).topk(self.width).indices.tolist()
+        below = int(warped_next(self.model, self.tokens + top[:1], self.spec).argmax())
+        return LookupTree(top + [below], [-1] * self.width + [0])
+
+
+class BeforeEachLaunch:
+    """Wraps a decoder's programs: check(mode of the round before, or None) runs before each round
+    launches, when the round before it has committed (the loop reads a round before it queues the
+    next where a lookup proposes); records each round's mode."""
+
+    def __init__(self, decoder, check):
+        self.modes: list[Mode] = []
+        decoder.programs = {mode: self._wrap(mode, program, check) for mode, program in decoder.programs.items()}
+
+    def _wrap(self, mode, program, check):
+        modes = self.modes
+
+        class Checked:
+            asynchronous = program.asynchronous
+
+            def prepare(self, slots):
+                program.prepare(slots)
+
+            def launch(self, clock, slot=0):
+                check(modes[-1] if modes else None)
+                modes.append(mode)
+                program.launch(clock, slot)
+
+        return Checked()
+
+
+def cached(runner, length: int) -> list[torch.Tensor]:
+    return [t[0, :, :length].cpu() for t in (*runner.cache.keys, *runner.cache.values)]
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=1.0, seed=3)])
+def test_after_each_host_round_the_draft_is_a_chains(pair, sampling, backend):
+    """After every round, host rounds above all: the draft's cache holds the committed sequence
+    but its last two ids, slot by slot as a chain prefill of those ids writes them (what a model
+    round, or a chain's, leaves), its position is theirs and `pending` holds the last two, so the
+    next model round starts where it would after a chain of the same tokens."""
+    k = 4
+    profile = hybrid_profile(pair, k, 3, 10, backend=backend, max_tokens=40, **sampling)
+    engine = Engine(profile)
+    draft, model = engine.draft_runner, engine.pair.draft
+    checked = {Mode.MODEL: 0, Mode.HOST: 0}
+    emitted = set()  # by host rounds followed by a check
+
+    for prompt in prompts(engine.pair.vocab_size, 4, seed=2):
+        decoder = engine.decoder()
+        decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, k)
+        pending = decoder.round.drafters[Mode.MODEL].chain.pending
+        length = [len(prompt)]  # the committed sequence's at the check before
+
+        def check(before):
+            committed = decoder.lookup.tokens  # the prompt and every token the rounds committed
+            held = committed[:-2]
+            assert int(draft.position) == len(held), (before, len(committed))
+            assert pending[0].tolist() == committed[-2:], before
+            chain = EagerRunner(model, engine.width)
+            chain.forward(torch.tensor(held), want_logits=False)
+            for got, want in zip(cached(draft, len(held)), cached(chain, len(held))):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            if before is not None:
+                checked[before] += 1
+                if before is Mode.HOST:
+                    emitted.add(len(committed) - length[0])
+            length[0] = len(committed)
+
+        launches = BeforeEachLaunch(decoder, check)
+        finish(decoder, prompt)
+        assert len(launches.modes) > 1
+    assert checked[Mode.HOST] > 5 and checked[Mode.MODEL] > 5, checked
+    if not sampling:  # a host round of every length, the last two ids pending of its tokens or not
+        assert emitted == set(range(1, k + 2)), emitted
+
+
+def test_after_host_rounds_the_heads_cache_is_a_fresh_heads(pair, head):
+    """Hybrid with an EAGLE-3 head: a host round extends the head over the round before's rows and
+    gathers its own accepted path's (the target's tree step over the lookup's tree filled the tap),
+    so after every round the head's rows below the last round's start hold what a fresh head
+    computes over the committed sequence with the target's states."""
+    from transformers import AutoModelForCausalLM
+
+    from specgen.core.drafters.head_formats import load_head
+
+    k = 3
+    engine = Engine(hybrid_profile(pair, k, 3, 8, head=head, max_tokens=30))
+    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32).eval()
+    checked = {Mode.MODEL: 0, Mode.HOST: 0}
+    for prompt in prompts(engine.pair.vocab_size, 4, seed=6):
+        decoder = engine.decoder()
+        decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, k)
+        rnd = decoder.round
+
+        def check(before):
+            if before is None:
+                return
+            sequence = decoder.lookup.tokens
+            held = int(rnd.target.position - rnd.emitted)  # the last round's start: rows below it extended
+            fresh = load_head(head, embedding=model.get_input_embeddings().weight, capacity=256)
+            with torch.no_grad():
+                states = model(torch.tensor([sequence[:-1]]), output_hidden_states=True).hidden_states
+                features = torch.cat([states[i][0] for i in AUX], dim=-1)
+                fresh(torch.tensor(sequence[1:held + 1]), features[:held], torch.arange(held))
+            got = rnd.drafters[Mode.MODEL].head.head
+            for mine, want in ((got.k_cache, fresh.k_cache), (got.v_cache, fresh.v_cache)):
+                torch.testing.assert_close(mine[:, :, :held], want[:, :, :held], rtol=1e-4, atol=1e-4)
+            checked[before] += 1
+
+        BeforeEachLaunch(decoder, check)
+        finish(decoder, prompt)
+    assert checked[Mode.HOST] > 2 and checked[Mode.MODEL] > 2, checked
+
+
+def test_insight_stages_host_rounds_q_as_one(pair):
+    """Insight takes hybrid trees: the same tokens as without it; a host round's tree has q = 1
+    below the root (the lookup's drafts are one-hot), a model round's q in (0, 1]."""
+    engine = Engine(hybrid_profile(pair, 3, 2, 5, max_tokens=24, temperature=1.0, seed=4))
+    host_rounds = 0
+    for ids in prompts(engine.pair.vocab_size, 4, seed=3):
+        plain = finish(engine.decoder(), ids)
+        decoder = engine.decoder(insight=True)
+        launches = BeforeEachLaunch(decoder, lambda before: None)
+        events = list(decoder.run(ids))
+        assert events[-1].token_ids == plain.token_ids
+        rounds = [e for e in events if isinstance(e, RoundEvent)]
+        for mode, r in zip(launches.modes, rounds):
+            view = r.tree
+            path = [view.tokens[row] for row in view.path]
+            assert path == r.token_ids[: len(path)]
+            if mode is Mode.HOST:
+                host_rounds += 1
+                assert view.taken is None and all(q == 1.0 for q in view.q[1:])
+            else:
+                assert all(0 < q <= 1 for q in view.q[1:])
+    assert host_rounds > 0
+
+
+@CUDA
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)])
+def test_captured_hybrid_tree_rounds_give_target_only_tokens(pair, head, sampling):
+    """On a GPU both programs are captured (the model's tree, and the lookup's with the model
+    following): greedy and Gumbel-coupled text is target-only's, with the draft model and with an
+    EAGLE-3 head."""
+    check_identity(pair, backend="cuda", **sampling)
+    check_identity(pair, head=head, shapes=SHAPES[1:], backend="cuda", **sampling)
+
+
+@pytest.mark.slow
+def test_sampled_hybrid_tree_rounds_follow_the_target_distribution(pair):
+    """Rejection coupling with drawn children: a host round walks the lookup's one-hot siblings,
+    not the drawn children (nor the q) a model round left in the round's buffers (every run's
+    model round leaves them for the next run's host round). The first token comes from a host
+    round, the second from it or from the model's round after it: χ² of both against the
+    target's warped p. α = 1e-4 per test: false failures below 2e-4."""
+    from scipy.stats import chisquare
+
+    profile = hybrid_profile(pair, 3, 3, 8, max_tokens=3, temperature=1.0, top_k=12)
+    engine = Engine(profile)
+    model, prompt = engine.pair.target, [7, 8, 9]
+    outputs, modes = [], []
+    for seed in range(1500):
+        decoder = engine.decoder(replace(profile, sampling=replace(profile.sampling, seed=seed)))
+        assert decoder.round.tree.sampled
+        decoder.lookup = FirstRoundTree(model, profile.sampling, 3)
+        launches = BeforeEachLaunch(decoder, lambda before: None)
+        outputs.append(finish(decoder, prompt).token_ids)
+        modes.append(launches.modes)
+    assert all(m[0] is Mode.HOST for m in modes) and sum(Mode.MODEL in m for m in modes) > 500
+    firsts = [ids[0] for ids in outputs]
+    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
+    common = max(set(firsts), key=firsts.count)
+    follow = [ids[1] for ids in outputs if ids[0] == common]
+    assert len(follow) > 100
+    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4
