@@ -413,9 +413,10 @@ class BatchRound:
         """Model `which`'s runner's first n slots, as it prefilled them alone, into row b of the
         round's cache."""
         cache, alone = self.caches[which], self.runners[which].cache
-        for mine, theirs in ((cache.keys, alone.keys), (cache.values, alone.values)):
-            for row, one in zip(mine, theirs):
-                row[b, :, :n].copy_(one[0, :, :n])
+        # one copy a device over its planes [2, L, B, g, S, d] (every layer's keys and values): a
+        # copy per layer table is 2 L launches a refill, queued between rounds while rows wait
+        for device, planes in cache.planes.items():
+            planes[:, :, b, :, :n].copy_(alone.planes[device][:, :, 0, :, :n])
         for device, positions in cache.copies.items():
             positions[b, :n].copy_(alone.copies[device][0, :n])
 
