@@ -2,6 +2,7 @@
 # Token trees on one GPU, in one call: their tests (captured tree rounds on the GPU), then
 # `specgen bench` of chains against trees on the bench pair (trained MINUTES minutes in the call).
 #   bash benchmarks/gpu/trees.sh          # logs and the bench JSON in $OUT
+#   BASE=folder bash benchmarks/gpu/trees.sh   # the same sweep on that folder's src/ too
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/trees-log.txt
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
@@ -13,12 +14,16 @@ gpu_tests 8 "tests/core/round/test_tree_round.py tests/core/round/test_tree.py t
   tests/gpu/test_round_ops.py tests/core/test_engine_tree_auto.py"
 wait
 echo "== bench pair at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-160)" | tee -a "$LOG"
-PYTHONPATH=$PWD/src timeout ${BENCH_LIMIT:-200} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml --k 4 \
-  --tree-width 1,2,4 --tree-nodes 8,16 -t 0,0.8 --top-p 0.95 --coupling rejection --num-prompts 5 -n 128 \
-  --baseline target-only --no-fp32-check --format json > "$OUT/trees.json" 2> /tmp/trees.err
-echo "== bench rc=$? at $SECONDS s" | tee -a "$LOG"
-tail -3 /tmp/trees.err | cut -c1-300 | tee -a "$LOG"
-PYTHONPATH=$PWD/src python3 benchmarks/bench_summary.py "$OUT/trees.json" 2>&1 | tail -20 | tee -a "$LOG"
+trees() {  # name, src: the sweep on that tree's src/
+  PYTHONPATH=$2 timeout ${BENCH_LIMIT:-200} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml --k 4 \
+    --tree-width 1,2,4 --tree-nodes 8,16 -t 0,0.8 --top-p 0.95 --coupling rejection --num-prompts 5 -n 128 \
+    --baseline target-only --no-fp32-check --format json > "$OUT/$1.json" 2> /tmp/$1.err
+  echo "== $1 rc=$? at $SECONDS s" | tee -a "$LOG"
+  tail -3 /tmp/$1.err | cut -c1-300 | tee -a "$LOG"
+  PYTHONPATH=$PWD/src python3 benchmarks/bench_summary.py "$OUT/$1.json" 2>&1 | tail -20 | tee -a "$LOG"
+}
+trees trees "$PWD/src"
+[ -z "${BASE:-}" ] || trees trees-base "$BASE/src"  # before/after in one call: a baseline tree's src/
 # what `auto` makes of the rows that bench just measured (kept under runtime.measured)
 PYTHONPATH=$PWD/src timeout 60 python3 -m specgen.cli.main generate -p /tmp/bench/pair.toml --k 4 --tree-width auto \
   --tree-nodes auto -n 64 -v "def fib(n):" 2>&1 >/dev/null | grep -i "tree" | tee -a "$LOG"
