@@ -50,6 +50,11 @@ if [ -n "${BASE:-}" ]; then  # the same sweep on a baseline tree's src/ (before/
   PYTHONPATH=$BASE/src:$PWD/tests bench pair-greedy-base 120 -p /tmp/bench/pair.toml --batch-size 1,4,8,16,32 --k 2,4 \
     --num-prompts 64 -n 128
 fi
+# the single-prompt decoder on the same 64 prompts: what batch 1 of the batch loop compares with
+PYTHONPATH=$PWD/src timeout 90 python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml --k 2,4 -t 0 \
+  --num-prompts 64 -n 128 --baseline target-only --no-fp32-check --format json > "$OUT/pair-single.json" 2> /tmp/single.err
+echo "== pair-single rc=$? at $SECONDS s" | tee -a "$LOG"
+PYTHONPATH=$PWD/src python3 benchmarks/bench_summary.py "$OUT/pair-single.json" 2>&1 | tail -6 | tee -a "$LOG"
 bench pair-gumbel 90 -p /tmp/bench/pair.toml --batch-size 1,8,32 --k 4 -t 0.8 --top-p 0.95 --coupling gumbel \
   --num-prompts 64 -n 128
 if [ -f /tmp/head/profile.toml ]; then  # a head another script trained on this machine (head_trees.sh)
