@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 (PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/family_pairs.py --family llama-3.1 --scale full --head \
    --out /tmp/famhead --device cuda > /tmp/famhead.log 2>&1; echo "== 8B pair rc=$? at $SECONDS s" | tee -a "$LOG") &
 gpu_tests 6 "tests/core/round/test_head_tree_round.py tests/core/round/test_tree_insight.py
-  tests/core/round/test_lookup_tree_round.py tests/core/drafters/test_heads.py tests/core/round/test_tree_round.py"
+  tests/core/drafters/test_heads.py"
 wait
 PYTHONPATH=$PWD/src timeout ${BENCH_LIMIT:-240} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml \
   --proposer eagle --head /tmp/head --k 4,6 --tree-width 1,2,4 --tree-nodes 16 -t 0,0.8 --top-p 0.95 \
