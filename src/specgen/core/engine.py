@@ -19,6 +19,7 @@ from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_head import BatchHead
 from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
+from specgen.core.round.batch_tree import BatchTreeRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, TREE_DRAFTERS, TREE_PROPOSERS, Profile
@@ -150,7 +151,13 @@ class Engine:
                              hint="name every proposer when the run starts (bench --proposer a,b)")
         proposer = profile.proposer
         lookup = (proposer.ngram_min, proposer.ngram_max) if kind == "ngram" else None
-        key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup)
+        tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and kind == "draft" and \
+            profile.speculation.tree_width not in (AUTO, 1) else None
+        key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup, tree)
+        if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
+            rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
+                                 self.backend, self.target_runner, self.draft_runner)
+            self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         if key not in self._rounds:
             if kind == "eagle":
                 drafter = partial(BatchHead, drafter=self.heads["eagle"])
@@ -386,8 +393,10 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
                 f"not by the {kind} proposer")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
-    if spec.tree_width != "auto" and spec.tree_width > 1:  # auto: batches run the chain
-        return "take chains only, not token trees (tree_width 1)"
+    if spec.tree_width != "auto" and spec.tree_width > 1 and kind != "draft":  # auto: batches run the chain
+        return f"take token trees from the draft model only, not from the {kind} proposer (tree_width 1)"
+    if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
+        return "take token trees of a set node budget only, not tree_nodes auto"
     model = kind != "ngram"  # what a model drafts with (prompt lookup's drafts are the host's)
     checks = {"draft_p_min": model and profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
               "min_tokens": sampling.min_tokens > 0,
