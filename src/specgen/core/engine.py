@@ -218,16 +218,24 @@ class Engine:
             where = f" (bench's measurements, {pair}, T={rows[0]['temperature']:g})"
         speculates = kind != "none"
         k = max([r["k"] for r in rows] + [profile.speculation.k if speculates else 0])
+        spec = profile.speculation
+        if speculates and spec.tree_width not in (AUTO, 1) and spec.tree_nodes != AUTO:
+            # a tree's rows of the vocabulary and positions past a row's: its n + 1 target rows and
+            # the (k - 1) w nodes the draft steps, counted as a chain's of that many drafts
+            k = max(k, spec.nodes + 1, (spec.k - 1) * spec.tree_width + 1)
         fit, memory = self._rows_fit(longest, k, kind if speculates else "none")
         return batch_cost.choose(rows, profile.proposer.kind, prompts, fit, where, memory)
 
     def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
         """The profile a run at `choice` decodes with: a choice from measurements takes its
-        recommendation (target-only, or its k), else the profile stands."""
+        recommendation (target-only, or its k: not for a tree, whose shape fits its own k), else
+        the profile stands."""
         if not choice.measured:
             return profile
         if not choice.speculate:
             return target_only(profile)
+        if profile.speculation.tree_width not in (AUTO, 1):  # measured rows are chains: the tree's k stands
+            return profile
         return replace(profile, speculation=replace(profile.speculation, k=choice.k))
 
     def _rows_fit(self, longest: int, k: int, proposer: str) -> tuple[int | None, str]:

@@ -41,6 +41,7 @@ import torch
 from specgen.core.round.batch_round import BatchDraftModel, BatchRound, RowParams
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.tree import Tree
+from specgen.core.sampling import noise
 from specgen.core.sampling.warp import exponentials_, logprobs_from_logits, uniforms_
 from specgen.core.settings import SamplingSpec
 from specgen.core.step.rows import Rows
@@ -96,8 +97,6 @@ class BatchTreeGumbel:
         return []  # the body computes its noise
 
     def start(self, b: int, seed: int, origin: int) -> None:
-        from specgen.core.sampling import noise
-
         for i, half in enumerate(noise.split_seed(seed)):
             self.key[b, i].fill_(half)
         self.origin[b].fill_(origin)
@@ -112,8 +111,8 @@ class BatchTreeGumbel:
     def children_noise(self, level: int, rows: int) -> torch.Tensor:
         """[B rows, V]: each row's noise row `level` for each of its `rows` expanded nodes (greedy rows: ones)."""
         rnd = self.rnd
-        noise = torch.where(rnd.drawn_rows[:, None], self.noise[:, level], 1.0)  # [B, V]
-        return noise[:, None].expand(-1, rows, -1).reshape(-1, rnd.width)
+        row = torch.where(rnd.drawn_rows[:, None], self.noise[:, level], 1.0)  # [B, V]
+        return row[:, None].expand(-1, rows, -1).reshape(-1, rnd.width)
 
     def keep_q(self, level: int, logq: torch.Tensor) -> None:
         """The walk follows the target's race: it never reads q."""
@@ -121,8 +120,8 @@ class BatchTreeGumbel:
     def verify(self, rows: Rows) -> tuple:
         rnd, trees = self.rnd, self.rnd.trees
         b, width = rnd.batch, rnd.width
-        noise = self.noise[self.seq, rows.depth - 1]  # [B, n + 1, V]: each node's depth's row
-        rnd.ops.warp_and_race(rnd.tree_logits.view(-1, width), rnd.target_params.params, noise.view(-1, width),
+        at_depth = self.noise[self.seq, rows.depth - 1]  # [B, n + 1, V]: each node's depth's row
+        rnd.ops.warp_and_race(rnd.tree_logits.view(-1, width), rnd.target_params.params, at_depth.view(-1, width),
                               self.choice, None, rnd.bad)
         return rnd.ops.greedy_walk(trees["children"], rows.ids, self.choice.view(b, -1), rnd.num_drafts, rnd.k)
 
@@ -166,8 +165,8 @@ class BatchTreeRejection:
 
     def children_noise(self, level: int, rows: int) -> torch.Tensor:
         rnd = self.rnd
-        noise = self.kids_noise[:, self._rows(level)]  # [B, rows, V]
-        return torch.where(rnd.drawn_rows[:, None, None], noise, 1.0).reshape(-1, rnd.width)
+        kids = self.kids_noise[:, self._rows(level)]  # [B, rows, V]
+        return torch.where(rnd.drawn_rows[:, None, None], kids, 1.0).reshape(-1, rnd.width)
 
     def keep_q(self, level: int, logq: torch.Tensor) -> None:
         torch.exp(logq.view(self.rnd.batch, -1, self.rnd.width), out=self.q[:, self._rows(level)])
