@@ -314,3 +314,68 @@ def test_captured_lookup_batch_round_equals_the_round_run_eagerly(bigram, sampli
     assert decoder.program.eager is None and decoder.program.graphs
     assert accepted_lookups(captured) > 0
     assert captured == fated(engine, 8, work, eager=True)
+
+
+# -- the draft model's token trees at batch (core/round/batch_tree.py) ------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.9, top_k=40, coupling="gumbel"),
+                                      dict(temperature=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+def test_batch_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, sampling):
+    """Each row's tree on the kernels a GPU captures: the step kernels over [B, w] and [B, n + 1]
+    tree rows (attention over each row's tails), the tree's construction and top-w kernels per row,
+    the walk kernels over [B, ...], the compaction kernel over [B, k] slots: each row's tokens
+    and drafts are the tree round's on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=5), **sampling)
+    engine = Engine(profile, backend=KernelTables(tables))
+    work = jobs(engine.profile, 3, seed=1)
+    reference = [(ids, drafts) for ids, _, drafts in alone_rounds(engine, work)]
+    assert [(ids, drafts) for ids, _, drafts in batched_rounds(engine, 2, work)] == reference
+
+
+def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "bfloat16",
+                     **sampling) -> Engine:
+    profile = make_profile(target, draft, k=k, backend="cuda", speculation=dict(tree_width=width, tree_nodes=nodes),
+                           **({"max_tokens": 32} | sampling))
+    profile = replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
+    engine = Engine(profile)
+    assert engine.backend.name == "cuda"
+    return engine
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+@pytest.mark.parametrize("batch", [1, 7])
+def test_tree_rows_equal_each_prompt_alone_on_cuda(pair, sampling, batch):
+    """24 prompts of their own lengths and max_tokens, float32 trees (k 4, width 2, 6 nodes) on the
+    owned kernels, each prompt's seed: every row's tokens at B = 1 and 7 are the prompt's alone
+    (the captured tree round)."""
+    engine = cuda_tree_engine(*pair, dtype="float32", **sampling)
+    work = jobs(engine.profile, 24, seed=batch)
+    reference = alone(engine, work)
+    got = batched(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, reference))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+def test_captured_batch_tree_round_equals_the_round_run_eagerly(pair, sampling):
+    """The batch tree round replayed as CUDA graphs (re-captured when the long max_tokens below
+    grows the caches, behind a round in flight) or run as it is: the same tokens and fates."""
+    engine = cuda_tree_engine(*pair, dtype="float32", **sampling)
+    work = jobs(engine.profile, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == fated(engine, 8, work, eager=True)

@@ -19,6 +19,7 @@ from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_head import BatchHead
 from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
+from specgen.core.round.batch_tree import BatchTreeRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, TREE_DRAFTERS, TREE_PROPOSERS, Profile
@@ -150,7 +151,13 @@ class Engine:
                              hint="name every proposer when the run starts (bench --proposer a,b)")
         proposer = profile.proposer
         lookup = (proposer.ngram_min, proposer.ngram_max) if kind == "ngram" else None
-        key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup)
+        tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and kind == "draft" and \
+            profile.speculation.tree_width not in (AUTO, 1) else None
+        key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup, tree)
+        if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
+            rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
+                                 self.backend, self.target_runner, self.draft_runner)
+            self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         if key not in self._rounds:
             if kind == "eagle":
                 drafter = partial(BatchHead, drafter=self.heads["eagle"])
@@ -211,16 +218,24 @@ class Engine:
             where = f" (bench's measurements, {pair}, T={rows[0]['temperature']:g})"
         speculates = kind != "none"
         k = max([r["k"] for r in rows] + [profile.speculation.k if speculates else 0])
+        spec = profile.speculation
+        if speculates and spec.tree_width not in (AUTO, 1) and spec.tree_nodes != AUTO:
+            # a tree's rows of the vocabulary and positions past a row's: its n + 1 target rows and
+            # the (k - 1) w nodes the draft steps, counted as a chain's of that many drafts
+            k = max(k, spec.nodes + 1, (spec.k - 1) * spec.tree_width + 1)
         fit, memory = self._rows_fit(longest, k, kind if speculates else "none")
         return batch_cost.choose(rows, profile.proposer.kind, prompts, fit, where, memory)
 
     def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
         """The profile a run at `choice` decodes with: a choice from measurements takes its
-        recommendation (target-only, or its k), else the profile stands."""
+        recommendation (target-only, or its k: not for a tree, whose shape fits its own k), else
+        the profile stands."""
         if not choice.measured:
             return profile
         if not choice.speculate:
             return target_only(profile)
+        if profile.speculation.tree_width not in (AUTO, 1):  # measured rows are chains: the tree's k stands
+            return profile
         return replace(profile, speculation=replace(profile.speculation, k=choice.k))
 
     def _rows_fit(self, longest: int, k: int, proposer: str) -> tuple[int | None, str]:
@@ -386,8 +401,10 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
                 f"not by the {kind} proposer")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
-    if spec.tree_width != "auto" and spec.tree_width > 1:  # auto: batches run the chain
-        return "take chains only, not token trees (tree_width 1)"
+    if spec.tree_width != "auto" and spec.tree_width > 1 and kind != "draft":  # auto: batches run the chain
+        return f"take token trees from the draft model only, not from the {kind} proposer (tree_width 1)"
+    if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
+        return "take token trees of a set node budget only, not tree_nodes auto"
     model = kind != "ngram"  # what a model drafts with (prompt lookup's drafts are the host's)
     checks = {"draft_p_min": model and profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
               "min_tokens": sampling.min_tokens > 0,

@@ -282,7 +282,7 @@ class BatchRound:
         self.target_params = RowParams(batch, k + 1, device, self.staging)
         self.draft_params = RowParams(batch, 1, device, self.staging)
         self.bad = Padding(width, vocab_size, device).padding
-        self.coupling = BatchCoupling(self, gumbel)
+        self.coupling = self._coupling(gumbel)
         self.drafter = drafter(self) if drafter is not None and k else None
         self.runners = [target, *(self.drafter.runners if self.drafter is not None else [])]
         if not all(isinstance(r.model, OwnedModel) for r in self.runners):
@@ -294,6 +294,10 @@ class BatchRound:
         self.positions = torch.zeros(len(self.runners), batch, dtype=torch.long, **z)  # target, draft model
         self.held = torch.zeros(len(self.runners) + 1, batch, dtype=torch.long, **z)  # positions, generated
         self._room(1)
+
+    def _coupling(self, gumbel: bool):
+        """The coupling part (a tree batch's are its own: core/round/batch_tree.py)."""
+        return BatchCoupling(self, gumbel)
 
     @property
     def ops(self):

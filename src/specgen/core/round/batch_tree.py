@@ -1,0 +1,309 @@
+"""The round over a batch with token trees: B rows, each its own tree drafted by the draft model
+(speculation.tree_width > 1 at batch_size > 1).
+
+The tree round's phases (core/round/tree_round.py), with a batch dimension, each row's tree its
+own (core/round/tree.py's Tree, its buffers views of stacked ones, BatchTrees):
+
+    draft    the draft model over each row's `pending` [B, 2] (the root's children: level 1), then
+             once per level over every row's w frontier nodes ([B, w] tree rows, each row in its own
+             draft cache row past its own position); each row's children from its own log q
+             ([B w, V] in one tree_children call), its tree built by the ops' tree_expand
+    select   each row's n best candidates, by the ops' tree_select
+    target   one step over every row's root and n nodes ([B, n + 1] tree rows)
+    verify   the rows' warp in one call, then one walk over [B, ...] (the walks take a leading
+             batch dimension): greedy and Gumbel coupling the greedy walk; rejection coupling the
+             recursive walk for the rows whose children are drawn and the greedy walk for greedy
+             rows, each row taking its own
+    commit   each row's accepted path compacted in both caches (the step's `compact` op over
+             [B, k] slots), its positions, `pending` and next `last`; staged as a chain's rows:
+             out | the drafts the walk followed | drafts that count
+
+How a row stays what it is alone: the ops of a level (tree_expand, tree_select) run per row over
+that row's Tree (B launches each; a batched kernel is for later), every other op is the
+one-request op over more rows, whose rows depend on their own inputs only. Children are drawn per
+row: a row whose request is sampled draws them (rejection coupling: from its own Exp(1) rows,
+drawn by its own generator in the single tree round's order and shapes; Gumbel coupling: with
+the noise row of their depth, from its own key), a greedy row takes its top-w (its noise rows
+are ones: log 1 = 0 leaves each key its log q, bit for bit).
+
+Not here: EAGLE-3 heads' and prompt lookup's trees at batch (engine.batch_refusal refuses them),
+the tree's insight stage, and `taken` (a drawn child accepted outside the tree): the batch's
+host reads the chain's staged layout, so such a token counts as recovered in the row's
+statistics (its text is the same).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from specgen.core.round.batch_round import BatchDraftModel, BatchRound, RowParams
+from specgen.core.round.drafters import draft_spec
+from specgen.core.round.tree import Tree
+from specgen.core.sampling import noise
+from specgen.core.sampling.warp import exponentials_, logprobs_from_logits, uniforms_
+from specgen.core.settings import SamplingSpec
+from specgen.core.step.rows import Rows
+
+
+class BatchTrees:
+    """B Trees of one envelope (k, w, n) whose every buffer is a view of one stacked buffer
+    [B, ...]: each row's ops write its own Tree, the batch's steps and walks read the stack."""
+
+    def __init__(self, batch: int, k: int, width: int, nodes: int, device: torch.device):
+        self.trees = [Tree(k, width, nodes, device) for _ in range(batch)]
+        self.stacked: dict[str, torch.Tensor] = {}
+        for name, value in vars(self.trees[0]).items():
+            if isinstance(value, torch.Tensor):
+                stacked = self.stacked[name] = torch.stack([vars(tree)[name] for tree in self.trees])
+                for b, tree in enumerate(self.trees):
+                    setattr(tree, name, stacked[b])  # contiguous: a kernel's pointer reads it as its own
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.stacked[name]
+
+    def level_rows(self, level: int, start: torch.Tensor) -> Rows:
+        """Every row's draft rows [B, w] for frontier `level` (1 .. k - 1) past its start [B]."""
+        i = level - 1
+        s = self.stacked
+        return Rows(s["level_ids"][:, i, 0].contiguous(), s["level_positions"][:, i, 0].contiguous(),
+                    s["level_slots"][:, i, 0].contiguous(), start, s["level_tail"][:, i, 0].contiguous(),
+                    s["level_depth"][:, i, 0].contiguous())
+
+    def target_rows(self, start: torch.Tensor) -> Rows:
+        """Every row's target rows [B, n + 1]: its root and selected nodes past its start [B]."""
+        s, b = self.stacked, len(self.trees)
+        return Rows(s["ids"].view(b, -1), s["positions"].view(b, -1), s["slots"].view(b, -1), start,
+                    s["path"].view(b, *s["path"].shape[2:]), s["depth"].view(b, -1))
+
+
+class BatchTreeGumbel:
+    """Gumbel coupling over trees: each row's noise rows (BatchCoupling's, keyed by its seed and
+    positions); a node's target token races the row of its depth, the walk follows it; a sampled
+    row's children at depth d + 1 are drawn with noise row d (TreeGumbel's)."""
+
+    def __init__(self, rnd: "BatchTreeRound"):
+        b, n, z = rnd.batch, rnd.nodes, dict(device=rnd.device)
+        self.rnd = rnd
+        self.noise = torch.ones(b, rnd.k + 1, rnd.width, dtype=torch.float32, **z)
+        self.key = torch.zeros(b, 2, dtype=torch.long, **z)
+        self.origin = torch.zeros(b, dtype=torch.long, **z)
+        self.first = torch.zeros(b, dtype=torch.long, **z)
+        self.choice = torch.zeros(b * (n + 1), dtype=torch.long, **z)
+        self.seq = torch.arange(b, **z)[:, None]
+
+    def state(self) -> list[torch.Tensor]:
+        return []  # the body computes its noise
+
+    def start(self, b: int, seed: int, origin: int) -> None:
+        for i, half in enumerate(noise.split_seed(seed)):
+            self.key[b, i].fill_(half)
+        self.origin[b].fill_(origin)
+
+    def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
+        """The noise is the body's: the host draws nothing."""
+
+    def begin(self) -> None:
+        torch.add(self.origin, self.rnd.generated, out=self.first)
+        self.rnd.ops.gumbel_noise_rows(self.noise, self.key, self.first)
+
+    def children_noise(self, level: int, rows: int) -> torch.Tensor:
+        """[B rows, V]: each row's noise row `level` for each of its `rows` expanded nodes (greedy rows: ones)."""
+        rnd = self.rnd
+        row = torch.where(rnd.drawn_rows[:, None], self.noise[:, level], 1.0)  # [B, V]
+        return row[:, None].expand(-1, rows, -1).reshape(-1, rnd.width)
+
+    def keep_q(self, level: int, logq: torch.Tensor) -> None:
+        """The walk follows the target's race: it never reads q."""
+
+    def verify(self, rows: Rows) -> tuple:
+        rnd, trees = self.rnd, self.rnd.trees
+        b, width = rnd.batch, rnd.width
+        at_depth = self.noise[self.seq, rows.depth - 1]  # [B, n + 1, V]: each node's depth's row
+        rnd.ops.warp_and_race(rnd.tree_logits.view(-1, width), rnd.target_params.params, at_depth.view(-1, width),
+                              self.choice, None, rnd.bad)
+        return rnd.ops.greedy_walk(trees["children"], rows.ids, self.choice.view(b, -1), rnd.num_drafts, rnd.k)
+
+
+class BatchTreeRejection:
+    """Rejection coupling over trees, per row as TreeRejection with drawn children: noise [B, V]
+    (the recovered or bonus token's Exp(1) row), uniforms [B, k, w], and the children's Exp(1) rows
+    [B, 1 + (k - 1) w, V] (one per node the draft expands), each row's drawn by its own generator in
+    the tree round's order and shapes; q [B, 1 + (k - 1) w, V] the draft's probs at those nodes."""
+
+    def __init__(self, rnd: "BatchTreeRound"):
+        b, w, width, z = rnd.batch, rnd.tree_width, rnd.width, dict(dtype=torch.float32, device=rnd.device)
+        self.rnd, self.w = rnd, w
+        expanded = 1 + (rnd.k - 1) * w
+        self.noise = torch.ones(b, width, **z)
+        self.uniform = torch.ones(b, rnd.k, w, **z)
+        self.kids_noise = torch.ones(b, expanded, width, **z)
+        self.q = torch.zeros(b, expanded, width, **z)
+        self.seq = torch.arange(b, device=rnd.device)[:, None]
+
+    def state(self) -> list[torch.Tensor]:
+        """The host's draws for the next round (a capture's warm-ups must not lose them)."""
+        return [self.noise, self.uniform, self.kids_noise]
+
+    def start(self, b: int, seed: int, origin: int) -> None:
+        """The row's generator draws its numbers: nothing to key."""
+
+    def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
+        """Row b's numbers for the next round, as TreeRejection.draw draws them (greedy rows: none)."""
+        if not sampled:
+            return
+        exponentials_(self.noise[b : b + 1], generator)
+        uniforms_(self.uniform[b : b + 1], generator)
+        exponentials_(self.kids_noise[b], generator)
+
+    def begin(self) -> None:
+        pass
+
+    def _rows(self, level: int) -> slice:
+        return slice(0, 1) if level == 0 else slice(1 + (level - 1) * self.w, 1 + level * self.w)
+
+    def children_noise(self, level: int, rows: int) -> torch.Tensor:
+        rnd = self.rnd
+        kids = self.kids_noise[:, self._rows(level)]  # [B, rows, V]
+        return torch.where(rnd.drawn_rows[:, None, None], kids, 1.0).reshape(-1, rnd.width)
+
+    def keep_q(self, level: int, logq: torch.Tensor) -> None:
+        torch.exp(logq.view(self.rnd.batch, -1, self.rnd.width), out=self.q[:, self._rows(level)])
+
+    def verify(self, rows: Rows) -> tuple:
+        """Greedy rows the greedy walk (their probs are one-hot, their children the top-w: the
+        tree round's greedy walk), rows with drawn children the recursive walk."""
+        rnd, trees = self.rnd, self.rnd.trees
+        b, width = rnd.batch, rnd.width
+        argmax, probs = rnd.ops.warp(rnd.tree_logits.view(-1, width), rnd.target_params.params, None, rnd.bad)
+        greedy = rnd.ops.greedy_walk(trees["children"], rows.ids, argmax.view(b, -1), rnd.num_drafts, rnd.k)
+        if probs is None:
+            return greedy
+        at = (1 + trees["offset"]).clamp(max=self.q.shape[1] - 1)  # [B, n + 1] each tree row's expanded node
+        drawn = rnd.ops.recursive_walk(trees["children"], trees["drawn"], rows.ids, probs.view(b, -1, width),
+                                       self.q[self.seq, at], self.uniform, self.noise, rnd.num_drafts, rnd.k)
+        return tuple(torch.where(rnd.drawn_rows.view(-1, *([1] * (g.dim() - 1))), d, g)
+                     for d, g in zip(drawn, greedy))
+
+
+class BatchTreeRound(BatchRound):
+    """B rows of token-tree speculation (width w > 1, n nodes) drafted by the draft model: a
+    BatchRound (its host side, caches, positions and draft model part) whose body drafts, verifies
+    and commits trees."""
+
+    def __init__(self, k: int, width_w: int, nodes: int, batch: int, width: int, vocab_size: int, gumbel: bool,
+                 backend, target, draft_runner):
+        # before BatchRound's: its caches take `reach`, its coupling part these
+        self.tree_width, self.nodes, self.gumbel = width_w, nodes, gumbel
+        super().__init__(k, batch, width, vocab_size, gumbel, backend, target,
+                         partial(BatchDraftModel, runner=draft_runner))
+        z = dict(device=self.device)
+        self.trees = BatchTrees(batch, k, width_w, nodes, self.device)
+        self.tree_logits = torch.full((batch, nodes + 1, width), float("-inf"), dtype=torch.float32, **z)
+        self.level_logits = torch.full((batch, width_w, width), float("-inf"), dtype=torch.float32, **z)
+        self.target_params = RowParams(batch, nodes + 1, self.device, self.staging)  # the tree's rows
+        self.level_params = RowParams(batch, width_w, self.device, self.staging)  # a level's frontier rows
+        self.drawn_rows = torch.zeros(batch, dtype=torch.bool, **z)  # whose children are drawn from q
+        self.pair_steps = torch.arange(2, **z)  # `pending`'s two columns (k may be 1)
+
+    def _coupling(self, gumbel: bool):
+        return BatchTreeGumbel(self) if gumbel else BatchTreeRejection(self)
+
+    @property
+    def reach(self) -> int:
+        """The target writes the root and n nodes past its position, the draft its pending pair and
+        (k - 1) w frontier nodes past its own."""
+        return max(self.k + 3, self.nodes + 2, 2 + (self.k - 1) * self.tree_width + 1)
+
+    def shape_key(self) -> tuple:
+        """As a chain batch's, and which rows' trees keep their stepped nodes first (drawn children
+        under rejection coupling: the selection's launch differs)."""
+        return (*super().shape_key(), self.level_params.flags, tuple(t.sampled for t in self.trees.trees))
+
+    def state(self) -> list[torch.Tensor]:
+        return [self.positions, self.feed, self.generated, self.emitted, *self.drafter.state(), *self.coupling.state()]
+
+    def start(self, b: int, prompt_ids: list[int], spec: SamplingSpec, seed: int, cut: bool = True) -> None:
+        """As a chain batch's row, and its tree's settings: a sampled request's children are drawn
+        (batches take no draft_sampling = argmax), under rejection coupling with its stepped nodes
+        first (tree_round.TreeRound's choice for one request)."""
+        super().start(b, prompt_ids, spec, seed, cut)
+        self.level_params.set(b, draft_spec(spec, cut))
+        drawn = not spec.greedy
+        self.drawn_rows[b].fill_(drawn)
+        self.trees.trees[b].sampled = drawn and not self.gumbel
+
+    def draw(self, b: int, generator: torch.Generator) -> None:
+        self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
+
+    # -- the device program -----------------------------------------------------------------------
+
+    def body(self) -> None:
+        """One round for every row, no host sync."""
+        self.held[:-1].copy_(self.positions)
+        self.held[-1].copy_(self.generated)
+        self.ops.count_drafts_rows(self.confident, self.budget, self.limit, self.generated, self.num_drafts)
+        self.coupling.begin()
+        self._draft()
+        rows = self.trees.target_rows(self.positions[0])
+        logits = self.models[0].step(rows, self.caches[0], self.step_ops[0])
+        cols = min(logits.shape[-1], self.width)
+        self.tree_logits[..., :cols].copy_(logits[..., :cols])
+        out, path, shown, taken = self.coupling.verify(rows)
+        self._commit(out, path, shown, taken)
+        torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
+        torch.where(self.active, self.generated, self.held[-1], out=self.generated)
+
+    def _logq(self, logits: torch.Tensor, params: RowParams, level: int) -> torch.Tensor:
+        """The draft's warped log q [R, V] at `level`'s nodes (TreeDraft.logq, each row its own params)."""
+        logq = logprobs_from_logits(logits, params.params, None, self.bad)
+        self.coupling.keep_q(level, logq)
+        return logq
+
+    def _draft(self) -> None:
+        ops, trees, w, b = self.ops, self.trees.trees, self.tree_width, self.batch
+        self._step(1, self.drafter.pending, self.draft_logits[:, None], keep=1)
+        start = self.positions[1]  # each row past its committed sequence, the root included
+        logq = self._logq(self.draft_logits, self.draft_params, 0)
+        tokens, values = ops.tree_children(logq, self.coupling.children_noise(0, 1), w)  # [B, w]
+        for i, tree in enumerate(trees):
+            ops.tree_expand(tree, 0, tokens[i : i + 1], values[i : i + 1], start[i : i + 1], self.feed[i, :1])
+        for level in range(1, self.k):
+            rows = self.trees.level_rows(level, start)
+            logits = self.models[1].step(rows, self.caches[1], self.step_ops[1])
+            cols = min(logits.shape[-1], self.width)
+            self.level_logits[..., :cols].copy_(logits[..., :cols])
+            logq = self._logq(self.level_logits.view(b * w, -1), self.level_params, level)
+            tokens, values = ops.tree_children(logq, self.coupling.children_noise(level, w), w)  # [B w, w]
+            for i, tree in enumerate(trees):
+                at = slice(i * w, (i + 1) * w)
+                ops.tree_expand(tree, level, tokens[at], values[at], start[i : i + 1])
+        for i, tree in enumerate(trees):
+            ops.tree_select(tree, self.positions[0, i : i + 1])  # the target's rows past its own position
+
+    def _commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor) -> None:
+        """Each row as TreeRound.commit and TreeDraft.commit: m = emitted; the target keeps its
+        root and the m - 1 accepted nodes, the draft the m - 2 it stepped (its last two ids wait
+        in `pending`)."""
+        k, steps = self.k, self.steps
+        emitted = (out >= 0).sum(1)  # [B]
+        ahead = emitted[:, None]
+        target = self.positions[0][:, None]
+        dst = target + 1 + steps
+        self.step_ops[0].compact(self.caches[0], torch.where(steps < ahead - 1, target + path, dst), dst)
+        if k > 1:
+            draft = self.positions[1][:, None]
+            dst = draft + steps[: k - 1]
+            src = draft + self.trees["offset"].gather(1, path[:, : k - 1])
+            self.step_ops[1].compact(self.caches[1], torch.where(steps[: k - 1] < ahead - 2, src, dst), dst)
+        ids = torch.cat([self.feed[:, :1], out], 1)  # [B, k + 2] the root, then the round's tokens
+        self.drafter.pending.copy_(ids.gather(1, ahead - 1 + self.pair_steps))
+        self.positions[1].add_(emitted - 2)
+        # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
+        shown = torch.where((taken[:, None] > 0) & (steps == ahead - 1), out[:, :k], shown)
+        torch.cat([out, shown, self.num_drafts.long()[:, None]], dim=1, out=self.stage_ids)
+        self.feed[:, :1].copy_(out.gather(1, ahead - 1))
+        self.positions[0].add_(emitted)
+        self.emitted.copy_(emitted)
+        self.generated.add_(emitted)

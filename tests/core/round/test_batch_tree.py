@@ -1,0 +1,114 @@
+"""core/round/batch_tree.py through core/batch_decode.py: token trees at batch, each row its own tree.
+
+Each prompt's tokens at B = 1, 3, 7 (prompts of different lengths, max_tokens and sampling
+settings in one batch, more prompts than rows so that finished rows are refilled, more rows than
+prompts so that some run masked) equal decoding that prompt alone with the tree round of the same
+(k, width, nodes): greedy exactly, with every round's drafts; Gumbel coupling with the prompt's
+seed the same sampled text; rejection coupling (drawn children, the recursive walk; a greedy row
+among them walks greedily) the same tokens too, each row's numbers drawn by its own generator in
+the order and shapes the tree round draws them. What batches do not take of trees is a one-line
+error.
+"""
+
+from __future__ import annotations
+
+import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
+import pytest
+
+from dataclasses import replace
+
+from batch_helpers import alone_rounds, batched_rounds
+from decode_helpers import make_profile, random_prompts
+from specgen.core.engine import Engine
+from specgen.core.errors import UsageError
+from specgen.core.events import Fate
+from specgen.core.round import TreeRound
+from specgen.core.round.batch_tree import BatchTreeRound
+from specgen.core.settings import ProposerSpec
+from tiny_models import build_pair
+
+SHAPES = [(3, 2, 5), (1, 3, 3), (4, 3, 9)]  # (k, width, nodes)
+# Per-prompt settings sharing one batch (a greedy row among sampled ones included).
+SETTINGS = [dict(temperature=0.0), dict(temperature=0.8, top_k=20), dict(top_p=0.9), dict(min_p=0.1), dict(),
+            dict(temperature=1.3), dict(top_p=0.8, top_k=5)]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return build_pair(tmp_path_factory.mktemp("batch-trees"), noisy=0.1)
+
+
+def tree_engine(pair, shape, **sampling) -> Engine:
+    k, width, nodes = shape
+    return Engine(make_profile(*pair, k=k, speculation=dict(tree_width=width, tree_nodes=nodes), **sampling))
+
+
+def jobs(profile, count: int, sampled: bool) -> list:
+    """(ids, settings) of `count` prompts of 1 to 12 ids, each with its own max_tokens and seed."""
+    prompts = random_prompts(200, count, seed=count)
+    specs = [replace(profile.sampling, max_tokens=6 + 4 * (i % 4), seed=100 + i,
+                     **(SETTINGS[i % len(SETTINGS)] if sampled else {})) for i in range(count)]
+    return list(zip(prompts, specs))
+
+
+def check(engine: Engine, work: list, fates: bool = True) -> None:
+    """Every prompt's tokens and every round's counted drafts (and fates) at B = 1, 3, 7 are the
+    tree round's alone. fates: False where a drawn child accepted outside the tree (`taken`)
+    counts as recovered at batch (core/round/batch_tree.py)."""
+    assert isinstance(engine.decoder(replace(engine.profile, sampling=work[0][1])).round, TreeRound)
+    reference = alone_rounds(engine, work)
+    assert sum(f.count(Fate.ACCEPTED) for _, f, _ in reference) > 0  # the trees' drafts are taken
+    for batch in (1, 3, 7):
+        got = batched_rounds(engine, batch, work)
+        assert isinstance(engine.batch_decoder(batch).round, BatchTreeRound)
+        if not fates:
+            got = [(ids, None, drafts) for ids, _, drafts in got]
+        assert got == ([(ids, None, drafts) for ids, _, drafts in reference] if not fates else reference), batch
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "k%d-w%d-n%d" % s)
+def test_greedy_tree_rows_equal_each_prompt_alone(pair, shape):
+    """7 prompts: at B = 3 rows finish and are refilled; at B = 7 ragged max_tokens free rows that
+    then run masked."""
+    engine = tree_engine(pair, shape)
+    check(engine, jobs(engine.profile, 7, sampled=False))
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "k%d-w%d-n%d" % s)
+def test_gumbel_tree_rows_equal_each_prompt_alone(pair, shape):
+    """Each row's own temperature, top-k, top-p, min-p, max_tokens and seed; sampled rows draw
+    their children with their noise rows, the greedy row takes its top-w."""
+    engine = tree_engine(pair, shape, temperature=1.0, coupling="gumbel")
+    work = jobs(engine.profile, 7, sampled=True)
+    check(engine, work)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=lambda s: "k%d-w%d-n%d" % s)
+def test_rejection_tree_rows_equal_each_prompt_alone(pair, shape):
+    """Rejection coupling: sampled rows' drawn children and recursive walks from their own
+    generators, a greedy row's greedy walk, in one batch: each row's tokens and drafts its own."""
+    engine = tree_engine(pair, shape, temperature=1.0, coupling="rejection")
+    work = jobs(engine.profile, 7, sampled=True)
+    check(engine, work, fates=False)
+
+
+def test_rejection_tree_rows_are_seed_stable(pair):
+    """A row's tokens are its seed's wherever it sits: the same prompts in another order and
+    batch size give each prompt the same tokens."""
+    engine = tree_engine(pair, SHAPES[0], temperature=1.0, coupling="rejection")
+    work = jobs(engine.profile, 6, sampled=True)
+    first = [f.token_ids for _, f in engine.batch_decoder(3).run(work)]
+    again = [f.token_ids for _, f in engine.batch_decoder(4).run(work[::-1])]
+    assert again[::-1] == first
+    assert len({tuple(ids) for ids in first}) == len(first)
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(proposer=ProposerSpec(kind="ngram")), "token trees from the draft model only"),
+    (dict(speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
+])
+def test_what_batches_do_not_take_of_trees_is_one_line(pair, change, named):
+    speculation = dict(tree_width=2, tree_nodes=4) | change.pop("speculation", {})
+    with pytest.raises(UsageError) as error:
+        Engine(make_profile(*pair, k=3, speculation=speculation, **change)).batch_decoder(2)
+    assert named in str(error.value) and "\n" not in str(error.value)
