@@ -122,6 +122,8 @@ class Engine:
                            stages=("insight",) * insight)
         shape = replace(shape, **self._tree(profile, kind, k))
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
+        if kind == "ngram" and shape.tree_width > 1:  # a lookup that found nothing: the root alone
+            modes.append(Mode.EMPTY)
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
         if lookup is not None and shape.tree_width > 1:  # ngram, and hybrid's host rounds
