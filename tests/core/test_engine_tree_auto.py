@@ -12,7 +12,7 @@ from specgen.core import measured
 from specgen.core.engine import Engine, device_name, target_only
 from specgen.core.round import Round, TreeRound
 from specgen.core.settings import ProposerSpec, RuntimeSpec
-from tiny_models import build_pair
+from tiny_models import build_pair, head_for
 
 AUTO = dict(tree_width="auto", tree_nodes="auto")
 
@@ -27,14 +27,19 @@ def auto_profile(pair, folder, backend: str = "torch", **speculation):
     return replace(profile, runtime=RuntimeSpec(threads=1, measured=str(folder)))
 
 
-def keep(engine: Engine, folder, tree_tokens: float, alone_ms: float) -> None:
+def keep(engine: Engine, folder, tree_tokens: float, alone_ms: float, proposer: str = "draft",
+         head: str | None = None) -> None:
     """Synthetic bench rows for this engine's pair and device: a chain of k = 3 and a width-2 tree
-    of 5 nodes, equal in cost, the tree accepting `tree_tokens`; target-only at alone_ms a round."""
+    of 5 nodes, equal in cost, the tree accepting `tree_tokens`; target-only at alone_ms a round.
+    proposer, head: whose rows (a head's carry its folder, "-" none at all: kept before they did)."""
     ms = {"draft": 0.2, "verify": 0.3, "sample": 0.05, "other": 0.0, "total": 0.55}
-    result = {"proposer": "draft", "temperature": 0.0, "coupling": None, "k": 3, "mean_accepted_length": 2.0,
+    result = {"proposer": proposer, "temperature": 0.0, "coupling": None, "k": 3, "mean_accepted_length": 2.0,
               "round_ms": ms, "per_position_acceptance": [0.5, 0.3, 0.2], "counts": {"rounds": 40}}
+    if head != "-":
+        result["head"] = head
     profile = engine.profile
-    document = {"created": None, "profile": {"target": profile.target.path, "draft": profile.draft.path},
+    document = {"created": None, "profile": {"target": profile.target.path,
+                                             "draft": profile.draft.path if profile.draft else None},
                 "environment": {"device_name": device_name(engine.pair.device), "dtype": "float32"},
                 "results": [{**result, "tree_width": 1, "tree_nodes": 3},
                             {**result, "tree_width": 2, "tree_nodes": 5, "mean_accepted_length": tree_tokens}],
@@ -89,3 +94,34 @@ def test_auto_is_a_chain_where_trees_cannot_run(pair, tmp_path):
     engine = Engine(profile)
     assert type(engine.decoder().round) is Round
     assert engine.describe()["tree_auto"].startswith("a chain: token trees do not take draft_p_min yet")
+
+
+@pytest.fixture(scope="module")
+def heads(pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree-auto-heads")
+    return head_for(pair[0], root / "head"), head_for(pair[0], root / "other", seed=5)
+
+
+def eagle_profile(pair, folder, head):
+    profile = auto_profile(pair, folder)
+    return replace(profile, draft=None, proposer=ProposerSpec(kind="eagle", head=str(head)))
+
+
+def test_auto_with_a_head_reads_that_heads_tree_rows(pair, heads, tmp_path):
+    """An eagle run's auto reads the rows bench kept for its head: not the draft model's, not
+    another head's, not a head's kept before rows carried one (whose head is unknown)."""
+    head, other = heads
+    engine = Engine(eagle_profile(pair, tmp_path, head))
+    keep(engine, tmp_path, tree_tokens=3.0, alone_ms=0.5, proposer="eagle", head="-")  # kept without a head
+    keep(engine, tmp_path, tree_tokens=3.0, alone_ms=0.5, proposer="draft")
+    nothing = Engine(eagle_profile(pair, tmp_path, head)).describe()["tree_auto"]
+    assert nothing.startswith("nothing measured for target + no draft on ")
+    assert ", EAGLE-3 head head, greedy: a chain" in nothing
+    keep(engine, tmp_path, tree_tokens=2.6, alone_ms=0.5, proposer="eagle", head=str(head))  # the tree wins
+    keep(engine, tmp_path, tree_tokens=2.0, alone_ms=0.5, proposer="eagle", head=str(other))  # the chain does
+    mine, theirs = (Engine(eagle_profile(pair, tmp_path, h)) for h in (head, other))
+    assert (mine.describe()["tree_width"], mine.describe()["tree_nodes"]) == (2, 5)
+    assert mine.describe()["tree_auto"].startswith("a tree of width 2, 5 nodes (bench's measurements, target + "
+                                                   "no draft on ")
+    assert ", EAGLE-3 head head, T=0)" in mine.describe()["tree_auto"]
+    assert theirs.describe()["tree_width"] == 1 and ", EAGLE-3 head other, T=0)" in theirs.describe()["tree_auto"]

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from specgen.core import measured
+from specgen.core.settings import ProposerSpec
 from specgen.core.tree_cost import MARGIN, choose, regime, sibling_share, tree_accepted
 
 
@@ -170,3 +171,47 @@ def test_bench_rows_are_kept_and_merged(tmp_path):
     assert measured.load(str(tmp_path)) == {}
     (tmp_path / measured.FILE).write_text(json.dumps({"format": 99, "pairs": {}}))
     assert measured.load(str(tmp_path)) == {}
+
+
+def test_tree_rows_are_keyed_by_the_head_they_were_measured_with(tmp_path):
+    """A head's rows (eagle, hybrid with eagle) carry its folder: a later bench of another head
+    keeps them, one of the same head replaces them; a run reads target-only's and its own head's
+    rows (none: the rows without a head). Rows kept before rows carried a head read as head-less:
+    the draft model's as before (a new draft bench replaces them), a head's for no head's run."""
+    ms = {"draft": 0.2, "verify": 0.3, "sample": 0.02, "other": 0.03, "total": 0.55}
+    key = measured.pair_key("/m/target", "/m/draft", "GPU X", "bfloat16")
+    old = [{**measured.rows_from_bench(bench_document([result(4, 2, 8, 2.0, ms, REACH)], []))[1][0], "proposer": p}
+           for p in ("draft", "eagle")]
+    for r in old:
+        del r["head"]  # as kept before rows carried a head
+    (tmp_path / measured.FILE).write_text(json.dumps({"format": measured.FORMAT, "pairs": {key: old}}))
+    base = {"method": "target-only", "temperature": 0.0, "coupling": None, "available": True, "rounds": 99,
+            "round_ms": {"draft": 0.0, "verify": 0.3, "sample": 0.01, "other": 0.02, "total": 0.33}}
+
+    def eagle(tokens: float, head: str, proposer: str = "eagle") -> dict:
+        return {**result(4, 2, 8, tokens, ms, REACH), "proposer": proposer, "head": head}
+
+    measured.save(str(tmp_path), bench_document([eagle(3.0, "/h/a"), eagle(3.3, "/h/a", "hybrid")], [base]))
+    measured.save(str(tmp_path), bench_document([eagle(2.5, "/h/b")], []))
+    measured.save(str(tmp_path), bench_document([eagle(3.1, "/h/a")], []))  # head a's again: replaces its own
+    rows = measured.load(str(tmp_path))[key]
+
+    def seen(head):
+        return sorted((r["proposer"], r.get("head"), r["tokens_per_round"]) for r in measured.tree_rows(rows, head))
+
+    assert seen("/h/a") == [("eagle", "/h/a", 3.1), ("hybrid", "/h/a", 3.3), ("none", None, 1.0)]
+    assert seen("/h/b") == [("eagle", "/h/b", 2.5), ("none", None, 1.0)]
+    assert seen(None) == [("draft", None, 2.0), ("eagle", None, 2.0), ("none", None, 1.0)]
+    assert regime(measured.tree_rows(rows, "/h/c"), 0.0, "rejection", "eagle") == [r for r in rows
+                                                                                 if r["proposer"] == "none"]
+    measured.save(str(tmp_path), bench_document([result(4, 2, 8, 2.2, ms, REACH)], []))  # the draft model's again
+    rows = measured.load(str(tmp_path))[key]
+    assert sorted(r["tokens_per_round"] for r in rows if r["proposer"] == "draft") == [2.2]
+
+
+def test_the_head_a_run_drafts_with():
+    """Bench writes it into each result and auto reads its rows: eagle's, and hybrid's with eagle."""
+    spec = ProposerSpec(kind="hybrid", head="/h/a", hybrid_with="eagle")
+    assert [measured.drafting_head(spec, kind) for kind in ("eagle", "hybrid", "draft", "ngram", "none")] == \
+        ["/h/a", "/h/a", None, None, None]
+    assert measured.drafting_head(ProposerSpec(kind="hybrid", head="/h/a"), "hybrid") is None  # with the draft

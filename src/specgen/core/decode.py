@@ -79,7 +79,9 @@ class _Run:
 
 class Decoder:
     """Runs requests through one Round. lookup: the n-gram proposer (ngram and hybrid): a round
-    whose context matches drafts on the host, others on the draft model (if there is one)."""
+    whose context matches drafts on the host, others on the draft model (if there is one), or
+    where the round has one (Mode.EMPTY: the ngram proposer's tree round), on its program that
+    steps the target over the root alone."""
 
     def __init__(self, rnd: Round, programs: dict[Mode, Program], tokenizer, setup: DecodeSetup,
                  lookup: NgramProposer | None = None, adaptive_k: bool = False, backend=None):
@@ -268,11 +270,13 @@ class Decoder:
             host = self.lookup.lookup(budget)
             if host or mode is Mode.HOST:
                 mode = Mode.HOST
+        if mode is Mode.HOST and not host and Mode.EMPTY in self.programs:
+            mode = Mode.EMPTY  # nothing found: the program over the root alone, which has no drafts to set
         if mode is Mode.HOST:
             rnd.set_host_drafts(host or [])
-        elif budget is not None:
+        elif mode is Mode.MODEL and budget is not None:
             rnd.set_budget(budget)
-        self.proposer_rounds["ngram" if mode is Mode.HOST else "draft"] += 1
+        self.proposer_rounds["draft" if mode is Mode.MODEL else "ngram"] += 1
         clock = self.clocks[slot]
         self.programs[mode].launch(clock, slot)
         self.host_ids[slot].copy_(rnd.stage_ids, non_blocking=True)
@@ -288,7 +292,7 @@ class Decoder:
         values, floats = self.host_ids[launched.slot].tolist(), self.host_f[launched.slot].tolist()
         ids, drafted, n, taken = rnd.read_ids(values)
         p, q, entropy = rnd.read_floats(floats, launched.mode)
-        return ids, drafted, n, taken, p, q, entropy, rnd.read_ranks(values), rnd.read_tree(floats)
+        return ids, drafted, n, taken, p, q, entropy, rnd.read_ranks(values), rnd.read_tree(floats, launched.mode)
 
     def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int) -> None:
         """Host proposers and adaptive k learn the round's verdict before the next round."""

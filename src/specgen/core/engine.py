@@ -123,6 +123,8 @@ class Engine:
                            stages=("insight",) * insight)
         shape = replace(shape, **self._tree(profile, kind, k))
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
+        if kind == "ngram" and shape.tree_width > 1:  # a lookup that found nothing: the root alone
+            modes.append(Mode.EMPTY)
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
         if lookup is not None and shape.tree_width > 1:  # ngram, and hybrid's host rounds
@@ -211,7 +213,7 @@ class Engine:
         if kind != "none" and not any(r["k"] for r in rows):  # target-only rows alone: nothing of this proposer's
             rows = []
         pair = measured.describe_key(key) + (f", EAGLE-3 head {measured.describe_head(head)}" if head else "")
-        if not rows:
+        if all(row["proposer"] == "none" for row in rows):  # target-only's alone: nothing of this proposer's
             sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
             where = f" for {pair}, {sweep}"
         else:
@@ -288,13 +290,16 @@ class Engine:
         folder = profile.runtime.measured
         if folder not in self._measured:
             self._measured[folder] = measured.load(folder).get(key, [])
-        rows = regime(self._measured[folder], sampling.temperature, sampling.coupling, kind)
-        if not rows:
+        head = measured.drafting_head(profile.proposer, kind)  # a head's rows stand for that head only
+        kept = measured.tree_rows(self._measured[folder], head)
+        rows = regime(kept, sampling.temperature, sampling.coupling, kind)
+        pair = measured.describe_key(key) + (f", EAGLE-3 head {measured.describe_head(head)}" if head else "")
+        if all(row["proposer"] == "none" for row in rows):  # target-only's alone: nothing of this proposer's
             sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
-            where = f" for {measured.describe_key(key)}, {sweep}"
+            where = f" for {pair}, {sweep}"
         else:
             at = rows[0]["temperature"]
-            where = f" (bench's measurements, {measured.describe_key(key)}, T={at:g})"
+            where = f" (bench's measurements, {pair}, T={at:g})"
         return choose(k, width, spec.tree_nodes, rows, where)
 
     def _tree(self, profile: Profile, kind: str, k: int) -> dict:

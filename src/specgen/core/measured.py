@@ -5,9 +5,15 @@ After a complete sweep, bench writes its rows here (cli/bench.py): per pair (tar
 dtype), one row per method it ran, target-only included (k 0), each with its sampling regime
 (temperature, coupling), its shape (k, tree_width, tree_nodes), the round's phases in ms per round,
 its wall ms per round (tokens per round over the decode rate), tokens per round, per-position
-acceptance and the rounds these came from. A later bench of the same
-pair replaces the rows of the methods it ran again and keeps the others. core/tree_cost.py chooses
-a shape from them; a run with nothing measured for its pair resolves auto to a chain.
+acceptance and the rounds these came from; a row whose proposer drafts with an EAGLE-3 head
+(eagle, or hybrid with hybrid_with eagle) carries the head's folder in `head` (null otherwise),
+which identifies it as its proposer does: a head's rows stand for that head only. A later bench of
+the same pair replaces the rows of the methods it ran again and keeps the others. core/tree_cost.py
+chooses a shape from them; a run with nothing measured for its pair resolves auto to a chain.
+Rows kept before rows carried a head have none: the draft model's, prompt lookup's and
+target-only's read as before (they never had one), a head's (eagle, or hybrid: which model it
+drafted with is unknown) are another head's for all a run can tell, so a run whose proposer
+drafts with a head reads none of them (`tree_rows`); a bench of that head measures its own.
 
 After a complete batch bench (`specgen bench --batch-size`) its rows go into the same file, under
 `batches` beside `pairs`, keyed by the same pair: one row per (batch size, k) at its sampling
@@ -33,7 +39,7 @@ from pathlib import Path
 
 FILE = "measured.json"
 FORMAT = 1
-SHAPE = ("proposer", "temperature", "coupling", "k", "tree_width", "tree_nodes")  # what identifies a row
+SHAPE = ("proposer", "head", "temperature", "coupling", "k", "tree_width", "tree_nodes")  # what identifies a row
 BATCH_SHAPE = ("proposer", "head", "temperature", "coupling", "batch_size", "k")  # what identifies a batch row
 
 
@@ -71,7 +77,7 @@ def rows_from_bench(document: dict) -> tuple[str, list[dict]]:
     when = document.get("created")
     rows = []
     for result in document["results"]:
-        rows.append({"proposer": result["proposer"], "temperature": result["temperature"],
+        rows.append({"proposer": result["proposer"], "head": result.get("head"), "temperature": result["temperature"],
                      "coupling": result.get("coupling"), "k": result["k"],
                      "tree_width": result.get("tree_width", 1), "tree_nodes": result.get("tree_nodes", result["k"]),
                      "tokens_per_round": result["mean_accepted_length"], "round_ms": result["round_ms"],
@@ -80,7 +86,8 @@ def rows_from_bench(document: dict) -> tuple[str, list[dict]]:
                      "wall_ms": _wall_ms(result["mean_accepted_length"], result.get("decode_tokens_per_second"))})
     for base in document["baselines"]:
         if base["method"] == "target-only" and base.get("available") and base.get("round_ms"):
-            rows.append({"proposer": "none", "temperature": base["temperature"], "coupling": base.get("coupling"),
+            rows.append({"proposer": "none", "head": None, "temperature": base["temperature"],
+                         "coupling": base.get("coupling"),
                          "k": 0, "tree_width": 1, "tree_nodes": 0, "tokens_per_round": 1.0,
                          "round_ms": base["round_ms"], "per_position_acceptance": [],
                          "rounds": base.get("rounds"), "created": when,
@@ -152,6 +159,21 @@ def batch_rows(rows: list[dict], proposer: str, head: str | None = None) -> list
     """The batch rows a run of `proposer` reads: its proposer's and target-only's (tree_cost.regime
     keeps those), an EAGLE-3 head's only where they are this `head`'s."""
     return [row for row in rows if row["proposer"] != "eagle" or (proposer == "eagle" and row.get("head") == head)]
+
+
+def drafting_head(proposer, kind: str) -> str | None:
+    """The EAGLE-3 head folder a run of `kind` drafts with (proposer: the profile's ProposerSpec):
+    its `head` where kind drafts with one (eagle, or hybrid with hybrid_with eagle), else None.
+    Bench writes it into each result (`head`), auto reads the rows of it (tree_rows)."""
+    return proposer.head if proposer.drafter(kind) == "eagle" else None
+
+
+def tree_rows(rows: list[dict], head: str | None) -> list[dict]:
+    """The rows (`pairs`) a run drafting with `head` (drafting_head; None: no head) reads:
+    target-only's, and those measured with that head, or with none where it drafts with none. A
+    row kept without a head (before rows carried one) has head None: a head's run reads none of
+    them, another proposer's reads them as before."""
+    return [row for row in rows if row["proposer"] == "none" or row.get("head") == head]
 
 
 def save(folder: str, document: dict) -> tuple[Path, int]:

@@ -1,7 +1,9 @@
 """Tree rounds drafted by prompt lookup (core/round/host_tree.py): the ngram proposer's trie verified in
 one target step, on tiny fp32 models. Greedy and Gumbel-coupled trees give target-only's tokens;
-sampled rejection coupling is seed-stable; the target's cache holds a chain's after the run; and a
-prompt whose suffix has two continuations accepts more per round with the tree than with the chain."""
+sampled rejection coupling is seed-stable; the target's cache holds a chain's after the run; a
+prompt whose suffix has two continuations accepts more per round with the tree than with the
+chain; and a round whose lookup found nothing runs the round's empty program (Mode.EMPTY: the
+target over the root alone), with the tokens and insight of the lookup tree's program."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_helpers import assert_first_two_follow_p, finish, make_profile, next_token_probs, warped_next
+from decode_helpers import (assert_first_two_follow_p, finish, make_profile, next_token_probs, random_prompts,
+                            warped_next)
+from specgen.core.decode import Decoder
 from specgen.core.engine import Engine, target_only
 from specgen.core.round import Mode, Round, TreeRound
 from specgen.core.round.host_tree import HostTree
@@ -58,7 +62,7 @@ def check_identity(target, **sampling) -> int:
         for prompt, want in zip(prompts, reference):
             decoder = engine.decoder(profile)
             assert isinstance(decoder.round, TreeRound) and isinstance(decoder.round.drafter, HostTree)
-            assert set(decoder.programs) == {Mode.HOST} and isinstance(decoder.lookup, TreeLookup)
+            assert set(decoder.programs) == {Mode.HOST, Mode.EMPTY} and isinstance(decoder.lookup, TreeLookup)
             done = finish(decoder, prompt)
             assert done.token_ids == want, (shape, prompt)
             assert decoder.proposer_rounds == {"ngram": done.stats.rounds, "draft": 0}
@@ -157,6 +161,109 @@ def test_a_fresh_host_tree_is_the_empty_tree(target):
     assert isinstance(drafter, HostTree)
     assert torch.equal(drafter.staged, drafter.pack([]).to(drafter.staged.device))
     assert int(drafter.depth.min()) >= 1 and int(drafter.budget) == 0
+
+
+class Spied:
+    """A decoder's launches, each with the modes it ran and the rows of the target's tree steps."""
+
+    def __init__(self, engine, decoder):
+        self.launched, self.rows = [], []
+        for mode, program in decoder.programs.items():
+            def launch(clock, slot=0, _launch=program.launch, _mode=mode):
+                self.launched.append(_mode)
+                return _launch(clock, slot)
+            program.launch = launch
+        runner, step_rows = engine.target_runner, engine.target_runner.step_rows
+        runner.step_rows = lambda rows, logits: (self.rows.append(rows.count), step_rows(rows, logits))[1]
+
+
+def same_floats(a, b) -> bool:
+    """Equal ids and structure, floats within float32 rounding of each other (grown over a run)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_floats(a[key], b[key]) for key in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_floats(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return a == pytest.approx(b, rel=2e-3, abs=1e-5)
+    return a == b
+
+
+def mixed_prompts(vocab: int) -> list[list[int]]:
+    """Prompts whose rounds' lookups find continuations, and random ones whose lookups mostly don't."""
+    return repetitive_prompts(3, vocab, seed=11) + random_prompts(vocab, 3, seed=11)
+
+
+SAMPLINGS = [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=7),
+             dict(temperature=0.8, top_k=40, seed=3), dict(temperature=0.8, top_k=40, seed=3, repetition_penalty=1.3, logprobs=2)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "gumbel", "rejection", "penalties"])
+def test_an_empty_lookup_round_steps_the_target_over_the_root_alone(target, sampling):
+    """A round whose lookup found nothing runs the empty program, whose target step is one row (a
+    lookup tree's round steps over the root and its n rows, padding included); its event emits
+    one token and drafts nothing. The tokens, every event's fates and drafts, and with insight the
+    trees (the root alone), are those of a decoder without the empty program (the lookup tree's
+    program over an empty tree, the padding rows stepped): the same walk from the same numbers,
+    over the root's logits from a step of one row rather than n + 1 (equal to float rounding)."""
+    k, w, n = 4, 3, 12
+    engine = Engine(lookup_profile(target, k, w, n, **sampling))
+    decoder = engine.decoder(insight=True)
+    rnd = decoder.round
+    assert set(decoder.programs) == {Mode.HOST, Mode.EMPTY} and rnd.drafters[Mode.EMPTY].tree.n == 0
+    # the same round, its lookup tree's program alone (as before Mode.EMPTY)
+    full = Decoder(rnd, {Mode.HOST: decoder.programs[Mode.HOST]}, engine.tokenizer, decoder.setup,
+                   TreeLookup(1, 3, w, n))
+    spy = Spied(engine, decoder)
+    modes = set()
+    for prompt in mixed_prompts(engine.pair.vocab_size):
+        spy.launched.clear(), spy.rows.clear()
+        events = list(decoder.run(prompt))
+        rounds = events[:-1]
+        assert len(spy.launched) == len(spy.rows) == len(rounds)
+        for mode, rows, event in zip(spy.launched, spy.rows, rounds):
+            assert rows == (1 if mode is Mode.EMPTY else n + 1)
+            if mode is Mode.EMPTY:
+                assert event.num_drafted == 0 and len(event.token_ids) == 1 and event.drafted_ids == []
+                assert event.tree.tokens == [event.tree.tokens[0]] and event.tree.path == []
+        modes.update(spy.launched)
+        assert decoder.proposer_rounds == {"ngram": len(rounds), "draft": 0}
+        spy.launched.clear()
+        before = list(full.run(prompt))
+        assert Mode.EMPTY not in spy.launched and len(before) == len(events)
+        assert before[-1].token_ids == events[-1].token_ids
+        for old, new in zip(before[:-1], rounds):
+            for field in ("token_ids", "fates", "drafted_ids", "ranks"):
+                assert getattr(old, field) == getattr(new, field), field
+            # the root's logits (and K/V) from a step of one row or of n + 1: equal to float rounding
+            for field in ("draft_q", "target_p", "target_entropy", "logprobs"):
+                assert same_floats(getattr(old, field), getattr(new, field)), field
+            assert same_floats(old.tree.as_dict(), new.tree.as_dict())
+    assert modes == {Mode.HOST, Mode.EMPTY}  # both kinds of round ran
+
+
+def test_a_chain_ngram_round_has_no_empty_program(target):
+    """Only the ngram proposer's tree rounds have one: a chain's ngram round keeps its one program
+    (a hybrid tree round whose lookup finds nothing is the model's: test_hybrid_tree_round.py)."""
+    engine = Engine(lookup_profile(target, 3, 1, 0))
+    decoder = engine.decoder()
+    assert type(decoder.round) is Round and set(decoder.programs) == {Mode.HOST}
+    assert Mode.EMPTY not in decoder.round.drafters
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_empty_lookup_round_is_captured(target):
+    """On a GPU the empty program is a captured program of its own (the root's one-row target
+    step inside it), which the rounds whose lookups find nothing replay: target-only's tokens."""
+    engine = Engine(lookup_profile(target, 4, 3, 12, backend="cuda"))
+    decoder = engine.decoder()
+    program = decoder.programs[Mode.EMPTY]
+    assert program.eager is None and program.graphs and program is not decoder.programs[Mode.HOST]
+    spy = Spied(engine, decoder)
+    for prompt in mixed_prompts(engine.pair.vocab_size):
+        want = finish(engine.decoder(target_only(engine.profile)), prompt).token_ids
+        assert finish(decoder, prompt).token_ids == want
+    assert Mode.EMPTY in spy.launched and Mode.HOST in spy.launched
+    assert program.eager is None and program.graphs  # replayed, never fallen back to eager
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

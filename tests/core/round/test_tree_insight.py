@@ -50,17 +50,22 @@ class Snapshots:
 
     def __init__(self, rnd: TreeRound):
         self.rnd, self.rounds = rnd, []
-        stage = rnd.stage.stage
+        # every envelope's stage: the ngram proposer's empty rounds stage the root alone
+        for env in {id(env): env for env in rnd.envelopes.values()}.values():
+            self._hook(env)
+
+    def _hook(self, env) -> None:
+        stage = env.stage.stage
 
         def recorded(out, path, taken, ranks, penalties, bad, one_hot):
-            tree = rnd.tree
+            tree = env.tree
             self.rounds.append(dict(ids=tree.ids[0].clone(), parents=tree.parents.clone(),
                                     children=tree.children.clone(), depth=tree.depth[0].clone(),
-                                    path=path.clone(), logits=rnd.tree_logits.clone(),
+                                    path=path.clone(), logits=env.logits.clone(), params=env.params,
                                     scores=tree.scores.clone(), row_of=tree.row_of.clone()))
             stage(out, path, taken, ranks, penalties, bad, one_hot)
 
-        rnd.stage.stage = recorded
+        env.stage.stage = recorded
 
 
 def kept_rows(snap: dict) -> list[int]:
@@ -78,7 +83,10 @@ def test_the_staged_tree_is_the_trees_buffers(pair, case):
     rnd = decoder.round
     snaps = Snapshots(rnd)
     checked = 0
-    prompts = random_prompts(200, 3, seed=3) if case != "ngram" else [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]] * 2
+    # ngram: lookups that find trees, and (the random prompt) rounds whose lookups find nothing
+    prompts = random_prompts(200, 3, seed=3) if case != "ngram" else [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]] * 2 + \
+        random_prompts(200, 1, seed=3)
+    empty = 0
     for prompt in prompts:
         snaps.rounds.clear()
         events = list(decoder.run(prompt))[:-1]
@@ -101,7 +109,7 @@ def test_the_staged_tree_is_the_trees_buffers(pair, case):
             assert [view.tokens[r] for r in view.path] == event.token_ids[:accepted]
             assert event.ranks == [view.ranks[r] for r in view.path] + ([view.taken[3]] if view.taken else [])
             # p: the target's (greedy: its softmax) at the parent row; q: the draft's, 1 for the host's
-            probs = logprobs_from_logits(snap["logits"], rnd.params).exp()
+            probs = logprobs_from_logits(snap["logits"], snap["params"]).exp()
             for i, r in enumerate(rows[1:], start=1):
                 parent = snap["parents"][r].item()
                 assert view.p[i] == pytest.approx(probs[parent, view.tokens[i]].item(), rel=1e-4, abs=1e-6)
@@ -122,7 +130,8 @@ def test_the_staged_tree_is_the_trees_buffers(pair, case):
             assert event.target_p == p
             assert len(event.draft_q) == len(event.target_entropy) == event.num_drafted
             checked += 1
-    assert checked
+            empty += snap["ids"].shape[0] == 1  # an empty lookup's round: the root alone (Mode.EMPTY)
+    assert checked and (empty > 0) == (case == "ngram")
 
 
 def test_a_draw_taken_outside_the_tree_is_staged_with_its_sibling_index(pair):
@@ -220,19 +229,22 @@ def test_a_chain_has_no_tree_report(pair):
 
 
 @CUDA
-@pytest.mark.parametrize("case", ["greedy", "drawn", "gumbel"])
+@pytest.mark.parametrize("case", ["greedy", "drawn", "gumbel", "ngram"])
 def test_captured_tree_rounds_with_insight_stage_what_eager_ones_do(pair, case):
     """The tree round with its insight stage captured as CUDA graphs, against the same round's body
-    run eagerly (same Round, buffers and draws): the same tokens, branches and staged trees."""
+    run eagerly (same Round, buffers and draws): the same tokens, branches and staged trees (ngram:
+    the lookup's trees, and the empty program's root where a lookup finds nothing)."""
     from specgen.core.backend import EagerProgram
 
-    engine = Engine(tree_profile(pair, 3, 3, 7, backend="cuda", max_tokens=24, **SAMPLINGS[case]))
+    proposer = ProposerSpec(kind="ngram") if case == "ngram" else None
+    sampling = SAMPLINGS["greedy" if case == "ngram" else case]
+    engine = Engine(tree_profile(pair, 3, 3, 7, backend="cuda", proposer=proposer, max_tokens=24, **sampling))
     decoder = engine.decoder(insight=True)
     assert all(getattr(p, "eager", None) is None and p.graphs for p in decoder.programs.values())
     twin = engine.decoder(insight=True)
     rnd = twin.round
     twin.programs = {mode: EagerProgram(lambda mark, mode=mode: rnd.body(mode, mark)) for mode in twin.programs}
-    for prompt in random_prompts(200, 3, seed=4):
+    for prompt in random_prompts(200, 3, seed=4) + [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]]:
         got, want = list(decoder.run(prompt))[:-1], list(twin.run(prompt))[:-1]
         assert len(got) == len(want)
         for a, b in zip(got, want):

@@ -138,6 +138,32 @@ def test_taken_draws_on_the_triton_round_ops_are_the_torch_tables(pair):
     assert any(e.fates[-1] == Fate.ACCEPTED for e in want[:-1]), "no round ended on a taken draw"
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, test_lookup_tree_round.py captures the programs")
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.8, top_k=40, seed=3)], ids=["greedy", "rejection"])
+def test_empty_lookup_rounds_on_the_triton_tables_are_the_torch_tables(pair, sampling):
+    """The ngram proposer's tree rounds on the GPU's tables in the interpreter (the target's step
+    kernels, the round's Triton warp and walk), its empty program's one-row step and walk over the
+    root alone among them: the events of the torch tables."""
+    from gpu_helpers import KernelRunners, kernels
+    from specgen.core.round import Mode
+    from specgen.gpu.round_ops import TritonRoundOps
+    from specgen.gpu.workspace import Workspace
+
+    profile = make_profile(pair[0], None, k=3, proposer=ProposerSpec(kind="ngram", ngram_min=1, ngram_max=3),
+                           speculation=dict(tree_width=2, tree_nodes=5), max_tokens=8, **sampling)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6] + random_prompts(200, 1, seed=4)[0]
+    want = list(Engine(profile).decoder().run(prompt))
+    backend = KernelRunners(kernels(attention=True, rope=True))
+    backend.ops = TritonRoundOps(Workspace(backend.device))
+    decoder = Engine(profile, backend=backend).decoder()
+    assert Mode.EMPTY in decoder.programs and decoder.round.ops is backend.ops
+    got = list(decoder.run(prompt))
+    assert [(e.token_ids, e.fates, e.drafted_ids) for e in got[:-1]] == \
+        [(e.token_ids, e.fates, e.drafted_ids) for e in want[:-1]]
+    assert {e.num_drafted == 0 for e in want[:-1]} == {True, False}  # empty lookups and trees both ran
+
+
 def test_tree_rows_count_each_paths_drafts_and_mask_by_depth():
     """Row r's penalty counts are a chain's after the drafts on r's path (its ancestors below the
     root, then r), and min_tokens masks the stop ids in rows of depth < min_tokens - generated."""

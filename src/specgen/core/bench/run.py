@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 
+from specgen.core import measured
 from specgen.core.bench import floors
 from specgen.core.bench.bench_plan import BASELINES, HF_BASELINES, Plan  # noqa: F401 - BASELINES is part of this API
 from specgen.core.engine import Engine, target_only, tree_shape
@@ -361,11 +362,14 @@ class Bench:
             row["mean_accepted_length"] = samples[i].stats.mean_accepted_length
             row["speedup"] = {name: _ratio(samples[i], available[name][i]) if name in available else None
                               for name in self.plan.baselines}
+        settings = self._settings_for(k, temperature, coupling, proposer, tree)
         result = {
             "proposer": proposer,
+            # the EAGLE-3 head it drafted with (eagle; hybrid with eagle), which keys its measured rows
+            "head": measured.drafting_head(settings.proposer, proposer),
             "k": k,
             # the shape that ran: tree_width / tree_nodes auto as the engine resolved them, and why
-            **self.engine.tree_report(self._settings_for(k, temperature, coupling, proposer, tree)),
+            **self.engine.tree_report(settings),
             "temperature": temperature,
             **_speed(samples),
             "speedup": {name: (summarise([r["speedup"][name] for r in rows]) if name in available else None)

@@ -20,7 +20,11 @@ body: it is idempotent).
 The envelope is static: a lookup's m <= n nodes fill rows 1 .. m; rows m + 1 .. n are padding, a
 child of the root with token 0 that no children table names, so no walk ever follows one. A
 padding row costs its row in the target's step and nothing else (its key and value land past the
-accepted path, which the commit's compaction overwrites or leaves behind the position).
+accepted path, which the commit's compaction overwrites or leaves behind the position). A lookup
+that found nothing would be n padding rows: the ngram proposer's round runs its empty program
+then (Mode.EMPTY, core/round/tree_round.py), a HostTree of its own over a tree of the root alone,
+packed once, so the target steps over one row as target-only's does (the hybrid proposer's round
+is its model's tree then).
 
 The children are a deterministic function of the committed sequence, so q is one-hot: greedy and
 Gumbel coupling follow the target's token, rejection coupling walks the siblings

@@ -43,6 +43,9 @@ from specgen.core.settings import SamplingSpec
 class Mode(enum.Enum):
     MODEL = "model"  # the device drafter drafts (the draft model or a head)
     HOST = "host"  # the host wrote the drafts (n-gram); q is one-hot
+    # the host's lookup found nothing: a tree round's program over the root alone, where a
+    # lookup tree's program would step the target over n padding rows (core/round/tree_round.py)
+    EMPTY = "empty"
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ class Round(Shared):
         """A tree round's accepted nodes' sibling indices (core/round/tree_round.py); a chain has none."""
         return None
 
-    def read_tree(self, floats: list[float]):
+    def read_tree(self, floats: list[float], mode: Mode = Mode.MODEL):
         """A tree round's tree with insight (core/round/tree_stage.py's TreeView); a chain has none."""
         return None
 

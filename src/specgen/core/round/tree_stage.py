@@ -108,13 +108,18 @@ class TreeInsight(NoTreeStage):
 
     staged = True
 
-    def __init__(self, rnd, tree: Tree):
+    def __init__(self, rnd, env, out: torch.Tensor | None = None):
+        """env: the round's envelope (core/round/tree_round.py: its tree, the target's rows of
+        logits over it and their warp's parameters). out: a larger float32 buffer whose first
+        floats this stage writes (an empty round's, in its full tree's: the host copies one
+        buffer, whichever program ran); None: its own."""
         if rnd.width > EXACT:
             raise ValueError(f"tree insight stages token ids as float32, exact below {EXACT}, not {rnd.width}")
-        self.rnd, self.tree = rnd, tree
-        n, k = tree.n, rnd.k
+        self.rnd, self.env, self.tree = rnd, env, env.tree
+        n, k = self.tree.n, rnd.k
         self.sizes = [n + 1] * 7 + [k, 4]
-        self.out = torch.zeros(sum(self.sizes), dtype=torch.float32, device=rnd.device)
+        size = sum(self.sizes)
+        self.out = torch.zeros(size, dtype=torch.float32, device=rnd.device) if out is None else out[:size]
         self.rows = torch.arange(n + 1, device=rnd.device)
 
     def stage(self, out: torch.Tensor, path: torch.Tensor, taken: torch.Tensor, ranks: torch.Tensor,
@@ -128,9 +133,10 @@ class TreeInsight(NoTreeStage):
         kids = tree.children.index_select(0, up)  # [n+1, w]: each row's parent's children, by rank
         mine = (kids == self.rows[:, None]) & (parents >= 0)[:, None]
         rank = torch.where(mine.any(1), mine.int().argmax(1), -1)
-        _, probs = rnd.ops.warp(rnd.tree_logits, rnd.params, penalties, bad)
+        logits, params = self.env.logits, self.env.params
+        _, probs = rnd.ops.warp(logits, params, penalties, bad)
         if probs is None:  # greedy: the softmax of the penalised logits, as the chain's insight
-            probs = logprobs_from_logits(rnd.tree_logits, rnd.params, penalties, bad).exp()
+            probs = logprobs_from_logits(logits, params, penalties, bad).exp()
         p = probs[up, ids]
         q = torch.ones_like(p) if one_hot else self._q(up)
         entropy = torch.special.entr(probs).sum(-1)
