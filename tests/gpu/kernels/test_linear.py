@@ -299,34 +299,3 @@ def test_captured_graphs_with_kernel_match_eager(dtype, split_k, monkeypatch):
     if split_k:
         counters = fast.ops.counters  # split-K's arrival counters by device
         assert counters and all(int(c.abs().sum()) == 0 for c in counters.values())
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_per_matrix_vector_program_never_change_a_rows_bits(dtype, monkeypatch):
-    """gemv_rows only says which program computes a row: every split of a batch's rows over
-    programs gives each row the bits of that row alone (plain, gate_up, with bias and residual)."""
-    gemv = PATHS["gemv"]
-    for rows, n, k, bias in [(13, 24, 200, True), (8, 40, 256, False)]:
-        x, w, u, b = _data(rows, n, k, dtype, seed=11)
-        residual = torch.randn(rows, n, generator=torch.Generator().manual_seed(5)).to(dtype).to(DEVICE)
-        alone = [L.linear(x[r:r + 1], w, b if bias else None, gemv) for r in range(rows)]
-        outs = []
-        for per in (1, 3, 8):
-            monkeypatch.setattr(L, "gemv_rows", lambda rows, columns, device, per=per: per)
-            outs.append((L.linear(x, w, b if bias else None, gemv),
-                         L.gate_up(x, w, u, "silu", gemv),
-                         L.linear(x, w, None, gemv, residual=residual)))
-        for got in outs:
-            assert torch.equal(got[0], torch.cat(alone))
-            assert all(torch.equal(a, b) for a, b in zip(got, outs[0]))
-
-
-def test_rows_per_program_spread_a_batch_where_columns_leave_sms_idle():
-    """Many column blocks keep GEMV_ROWS rows a program; few spread the rows, never below one."""
-    cpu = torch.device("cpu")
-    wanted = L.PROGRAMS_PER_SM * L.CPU_SMS
-    assert L.gemv_rows(5, wanted, cpu) == L.GEMV_ROWS  # an 8B projection's columns fill the GPU
-    assert L.gemv_rows(8, 48, cpu) == 2  # 384 row-columns over 264 programs
-    assert L.gemv_rows(1, 48, cpu) == 1
-    assert L.gemv_rows(96, 48, cpu) == L.GEMV_ROWS  # 12 groups x 48 columns: enough programs at 8
-    assert L.gemv_rows(40, 10, cpu) == 2

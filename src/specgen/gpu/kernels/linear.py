@@ -59,10 +59,6 @@ ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_a
 # Rows one matrix-vector program computes one after another (its weights loaded once from memory):
 # a verification's k + 1 rows in one program per column block, a prefill chunk in a few.
 GEMV_ROWS = 8
-# Programs a matrix-vector launch aims for per SM before it gives a program several rows (gemv_rows).
-PROGRAMS_PER_SM = 2
-CPU_SMS = 132  # the interpreter has no SMs: an H100's / H200's count, so CPU tests take the GPU's split
-_sms: dict[torch.device, int] = {}
 # sm_90's shared memory a block may take (227 KiB): the table's configurations are tuned for 16-bit
 # weights; a float32 model's tiles are twice as large and may need fewer pipeline stages to fit.
 SHARED_BYTES = 232448
@@ -102,22 +98,6 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual
     return run(x, weight, up, bias, act, config, counters, residual, dependent)
 
 
-def gemv_rows(rows: int, columns: int, device: torch.device) -> int:
-    """Rows per matrix-vector program. Which program computes a row never changes its bits (every
-    row runs the same code: see _gemv_kernel), so this follows the GPU alone: GEMV_ROWS a program
-    where the column blocks already give every SM PROGRAMS_PER_SM programs; else fewer, so that a
-    batch's rows (B x (k + 1) of them) spread over programs running side by side instead of queueing
-    one after another in one program per column block (8 rows of a small model's projections took
-    8 µs a launch on an H200 that way, where one row takes 2.6)."""
-    if device not in _sms:
-        _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count \
-            if device.type == "cuda" else CPU_SMS
-    wanted = PROGRAMS_PER_SM * _sms[device]
-    if columns * triton.cdiv(rows, GEMV_ROWS) >= wanted:
-        return GEMV_ROWS
-    return max(1, min(GEMV_ROWS, triton.cdiv(rows * columns, wanted)))
-
-
 def fitting_stages(stages: int, block_n: int, block_k: int, gated: bool, itemsize: int) -> int:
     """Pipeline stages that fit SHARED_BYTES: Triton keeps stages - 1 tiles of x (DOT_ROWS rows) and
     of the weight(s) in shared memory. Stages change when tiles load, never what is summed."""
@@ -151,14 +131,13 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent):
     assert second.shape == weight.shape and second.stride() == weight.stride()
     if not dot:
         assert not rest or rest[0] == 1, f"{config}: matrix-vector configurations do not split K"
-        per = gemv_rows(rows, triton.cdiv(n, block_n), x.device)
-        groups = triton.cdiv(rows, per)
+        groups = triton.cdiv(rows, GEMV_ROWS)
         _gemv_kernel[(triton.cdiv(n, block_n) * groups,)](
             x2, weight, second, bias if bias is not None else weight, residual if residual is not None else out, out,
             rows, n, k, groups, x2.stride(0), weight.stride(0), out.stride(0),
             residual.stride(0) if residual is not None else 0,
             HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0,
-            BLOCK_N=block_n, BLOCK_K=block_k, PIECES=triton.cdiv(k, block_k), ROWS=per, DEPENDENT=dependent,
+            BLOCK_N=block_n, BLOCK_K=block_k, PIECES=triton.cdiv(k, block_k), ROWS=GEMV_ROWS, DEPENDENT=dependent,
             num_warps=warps, num_stages=1, **launch_options(dependent),
         )
         return out.reshape(*lead, n)
@@ -291,7 +270,7 @@ def _gemv_kernel(
     out_ptr,  # [M, N]
     M, N, K, groups, sxm, swn, som, srm,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIECES: tl.constexpr, ROWS, DEPENDENT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Program c * groups + g computes out[r, c * BLOCK_N : (c + 1) * BLOCK_N] for the rows r of group
     g (ROWS of them), one row after another, each by the same code: the K pieces' products summed
