@@ -112,15 +112,21 @@ def assert_first_two_follow_p(engine, profile, prompt: list[int], model, runs: i
     target's warped p, and of the next after the most common first (over 100 samples), at α = 1e-4."""
     from dataclasses import replace
 
-    from scipy.stats import chisquare
-
     outputs = []
     for seed in range(runs):
         seeded = replace(profile, sampling=replace(profile.sampling, seed=seed))
         outputs.append(finish(engine.decoder(seeded), prompt).token_ids)
+    assert_first_two_tokens_follow_p(outputs, model, prompt, profile.sampling)
+
+
+def assert_first_two_tokens_follow_p(outputs: list[list[int]], model, prompt: list[int], sampling) -> None:
+    """χ² of the outputs' first tokens against the target's warped p after prompt, and of the
+    next after the most common first (over 100 samples), at α = 1e-4 each."""
+    from scipy.stats import chisquare
+
     firsts = [ids[0] for ids in outputs]
-    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
+    assert _chi2_pvalue(firsts, warped_next(model, prompt, sampling), chisquare) > 1e-4
     common = max(set(firsts), key=firsts.count)
     follow = [ids[1] for ids in outputs if ids[0] == common]
     assert len(follow) > 100
-    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4
+    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], sampling), chisquare) > 1e-4

@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_helpers import _chi2_pvalue, finish, make_profile, next_token_probs, warped_next
+from decode_helpers import assert_first_two_tokens_follow_p, finish, make_profile, next_token_probs, warped_next
 from specgen.core.engine import Engine, target_only
 from specgen.core.events import RoundEvent
 from specgen.core.drafters.ngram import LookupTree, TreeLookup
@@ -142,7 +142,19 @@ def test_sampled_rejection_hybrid_trees_are_seed_stable(pair):
     assert rounds["ngram"] > 0 and rounds["draft"] > 0, rounds
 
 
-class OracleLookup:
+class _Following:
+    """A stub lookup's part of the proposer protocol: the committed sequence, and how often asked."""
+
+    kind = "ngram"
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.tokens, self.asked = list(prompt_ids), 0
+
+    def follow(self, committed: list[int]) -> None:
+        self.tokens += committed
+
+
+class OracleLookup(_Following):
     """A lookup for the decode loop that knows the target's greedy continuation: every other round
     (from the first) a tree whose first branch is that continuation cut after its first `right`
     tokens and ended by a wrong one, and a wrong child of the root beside it; `right` cycles
@@ -150,18 +162,10 @@ class OracleLookup:
     rarely follows a real lookup's drafts, whose host rounds then emit one token). The rounds
     between find nothing: the model drafts them."""
 
-    kind = "ngram"
-
     def __init__(self, model, vocab: int, k: int):
         self.model, self.vocab, self.k = model, vocab, k
         self.tokens: list[int] = []
         self.asked = 0
-
-    def start(self, prompt_ids: list[int]) -> None:
-        self.tokens, self.asked = list(prompt_ids), 0
-
-    def follow(self, committed: list[int]) -> None:
-        self.tokens += committed
 
     def lookup(self, k: int) -> LookupTree:
         self.asked += 1
@@ -177,22 +181,14 @@ class OracleLookup:
         return LookupTree(branch + [wrong], list(range(-1, len(branch) - 1)) + [-1])
 
 
-class FirstRoundTree:
+class FirstRoundTree(_Following):
     """A lookup whose first round's tree holds the target's likeliest next tokens (its top
     `width` under the request's warp) as the root's children, and the likeliest after the first
     of them below it; every later round finds nothing (the model drafts)."""
 
-    kind = "ngram"
-
     def __init__(self, model, spec, width: int):
         self.model, self.spec, self.width = model, spec, width
         self.tokens: list[int] = []
-
-    def start(self, prompt_ids: list[int]) -> None:
-        self.tokens, self.asked = list(prompt_ids), 0
-
-    def follow(self, committed: list[int]) -> None:
-        self.tokens += committed
 
     def lookup(self, k: int) -> LookupTree:
         self.asked += 1
@@ -355,8 +351,6 @@ def test_sampled_hybrid_tree_rounds_follow_the_target_distribution(pair):
     model round leaves them for the next run's host round). The first token comes from a host
     round, the second from it or from the model's round after it: χ² of both against the
     target's warped p. α = 1e-4 per test: false failures below 2e-4."""
-    from scipy.stats import chisquare
-
     profile = hybrid_profile(pair, 3, 3, 8, max_tokens=3, temperature=1.0, top_k=12)
     engine = Engine(profile)
     model, prompt = engine.pair.target, [7, 8, 9]
@@ -369,9 +363,4 @@ def test_sampled_hybrid_tree_rounds_follow_the_target_distribution(pair):
         outputs.append(finish(decoder, prompt).token_ids)
         modes.append(launches.modes)
     assert all(m[0] is Mode.HOST for m in modes) and sum(Mode.MODEL in m for m in modes) > 500
-    firsts = [ids[0] for ids in outputs]
-    assert _chi2_pvalue(firsts, warped_next(model, prompt, profile.sampling), chisquare) > 1e-4
-    common = max(set(firsts), key=firsts.count)
-    follow = [ids[1] for ids in outputs if ids[0] == common]
-    assert len(follow) > 100
-    assert _chi2_pvalue(follow, warped_next(model, prompt + [common], profile.sampling), chisquare) > 1e-4
+    assert_first_two_tokens_follow_p(outputs, model, prompt, profile.sampling)
