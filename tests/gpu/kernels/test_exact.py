@@ -54,6 +54,31 @@ def test_linear_rows_do_not_depend_on_the_row_count(name, dtype):
     assert int(counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("gated", [False, True], ids=["linear", "gate_up"])
+def test_matrix_vector_passes_give_every_row_its_bits(gated, dtype):
+    """However many rows a matrix-vector pass computes together (1, 2, 4, 8: rows_together's
+    choices), each row's output is bitwise the one-row call's: 13 rows are two groups, the second's
+    last pass partly past M; K is three pieces, the last one partial; linear with a bias and a
+    residual, gate_up with silu."""
+    gen = torch.Generator().manual_seed(5)
+    n, k, rows = 10, 300, 13
+    config = (False, 2, 128, 4, 1)
+    x, w, u, r = (torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
+                  for shape in ((rows, k), (n, k), (n, k), (rows, n)))
+    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE)
+
+    def call(at, together=None):
+        if gated:
+            return L.run(x[at], w, u, None, L.ACTIVATIONS["silu"], config, None, None, False, together)
+        return L.run(x[at], w, None, b, 0, config, None, r[at], False, together)
+
+    alone = torch.cat([call(slice(i, i + 1)) for i in range(rows)])
+    for together in (1, 2, 4, 8):
+        assert torch.equal(call(slice(None), together), alone), together
+    assert L.rows_together(config, rows, gated) > 1  # the rule shares loads here
+
+
 ATTENTION = [  # heads, kv heads, dim, capacity, position, window, rope, softcap
     (4, 2, 16, 128, 60, 0, False, 0.0),  # tokens across the split boundary at 64
     (6, 2, 16, 128, 70, 0, True, 0.0),  # group 3 (padded tile), the kernel's rotary and cache write
@@ -193,20 +218,24 @@ def test_step_rows_equal_one_token_steps_on_gpu(shape):
 @pytest.mark.parametrize("gated", [False, True], ids=["linear", "gate_up"])
 def test_matrix_vector_rows_equal_single_rows_on_gpu(gated):
     """Compiled for the GPU, the register path gives each row of a call bitwise what a one-row call
-    gives: the package's draft picks of every real draft's shapes, at two rows (a draft round's
-    first step) and five (a verification, where such a configuration is a target's pick)."""
-    shapes = [(shape, config) for shape, config in T.packaged().drafts if shape[2] == gated and not config[0]]
-    assert shapes, "the package's table has no matrix-vector draft picks"
+    gives: the package's matrix-vector picks (draft picks of every real draft's shapes, and the
+    plain picks of targets' shapes) at two rows (a draft round's first step), five (a
+    verification), 13 and 32 (a batch's rows: passes of up to 8 rows sharing each weight load),
+    and every rows-a-pass count at 13 rows."""
+    table = T.packaged()
+    shapes = [(shape, config) for shape, config in table.drafts if shape[2] == gated and not config[0]]
+    shapes += [(shape, plain) for shape, plain, _ in table.entries if shape[2] == gated and not plain[0]]
+    assert shapes, "the package's table has no matrix-vector picks"
     gen = torch.Generator(device="cuda").manual_seed(2)
     for (n, k, _), config in shapes:
-        x = torch.randn(5, k, device="cuda", generator=gen).to(torch.bfloat16)
+        x = torch.randn(32, k, device="cuda", generator=gen).to(torch.bfloat16)
         w, u = (torch.randn(n, k, device="cuda", generator=gen).div_(k ** 0.5).to(torch.bfloat16) for _ in range(2))
-        if gated:
-            def call(rows, w=w, u=u, config=config):
-                return L.gate_up(rows, w, u, "silu", config)
-        else:
-            def call(rows, w=w, config=config):
-                return L.linear(rows, w, None, config)
-        for rows in (x[:2], x):
-            for i, together, alone in _rows(call, rows, range(rows.shape[0])):
-                assert torch.equal(together, alone), ((n, k, gated), config, rows.shape[0], i)
+
+        def call(rows, w=w, u=u, config=config, together=None):
+            return L.run(rows, w, u if gated else None, None, L.ACTIVATIONS["silu"] if gated else 0, config, None,
+                         None, False, together)
+        alone = torch.cat([call(x[i:i + 1]) for i in range(32)])
+        for count in (2, 5, 13, 32):
+            assert torch.equal(call(x[:count]), alone[:count]), ((n, k, gated), config, count)
+        for passes in (1, 2, 4, 8):
+            assert torch.equal(call(x[:13], together=passes), alone[:13]), ((n, k, gated), config, passes)

@@ -164,6 +164,22 @@ def test_rules_choose_by_shape_for_unlisted_shapes():
         assert T.rule(n, k, gated, False) == (T.NARROW if n <= 2048 else T.WIDE)
 
 
+def test_rows_together_fit_the_register_budget():
+    """A matrix-vector pass takes as many rows as a call has, up to GEMV_ROWS, as far as the rows'
+    accumulators fit GEMV_REGISTERS; one row stays one row (batch 1's launches unchanged)."""
+    small = (False, 2, 1024, 4, 1)  # 16 accumulator registers a row
+    assert [L.rows_together(small, rows, False) for rows in (1, 2, 3, 5, 8, 32)] == [1, 2, 4, 8, 8, 8]
+    wide = (False, 2, 4096, 8, 1)  # 32 a row: 4 rows
+    assert L.rows_together(wide, 32, False) == 4 and L.rows_together(wide, 32, True) == 2
+    huge = (False, 16, 4096, 4, 1)  # 512 a row: still one
+    assert L.rows_together(huge, 32, True) == 1
+    for config in (small, wide, huge):
+        for gated in (False, True):
+            together = L.rows_together(config, 64, gated)
+            per_row = config[1] * config[2] // (32 * config[3]) * (2 if gated else 1)
+            assert together == 1 or together * per_row <= L.GEMV_REGISTERS
+
+
 def test_split_k_without_counters_is_refused():
     x, w, _, _ = _data(1, 96, 512, torch.float32)
     with pytest.raises(AssertionError):
