@@ -5,7 +5,6 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py warp      [--vocab 16384,128256] [--rows 1,5]
     python benchmarks/bench_kernels.py verify    [--vocab 128256] [--k 4] [--batch 1,32]
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
-    python benchmarks/bench_kernels.py rows      [--rows 1,2,5,8,16,32]
     python benchmarks/bench_kernels.py tiles     [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5,17,33,64]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--profile [--profile-tokens 5]]
@@ -36,12 +35,6 @@ they are timed between CUDA events around each call, host dispatch included.
 - linear: Llama-3-8B's projections (bf16) against F.linear (gate_up against the unfused MLP):
   relative error <= 2e-2 of the output's scale; the kernel with split-K off and on, and cuBLAS;
   GB/s counts weight bytes, over enough weight copies that they do not fit in L2.
-- rows: every matrix-vector pick of the package's table (the bench pair's and the 1B draft's
-  shapes: plain picks, and draft picks) at a batch's row counts: rows computed one after another
-  (one row a pass: every row reads the weights again) against passes of 2, 4 and 8 rows sharing
-  each weight load, and rows_together()'s choice; checks first that every pass count gives every
-  row the one-row call's bits (torch.equal); the shape's tensor-core pick beside them (NARROW or
-  the plain pick when that is DOT), as a batch table would take it.
 - tiles: Llama-3-8B's projections in the package's tensor-core picks (split-K off and on) with
   tiles of 16, 32 and 64 rows: whether each row's output is bitwise the 16-row tiles' one-row
   call's (reported, not refused: the question it asks), and the time of each at each row count.
@@ -102,7 +95,7 @@ from specgen.core.step import config as step_config  # noqa: E402
 from specgen.core.step.load import from_state  # noqa: E402
 from specgen.gpu.kernels import attention
 from specgen.gpu.kernels import linear
-from specgen.gpu.tuning import linear_table, tune
+from specgen.gpu.tuning import tune
 from specgen.gpu.kernels import verify
 from specgen.gpu.kernels import warp  # noqa: E402
 from specgen.gpu.policy import ResolvedKernels, resolve  # noqa: E402
@@ -297,58 +290,6 @@ def bench_linear(args) -> list[dict]:
     return results
 
 
-ROWS_SHAPES = {  # the projections whose table picks are matrix-vector ones: (N, K, gated)
-    "bench-target o": (768, 768, False), "bench-target down": (768, 2048, False),
-    "bench-draft qkv": (1024, 512, False), "bench-draft o": (512, 512, False),
-    "bench-draft gate_up": (1408, 512, True), "bench-draft down": (512, 1408, False),
-    "bench-draft lm_head": (16384, 512, False),
-    "1b q_o": (2048, 2048, False), "1b qkv": (3072, 2048, False), "1b gate_up": (8192, 2048, True),
-    "1b down": (2048, 8192, False), "1b lm_head": (128256, 2048, False),
-}
-
-
-def bench_rows(args) -> list[dict]:
-    results = []
-    package = linear.packaged()
-    counters = linear.split_k_counters(Workspace("cuda"))
-    for name, (n, k, gated) in ROWS_SHAPES.items():
-        picks = {"plain": package.pick(n, k, gated, False, 2),
-                 "draft": package.for_drafts().pick(n, k, gated, False, 1)}
-        weight_bytes = n * k * 2 * (2 if gated else 1)
-        copies = max(2, -(-L2_BYTES // weight_bytes))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
-        us = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)] if gated else ws
-        act = linear.ACTIVATIONS["silu"] if gated else 0
-        gemv = [(kind, config) for kind, config in picks.items() if not config[0]]
-        if not gemv:
-            continue
-        dot = picks["plain"] if picks["plain"][0] else linear_table.NARROW
-        for rows in args.rows:
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-
-            def call(i, config, together=None):
-                return linear.run(x, ws[i], us[i] if gated else None, None, act, config, counters, None, False,
-                                  together)
-            row = {"shape": name, "n": n, "k": k, "gated": gated, "rows": rows, "dot": str(dot)}
-            for kind, config in dict(gemv).items():
-                alone = torch.cat([linear.run(x[r:r + 1], ws[0], us[0] if gated else None, None, act, config, None,
-                                              None, False) for r in range(rows)])
-                row[f"{kind}_config"] = str(config)
-                row[f"{kind}_rule"] = linear.rows_together(config, rows, gated)
-                for together in (1, 2, 4, 8):
-                    if together > 1 and together > 2 * rows:
-                        continue
-                    if not torch.equal(call(0, config, together), alone):
-                        raise Mismatch(f"rows {name} {config} rows {rows}: {together} a pass differs from one-row calls")
-                    row[f"{kind}_{together}_us"] = graph_us(lambda i, c=config, t=together: call(i, c, t), copies)
-            row["dot_us"] = graph_us(lambda i: call(i, dot), copies)
-            results.append(row)
-            print(json.dumps(row), flush=True)
-    columns = ["shape", "rows", "dot_us"] + [f"{kind}_{t}_us" for kind in ("plain", "draft") for t in (1, 2, 4, 8)]
-    print(table(results, [c for c in columns if any(c in r for r in results)]))
-    return results
-
-
 def bench_tiles(args) -> list[dict]:
     results = []
     package = linear.packaged()
@@ -369,7 +310,7 @@ def bench_tiles(args) -> list[dict]:
 
             def call(i, rows, tile):
                 return linear.run(x[:rows], ws[i], us[i] if gated else None, None, act, config, counters, None,
-                                  False, tile_rows=tile)
+                                  False, tile=tile)
             alone = torch.cat([linear.run(x[r:r + 1], ws[0], us[0] if gated else None, None, act, config, counters,
                                           None, False) for r in range(max(args.rows))])
             for rows in args.rows:
@@ -947,8 +888,6 @@ def main(argv=None) -> None:
     p = commands.add_parser("linear")
     p.add_argument("--shapes", type=names(LINEAR_SHAPES), default=list(LINEAR_SHAPES))
     p.add_argument("--rows", type=ints, default=[1, 5])
-    p = commands.add_parser("rows")
-    p.add_argument("--rows", type=ints, default=[1, 2, 5, 8, 16, 32])
     p = commands.add_parser("tiles")
     p.add_argument("--shapes", type=names(LINEAR_SHAPES), default=list(LINEAR_SHAPES))
     p.add_argument("--rows", type=ints, default=[1, 5, 16, 17, 33, 64])
@@ -987,7 +926,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not (args.command == "attention" and args.runners):
         raise SystemExit("bench_kernels: needs a CUDA GPU (only `attention --runners` runs on a CPU)")
-    run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "rows": bench_rows, "tiles": bench_tiles, "attention": bench_attention,
+    run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "tiles": bench_tiles, "attention": bench_attention,
            "steps": bench_steps, "exact": bench_exact, "table": bench_table,
            "step-table": bench_step_table}[args.command]
     report = run(args)

@@ -36,47 +36,22 @@ def _rows(call, x: torch.Tensor, picks) -> list[tuple[int, torch.Tensor, torch.T
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_linear_rows_do_not_depend_on_the_row_count(name, dtype):
-    """Rows of a 20-row and a 5-row call (tensor-core tiles, or the register path's rows one after
-    another) equal the same rows computed alone, for linear (with a bias, K not a multiple of
-    BLOCK_K) and gate_up."""
+    """Rows of a 70-row, a 20-row and a 5-row call (tensor-core tiles of 64, 32 and 16 rows, or the
+    register path's rows one after another) equal the same rows computed alone, for linear (with a
+    bias, K not a multiple of BLOCK_K) and gate_up."""
     gen = torch.Generator().manual_seed(4)
     n, k = 24, 40
-    x, w, u = (torch.randn(*shape, generator=gen).to(dtype).to(DEVICE) for shape in ((20, k), (n, k), (n, k)))
+    x, w, u = (torch.randn(*shape, generator=gen).to(dtype).to(DEVICE) for shape in ((70, k), (n, k), (n, k)))
     b = torch.randn(n, generator=gen).to(dtype).to(DEVICE)
     config, counters = CONFIGS[name], L.split_k_counters(Workspace(DEVICE))
     calls = [lambda rows: L.linear(rows, w, b, config, counters=counters),
              lambda rows: L.gate_up(rows, w, u, "silu", config, counters=counters)]
     for call in calls:
-        # rows in the second tensor-core tile and the third register-path group; a short call
-        for rows, picks in ((x, (0, 4, 17)), (x[:5], (3, 4))):
+        # the second 64-row tile; a 32-row tile and the third register-path group; a short call
+        for rows, picks in ((x, (0, 66, 69)), (x[:20], (0, 4, 17)), (x[:5], (3, 4))):
             for i, together, alone in _rows(call, rows, picks):
                 assert torch.equal(together, alone), (name, i)
     assert int(counters.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("gated", [False, True], ids=["linear", "gate_up"])
-def test_matrix_vector_passes_give_every_row_its_bits(gated, dtype):
-    """However many rows a matrix-vector pass computes together (1, 2, 4, 8: rows_together's
-    choices), each row's output is bitwise the one-row call's: 13 rows are two groups, the second's
-    last pass partly past M; K is three pieces, the last one partial; linear with a bias and a
-    residual, gate_up with silu."""
-    gen = torch.Generator().manual_seed(5)
-    n, k, rows = 10, 300, 13
-    config = (False, 2, 128, 4, 1)
-    x, w, u, r = (torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
-                  for shape in ((rows, k), (n, k), (n, k), (rows, n)))
-    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE)
-
-    def call(at, together=None):
-        if gated:
-            return L.run(x[at], w, u, None, L.ACTIVATIONS["silu"], config, None, None, False, together)
-        return L.run(x[at], w, None, b, 0, config, None, r[at], False, together)
-
-    alone = torch.cat([call(slice(i, i + 1)) for i in range(rows)])
-    for together in (1, 2, 4, 8):
-        assert torch.equal(call(slice(None), together), alone), together
-    assert L.rows_together(config, rows, gated) > 1  # the rule shares loads here
 
 
 ATTENTION = [  # heads, kv heads, dim, capacity, position, window, rope, softcap
@@ -215,27 +190,51 @@ def test_step_rows_equal_one_token_steps_on_gpu(shape):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("split_k", [False, True], ids=["plain", "split"])
+def test_tall_tensor_core_tiles_keep_each_rows_bits_on_gpu(split_k):
+    """Tiles of 32 and 64 rows (a tree's or a batch's rows: tile_rows) give each row bitwise what
+    the 16-row tile of a one-row call gives, in the package's tensor-core picks of Llama-3-8B's
+    projections and Llama-3.2-1B's, split-K off and on, at 17, 33 and 70 rows (two 64-row tiles)."""
+    table = T.packaged()
+    counters = L.split_k_counters(Workspace("cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    shapes = [(4096, 4096, False), (6144, 4096, False), (14336, 4096, True), (4096, 14336, False),
+              (3072, 2048, False), (8192, 2048, True)]
+    for n, k, gated in shapes:
+        config = table.pick(n, k, gated, split_k, 70)
+        assert config[0], (n, k, config)
+        x = torch.randn(70, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w, u = (torch.randn(n, k, device="cuda", generator=gen).div_(k ** 0.5).to(torch.bfloat16) for _ in range(2))
+
+        def call(rows, w=w, u=u, config=config):
+            if gated:
+                return L.gate_up(rows, w, u, "silu", config, counters=counters)
+            return L.linear(rows, w, None, config, counters=counters)
+        alone = torch.cat([call(x[i:i + 1]) for i in range(70)])
+        for count in (17, 33, 70):
+            assert torch.equal(call(x[:count]), alone[:count]), ((n, k, gated), config, count)
+    assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("gated", [False, True], ids=["linear", "gate_up"])
 def test_matrix_vector_rows_equal_single_rows_on_gpu(gated):
     """Compiled for the GPU, the register path gives each row of a call bitwise what a one-row call
-    gives: the package's matrix-vector picks (draft picks of every real draft's shapes, and the
-    plain picks of targets' shapes) at two rows (a draft round's first step), five (a
-    verification), 13 and 32 (a batch's rows: passes of up to 8 rows sharing each weight load),
-    and every rows-a-pass count at 13 rows."""
-    table = T.packaged()
-    shapes = [(shape, config) for shape, config in table.drafts if shape[2] == gated and not config[0]]
-    shapes += [(shape, plain) for shape, plain, _ in table.entries if shape[2] == gated and not plain[0]]
-    assert shapes, "the package's table has no matrix-vector picks"
+    gives: the package's draft picks of every real draft's shapes, at two rows (a draft round's
+    first step) and five (a verification, where such a configuration is a target's pick)."""
+    shapes = [(shape, config) for shape, config in T.packaged().drafts if shape[2] == gated and not config[0]]
+    assert shapes, "the package's table has no matrix-vector draft picks"
     gen = torch.Generator(device="cuda").manual_seed(2)
     for (n, k, _), config in shapes:
-        x = torch.randn(32, k, device="cuda", generator=gen).to(torch.bfloat16)
+        x = torch.randn(5, k, device="cuda", generator=gen).to(torch.bfloat16)
         w, u = (torch.randn(n, k, device="cuda", generator=gen).div_(k ** 0.5).to(torch.bfloat16) for _ in range(2))
-
-        def call(rows, w=w, u=u, config=config, together=None):
-            return L.run(rows, w, u if gated else None, None, L.ACTIVATIONS["silu"] if gated else 0, config, None,
-                         None, False, together)
-        alone = torch.cat([call(x[i:i + 1]) for i in range(32)])
-        for count in (2, 5, 13, 32):
-            assert torch.equal(call(x[:count]), alone[:count]), ((n, k, gated), config, count)
-        for passes in (1, 2, 4, 8):
-            assert torch.equal(call(x[:13], together=passes), alone[:13]), ((n, k, gated), config, passes)
+        if gated:
+            def call(rows, w=w, u=u, config=config):
+                return L.gate_up(rows, w, u, "silu", config)
+        else:
+            def call(rows, w=w, config=config):
+                return L.linear(rows, w, None, config)
+        for rows in (x[:2], x):
+            for i, together, alone in _rows(call, rows, range(rows.shape[0])):
+                assert torch.equal(together, alone), ((n, k, gated), config, rows.shape[0], i)

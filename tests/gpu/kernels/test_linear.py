@@ -164,22 +164,6 @@ def test_rules_choose_by_shape_for_unlisted_shapes():
         assert T.rule(n, k, gated, False) == (T.NARROW if n <= 2048 else T.WIDE)
 
 
-def test_rows_together_fit_the_register_budget():
-    """A matrix-vector pass takes as many rows as a call has, up to GEMV_ROWS, as far as the rows'
-    accumulators fit GEMV_REGISTERS; one row stays one row (batch 1's launches unchanged)."""
-    small = (False, 2, 1024, 4, 1)  # 16 accumulator registers a row
-    assert [L.rows_together(small, rows, False) for rows in (1, 2, 3, 5, 8, 32)] == [1, 2, 4, 8, 8, 8]
-    wide = (False, 2, 4096, 8, 1)  # 32 a row: 4 rows
-    assert L.rows_together(wide, 32, False) == 4 and L.rows_together(wide, 32, True) == 2
-    huge = (False, 16, 4096, 4, 1)  # 512 a row: still one
-    assert L.rows_together(huge, 32, True) == 1
-    for config in (small, wide, huge):
-        for gated in (False, True):
-            together = L.rows_together(config, 64, gated)
-            per_row = config[1] * config[2] // (32 * config[3]) * (2 if gated else 1)
-            assert together == 1 or together * per_row <= L.GEMV_REGISTERS
-
-
 def test_split_k_without_counters_is_refused():
     x, w, _, _ = _data(1, 96, 512, torch.float32)
     with pytest.raises(AssertionError):
@@ -217,6 +201,20 @@ def test_float32_tiles_take_fewer_stages_where_16_bit_ones_fit():
     for stages in (2, 3, 4, 5):
         kept = L.fitting_stages(stages, 64, 128, True, 4)
         assert 2 <= kept <= stages and ((kept - 1) * (16 + 128) * 128 * 4 <= L.SHARED_BYTES or kept == 2)
+
+
+def test_tall_tiles_take_fewer_stages_where_16_row_ones_fit():
+    """Every bf16 pick of the package keeps its stages in 16-row tiles; a 64-row gate_up tile of the
+    8B's (64, 128) pick, which asked for 262,144 bytes at 4 stages on an H200, takes 3."""
+    for (_, _, gated), plain, split in L.packaged().entries:
+        for dot, block_n, block_k, _, stages, *_ in (plain, split):
+            assert not dot or L.fitting_stages(stages, block_n, block_k, gated, 2) == stages
+    assert L.fitting_stages(4, 64, 128, True, 2, block_m=64) == 3
+
+
+def test_tiles_grow_with_the_rows_up_to_64():
+    assert [L.tile_rows(rows) for rows in (1, 5, 16, 17, 32, 33, 40, 64, 65, 512)] == [16, 16, 16, 32, 32, 64, 64,
+                                                                                       64, 64, 64]
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a CUDA GPU (shared memory is the GPU's)")

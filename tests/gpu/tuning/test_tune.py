@@ -111,6 +111,24 @@ def test_package_draft_picks_reach_draft_runners_only():
             assert drafts.pick(*shape, False) == plain and drafts.pick(*shape, True) == split
 
 
+def test_a_drafts_batch_calls_take_tensor_core_tiles():
+    """A draft's calls of DRAFT_TILE_ROWS rows or more (a batch's steps) take tensor-core tiles
+    where the package picks a matrix-vector configuration (the rule's), and its tensor-core picks
+    as they are; a target's table is the same at every row count."""
+    package = T.packaged()
+    drafts = package.for_drafts()
+    gemv = [(shape, plain) for shape, plain, _ in package.entries if not plain[0]]
+    assert gemv, "the package's table has no matrix-vector plain picks"
+    for shape, plain in gemv:
+        assert drafts.pick(*shape, False, rows=T.DRAFT_TILE_ROWS - 1) == plain
+        assert drafts.pick(*shape, False, rows=T.DRAFT_TILE_ROWS) == T.rule(*shape, False)
+        assert drafts.pick(*shape, False, rows=T.DRAFT_TILE_ROWS)[0]
+        assert package.pick(*shape, False, rows=64) == plain
+    for shape, plain, split in package.entries:
+        if plain[0]:
+            assert drafts.pick(*shape, False, rows=32) == plain
+
+
 def test_model_shapes_follow_the_config():
     from transformers import LlamaConfig
 

@@ -10,17 +10,19 @@ row of its tile while it is loaded, so 5 rows cost what 1 row costs.
 Row invariance (bit-exact greedy decoding): a row's output is computed the same way whatever the
 number of rows in the call, so a (k+1)-row verification gives each row bitwise the logits of the
 one-row step at that position. The configuration is picked by shape (N, K, gated), never by the row
-count (gpu/tuning/linear_table.py). Tensor-core configurations (DOT) cut rows into tiles of 16, each tile
-one program along the grid's first axis, so a row sits at the same place in the same product
-whatever other rows share the call; split-K sums the chunks in chunk order. The row tiles of one
-column block are neighbours in the launch order, so they read its weights from L2 after the first.
+count (gpu/tuning/linear_table.py). Tensor-core configurations (DOT) cut rows into tiles of 16, 32
+or 64 rows (tile_rows: by the call's row count), each tile one program along the grid's first axis;
+split-K sums the chunks in chunk order. A row's products are the same tensor-core sums over the
+same K tiles in the same order whatever the tile's height: on an H200 every row of 16-, 32- and
+64-row tiles is bitwise the one-row call's, for every projection of Llama-3-8B with split-K off and
+on (benchmarks/bench_kernels.py `tiles`; tests/gpu/kernels/test_exact.py checks it on each GPU).
+Why the taller tiles: each tile reads the weights again (from L2 after the first), so a tree's 33
+rows in three 16-row tiles cost what 64 rows cost (q/o: 19.8 against 12.8 µs in one 64-row tile).
 
 Matrix-vector configurations (not DOT, `_gemv_kernel`): a program owns BLOCK_N columns over the
 whole of K, issues the loads of all its weights at once (K in BLOCK_K pieces, unrolled), multiplies
-them by a row in float32 element by element and reduces once. Rows of one call share those loads:
-up to 8 rows a pass, each with an accumulator of its own updated exactly as a one-row call updates
-it (rows_together), so a batch's B rows read the weights once a pass rather than once a row, and
-each row keeps its bits. Why: a 1B-class draft's projections
+them by one row in float32 element by element and reduces once; further rows repeat the same code
+one after another, reading the weights again from L1 or L2. Why: a 1B-class draft's projections
 are 4 to 34 MB, 1 to 8 µs of memory time, and a tensor-core tile walking K with split-K's handoff
 adds 2 to 3 µs of latency to each (loop start-up, the partials' store, the arrival counter, the
 last program's loads); here a program is one round trip to memory and one reduction, with no
@@ -56,16 +58,12 @@ MAX_ROWS = 64
 # The most rows one call takes: a batch's verification step, B x (k + 1) rows, through the same
 # kernel so that each row gets the bits it gets in a one-request step (core/round/batch_round.py).
 BATCH_ROWS = 512
-DOT_ROWS = 16  # rows per tensor-core tile
+DOT_ROWS = 16  # rows per tensor-core tile, at least
+TILE_ROWS = 64  # at most: calls of more rows take several tiles
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code
-# Rows one matrix-vector program computes (its weights loaded once from memory): a verification's
-# k + 1 rows in one program per column block, a batch's or a prefill chunk's in a few.
+# Rows one matrix-vector program computes one after another (its weights loaded once from memory):
+# a verification's k + 1 rows in one program per column block, a prefill chunk in a few.
 GEMV_ROWS = 8
-# float32 registers a thread of a matrix-vector program gives the accumulators of the rows it
-# computes together (each row's as large as the weight tile, twice with the up projection): up
-# to 8 rows share each weight load where their accumulators fit (a row's is 16 registers for the
-# bench pair's and a 1B draft's usual picks), fewer where more would spill.
-GEMV_REGISTERS = 128
 # sm_90's shared memory a block may take (227 KiB): the table's configurations are tuned for 16-bit
 # weights; a float32 model's tiles are twice as large and may need fewer pipeline stages to fit.
 SHARED_BYTES = 232448
@@ -105,33 +103,34 @@ def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual
     return run(x, weight, up, bias, act, config, counters, residual, dependent)
 
 
-def rows_together(config: tuple, rows: int, gated: bool) -> int:
-    """How many rows a matrix-vector pass computes at once (1, 2, 4 or 8): as many as a call has
-    (at most GEMV_ROWS), as far as their accumulators fit GEMV_REGISTERS. Choosing it by the row
-    count changes no bits (_gemv_kernel: each row's accumulator is updated the same way in every
-    pass), only how often a program reads its weights: once a pass."""
-    _, block_n, block_k, warps = config[:4]
-    per_row = max(1, block_n * block_k // (32 * warps)) * (2 if gated else 1)
-    fit = max(1, GEMV_REGISTERS // per_row)
-    return min(GEMV_ROWS, 1 << (fit.bit_length() - 1), triton.next_power_of_2(max(1, min(rows, GEMV_ROWS))))
+def tile_rows(rows: int) -> int:
+    """A tensor-core tile's rows for a call of `rows` rows: the least of 16, 32 and 64 that holds
+    them (64 above). A row's bits do not depend on it (module docstring); a call's time does: a
+    64-row tile costs more than a 16-row one at 1 row with split-K (16.7 against 12.3 µs, Llama-3-8B
+    q/o, H200) and less than several 16-row ones."""
+    return min(TILE_ROWS, max(DOT_ROWS, triton.next_power_of_2(rows)))
 
 
 def fitting_stages(stages: int, block_n: int, block_k: int, gated: bool, itemsize: int,
                    block_m: int = DOT_ROWS) -> int:
-    """Pipeline stages that fit SHARED_BYTES: Triton keeps stages - 1 tiles of x (block_m rows) and
-    of the weight(s) in shared memory. Stages change when tiles load, never what is summed."""
-    tile = (block_m + block_n * (2 if gated else 1)) * block_k * itemsize
-    while stages > 2 and (stages - 1) * tile > SHARED_BYTES:
+    """Pipeline stages that fit SHARED_BYTES. 16-bit tiles (tensor-core products): a tile of x (one
+    copy per product: two for gate_up) and of the weight(s) per stage; a 64-row gate_up tile of (64,
+    128) at 4 stages asked for 4 x (2 x 64 + 2 x 64) x 128 x 2 = 262,144 bytes on an H200. float32
+    tiles (products without tensor cores): stages - 1 tiles of x and of the weight(s), which the 8B
+    picks' float32 launches fit. Stages change when tiles load, never what is summed."""
+    weights = block_n * (2 if gated else 1)
+    if itemsize == 2:
+        need = lambda s: s * ((2 if gated else 1) * block_m + weights) * block_k * itemsize  # noqa: E731
+    else:
+        need = lambda s: (s - 1) * (block_m + weights) * block_k * itemsize  # noqa: E731
+    while stages > 2 and need(stages) > SHARED_BYTES:
         stages -= 1
     return stages
 
 
-def run(x, weight, up, bias, act, config, counters, residual, dependent, together: int | None = None,
-        tile_rows: int = DOT_ROWS):
-    """One launch with a picked configuration; together: a matrix-vector pass's rows (a power of 2
-    up to GEMV_ROWS; rows_together()'s when None): the same bits whatever it is; tile_rows: a
-    tensor-core tile's rows (a power of 2 from 16; benchmarks/bench_kernels.py `tiles` measures
-    whether a row's bits depend on it on a GPU)."""
+def run(x, weight, up, bias, act, config, counters, residual, dependent, tile: int | None = None):
+    """One launch with a picked configuration; tile: a tensor-core tile's rows, 16, 32 or 64
+    (tile_rows()'s when None; benchmarks/bench_kernels.py `tiles` forces each)."""
     n, k = weight.shape
     lead = x.shape[:-1]
     assert x.shape[-1] == k, f"x has {x.shape[-1]} columns, weight {k}"
@@ -147,28 +146,25 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent, togethe
         if residual.stride(-1) != 1:
             residual = residual.contiguous()
     dot, block_n, block_k, warps, stages, *rest = config
+    block_m = tile or tile_rows(rows)
+    assert block_m in (16, 32, 64), f"{block_m} rows a tile"
     if dot:
-        assert tile_rows >= DOT_ROWS and tile_rows & (tile_rows - 1) == 0, f"{tile_rows} rows a tile"
-        stages = fitting_stages(stages, block_n, block_k, up is not None, x.element_size(), tile_rows)
+        stages = fitting_stages(stages, block_n, block_k, up is not None, x.element_size(), block_m)
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     second = up if up is not None else weight
     assert second.shape == weight.shape and second.stride() == weight.stride()
     if not dot:
         assert not rest or rest[0] == 1, f"{config}: matrix-vector configurations do not split K"
         groups = triton.cdiv(rows, GEMV_ROWS)
-        together = together or rows_together(config, rows, up is not None)
-        assert together in (1, 2, 4, 8) and together <= GEMV_ROWS, f"{together} rows a pass"
         _gemv_kernel[(triton.cdiv(n, block_n) * groups,)](
             x2, weight, second, bias if bias is not None else weight, residual if residual is not None else out, out,
             rows, n, k, groups, x2.stride(0), weight.stride(0), out.stride(0),
             residual.stride(0) if residual is not None else 0,
             HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, ACT=act, EVEN_K=k % block_k == 0,
-            BLOCK_N=block_n, BLOCK_K=block_k, PIECES=triton.cdiv(k, block_k), ROWS=GEMV_ROWS, TOGETHER=together,
-            DEPENDENT=dependent,
+            BLOCK_N=block_n, BLOCK_K=block_k, PIECES=triton.cdiv(k, block_k), ROWS=GEMV_ROWS, DEPENDENT=dependent,
             num_warps=warps, num_stages=1, **launch_options(dependent),
         )
         return out.reshape(*lead, n)
-    block_m = tile_rows
     tiles = triton.cdiv(rows, block_m)
     columns = triton.cdiv(n, block_n)
     k_chunk = block_k * triton.cdiv(triton.cdiv(k, rest[0] if rest else 1), block_k)
@@ -297,17 +293,12 @@ def _gemv_kernel(
     out_ptr,  # [M, N]
     M, N, K, groups, sxm, swn, som, srm,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr,
-    TOGETHER: tl.constexpr, DEPENDENT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Program c * groups + g computes out[r, c * BLOCK_N : (c + 1) * BLOCK_N] for the rows r of group
-    g (ROWS of them) in passes of TOGETHER rows (1, 2, 4 or 8): each weight piece is loaded once a
-    pass and multiplied by every row of the pass. Each row has an accumulator of its own, of the
-    same shape, updated by the same operations in the same order as in a one-row pass: the K pieces'
-    products summed element by element in float32 in piece order, then one sum over the piece's
-    width. So a row gets the same bits whichever pass, slot or TOGETHER computes it (rows past M
-    read zeros and store nothing). The pieces are unrolled, so a pass's loads are all issued before
-    the first product needs one."""
+    g (ROWS of them), one row after another, each by the same code: the K pieces' products summed
+    element by element in float32 in piece order, then one sum over the piece's width. The pieces
+    are unrolled, so a row's loads are all issued before the first product needs one."""
     wait_previous(DEPENDENT)
     pid = tl.program_id(0)
     group = pid % groups
@@ -316,95 +307,27 @@ def _gemv_kernel(
     kk = tl.arange(0, BLOCK_K)
     w_base = w_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
     u_base = u_ptr + cols[:, None].to(tl.int64) * swn + kk[None, :]
-    for first in range(group * ROWS, tl.minimum(group * ROWS + ROWS, M), TOGETHER):
-        a0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a4 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a5 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a6 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        a7 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u0 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u4 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u5 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u6 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        u7 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for row in range(group * ROWS, tl.minimum(group * ROWS + ROWS, M)):
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for piece in tl.static_range(PIECES):
             start = piece * BLOCK_K
             if EVEN_K:
                 w_mask = col_ok[:, None]
-                k_ok = kk >= 0
+                x_mask = kk >= 0
             else:
-                k_ok = (start + kk) < K
-                w_mask = col_ok[:, None] & k_ok[None, :]
-            x_at = x_ptr + start + kk
-            w = tl.load(w_base + start, mask=w_mask, other=0.0).to(tl.float32)
-            x0 = _x_row(x_at, first, M, sxm, k_ok)
-            a0 += w * x0
-            if TOGETHER > 1:
-                x1 = _x_row(x_at, first + 1, M, sxm, k_ok)
-                a1 += w * x1
-            if TOGETHER > 2:
-                x2 = _x_row(x_at, first + 2, M, sxm, k_ok)
-                x3 = _x_row(x_at, first + 3, M, sxm, k_ok)
-                a2 += w * x2
-                a3 += w * x3
-            if TOGETHER > 4:
-                x4 = _x_row(x_at, first + 4, M, sxm, k_ok)
-                x5 = _x_row(x_at, first + 5, M, sxm, k_ok)
-                x6 = _x_row(x_at, first + 6, M, sxm, k_ok)
-                x7 = _x_row(x_at, first + 7, M, sxm, k_ok)
-                a4 += w * x4
-                a5 += w * x5
-                a6 += w * x6
-                a7 += w * x7
+                x_mask = (start + kk) < K
+                w_mask = col_ok[:, None] & x_mask[None, :]
+            xf = tl.load(x_ptr + row * sxm + start + kk, mask=x_mask, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(w_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf
             if ACT > 0:
-                u = tl.load(u_base + start, mask=w_mask, other=0.0).to(tl.float32)
-                u0 += u * x0
-                if TOGETHER > 1:
-                    u1 += u * x1
-                if TOGETHER > 2:
-                    u2 += u * x2
-                    u3 += u * x3
-                if TOGETHER > 4:
-                    u4 += u * x4
-                    u5 += u * x5
-                    u6 += u * x6
-                    u7 += u * x7
-        # Once the first pass's weights are in, the next kernel's programs may be scheduled (a hint,
-        # idempotent): the reductions and the stores are this kernel's tail.
+                acc_u += tl.load(u_base + start, mask=w_mask, other=0.0).to(tl.float32) * xf
+        # Once the first row's weights are in, the next kernel's programs may be scheduled (a hint,
+        # idempotent): the reduction and the store are this kernel's tail.
         release_next(DEPENDENT)
-        _gemv_row(a0, u0, first, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-        if TOGETHER > 1:
-            _gemv_row(a1, u1, first + 1, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-        if TOGETHER > 2:
-            _gemv_row(a2, u2, first + 2, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-            _gemv_row(a3, u3, first + 3, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-        if TOGETHER > 4:
-            _gemv_row(a4, u4, first + 4, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-            _gemv_row(a5, u5, first + 5, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-            _gemv_row(a6, u6, first + 6, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-            _gemv_row(a7, u7, first + 7, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
-
-
-@triton.jit
-def _x_row(x_at, row, M, sxm, k_ok):
-    """Row `row` of x at one piece's columns, in float32, as a [1, BLOCK_K] broadcast; zeros past M."""
-    row_ok = (row + tl.zeros_like(k_ok).to(tl.int32)) < M  # a tensor: the interpreter masks with arrays only
-    return tl.load(x_at + row * sxm, mask=k_ok & row_ok, other=0.0).to(tl.float32)[None, :]
-
-
-@triton.jit
-def _gemv_row(acc, acc_u, row, M, b_ptr, r_ptr, out_ptr, cols, col_ok, som, srm, HAS_BIAS: tl.constexpr,
-              HAS_RESIDUAL: tl.constexpr, ACT: tl.constexpr):
-    """One row's reduction over the piece's width, then the epilogue (nothing stored past M)."""
-    rows = row + tl.arange(0, 1)
-    _finish(tl.sum(acc, axis=1)[None, :], tl.sum(acc_u, axis=1)[None, :], b_ptr, r_ptr, out_ptr, rows, rows < M,
-            cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
+        rows = row + tl.arange(0, 1)
+        _finish(tl.sum(acc, axis=1)[None, :], tl.sum(acc_u, axis=1)[None, :], b_ptr, r_ptr, out_ptr, rows, rows < M,
+                cols, col_ok, som, srm, HAS_BIAS, HAS_RESIDUAL, ACT)
 
 
 @triton.jit
