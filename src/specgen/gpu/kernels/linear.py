@@ -217,7 +217,7 @@ def _linear_kernel(
 ):
     """Program (c * tiles + t, s) computes rows [t * BLOCK_M, (t + 1) * BLOCK_M) of out[:, c * BLOCK_N :
     (c + 1) * BLOCK_N] over K (SPLIT_K == 1) or over its s-th chunk of k_chunk columns of K, one
-    weight tile at a time: a tensor-core product of BLOCK_M = 16 rows (DOT; in the interpreter each
+    weight tile at a time: a tensor-core product of BLOCK_M = 16, 32 or 64 rows (DOT; in the interpreter each
     row's products summed along K instead). With SPLIT_K > 1 the last program
     of a row tile and column block to finish sums the chunks' partials in chunk order (the same sum
     whichever arrives last) and stores. DEPENDENT: launched dependent on the kernel before
