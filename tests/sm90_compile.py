@@ -240,21 +240,27 @@ def attention_scenarios(attention):
         yield (f"attention bfloat16 tokens={tokens} capacity={capacity} rope={rope} dependent",
                lambda a=(tokens, capacity, rope): call(BF16, *a, dependent=True))
 
-    def tree(rope, batch=3, tokens=32, capacity=256, heads=32, kv_heads=8, dim=128):
-        """a token tree's rows (core/step/rows.py's tails), each sequence its own start"""
-        query = torch.empty(batch, tokens, heads, dim, dtype=BF16).transpose(1, 2)
-        key = torch.empty(batch, kv_heads, capacity, dim, dtype=BF16)
+    def tree(rope, batch=3, tokens=32, capacity=256, heads=32, kv_heads=8, dim=128, dtype=BF16, window=0, softcap=0.0):
+        """a token tree's rows (core/step/rows.py's tails), each sequence its own start: tiles of
+        several tokens (4 at group 4), the prefix's blocks shared, the blocks past the start a token at a time"""
+        query = torch.empty(batch, tokens, heads, dim, dtype=dtype).transpose(1, 2)
+        key = torch.empty(batch, kv_heads, capacity, dim, dtype=dtype)
         tail, depth = torch.zeros(batch, tokens, tokens, dtype=torch.int64), torch.ones(batch, tokens, dtype=torch.int64)
         new = None
         if rope:
-            k_new = torch.empty(batch, tokens, kv_heads, dim, dtype=BF16).transpose(1, 2)
-            cos = torch.empty(batch, tokens, dim, dtype=BF16)
+            k_new = torch.empty(batch, tokens, kv_heads, dim, dtype=dtype).transpose(1, 2)
+            cos = torch.empty(batch, tokens, dim, dtype=dtype)
             new = (k_new, torch.empty_like(k_new), cos, torch.empty_like(cos))
         attention.decode_attention(query, key, torch.empty_like(key), torch.zeros(batch, dtype=torch.int64),
-                                   dim ** -0.5, 0, new, tail=tail, depth=depth)
+                                   dim ** -0.5, window, new, softcap, tail=tail, depth=depth)
 
     for rope in (False, True):
         yield f"attention bfloat16 tree tokens=32 batch=3 splits=4 rope={rope}", lambda r=rope: tree(r)
+    yield "attention float32 tree tokens=33 batch=1 splits=4 rope=True", lambda: tree(True, 1, 33, dtype=F32)
+    yield ("attention bfloat16 tree tokens=33 batch=2 splits=4 rope=True window=4096 softcap=50 Gemma-2-9B",
+           lambda: tree(True, 2, 33, heads=16, kv_heads=8, dim=256, window=4096, softcap=50.0))
+    yield ("attention bfloat16 tree tokens=9 batch=1 splits=1 rope=False group 1",
+           lambda: tree(False, 1, 9, capacity=64, heads=8, kv_heads=8))
     for heads, kv_heads, dim, model in ((28, 4, 128, "Qwen2-7B: 35 rows, BLOCK_M 64"),
                                         (8, 1, 256, "head dim 256: BLOCK_N 32"), (32, 8, 64, "Llama-3.2-1B")):
         yield (f"attention bfloat16 tokens=5 splits=4 rope=True {model}",

@@ -389,15 +389,15 @@ TREE_CASES = [  # nodes, width, depth, start, capacity, window, softcap, rope
 ]
 
 
-def _tree_inputs(case, dtype, seed=0, batch=1):
+def _tree_inputs(case, dtype, seed=0, batch=1, heads=4, kv_heads=2, starts=None, dim=16):
     from rows_helpers import random_tree
     from specgen.core.step import rows as rowsets
 
     nodes, width, depth, start, capacity, window, softcap, rope = case
-    heads, kv_heads, dim = 4, 2, 16
     gen = torch.Generator().manual_seed(seed)
     parents = torch.tensor(random_tree(nodes, width, depth, seed))
-    starts = [start + 3 * b for b in range(batch)]
+    starts = starts or [start + 3 * b for b in range(batch)]
+    batch = len(starts)
     rows = rowsets.tree(torch.zeros(batch, nodes, dtype=torch.long), parents, starts)
     query = torch.randn(batch, nodes, heads, dim, generator=gen).transpose(1, 2)
     key, value = (torch.randn(batch, kv_heads, capacity, dim, generator=gen) for _ in range(2))
@@ -413,14 +413,11 @@ def _paths(rows):
     return rows.start.to(DEVICE), rows.tail.to(DEVICE), rows.depth.to(DEVICE)
 
 
-@pytest.mark.parametrize("case", TREE_CASES, ids=["one", "chain", "siblings", "window", "32-softcap", "no-prefix"])
-def test_tree_kernel_matches_reference(case):
+def _assert_tree_matches_reference(rows, query, key, value, extra, window, softcap):
     """float32: the kernel over a tree's rows against the reference's masked softmax (the mask is
     Rows.seen's), the cache after the call holding each node's rotated key at its slot."""
-    rows, query, key, value, extra = _tree_inputs(case, torch.float32)
-    window, softcap = case[5], case[6]
     start, tail, depth = _paths(rows)
-    scale = 16 ** -0.5
+    scale = query.shape[-1] ** -0.5
     if extra is None:
         ref = decode_attention_reference(query, key, value, start, scale, window, softcap, tail, depth)
     else:
@@ -432,43 +429,119 @@ def test_tree_kernel_matches_reference(case):
         assert (key - ref_key).abs().max().item() < 1e-5 and torch.equal(value, ref_value)
 
 
-@pytest.mark.parametrize("case", TREE_CASES, ids=["one", "chain", "siblings", "window", "32-softcap", "no-prefix"])
-def test_tree_nodes_equal_one_token_steps_on_their_paths(case):
-    """bf16: each node's output equals, bit for bit, a one-token chain step at its position over a
-    cache that holds its path in place (its ancestors' keys moved to the slots after the prefix),
-    with the kernel's rotary and cache write when the case has them."""
+def _assert_nodes_equal_one_token_steps(rows, query, key, value, extra, window, softcap):
+    """Each node of each sequence: its output from the tree's call equals, bit for bit, a one-token
+    chain step at its position over its sequence's cache holding its path in place (its ancestors'
+    keys moved to the slots after the prefix), with the kernel's rotary and cache write when given."""
     from rows_helpers import path
 
-    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=1)
-    window, softcap = case[5], case[6]
     start, tail, depth = _paths(rows)
-    scale = 16 ** -0.5
+    scale = query.shape[-1] ** -0.5
     tree_key, tree_value = key.clone(), value.clone()
     together = decode_attention(query, tree_key, tree_value, start, scale, window, extra, softcap,
                                 tail=tail, depth=depth)
-    parents = _parents(rows)
-    s = int(rows.start[0])
-    for node in range(rows.count):
-        line = path(parents, node)
-        alone_key, alone_value = tree_key.clone(), tree_value.clone()  # the tree's keys, rotated
-        for d, ancestor in enumerate(line[:-1]):
-            alone_key[:, :, s + d] = tree_key[:, :, s + ancestor]
-            alone_value[:, :, s + d] = tree_value[:, :, s + ancestor]
-        at = torch.tensor(s + len(line) - 1, device=DEVICE)
-        one = None if extra is None else tuple(x[:, :, node:node + 1] if i < 2 else x[:, node:node + 1]
-                                               for i, x in enumerate(extra))
-        if one is None:  # the node's own key too: in place at its position
-            alone_key[:, :, s + len(line) - 1] = tree_key[:, :, s + node]
-            alone_value[:, :, s + len(line) - 1] = tree_value[:, :, s + node]
-        alone = decode_attention(query[:, :, node:node + 1], alone_key, alone_value, at, scale, window, one, softcap)
-        assert torch.equal(alone[:, 0], together[:, node]), node
+    for b in range(rows.batch):
+        parents = _parents(rows, b)
+        s = int(rows.start[b])
+        for node in range(rows.count):
+            line = path(parents, node)
+            alone_key, alone_value = tree_key[b:b + 1].clone(), tree_value[b:b + 1].clone()  # rotated keys
+            for d, ancestor in enumerate(line[:-1]):
+                alone_key[:, :, s + d] = tree_key[b:b + 1, :, s + ancestor]
+                alone_value[:, :, s + d] = tree_value[b:b + 1, :, s + ancestor]
+            at = torch.tensor(s + len(line) - 1, device=DEVICE)
+            one = None if extra is None else tuple(x[b:b + 1, :, node:node + 1] if i < 2 else x[b:b + 1, node:node + 1]
+                                                   for i, x in enumerate(extra))
+            if one is None:  # the node's own key too: in place at its position
+                alone_key[:, :, s + len(line) - 1] = tree_key[b:b + 1, :, s + node]
+                alone_value[:, :, s + len(line) - 1] = tree_value[b:b + 1, :, s + node]
+            alone = decode_attention(query[b:b + 1, :, node:node + 1], alone_key, alone_value, at, scale, window, one,
+                                     softcap)
+            assert torch.equal(alone[0, 0], together[b, node]), (b, node)
 
 
-def _parents(rows) -> list[int]:
-    """A tree's parent list from its tails (B = 1): each node's next-to-last tail entry."""
-    s = int(rows.start[0])
-    return [int(rows.tail[0, i, int(rows.depth[0, i]) - 2]) - s if int(rows.depth[0, i]) > 1 else -1
+@pytest.mark.parametrize("case", TREE_CASES, ids=["one", "chain", "siblings", "window", "32-softcap", "no-prefix"])
+def test_tree_kernel_matches_reference(case):
+    """float32: the kernel over a tree's rows against the reference, the cache write included."""
+    rows, query, key, value, extra = _tree_inputs(case, torch.float32)
+    _assert_tree_matches_reference(rows, query, key, value, extra, case[5], case[6])
+
+
+@pytest.mark.parametrize("case", TREE_CASES, ids=["one", "chain", "siblings", "window", "32-softcap", "no-prefix"])
+def test_tree_nodes_equal_one_token_steps_on_their_paths(case):
+    """bf16: each node's output equals, bit for bit, a one-token chain step at its position over a
+    cache that holds its path in place, with the kernel's rotary and cache write when the case has them."""
+    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=1)
+    _assert_nodes_equal_one_token_steps(rows, query, key, value, extra, case[5], case[6])
+
+
+def _parents(rows, b: int = 0) -> list[int]:
+    """Sequence b's tree as a parent list from its tails: each node's next-to-last tail entry."""
+    s = int(rows.start[b])
+    return [int(rows.tail[b, i, int(rows.depth[b, i]) - 2]) - s if int(rows.depth[b, i]) > 1 else -1
             for i in range(rows.count)]
+
+
+# Tree tiles that hold several tokens (16 rows: 16, 8, 5 or 4 tokens at groups 1, 2, 3, 4; a
+# token's heads over two tiles at group 80): the prefix's key blocks are shared by the tile's
+# tokens, the blocks that reach past the start are walked a token at a time.
+SHARED_TILES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _, capacity, window, softcap, rope))
+    # group 1: 20 tokens over two tiles, the start just before the block and split boundary at 64,
+    # a window of 3 whose first key is on either side of it
+    "group1-two-tiles": (2, 2, [63], (20, 3, 5, 0, 128, 3, 0.0, True)),
+    # group 2, no prefix: the tree is all a row sees; a window and soft-capping
+    "group2-no-prefix": (4, 2, [0], (12, 2, 4, 0, 64, 3, 1.0, False)),
+    # group 4, three tiles of 4 tokens; two sequences with their own starts; window, soft-capping, rotary
+    "group4-batch": (8, 2, [62, 127], (9, 3, 4, 0, 192, 8, 1.0, True)),
+    # group 3: tokens straddle tiles; three sequences, one of them tails across 128, one at start 64
+    "group3-straddle": (6, 2, [125, 3, 64], (11, 2, 5, 0, 192, 0, 0.0, False)),
+    # splits of 128 keys (4160 slots): tails across a block boundary inside a split (192) and across
+    # a split boundary (256); a window reaching back over a block boundary; rotary
+    "blocks-in-splits": (4, 1, [190, 254], (8, 2, 6, 0, 4160, 70, 0.0, True)),
+    # group 80 > 64 rows: a token's heads over two tiles (64 + 16 rows), one token a tile
+    "group80": (80, 1, [62], (5, 2, 4, 0, 128, 0, 1.0, True)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_TILES))
+def test_tree_tiles_of_several_tokens_keep_each_nodes_bits(name):
+    """bf16: every node equals its one-token step on its path (torch.equal); float32: the kernel
+    agrees with the reference."""
+    heads, kv_heads, starts, case = SHARED_TILES[name]
+    window, softcap = case[5], case[6]
+    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=5, heads=heads, kv_heads=kv_heads,
+                                                  starts=starts)
+    _assert_nodes_equal_one_token_steps(rows, query, key, value, extra, window, softcap)
+    rows, query, key, value, extra = _tree_inputs(case, torch.float32, seed=6, heads=heads, kv_heads=kv_heads,
+                                                  starts=starts)
+    _assert_tree_matches_reference(rows, query, key, value, extra, window, softcap)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", ["llama-3-8b", "llama-3-8b-rope", "gemma-2-9b"])
+def test_tree_tiles_keep_each_nodes_bits_on_gpu(shape):
+    """Tensor-core products at real widths, bf16: a 33-node tree verification (Llama-3-8B's
+    attention: 32 heads, 8 KV heads, 4 tokens a tile; Gemma-2-9B's: head dim 256, key blocks of 32,
+    a window and soft-capping), two sequences of their own starts over a 2048-slot cache (32 or 64
+    splits; tails across a split and a block boundary), every node torch.equal to its one-token
+    step on its path, and near the reference."""
+    heads, kv_heads, dim, window, softcap, rope = {"llama-3-8b": (32, 8, 128, 0, 0.0, False),
+                                                   "llama-3-8b-rope": (32, 8, 128, 0, 0.0, True),
+                                                   "gemma-2-9b": (16, 8, 256, 300, 50.0, True)}[shape]
+    case = (33, 4, 6, 0, 2048, window, softcap, rope)
+    args = dict(heads=heads, kv_heads=kv_heads, starts=[1022, 381], dim=dim)
+    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=7, **args)
+    _assert_nodes_equal_one_token_steps(rows, query, key, value, extra, window, softcap)
+    start, tail, depth = _paths(rows)
+    floats = [x.float() for x in (query, key, value)]
+    if rope:
+        ref, _, _ = rope_attention_reference(floats[0], *(x.float() for x in extra), *floats[1:], start, dim ** -0.5,
+                                             window, softcap, tail, depth)
+    else:
+        ref = decode_attention_reference(*floats, start, dim ** -0.5, window, softcap, tail, depth)
+    out = decode_attention(query, key, value, start, dim ** -0.5, window, extra, softcap, tail=tail, depth=depth)
+    assert (out.float() - ref).abs().max().item() < 4 * 2.0 ** -7
 
 
 @pytest.mark.parametrize("layout", ["chains", "trees"])

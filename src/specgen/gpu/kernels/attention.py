@@ -20,12 +20,21 @@ n <= position + t (and, with a sliding window w, n > position + t - w, the mask 
 applies).
 
 Trees and any other rows (core/step/rows.py's layout: per sequence a start, per row a tail of
-slots in path order, `tail` and `depth`): a program's tile holds one token's heads, placed as a
-one-token chain step places them, and walks logical keys: the prefix's slots in place, then the
-token's tail gathered, key j at position j. So a tree node visits its path's keys in the order,
-blocks and splits of a one-token chain step at its position over a cache that holds its path in
-place, and gets its output bit for bit; a sliding window compares those positions. A batch's
-sequences each read their own start.
+slots in path order, `tail` and `depth`): a tile holds several tokens' heads, token-major as a
+chain's (where a token's heads fill more than a tile, each token takes whole tiles), and each row
+walks logical keys: the prefix's slots in place, then its tail gathered, key j at position j. The
+key blocks wholly before the start are the same keys for every row of a sequence: loaded once and
+multiplied with the whole tile, as a chain's. The blocks from the one holding the start on (a few
+at the end of a row's walk: they hold its own path, different per token) are walked a token at a
+time, each from where its one-token step's walk starts to its last key, the update kept for its
+rows only (the other rows' running max, sum and output stay bitwise as they were). So a tree node
+visits its path's keys in the order, blocks and splits of a one-token chain step at its position
+over a cache that holds its path in place, and gets its output bit for bit (its place in the tile
+moves, as a chain row's does: see "Row invariance"); a sliding window compares those positions. A
+batch's sequences each read their own start. Why several tokens a tile: with one token's heads a
+tile, every tree node re-read the whole prefix (Llama-3.1-8B shapes: 12 of 16 rows of each tile
+empty), and a 33-row tree verification's split kernel took 1.30 ms a round over 32 layers on an
+H200 against 0.22 ms for a 7-row chain, whose tiles share each key block.
 
 Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becomes
 softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
@@ -43,7 +52,10 @@ a (k+1)-token step that holds it.
 With rope (the rope fusion of [kernels]), the query and the step's new keys arrive before their
 rotary embedding: the kernel rotates them, and each split writes the new keys and values whose
 positions fall in its key range (the split that reads them) into their rows' slots before
-reading the cache.
+reading the cache. Every tile's program of a split writes all of them (the same values), so what
+a program reads was there before the launch or was written by itself (another program's write of
+that slot is the same bits): a row's key at position p lies in its program's split, and past the
+start a tree row's key at p is its ancestor's at p, which p's split writes.
 
 Torch references: gpu/kernels/reference.py. Calls from a model step: gpu/ops.py.
 """
@@ -106,8 +118,10 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     assert softcap >= 0.0, f"softcap {softcap} < 0"
     group = heads // kv_heads
     block_m = max(16, min(MAX_ROWS, triton.next_power_of_2(group)))  # by the model, never by tokens
-    per_token = triton.cdiv(group, block_m)  # a tree's tiles: one token each
-    tiles = triton.cdiv(tokens * group, block_m) if tail is None else tokens * per_token
+    # rows per token in the tile layout: token-major (a chain's, and a tree's where a tile holds
+    # several tokens), or a tree's token padded to whole tiles where its heads fill more than one
+    pitch = group if tail is None or group <= block_m else triton.cdiv(group, block_m) * block_m
+    tiles = triton.cdiv(tokens * pitch, block_m)
     block_d = max(16, triton.next_power_of_2(dim))
     block_n = 64 if block_d <= 128 else 32
     split_keys = max(min(SPLIT_KEYS, block_n), block_n * triton.cdiv(triton.cdiv(capacity, MAX_SPLITS), block_n))
@@ -141,7 +155,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     _split_kernel[grid](
         query, key, value, starts, tail, depth, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides, start_stride, *tail_strides,
-        kv_heads, group, tokens, dim, capacity, per_token, scale if softcap else scale * LOG2E.value,
+        kv_heads, group, tokens, dim, capacity, pitch, scale if softcap else scale * LOG2E.value,
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
@@ -184,7 +198,7 @@ def _split_kernel(
     ssb,
     stb, stt, sdb, sdt,
     kv_heads, group, tokens, dim, capacity,
-    per_token,  # TAIL: tiles per token
+    pitch,  # TAIL: rows per token in the tile layout (group, or whole tiles where group > BLOCK_M)
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
@@ -197,17 +211,18 @@ def _split_kernel(
     kvh = bkv % kv_heads
     split = tl.program_id(2)
     prefix = tl.load(start_ptr + b * ssb)
-    if TAIL:  # one token per tile, its heads where a one-token chain step has them
-        token = tl.program_id(1) // per_token
-        g = (tl.program_id(1) % per_token) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] heads of the group
-        t = token + 0 * g  # [M]
-        row_ok = g < group
-        at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
-        at = at_token + 0 * g  # [M] each row's position: it sees logical keys [.., at]
-        at_first = at_token
-        at_last = at_token
+    first_row = tl.program_id(1) * BLOCK_M
+    if TAIL:  # several tokens a tile, token-major as in a chain: each prefix key block serves them all
+        f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows
+        t = f // pitch  # [M] each row's query token
+        g = f % pitch  # [M] and its head within the group
+        row_ok = (t < tokens) & (g < group)
+        at = prefix + tl.load(depth_ptr + b * sdb + t * sdt, mask=row_ok, other=1) - 1  # [M] each row's position
+        at_last = tl.max(tl.where(row_ok, at, prefix), axis=0)  # the tile's deepest and shallowest tokens'
+        at_first = tl.min(tl.where(row_ok, at, at_last), axis=0)
+        token_first = first_row // pitch  # the tile's tokens
+        token_last = tl.minimum((first_row + BLOCK_M - 1) // pitch, tokens - 1)
     else:
-        first_row = tl.program_id(1) * BLOCK_M
         f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows, token-major
         t = f // group  # [M] each row's query token
         g = f % group  # [M] and its head within the group
@@ -264,7 +279,8 @@ def _split_kernel(
     # scores are -inf, so it adds products of 0 and rescales by exp2(0) = 1, or, before the row's
     # first key, leaves them at their start. So a row's result does not depend on the other tokens
     # in its tile.
-    lo = (split * SPLIT_KEYS).to(tl.int64)
+    split_lo = (split * SPLIT_KEYS).to(tl.int64)
+    lo = split_lo
     hi = tl.minimum(lo + SPLIT_KEYS, at_last + 1)
     hi = tl.minimum(hi, capacity)
     if WINDOW > 0:
@@ -275,46 +291,40 @@ def _split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = k_ptr + b * skb + kvh * skh
     v_base = v_ptr + b * svb + kvh * svh
-    for block in range(lo, hi, BLOCK_N):
-        n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
-        n_ok = n < hi
-        if TAIL:  # the prefix's keys in place, then the token's tail gathered in path order
-            past = n_ok & (n >= prefix)
-            slot = tl.where(past, tl.load(tail_ptr + b * stb + token * stt + n - prefix, mask=past, other=0), n)
-        else:
-            slot = n
-        k = tl.load(k_base + slot[:, None] * skn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if PER_ROW:
-            s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-        elif F32_DOT:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = (s * score_scale).to(tl.float32)  # [M, N]; inductor passes Python floats as fp64
-        if SOFTCAP > 0:
-            # transformers' Gemma 2 eager attention in its order: (q.k * scale) / cap, tanh, * cap,
-            # then the mask. Kept: that order and a float32 rounding after each step; not kept: eager's
-            # roundings to the model's dtype between the steps (in bf16 it rounds the product, the
-            # scaled score and each soft-cap step to bf16; flash-attention's soft-capping does not
-            # either). The base-2 factor joins the last product, as it joins the scale without a cap.
-            s = _tanh(s / SOFTCAP) * (SOFTCAP * LOG2E)
-        visible = n_ok[None, :] & (n[None, :] <= at[:, None])
-        if WINDOW > 0:
-            visible = visible & (n[None, :] > at[:, None] - WINDOW)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + slot[:, None] * svn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if PER_ROW:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        elif F32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+    if TAIL:
+        # The blocks wholly before the start hold the prefix's keys in place, the same for every
+        # row: loaded once for all the tile's tokens. The blocks from the one holding the start on
+        # hold each row's own path: walked a token at a time, each from where its one-token step's
+        # walk would be (its window) to its last key, the other tokens' rows kept as they are. So
+        # each row sees its one-token step's blocks, keys and order.
+        shared_end = tl.maximum(tl.minimum(hi, prefix - prefix % BLOCK_N), lo)
+        for block in range(lo, shared_end, BLOCK_N):
+            n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
+            m, l, acc = _attend(q, m, l, acc, k_base, v_base, n, n, n < hi, at, d, d_ok, skn, svn, score_scale,
+                                WINDOW, SOFTCAP, F32_DOT, PER_ROW)
+        for token in range(token_first, token_last + 1):
+            at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
+            hi_token = tl.minimum(tl.minimum(split_lo + SPLIT_KEYS, at_token + 1), capacity)
+            lo_token = shared_end
+            if WINDOW > 0:
+                first_token = tl.maximum(at_token - WINDOW + 1, 0)
+                lo_token = tl.maximum(lo_token, first_token - first_token % BLOCK_N)
+            own = t == token  # [M] its rows
+            for block in range(lo_token, hi_token, BLOCK_N):
+                n = block + tl.arange(0, BLOCK_N)
+                n_ok = n < hi_token
+                past = n_ok & (n >= prefix)  # the prefix's keys in place, then the token's tail gathered
+                slot = tl.where(past, tl.load(tail_ptr + b * stb + token * stt + n - prefix, mask=past, other=0), n)
+                m_t, l_t, acc_t = _attend(q, m, l, acc, k_base, v_base, slot, n, n_ok, at, d, d_ok, skn, svn,
+                                          score_scale, WINDOW, SOFTCAP, F32_DOT, PER_ROW)
+                m = tl.where(own, m_t, m)
+                l = tl.where(own, l_t, l)
+                acc = tl.where(own[:, None], acc_t, acc)
+    else:
+        for block in range(lo, hi, BLOCK_N):
+            n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
+            m, l, acc = _attend(q, m, l, acc, k_base, v_base, n, n, n < hi, at, d, d_ok, skn, svn, score_scale,
+                                WINDOW, SOFTCAP, F32_DOT, PER_ROW)
     release_next(DEPENDENT)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
@@ -329,6 +339,46 @@ def _split_kernel(
                  mask=row_ok[:, None] & d_ok[None, :])
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
         tl.store(lse_ptr + row_id * SPLITS + split, lse, mask=row_ok)
+
+
+@triton.jit
+def _attend(q, m, l, acc, k_base, v_base, slot, n, n_ok, at, d, d_ok, skn, svn, score_scale,
+            WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr):
+    """One key block's step of the online softmax for the tile's rows: logical keys n (valid where
+    n_ok) at cache slots `slot`, each row seeing those at or before its position `at` (and inside
+    the window) -> the rows' running max, sum and output."""
+    k = tl.load(k_base + slot[:, None] * skn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if PER_ROW:
+        s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+    elif F32_DOT:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = (s * score_scale).to(tl.float32)  # [M, N]; inductor passes Python floats as fp64
+    if SOFTCAP > 0:
+        # transformers' Gemma 2 eager attention in its order: (q.k * scale) / cap, tanh, * cap,
+        # then the mask. Kept: that order and a float32 rounding after each step; not kept: eager's
+        # roundings to the model's dtype between the steps (in bf16 it rounds the product, the
+        # scaled score and each soft-cap step to bf16; flash-attention's soft-capping does not
+        # either). The base-2 factor joins the last product, as it joins the scale without a cap.
+        s = _tanh(s / SOFTCAP) * (SOFTCAP * LOG2E)
+    visible = n_ok[None, :] & (n[None, :] <= at[:, None])
+    if WINDOW > 0:
+        visible = visible & (n[None, :] > at[:, None] - WINDOW)
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_base + slot[:, None] * svn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if PER_ROW:
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+    elif F32_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l, acc
 
 
 @triton.jit
