@@ -4,9 +4,11 @@ round (CUDA graphs' kernels included), and the round's wall time against the ker
 rest is gaps between launches).
 
     PYTHONPATH=src python3 benchmarks/gpu/round_kernels.py PAIR.toml [--k 4] [--shapes 1:0,2:8,4:16]
-        [-n 128] [--top 25] [--temperature 0] [--proposer eagle]
+        [-n 128] [--top 25] [--temperature 0] [--proposer eagle] [--context 1024]
 
 A shape is width:nodes (1:0 the chain). Written to find what a tree round adds to a chain's.
+--context N: the prompt's tokens repeated to N tokens (attention over a prefix of that length;
+the default prompt is about ten tokens).
 """
 
 from __future__ import annotations
@@ -73,10 +75,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--proposer", default=None, help="the profile's proposer unless given (draft, eagle)")
+    parser.add_argument("--context", type=int, default=0, help="repeat the prompt to this many tokens")
     args = parser.parse_args()
     # the engine loads the drafters of the profile's proposer: the one profiled, where given
     engine = Engine(load_profile(args.pair, {"proposer.kind": args.proposer} if args.proposer else {}))
     prompt = engine.encode("def quicksort(arr):\n    ")
+    if args.context > len(prompt):
+        prompt = (prompt * (args.context // len(prompt) + 1))[: args.context]
     for shape in args.shapes.split(","):
         width, nodes = (int(x) for x in shape.split(":"))
         summary, lines = profile_shape(engine, args.pair, args.k, width, nodes, args.n, args.temperature, prompt,
