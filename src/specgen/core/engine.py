@@ -19,7 +19,7 @@ from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_head import BatchHead
 from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
-from specgen.core.round.batch_tree import BatchTreeRound
+from specgen.core.round.batch_tree import BatchTreeDraftModel, BatchTreeRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, TREE_DRAFTERS, TREE_PROPOSERS, Profile
@@ -157,8 +157,9 @@ class Engine:
             profile.speculation.tree_width not in (AUTO, 1) else None
         key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup, tree)
         if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
+            drafter = partial(BatchTreeDraftModel, runner=self.draft_runner)
             rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
-                                 self.backend, self.target_runner, self.draft_runner)
+                                 self.backend, self.target_runner, drafter)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         if key not in self._rounds:
             if kind == "eagle":
