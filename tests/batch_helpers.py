@@ -7,6 +7,7 @@ import random
 from collections import defaultdict
 from dataclasses import replace
 
+from decode_helpers import finish
 from specgen.core.engine import Engine, target_only
 from specgen.core.events import RoundEvent
 
@@ -23,22 +24,61 @@ def alone_rounds(engine: Engine, work: list) -> list[tuple]:
 
 class Recorder:
     """The batch's program, noting after each round the counted drafts of every row that holds a
-    prompt (the staged ids: output row | drafts | count), by the prompt's index. The torch
-    backend's program is eager: one round in flight, so a row holds its prompt through its rounds only."""
+    prompt (the staged ids: output row | drafts | count), by the prompt's index, and what
+    probe(round, row) reads of its round (None: nothing). The torch backend's program is eager:
+    one round in flight, so a row holds its prompt through its rounds only."""
 
     asynchronous = False
 
-    def __init__(self, decoder):
-        self.decoder, self.inner = decoder, decoder.program
+    def __init__(self, decoder, probe=None):
+        self.decoder, self.inner, self.probe = decoder, decoder.program, probe
         self.drafts = defaultdict(list)
+        self.probed = defaultdict(list)
         decoder.program = self
 
     def launch(self) -> None:
         self.inner.launch()
         k = self.decoder.round.k
-        for row, staged in zip(self.decoder.rows, self.decoder.round.stage_ids.tolist()):
+        for b, (row, staged) in enumerate(zip(self.decoder.rows, self.decoder.round.stage_ids.tolist())):
             if row is not None:
                 self.drafts[row.index].append(staged[k + 1: k + 1 + staged[2 * k + 1]])
+                if self.probe is not None:
+                    self.probed[row.index].append(self.probe(self.decoder.round, b))
+
+
+class AloneProbe:
+    """A decoder's program that notes after each round what probe(round) reads of it (eager, as
+    the torch backend's: the round is done when launch returns)."""
+
+    def __init__(self, inner, decoder, probe, into: list):
+        self.inner, self.decoder, self.probe, self.into = inner, decoder, probe, into
+        self.asynchronous = inner.asynchronous
+
+    def prepare(self, slots: int) -> None:
+        self.inner.prepare(slots)
+
+    def launch(self, *args) -> None:
+        self.inner.launch(*args)
+        self.into.append(self.probe(self.decoder.round))
+
+
+def alone_probes(engine: Engine, work: list, probe) -> list[tuple]:
+    """Each prompt's (tokens, every round's probe(round)), decoded alone."""
+    out = []
+    for ids, spec in work:
+        decoder = engine.decoder(replace(engine.profile, sampling=spec))
+        seen: list = []
+        decoder.programs = {mode: AloneProbe(program, decoder, probe, seen)
+                            for mode, program in decoder.programs.items()}
+        out.append((finish(decoder, ids).token_ids, seen))
+    return out
+
+
+def batched_probes(engine: Engine, batch: int, work: list, probe) -> list[tuple]:
+    """Each prompt's (tokens, every round's probe(round, its row)) through `batch` rows, in order."""
+    decoder = engine.batch_decoder(batch)
+    recorder = Recorder(decoder, probe)
+    return [(f.token_ids, recorder.probed[i]) for i, f in decoder.run(work)]
 
 
 def batched_rounds(engine: Engine, batch: int, work: list) -> list[tuple]:

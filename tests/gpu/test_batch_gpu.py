@@ -10,7 +10,11 @@ alone, and the captured round equal to the round run eagerly. And with prompt lo
 every row (core/round/batch_lookup.py, a bigram target whose text the prompts hold): on the
 interpreter's kernel tables greedy and rejection-coupled rows (one-hot q through the verification
 kernel) equal each prompt alone; on a GPU bfloat16 greedy rows at B = 7, 16 equal batch 1 and each
-prompt alone, and the captured round equals the round run eagerly.
+prompt alone, and the captured round equals the round run eagerly. And with an EAGLE-3 head's
+token trees (core/round/batch_head_tree.py): on the interpreter's kernel tables greedy rows (tokens
+and every round's pool of candidates) equal each prompt alone; on a GPU float32 rows at B = 1, 7
+equal each prompt alone (greedy, Gumbel, rejection), bfloat16 greedy rows at B = 7, 16 equal batch
+1, and the captured round equals the round run eagerly.
 """
 
 from __future__ import annotations
@@ -372,6 +376,86 @@ def test_captured_batch_tree_round_equals_the_round_run_eagerly(pair, sampling):
     """The batch tree round replayed as CUDA graphs (re-captured when the long max_tokens below
     grows the caches, behind a round in flight) or run as it is: the same tokens and fates."""
     engine = cuda_tree_engine(*pair, dtype="float32", **sampling)
+    work = jobs(engine.profile, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == fated(engine, 8, work, eager=True)
+
+
+# -- an EAGLE-3 head's token trees at batch (core/round/batch_head_tree.py) ---------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_batch_head_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, head):
+    """Each row's head tree on the kernels a GPU captures: the head's batch table over [B, k + 1]
+    extend rows and [B, w] tree rows (attention over each row's tails in its own cache row), the
+    target's [B, n + 1] tree step, the tree kernels per row: each row's tokens and every round's
+    pool of candidates (every level's children, its drafts among them) are the head tree round's
+    on the same kernels."""
+    from batch_helpers import alone_probes, batched_probes
+
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True, head=True)
+    profile = make_profile(pair[0], None, k=3, proposer=ProposerSpec(kind="eagle", head=str(head)),
+                           speculation=dict(tree_width=2, tree_nodes=5))
+    engine = Engine(profile, backend=HeadTables(tables))
+    assert engine.describe()["heads"] == {"eagle": "kernels"}
+    work = jobs(engine.profile, 3, seed=1)
+    pools = alone_probes(engine, work, lambda rnd: rnd.tree.tokens.tolist())
+    assert batched_probes(engine, 2, work, lambda rnd, b: rnd.trees.trees[b].tokens.tolist()) == pools
+
+
+def cuda_head_tree_engine(target, head, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "float32",
+                          **sampling) -> Engine:
+    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="eagle", head=str(head)),
+                           speculation=dict(tree_width=width, tree_nodes=nodes), **({"max_tokens": 32} | sampling))
+    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
+    assert engine.backend.name == "cuda" and engine.describe()["heads"] == {"eagle": "kernels"}
+    return engine
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+@pytest.mark.parametrize("batch", [1, 7])
+def test_head_tree_rows_equal_each_prompt_alone_on_cuda(pair, head, sampling, batch):
+    """24 prompts of their own lengths and max_tokens, float32 head trees (k 4, width 2, 6 nodes)
+    on the owned kernels and the head's, each prompt's seed: every row's tokens at B = 1 and 7 are
+    the prompt's alone (the captured head tree round)."""
+    engine = cuda_head_tree_engine(pair[0], head, **sampling)
+    work = jobs(engine.profile, 24, seed=batch)
+    reference = alone(engine, work)
+    got = batched(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, reference))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+
+
+@on_cuda
+@pytest.mark.parametrize("batch", [7, 16])
+def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
+    """bfloat16 head trees (k 4, width 3, 8 nodes): every row's tokens and fates at B = 7 and 16
+    are batch 1's."""
+    engine = cuda_head_tree_engine(pair[0], head, width=3, nodes=8, dtype="bfloat16")
+    work = jobs(engine.profile, 32, seed=batch)
+    one = fated(engine, 1, work)
+    got = fated(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, one))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
+                         ids=["greedy", "gumbel", "rejection"])
+def test_captured_batch_head_tree_round_equals_the_round_run_eagerly(pair, head, sampling):
+    """The batch head tree round replayed as CUDA graphs (re-captured when the long max_tokens
+    below grows the caches, the head's among them, behind a round in flight) or run as it is: the
+    same tokens and fates."""
+    engine = cuda_head_tree_engine(pair[0], head, **sampling)
     work = jobs(engine.profile, 20, seed=3)
     work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
     decoder = engine.batch_decoder(8)

@@ -6,8 +6,9 @@ prompts so that some run masked) equal decoding that prompt alone with the tree 
 (k, width, nodes): greedy exactly, with every round's drafts; Gumbel coupling with the prompt's
 seed the same sampled text; rejection coupling (drawn children, the recursive walk; a greedy row
 among them walks greedily) the same tokens too, each row's numbers drawn by its own generator in
-the order and shapes the tree round draws them. What batches do not take of trees is a one-line
-error.
+the order and shapes the tree round draws them. What batches do not take of trees (prompt lookup's
+and hybrid's, tree_nodes auto) is a one-line error; an EAGLE-3 head's trees are taken
+(tests/core/round/test_batch_head_tree.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import replace
 
 from batch_helpers import alone_rounds, batched_rounds
 from decode_helpers import make_profile, random_prompts
-from specgen.core.engine import Engine
+from specgen.core.engine import Engine, batch_refusal
 from specgen.core.errors import UsageError
 from specgen.core.events import Fate
 from specgen.core.round import TreeRound
@@ -104,11 +105,24 @@ def test_rejection_tree_rows_are_seed_stable(pair):
 
 
 @pytest.mark.parametrize("change, named", [
-    (dict(proposer=ProposerSpec(kind="ngram")), "token trees from the draft model only"),
+    (dict(proposer=ProposerSpec(kind="ngram")), "token trees from the draft model or an EAGLE-3 head (eagle) only"),
+    (dict(proposer=ProposerSpec(kind="hybrid")), "not by the hybrid proposer"),
     (dict(speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
+    (dict(proposer=ProposerSpec(kind="eagle"), speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
 ])
 def test_what_batches_do_not_take_of_trees_is_one_line(pair, change, named):
     speculation = dict(tree_width=2, tree_nodes=4) | change.pop("speculation", {})
+    profile = make_profile(*pair, k=3, speculation=speculation, **change)
+    assert named in batch_refusal(profile) and "\n" not in batch_refusal(profile)
+    if change.get("proposer", ProposerSpec()).kind == "eagle":
+        return  # the engine would need a head to load (tests/core/round/test_batch_head_tree.py runs them)
     with pytest.raises(UsageError) as error:
-        Engine(make_profile(*pair, k=3, speculation=speculation, **change)).batch_decoder(2)
+        Engine(profile).batch_decoder(2)
     assert named in str(error.value) and "\n" not in str(error.value)
+
+
+def test_head_trees_are_taken_at_batch(pair):
+    """An EAGLE-3 head's trees at batch are decoded, each row its own (core/round/batch_head_tree.py)."""
+    profile = make_profile(*pair, k=3, proposer=ProposerSpec(kind="eagle"), speculation=dict(tree_width=2,
+                                                                                              tree_nodes=4))
+    assert batch_refusal(profile) == ""

@@ -35,8 +35,10 @@ class BatchHead:
         self.rnd, self.drafter, self.head = rnd, drafter, drafter.head
         hidden = drafter.tap.hidden
         first, stop, _ = drafter.span.indices(len(drafter.tap.points) * hidden)
-        # the target's states at the head's points, for the B x (k + 1) rows of the round's target step
-        self.tap = AuxTap(rnd.target.model, drafter.tap.points[first // hidden: stop // hidden], batch * (k + 1))
+        # the target's states at the head's points, for the B x (k + 1) rows of the round's target
+        # step (a tree round's B x (n + 1): core/round/batch_head_tree.py)
+        self.rows = rnd.target_rows_per
+        self.tap = AuxTap(rnd.target.model, drafter.tap.points[first // hidden: stop // hidden], batch * self.rows)
         self.ops = rnd.backend.head_ops(self.head, batch=True) or self.head.ops
         self.steps = torch.arange(k + 1, **z)
         self.origin = torch.zeros(batch, dtype=torch.long, **z)  # each row's P - e: its extend's first position
@@ -65,7 +67,7 @@ class BatchHead:
         """Row b's prompt through the engine's target runner and head as the chain round feeds them,
         both caches' slots copied into row b, and its first round set to extend over the prompt's
         last target row as if the round before had emitted `last` (core/round/head.HeadDrafts)."""
-        rnd, head, k = self.rnd, self.head, self.rnd.k
+        rnd, head = self.rnd, self.head
         rnd.positions[0, b].fill_(len(ids) - 1)
         rnd.target.reset()
         self.drafter.reserve(len(ids))
@@ -75,14 +77,32 @@ class BatchHead:
             n = max(len(ids) - 2, 0)  # the head's prompt rows
             self.cache.keys[0][b, :, :n].copy_(head.k_cache[0, :, :n])
             self.cache.values[0][b, :, :n].copy_(head.v_cache[0, :, :n])
-            self.tap.out[b * (k + 1)].copy_(self.drafter.features(1)[0])
+            self._first_features(b)
         rnd.out[b].fill_(-1)
         rnd.out[b, 0].fill_(ids[-1])
         rnd.emitted[b].fill_(1)
 
+    def _first_features(self, b: int) -> None:
+        """The prompt's last target row (the engine's tap's row 0 after the prefill), where row b's
+        first extend reads it: its first row of this part's tap."""
+        self.tap.out[b * self.rows].copy_(self.drafter.features(1)[0])
+
     def draft(self) -> None:
         """Every row's k drafts into feed[:, 1:] (core/round/head.py's HeadDrafts.draft, row by row)."""
         rnd, k, batch = self.rnd, self.rnd.k, self.rnd.batch
+        logits, hidden = self._extend(self.tap.out[:batch * (k + 1)].view(batch, k + 1, -1))
+        self._pick(0, logits)
+        for i in range(1, k):  # step i embeds draft i - 1 at position P + i - 1
+            torch.add(rnd.positions[0][:, None], i - 1, out=self.step_positions)
+            rows = Rows(rnd.feed[:, i: i + 1], self.step_positions, self.step_positions, self.step_positions[:, 0])
+            logits, hidden = self._forward(hidden, rows)
+            self._pick(i, logits[:, 0])
+
+    def _extend(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over every row's previous round's k + 1 target rows (features [B, k + 1, F] in
+        the output row's order): the logits [B, Vd] and hidden state [B, 1, H] of each row's last
+        emitted row, which predict the token after its `last`."""
+        rnd, k = self.rnd, self.rnd.k
         # the previous round's target rows, at P - e + j (P - e clamped at 0 as the chain round's:
         # a one-token prompt's first round)
         torch.sub(rnd.positions[0], rnd.emitted, out=self.origin)
@@ -90,16 +110,11 @@ class BatchHead:
         torch.add(self.origin[:, None], self.steps, out=self.extend_positions)
         ids = rnd.out.clamp_min(0)  # accepted drafts, then the new token; stale ids past them
         rows = Rows(ids, self.extend_positions, self.extend_positions, self.origin)
-        logits, hidden = self._forward(self.tap.out[:batch * (k + 1)].view(batch, k + 1, -1), rows)
+        logits, hidden = self._forward(features, rows)
         torch.sub(rnd.emitted[:, None], 1, out=self.last)
         self.last.clamp_(0, k)  # a row that never started: emitted 0
         hidden = hidden.gather(1, self.last[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, 1, H]
-        self._pick(0, logits.gather(1, self.last[:, :, None].expand(-1, -1, logits.shape[-1]))[:, 0])
-        for i in range(1, k):  # step i embeds draft i - 1 at position P + i - 1
-            torch.add(rnd.positions[0][:, None], i - 1, out=self.step_positions)
-            rows = Rows(rnd.feed[:, i: i + 1], self.step_positions, self.step_positions, self.step_positions[:, 0])
-            logits, hidden = self._forward(hidden, rows)
-            self._pick(i, logits[:, 0])
+        return logits.gather(1, self.last[:, :, None].expand(-1, -1, logits.shape[-1]))[:, 0], hidden
 
     def _forward(self, features: torch.Tensor, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over the rows (features [B, n, 3 x target width] or its own states [B, n, H])."""
@@ -113,14 +128,18 @@ class BatchHead:
         return head.over_rows(h, rows, self.cache, self.ops, rotary)
 
     def _pick(self, i: int, logits: torch.Tensor) -> None:
-        """Draft step i from the head's logits [B, Vd]: over the target's vocabulary (-inf outside
-        the draft vocabulary) into the round's draft logits, then every row's pick."""
-        rnd = self.rnd
+        """Draft step i from the head's logits [B, Vd] into the round's draft logits, then every
+        row's pick."""
+        self._widen(self.rnd.draft_logits, logits)
+        self.rnd.coupling.pick(i)
+
+    def _widen(self, out: torch.Tensor, logits: torch.Tensor) -> None:
+        """The head's logits [..., Vd] over the target's vocabulary into out [..., width] (its
+        columns outside the draft vocabulary stay -inf, as EagleDrafter's logits have them)."""
         if self.drafter.identity:
-            rnd.draft_logits.copy_(logits)
+            out.copy_(logits)
         else:
-            rnd.draft_logits.index_copy_(1, self.drafter.columns, logits.float())
-        rnd.coupling.pick(i)
+            out.index_copy_(out.dim() - 1, self.drafter.columns, logits.float())
 
     def reading(self):
         """The round's target step, whose states the next round extends over: the tap copies them."""

@@ -309,6 +309,11 @@ class BatchRound:
         return self.k + 3
 
     @property
+    def target_rows_per(self) -> int:
+        """Each row's rows in the round's target step (a head's tap holds B of them)."""
+        return self.k + 1
+
+    @property
     def host_drafts(self) -> bool:
         """Whether the host writes the drafts (prompt lookup: q is one-hot, and the next round's
         drafts depend on this round's tokens, so the batch loop keeps one round in flight)."""

@@ -1,4 +1,5 @@
 """The round over a batch with token trees: B rows, each its own tree drafted by the draft model
+(BatchTreeDraftModel, below) or an EAGLE-3 head (core/round/batch_head_tree.py's BatchHeadTree)
 (speculation.tree_width > 1 at batch_size > 1).
 
 The tree round's phases (core/round/tree_round.py), with a batch dimension, each row's tree its
@@ -6,17 +7,20 @@ own (core/round/tree.py's Tree, its buffers views of stacked ones, BatchTrees):
 
     draft    the draft model over each row's `pending` [B, 2] (the root's children: level 1), then
              once per level over every row's w frontier nodes ([B, w] tree rows, each row in its own
-             draft cache row past its own position); each row's children from its own log q
-             ([B w, V] in one tree_children call), its tree built by the ops' tree_expand
+             draft cache row past its own position); a head likewise after each row's extend over
+             its accepted path (its levels past the target's position, on their parents' hidden
+             states); each row's children from its own log q ([B w, V] in one tree_children call),
+             its tree built by the ops' tree_expand
     select   each row's n best candidates, by the ops' tree_select
     target   one step over every row's root and n nodes ([B, n + 1] tree rows)
     verify   the rows' warp in one call, then one walk over [B, ...] (the walks take a leading
              batch dimension): greedy and Gumbel coupling the greedy walk; rejection coupling the
              recursive walk for the rows whose children are drawn and the greedy walk for greedy
              rows, each row taking its own
-    commit   each row's accepted path compacted in both caches (the step's `compact` op over
-             [B, k] slots), its positions, `pending` and next `last`; staged as a chain's rows:
-             out | the drafts the walk followed | drafts that count
+    commit   each row's accepted path compacted in the target's cache and the draft model's (the
+             step's `compact` op over [B, k] slots), its positions, `pending` and next `last` (a
+             head: its output row, and its path's target rows gathered from the tap); staged as a
+             chain's rows: out | the drafts the walk followed | drafts that count
 
 How a row stays what it is alone: the ops of a level (tree_expand, tree_select) run per row over
 that row's Tree (B launches each; a batched kernel is for later), every other op is the
@@ -26,15 +30,13 @@ drawn by its own generator in the single tree round's order and shapes; Gumbel c
 the noise row of their depth, from its own key), a greedy row takes its top-w (its noise rows
 are ones: log 1 = 0 leaves each key its log q, bit for bit).
 
-Not here: EAGLE-3 heads' and prompt lookup's trees at batch (engine.batch_refusal refuses them),
-the tree's insight stage, and `taken` (a drawn child accepted outside the tree): the batch's
-host reads the chain's staged layout, so such a token counts as recovered in the row's
-statistics (its text is the same).
+Not here: prompt lookup's and hybrid's trees at batch, and tree_nodes auto (engine.batch_refusal
+refuses them; MTP layers draft no batch at all), the tree's insight stage, and `taken` (a drawn
+child accepted outside the tree): the batch's host reads the chain's staged layout, so such a
+token counts as recovered in the row's statistics (its text is the same).
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 import torch
 
@@ -187,17 +189,53 @@ class BatchTreeRejection:
                      for d, g in zip(drawn, greedy))
 
 
+class BatchTreeDraftModel(BatchDraftModel):
+    """The draft model drafting every row's tree (its BatchDraftModel part: prefill, `pending`,
+    its cache row): the root's log q from its step over `pending`, each level's from its step over
+    the frontier's tree rows in its own cache."""
+
+    def root(self) -> torch.Tensor:
+        """The draft's logits after each row's root into the round's draft_logits [B, width]; the
+        start [B] its frontiers' rows sit past (its committed sequence, the root included)."""
+        rnd = self.rnd
+        rnd._step(1, self.pending, rnd.draft_logits[:, None], keep=1)
+        return rnd.positions[1]
+
+    def level(self, level: int, start: torch.Tensor) -> None:
+        """The draft's logits at frontier `level`'s nodes into the round's level_logits [B, w, width]."""
+        rnd = self.rnd
+        rows = rnd.trees.level_rows(level, start)
+        logits = rnd.models[1].step(rows, rnd.caches[1], rnd.step_ops[1])
+        cols = min(logits.shape[-1], rnd.width)
+        rnd.level_logits[..., :cols].copy_(logits[..., :cols])
+
+    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+        """Each row as TreeDraft.commit: the draft keeps the m - 2 accepted nodes it stepped (m =
+        emitted; its last two ids wait in `pending`). Before the round's `last` moves."""
+        rnd, k, steps = self.rnd, self.rnd.k, self.rnd.steps
+        ahead = emitted[:, None]
+        if k > 1:
+            draft = rnd.positions[1][:, None]
+            dst = draft + steps[: k - 1]
+            src = draft + rnd.trees["offset"].gather(1, path[:, : k - 1])
+            rnd.step_ops[1].compact(rnd.caches[1], torch.where(steps[: k - 1] < ahead - 2, src, dst), dst)
+        ids = torch.cat([rnd.feed[:, :1], out], 1)  # [B, k + 2] the root, then the round's tokens
+        self.pending.copy_(ids.gather(1, ahead - 1 + rnd.pair_steps))
+        rnd.positions[1].add_(emitted - 2)
+
+
 class BatchTreeRound(BatchRound):
-    """B rows of token-tree speculation (width w > 1, n nodes) drafted by the draft model: a
-    BatchRound (its host side, caches, positions and draft model part) whose body drafts, verifies
-    and commits trees."""
+    """B rows of token-tree speculation (width w > 1, n nodes): a BatchRound (its host side,
+    caches and positions) whose body drafts, verifies and commits trees. drafter(round): the part
+    whose logits build each row's tree: BatchTreeDraftModel, or an EAGLE-3 head's
+    (core/round/batch_head_tree.BatchHeadTree): root() and level() write the round's logits,
+    commit() keeps what its next round reads."""
 
     def __init__(self, k: int, width_w: int, nodes: int, batch: int, width: int, vocab_size: int, gumbel: bool,
-                 backend, target, draft_runner):
-        # before BatchRound's: its caches take `reach`, its coupling part these
+                 backend, target, drafter):
+        # before BatchRound's: its caches take `reach`, its coupling and drafter parts these
         self.tree_width, self.nodes, self.gumbel = width_w, nodes, gumbel
-        super().__init__(k, batch, width, vocab_size, gumbel, backend, target,
-                         partial(BatchDraftModel, runner=draft_runner))
+        super().__init__(k, batch, width, vocab_size, gumbel, backend, target, drafter)
         z = dict(device=self.device)
         self.trees = BatchTrees(batch, k, width_w, nodes, self.device)
         self.tree_logits = torch.full((batch, nodes + 1, width), float("-inf"), dtype=torch.float32, **z)
@@ -211,9 +249,14 @@ class BatchTreeRound(BatchRound):
         return BatchTreeGumbel(self) if gumbel else BatchTreeRejection(self)
 
     @property
+    def target_rows_per(self) -> int:
+        return self.nodes + 1
+
+    @property
     def reach(self) -> int:
         """The target writes the root and n nodes past its position, the draft its pending pair and
-        (k - 1) w frontier nodes past its own."""
+        (k - 1) w frontier nodes past its own (a head: its k + 1 extend rows and the frontiers past
+        the target's)."""
         return max(self.k + 3, self.nodes + 2, 2 + (self.k - 1) * self.tree_width + 1)
 
     def shape_key(self) -> tuple:
@@ -247,7 +290,8 @@ class BatchTreeRound(BatchRound):
         self.coupling.begin()
         self._draft()
         rows = self.trees.target_rows(self.positions[0])
-        logits = self.models[0].step(rows, self.caches[0], self.step_ops[0])
+        with self.drafter.reading():  # a head's tap copies the target's states of the tree's rows
+            logits = self.models[0].step(rows, self.caches[0], self.step_ops[0])
         cols = min(logits.shape[-1], self.width)
         self.tree_logits[..., :cols].copy_(logits[..., :cols])
         out, path, shown, taken = self.coupling.verify(rows)
@@ -263,17 +307,13 @@ class BatchTreeRound(BatchRound):
 
     def _draft(self) -> None:
         ops, trees, w, b = self.ops, self.trees.trees, self.tree_width, self.batch
-        self._step(1, self.drafter.pending, self.draft_logits[:, None], keep=1)
-        start = self.positions[1]  # each row past its committed sequence, the root included
+        start = self.drafter.root()  # each row's frontier rows past its own start [B]
         logq = self._logq(self.draft_logits, self.draft_params, 0)
         tokens, values = ops.tree_children(logq, self.coupling.children_noise(0, 1), w)  # [B, w]
         for i, tree in enumerate(trees):
             ops.tree_expand(tree, 0, tokens[i : i + 1], values[i : i + 1], start[i : i + 1], self.feed[i, :1])
         for level in range(1, self.k):
-            rows = self.trees.level_rows(level, start)
-            logits = self.models[1].step(rows, self.caches[1], self.step_ops[1])
-            cols = min(logits.shape[-1], self.width)
-            self.level_logits[..., :cols].copy_(logits[..., :cols])
+            self.drafter.level(level, start)
             logq = self._logq(self.level_logits.view(b * w, -1), self.level_params, level)
             tokens, values = ops.tree_children(logq, self.coupling.children_noise(level, w), w)  # [B w, w]
             for i, tree in enumerate(trees):
@@ -283,23 +323,15 @@ class BatchTreeRound(BatchRound):
             ops.tree_select(tree, self.positions[0, i : i + 1])  # the target's rows past its own position
 
     def _commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor) -> None:
-        """Each row as TreeRound.commit and TreeDraft.commit: m = emitted; the target keeps its
-        root and the m - 1 accepted nodes, the draft the m - 2 it stepped (its last two ids wait
-        in `pending`)."""
+        """Each row as TreeRound.commit: m = emitted; the target keeps its root and the m - 1
+        accepted nodes, the drafter what its next round reads (before `last` moves)."""
         k, steps = self.k, self.steps
         emitted = (out >= 0).sum(1)  # [B]
         ahead = emitted[:, None]
         target = self.positions[0][:, None]
         dst = target + 1 + steps
         self.step_ops[0].compact(self.caches[0], torch.where(steps < ahead - 1, target + path, dst), dst)
-        if k > 1:
-            draft = self.positions[1][:, None]
-            dst = draft + steps[: k - 1]
-            src = draft + self.trees["offset"].gather(1, path[:, : k - 1])
-            self.step_ops[1].compact(self.caches[1], torch.where(steps[: k - 1] < ahead - 2, src, dst), dst)
-        ids = torch.cat([self.feed[:, :1], out], 1)  # [B, k + 2] the root, then the round's tokens
-        self.drafter.pending.copy_(ids.gather(1, ahead - 1 + self.pair_steps))
-        self.positions[1].add_(emitted - 2)
+        self.drafter.commit(out, path, emitted)
         # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
         shown = torch.where((taken[:, None] > 0) & (steps == ahead - 1), out[:, :k], shown)
         torch.cat([out, shown, self.num_drafts.long()[:, None]], dim=1, out=self.stage_ids)
