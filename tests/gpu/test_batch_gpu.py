@@ -351,16 +351,30 @@ def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, 
     return engine
 
 
+TREE_SAMPLINGS = pytest.mark.parametrize(
+    "sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                 dict(temperature=0.8, top_p=0.9, coupling="rejection")], ids=["greedy", "gumbel", "rejection"])
+TREE_DRAFTERS = pytest.mark.parametrize("drafter", ["draft", "head"])
+
+
+def float32_tree_engine(request, drafter: str, **sampling) -> Engine:
+    """float32 trees (k 4, width 2, 6 nodes) on the owned kernels, drafted by the draft model or
+    (drafter "head") an EAGLE-3 head on the head's kernels."""
+    pair = request.getfixturevalue("pair")
+    if drafter == "head":
+        return cuda_head_tree_engine(pair[0], request.getfixturevalue("head"), **sampling)
+    return cuda_tree_engine(*pair, dtype="float32", **sampling)
+
+
 @on_cuda
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
-                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
-                         ids=["greedy", "gumbel", "rejection"])
+@TREE_SAMPLINGS
+@TREE_DRAFTERS
 @pytest.mark.parametrize("batch", [1, 7])
-def test_tree_rows_equal_each_prompt_alone_on_cuda(pair, sampling, batch):
-    """24 prompts of their own lengths and max_tokens, float32 trees (k 4, width 2, 6 nodes) on the
-    owned kernels, each prompt's seed: every row's tokens at B = 1 and 7 are the prompt's alone
-    (the captured tree round)."""
-    engine = cuda_tree_engine(*pair, dtype="float32", **sampling)
+def test_tree_rows_equal_each_prompt_alone_on_cuda(request, drafter, sampling, batch):
+    """24 prompts of their own lengths and max_tokens, float32 trees from the draft model or a
+    head, each prompt's seed: every row's tokens at B = 1 and 7 are the prompt's alone (the
+    captured tree round)."""
+    engine = float32_tree_engine(request, drafter, **sampling)
     work = jobs(engine.profile, 24, seed=batch)
     reference = alone(engine, work)
     got = batched(engine, batch, work)
@@ -369,13 +383,13 @@ def test_tree_rows_equal_each_prompt_alone_on_cuda(pair, sampling, batch):
 
 
 @on_cuda
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
-                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
-                         ids=["greedy", "gumbel", "rejection"])
-def test_captured_batch_tree_round_equals_the_round_run_eagerly(pair, sampling):
-    """The batch tree round replayed as CUDA graphs (re-captured when the long max_tokens below
-    grows the caches, behind a round in flight) or run as it is: the same tokens and fates."""
-    engine = cuda_tree_engine(*pair, dtype="float32", **sampling)
+@TREE_SAMPLINGS
+@TREE_DRAFTERS
+def test_captured_batch_tree_round_equals_the_round_run_eagerly(request, drafter, sampling):
+    """The batch tree round (the draft model's or a head's) replayed as CUDA graphs (re-captured
+    when the long max_tokens below grows the caches, a head's among them, behind a round in
+    flight) or run as it is: the same tokens and fates."""
+    engine = float32_tree_engine(request, drafter, **sampling)
     work = jobs(engine.profile, 20, seed=3)
     work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
     decoder = engine.batch_decoder(8)
@@ -418,23 +432,6 @@ def cuda_head_tree_engine(target, head, k: int = 4, width: int = 2, nodes: int =
 
 
 @on_cuda
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
-                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
-                         ids=["greedy", "gumbel", "rejection"])
-@pytest.mark.parametrize("batch", [1, 7])
-def test_head_tree_rows_equal_each_prompt_alone_on_cuda(pair, head, sampling, batch):
-    """24 prompts of their own lengths and max_tokens, float32 head trees (k 4, width 2, 6 nodes)
-    on the owned kernels and the head's, each prompt's seed: every row's tokens at B = 1 and 7 are
-    the prompt's alone (the captured head tree round)."""
-    engine = cuda_head_tree_engine(pair[0], head, **sampling)
-    work = jobs(engine.profile, 24, seed=batch)
-    reference = alone(engine, work)
-    got = batched(engine, batch, work)
-    same = sum(a == b for a, b in zip(got, reference))
-    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
-
-
-@on_cuda
 @pytest.mark.parametrize("batch", [7, 16])
 def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
     """bfloat16 head trees (k 4, width 3, 8 nodes): every row's tokens and fates at B = 7 and 16
@@ -445,21 +442,3 @@ def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
     got = fated(engine, batch, work)
     same = sum(a == b for a, b in zip(got, one))
     assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
-
-
-@on_cuda
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
-                                      dict(temperature=0.8, top_p=0.9, coupling="rejection")],
-                         ids=["greedy", "gumbel", "rejection"])
-def test_captured_batch_head_tree_round_equals_the_round_run_eagerly(pair, head, sampling):
-    """The batch head tree round replayed as CUDA graphs (re-captured when the long max_tokens
-    below grows the caches, the head's among them, behind a round in flight) or run as it is: the
-    same tokens and fates."""
-    engine = cuda_head_tree_engine(pair[0], head, **sampling)
-    work = jobs(engine.profile, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
-    assert captured == fated(engine, 8, work, eager=True)
