@@ -60,8 +60,9 @@ if [ -f /tmp/head/profile.toml ]; then  # a head another script trained on this 
   bench pair-eagle 90 -p /tmp/bench/pair.toml --proposer eagle --head /tmp/head --batch-size 1,8,32 --k 4,6 \
     --num-prompts 64 -n 128
 fi
-bench 8b-greedy 150 -p /tmp/fam/llama-3.1/pair.toml --batch-size 1,4,16 --k 4 --num-prompts 16 -n 32
-# where a batch round's time goes: the device's kernels against the host's settling (KERNELS=0: not here)
+[ "${EIGHT_B:-1}" = 0 ] || bench 8b-greedy 150 -p /tmp/fam/llama-3.1/pair.toml --batch-size 1,4,16 --k 4 --num-prompts 16 -n 32
+# where a batch round's time goes: the device's kernels against the host's settling (KERNELS=0: not here;
+# EIGHT_B=0 leaves out the 8B sweep above)
 [ "${KERNELS:-1}" = 0 ] || PYTHONPATH=$PWD/src timeout 120 python3 benchmarks/gpu/batch_kernels.py /tmp/bench/pair.toml --batch-sizes 1,8,32 \
   --k 0,2 --prompts 32 -n 64 --top 14 > "$OUT/batch-kernels.txt" 2>&1
 echo "== batch kernels rc=$? at $SECONDS s" | tee -a "$LOG"
