@@ -28,8 +28,8 @@ from specgen.core.errors import UsageError
 
 def tune_kernels(
     profile: opt.Profile = None,
-    rows: Annotated[str, typer.Option("--rows", help="Step sizes timed, comma-separated "
-                                      "(default: 1 and the profile's k + 1).")] = "",
+    rows: Annotated[str, typer.Option("--rows", help="Step sizes timed, comma-separated (default: 1, the "
+                                      "profile's k + 1, its tree's rows and its batch's rows).")] = "",
     download: opt.Download = None,
     in_step: Annotated[bool, typer.Option("--in-step/--no-in-step", help="Choose the draft model's one-row "
                                           "configurations inside its captured step (loads the draft).")] = True,
@@ -40,7 +40,7 @@ def tune_kernels(
     settings = load_profile(profile, opt.overrides(download=download))
     if no_gpu_visible():  # told in a millisecond; torch's answer takes seconds of imports
         raise _no_gpu()
-    sizes = _rows(rows, settings.speculation.k)
+    sizes = _rows(rows, settings)
     import torch
 
     if not torch.cuda.is_available():
@@ -74,16 +74,34 @@ def no_gpu_visible(root: Path = Path("/"), environ=None) -> bool:
     return not any((root / path).exists() for path in devices) and not any((root / "dev").glob("nvidia[0-9]*"))
 
 
-def _rows(text: str, k: int) -> tuple[int, ...]:
-    from specgen.gpu.kernels.linear import MAX_ROWS  # noqa: PLC0415 (Triton only once the options are valid)
+def _rows(text: str, settings) -> tuple[int, ...]:
+    """The row counts timed: --rows, else the ones the profile's runs call the target with: 1
+    (target-only steps, prefill's last chunk), k + 1 (a verification), a tree's nodes + 1 (tree_width
+    > 1 with a set tree_nodes) and a batch's B x (k + 1) (a set batch_size > 1). Why all of them: the
+    table keeps one configuration per shape for every row count (a row's bits must not depend on
+    it), and one fastest at 1 and k + 1 rows may compute a tree's or a batch's rows one after
+    another (docs/benchmarks.md, "Batches (H200)": the bench target's matrix-vector picks)."""
+    from specgen.gpu.kernels.linear import BATCH_ROWS  # noqa: PLC0415 (Triton only once the options are valid)
 
-    try:
-        sizes = tuple(int(part) for part in opt.comma_list(text, "--rows", "1,5")) if text else (1, k + 1)
-    except ValueError:
-        raise UsageError(f"--rows {text!r}: not a comma-separated list of integers", hint="For example --rows 1,5.")
-    if not all(1 <= size <= MAX_ROWS for size in sizes):
-        raise UsageError(f"--rows {text}: each step size must be from 1 to {MAX_ROWS}", hint="For example --rows 1,5.")
-    return sizes
+    if text:
+        try:
+            sizes = tuple(int(part) for part in opt.comma_list(text, "--rows", "1,5"))
+        except ValueError:
+            raise UsageError(f"--rows {text!r}: not a comma-separated list of integers", hint="For example --rows 1,5.")
+        if not all(1 <= size <= BATCH_ROWS for size in sizes):
+            raise UsageError(f"--rows {text}: each step size must be from 1 to {BATCH_ROWS}",
+                             hint="For example --rows 1,5.")
+        return sizes
+    spec, k = settings.speculation, settings.speculation.k
+    sizes = [1, k + 1]
+    verified = k + 1  # the rows a request verifies a round: a chain's, or a tree's root and nodes
+    if isinstance(spec.tree_width, int) and spec.tree_width > 1 and isinstance(spec.tree_nodes, int):
+        verified = spec.nodes + 1
+        sizes.append(verified)
+    batch = settings.runtime.batch_size
+    if isinstance(batch, int) and batch > 1:
+        sizes.append(min(BATCH_ROWS, batch * verified))
+    return tuple(dict.fromkeys(sizes))
 
 
 def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_timer=None,
