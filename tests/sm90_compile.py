@@ -484,21 +484,25 @@ def tree_scenarios(tree_walk, compact):
 
 
 def tree_build_scenarios(tree_build):
-    """A k = 4, width 3 tree's construction: the root's level, a middle level (the next frontier),
-    the last level, and the selection of top-w and of drawn children, plainly and dependent."""
-    from specgen.core.round.tree import Tree
+    """Three k = 4, width 3 trees' construction in one stack (a program per row; one row draws its
+    children, which the selection reads per row): the roots' level, a middle level (the next
+    frontier), the last level, and the selection; and a k = 1 stack's (no stepped nodes); plainly
+    and dependent."""
+    from specgen.core.round.tree import TreeStack
 
     for dependent in (False, True):
-        for drawn in (False, True):
-            def call(dependent=dependent, drawn=drawn):
-                tree, start = Tree(4, 3, 12, torch.device("cpu"), drawn=drawn), torch.zeros(1, dtype=torch.int64)
-                kids, logq = torch.zeros(3, 3, dtype=torch.int64), torch.zeros(3, 3)
-                tree_build.expand(tree, 0, kids[:1], logq[:1], start, start, dependent=dependent)
-                for level in (1, 3):
-                    tree_build.expand(tree, level, kids, logq, start, dependent=dependent)
-                tree_build.select(tree, start, dependent=dependent)
+        for k in (4, 1):
+            def call(dependent=dependent, k=k):
+                trees = TreeStack(3, k, 3, 12 if k > 1 else 2, torch.device("cpu"))
+                trees.draws[1] = True
+                start = torch.zeros(3, dtype=torch.int64)
+                kids, logq = torch.zeros(9, 3, dtype=torch.int64), torch.zeros(9, 3)
+                tree_build.expand(trees, 0, kids[:3], logq[:3], start, start, dependent=dependent)
+                for level in (1, 3) if k > 1 else ():  # a middle level and the last
+                    tree_build.expand(trees, level, kids, logq, start, dependent=dependent)
+                tree_build.select(trees, start, dependent=dependent)
 
-            yield f"tree_build dependent={dependent} drawn={drawn}", call
+            yield f"tree_build k={k} dependent={dependent}", call
 
 
 def topw_scenarios(topw):

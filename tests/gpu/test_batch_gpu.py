@@ -330,9 +330,9 @@ def test_captured_lookup_batch_round_equals_the_round_run_eagerly(bigram, sampli
 @pytest.mark.parametrize("sampling", [dict(temperature=0.9, coupling="rejection")], ids=["rejection"])
 def test_batch_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, sampling):
     """Each row's tree on the kernels a GPU captures: the step kernels over [B, w] and [B, n + 1]
-    tree rows (attention over each row's tails), the tree's construction and top-w kernels per row,
-    the walk kernels over [B, ...], the compaction kernel over [B, k] slots: each row's tokens
-    and drafts are the tree round's on the same kernels."""
+    tree rows (attention over each row's tails), the top-w kernels, the tree's construction over
+    every row at once, the walk kernels over [B, ...], the compaction kernel over [B, k] slots:
+    each row's tokens and drafts are the tree round's on the same kernels."""
     tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
     profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=5), **sampling)
     engine = Engine(profile, backend=KernelTables(tables))
@@ -407,9 +407,9 @@ def test_captured_batch_tree_round_equals_the_round_run_eagerly(request, drafter
 def test_batch_head_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, head):
     """Each row's head tree on the kernels a GPU captures: the head's batch table over [B, k + 1]
     extend rows and [B, w] tree rows (attention over each row's tails in its own cache row), the
-    target's [B, n + 1] tree step, the tree kernels per row: each row's tokens and every round's
-    pool of candidates (every level's children, its drafts among them) are the head tree round's
-    on the same kernels."""
+    target's [B, n + 1] tree step, the tree kernels over every row at once: each row's tokens and
+    every round's pool of candidates (every level's children, its drafts among them) are the head
+    tree round's on the same kernels."""
     from batch_helpers import alone_probes, batched_probes
 
     tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True, head=True)

@@ -80,11 +80,11 @@ class TritonRoundOps:
     def tree_children(self, logq, noise, w):
         return gpu_topw.top_w(logq.contiguous(), noise, w, self.workspace, dependent=self.dependent)
 
-    def tree_expand(self, tree, level, tokens, logq, start, root_id=None):
-        gpu_tree.expand(tree, level, tokens, logq, start, root_id, dependent=self.dependent)
+    def tree_expand(self, trees, level, tokens, logq, start, root_id=None):
+        gpu_tree.expand(trees, level, tokens, logq, start, root_id, dependent=self.dependent)
 
-    def tree_select(self, tree, start):
-        gpu_tree.select(tree, start, dependent=self.dependent)
+    def tree_select(self, trees, start):
+        gpu_tree.select(trees, start, dependent=self.dependent)
     # -- a batch's rows (core/round/batch_round.py) ---------------------------------------------
 
     def gumbel_noise_rows(self, out, key, first):

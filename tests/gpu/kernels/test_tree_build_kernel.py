@@ -3,7 +3,9 @@ buffer of the Tree equal after each level's expansion and after the selection, t
 ops tables (TritonRoundOps and TorchRoundOps, the children by each table's tree_children: the
 kernels of gpu/kernels/topw.py against the reference), for top-w and drawn children, with scores that tie
 (log q on a coarse grid, and -inf where the vocabulary runs out of finite entries), over depths 1
-to 6, widths 2 to 4 and budgets from one node to the whole pool (pools past a block of 64). On CPU
+to 6, widths 2 to 4 and budgets from one node to the whole pool (pools past a block of 64). Stacks of
+B = 1, 3 and 7 trees (a batch's rows, each with its own inputs, starts and drawn or top-w children)
+built in one call per level: both tables equal, and every row equal to its tree built alone. On CPU
 (CI) the kernels run in the Triton interpreter (tests/triton_cpu.py); on a GPU the same tests run the
 compiled kernels, with and without dependent launch.
 """
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from specgen.core.round.ops import TorchRoundOps
-from specgen.core.round.tree import Tree, envelope
+from specgen.core.round.tree import Tree, TreeStack, draw_children, envelope
 from specgen.core.step import rows as rowsets
 from specgen.gpu.round_ops import TritonRoundOps
 from specgen.gpu.workspace import Workspace
@@ -91,3 +93,87 @@ def test_tree_kernels_match_the_reference_past_a_block(drawn):
     for k, w, n in [(5, 4, 40), (5, 4, 68), (6, 4, 70)]:
         _build(k, w, n, drawn, tied=True, seed=k + n, dependent=False)
         _build(k, w, n, drawn, tied=False, seed=k + n, dependent=False)
+
+
+def _same_stack(ours: TreeStack, theirs: TreeStack, when: str) -> None:
+    for name, value in theirs.buffers().items():
+        got = getattr(ours, name)
+        assert torch.equal(got, value), f"{when}, {name}: kernel {got.tolist()} reference {value.tolist()}"
+
+
+def _same_row(stack: TreeStack, b: int, alone: Tree, when: str) -> None:
+    for name, value in alone.stack.buffers().items():
+        got = getattr(stack, name)[b : b + 1]
+        assert torch.equal(got, value), f"{when}, row {b}, {name}: batched {got.tolist()} alone {value.tolist()}"
+
+
+def _batched(batch: int, k: int, w: int, n: int, seed: int, dependent: bool) -> None:
+    """Rows tied or not (alternately), drawn or top-w (in a pattern that changes between the two
+    rounds: a row that stops drawing keeps its `drawn`), each with its own starts and root: each
+    level's children from the reference's draw_children over every row's log q (a top-w row's
+    noise rows are ones, as the batch round gives them), then one call over the stack on each
+    table, and one call per row over B trees alone."""
+    gen = torch.Generator().manual_seed(seed)
+    tables = [TritonRoundOps(Workspace(DEVICE), dependent), TorchRoundOps()]
+    stacks = [TreeStack(batch, k, w, n, DEVICE) for _ in tables]
+    alone = [[Tree(k, w, n, DEVICE) for _ in range(batch)] for _ in tables]
+    for round_ in range(2):
+        drawn = [(b + round_) % 3 != 0 for b in range(batch)]
+        for stack, trees in zip(stacks, alone):
+            stack.draws.copy_(torch.tensor(drawn, device=DEVICE))
+            for tree, flag in zip(trees, drawn):
+                tree.sampled = flag
+        draft_start = torch.randint(0, 50, (batch,), generator=gen).to(DEVICE)
+        target_start = draft_start + 60 + torch.randint(0, 9, (batch,), generator=gen).to(DEVICE)
+        root_id = torch.randint(0, VOCAB, (batch,), generator=gen).to(DEVICE)
+
+        def expand(level: int, rows: int) -> None:
+            logq = torch.cat([_logq(rows, gen, tied=b % 2 == 1) for b in range(batch)])  # [B rows, V]
+            noise = torch.empty(batch * rows, VOCAB).exponential_(generator=gen)
+            noise[~torch.tensor(drawn).repeat_interleave(rows)] = 1.0
+            tokens, values = (t.to(DEVICE) for t in draw_children(logq, noise, w))  # [B rows, w]
+            root = root_id if level == 0 else None
+            for stack, trees, ops in zip(stacks, alone, tables):
+                ops.tree_expand(stack, level, tokens, values, draft_start, root)
+                for b, tree in enumerate(trees):
+                    at = slice(b * rows, (b + 1) * rows)
+                    ops.tree_expand(tree.stack, level, tokens[at], values[at], draft_start[b : b + 1],
+                                    None if root is None else root[b : b + 1])
+
+        def check(when: str) -> None:
+            _same_stack(*stacks, when)
+            for stack, trees in zip(stacks, alone):
+                for b, tree in enumerate(trees):
+                    _same_row(stack, b, tree, when)
+
+        expand(0, 1)
+        check(f"round {round_} root")
+        for level in range(1, k):
+            expand(level, w)
+            check(f"round {round_} level {level}")
+        for stack, trees, ops in zip(stacks, alone, tables):
+            ops.tree_select(stack, target_start)
+            for b, tree in enumerate(trees):
+                ops.tree_select(tree.stack, target_start[b : b + 1])
+        check(f"round {round_} select")
+
+
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("batch", [1, 3, 7])
+@pytest.mark.parametrize("k, w, n", [(1, 3, 2), (3, 2, 6), (4, 3, 12), (5, 3, 39)])
+def test_a_stack_of_trees_is_each_row_alone(k, w, n, batch, dependent):
+    """One call per level over B rows equals B calls over trees alone, on both tables, and the
+    tables agree: every buffer bit for bit."""
+    _batched(batch, k, w, n, seed=batch * 100 + k * 10 + w, dependent=dependent)
+
+
+def test_a_tree_is_its_stacks_row():
+    """Each Tree of a stack is a view of its row (what a batch's steps and walks read is what the
+    ops wrote), and its `sampled` is its row's `draws` on the device."""
+    stack = TreeStack(3, 3, 2, 5, DEVICE)
+    trees = [Tree(3, 2, 5, DEVICE, stack=stack.row(b)) for b in range(3)]
+    for b, tree in enumerate(trees):
+        for name, value in stack.buffers().items():
+            assert getattr(tree, name).data_ptr() == value[b].data_ptr() and getattr(tree, name).shape == value[b].shape
+    trees[1].sampled = True
+    assert stack.draws.tolist() == [False, True, False] and trees[1].sampled and not trees[0].sampled

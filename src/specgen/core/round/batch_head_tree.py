@@ -16,10 +16,11 @@ a batch head's cache rows and tap (core/round/batch_head.py's BatchHead):
     commit   each row's output row, and its path's target rows from the tap
 
 The round builds each row's tree from these logits with the draft model's ops (its children per
-row from its own log q, tree_expand and tree_select per row), so each row computes what it
-computes alone: every head call is the one-request call over more rows, each row reading its own
-cache row and its own buffers only. The head keeps no K/V at the commit, as alone: the next extend
-rewrites the rows at the accepted positions from the target's states.
+row from its own log q, tree_expand and tree_select over every row's tree at once, each row on its
+own buffers), so each row computes what it computes alone: every head call is the one-request
+call over more rows, each row reading its own cache row and its own buffers only. The head keeps
+no K/V at the commit, as alone: the next extend rewrites the rows at the accepted positions from
+the target's states.
 
 Buffers are allocated once; the body reads no host value (a backend captures the round whole).
 """

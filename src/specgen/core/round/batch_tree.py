@@ -3,15 +3,15 @@
 (speculation.tree_width > 1 at batch_size > 1).
 
 The tree round's phases (core/round/tree_round.py), with a batch dimension, each row's tree its
-own (core/round/tree.py's Tree, its buffers views of stacked ones, BatchTrees):
+own (BatchTrees: core/round/tree.py's TreeStack of B trees, each row's Tree a view of its row):
 
     draft    the draft model over each row's `pending` [B, 2] (the root's children: level 1), then
              once per level over every row's w frontier nodes ([B, w] tree rows, each row in its own
              draft cache row past its own position); a head likewise after each row's extend over
              its accepted path (its levels past the target's position, on their parents' hidden
              states); each row's children from its own log q ([B w, V] in one tree_children call),
-             its tree built by the ops' tree_expand
-    select   each row's n best candidates, by the ops' tree_select
+             every row's level built by one call of the ops' tree_expand
+    select   each row's n best candidates, every row's by one call of the ops' tree_select
     target   one step over every row's root and n nodes ([B, n + 1] tree rows)
     verify   the rows' warp in one call, then one walk over [B, ...] (the walks take a leading
              batch dimension): greedy and Gumbel coupling the greedy walk; rejection coupling the
@@ -22,13 +22,15 @@ own (core/round/tree.py's Tree, its buffers views of stacked ones, BatchTrees):
              head: its output row, and its path's target rows gathered from the tap); staged as a
              chain's rows: out | the drafts the walk followed | drafts that count
 
-How a row stays what it is alone: the ops of a level (tree_expand, tree_select) run per row over
-that row's Tree (B launches each; a batched kernel is for later), every other op is the
-one-request op over more rows, whose rows depend on their own inputs only. Children are drawn per
-row: a row whose request is sampled draws them (rejection coupling: from its own Exp(1) rows,
-drawn by its own generator in the single tree round's order and shapes; Gumbel coupling: with
-the noise row of their depth, from its own key), a greedy row takes its top-w (its noise rows
-are ones: log 1 = 0 leaves each key its log q, bit for bit).
+How a row stays what it is alone: every op is the one-request op over more rows, whose rows
+depend on their own inputs only. The tree's construction too: tree_expand (once a level) and
+tree_select take the whole stack, one launch each on a GPU with a program per row (per-row
+launches were some 200 more kernels a round at B = 16 and k = 6), and a tree alone runs the
+same op over a stack of one. Children are drawn per row: a row whose request is sampled draws
+them (rejection coupling: from its own Exp(1) rows, drawn by its own generator in the single tree
+round's order and shapes; Gumbel coupling: with the noise row of their depth, from its own key),
+a greedy row takes its top-w (its noise rows are ones: log 1 = 0 leaves each key its log q, bit
+for bit).
 
 Not here: prompt lookup's and hybrid's trees at batch, and tree_nodes auto (engine.batch_refusal
 refuses them; MTP layers draft no batch at all), the tree's insight stage, and `taken` (a drawn
@@ -42,42 +44,37 @@ import torch
 
 from specgen.core.round.batch_round import BatchDraftModel, BatchRound, RowParams
 from specgen.core.round.drafters import draft_spec
-from specgen.core.round.tree import Tree
+from specgen.core.round.tree import Tree, TreeStack
 from specgen.core.sampling import noise
 from specgen.core.sampling.warp import exponentials_, logprobs_from_logits, uniforms_
 from specgen.core.settings import SamplingSpec
 from specgen.core.step.rows import Rows
 
 
-class BatchTrees:
-    """B Trees of one envelope (k, w, n) whose every buffer is a view of one stacked buffer
-    [B, ...]: each row's ops write its own Tree, the batch's steps and walks read the stack."""
+class BatchTrees(TreeStack):
+    """B trees of one envelope (k, w, n), stacked [B, ...] (core/round/tree.py's TreeStack): the
+    ops build every row in one call, the batch's steps and walks read the stack; `trees`, each
+    row's Tree (its `sampled`, and its buffers as one tree's, for the host and the tests)."""
 
     def __init__(self, batch: int, k: int, width: int, nodes: int, device: torch.device):
-        self.trees = [Tree(k, width, nodes, device) for _ in range(batch)]
-        self.stacked: dict[str, torch.Tensor] = {}
-        for name, value in vars(self.trees[0]).items():
-            if isinstance(value, torch.Tensor):
-                stacked = self.stacked[name] = torch.stack([vars(tree)[name] for tree in self.trees])
-                for b, tree in enumerate(self.trees):
-                    setattr(tree, name, stacked[b])  # contiguous: a kernel's pointer reads it as its own
+        super().__init__(batch, k, width, nodes, device)
+        self.trees = [Tree(k, width, nodes, device, stack=self.row(b)) for b in range(batch)]
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        return self.stacked[name]
+        return getattr(self, name)
 
     def level_rows(self, level: int, start: torch.Tensor) -> Rows:
         """Every row's draft rows [B, w] for frontier `level` (1 .. k - 1) past its start [B]."""
         i = level - 1
-        s = self.stacked
-        return Rows(s["level_ids"][:, i, 0].contiguous(), s["level_positions"][:, i, 0].contiguous(),
-                    s["level_slots"][:, i, 0].contiguous(), start, s["level_tail"][:, i, 0].contiguous(),
-                    s["level_depth"][:, i, 0].contiguous())
+        return Rows(self.level_ids[:, i, 0].contiguous(), self.level_positions[:, i, 0].contiguous(),
+                    self.level_slots[:, i, 0].contiguous(), start, self.level_tail[:, i, 0].contiguous(),
+                    self.level_depth[:, i, 0].contiguous())
 
     def target_rows(self, start: torch.Tensor) -> Rows:
         """Every row's target rows [B, n + 1]: its root and selected nodes past its start [B]."""
-        s, b = self.stacked, len(self.trees)
-        return Rows(s["ids"].view(b, -1), s["positions"].view(b, -1), s["slots"].view(b, -1), start,
-                    s["path"].view(b, *s["path"].shape[2:]), s["depth"].view(b, -1))
+        b = self.batch
+        return Rows(self.ids.view(b, -1), self.positions.view(b, -1), self.slots.view(b, -1), start,
+                    self.path.view(b, *self.path.shape[2:]), self.depth.view(b, -1))
 
 
 class BatchTreeGumbel:
@@ -260,9 +257,9 @@ class BatchTreeRound(BatchRound):
         return max(self.k + 3, self.nodes + 2, 2 + (self.k - 1) * self.tree_width + 1)
 
     def shape_key(self) -> tuple:
-        """As a chain batch's, and which rows' trees keep their stepped nodes first (drawn children
-        under rejection coupling: the selection's launch differs)."""
-        return (*super().shape_key(), self.level_params.flags, tuple(t.sampled for t in self.trees.trees))
+        """As a chain batch's, and the level rows' warp flags. Which rows' trees draw their children
+        is not in it: the selection reads each row's flag on the device (TreeStack.draws)."""
+        return (*super().shape_key(), self.level_params.flags)
 
     def state(self) -> list[torch.Tensor]:
         return [self.positions, self.feed, self.generated, self.emitted, *self.drafter.state(), *self.coupling.state()]
@@ -306,21 +303,17 @@ class BatchTreeRound(BatchRound):
         return logq
 
     def _draft(self) -> None:
-        ops, trees, w, b = self.ops, self.trees.trees, self.tree_width, self.batch
+        ops, trees, w, b = self.ops, self.trees, self.tree_width, self.batch
         start = self.drafter.root()  # each row's frontier rows past its own start [B]
         logq = self._logq(self.draft_logits, self.draft_params, 0)
         tokens, values = ops.tree_children(logq, self.coupling.children_noise(0, 1), w)  # [B, w]
-        for i, tree in enumerate(trees):
-            ops.tree_expand(tree, 0, tokens[i : i + 1], values[i : i + 1], start[i : i + 1], self.feed[i, :1])
+        ops.tree_expand(trees, 0, tokens, values, start, self.feed[:, 0])
         for level in range(1, self.k):
             self.drafter.level(level, start)
             logq = self._logq(self.level_logits.view(b * w, -1), self.level_params, level)
             tokens, values = ops.tree_children(logq, self.coupling.children_noise(level, w), w)  # [B w, w]
-            for i, tree in enumerate(trees):
-                at = slice(i * w, (i + 1) * w)
-                ops.tree_expand(tree, level, tokens[at], values[at], start[i : i + 1])
-        for i, tree in enumerate(trees):
-            ops.tree_select(tree, self.positions[0, i : i + 1])  # the target's rows past its own position
+            ops.tree_expand(trees, level, tokens, values, start)
+        ops.tree_select(trees, self.positions[0])  # the target's rows past each row's own position
 
     def _commit(self, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor) -> None:
         """Each row as TreeRound.commit: m = emitted; the target keeps its root and the m - 1

@@ -66,12 +66,14 @@ class RoundOps(Protocol):
         """(tokens [R, w], log q [R, w]): each row's top-w of log q [R, V] (of log q − log E with
         noise E [R or 1, V]), larger first, ties to the lower id: core/round/tree.draw_children."""
 
-    def tree_expand(self, tree, level: int, tokens, logq, start, root_id=None) -> None:
-        """A token tree's level from its children (tokens, log q [w, w]; level 0: the root's [1, w]),
-        the next frontier and its draft rows past start: core/round/tree.grow."""
+    def tree_expand(self, trees, level: int, tokens, logq, start, root_id=None) -> None:
+        """Every tree of a TreeStack (B rows; a Tree's own stack: B = 1) at once: each row's level
+        from its children (tokens, log q [B w, w]; level 0: the roots' [B, w], root_id [B]), its
+        next frontier and its draft rows past its start [B]: core/round/tree.grow."""
 
-    def tree_select(self, tree, start) -> None:
-        """The tree's n best nodes as rows, and the target's rows past start: core/round/tree.pick."""
+    def tree_select(self, trees, start) -> None:
+        """Every tree of a TreeStack at once: each row's n best nodes as rows, and the target's
+        rows past its start [B]: core/round/tree.pick."""
     # -- a batch's rows (core/round/batch_round.py): B rows in one call, each as it computes alone --
 
     def gumbel_noise_rows(self, out, key, first) -> None:
@@ -127,11 +129,11 @@ class TorchRoundOps:
     def tree_children(self, logq, noise, w):
         return tree_build.draw_children(logq, noise, w)
 
-    def tree_expand(self, tree, level, tokens, logq, start, root_id=None):
-        tree_build.grow(tree, level, tokens, logq, start, root_id)
+    def tree_expand(self, trees, level, tokens, logq, start, root_id=None):
+        tree_build.grow(trees, level, tokens, logq, start, root_id)
 
-    def tree_select(self, tree, start):
-        tree_build.pick(tree, start)
+    def tree_select(self, trees, start):
+        tree_build.pick(trees, start)
     # -- a batch's rows (core/round/batch_round.py) ---------------------------------------------
 
     def gumbel_noise_rows(self, out, key, first):

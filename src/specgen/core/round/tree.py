@@ -34,6 +34,10 @@ Both steps' rows are written with the tree, into buffers of their own: a level's
 the draft (`level_rows`) when the level before it is expanded, the target's rows (`target_rows`)
 when the tree is selected. The writing is the round's ops table's (core/round/ops.py): `grow` and
 `pick` below are the references, gpu/kernels/tree_build.py does each in one launch.
+
+The buffers carry a batch dimension (TreeStack: B trees of one envelope, as a batch's rows hold
+them), and the ops build every row of a stack in one call; a Tree is one row, and a tree alone is
+a stack of one, so the batch and the single round run one algorithm, each row on its own inputs.
 """
 
 from __future__ import annotations
@@ -75,41 +79,92 @@ def first_w(key: torch.Tensor, w: int) -> torch.Tensor:
     return ids.gather(-1, order)
 
 
-class Tree:
-    def __init__(self, k: int, width: int, nodes: int, device: torch.device, drawn: bool = False):
-        self.k, self.w, self.n, self.sampled = k, width, nodes, drawn
+class TreeStack:
+    """B token trees of one envelope (k, w, n), every buffer stacked [B, ...] (row b: tree b's).
+    The ops' tree_expand and tree_select build every row in one call (on a GPU one launch each, a
+    program per row): a batch's B trees cost one launch per level, not B. A Tree is one row's view
+    (alone: of a stack of one), and its ops are the same call with B = 1, so a row is built as it
+    would be alone."""
+
+    def __init__(self, batch: int, k: int, width: int, nodes: int, device: torch.device):
+        self.batch, self.k, self.w, self.n = batch, k, width, nodes
         size, z = envelope(k, width), dict(device=device)
-        w, levels = width, max(k - 1, 1)
-        self.tokens = torch.zeros(size, dtype=torch.long, **z)  # [N]
-        self.scores = torch.zeros(size, dtype=torch.float32, **z)  # [N] cumulative log q
-        self.parent = torch.full((size,), -1, dtype=torch.long, **z)  # [N] pool index, -1: the root
-        self.rank = (torch.arange(size, **z) - w).remainder(w)  # [N] place among its siblings (static)
-        self.pool_offset = torch.full((size,), -1, dtype=torch.long, **z)  # [N] draft slot past start
-        self.frontier = torch.arange(w, **z).repeat(levels, 1)  # [k-1, w] pool indices per level
-        self.tail = torch.zeros(levels, w, levels, dtype=torch.long, **z)  # [k-1, w, k-1] draft offsets
-        self.tail[0, :, 0] = torch.arange(w, **z)
-        self.own = torch.arange(w, **z)  # [w] frontier indices
+        b, w, levels = batch, width, max(k - 1, 1)
+
+        def rows(value: torch.Tensor) -> torch.Tensor:  # static contents, each row its own copy
+            return value.expand(b, *value.shape).contiguous()
+
+        self.tokens = torch.zeros(b, size, dtype=torch.long, **z)  # [B, N]
+        self.scores = torch.zeros(b, size, dtype=torch.float32, **z)  # [B, N] cumulative log q
+        self.parent = torch.full((b, size), -1, dtype=torch.long, **z)  # [B, N] pool index, -1: the root
+        self.rank = rows((torch.arange(size, **z) - w).remainder(w))  # [B, N] place among its siblings (static)
+        self.pool_offset = torch.full((b, size), -1, dtype=torch.long, **z)  # [B, N] draft slot past start
+        self.frontier = rows(torch.arange(w, **z).repeat(levels, 1))  # [B, k-1, w] pool indices per level
+        tail = torch.zeros(levels, w, levels, dtype=torch.long, **z)
+        tail[0, :, 0] = torch.arange(w, **z)
+        self.tail = rows(tail)  # [B, k-1, w, k-1] draft offsets
+        self.own = rows(torch.arange(w, **z))  # [B, w] frontier indices
         # each frontier's draft rows (level_rows): written as the frontier is chosen
-        self.level_ids = torch.zeros(levels, 1, w, dtype=torch.long, **z)  # [k-1, 1, w]
-        self.level_positions = torch.zeros(levels, 1, w, dtype=torch.long, **z)
-        self.level_slots = torch.zeros(levels, 1, w, dtype=torch.long, **z)
-        self.level_tail = torch.zeros(levels, 1, w, levels, dtype=torch.long, **z)  # [k-1, 1, w, k-1]
-        self.level_depth = torch.arange(1, levels + 1, **z)[:, None, None].repeat(1, 1, w)  # (static)
+        self.level_ids = torch.zeros(b, levels, 1, w, dtype=torch.long, **z)  # [B, k-1, 1, w]
+        self.level_positions = torch.zeros(b, levels, 1, w, dtype=torch.long, **z)
+        self.level_slots = torch.zeros(b, levels, 1, w, dtype=torch.long, **z)
+        self.level_tail = torch.zeros(b, levels, 1, w, levels, dtype=torch.long, **z)  # [B, k-1, 1, w, k-1]
+        self.level_depth = rows(torch.arange(1, levels + 1, **z)[:, None, None].repeat(1, 1, w))  # (static)
         # the selected tree: rows [n + 1] (row 0 the root)
-        self.ids = torch.zeros(1, nodes + 1, dtype=torch.long, **z)  # [1, n+1]
-        self.parents = torch.full((nodes + 1,), -1, dtype=torch.long, **z)
-        self.children = torch.full((nodes + 1, w), -1, dtype=torch.long, **z)  # tree rows, by rank
-        self.offset = torch.full((nodes + 1,), -1, dtype=torch.long, **z)
-        self.row_of = torch.zeros(size, dtype=torch.long, **z)  # [N] pool index -> tree row (0: unselected)
-        self.rows_n = torch.arange(1, nodes + 1, **z)
-        self.drawn = torch.full((nodes + 1, w), -1, dtype=torch.long, **z)  # tree rows' children, drawn
-        self.first_child = torch.arange(w, **z)
-        self.is_root = torch.arange(nodes + 1, **z) == 0
+        self.ids = torch.zeros(b, 1, nodes + 1, dtype=torch.long, **z)  # [B, 1, n+1]
+        self.parents = torch.full((b, nodes + 1), -1, dtype=torch.long, **z)
+        self.children = torch.full((b, nodes + 1, w), -1, dtype=torch.long, **z)  # tree rows, by rank
+        self.offset = torch.full((b, nodes + 1), -1, dtype=torch.long, **z)
+        self.row_of = torch.zeros(b, size, dtype=torch.long, **z)  # [B, N] pool index -> tree row (0: unselected)
+        self.rows_n = rows(torch.arange(1, nodes + 1, **z))
+        self.drawn = torch.full((b, nodes + 1, w), -1, dtype=torch.long, **z)  # tree rows' children, drawn
+        self.first_child = rows(torch.arange(w, **z))
+        self.is_root = rows(torch.arange(nodes + 1, **z) == 0)
+        # [B] a row's children are drawn (its Tree's `sampled`): on the device, so that the selection
+        # keeps each row's stepped nodes first and writes its `drawn` per row in one launch
+        self.draws = torch.zeros(b, dtype=torch.bool, **z)
         # the target's rows over the tree (target_rows): written as the tree is selected
-        self.positions = torch.zeros(1, nodes + 1, dtype=torch.long, **z)  # [1, n+1]
-        self.slots = torch.zeros(1, nodes + 1, dtype=torch.long, **z)
-        self.path = torch.zeros(1, nodes + 1, k + 1, dtype=torch.long, **z)  # [1, n+1, k+1] the tail
-        self.depth = torch.zeros(1, nodes + 1, dtype=torch.long, **z)
+        self.positions = torch.zeros(b, 1, nodes + 1, dtype=torch.long, **z)  # [B, 1, n+1]
+        self.slots = torch.zeros(b, 1, nodes + 1, dtype=torch.long, **z)
+        self.path = torch.zeros(b, 1, nodes + 1, k + 1, dtype=torch.long, **z)  # [B, 1, n+1, k+1] the tail
+        self.depth = torch.zeros(b, 1, nodes + 1, dtype=torch.long, **z)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {name: value for name, value in vars(self).items() if isinstance(value, torch.Tensor)}
+
+    def row(self, b: int) -> TreeStack:
+        """Row b as a stack of one: views [1, ...] of this stack's buffers (contiguous: a kernel
+        reads a row's slice as a stack of its own)."""
+        one = object.__new__(TreeStack)
+        one.batch, one.k, one.w, one.n = 1, self.k, self.w, self.n
+        for name, value in self.buffers().items():
+            setattr(one, name, value[b : b + 1])
+        return one
+
+
+class Tree:
+    """One token tree: each buffer its stack's row without the batch dimension. `stack` is that row
+    as a stack of one (a TreeStack of its own, or `TreeStack.row` of a batch's), which the ops take:
+    a tree alone is built by the batch's op with B = 1."""
+
+    def __init__(self, k: int, width: int, nodes: int, device: torch.device, drawn: bool = False,
+                 stack: TreeStack | None = None):
+        self.k, self.w, self.n = k, width, nodes
+        self.stack = TreeStack(1, k, width, nodes, device) if stack is None else stack
+        assert self.stack.batch == 1 and (self.stack.k, self.stack.w, self.stack.n) == (k, width, nodes)
+        for name, value in self.stack.buffers().items():
+            setattr(self, name, value[0])
+        self.sampled = drawn
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the tree's children are drawn (with noise) rather than its top-w."""
+        return self._sampled
+
+    @sampled.setter
+    def sampled(self, drawn: bool) -> None:
+        self._sampled = bool(drawn)
+        self.draws.fill_(self._sampled)  # the device's copy, which the selection reads
 
     def _children(self, logq: torch.Tensor, noise: torch.Tensor | None, ops) -> tuple[torch.Tensor, torch.Tensor]:
         if noise is None and self.sampled:
@@ -122,7 +177,7 @@ class Tree:
         noise [1, V]: the Exp(1) row its children are drawn with (None: its top-w). start ([1]
         int64 on the device): the draft's committed prefix, the root included; ops: the round's."""
         tokens, logq_tokens = self._children(logq, noise, ops)
-        ops.tree_expand(self, 0, tokens, logq_tokens, start, root_id)
+        ops.tree_expand(self.stack, 0, tokens, logq_tokens, start, root_id)
 
     def level_rows(self, level: int, start: torch.Tensor) -> Rows:
         """The draft's rows for stepping frontier `level` (1 .. k - 1) past its committed `start` ([1]
@@ -138,13 +193,13 @@ class Tree:
         [w or 1, V]: the Exp(1) rows they are drawn with), and the next frontier (its w best, ties
         to the lower index) with its nodes' draft paths and rows past `start`."""
         tokens, logq_tokens = self._children(logq, noise, ops)  # [w, w] each frontier node's children
-        ops.tree_expand(self, level, tokens, logq_tokens, start)
+        ops.tree_expand(self.stack, level, tokens, logq_tokens, start)
 
     def select(self, start: torch.Tensor, ops) -> None:
         """The n best candidates (ties to the lower index), in pool order, as tree rows; with drawn
         children every stepped node first (see the module's text); and the target's rows over them
         past its committed `start` ([1] int64 on the device)."""
-        ops.tree_select(self, start)
+        ops.tree_select(self.stack, start)
 
     def target_rows(self, start: torch.Tensor) -> Rows:
         """The target's rows: the root and the selected nodes after its `start` ([1] int64, the
@@ -152,75 +207,82 @@ class Tree:
         return Rows(self.ids, self.positions, self.slots, start, self.path, self.depth)
 
 
-def grow(tree: Tree, level: int, tokens: torch.Tensor, logq_tokens: torch.Tensor, start: torch.Tensor,
+def grow(trees: TreeStack, level: int, tokens: torch.Tensor, logq_tokens: torch.Tensor, start: torch.Tensor,
          root_id: torch.Tensor | None = None) -> None:
-    """The reference of the ops' tree_expand: the children (tokens, log q [w, w]; level 0: the
-    root's, [1, w], with root_id [1]) of frontier `level`'s nodes into the pool, the next
-    frontier with its draft paths, and its draft rows past `start`."""
-    w = tree.w
+    """The reference of the ops' tree_expand, every row of the stack at once: each row's children
+    (tokens, log q [B w, w], row b's frontier nodes b w .. b w + w - 1; level 0: the roots', [B, w],
+    with root_id [B]) of frontier `level`'s nodes into its pool, its next frontier with its draft
+    paths, and its draft rows past its start [B]. Each row's values depend on its own inputs only
+    (elementwise ops, per-row gathers and stable sorts): a row is what it is in a stack of one."""
+    b, w = trees.batch, trees.w
+    tokens, logq_tokens = tokens.reshape(b, -1), logq_tokens.reshape(b, -1)
     if level == 0:
-        tree.ids[0, :1].copy_(root_id)
-        tree.tokens[:w].copy_(tokens[0])
-        tree.scores[:w].copy_(logq_tokens[0])
-        tree.pool_offset.fill_(-1)
-        tree.pool_offset[:w].copy_(tree.own)
-        _level_rows(tree, 0, start)
+        trees.ids[:, 0, 0].copy_(root_id)
+        trees.tokens[:, :w].copy_(tokens)
+        trees.scores[:, :w].copy_(logq_tokens)
+        trees.pool_offset.fill_(-1)
+        trees.pool_offset[:, :w].copy_(trees.own)
+        _level_rows(trees, 0, start)
         return
-    f = tree.frontier[level - 1]
+    f = trees.frontier[:, level - 1]  # [B, w]
     base = w + (level - 1) * w * w
     part = slice(base, base + w * w)
-    tree.tokens[part].copy_(tokens.reshape(-1))
-    tree.scores[part].copy_((tree.scores[f][:, None] + logq_tokens).reshape(-1))
-    tree.parent[part].copy_(f.repeat_interleave(w))
-    if level + 1 >= tree.k:
+    trees.tokens[:, part].copy_(tokens)
+    trees.scores[:, part].copy_((trees.scores.gather(1, f)[:, :, None] + logq_tokens.view(b, w, w)).view(b, -1))
+    trees.parent[:, part].copy_(f.repeat_interleave(w, dim=1))
+    if level + 1 >= trees.k:
         return
-    best = tree.scores[part].sort(descending=True, stable=True).indices[:w]  # [w] local indices
-    tree.frontier[level].copy_(base + best)
-    tree.pool_offset[base + best] = level * w + tree.own
+    best = trees.scores[:, part].sort(dim=-1, descending=True, stable=True).indices[:, :w]  # [B, w] local indices
+    trees.frontier[:, level].copy_(base + best)
+    trees.pool_offset.scatter_(1, base + best, level * w + trees.own)
     up = best.div(w, rounding_mode="floor")  # each one's parent, as a frontier index
-    tree.tail[level, :, :level].copy_(tree.tail[level - 1, up, :level])
-    tree.tail[level, :, level].copy_(level * w + tree.own)
-    _level_rows(tree, level, start)
+    above = trees.tail[:, level - 1].gather(1, up[:, :, None].expand(-1, -1, trees.tail.shape[-1]))
+    trees.tail[:, level, :, :level].copy_(above[:, :, :level])
+    trees.tail[:, level, :, level].copy_(level * w + trees.own)
+    _level_rows(trees, level, start)
 
 
-def _level_rows(tree: Tree, i: int, start: torch.Tensor) -> None:
+def _level_rows(trees: TreeStack, i: int, start: torch.Tensor) -> None:
     """Frontier i + 1's draft rows: its tokens at position start + i, their slots, their paths."""
-    w = tree.w
-    tree.level_ids[i, 0].copy_(tree.tokens[tree.frontier[i]])
-    tree.level_positions[i].copy_((start + i).expand(1, w))
-    tree.level_slots[i, 0].copy_(start + i * w + tree.own)
-    tree.level_tail[i, 0].copy_(start + tree.tail[i])  # entries past level i + 1: padding
+    w = trees.w
+    trees.level_ids[:, i, 0].copy_(trees.tokens.gather(1, trees.frontier[:, i]))
+    trees.level_positions[:, i, 0].copy_((start + i)[:, None].expand(-1, w))
+    trees.level_slots[:, i, 0].copy_(start[:, None] + i * w + trees.own)
+    trees.level_tail[:, i, 0].copy_(start[:, None, None] + trees.tail[:, i])  # entries past level i + 1: padding
 
 
-def pick(tree: Tree, start: torch.Tensor) -> None:
-    """The reference of the ops' tree_select: the selected rows, their children (and drawn
-    children), and the target's rows past `start` (core/step/rows.tree over the parents)."""
-    keys = tree.scores
-    if tree.sampled and tree.k > 1:
-        keys = torch.where(tree.pool_offset >= 0, float("inf"), tree.scores)
-    order = keys.sort(descending=True, stable=True).indices[: tree.n]
-    chosen = order.sort().values  # [n] pool indices, parents first
-    tree.row_of.zero_()
-    tree.row_of[chosen] = tree.rows_n
-    tree.ids[0, 1:].copy_(tree.tokens[chosen])
-    up = tree.parent[chosen]
-    parent_rows = torch.where(up >= 0, tree.row_of[up.clamp(min=0)], 0)  # [n]
-    tree.parents[1:].copy_(parent_rows)
-    tree.offset[1:].copy_(tree.pool_offset[chosen])
-    tree.children.fill_(-1)
-    tree.children.view(-1).index_put_((parent_rows * tree.w + tree.rank[chosen],), tree.rows_n)
-    if tree.sampled:
-        _drawn(tree)
-    rows = tree_rows(tree.ids, tree.parents, start, levels=tree.k + 1)
-    for buffer, value in ((tree.positions, rows.positions), (tree.slots, rows.slots), (tree.path, rows.tail),
-                          (tree.depth, rows.depth)):
-        buffer.copy_(value)
+def pick(trees: TreeStack, start: torch.Tensor) -> None:
+    """The reference of the ops' tree_select, every row of the stack at once: each row's selected
+    rows, their children (and, where the row draws them, drawn children), and the target's rows
+    past its start [B] (core/step/rows.tree over the parents)."""
+    b, n = trees.batch, trees.n
+    keys = trees.scores
+    if trees.k > 1:  # a row of drawn children keeps its stepped nodes first (the module's text)
+        keys = torch.where(trees.draws[:, None] & (trees.pool_offset >= 0), float("inf"), trees.scores)
+    order = keys.sort(dim=-1, descending=True, stable=True).indices[:, :n]
+    chosen = order.sort(dim=-1).values  # [B, n] pool indices, parents first
+    trees.row_of.zero_()
+    trees.row_of.scatter_(1, chosen, trees.rows_n)
+    trees.ids[:, 0, 1:].copy_(trees.tokens.gather(1, chosen))
+    up = trees.parent.gather(1, chosen)
+    parent_rows = torch.where(up >= 0, trees.row_of.gather(1, up.clamp(min=0)), 0)  # [B, n]
+    trees.parents[:, 1:].copy_(parent_rows)
+    trees.offset[:, 1:].copy_(trees.pool_offset.gather(1, chosen))
+    trees.children.fill_(-1)
+    trees.children.view(b, -1).scatter_(1, parent_rows * trees.w + trees.rank.gather(1, chosen), trees.rows_n)
+    _drawn(trees)
+    rows = tree_rows(trees.ids.view(b, -1), trees.parents, start, levels=trees.k + 1)
+    for buffer, value in ((trees.positions, rows.positions), (trees.slots, rows.slots), (trees.path, rows.tail),
+                          (trees.depth, rows.depth)):
+        buffer.view(value.shape).copy_(value)
 
 
-def _drawn(tree: Tree) -> None:
+def _drawn(trees: TreeStack) -> None:
     """Each expanded row's children in draw order: the pool's w slots from w (1 + its offset)
-    (the root's offset is -1: the first w)."""
-    first = tree.w * (1 + tree.offset)  # [n+1]
-    slots = (first[:, None] + tree.first_child).clamp(max=tree.tokens.shape[0] - 1)
-    expanded = tree.is_root | (tree.offset >= 0) if tree.k > 1 else tree.is_root
-    tree.drawn.copy_(torch.where(expanded[:, None], tree.tokens[slots], -1))
+    (the root's offset is -1: the first w); rows whose children are not drawn keep theirs."""
+    b, size = trees.batch, trees.tokens.shape[1]
+    first = trees.w * (1 + trees.offset)  # [B, n+1]
+    slots = (first[:, :, None] + trees.first_child[:, None, :]).clamp(max=size - 1)  # [B, n+1, w]
+    expanded = trees.is_root | (trees.offset >= 0) if trees.k > 1 else trees.is_root
+    kids = torch.where(expanded[:, :, None], trees.tokens.gather(1, slots.view(b, -1)).view(slots.shape), -1)
+    trees.drawn.copy_(torch.where(trees.draws[:, None, None], kids, trees.drawn))
