@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specgen.core.round.ops import TorchRoundOps
-from specgen.core.round.tree import Tree, draw_children, envelope
+from specgen.core.round.tree import Tree, draw_children, envelope, spine
 from specgen.core.sampling.warp import exponentials
 from specgen.core.step import rows as rowsets
 
@@ -65,7 +65,8 @@ def test_selected_nodes_are_the_best_and_ancestor_closed(k, w, n):
     tree, fed = grown(k, w, n, seed=k * 10 + w)
     pool = python_pool(tree, fed)
     assert len(pool) == envelope(k, w) and tree.tokens.tolist() == [t for _, _, t in pool]
-    ranked = sorted(range(len(pool)), key=lambda i: (-tree.scores[i].item(), i))[:n]  # the float32 scores
+    chain = spine(len(pool), w).tolist()  # the chain's nodes first, then by the float32 scores
+    ranked = sorted(range(len(pool)), key=lambda i: (not chain[i], -tree.scores[i].item(), i))[:n]
     chosen = sorted(ranked)
     assert torch.allclose(tree.scores, torch.tensor([s for s, _, _ in pool]), atol=1e-5)
     assert tree.ids[0].tolist() == [7] + [pool[i][2] for i in chosen]
@@ -84,7 +85,7 @@ def test_each_frontier_is_its_levels_best_with_their_draft_paths(k, w):
     for level in range(1, k - 1):
         base = w + (level - 1) * w * w
         scores = tree.scores[base : base + w * w].tolist()
-        best = sorted(range(w * w), key=lambda i: (-scores[i], i))[:w]
+        best = sorted(range(w * w), key=lambda i: (i != 0, -scores[i], i))[:w]  # the chain's node first
         assert tree.frontier[level].tolist() == [base + i for i in best]
         for f, node in enumerate(tree.frontier[level].tolist()):  # its draft path: its ancestors' offsets
             up = tree.parent[node].item()
@@ -92,6 +93,28 @@ def test_each_frontier_is_its_levels_best_with_their_draft_paths(k, w):
             assert tree.tail[level, f, : level + 1].tolist() == [*tree.tail[level - 1, parent_f, :level].tolist(),
                                                                  level * w + f]
             assert tree.pool_offset[node].item() == level * w + f
+
+
+def test_a_tree_holds_its_chain_where_siblings_score_higher():
+    """Log q of 0.45 / 0.40 / ... at every node: the chain's depth-4 node (0.45^4 = 0.041) scores
+    below every depth-1 sibling (0.40), and ranked by score alone the 8-node tree would stop the
+    chain at depth 2. It holds the whole chain (each level's first candidate), and every frontier
+    starts with the chain's node."""
+    k, w, n = 4, 3, 8
+    probs = torch.tensor([0.45, 0.40, 0.10] + [0.05 / (VOCAB - 3)] * (VOCAB - 3))
+    logq = lambda rows: probs.log().expand(rows, -1)  # noqa: E731
+    tree, start, ops = Tree(k, w, n, torch.device("cpu")), torch.tensor([30]), TorchRoundOps()
+    tree.root(torch.tensor([7]), logq(1), None, start, ops)
+    for level in range(1, k):
+        tree.expand(level, logq(w), None, start, ops)
+        assert tree.frontier[level - 1][0].item() == (0 if level == 1 else w + (level - 2) * w * w)
+    tree.select(torch.tensor([50]), ops)
+    chain = [0] + [w + d * w * w for d in range(k - 1)]  # pool indices, depth 1 .. k
+    rows = [tree.row_of[i].item() for i in chain]
+    assert all(r > 0 for r in rows)  # selected
+    assert [tree.parents[r].item() for r in rows] == [0] + rows[:-1]  # a path from the root
+    assert tree.ids[0, rows].tolist() == [0] * k  # each the argmax of its parent's q
+    assert tree.scores[chain[-1]] < tree.scores[1] and tree.scores[chain[2]] < tree.scores[1]  # siblings outscore them
 
 
 def test_ties_go_to_the_lower_index_so_parents_come_first():
@@ -135,7 +158,7 @@ def test_children_tie_to_the_lower_id(w):
 @pytest.mark.parametrize("k, w, n", [(3, 2, 7), (4, 3, 12), (3, 3, 4), (1, 3, 2), (4, 2, 14)])
 def test_drawn_children_keep_every_stepped_node_first(k, w, n):
     """Drawn children: each node's are the top-w of log q − log E in that order, scored by their
-    log q; the tree holds the stepped nodes level by level (in pool order), then the best others,
+    log q; the tree holds the stepped nodes and the chain's (in pool order), then the best others,
     ancestor-closed; `drawn` lists each expanded row's children, selected or not, in draw order."""
     tree, fed = grown(k, w, n, seed=k * 7 + n, drawn=True)
     logq, noise = fed[0::2], fed[1::2]
@@ -143,8 +166,10 @@ def test_drawn_children_keep_every_stepped_node_first(k, w, n):
     assert tree.tokens[:w].tolist() == keys[0][0].topk(w).indices.tolist()
     assert torch.equal(tree.scores[:w], logq[0][0, tree.tokens[:w]])
     stepped = (tree.pool_offset >= 0).nonzero().flatten().tolist() if k > 1 else []
-    others = sorted(set(range(envelope(k, w))) - set(stepped), key=lambda i: (-tree.scores[i].item(), i))
-    chosen = sorted((stepped + others)[:n])
+    chain = spine(envelope(k, w), w).tolist()  # the chain's nodes (the deepest is never stepped) rank with them
+    first = sorted(set(stepped) | {i for i, c in enumerate(chain) if c})
+    others = sorted(set(range(envelope(k, w))) - set(first), key=lambda i: (-tree.scores[i].item(), i))
+    chosen = sorted((first + others)[:n])
     ids = tree.ids[0].tolist()
     assert ids == [7] + tree.tokens[chosen].tolist()
     parents = tree.parents.tolist()

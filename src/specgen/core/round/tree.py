@@ -8,6 +8,16 @@ as the frontier the draft expands next. The tree is the n best candidates by sco
 a child's score is its parent's plus a log-probability <= 0 and its pool index is larger, so a
 selected node's parent is always selected (the tree is ancestor-closed).
 
+The chain first: the root's first child, its first child and so on down to depth k (the chain a
+chain round drafts) rank above every other candidate, in each level's frontier and in the tree, so
+a tree always holds its chain and never carries fewer tokens than the chain of its depth (greedy:
+the walk follows the chain's nodes as far as a chain round accepts). Why: ranked by cumulative
+draft probability alone, a draft whose top probabilities are lower than its acceptance (on the
+bench pair, α ≈ 0.87 greedy) spent the budget on shallow siblings, and w = 4 trees of 16 nodes
+carried fewer tokens a round than the chain (docs/benchmarks.md, "Token trees on the bench pair").
+Chain membership is a place in the pool (the first of each level's candidates), not a draw's value,
+so drawn children keep the condition below.
+
 Children are the top-w of the draft's warped q at their parent, a function of the committed
 sequence alone (rejection verification then walks siblings, core/sampling/tree_walk.py), or, where
 a round passes noise, w draws from q without replacement: the top-w of log q − log E (E Exp(1),
@@ -79,6 +89,13 @@ def first_w(key: torch.Tensor, w: int) -> torch.Tensor:
     return ids.gather(-1, order)
 
 
+def spine(size: int, w: int) -> torch.Tensor:
+    """[size] bool: the pool's chain nodes, at 0 (the root's first child) and at the start of each
+    level's w x w candidates (the first child of that level's frontier 0, which is the chain's)."""
+    i = torch.arange(size)
+    return (i == 0) | ((i >= w) & ((i - w) % (w * w) == 0))
+
+
 class TreeStack:
     """B token trees of one envelope (k, w, n), every buffer stacked [B, ...] (row b: tree b's).
     The ops' tree_expand and tree_select build every row in one call (on a GPU one launch each, a
@@ -98,6 +115,9 @@ class TreeStack:
         self.scores = torch.zeros(b, size, dtype=torch.float32, **z)  # [B, N] cumulative log q
         self.parent = torch.full((b, size), -1, dtype=torch.long, **z)  # [B, N] pool index, -1: the root
         self.rank = rows((torch.arange(size, **z) - w).remainder(w))  # [B, N] place among its siblings (static)
+        # [B, N] the chain's nodes (static): the root's first child and each one's first child, the
+        # first candidate of each level's pool (the module's text, "The chain first")
+        self.spine = rows(spine(size, w).to(device))
         self.pool_offset = torch.full((b, size), -1, dtype=torch.long, **z)  # [B, N] draft slot past start
         self.frontier = rows(torch.arange(w, **z).repeat(levels, 1))  # [B, k-1, w] pool indices per level
         tail = torch.zeros(levels, w, levels, dtype=torch.long, **z)
@@ -232,7 +252,9 @@ def grow(trees: TreeStack, level: int, tokens: torch.Tensor, logq_tokens: torch.
     trees.parent[:, part].copy_(f.repeat_interleave(w, dim=1))
     if level + 1 >= trees.k:
         return
-    best = trees.scores[:, part].sort(dim=-1, descending=True, stable=True).indices[:, :w]  # [B, w] local indices
+    keys = trees.scores[:, part].clone()
+    keys[:, 0] = float("inf")  # the chain's node (its parent is frontier 0: the chain's) goes first
+    best = keys.sort(dim=-1, descending=True, stable=True).indices[:, :w]  # [B, w] local indices
     trees.frontier[:, level].copy_(base + best)
     trees.pool_offset.scatter_(1, base + best, level * w + trees.own)
     up = best.div(w, rounding_mode="floor")  # each one's parent, as a frontier index
@@ -256,9 +278,9 @@ def pick(trees: TreeStack, start: torch.Tensor) -> None:
     rows, their children (and, where the row draws them, drawn children), and the target's rows
     past its start [B] (core/step/rows.tree over the parents)."""
     b, n = trees.batch, trees.n
-    keys = trees.scores
+    keys = torch.where(trees.spine, float("inf"), trees.scores)  # the chain's nodes first
     if trees.k > 1:  # a row of drawn children keeps its stepped nodes first (the module's text)
-        keys = torch.where(trees.draws[:, None] & (trees.pool_offset >= 0), float("inf"), trees.scores)
+        keys = torch.where(trees.draws[:, None] & (trees.pool_offset >= 0), float("inf"), keys)
     order = keys.sort(dim=-1, descending=True, stable=True).indices[:, :n]
     chosen = order.sort(dim=-1).values  # [B, n] pool indices, parents first
     trees.row_of.zero_()

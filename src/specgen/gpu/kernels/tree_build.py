@@ -140,9 +140,10 @@ def _expand_kernel(
             # -inf scores tie among themselves like any others
             taken = c >= W * W
             best = tl.zeros([BLOCK_W], dtype=tl.int32)
+            keys = tl.where(c == 0, float("inf"), scores)  # the chain's node first (core/round/tree.py)
             for t in range(W):
-                top = tl.max(tl.where(taken, float("-inf"), scores), axis=0)
-                pick = tl.min(tl.where(~taken & (scores == top), c, BLOCK_C), axis=0)
+                top = tl.max(tl.where(taken, float("-inf"), keys), axis=0)
+                pick = tl.min(tl.where(~taken & (keys == top), c, BLOCK_C), axis=0)
                 taken = taken | (c == pick)
                 best = tl.where(o == t, pick, best)
             best = best.to(tl.int64)
@@ -163,6 +164,13 @@ def _expand_kernel(
             tl.store(level_slots_ptr + at, start + level * W + o, mask=in_w)
             tl.store(level_tail_ptr + at[:, None] * T + j[None, :], start + path,
                      mask=in_w[:, None] & (j[None, :] < T))
+
+
+@triton.jit
+def _spine(i, W: tl.constexpr):
+    """The pool's chain nodes among indices i: 0, and the first of each level's W x W candidates
+    (core/round/tree.py's spine)."""
+    return (i == 0) | ((i >= W) & ((i - W) % (W * W) == 0))
 
 
 @triton.jit
@@ -218,6 +226,7 @@ def _select_kernel(
         i = i0 + tl.arange(0, BLOCK_I)
         in_pool = i < size
         key = tl.load(scores_ptr + i, mask=in_pool, other=0.0)
+        key = tl.where(_spine(i, W), float("inf"), key)  # the chain's nodes first (core/round/tree.py)
         offset = tl.load(pool_offset_ptr + i, mask=in_pool, other=-1)
         if DEEP:
             key = tl.where(draws_i & (offset >= 0), float("inf"), key)
@@ -225,6 +234,7 @@ def _select_kernel(
         for j0 in range(0, size, BLOCK_J):
             jj = j0 + tl.arange(0, BLOCK_J)
             other = tl.load(scores_ptr + jj, mask=jj < size, other=0.0)
+            other = tl.where(_spine(jj, W), float("inf"), other)
             if DEEP:
                 other = tl.where(draws_j & (tl.load(pool_offset_ptr + jj, mask=jj < size, other=-1) >= 0),
                                  float("inf"), other)
