@@ -28,7 +28,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from batch_helpers import alone_rounds, batched_rounds, chain_prompts
+from batch_helpers import alone_rounds, batched_rounds, branch_prompts, chain_prompts
 from decode_helpers import CUDA, finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners, kernels
 from specgen.core.backend import EagerBatch
@@ -354,16 +354,36 @@ def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, 
 TREE_SAMPLINGS = pytest.mark.parametrize(
     "sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
                  dict(temperature=0.8, top_p=0.9, coupling="rejection")], ids=["greedy", "gumbel", "rejection"])
-TREE_DRAFTERS = pytest.mark.parametrize("drafter", ["draft", "head"])
+TREE_DRAFTERS = pytest.mark.parametrize("drafter", ["draft", "head", "lookup"])
 
 
 def float32_tree_engine(request, drafter: str, **sampling) -> Engine:
-    """float32 trees (k 4, width 2, 6 nodes) on the owned kernels, drafted by the draft model or
-    (drafter "head") an EAGLE-3 head on the head's kernels."""
+    """float32 trees (k 4, width 2, 6 nodes) on the owned kernels, drafted by the draft model,
+    (drafter "head") an EAGLE-3 head on the head's kernels or (drafter "lookup") prompt lookup
+    over a bigram target's text (core/round/batch_lookup_tree.py)."""
     pair = request.getfixturevalue("pair")
     if drafter == "head":
         return cuda_head_tree_engine(pair[0], request.getfixturevalue("head"), **sampling)
+    if drafter == "lookup":
+        return cuda_lookup_tree_engine(request.getfixturevalue("bigram"), **sampling)
     return cuda_tree_engine(*pair, dtype="float32", **sampling)
+
+
+def cuda_lookup_tree_engine(target, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "float32",
+                            **sampling) -> Engine:
+    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="ngram"),
+                           speculation=dict(tree_width=width, tree_nodes=nodes), **({"max_tokens": 32} | sampling))
+    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
+    assert engine.backend.name == "cuda"
+    return engine
+
+
+def tree_jobs(engine: Engine, drafter: str, count: int, seed: int) -> list:
+    """jobs(), or for prompt lookup prompts whose lookups branch (batch_helpers.branch_prompts)."""
+    if drafter != "lookup":
+        return jobs(engine.profile, count, seed=seed)
+    return [(ids, replace(engine.profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i))
+            for i, ids in enumerate(branch_prompts(engine, count, seed=seed))]
 
 
 @on_cuda
@@ -372,10 +392,10 @@ def float32_tree_engine(request, drafter: str, **sampling) -> Engine:
 @pytest.mark.parametrize("batch", [1, 7])
 def test_tree_rows_equal_each_prompt_alone_on_cuda(request, drafter, sampling, batch):
     """24 prompts of their own lengths and max_tokens, float32 trees from the draft model or a
-    head, each prompt's seed: every row's tokens at B = 1 and 7 are the prompt's alone (the
-    captured tree round)."""
+    head or prompt lookup, each prompt's seed: every row's tokens at B = 1 and 7 are the
+    prompt's alone (the captured tree round)."""
     engine = float32_tree_engine(request, drafter, **sampling)
-    work = jobs(engine.profile, 24, seed=batch)
+    work = tree_jobs(engine, drafter, 24, seed=batch)
     reference = alone(engine, work)
     got = batched(engine, batch, work)
     same = sum(a == b for a, b in zip(got, reference))
@@ -386,11 +406,11 @@ def test_tree_rows_equal_each_prompt_alone_on_cuda(request, drafter, sampling, b
 @TREE_SAMPLINGS
 @TREE_DRAFTERS
 def test_captured_batch_tree_round_equals_the_round_run_eagerly(request, drafter, sampling):
-    """The batch tree round (the draft model's or a head's) replayed as CUDA graphs (re-captured
-    when the long max_tokens below grows the caches, a head's among them, behind a round in
-    flight) or run as it is: the same tokens and fates."""
+    """The batch tree round (the draft model's, a head's or prompt lookup's) replayed as CUDA
+    graphs (re-captured when the long max_tokens below grows the caches, a head's among them,
+    behind a round in flight) or run as it is: the same tokens and fates."""
     engine = float32_tree_engine(request, drafter, **sampling)
-    work = jobs(engine.profile, 20, seed=3)
+    work = tree_jobs(engine, drafter, 20, seed=3)
     work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
     decoder = engine.batch_decoder(8)
     assert type(decoder.program).__name__ == "BatchGraphs"

@@ -19,6 +19,7 @@ from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_head import BatchHead
 from specgen.core.round.batch_head_tree import BatchHeadTree
 from specgen.core.round.batch_lookup import BatchLookup
+from specgen.core.round.batch_lookup_tree import BatchLookupTree
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
 from specgen.core.round.batch_tree import BatchTreeDraftModel, BatchTreeRound
 from specgen.core import batch_cost, measured
@@ -154,12 +155,16 @@ class Engine:
                              hint="name every proposer when the run starts (bench --proposer a,b)")
         proposer = profile.proposer
         lookup = (proposer.ngram_min, proposer.ngram_max) if kind == "ngram" else None
-        tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and kind in ("draft", "eagle") and \
+        tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and \
             profile.speculation.tree_width not in (AUTO, 1) else None
         key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup, tree)
         if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
-            drafter = partial(BatchHeadTree, drafter=self.heads["eagle"]) if kind == "eagle" else \
-                partial(BatchTreeDraftModel, runner=self.draft_runner)
+            if kind == "eagle":
+                drafter = partial(BatchHeadTree, drafter=self.heads["eagle"])
+            elif kind == "ngram":
+                drafter = partial(BatchLookupTree, ngram_min=proposer.ngram_min, ngram_max=proposer.ngram_max)
+            else:
+                drafter = partial(BatchTreeDraftModel, runner=self.draft_runner)
             rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
                                  self.backend, self.target_runner, drafter)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
@@ -409,9 +414,9 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
                 f"not by the {kind} proposer")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
-    if spec.tree_width != "auto" and spec.tree_width > 1 and kind not in ("draft", "eagle"):  # auto: the chain
-        return (f"take token trees from the draft model or an EAGLE-3 head (eagle) only, not from the {kind} "
-                f"proposer (tree_width 1)")
+    if spec.tree_width != "auto" and spec.tree_width > 1 and kind not in ("draft", "eagle", "ngram"):  # auto: chains
+        return (f"take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
+                f"not from the {kind} proposer (tree_width 1)")
     if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
         return "take token trees of a set node budget only, not tree_nodes auto"
     model = kind != "ngram"  # what a model drafts with (prompt lookup's drafts are the host's)
