@@ -341,6 +341,22 @@ def test_batch_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, samp
     assert [(ids, drafts) for ids, _, drafts in batched_rounds(engine, 2, work)] == reference
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_batch_lookup_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(bigram):
+    """Prompt lookup's tries at batch on the kernels a GPU captures: the target's [B, n + 1] tree
+    step over each row's staged trie, the sibling walk kernel over [B, ...] for sampled rows: each
+    row's tokens, fates and drafts are the lookup tree round's on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    profile = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="ngram"),
+                           speculation=dict(tree_width=2, tree_nodes=5), temperature=0.9, coupling="rejection")
+    engine = Engine(profile, backend=KernelTables(tables))
+    work = tree_jobs(engine, "lookup", 3, seed=1)
+    reference = alone_rounds(engine, work)
+    assert accepted_lookups(reference) > 0
+    assert batched_rounds(engine, 2, work) == reference
+
+
 def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "bfloat16",
                      **sampling) -> Engine:
     profile = make_profile(target, draft, k=k, backend="cuda", speculation=dict(tree_width=width, tree_nodes=nodes),
