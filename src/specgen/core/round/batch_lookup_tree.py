@@ -19,12 +19,13 @@ wrote before the round, allocates nothing, and is idempotent (a capture's warm-u
 `num_drafts` is each row's tree depth (the walk's limit: the host capped the lookup at the row's
 budget, max_tokens included, as the single round's).
 
-The children are a deterministic function of the committed sequence, so q is one-hot (`one_hot`:
-the round's host_drafts): greedy and Gumbel coupling follow the target's token; rejection
+The children are a deterministic function of the committed sequence, so q is one-hot (`one_hot`):
+greedy and Gumbel coupling follow the target's token; rejection
 coupling walks the siblings (the sampled rows; greedy rows their greedy walk), and a row draws
 only the target's noise row and its uniforms [k, w], what the single round draws for a lookup
 tree (core/round/batch_tree.py's BatchTreeRejection). The next round's trees depend on this
-round's tokens, so the batch loop keeps one round in flight (core/batch_decode.py).
+round's tokens (`host_proposes`: the round's host_drafts), so the batch loop keeps one round in
+flight (core/batch_decode.py).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class BatchLookupTree:
     """ngram_min, ngram_max: each row's TreeLookup's n-gram sizes ([proposer] ngram_min/max); its
     width and node budget are the round's."""
 
-    one_hot = True  # the host drafts (q is one-hot), from the round before: one round in flight
+    one_hot = True  # the host drafts (q is one-hot)
+    host_proposes = True  # from the round before: one round in flight
     runners: list = []  # no model the round keeps a cache of besides the target
 
     def __init__(self, rnd, ngram_min: int, ngram_max: int):

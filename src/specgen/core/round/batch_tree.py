@@ -165,7 +165,7 @@ class BatchTreeRejection:
             return
         exponentials_(self.noise[b : b + 1], generator)
         uniforms_(self.uniform[b : b + 1], generator)
-        if not self.rnd.host_drafts:
+        if not self.rnd.one_hot:
             exponentials_(self.kids_noise[b], generator)
 
     def begin(self) -> None:
@@ -192,7 +192,7 @@ class BatchTreeRejection:
         greedy = rnd.ops.greedy_walk(trees["children"], rows.ids, argmax.view(b, -1), rnd.num_drafts, rnd.k)
         if probs is None:
             return greedy
-        if rnd.host_drafts:
+        if rnd.one_hot:
             sampled = rnd.ops.sibling_walk(trees["children"], rows.ids, probs.view(b, -1, width), self.uniform,
                                            self.noise, rnd.num_drafts, rnd.k)
         else:
@@ -294,7 +294,7 @@ class BatchTreeRound(BatchRound):
         drawn = not spec.greedy
         self.drawn_rows[b].fill_(drawn)
         # a host tree is the host's, selected by no tree_select: no recapture for its sampled rows
-        self.trees.trees[b].sampled = drawn and not self.gumbel and not self.host_drafts
+        self.trees.trees[b].sampled = drawn and not self.gumbel and not self.one_hot
 
     def draw(self, b: int, generator: torch.Generator) -> None:
         self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
