@@ -14,7 +14,12 @@ prompt alone, and the captured round equals the round run eagerly. And with an E
 token trees (core/round/batch_head_tree.py): on the interpreter's kernel tables greedy rows (tokens
 and every round's pool of candidates) equal each prompt alone; on a GPU float32 rows at B = 1, 7
 equal each prompt alone (greedy, Gumbel, rejection), bfloat16 greedy rows at B = 7, 16 equal batch
-1, and the captured round equals the round run eagerly.
+1, and the captured round equals the round run eagerly. Prompt lookup's token trees
+(core/round/batch_lookup_tree.py) likewise: on the interpreter's kernel tables sampled rows
+(the sibling walk kernel over [B, ...]) equal each prompt alone, on a GPU as the draft model's
+trees. And the hybrid proposer (core/round/batch_hybrid.py: the draft model or a head drafting
+every row, lookup's drafts where it matches): on a GPU float32 rows at B = 1, 7 equal each
+prompt alone (greedy, Gumbel, rejection), and the captured round equals the round run eagerly.
 """
 
 from __future__ import annotations
@@ -478,3 +483,61 @@ def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
     got = fated(engine, batch, work)
     same = sum(a == b for a, b in zip(got, one))
     assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+
+
+# -- the hybrid proposer drafting every row (core/round/batch_hybrid.py), on a GPU -------------------
+
+
+def cuda_hybrid_engine(request, model: str, dtype: str = "float32", **sampling) -> Engine:
+    """Hybrid chains (k 4) over the bigram target, with the noisy draft model or (model "eagle") an
+    EAGLE-3 head where the lookup finds nothing."""
+    bigram, draft = request.getfixturevalue("bigram"), request.getfixturevalue("pair")[1]
+    head = str(request.getfixturevalue("head")) if model == "eagle" else ""
+    profile = make_profile(bigram, draft if model == "draft" else None, k=4, backend="cuda",
+                           proposer=ProposerSpec(kind="hybrid", hybrid_with=model, head=head),
+                           **({"max_tokens": 32} | sampling))
+    profile = replace(profile, target=replace(profile.target, dtype=dtype))
+    if profile.draft is not None:
+        profile = replace(profile, draft=replace(profile.draft, dtype=dtype))
+    engine = Engine(profile)
+    assert engine.backend.name == "cuda"
+    return engine
+
+
+HYBRID_MODELS = pytest.mark.parametrize("model", ["draft", "eagle"])
+
+
+@on_cuda
+@TREE_SAMPLINGS
+@HYBRID_MODELS
+@pytest.mark.parametrize("batch", [1, 7])
+def test_hybrid_rows_equal_each_prompt_alone_on_cuda(request, model, sampling, batch):
+    """24 prompts that hold the bigram target's text (lookup's turns, then the model's), float32,
+    each prompt's seed: every row's tokens and fates at B = 1 and 7 are the prompt's alone with
+    hybrid (the captured chain round's host and model programs)."""
+    engine = cuda_hybrid_engine(request, model, **sampling)
+    work = lookup_jobs(engine, 24, seed=batch)
+    reference = [(f.token_ids, f.fates) for f in (finish(engine.decoder(replace(engine.profile, sampling=spec)), ids)
+                                                  for ids, spec in work)]
+    assert accepted_lookups(reference) > 0
+    got = fated(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, reference))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+
+
+@on_cuda
+@TREE_SAMPLINGS
+@HYBRID_MODELS
+def test_captured_hybrid_batch_round_equals_the_round_run_eagerly(request, model, sampling):
+    """The batch round with hybrid, replayed as CUDA graphs (the staged lookups a static buffer the
+    graph reads, the model's follow step at the scratch end of the cache; re-captured when the long
+    max_tokens below grows the caches) or run as it is: the same tokens and fates."""
+    engine = cuda_hybrid_engine(request, model, **sampling)
+    work = lookup_jobs(engine, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    assert not decoder.pipelined
+    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == fated(engine, 8, work, eager=True)

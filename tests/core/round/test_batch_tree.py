@@ -106,7 +106,7 @@ def test_rejection_tree_rows_are_seed_stable(pair):
 
 
 @pytest.mark.parametrize("change, named", [
-    (dict(proposer=ProposerSpec(kind="hybrid")), "not by the hybrid proposer"),
+    (dict(proposer=ProposerSpec(kind="hybrid")), "not from the hybrid proposer"),
     (dict(speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
     (dict(proposer=ProposerSpec(kind="eagle"), speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
 ])
