@@ -488,6 +488,23 @@ def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
 # -- the hybrid proposer drafting every row (core/round/batch_hybrid.py), on a GPU -------------------
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_hybrid_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, bigram):
+    """Hybrid with the draft model on the step and round kernels: the draft's batch steps, its
+    follow step over [B, k + 2] (the host rows from the round's start, the others at the cache's
+    scratch end), verification with one-hot q rows for the host rows: each row's tokens, fates and
+    drafts are hybrid's alone on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    profile = make_profile(bigram, pair[1], k=3, proposer=ProposerSpec(kind="hybrid"), temperature=0.9,
+                           coupling="rejection")
+    engine = Engine(profile, backend=KernelTables(tables))
+    work = lookup_jobs(engine, 3, seed=1)
+    reference = alone_rounds(engine, work)
+    assert accepted_lookups(reference) > 0
+    assert batched_rounds(engine, 2, work) == reference
+
+
 def cuda_hybrid_engine(request, model: str, dtype: str = "float32", **sampling) -> Engine:
     """Hybrid chains (k 4) over the bigram target, with the noisy draft model or (model "eagle") an
     EAGLE-3 head where the lookup finds nothing."""
