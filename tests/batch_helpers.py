@@ -109,6 +109,27 @@ def chain_prompts(engine: Engine, count: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
+def branch_prompts(engine: Engine, count: int, seed: int = 0) -> list[list[int]]:
+    """Prompts where prompt lookup's trees branch, for a bigram target (tiny_models.bigram_target):
+    the target's greedy chain from a random id (4 to 12 ids), a copy of it with one id changed past
+    its second, then the chain's first two ids again, so that the suffix has two continuations
+    (the copy's, rank 0, latest; the chain's, which the target writes); every third prompt a random
+    one (1 to 12 ids) whose lookups find little at first."""
+    rng = random.Random(seed)
+    plain = target_only(engine.profile)
+    prompts = []
+    for i in range(count):
+        if i % 3 == 2:
+            prompts.append([rng.randrange(200) for _ in range(rng.randint(1, 12))])
+            continue
+        first = [rng.randrange(200)]
+        chain = first + _greedy(engine, plain, first, rng.randint(3, 11))
+        tweak = list(chain)
+        tweak[rng.randrange(2, len(tweak))] = rng.randrange(200)
+        prompts.append(chain + tweak + chain[:2])
+    return prompts
+
+
 def _greedy(engine: Engine, profile, ids: list[int], tokens: int) -> list[int]:
     """The target's greedy text after ids (target-only)."""
     events = list(engine.decoder(replace(profile, sampling=replace(profile.sampling, max_tokens=tokens,

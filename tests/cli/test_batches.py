@@ -63,11 +63,15 @@ def test_eagle_records_equal_one_prompt_at_a_time(monkeypatch, tiny, tmp_path):
     assert records(run("--batch-size", "3")) == records(run())
 
 
-def test_lookup_records_equal_one_prompt_at_a_time(monkeypatch, tiny):
-    """--proposer ngram: each row's own prompt lookup drafts it (stop strings, seeds and max_tokens
-    per line), each record the prompt's alone, drafts and all."""
+@pytest.mark.parametrize("proposer", [["--proposer", "ngram"], ["--proposer", "ngram", "--tree-width", "2",
+                                                                "--tree-nodes", "4"], ["--proposer", "hybrid"]],
+                         ids=["ngram", "ngram-trees", "hybrid"])
+def test_lookup_records_equal_one_prompt_at_a_time(monkeypatch, tiny, proposer):
+    """--proposer ngram (chains or trees) and hybrid: each row's own prompt lookup drafts it (stop
+    strings, seeds and max_tokens per line; hybrid: the draft model where it finds nothing), each
+    record the prompt's alone, drafts and all."""
     def run(*args):
-        result = generate(monkeypatch, tiny, "--format", "jsonl", "--proposer", "ngram", *args)
+        result = generate(monkeypatch, tiny, "--format", "jsonl", *proposer, *args)
         lines = [json.loads(line) for line in result.stdout.splitlines()]
         return records(result), [(r["stats"]["drafted"], r["stats"]["accepted"]) for r in lines]
 
@@ -178,9 +182,9 @@ def test_bench_then_auto_takes_the_measured_choice(monkeypatch, measured_profile
 
 @pytest.mark.parametrize("args, fragment", [
     (["--batch-size", "0"], "--batch-size 0 is not allowed: must be auto or from 1 to 256"),
-    (["--batch-size", "2", "--proposer", "hybrid"],
-     "batches (batch_size 2) are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
-     "not by the hybrid proposer"),
+    (["--batch-size", "2", "--proposer", "hybrid", "--tree-width", "2", "--tree-nodes", "4"],
+     "batches (batch_size 2) take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup "
+     "(ngram) only, not from the hybrid proposer (tree_width 1)"),
     (["--batch-size", "2", "--format", "jsonl", "--logprobs", "1"], "do not take logprobs yet"),
 ])
 def test_what_batches_do_not_take_is_a_usage_error(monkeypatch, tiny, args, fragment):

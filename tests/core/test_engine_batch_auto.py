@@ -68,11 +68,22 @@ def test_auto_takes_the_measured_choice_and_its_k(pair, tmp_path):
 
 
 def test_auto_is_batch_one_where_batches_cannot_run(pair, tmp_path):
+    profile = profile_of(pair, tmp_path, kind="hybrid")
+    trees = replace(profile, speculation=replace(profile.speculation, tree_width=2, tree_nodes=4))
+    engine = Engine(trees)
+    choice = engine.resolve_batch(engine.profile, *WORK)
+    assert (choice.batch, choice.measured) == (1, False)
+    assert choice.reason == ("batch 1: batches take token trees from the draft model, an EAGLE-3 head (eagle) or "
+                             "prompt lookup (ngram) only, not from the hybrid proposer (tree_width 1)")
+
+
+def test_auto_with_hybrid_is_batch_one_and_says_why(pair, tmp_path):
+    """bench --batch-size measures the draft model's and heads' batches: nothing to choose hybrid's B from."""
     engine = Engine(profile_of(pair, tmp_path, kind="hybrid"))
     choice = engine.resolve_batch(engine.profile, *WORK)
     assert (choice.batch, choice.measured) == (1, False)
-    assert choice.reason == ("batch 1: batches are drafted by the draft model, an EAGLE-3 head (eagle) or prompt "
-                             "lookup (ngram) only, not by the hybrid proposer")
+    assert choice.reason == ("batch 1: bench --batch-size measures the draft model's and EAGLE-3 heads' batches, "
+                             "not hybrid's")
 
 
 def test_a_run_reserves_its_caches_before_the_first_prompt(pair, tmp_path):

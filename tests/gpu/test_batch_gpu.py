@@ -14,7 +14,12 @@ prompt alone, and the captured round equals the round run eagerly. And with an E
 token trees (core/round/batch_head_tree.py): on the interpreter's kernel tables greedy rows (tokens
 and every round's pool of candidates) equal each prompt alone; on a GPU float32 rows at B = 1, 7
 equal each prompt alone (greedy, Gumbel, rejection), bfloat16 greedy rows at B = 7, 16 equal batch
-1, and the captured round equals the round run eagerly.
+1, and the captured round equals the round run eagerly. Prompt lookup's token trees
+(core/round/batch_lookup_tree.py) likewise: on the interpreter's kernel tables sampled rows
+(the sibling walk kernel over [B, ...]) equal each prompt alone, on a GPU as the draft model's
+trees. And the hybrid proposer (core/round/batch_hybrid.py: the draft model or a head drafting
+every row, lookup's drafts where it matches): on a GPU float32 rows at B = 1, 7 equal each
+prompt alone (greedy, Gumbel, rejection), and the captured round equals the round run eagerly.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from batch_helpers import alone_rounds, batched_rounds, chain_prompts
+from batch_helpers import alone_rounds, batched_rounds, branch_prompts, chain_prompts
 from decode_helpers import CUDA, finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners, kernels
 from specgen.core.backend import EagerBatch
@@ -341,6 +346,22 @@ def test_batch_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, samp
     assert [(ids, drafts) for ids, _, drafts in batched_rounds(engine, 2, work)] == reference
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_batch_lookup_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(bigram):
+    """Prompt lookup's tries at batch on the kernels a GPU captures: the target's [B, n + 1] tree
+    step over each row's staged trie, the sibling walk kernel over [B, ...] for sampled rows: each
+    row's tokens, fates and drafts are the lookup tree round's on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    profile = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="ngram"),
+                           speculation=dict(tree_width=2, tree_nodes=5), temperature=0.9, coupling="rejection")
+    engine = Engine(profile, backend=KernelTables(tables))
+    work = tree_jobs(engine, "lookup", 3, seed=1)
+    reference = alone_rounds(engine, work)
+    assert accepted_lookups(reference) > 0
+    assert batched_rounds(engine, 2, work) == reference
+
+
 def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "bfloat16",
                      **sampling) -> Engine:
     profile = make_profile(target, draft, k=k, backend="cuda", speculation=dict(tree_width=width, tree_nodes=nodes),
@@ -354,16 +375,36 @@ def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, 
 TREE_SAMPLINGS = pytest.mark.parametrize(
     "sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
                  dict(temperature=0.8, top_p=0.9, coupling="rejection")], ids=["greedy", "gumbel", "rejection"])
-TREE_DRAFTERS = pytest.mark.parametrize("drafter", ["draft", "head"])
+TREE_DRAFTERS = pytest.mark.parametrize("drafter", ["draft", "head", "lookup"])
 
 
 def float32_tree_engine(request, drafter: str, **sampling) -> Engine:
-    """float32 trees (k 4, width 2, 6 nodes) on the owned kernels, drafted by the draft model or
-    (drafter "head") an EAGLE-3 head on the head's kernels."""
+    """float32 trees (k 4, width 2, 6 nodes) on the owned kernels, drafted by the draft model,
+    (drafter "head") an EAGLE-3 head on the head's kernels or (drafter "lookup") prompt lookup
+    over a bigram target's text (core/round/batch_lookup_tree.py)."""
     pair = request.getfixturevalue("pair")
     if drafter == "head":
         return cuda_head_tree_engine(pair[0], request.getfixturevalue("head"), **sampling)
+    if drafter == "lookup":
+        return cuda_lookup_tree_engine(request.getfixturevalue("bigram"), **sampling)
     return cuda_tree_engine(*pair, dtype="float32", **sampling)
+
+
+def cuda_lookup_tree_engine(target, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "float32",
+                            **sampling) -> Engine:
+    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="ngram"),
+                           speculation=dict(tree_width=width, tree_nodes=nodes), **({"max_tokens": 32} | sampling))
+    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
+    assert engine.backend.name == "cuda"
+    return engine
+
+
+def tree_jobs(engine: Engine, drafter: str, count: int, seed: int) -> list:
+    """jobs(), or for prompt lookup prompts whose lookups branch (batch_helpers.branch_prompts)."""
+    if drafter != "lookup":
+        return jobs(engine.profile, count, seed=seed)
+    return [(ids, replace(engine.profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i))
+            for i, ids in enumerate(branch_prompts(engine, count, seed=seed))]
 
 
 @on_cuda
@@ -372,10 +413,10 @@ def float32_tree_engine(request, drafter: str, **sampling) -> Engine:
 @pytest.mark.parametrize("batch", [1, 7])
 def test_tree_rows_equal_each_prompt_alone_on_cuda(request, drafter, sampling, batch):
     """24 prompts of their own lengths and max_tokens, float32 trees from the draft model or a
-    head, each prompt's seed: every row's tokens at B = 1 and 7 are the prompt's alone (the
-    captured tree round)."""
+    head or prompt lookup, each prompt's seed: every row's tokens at B = 1 and 7 are the
+    prompt's alone (the captured tree round)."""
     engine = float32_tree_engine(request, drafter, **sampling)
-    work = jobs(engine.profile, 24, seed=batch)
+    work = tree_jobs(engine, drafter, 24, seed=batch)
     reference = alone(engine, work)
     got = batched(engine, batch, work)
     same = sum(a == b for a, b in zip(got, reference))
@@ -386,11 +427,11 @@ def test_tree_rows_equal_each_prompt_alone_on_cuda(request, drafter, sampling, b
 @TREE_SAMPLINGS
 @TREE_DRAFTERS
 def test_captured_batch_tree_round_equals_the_round_run_eagerly(request, drafter, sampling):
-    """The batch tree round (the draft model's or a head's) replayed as CUDA graphs (re-captured
-    when the long max_tokens below grows the caches, a head's among them, behind a round in
-    flight) or run as it is: the same tokens and fates."""
+    """The batch tree round (the draft model's, a head's or prompt lookup's) replayed as CUDA
+    graphs (re-captured when the long max_tokens below grows the caches, a head's among them,
+    behind a round in flight) or run as it is: the same tokens and fates."""
     engine = float32_tree_engine(request, drafter, **sampling)
-    work = jobs(engine.profile, 20, seed=3)
+    work = tree_jobs(engine, drafter, 20, seed=3)
     work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
     decoder = engine.batch_decoder(8)
     assert type(decoder.program).__name__ == "BatchGraphs"
@@ -442,3 +483,78 @@ def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
     got = fated(engine, batch, work)
     same = sum(a == b for a, b in zip(got, one))
     assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+
+
+# -- the hybrid proposer drafting every row (core/round/batch_hybrid.py), on a GPU -------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_hybrid_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, bigram):
+    """Hybrid with the draft model on the step and round kernels: the draft's batch steps, its
+    follow step over [B, k + 2] (the host rows from the round's start, the others at the cache's
+    scratch end), verification with one-hot q rows for the host rows: each row's tokens, fates and
+    drafts are hybrid's alone on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    profile = make_profile(bigram, pair[1], k=3, proposer=ProposerSpec(kind="hybrid"), temperature=0.9,
+                           coupling="rejection")
+    engine = Engine(profile, backend=KernelTables(tables))
+    work = lookup_jobs(engine, 3, seed=1)
+    reference = alone_rounds(engine, work)
+    assert accepted_lookups(reference) > 0
+    assert batched_rounds(engine, 2, work) == reference
+
+
+def cuda_hybrid_engine(request, model: str, dtype: str = "float32", **sampling) -> Engine:
+    """Hybrid chains (k 4) over the bigram target, with the noisy draft model or (model "eagle") an
+    EAGLE-3 head where the lookup finds nothing."""
+    bigram, draft = request.getfixturevalue("bigram"), request.getfixturevalue("pair")[1]
+    head = str(request.getfixturevalue("head")) if model == "eagle" else ""
+    profile = make_profile(bigram, draft if model == "draft" else None, k=4, backend="cuda",
+                           proposer=ProposerSpec(kind="hybrid", hybrid_with=model, head=head),
+                           **({"max_tokens": 32} | sampling))
+    profile = replace(profile, target=replace(profile.target, dtype=dtype))
+    if profile.draft is not None:
+        profile = replace(profile, draft=replace(profile.draft, dtype=dtype))
+    engine = Engine(profile)
+    assert engine.backend.name == "cuda"
+    return engine
+
+
+HYBRID_MODELS = pytest.mark.parametrize("model", ["draft", "eagle"])
+
+
+@on_cuda
+@TREE_SAMPLINGS
+@HYBRID_MODELS
+@pytest.mark.parametrize("batch", [1, 7])
+def test_hybrid_rows_equal_each_prompt_alone_on_cuda(request, model, sampling, batch):
+    """24 prompts that hold the bigram target's text (lookup's turns, then the model's), float32,
+    each prompt's seed: every row's tokens and fates at B = 1 and 7 are the prompt's alone with
+    hybrid (the captured chain round's host and model programs)."""
+    engine = cuda_hybrid_engine(request, model, **sampling)
+    work = lookup_jobs(engine, 24, seed=batch)
+    reference = [(f.token_ids, f.fates) for f in (finish(engine.decoder(replace(engine.profile, sampling=spec)), ids)
+                                                  for ids, spec in work)]
+    assert accepted_lookups(reference) > 0
+    got = fated(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, reference))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+
+
+@on_cuda
+@TREE_SAMPLINGS
+@HYBRID_MODELS
+def test_captured_hybrid_batch_round_equals_the_round_run_eagerly(request, model, sampling):
+    """The batch round with hybrid, replayed as CUDA graphs (the staged lookups a static buffer the
+    graph reads, the model's follow step at the scratch end of the cache; re-captured when the long
+    max_tokens below grows the caches) or run as it is: the same tokens and fates."""
+    engine = cuda_hybrid_engine(request, model, **sampling)
+    work = lookup_jobs(engine, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    assert not decoder.pipelined
+    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == fated(engine, 8, work, eager=True)

@@ -19,10 +19,10 @@ drops what it made there (its results are those of a prompt that has finished), 
 stopped and refilled at round i's settling, queued behind round i + 1. Rows stay what they are
 alone: a row's rounds and draws are the ones it makes alone, in the same order; rounds past its
 end only add rounds nobody reads. Adaptive k chooses each row's budget from the round before it,
-and prompt lookup (the round's host_drafts) each row's drafts from the tokens before them, so with
-either one round is in flight: at launch each row's budget (and, for lookup, its drafts from its
-own proposer, core/round/batch_lookup.py) is set from what the rows hold, and a row's proposer
-follows the tokens it emitted when its round settles.
+and prompt lookup and hybrid (the round's host_drafts) each row's drafts from the tokens before
+them, so with either one round is in flight: at launch each row's budget (and, for lookup, its
+drafts from its own proposer, core/round/batch_lookup.py, core/round/batch_hybrid.py) is set from
+what the rows hold, and a row's proposer follows the tokens it emitted when its round settles.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ from specgen.core.drafters.ngram import NgramProposer, TreeLookup
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_head import BatchHead
 from specgen.core.round.batch_head_tree import BatchHeadTree
+from specgen.core.round.batch_hybrid import BatchHybrid
 from specgen.core.round.batch_lookup import BatchLookup
+from specgen.core.round.batch_lookup_tree import BatchLookupTree
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
 from specgen.core.round.batch_tree import BatchTreeDraftModel, BatchTreeRound
 from specgen.core import batch_cost, measured
@@ -28,7 +30,9 @@ from specgen.core.tree_cost import TreeChoice, choose, regime
 
 # what bench --batch-size cannot measure: auto has no rows to choose from for these proposers
 BENCH_UNMEASURED = {"ngram": "bench --batch-size measures the draft model's and EAGLE-3 heads' batches, "
-                              "not prompt lookup's"}
+                              "not prompt lookup's",
+                    "hybrid": "bench --batch-size measures the draft model's and EAGLE-3 heads' batches, "
+                              "not hybrid's"}
 
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
@@ -145,31 +149,39 @@ class Engine:
             raise UsageError(f"batches (batch_size {batch}) {refusal}",
                              hint="set batch_size = 1 (--batch-size 1), or change what the message names")
         sampling = profile.sampling
-        kind = profile.proposer.kind
-        k = profile.speculation.k if kind != "none" else 0
-        if k and kind == "draft" and self.draft_runner is None:
-            raise UsageError("the draft proposer needs a draft model", hint="add [draft] or use --proposer ngram")
-        if k and kind == "eagle" and "eagle" not in self.heads:
-            raise UsageError("the eagle proposer needs the eagle drafter, which this run did not load",
-                             hint="name every proposer when the run starts (bench --proposer a,b)")
         proposer = profile.proposer
-        lookup = (proposer.ngram_min, proposer.ngram_max) if kind == "ngram" else None
-        tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and kind in ("draft", "eagle") and \
+        kind = proposer.kind
+        k = profile.speculation.k if kind != "none" else 0
+        model = proposer.drafter(kind)  # hybrid: the model it drafts with where lookup finds nothing
+        if k and model == "draft" and self.draft_runner is None:
+            raise UsageError(f"the {kind} proposer needs a draft model", hint="add [draft] or use --proposer ngram")
+        if k and model == "eagle" and "eagle" not in self.heads:
+            raise UsageError(f"the {kind} proposer needs the eagle drafter, which this run did not load",
+                             hint="name every proposer when the run starts (bench --proposer a,b)")
+        lookup = (proposer.ngram_min, proposer.ngram_max) if kind in ("ngram", "hybrid") else None
+        tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and \
             profile.speculation.tree_width not in (AUTO, 1) else None
-        key = ("batch", batch, k, sampling.coupling, kind if k else "none", lookup, tree)
+        key = ("batch", batch, k, sampling.coupling, kind if k else "none", model, lookup, tree)
         if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
-            drafter = partial(BatchHeadTree, drafter=self.heads["eagle"]) if kind == "eagle" else \
-                partial(BatchTreeDraftModel, runner=self.draft_runner)
+            if kind == "eagle":
+                drafter = partial(BatchHeadTree, drafter=self.heads["eagle"])
+            elif kind == "ngram":
+                drafter = partial(BatchLookupTree, ngram_min=proposer.ngram_min, ngram_max=proposer.ngram_max)
+            else:
+                drafter = partial(BatchTreeDraftModel, runner=self.draft_runner)
             rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
                                  self.backend, self.target_runner, drafter)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         if key not in self._rounds:
-            if kind == "eagle":
-                drafter = partial(BatchHead, drafter=self.heads["eagle"])
-            elif kind == "ngram":
+            if kind == "ngram":
                 drafter = partial(BatchLookup, ngram_min=proposer.ngram_min, ngram_max=proposer.ngram_max)
+            elif model == "eagle":
+                drafter = partial(BatchHead, drafter=self.heads["eagle"])
             else:
                 drafter = partial(BatchDraftModel, runner=self.draft_runner)
+            if kind == "hybrid":  # the model drafts every row, lookup's drafts where it matches
+                drafter = partial(BatchHybrid, model=drafter, ngram_min=proposer.ngram_min,
+                                  ngram_max=proposer.ngram_max)
             rnd = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
                              self.backend, self.target_runner, drafter if k else None)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
@@ -404,20 +416,22 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
     """Why this run cannot decode prompts in batches ("" where it can). spread: a model lies over
     several GPUs (its step crosses devices; a batch's caches do not yet)."""
     spec, sampling, kind = profile.speculation, profile.sampling, profile.proposer.kind
-    if kind not in ("draft", "eagle", "ngram", "none"):  # hybrid: its rows would mix host and model rounds
-        return (f"are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
-                f"not by the {kind} proposer")
+    model = profile.proposer.drafter(kind)  # hybrid: the model it drafts with where lookup finds nothing
+    if kind not in ("draft", "eagle", "ngram", "hybrid", "none") or model not in ("draft", "eagle", "none"):
+        what = f"the {kind} proposer" + (f" with {model} (hybrid_with)" if kind == "hybrid" else "")
+        return (f"are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) or hybrid only, "
+                f"not by {what}")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
-    if spec.tree_width != "auto" and spec.tree_width > 1 and kind not in ("draft", "eagle"):  # auto: the chain
-        return (f"take token trees from the draft model or an EAGLE-3 head (eagle) only, not from the {kind} "
-                f"proposer (tree_width 1)")
+    if spec.tree_width != "auto" and spec.tree_width > 1 and kind not in ("draft", "eagle", "ngram"):  # auto: chains
+        return (f"take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
+                f"not from the {kind} proposer (tree_width 1)")
     if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
         return "take token trees of a set node budget only, not tree_nodes auto"
-    model = kind != "ngram"  # what a model drafts with (prompt lookup's drafts are the host's)
-    checks = {"draft_p_min": model and profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
+    drafts = kind != "ngram"  # a model drafts (prompt lookup's drafts are the host's; hybrid's model drafts too)
+    checks = {"draft_p_min": drafts and profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
               "min_tokens": sampling.min_tokens > 0,
-              "draft_sampling = argmax": model and spec.draft_sampling == "argmax",
+              "draft_sampling = argmax": drafts and spec.draft_sampling == "argmax",
               "penalties": (sampling.repetition_penalty, sampling.presence_penalty, sampling.frequency_penalty)
               != (1.0, 0.0, 0.0)}
     taken = [name for name, used in checks.items() if used]

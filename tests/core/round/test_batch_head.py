@@ -92,6 +92,6 @@ def test_mtp_batches_are_refused_in_one_line(headed):
     profile = make_profile(target, None, k=3, proposer=ProposerSpec(kind="mtp"))
     from specgen.core.engine import batch_refusal
 
-    assert batch_refusal(profile) == ("are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup "
-                                      "(ngram) only, not by the mtp proposer")
+    assert batch_refusal(profile) == ("are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup "
+                                      "(ngram) or hybrid only, not by the mtp proposer")
 

@@ -20,7 +20,6 @@ import pytest
 from batch_helpers import alone_rounds, batched_rounds, chain_prompts
 from decode_helpers import finish, make_profile
 from specgen.core.engine import Engine, batch_refusal, target_only
-from specgen.core.errors import UsageError
 from specgen.core.events import Fate
 from specgen.core.settings import ProposerSpec
 from tiny_models import bigram_target, build_pair
@@ -94,16 +93,6 @@ def test_lookup_batches_keep_one_round_in_flight(bigram):
     assert not engine.batch_decoder(3).pipelined
     draft = Engine(make_profile(bigram, bigram, k=3, speculation=dict(pipeline="on")))
     assert draft.batch_decoder(3).pipelined
-
-
-def test_hybrid_batches_are_refused_in_one_line(bigram):
-    profile = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="hybrid"))
-    assert batch_refusal(profile) == ("are drafted by the draft model, an EAGLE-3 head (eagle) or prompt lookup "
-                                      "(ngram) only, not by the hybrid proposer")
-    with pytest.raises(UsageError) as error:
-        Engine(make_profile(bigram, bigram, k=3, proposer=ProposerSpec(kind="hybrid"))).batch_decoder(2)
-    assert str(error.value) == ("batches (batch_size 2) are drafted by the draft model, an EAGLE-3 head (eagle) "
-                                "or prompt lookup (ngram) only, not by the hybrid proposer")
 
 
 def test_lookup_takes_what_only_a_model_draft_refuses(bigram):

@@ -6,9 +6,10 @@ prompts so that some run masked) equal decoding that prompt alone with the tree 
 (k, width, nodes): greedy exactly, with every round's drafts; Gumbel coupling with the prompt's
 seed the same sampled text; rejection coupling (drawn children, the recursive walk; a greedy row
 among them walks greedily) the same tokens too, each row's numbers drawn by its own generator in
-the order and shapes the tree round draws them. What batches do not take of trees (prompt lookup's
-and hybrid's, tree_nodes auto) is a one-line error; an EAGLE-3 head's trees are taken
-(tests/core/round/test_batch_head_tree.py).
+the order and shapes the tree round draws them. What batches do not take of trees (hybrid's,
+tree_nodes auto) is a one-line error; an EAGLE-3 head's trees are taken
+(tests/core/round/test_batch_head_tree.py), and prompt lookup's
+(tests/core/round/test_batch_lookup_tree.py).
 """
 
 from __future__ import annotations
@@ -105,8 +106,7 @@ def test_rejection_tree_rows_are_seed_stable(pair):
 
 
 @pytest.mark.parametrize("change, named", [
-    (dict(proposer=ProposerSpec(kind="ngram")), "token trees from the draft model or an EAGLE-3 head (eagle) only"),
-    (dict(proposer=ProposerSpec(kind="hybrid")), "not by the hybrid proposer"),
+    (dict(proposer=ProposerSpec(kind="hybrid")), "not from the hybrid proposer"),
     (dict(speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
     (dict(proposer=ProposerSpec(kind="eagle"), speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
 ])
@@ -121,8 +121,10 @@ def test_what_batches_do_not_take_of_trees_is_one_line(pair, change, named):
     assert named in str(error.value) and "\n" not in str(error.value)
 
 
-def test_head_trees_are_taken_at_batch(pair):
-    """An EAGLE-3 head's trees at batch are decoded, each row its own (core/round/batch_head_tree.py)."""
-    profile = make_profile(*pair, k=3, proposer=ProposerSpec(kind="eagle"), speculation=dict(tree_width=2,
-                                                                                              tree_nodes=4))
+@pytest.mark.parametrize("kind", ["eagle", "ngram"])
+def test_head_and_lookup_trees_are_taken_at_batch(pair, kind):
+    """An EAGLE-3 head's trees and prompt lookup's at batch are decoded, each row its own
+    (core/round/batch_head_tree.py, core/round/batch_lookup_tree.py)."""
+    profile = make_profile(*pair, k=3, proposer=ProposerSpec(kind=kind), speculation=dict(tree_width=2,
+                                                                                           tree_nodes=4))
     assert batch_refusal(profile) == ""

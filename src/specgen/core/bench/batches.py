@@ -42,7 +42,9 @@ from specgen.core.bench import floors
 from specgen.core.stats import AcceptanceStats
 
 SCHEMA = "specgen.bench.batches/1"
-PROPOSERS = ("draft", "eagle")  # the proposers a batch drafts with (core/engine.py batch_refusal), one a run
+# the proposers measured, one a run (batches also take ngram and hybrid, whose cost depends on how
+# often the lookup matches: core/engine.py batch_refusal, BENCH_UNMEASURED)
+PROPOSERS = ("draft", "eagle")
 
 
 def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_sizes: tuple[int, ...],

@@ -29,6 +29,7 @@ class BatchHead:
 
     runners: list = []  # no model the round keeps a cache of: the head's cache is this part's
     one_hot = False  # its drafts race q on the device
+    host_proposes = False
 
     def __init__(self, rnd, drafter):
         k, batch, z = rnd.k, rnd.batch, dict(device=rnd.device)
@@ -97,6 +98,13 @@ class BatchHead:
             rows = Rows(rnd.feed[:, i: i + 1], self.step_positions, self.step_positions, self.step_positions[:, 0])
             logits, hidden = self._forward(hidden, rows)
             self._pick(i, logits[:, 0])
+
+    def follow_host(self, rows: torch.Tensor) -> None:
+        """Where the host's drafts replaced the head's (the hybrid proposer's rows whose lookup
+        matched): nothing. The chain round's host round only extends (HeadDrafts.follow), which
+        draft() did for every row; the head's k - 1 steps past it wrote positions P .. P + k - 2,
+        which the next round's extend (over P .. P + k, the target's rows from this round's start)
+        writes anew before any call reads them."""
 
     def _extend(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over every row's previous round's k + 1 target rows (features [B, k + 1, F] in

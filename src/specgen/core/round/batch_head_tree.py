@@ -50,6 +50,9 @@ class BatchHeadTree(BatchHead):
         """Row b's first round extends over the prompt's last target row (HeadTreeDraft.prefill)."""
         self.features[b, :1].copy_(self.drafter.features(1))
 
+    def draft(self) -> None:
+        self.rnd.grow_trees()
+
     def root(self) -> torch.Tensor:
         """Every row's extend: the head's logits after its root into the round's draft_logits
         [B, width], its hidden state as level 1's parents; the start [B] its frontiers' rows sit

@@ -14,7 +14,7 @@ target's pick, rejection verification accepts draft d with probability p(d) (Bat
 the one-hot q rows, zero past a row's count), and no draft step races, so a row draws only the
 target's noise row and its uniforms, as the chain round draws for host drafts. The next round's
 drafts depend on this round's tokens, so the batch loop keeps one round in flight
-(core/batch_decode.py: the round's host_drafts).
+(core/batch_decode.py: the round's host_drafts, from the part's `host_proposes`).
 
 No model besides the target: a row's prompt is prefilled into the target's cache row as target-only
 rows are. The body reads no host value (the staged buffer is static), so the round captures it whole.
@@ -32,7 +32,8 @@ from specgen.core.drafters.ngram import NgramProposer
 class BatchLookup:
     """ngram_min, ngram_max: each row's NgramProposer's n-gram sizes ([proposer] ngram_min/max)."""
 
-    one_hot = True  # the host drafts (q is one-hot), from the round before: one round in flight
+    one_hot = True  # the host drafts (q is one-hot)
+    host_proposes = True  # from the round before: one round in flight
     runners: list = []  # no model the round keeps a cache of besides the target
 
     def __init__(self, rnd, ngram_min: int, ngram_max: int):

@@ -1,6 +1,8 @@
 """The round over a batch: B rows, each its own sequence, drafted in chains by a drafter part:
-the draft model (BatchDraftModel, below), an EAGLE-3 head (core/round/batch_head.py) or the host's
-prompt lookup (core/round/batch_lookup.py: the host writes each row's drafts; q is one-hot).
+the draft model (BatchDraftModel, below), an EAGLE-3 head (core/round/batch_head.py), the host's
+prompt lookup (core/round/batch_lookup.py: the host writes each row's drafts; q is one-hot) or
+hybrid (core/round/batch_hybrid.py: a model drafts every row, the lookup's drafts replace a row's
+where it matched).
 
 The chain round's phases (core/round/round.py), with a batch dimension everywhere:
 
@@ -153,7 +155,7 @@ class BatchCoupling:
         the host drafts none does, so the target's row k alone; then the uniforms)."""
         if self.gumbel or not sampled:
             return
-        exponentials_(self.noise[b, self.rnd.k:] if self.rnd.host_drafts else self.noise[b], generator)
+        exponentials_(self.noise[b, self.rnd.k:] if self.rnd.one_hot else self.noise[b], generator)
         uniforms_(self.uniform[b], generator)
 
     def begin(self) -> None:
@@ -189,21 +191,30 @@ class BatchCoupling:
                 out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, argmax, k)
             else:
                 rnd.drafts.copy_(rnd.feed[:, 1:])
-                if rnd.host_drafts:
-                    self._one_hot()
+                if rnd.one_hot:
+                    self.one_hot()
                 self.expo.copy_(self.noise[:, k])
                 out = ops.verify_random(rnd.drafts.view(-1), rnd.cu, self.q.view(-1, width) if k else None, probs,
                                         self.uniform.reshape(-1), self.expo, k)
         rnd.out.copy_(out)
 
-    def _one_hot(self) -> None:
+    def one_hot(self, rows: torch.Tensor | None = None) -> None:
         """q of host drafts: 1 at each row's counted drafts, 0 elsewhere (past a row's count: all 0,
         as the draft model's q there). Rejection verification then accepts draft d where u <= p(d),
-        and its residual is p with p(d) zeroed: the chain round's one-hot verification, bit for bit."""
+        and its residual is p with p(d) zeroed: the chain round's one-hot verification, bit for bit.
+        rows: [B] bool, the rows whose drafts the host wrote (the others keep the model's q; None:
+        every row's)."""
         rnd = self.rnd
-        self.q.zero_()
-        counted = (rnd.steps < rnd.num_drafts[:, None]).float()  # [B, k]
-        self.q.scatter_(2, rnd.feed[:, 1:, None], counted[:, :, None])
+        counted = (rnd.steps < rnd.num_drafts[:, None]).float()[:, :, None]  # [B, k, 1]
+        drafts = rnd.feed[:, 1:, None]
+        if rows is None:
+            self.q.zero_()
+            self.q.scatter_(2, drafts, counted)
+            return
+        hosted = rows[:, None, None]
+        kept = self.q.gather(2, drafts)  # a model row's own q at its draft: written back as it is
+        self.q.masked_fill_(hosted, 0.0)
+        self.q.scatter_(2, drafts, torch.where(hosted, counted, kept))
 
 
 class BatchDraftModel:
@@ -212,11 +223,16 @@ class BatchDraftModel:
     picked before, each row in the round's draft cache row (model 1 of the round's runners)."""
 
     one_hot = False  # its drafts race q on the device
+    host_proposes = False  # nothing from the host before a round: rounds may queue behind each other
 
     def __init__(self, rnd: "BatchRound", runner):
         self.rnd = rnd
         self.runners = [runner]
         self.pending = torch.zeros(rnd.batch, 2, dtype=torch.long, device=rnd.device)  # committed[-2:]
+        # follow_host's step: [committed[-2], feed] per row, where it starts, its rows' positions
+        self.follow_ids = torch.zeros(rnd.batch, rnd.k + 2, dtype=torch.long, device=rnd.device)
+        self.follow_start = torch.zeros(rnd.batch, dtype=torch.long, device=rnd.device)
+        self.follow_positions = torch.zeros(rnd.batch * (rnd.k + 2), dtype=torch.long, device=rnd.device)
 
     def start(self, b: int, ids: list[int]) -> None:
         """Both caches' row b (the target: all but the last id; the draft: all but the last two, a
@@ -236,6 +252,24 @@ class BatchDraftModel:
             rnd.coupling.pick(i)
             ids = rnd.feed[:, i + 1: i + 2]
 
+    def follow_host(self, rows: torch.Tensor) -> None:
+        """After draft(), where the host's drafts replaced the model's (rows [B] bool: the hybrid
+        proposer's rows whose lookup matched, core/round/batch_hybrid.py): the draft steps over
+        [committed[-2], feed] ([B, k + 2]) from its position before the round, as the chain round's
+        host round steps (DraftModel.follow), so that those rows' caches hold the host's tokens,
+        computed as alone, not the drafts it stepped. The other rows step at the scratch end of
+        the cache (past every row's reach and SLACK: nothing reads it), keeping what they drafted.
+        The position stays where draft() left it, k + 1 past the round's start: the commit moves
+        it back by k + 1 - emitted, to where a host round's k + 2 - emitted from k + 2 past it
+        leaves it."""
+        rnd, k = self.rnd, self.rnd.k
+        self.follow_ids[:, :1].copy_(self.pending[:, :1])
+        self.follow_ids[:, 1:].copy_(rnd.feed)
+        torch.sub(rnd.positions[1], k + 1, out=self.follow_start)
+        self.follow_start.masked_fill_(rows.logical_not(), rnd.capacity - (k + 2))
+        step = rowsets.batch(self.follow_ids, self.follow_start, self.follow_positions)
+        rnd.models[1].step(step, rnd.caches[1], rnd.step_ops[1], 1)  # its logits: nobody's
+
     def reading(self):
         """What it reads of the target's step: nothing."""
         return contextlib.nullcontext()
@@ -253,7 +287,8 @@ class BatchDraftModel:
 class BatchRound:
     """B rows of chain speculation (k = 0: the target alone). target: the runner of specgen's own
     target model; drafter(round): the part that drafts every row (BatchDraftModel,
-    core/round/batch_head.BatchHead or core/round/batch_lookup.BatchLookup), None when k = 0. Each
+    core/round/batch_head.BatchHead, core/round/batch_lookup.BatchLookup or
+    core/round/batch_hybrid.BatchHybrid), None when k = 0. Each
     row's keys and values live in this round's caches' row b (a drafter's runners' too)."""
 
     def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target,
@@ -323,8 +358,14 @@ class BatchRound:
 
     @property
     def host_drafts(self) -> bool:
-        """Whether the host writes the drafts (prompt lookup: q is one-hot, and the next round's
-        drafts depend on this round's tokens, so the batch loop keeps one round in flight)."""
+        """Whether the host proposes drafts before each round (prompt lookup, hybrid: the next
+        round's drafts depend on this round's tokens, so the batch loop keeps one round in flight)."""
+        return self.drafter is not None and self.drafter.host_proposes
+
+    @property
+    def one_hot(self) -> bool:
+        """Whether every row's drafts are the host's (prompt lookup): q is one-hot and no draft step
+        races (a row draws only the target's noise row)."""
         return self.drafter is not None and self.drafter.one_hot
 
     def shape_key(self) -> tuple:

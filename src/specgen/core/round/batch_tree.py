@@ -1,11 +1,14 @@
 """The round over a batch with token trees: B rows, each its own tree drafted by the draft model
-(BatchTreeDraftModel, below) or an EAGLE-3 head (core/round/batch_head_tree.py's BatchHeadTree)
-(speculation.tree_width > 1 at batch_size > 1).
+(BatchTreeDraftModel, below), an EAGLE-3 head (core/round/batch_head_tree.py's BatchHeadTree) or
+prompt lookup (core/round/batch_lookup_tree.py's BatchLookupTree: the host's tries, staged before
+the round; q one-hot) (speculation.tree_width > 1 at batch_size > 1).
 
 The tree round's phases (core/round/tree_round.py), with a batch dimension, each row's tree its
 own (BatchTrees: core/round/tree.py's TreeStack of B trees, each row's Tree a view of its row):
 
-    draft    the draft model over each row's `pending` [B, 2] (the root's children: level 1), then
+    draft    the drafter part's draft(): the models' grow_trees, below, or the host's staged
+             trees copied into each row's Tree (prompt lookup); the models: the draft model over
+             each row's `pending` [B, 2] (the root's children: level 1), then
              once per level over every row's w frontier nodes ([B, w] tree rows, each row in its own
              draft cache row past its own position); a head likewise after each row's extend over
              its accepted path (its levels past the target's position, on their parents' hidden
@@ -32,8 +35,12 @@ round's order and shapes; Gumbel coupling: with the noise row of their depth, fr
 a greedy row takes its top-w (its noise rows are ones: log 1 = 0 leaves each key its log q, bit
 for bit).
 
-Not here: prompt lookup's and hybrid's trees at batch, and tree_nodes auto (engine.batch_refusal
-refuses them; MTP layers draft no batch at all), the tree's insight stage, and `taken` (a drawn
+Prompt lookup's trees (one-hot q) take the walks of the single round's host trees: greedy and
+Gumbel coupling follow the target's token, rejection coupling's sampled rows the sibling walk, each
+row drawing its noise row and uniforms alone (no children's rows).
+
+Not here: hybrid's trees at batch, and tree_nodes auto (engine.batch_refusal refuses them; MTP
+layers draft no batch at all), the tree's insight stage, and `taken` (a drawn
 child accepted outside the tree): the batch's host reads the chain's staged layout, so such a
 token counts as recovered in the row's statistics (its text is the same).
 """
@@ -149,12 +156,14 @@ class BatchTreeRejection:
         """The row's generator draws its numbers: nothing to key."""
 
     def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
-        """Row b's numbers for the next round, as TreeRejection.draw draws them (greedy rows: none)."""
+        """Row b's numbers for the next round, as TreeRejection.draw draws them (greedy rows: none;
+        host trees, whose children are deterministic: no children's rows)."""
         if not sampled:
             return
         exponentials_(self.noise[b : b + 1], generator)
         uniforms_(self.uniform[b : b + 1], generator)
-        exponentials_(self.kids_noise[b], generator)
+        if not self.rnd.one_hot:
+            exponentials_(self.kids_noise[b], generator)
 
     def begin(self) -> None:
         pass
@@ -172,18 +181,23 @@ class BatchTreeRejection:
 
     def verify(self, rows: Rows) -> tuple:
         """Greedy rows the greedy walk (their probs are one-hot, their children the top-w: the
-        tree round's greedy walk), rows with drawn children the recursive walk."""
+        tree round's greedy walk), sampled rows the recursive walk over their drawn children, or
+        over a host tree's deterministic children the sibling walk (the tree round's for one-hot q)."""
         rnd, trees = self.rnd, self.rnd.trees
         b, width = rnd.batch, rnd.width
         argmax, probs = rnd.ops.warp(rnd.tree_logits.view(-1, width), rnd.target_params.params, None, rnd.bad)
         greedy = rnd.ops.greedy_walk(trees["children"], rows.ids, argmax.view(b, -1), rnd.num_drafts, rnd.k)
         if probs is None:
             return greedy
-        at = (1 + trees["offset"]).clamp(max=self.q.shape[1] - 1)  # [B, n + 1] each tree row's expanded node
-        drawn = rnd.ops.recursive_walk(trees["children"], trees["drawn"], rows.ids, probs.view(b, -1, width),
-                                       self.q[self.seq, at], self.uniform, self.noise, rnd.num_drafts, rnd.k)
+        if rnd.one_hot:
+            sampled = rnd.ops.sibling_walk(trees["children"], rows.ids, probs.view(b, -1, width), self.uniform,
+                                           self.noise, rnd.num_drafts, rnd.k)
+        else:
+            at = (1 + trees["offset"]).clamp(max=self.q.shape[1] - 1)  # [B, n + 1] each tree row's expanded node
+            sampled = rnd.ops.recursive_walk(trees["children"], trees["drawn"], rows.ids, probs.view(b, -1, width),
+                                             self.q[self.seq, at], self.uniform, self.noise, rnd.num_drafts, rnd.k)
         return tuple(torch.where(rnd.drawn_rows.view(-1, *([1] * (g.dim() - 1))), d, g)
-                     for d, g in zip(drawn, greedy))
+                     for d, g in zip(sampled, greedy))
 
 
 class BatchTreeDraftModel(BatchDraftModel):
@@ -205,6 +219,9 @@ class BatchTreeDraftModel(BatchDraftModel):
         logits = rnd.models[1].step(rows, rnd.caches[1], rnd.step_ops[1])
         cols = min(logits.shape[-1], rnd.width)
         rnd.level_logits[..., :cols].copy_(logits[..., :cols])
+
+    def draft(self) -> None:
+        self.rnd.grow_trees()
 
     def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
         """Each row as TreeDraft.commit: the draft keeps the m - 2 accepted nodes it stepped (m =
@@ -239,7 +256,8 @@ class BatchTreeRound(BatchRound):
         self.level_logits = torch.full((batch, width_w, width), float("-inf"), dtype=torch.float32, **z)
         self.target_params = RowParams(batch, nodes + 1, self.device, self.staging)  # the tree's rows
         self.level_params = RowParams(batch, width_w, self.device, self.staging)  # a level's frontier rows
-        self.drawn_rows = torch.zeros(batch, dtype=torch.bool, **z)  # whose children are drawn from q
+        # the sampled rows: their children are drawn from q (a host tree's are deterministic: their walk the siblings')
+        self.drawn_rows = torch.zeros(batch, dtype=torch.bool, **z)
         self.pair_steps = torch.arange(2, **z)  # `pending`'s two columns (k may be 1)
 
     def _coupling(self, gumbel: bool):
@@ -272,7 +290,8 @@ class BatchTreeRound(BatchRound):
         self.level_params.set(b, draft_spec(spec, cut))
         drawn = not spec.greedy
         self.drawn_rows[b].fill_(drawn)
-        self.trees.trees[b].sampled = drawn and not self.gumbel
+        # a host tree is the host's, selected by no tree_select: no recapture for its sampled rows
+        self.trees.trees[b].sampled = drawn and not self.gumbel and not self.one_hot
 
     def draw(self, b: int, generator: torch.Generator) -> None:
         self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
@@ -285,7 +304,7 @@ class BatchTreeRound(BatchRound):
         self.held[-1].copy_(self.generated)
         self.ops.count_drafts_rows(self.confident, self.budget, self.limit, self.generated, self.num_drafts)
         self.coupling.begin()
-        self._draft()
+        self.drafter.draft()  # each row's tree: the model's (grow_trees) or the host's
         rows = self.trees.target_rows(self.positions[0])
         with self.drafter.reading():  # a head's tap copies the target's states of the tree's rows
             logits = self.models[0].step(rows, self.caches[0], self.step_ops[0])
@@ -302,7 +321,10 @@ class BatchTreeRound(BatchRound):
         self.coupling.keep_q(level, logq)
         return logq
 
-    def _draft(self) -> None:
+    def grow_trees(self) -> None:
+        """Each row's tree from the drafter's logits (root, then each level), its children from
+        its own log q, then its n best candidates, every row in one call a level: the model
+        drafters' draft()."""
         ops, trees, w, b = self.ops, self.trees, self.tree_width, self.batch
         start = self.drafter.root()  # each row's frontier rows past its own start [B]
         logq = self._logq(self.draft_logits, self.draft_params, 0)

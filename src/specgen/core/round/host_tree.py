@@ -54,7 +54,7 @@ class HostTree:
         self.rnd, self.tree, self.follower = rnd, tree, follower
         self.runners = follower.runners
         k, w, n = tree.k, tree.w, tree.n
-        self.sizes = [n, n + 1, (n + 1) * w, n + 1, n + 1, (n + 1) * (k + 1), 1]
+        self.sizes = packed_sizes(k, w, n)
         self.staged = torch.zeros(sum(self.sizes), dtype=torch.long, device=rnd.device)
         ids, parents, children, depth, positions, path, budget = self.staged.split(self.sizes)
         self.ids, self.parents, self.depth, self.positions, self.budget = ids, parents, depth, positions, budget
@@ -67,27 +67,7 @@ class HostTree:
 
     def pack(self, drafted: LookupTree | list) -> torch.Tensor:
         """The staged buffer's contents on the host for a lookup's tree (an empty one: [] too)."""
-        k, w, n = self.tree.k, self.tree.w, self.tree.n
-        tokens, parents = (drafted.tokens, drafted.parents) if drafted else ([], [])
-        m = len(tokens)
-        if m > n or len(parents) != m:
-            raise ValueError(f"a host tree of {m} nodes ({len(parents)} parents) in an envelope of {n}")
-        rows = [-1] + [p + 1 for p in parents] + [0] * (n - m)  # parents as tree rows; padding: the root's
-        children = [-1] * ((n + 1) * w)
-        ranks, depth = [0] * (n + 1), [0] * (m + 1)  # depth: below the root
-        for row in range(1, m + 1):
-            up = rows[row]
-            if not 0 <= up < row or ranks[up] >= w:
-                raise ValueError(f"node {row - 1}: parent {up - 1} is not an earlier node with room for a child")
-            children[up * w + ranks[up]] = row
-            ranks[up] += 1
-            depth[row] = depth[up] + 1
-        if max(depth) > k:
-            raise ValueError(f"a host tree of depth {max(depth)} in an envelope of depth {k}")
-        ids = [0] + list(tokens) + [0] * (n - m)
-        at = tree_rows(torch.tensor([ids]), torch.tensor(rows), 0, levels=k + 1)
-        return torch.cat([torch.tensor(ids[1:] + rows + children), at.depth[0], at.positions[0],
-                          at.tail[0].reshape(-1), torch.tensor([max(depth)])])
+        return pack_tree(drafted, self.tree.k, self.tree.w, self.tree.n)
 
     def set_drafts(self, drafted: LookupTree | list) -> None:
         """The next round's tree (one host-to-device copy)."""
@@ -116,3 +96,36 @@ class HostTree:
 
     def state(self) -> list[torch.Tensor]:
         return self.follower.state()
+
+
+def packed_sizes(k: int, w: int, n: int) -> list[int]:
+    """The parts of pack_tree's tensor: the nodes' ids [n]; the tree rows' parents [n + 1], children
+    by rank [(n + 1) w], depths [n + 1], positions [n + 1] and tails [(n + 1)(k + 1)] relative to the
+    committed prefix; the tree's depth [1] (the walk's limit)."""
+    return [n, n + 1, (n + 1) * w, n + 1, n + 1, (n + 1) * (k + 1), 1]
+
+
+def pack_tree(drafted: LookupTree | list, k: int, w: int, n: int) -> torch.Tensor:
+    """A lookup's tree (an empty one: [] too) in an envelope of depth k, width w and n nodes, as
+    one int64 host tensor of packed_sizes' parts: what HostTree stages, and each row of the
+    batch's (core/round/batch_lookup_tree.py)."""
+    tokens, parents = (drafted.tokens, drafted.parents) if drafted else ([], [])
+    m = len(tokens)
+    if m > n or len(parents) != m:
+        raise ValueError(f"a host tree of {m} nodes ({len(parents)} parents) in an envelope of {n}")
+    rows = [-1] + [p + 1 for p in parents] + [0] * (n - m)  # parents as tree rows; padding: the root's
+    children = [-1] * ((n + 1) * w)
+    ranks, depth = [0] * (n + 1), [0] * (m + 1)  # depth: below the root
+    for row in range(1, m + 1):
+        up = rows[row]
+        if not 0 <= up < row or ranks[up] >= w:
+            raise ValueError(f"node {row - 1}: parent {up - 1} is not an earlier node with room for a child")
+        children[up * w + ranks[up]] = row
+        ranks[up] += 1
+        depth[row] = depth[up] + 1
+    if max(depth) > k:
+        raise ValueError(f"a host tree of depth {max(depth)} in an envelope of depth {k}")
+    ids = [0] + list(tokens) + [0] * (n - m)
+    at = tree_rows(torch.tensor([ids]), torch.tensor(rows), 0, levels=k + 1)
+    return torch.cat([torch.tensor(ids[1:] + rows + children), at.depth[0], at.positions[0],
+                      at.tail[0].reshape(-1), torch.tensor([max(depth)])])

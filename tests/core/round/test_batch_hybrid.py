@@ -1,0 +1,116 @@
+"""core/round/batch_hybrid.py: the hybrid proposer drafting every row of a batch, on tiny fp32 models.
+
+Batch invariance with hybrid: each prompt's tokens, fates and every round's drafts at B = 1, 3, 7
+equal decoding that prompt alone with --proposer hybrid (its turns: host rounds where the lookup
+matches, model rounds else), with the draft model and with an EAGLE-3 head (hybrid_with). The
+target is a bigram model (tiny_models.bigram_target) and most prompts hold the chain it writes
+after them (batch_helpers.chain_prompts), so rows take both turns, and in one batch some rows take
+the lookup's drafts while others take the model's; every third prompt is random. The draft model is
+a noisy copy of the original target (its attention matters: a cache that missed the lookup's tokens
+would change its drafts). Ragged max_tokens, more prompts than rows (refills restart a row's
+proposer and its model's cache row) and, at B = 7, rows that run masked. Greedy exactly; Gumbel
+coupling with each prompt's seed the same sampled text; rejection coupling the same tokens (each
+row's generator draws, every round, the noise rows of the model's steps and the target's and the
+uniforms, as alone). Hybrid trees at batch are still refused in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from batch_helpers import alone_rounds, batched_rounds, chain_prompts
+from decode_helpers import finish, make_profile
+from specgen.core.engine import Engine, batch_refusal
+from specgen.core.errors import UsageError
+from specgen.core.events import Fate
+from specgen.core.round.batch_hybrid import BatchHybrid
+from specgen.core.settings import ProposerSpec
+from tiny_models import bigram_target, build_pair, head_for
+
+SAMPLED = [dict(temperature=0.7, top_k=20), dict(top_p=0.9), dict(), dict(temperature=0.0), dict(min_p=0.1)]
+MODELS = pytest.mark.parametrize("model", ["draft", "eagle"])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(bigram target, a noisy draft of the original target, an EAGLE-3 head on the bigram target)."""
+    root = tmp_path_factory.mktemp("batch-hybrid")
+    target, draft = build_pair(root, noisy=0.1)
+    bigram = bigram_target(target, root / "bigram")
+    return bigram, draft, head_for(bigram, root / "head")
+
+
+def hybrid_engine(models, model: str, k: int = 3, adaptive_k: bool = False, **sampling) -> Engine:
+    bigram, draft, head = models
+    proposer = ProposerSpec(kind="hybrid", hybrid_with=model, head=str(head) if model == "eagle" else "",
+                            adaptive_k=adaptive_k)
+    return Engine(make_profile(bigram, draft if model == "draft" else None, k=k, proposer=proposer, **sampling))
+
+
+def jobs(engine: Engine, count: int, sampled: bool = False) -> list:
+    """(ids, settings) of `count` chain_prompts, each with its own max_tokens and seed (and, sampled,
+    its own warp settings)."""
+    return [(ids, replace(engine.profile.sampling, max_tokens=6 + 5 * (i % 4), seed=100 + i,
+                          **(SAMPLED[i % len(SAMPLED)] if sampled else {})))
+            for i, ids in enumerate(chain_prompts(engine, count, seed=count))]
+
+
+def turns(engine: Engine, work: list) -> dict:
+    """The rounds each proposer drafted over the prompts decoded alone."""
+    total = {"ngram": 0, "draft": 0}
+    for ids, spec in work:
+        decoder = engine.decoder(replace(engine.profile, sampling=spec))
+        finish(decoder, ids)
+        total = {kind: total[kind] + decoder.proposer_rounds[kind] for kind in total}
+    return total
+
+
+def check(engine: Engine, work: list) -> None:
+    """Both turns are taken alone, and every prompt's tokens, fates and drafts at B = 1, 3, 7 are
+    its own alone."""
+    taken = turns(engine, work)
+    assert taken["ngram"] > 5 and taken["draft"] > 5, taken
+    reference = alone_rounds(engine, work)
+    assert sum(fates.count(Fate.ACCEPTED) for _, fates, _ in reference) > 0
+    for batch in (1, 3, 7):
+        decoder = engine.batch_decoder(batch)
+        assert isinstance(decoder.round.drafter, BatchHybrid) and not decoder.pipelined
+        assert batched_rounds(engine, batch, work) == reference, f"batch {batch}"
+
+
+@MODELS
+def test_greedy_hybrid_rows_equal_each_prompt_alone(models, model):
+    engine = hybrid_engine(models, model, k=4)
+    check(engine, jobs(engine, 9))
+
+
+@MODELS
+@pytest.mark.parametrize("coupling", ["gumbel", "rejection"])
+def test_sampled_hybrid_rows_equal_each_prompt_alone(models, model, coupling):
+    """Each row's own warp settings (a greedy row among them), max_tokens and seed, sharing the batch."""
+    engine = hybrid_engine(models, model, k=3, temperature=1.0, coupling=coupling)
+    check(engine, jobs(engine, 8, sampled=True))
+
+
+@MODELS
+def test_adaptive_k_hybrid_rows_equal_each_prompt_alone(models, model):
+    """adaptive_k: each row's budget its own from its rounds before (the lookup's and the model's),
+    as alone; rejection coupling."""
+    engine = hybrid_engine(models, model, k=5, adaptive_k=True, temperature=1.0, coupling="rejection")
+    check(engine, jobs(engine, 8))
+
+
+def test_hybrid_trees_and_mtp_at_batch_are_refused_in_one_line(models):
+    bigram, draft, _ = models
+    trees = make_profile(bigram, draft, k=3, proposer=ProposerSpec(kind="hybrid"),
+                         speculation=dict(tree_width=2, tree_nodes=4))
+    assert batch_refusal(trees) == ("take token trees from the draft model, an EAGLE-3 head (eagle) or prompt "
+                                    "lookup (ngram) only, not from the hybrid proposer (tree_width 1)")
+    with pytest.raises(UsageError) as error:
+        Engine(trees).batch_decoder(2)
+    assert "\n" not in str(error.value) and str(error.value).startswith("batches (batch_size 2) take token trees")
+    mtp = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="hybrid", hybrid_with="mtp"))
+    assert batch_refusal(mtp) == ("are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) "
+                                  "or hybrid only, not by the hybrid proposer with mtp (hybrid_with)")
