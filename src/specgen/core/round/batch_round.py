@@ -504,39 +504,35 @@ class BatchRound:
         gpu/kernels/linear.py and attention.py). A shorter prompt is padded: its rows past its end
         write slots past its length, never copied."""
         model, items = self.models[which], sorted(items, key=lambda item: len(item[1]))
-        # Shapes from few sizes (powers of two: rows, positions a step, capacity), padding rows and
-        # positions included: Triton compiles a kernel once a shape, a wave of 5 and one of 7 rows
-        # share one, and a bench's first wave compiles what its later ones run
-        group = _floor2(max(1, WAVE_TOKENS // max(64, _ceil2(len(items[-1][1])))))
+        longest = len(items[-1][1])
+        capacity = max(64, 1 << (longest - 1).bit_length())  # a few refill caches for every length
+        group = max(1, min(len(items), WAVE_TOKENS // capacity))
         for first in range(0, len(items), group):
             part = items[first:first + group]
-            rows = _ceil2(len(part))
-            chunk = max(1, min(WAVE_CHUNK, WAVE_ROWS // rows))
-            span = -(-len(part[-1][1]) // chunk) * chunk  # the part's longest (sorted), in whole steps
-            capacity = max(64, _ceil2(span))
-            key = (which, rows, capacity)
+            chunk = max(1, min(longest, WAVE_CHUNK, WAVE_ROWS // len(part)))
+            key = (which, len(part), capacity)
             if key not in self._wave_caches:
-                self._wave_caches[key] = (model.new_cache(rows, capacity), self.runners[which].batch_ops(capacity))
+                self._wave_caches[key] = (model.new_cache(len(part), capacity), self.runners[which].batch_ops(capacity))
             cache, ops = self._wave_caches[key]
-            ids = torch.zeros(rows, span, dtype=torch.long)
+            span = len(part[-1][1])  # the part's longest (items are sorted by length)
+            ids = torch.zeros(len(part), span, dtype=torch.long)
             for r, (_, row_ids) in enumerate(part):
                 ids[r, :len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
             ids = self.staging.put(ids)
             with torch.inference_mode():
                 for start in range(0, span, chunk):
                     model.step(rowsets.batch(ids[:, start:start + chunk], start), cache, ops, keep=1)
-                targets = torch.tensor([b for b, _ in part], dtype=torch.long)
-                self._adopt_rows(which, cache, self.staging.put(targets), span)
+                rows = torch.tensor([b for b, _ in part], dtype=torch.long)
+                self._adopt_rows(which, cache, self.staging.put(rows), span)
 
     def _adopt_rows(self, which: int, source, rows: torch.Tensor, n: int) -> None:
         """Row r of `source` (a refill cache) into row rows[r] of model `which`'s cache, its first n
-        slots (a shorter prompt's slots past its length are scratch there too): one copy a device.
-        n may pass a row's capacity only where the wave's did (both caches hold the longest)."""
-        cache, count = self.caches[which], rows.shape[0]  # the source's padding rows after them: not copied
+        slots (a shorter prompt's slots past its length are scratch there too): one copy a device."""
+        cache = self.caches[which]
         for device, planes in cache.planes.items():
-            planes[:, :, :, :, :n].index_copy_(2, rows.to(device), source.planes[device][:, :, :count, :, :n])
+            planes[:, :, :, :, :n].index_copy_(2, rows.to(device), source.planes[device][:, :, :, :, :n])
         for device, positions in cache.copies.items():
-            positions[:, :n].index_copy_(0, rows.to(device), source.copies[device][:count, :n])
+            positions[:, :n].index_copy_(0, rows.to(device), source.copies[device][:, :n])
 
     def adopt(self, which: int, b: int, n: int) -> None:
         """Model `which`'s runner's first n slots, as it prefilled them alone, into row b of the
@@ -589,11 +585,3 @@ class BatchRound:
         position.add_(ids.shape[1])
         cols = min(logits.shape[-1], self.width)
         out[..., :cols].copy_(logits[..., :cols])
-
-
-def _ceil2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def _floor2(n: int) -> int:
-    return 1 << (n.bit_length() - 1)
