@@ -138,10 +138,9 @@ class BatchDecoder:
         """Each free row takes the queue's next prompt, while fewer than WAITING x B results wait
         for an earlier prompt (a long prompt holds back what finished after it, never more:
         memory is bounded by B, not by the file); the rows left free run masked."""
-        with self.round.wave():  # the rows refilled here take their prompts' prefills together
-            for b, row in enumerate(self.rows):
-                if row is None and not self.exhausted and len(done) < WAITING * self.round.batch:
-                    self.exhausted = not self._refill(b, queue)
+        for b, row in enumerate(self.rows):
+            if row is None and not self.exhausted and len(done) < WAITING * self.round.batch:
+                self.exhausted = not self._refill(b, queue)
 
     def _refill(self, b: int, queue) -> bool:
         """Row b takes the queue's next prompt; False when the queue is empty or failed (its error

@@ -49,13 +49,6 @@ class TritonOps(TorchOps):
         self.split_k = kernels.split_k and bool(self.counters)
         self.linear_table = table or kernels.linear_table
 
-    @property
-    def row_invariant(self) -> bool:
-        """Each row's result the same bits in a call of any shape: the linear kernel's tiles and the
-        attention kernel's walk by position make it so (gpu/kernels/linear.py, attention.py); the
-        reference's SDPA or F.linear in their place would not (TorchOps.row_invariant)."""
-        return bool(self.kernels.linear and self.kernels.attention)
-
     def _launch(self, x: torch.Tensor) -> dict:
         """The linear kernel's launch options for a call on x's device."""
         return dict(split_k=self.split_k, counters=self.counters.get(x.device), table=self.linear_table,

@@ -64,12 +64,6 @@ from specgen.core.step import rows as rowsets
 FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
           "frequency_penalty")
 SLACK = 64  # cache slots past the longest request: where a capture's warm-ups write
-# A wave's prefills (BatchRound.wave): at most this many prompt tokens, padding included, in one
-# refill cache (for an 8B, 16,384 tokens of keys and values are 2.1 GB), and steps of at most
-# this many rows (gpu/kernels/linear.py's BATCH_ROWS: what one call of the batch kernels takes)
-WAVE_TOKENS = 16384
-WAVE_ROWS = 512
-WAVE_CHUNK = 64  # positions a step, at most: a runner's longest captured step (gpu/runner.py)
 
 
 class RowParams:
@@ -334,8 +328,6 @@ class BatchRound:
         self.step_ops: list = [None] * len(self.runners)  # each model's batch kernel table (Runner.batch_ops)
         self.positions = torch.zeros(len(self.runners), batch, dtype=torch.long, **z)  # target, draft model
         self.held = torch.zeros(len(self.runners) + 1, batch, dtype=torch.long, **z)  # positions, generated
-        self._waiting: list | None = None  # a wave's prefills, taken together when it ends (wave())
-        self._wave_caches: dict = {}  # (model, rows, capacity) -> (a refill cache, its kernel table)
         self._room(1)
 
     def _coupling(self, gumbel: bool):
@@ -453,40 +445,12 @@ class BatchRound:
         if self.drafter is not None:
             self.drafter.close()
 
-    @contextlib.contextmanager
-    def wave(self):
-        """Rows started inside take their prompts' prefills together when it ends (a model's prefills
-        of two rows or more: _prefill_together), the rest of each start queued as it comes. Why: a
-        refill alone is its runner's prefill and a copy into the row, about 0.3 ms of host time a
-        model on an H200 whatever the prompt's length, and a batch's rows free and refill in waves
-        (all of them at the start; rows of one max_tokens end together), while the device waits."""
-        self._waiting = []
-        try:
-            yield
-        finally:
-            waiting, self._waiting = self._waiting, None
-            for which in range(len(self.runners)):
-                mine = [(b, ids) for model, b, ids in waiting if model == which]
-                if len(mine) > 1 and self.step_ops[which].row_invariant:
-                    self._prefill_together(which, mine)
-                else:  # one row, or a kernel table whose rows' bits follow the call's shape
-                    for b, ids in mine:
-                        self._prefill_alone(which, b, ids)
-
     def _prefill(self, which: int, b: int, ids: list[int]) -> None:
-        """One row's prefix into row b of model `which`'s cache: now, or when the wave it starts in
-        ends (wave())."""
+        """One row's prefix, prefilled by its model's runner as it is alone (the same steps, the same
+        bits), then copied into row b of the batch's cache."""
         self.positions[which, b].fill_(len(ids))
         if not ids:
             return
-        if self._waiting is not None:
-            self._waiting.append((which, b, ids))
-        else:
-            self._prefill_alone(which, b, ids)
-
-    def _prefill_alone(self, which: int, b: int, ids: list[int]) -> None:
-        """One row's prefix, prefilled by its model's runner as it is alone (the same steps, the same
-        bits), then copied into row b of the batch's cache."""
         runner = self.runners[which]
         runner.reset()
         with torch.inference_mode():
@@ -494,45 +458,6 @@ class BatchRound:
             # in flight (and the runner's own copy of them would be another)
             runner.forward(self.staging.put(torch.tensor(ids, dtype=torch.long)), want_logits=False)
             self.adopt(which, b, len(ids))
-
-    def _prefill_together(self, which: int, items: list[tuple[int, list[int]]]) -> None:
-        """Several rows' prefixes in steps over all of them at once ([R, C] rows, each at its own
-        position of a refill cache of R rows: the batch's own step and kernel table, Runner.batch_ops),
-        then copied into their rows. A row's keys and values are the bits its runner's prefill gives
-        it alone: every op computes a row from its own inputs, and a key's position decides the
-        blocks its attention walks, not the step it came in (tests/core/round/test_batch_waves.py;
-        gpu/kernels/linear.py and attention.py). A shorter prompt is padded: its rows past its end
-        write slots past its length, never copied."""
-        model, items = self.models[which], sorted(items, key=lambda item: len(item[1]))
-        longest = len(items[-1][1])
-        capacity = max(64, 1 << (longest - 1).bit_length())  # a few refill caches for every length
-        group = max(1, min(len(items), WAVE_TOKENS // capacity))
-        for first in range(0, len(items), group):
-            part = items[first:first + group]
-            chunk = max(1, min(longest, WAVE_CHUNK, WAVE_ROWS // len(part)))
-            key = (which, len(part), capacity)
-            if key not in self._wave_caches:
-                self._wave_caches[key] = (model.new_cache(len(part), capacity), self.runners[which].batch_ops(capacity))
-            cache, ops = self._wave_caches[key]
-            span = len(part[-1][1])  # the part's longest (items are sorted by length)
-            ids = torch.zeros(len(part), span, dtype=torch.long)
-            for r, (_, row_ids) in enumerate(part):
-                ids[r, :len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
-            ids = self.staging.put(ids)
-            with torch.inference_mode():
-                for start in range(0, span, chunk):
-                    model.step(rowsets.batch(ids[:, start:start + chunk], start), cache, ops, keep=1)
-                rows = torch.tensor([b for b, _ in part], dtype=torch.long)
-                self._adopt_rows(which, cache, self.staging.put(rows), span)
-
-    def _adopt_rows(self, which: int, source, rows: torch.Tensor, n: int) -> None:
-        """Row r of `source` (a refill cache) into row rows[r] of model `which`'s cache, its first n
-        slots (a shorter prompt's slots past its length are scratch there too): one copy a device."""
-        cache = self.caches[which]
-        for device, planes in cache.planes.items():
-            planes[:, :, :, :, :n].index_copy_(2, rows.to(device), source.planes[device][:, :, :, :, :n])
-        for device, positions in cache.copies.items():
-            positions[:, :n].index_copy_(0, rows.to(device), source.copies[device][:, :n])
 
     def adopt(self, which: int, b: int, n: int) -> None:
         """Model `which`'s runner's first n slots, as it prefilled them alone, into row b of the

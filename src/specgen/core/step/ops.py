@@ -26,11 +26,6 @@ ACTIVATIONS = {
 
 class TorchOps:
     name = "torch"
-    # Whether a row's result is bitwise the same in a call of any shape (its rows, its sequences'
-    # spans): not here. On a CPU, F.linear's and SDPA's sums follow the call's shape, so a prompt
-    # prefilled in a batch's step may differ in the last bits from its runner's own prefill
-    # (core/round/batch_round.py's waves take the runner's there).
-    row_invariant = False
 
     def embed(self, weight: torch.Tensor, ids: torch.Tensor, scale: float | None = None) -> torch.Tensor:
         """ids [B, n] -> [B, n, H]; scale: Gemma's sqrt(H), rounded to the weights' dtype first (a
