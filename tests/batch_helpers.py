@@ -96,17 +96,7 @@ def chain_prompts(engine: Engine, count: int, seed: int = 0) -> list[list[int]]:
     that prompt lookup finds drafts it accepts: the target's greedy chain from a random id (3 to 14
     ids), then the chain's first one or two ids again; every third prompt a random one (1 to 12 ids)
     whose lookups find little at first."""
-    rng = random.Random(seed)
-    plain = target_only(engine.profile)
-    prompts = []
-    for i in range(count):
-        if i % 3 == 2:
-            prompts.append([rng.randrange(200) for _ in range(rng.randint(1, 12))])
-            continue
-        first = [rng.randrange(200)]
-        chain = first + _greedy(engine, plain, first, rng.randint(2, 13))
-        prompts.append(chain + chain[: 1 + i % 2])
-    return prompts
+    return _bigram_prompts(engine, count, seed, (2, 13), lambda rng, i, chain: chain + chain[: 1 + i % 2])
 
 
 def branch_prompts(engine: Engine, count: int, seed: int = 0) -> list[list[int]]:
@@ -115,6 +105,16 @@ def branch_prompts(engine: Engine, count: int, seed: int = 0) -> list[list[int]]
     its second, then the chain's first two ids again, so that the suffix has two continuations
     (the copy's, rank 0, latest; the chain's, which the target writes); every third prompt a random
     one (1 to 12 ids) whose lookups find little at first."""
+    def branched(rng, i, chain):
+        tweak = list(chain)
+        tweak[rng.randrange(2, len(tweak))] = rng.randrange(200)
+        return chain + tweak + chain[:2]
+    return _bigram_prompts(engine, count, seed, (3, 11), branched)
+
+
+def _bigram_prompts(engine: Engine, count: int, seed: int, grown: tuple[int, int], shape) -> list[list[int]]:
+    """`count` prompts: every third random (1 to 12 ids), the others shape(rng, i, chain) of the
+    target's greedy chain from a random id, grown by a number of ids in `grown`."""
     rng = random.Random(seed)
     plain = target_only(engine.profile)
     prompts = []
@@ -123,10 +123,7 @@ def branch_prompts(engine: Engine, count: int, seed: int = 0) -> list[list[int]]
             prompts.append([rng.randrange(200) for _ in range(rng.randint(1, 12))])
             continue
         first = [rng.randrange(200)]
-        chain = first + _greedy(engine, plain, first, rng.randint(3, 11))
-        tweak = list(chain)
-        tweak[rng.randrange(2, len(tweak))] = rng.randrange(200)
-        prompts.append(chain + tweak + chain[:2])
+        prompts.append(shape(rng, i, first + _greedy(engine, plain, first, rng.randint(*grown))))
     return prompts
 
 

@@ -65,6 +65,13 @@ def lookup_jobs(engine: Engine, count: int, seed: int = 0) -> list:
             for i, ids in enumerate(chain_prompts(engine, count, seed=seed))]
 
 
+def assert_rows_equal(got: list, reference: list, what: str) -> None:
+    """Every row as its reference; else how many of them differ from `what`."""
+    same = sum(a == b for a, b in zip(got, reference))
+    assert len(got) == len(reference) and same == len(reference), \
+        f"{len(reference) - same} of {len(reference)} rows differ from {what}"
+
+
 def accepted_lookups(results: list[tuple]) -> int:
     return sum(fates.count(Fate.ACCEPTED) for _, fates, *_ in results)
 
@@ -191,8 +198,7 @@ def test_bf16_greedy_rows_equal_each_prompt_alone_on_cuda(pair, batch):
     work = jobs(engine.profile, 48, seed=batch)
     reference = alone(engine, work)
     got = batched(engine, batch, work)
-    same = sum(a == b for a, b in zip(got, reference))
-    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+    assert_rows_equal(got, reference, "the prompt alone")
 
 
 @on_cuda
@@ -253,8 +259,7 @@ def test_bf16_greedy_eagle_rows_equal_batch_one_on_cuda(pair, head, batch):
     work = jobs(engine.profile, 32, seed=batch)
     one = fated(engine, 1, work)
     got = fated(engine, batch, work)
-    same = sum(a == b for a, b in zip(got, one))
-    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+    assert_rows_equal(got, one, "batch 1")
     assert [ids for ids, _ in one] == alone(engine, work)
 
 
@@ -300,8 +305,7 @@ def test_bf16_greedy_lookup_rows_equal_batch_one_on_cuda(bigram, batch):
     one = batched_rounds(engine, 1, work)
     assert accepted_lookups(one) > 0
     got = batched_rounds(engine, batch, work)
-    same = sum(a == b for a, b in zip(got, one))
-    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+    assert_rows_equal(got, one, "batch 1")
     assert [ids for ids, _, _ in one] == alone(engine, work)
 
 
@@ -419,8 +423,7 @@ def test_tree_rows_equal_each_prompt_alone_on_cuda(request, drafter, sampling, b
     work = tree_jobs(engine, drafter, 24, seed=batch)
     reference = alone(engine, work)
     got = batched(engine, batch, work)
-    same = sum(a == b for a, b in zip(got, reference))
-    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+    assert_rows_equal(got, reference, "the prompt alone")
 
 
 @on_cuda
@@ -481,8 +484,7 @@ def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
     work = jobs(engine.profile, 32, seed=batch)
     one = fated(engine, 1, work)
     got = fated(engine, batch, work)
-    same = sum(a == b for a, b in zip(got, one))
-    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from batch 1"
+    assert_rows_equal(got, one, "batch 1")
 
 
 # -- the hybrid proposer drafting every row (core/round/batch_hybrid.py), on a GPU -------------------
@@ -538,8 +540,7 @@ def test_hybrid_rows_equal_each_prompt_alone_on_cuda(request, model, sampling, b
                                                   for ids, spec in work)]
     assert accepted_lookups(reference) > 0
     got = fated(engine, batch, work)
-    same = sum(a == b for a, b in zip(got, reference))
-    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+    assert_rows_equal(got, reference, "the prompt alone")
 
 
 @on_cuda
