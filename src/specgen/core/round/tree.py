@@ -14,7 +14,7 @@ a tree always holds its chain and never carries fewer tokens than the chain of i
 the walk follows the chain's nodes as far as a chain round accepts). Why: ranked by cumulative
 draft probability alone, a draft whose top probabilities are lower than its acceptance (on the
 bench pair, α ≈ 0.87 greedy) spent the budget on shallow siblings, and w = 4 trees of 16 nodes
-carried fewer tokens a round than the chain (docs/benchmarks.md, "Token trees on the bench pair").
+carried fewer tokens a round than the chain (docs/benchmarks.md, "Token trees on the bench pair (H200)").
 Chain membership is a place in the pool (the first of each level's candidates), not a draw's value,
 so drawn children keep the condition below.
 
