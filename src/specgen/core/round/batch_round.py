@@ -52,6 +52,7 @@ import contextlib
 import torch
 
 from specgen.core.errors import UsageError
+from specgen.core.round.batch_logprobs import BatchLogprobs
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.rows import Padding
 from specgen.core.round.staging import Staging
@@ -318,6 +319,7 @@ class BatchRound:
         self.draft_params = RowParams(batch, 1, device, self.staging)
         self.bad = Padding(width, vocab_size, device).padding
         self.coupling = self._coupling(gumbel)
+        self.logprobs = BatchLogprobs(self)  # each row's, staged after a round whose rows ask (the loop's)
         self.drafter = drafter(self) if drafter is not None and k else None
         self.runners = [target, *(self.drafter.runners if self.drafter is not None else [])]
         if not all(isinstance(r.model, OwnedModel) for r in self.runners):
@@ -494,6 +496,12 @@ class BatchRound:
         # in place (an elementwise op may write its own input): no temporary, one launch each
         torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
         torch.where(self.active, self.generated, self.held[-1], out=self.generated)
+
+    def logprob_rows(self) -> tuple:
+        """The last round's target rows in emitted order, [B (k + 1), width], and what the
+        verification warped them with (params, penalties, bad mask): what each row's logprobs read
+        (core/round/batch_logprobs.py), as the single round's `rows.last`."""
+        return self.target_logits.view(-1, self.width), self.target_params.params, None, self.bad
 
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick
