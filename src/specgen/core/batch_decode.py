@@ -23,6 +23,13 @@ and prompt lookup and hybrid (the round's host_drafts) each row's drafts from th
 them, so with either one round is in flight: at launch each row's budget (and, for lookup, its
 drafts from its own proposer, core/round/batch_lookup.py, core/round/batch_hybrid.py) is set from
 what the rows hold, and a row's proposer follows the tokens it emitted when its round settles.
+
+Logprobs (a row's sampling.logprobs): after a round whose rows ask, the round's logprobs part
+(core/round/batch_logprobs.py) is queued behind it, before the next round can rewrite its logits,
+and its staged values are copied into a host buffer of the round's own, like its ids, so two
+rounds stay in flight; at the round's settling each row that asks takes the entries of the tokens
+it kept, cut where a stop id or string cuts them, as core/decode.py's. A round where no row asks
+computes and copies nothing more.
 """
 
 from __future__ import annotations

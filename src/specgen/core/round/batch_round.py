@@ -38,6 +38,9 @@ prompt (finished, or never started) runs with the others (the shapes stay (B, k)
 positions and count stay where they were: `active` masks it. k = 0 is target-only decoding in
 batches (no draft model, a bonus token per row and round).
 
+Each row's logprobs are computed after the body, from the round's target rows
+(`logprob_rows`), only for rounds whose rows ask (core/round/batch_logprobs.py).
+
 The body reads no host value and allocates nothing that outlives it, so a backend may capture it
 (gpu/backend.py: one CUDA graph per batch shape, cache generation and the rows' warp flags); the
 torch backend runs it as it is. Each model steps over caches of this round's own (B rows, grown
