@@ -130,6 +130,32 @@ def test_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, sampling)
     assert batched(engine, 2, work) == reference
 
 
+def logprob_runs(engine: Engine, work: list, batch: int | None = None, eager: bool = False) -> list[tuple]:
+    """Each prompt's (tokens, logprob entries): alone (batch None) or through `batch` rows."""
+    if batch is None:
+        return [(f.token_ids, f.logprobs) for f in (finish(engine.decoder(replace(engine.profile, sampling=spec)), ids)
+                                                   for ids, spec in work)]
+    decoder = engine.batch_decoder(batch)
+    if eager:
+        decoder.program = EagerBatch(decoder.round)
+    return [(f.token_ids, f.logprobs) for _, f in decoder.run(work)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.9, top_k=40, coupling="gumbel")],
+                         ids=["greedy", "gumbel"])
+def test_batch_logprobs_on_the_kernel_tables_equal_each_prompt_alone(pair, sampling):
+    """On the kernels a GPU captures, a row's target logits are its own alone bit for bit: so are
+    its logprobs (core/round/batch_logprobs.py), value for value, top-3 alternatives and all."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    engine = Engine(make_profile(*pair, k=3, logprobs=3, **sampling), backend=KernelTables(tables))
+    work = jobs(engine.profile, 2, seed=1)
+    reference = logprob_runs(engine, work)
+    assert all(len(logprobs) == len(ids) for ids, logprobs in reference)
+    assert logprob_runs(engine, work, 2) == reference
+
+
 class HeadTables(KernelTables):
     """KernelTables whose heads compute through the kernel table too (the CUDA backend's head_ops)."""
 
@@ -228,6 +254,23 @@ def test_captured_batch_round_equals_the_batch_round_run_eagerly(pair, sampling)
     captured = [f.token_ids for _, f in decoder.run(work)]
     assert decoder.program.eager is None and decoder.program.graphs
     assert captured == batched(engine, 8, work, eager=True)
+
+
+@on_cuda
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                                      dict(temperature=0.8, top_p=0.9, coupling="rejection", logprobs_mode="raw")],
+                         ids=["greedy", "gumbel", "rejection-raw"])
+def test_bf16_rows_logprobs_equal_each_prompt_alone_on_cuda(pair, sampling):
+    """--logprobs 5 at batch: every row's tokens and logprob entries (values, alternatives) at B = 7
+    are the prompt's alone, exactly, captured (two rounds in flight: each round's host buffer) and
+    eager; rows without logprobs share the batch."""
+    engine = cuda_engine(*pair, logprobs=5, **sampling)
+    work = jobs(engine.profile, 24, seed=5)
+    work[3] = (work[3][0], replace(work[3][1], logprobs=None))
+    reference = logprob_runs(engine, work)
+    assert engine.batch_decoder(7).pipelined
+    assert logprob_runs(engine, work, 7) == reference
+    assert logprob_runs(engine, work, 7, eager=True) == reference
 
 
 # -- an EAGLE-3 head drafting every row, on a GPU ----------------------------------------------------

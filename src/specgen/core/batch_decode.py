@@ -23,6 +23,13 @@ and prompt lookup and hybrid (the round's host_drafts) each row's drafts from th
 them, so with either one round is in flight: at launch each row's budget (and, for lookup, its
 drafts from its own proposer, core/round/batch_lookup.py, core/round/batch_hybrid.py) is set from
 what the rows hold, and a row's proposer follows the tokens it emitted when its round settles.
+
+Logprobs (a row's sampling.logprobs): after a round whose rows ask, the round's logprobs part
+(core/round/batch_logprobs.py) is queued behind it, before the next round can rewrite its logits,
+and its staged values are copied into a host buffer of the round's own, like its ids, so two
+rounds stay in flight; at the round's settling each row that asks takes the entries of the tokens
+it kept, cut where a stop id or string cuts them, as core/decode.py's. A round where no row asks
+computes and copies nothing more.
 """
 
 from __future__ import annotations
@@ -62,15 +69,17 @@ class _Row:
     adaptive: AdaptiveK | None = None
     budget: int = 0
     reason: str | None = None
+    logprobs: list[dict] | None = None  # the tokens' logprob entries, where its settings ask for them
 
 
 @dataclass
 class _Launched:
     """A round queued on the device: who held each row when it was launched (None: a free row),
-    and which host buffer its staged ids are copied into."""
+    and which host buffers its staged ids (and logprobs, where a row asked: `logprobs`) are copied into."""
 
     rows: list
     slot: int
+    logprobs: bool = False
 
 
 class BatchDecoder:
@@ -92,6 +101,7 @@ class BatchDecoder:
         # each round in flight its own host copy of the staged ids (pinned: the copy is queued, not waited
         # for) and its own event: the round's one sync
         self.host = [torch.zeros(rnd.stage_ids.shape, dtype=torch.long, pin_memory=cuda) for _ in range(self.depth)]
+        self.host_logprobs: list[torch.Tensor | None] = [None] * self.depth  # likewise, once a row asks
         self.events = [torch.cuda.Event() if cuda else None for _ in range(self.depth)]
 
     @property
@@ -160,7 +170,8 @@ class BatchDecoder:
         self.round.start(b, ids, spec, seed, self.cut(spec))
         stops = frozenset(spec.stop_token_ids) | (frozenset() if spec.ignore_eos else frozenset(self.eos_ids))
         row = _Row(index, spec, gen, TextTracker(IncrementalDetokenizer(self.tokenizer, ids), spec.stop), started,
-                   stops, adaptive=AdaptiveK() if self.adaptive_k else None)
+                   stops, adaptive=AdaptiveK() if self.adaptive_k else None,
+                   logprobs=[] if spec.logprobs is not None else None)
         row.stats.prefill_seconds = time.perf_counter() - started
         self.rows[b] = row
         return True
@@ -182,9 +193,16 @@ class BatchDecoder:
         slot = 1 - flight[-1].slot if flight else 0
         self.program.launch()
         self.host[slot].copy_(rnd.stage_ids, non_blocking=True)
+        logprobs = any(row is not None and row.logprobs is not None for row in self.rows)
+        if logprobs:  # queued behind the round, before the next one rewrites its logits
+            staged = rnd.logprobs.stage([row.spec if row is not None else None for row in self.rows])
+            if self.host_logprobs[slot] is None:
+                self.host_logprobs[slot] = torch.zeros(staged.shape, dtype=staged.dtype,
+                                                       pin_memory=rnd.device.type == "cuda")
+            self.host_logprobs[slot].copy_(staged, non_blocking=True)
         if self.events[slot] is not None:
             self.events[slot].record()
-        return _Launched(list(self.rows), slot)
+        return _Launched(list(self.rows), slot, logprobs)
 
     def _budget(self, row: _Row) -> int:
         """The drafts a round may make for row (before adaptive k): what the device's limit leaves."""
@@ -203,17 +221,20 @@ class BatchDecoder:
         live = [(b, row) for b, row in enumerate(launched.rows) if row is not None and row.reason is None]
         first = min((staged[b][0] for b, _ in live), default=0)
         rnd.backend.check(first)  # the kernels' error sentinel (a row's first id), as one request's
+        logprobs = self.host_logprobs[launched.slot] if launched.logprobs else None
         for b, row in live:
             before = len(row.ids)
-            if self._settle(row, staged[b], timings, now):
+            if self._settle(row, staged[b], timings, now, logprobs, b):
                 done[row.index] = self._finish(row)
                 self.rows[b] = None
                 rnd.stop(b)
             else:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
                 rnd.follow(b, row.ids[before:])
 
-    def _settle(self, row: _Row, staged: list[int], timings: dict, now: float) -> bool:
-        """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done."""
+    def _settle(self, row: _Row, staged: list[int], timings: dict, now: float, logprobs: torch.Tensor | None = None,
+                b: int = 0) -> bool:
+        """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done.
+        logprobs: the host copy of the round's staged logprobs (row b's), where a row asked."""
         k = self.round.k
         if row.adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
             row.budget = max(0, min(k, row.spec.max_tokens - len(row.ids) - 1))
@@ -230,7 +251,10 @@ class BatchDecoder:
             emitted = emitted[:end]
         if row.adaptive is not None and row.budget > 0:
             row.adaptive.update(accepted)
+        entries = self.round.logprobs.entries(logprobs, b, emitted, row.spec) if row.logprobs is not None else []
         emitted = self._text(row, emitted)
+        if row.logprobs is not None:
+            row.logprobs += entries[: len(emitted)]
         kept = min(accepted, len(emitted))
         row.stats.released(now - row.start, len(emitted))
         row.stats.add_round(used, kept, len(emitted), timings, early_stop=used < row.budget, k_used=row.budget)
@@ -258,12 +282,14 @@ class BatchDecoder:
             if keep < len(row.ids):
                 row.stats.drop(row.fates[keep:])
                 del row.ids[keep:], row.fates[keep:]
+                if row.logprobs is not None:
+                    del row.logprobs[keep:]
             emitted = emitted[: max(0, keep - len(row.ids))]
         return emitted
 
     def _interrupted(self, row: _Row) -> Finished:
-        return Finished("interrupted", row.text.released, row.ids, row.fates, row.stats)
+        return Finished("interrupted", row.text.released, row.ids, row.fates, row.stats, logprobs=row.logprobs)
 
     def _finish(self, row: _Row) -> Finished:
         tail = row.text.finish(row.reason == "stop")
-        return Finished(row.reason, row.text.released, row.ids, row.fates, row.stats, [], tail, None)
+        return Finished(row.reason, row.text.released, row.ids, row.fates, row.stats, [], tail, row.logprobs)

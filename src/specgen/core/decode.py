@@ -32,7 +32,7 @@ from specgen.core.backend import Program, RoundClock
 from specgen.core.models.context import context_error
 from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.errors import UsageError
-from specgen.core.events import Fate, Finished, Output, RoundEvent, text_starts
+from specgen.core.events import Fate, Finished, Output, RoundEvent, logprob_entries, text_starts
 from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.drafters.proposers import AdaptiveK
 from specgen.core.round import Mode, Round
@@ -310,15 +310,10 @@ class Decoder:
             params, penalties, bad = self.round.rows.last
             logp = logprobs_from_logits(self.round.target_logits, params, penalties, bad)[: len(emitted)]
         chosen = logp[torch.arange(len(emitted)), torch.tensor(emitted, device=logp.device)].tolist()
-        top = logp.topk(spec.logprobs, dim=-1) if spec.logprobs > 0 else None
-        entries = []
-        for i, token in enumerate(emitted):
-            entry = {"token_id": token, "logprob": chosen[i]}
-            if top is not None:
-                entry["top"] = [{"token_id": int(t), "logprob": float(v)}
-                                for v, t in zip(top.values[i].tolist(), top.indices[i].tolist())]
-            entries.append(entry)
-        return entries
+        if spec.logprobs == 0:
+            return logprob_entries(emitted, chosen, None, None)
+        top = logp.topk(spec.logprobs, dim=-1)
+        return logprob_entries(emitted, chosen, top.values.tolist(), top.indices.tolist())
 
     def _cut_at_stop(self, drafted: list[int]) -> list[int]:
         """Drafts after a drafted stop id were never meant to be proposed."""

@@ -429,7 +429,7 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
     if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
         return "take token trees of a set node budget only, not tree_nodes auto"
     drafts = kind != "ngram"  # a model drafts (prompt lookup's drafts are the host's; hybrid's model drafts too)
-    checks = {"draft_p_min": drafts and profile.proposer.draft_p_min > 0, "logprobs": sampling.logprobs is not None,
+    checks = {"draft_p_min": drafts and profile.proposer.draft_p_min > 0,
               "min_tokens": sampling.min_tokens > 0,
               "draft_sampling = argmax": drafts and spec.draft_sampling == "argmax",
               "penalties": (sampling.repetition_penalty, sampling.presence_penalty, sampling.frequency_penalty)

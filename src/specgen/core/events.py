@@ -83,6 +83,19 @@ class Output:
         return dropped
 
 
+def logprob_entries(tokens: list[int], chosen: list[float], top_values: list[list[float]] | None,
+                    top_ids: list[list[int]] | None) -> list[dict]:
+    """Each emitted token's logprob entry, with its alternatives (`top`) where they were asked for:
+    the single decode loop's and a batch row's alike (core/decode.py, core/round/batch_logprobs.py)."""
+    entries = []
+    for i, token in enumerate(tokens):
+        entry = {"token_id": token, "logprob": chosen[i]}
+        if top_values is not None:
+            entry["top"] = [{"token_id": int(t), "logprob": float(v)} for v, t in zip(top_values[i], top_ids[i])]
+        entries.append(entry)
+    return entries
+
+
 def text_starts(offset: int, pieces: list[str]) -> list[int]:
     starts = []
     for piece in pieces:

@@ -38,6 +38,9 @@ prompt (finished, or never started) runs with the others (the shapes stay (B, k)
 positions and count stay where they were: `active` masks it. k = 0 is target-only decoding in
 batches (no draft model, a bonus token per row and round).
 
+Each row's logprobs are computed after the body, from the round's target rows
+(`logprob_rows`), only for rounds whose rows ask (core/round/batch_logprobs.py).
+
 The body reads no host value and allocates nothing that outlives it, so a backend may capture it
 (gpu/backend.py: one CUDA graph per batch shape, cache generation and the rows' warp flags); the
 torch backend runs it as it is. Each model steps over caches of this round's own (B rows, grown
@@ -52,6 +55,7 @@ import contextlib
 import torch
 
 from specgen.core.errors import UsageError
+from specgen.core.round.batch_logprobs import BatchLogprobs
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.rows import Padding
 from specgen.core.round.staging import Staging
@@ -318,6 +322,7 @@ class BatchRound:
         self.draft_params = RowParams(batch, 1, device, self.staging)
         self.bad = Padding(width, vocab_size, device).padding
         self.coupling = self._coupling(gumbel)
+        self.logprobs = BatchLogprobs(self)  # each row's, staged after a round whose rows ask (the loop's)
         self.drafter = drafter(self) if drafter is not None and k else None
         self.runners = [target, *(self.drafter.runners if self.drafter is not None else [])]
         if not all(isinstance(r.model, OwnedModel) for r in self.runners):
@@ -494,6 +499,12 @@ class BatchRound:
         # in place (an elementwise op may write its own input): no temporary, one launch each
         torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
         torch.where(self.active, self.generated, self.held[-1], out=self.generated)
+
+    def logprob_rows(self) -> tuple:
+        """The last round's target rows in emitted order, [B (k + 1), width], and what the
+        verification warped them with (params, penalties, bad mask): what each row's logprobs read
+        (core/round/batch_logprobs.py), as the single round's `rows.last`."""
+        return self.target_logits.view(-1, self.width), self.target_params.params, None, self.bad
 
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick

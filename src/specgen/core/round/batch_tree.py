@@ -49,11 +49,11 @@ from __future__ import annotations
 
 import torch
 
-from specgen.core.round.batch_round import BatchDraftModel, BatchRound, RowParams
+from specgen.core.round.batch_round import FIELDS, BatchDraftModel, BatchRound, RowParams
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.tree import Tree, TreeStack
 from specgen.core.sampling import noise
-from specgen.core.sampling.warp import exponentials_, logprobs_from_logits, uniforms_
+from specgen.core.sampling.warp import WarpParams, exponentials_, logprobs_from_logits, uniforms_
 from specgen.core.settings import SamplingSpec
 from specgen.core.step.rows import Rows
 
@@ -259,6 +259,8 @@ class BatchTreeRound(BatchRound):
         # the sampled rows: their children are drawn from q (a host tree's are deterministic: their walk the siblings')
         self.drawn_rows = torch.zeros(batch, dtype=torch.bool, **z)
         self.pair_steps = torch.arange(2, **z)  # `pending`'s two columns (k may be 1)
+        # [B, k + 1] each row's root and accepted nodes' tree rows (0 past them): its logprobs' rows
+        self.path_rows = torch.zeros(batch, k + 1, dtype=torch.long, **z)
 
     def _coupling(self, gumbel: bool):
         return BatchTreeGumbel(self) if gumbel else BatchTreeRejection(self)
@@ -315,6 +317,24 @@ class BatchTreeRound(BatchRound):
         torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
         torch.where(self.active, self.generated, self.held[-1], out=self.generated)
 
+    def logprob_rows(self) -> tuple:
+        """Each row's root and accepted nodes' target rows, in path order (rows past the path: the
+        root's), [B (k + 1), width], and their warp's inputs: what TreeRound.keep_path_rows keeps
+        for one request's logprobs. Every tree row of a row has the row's params: its root's
+        stand for its k + 1 rows."""
+        b, k, width = self.batch, self.k, self.width
+        rows = self.path_rows[:, :, None].expand(-1, -1, width)
+        logits = self.tree_logits.gather(1, rows).view(-1, width)
+        tree = self.target_params.params
+
+        def per_row(values: torch.Tensor) -> torch.Tensor:
+            return values.view(b, -1)[:, :1].expand(-1, k + 1).reshape(-1)
+
+        params = WarpParams(*(per_row(getattr(tree, name)) for name in FIELDS))
+        params.__dict__["log_min_p"] = per_row(tree.log_min_p)
+        params.__dict__["flags"] = tree.flags  # known on the host: no sync
+        return logits, params, None, self.bad
+
     def _logq(self, logits: torch.Tensor, params: RowParams, level: int) -> torch.Tensor:
         """The draft's warped log q [R, V] at `level`'s nodes (TreeDraft.logq, each row its own params)."""
         logq = logprobs_from_logits(logits, params.params, None, self.bad)
@@ -350,6 +370,7 @@ class BatchTreeRound(BatchRound):
         # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
         shown = torch.where((taken[:, None] > 0) & (steps == ahead - 1), out[:, :k], shown)
         torch.cat([out, shown, self.num_drafts.long()[:, None]], dim=1, out=self.stage_ids)
+        self.path_rows[:, 1:].copy_(path)
         self.feed[:, :1].copy_(out.gather(1, ahead - 1))
         self.positions[0].add_(emitted)
         self.emitted.copy_(emitted)
