@@ -52,6 +52,7 @@ import contextlib
 import torch
 
 from specgen.core.errors import UsageError
+from specgen.core.round.batch_rows import BatchLogitsRows, BatchMinTokens, BatchPenalties
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.rows import Padding
 from specgen.core.round.staging import Staging
@@ -160,27 +161,33 @@ class BatchCoupling:
 
     def pick(self, i: int) -> None:
         """Draft step i's ids into feed[:, i + 1]: each row's race of its noise row i against its
-        warped q (greedy rows: their argmax), or, in an all-greedy batch, the argmax alone."""
+        warped q (greedy rows: their argmax of the warped logits), or, in an all-greedy batch, the
+        argmax alone (of the logits as they are where no row's are penalised or masked)."""
         rnd = self.rnd
         params = rnd.draft_params.params
-        if params.flags.all_greedy:
+        penalties, bad = rnd.rows.draft_row(i)
+        if params.flags.all_greedy and rnd.rows.plain:
             rnd.ops.argmax(rnd.draft_logits, rnd.pick)
+        elif params.flags.all_greedy:
+            rnd.pick.copy_(rnd.ops.warp(rnd.draft_logits, params, penalties, bad)[0])
         else:
             self.expo.copy_(self.noise[:, i])
-            rnd.ops.warp_and_race(rnd.draft_logits, params, self.expo, rnd.pick, None, rnd.bad, probs_out=self.q_step)
+            rnd.ops.warp_and_race(rnd.draft_logits, params, self.expo, rnd.pick, penalties, bad, probs_out=self.q_step)
             if self.q is not None:  # past a row's num_drafts: zero (see the module's docstring)
                 torch.mul(self.q_step, (i < rnd.num_drafts)[:, None], out=self.q[:, i])
         rnd.feed[:, i + 1].copy_(rnd.pick)
+        rnd.rows.picked(rnd.pick)
 
     def verify(self) -> None:
         """Every row's output row from the target's logits, in one warp and one verification."""
         rnd, k, width = self.rnd, self.rnd.k, self.rnd.width
         ops, logits, params = rnd.ops, rnd.target_logits.view(-1, width), rnd.target_params.params
+        penalties, bad = rnd.rows.target_rows(rnd.feed[:, 1:])  # before counted_drafts overwrites drafts
         if self.gumbel:
-            ops.warp_and_race(logits, params, self.noise.view(-1, width), self.choice, None, rnd.bad)
+            ops.warp_and_race(logits, params, self.noise.view(-1, width), self.choice, penalties, bad)
             out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, self.choice, k)
         else:
-            argmax, probs = ops.warp(logits, params, None, rnd.bad)
+            argmax, probs = ops.warp(logits, params, penalties, bad)
             if probs is None:
                 out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, argmax, k)
             else:
@@ -286,7 +293,7 @@ class BatchRound:
     row's keys and values live in this round's caches' row b (a drafter's runners' too)."""
 
     def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target,
-                 drafter=None):
+                 drafter=None, rows: tuple[str, ...] = (), eos_ids=()):
         from specgen.core.step.model import OwnedModel
 
         self.k, self.batch, self.width, self.backend = k, batch, width, backend
@@ -317,6 +324,7 @@ class BatchRound:
         self.target_params = RowParams(batch, k + 1, device, self.staging)
         self.draft_params = RowParams(batch, 1, device, self.staging)
         self.bad = Padding(width, vocab_size, device).padding
+        self.rows = self._rows(rows, vocab_size, eos_ids)
         self.coupling = self._coupling(gumbel)
         self.drafter = drafter(self) if drafter is not None and k else None
         self.runners = [target, *(self.drafter.runners if self.drafter is not None else [])]
@@ -329,6 +337,15 @@ class BatchRound:
         self.positions = torch.zeros(len(self.runners), batch, dtype=torch.long, **z)  # target, draft model
         self.held = torch.zeros(len(self.runners) + 1, batch, dtype=torch.long, **z)  # positions, generated
         self._room(1)
+
+    def _rows(self, rows: tuple[str, ...], vocab_size: int, eos_ids) -> BatchLogitsRows:
+        """The logits-row parts (core/round/batch_rows.py) named in rows ("penalties",
+        "min_tokens"); eos_ids: the model's, which min_tokens masks with a row's stop ids."""
+        penalties = BatchPenalties(self.batch, self.k, self.width, self.device, self.staging) \
+            if "penalties" in rows else None
+        min_tokens = BatchMinTokens(self.batch, self.k, self.width, vocab_size, eos_ids, self.generated,
+                                    self.staging) if "min_tokens" in rows else None
+        return BatchLogitsRows(penalties, min_tokens, self.bad)
 
     def _coupling(self, gumbel: bool):
         """The coupling part (a tree batch's are its own: core/round/batch_tree.py)."""
@@ -367,7 +384,8 @@ class BatchRound:
     def state(self) -> list[torch.Tensor]:
         """The buffers the next round reads that a round writes (a capture's warm-up restores them)."""
         drafter = self.drafter.state() if self.drafter is not None else []
-        return [self.positions, self.feed, self.generated, self.emitted, *drafter, *self.coupling.state()]
+        return [self.positions, self.feed, self.generated, self.emitted, *drafter, *self.coupling.state(),
+                *self.rows.state()]
 
     def scratch(self) -> None:
         """Every row at the scratch end of its caches (where a capture's warm-up may write)."""
@@ -391,6 +409,7 @@ class BatchRound:
         self.limit[b].fill_(spec.max_tokens - 1)
         self.target_params.set(b, spec)
         self.draft_params.set(b, draft_spec(spec, cut))
+        self.rows.start(b, ids, spec)
         self.coupling.start(b, seed, len(ids))
         self.active[b].fill_(True)
 
@@ -482,6 +501,7 @@ class BatchRound:
         else:
             self.num_drafts.zero_()
         self.coupling.begin()
+        self.rows.begin()
         if drafter is not None:
             drafter.draft()
         with drafter.reading() if drafter is not None else contextlib.nullcontext():
@@ -491,6 +511,7 @@ class BatchRound:
             row=self.out, feed=self.feed, num_drafts=self.num_drafts, stage=self.stage_ids,
             target_position=self.positions[0], emitted=self.emitted, generated=self.generated,
             ran=self.k + 1, **(drafter.commit_fields() if drafter is not None else {})))
+        self.rows.commit(self.out, self.active)
         # in place (an elementwise op may write its own input): no temporary, one launch each
         torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
         torch.where(self.active, self.generated, self.held[-1], out=self.generated)
