@@ -11,13 +11,17 @@ The chain round's phases (core/round/round.py), with a batch dimension everywher
     draft    the drafter's k steps over every row at once, each row at its own position in its
              own cache row (core/step/rows.batch): the draft model over each row's `pending`
              [B, 2], then k - 1 steps [B, 1]; each row's pick races its own noise row against its
-             own warped q (an all-greedy batch: the argmax); prompt lookup: the host's drafts and
+             own warped q (an all-greedy batch: the argmax, of the warped logits where the round
+             has penalties or min_tokens); prompt lookup: the host's drafts and
              counts, staged before the round, copied into feed and num_drafts
     target   one step over feed [B, k + 1]
+    rows     each row's penalty counts and min_tokens mask for the draft steps and the target's
+             rows, where the round is built with them (core/round/batch_rows.py)
     verify   the rows' warp in one call (WarpParams per row), then one verification call for every
              row (core/sampling/rejection.py's layout with k draft rows per row: the drafts past a
              row's num_drafts are made to fail, which leaves each row's output what it is alone)
-    commit   each row's positions, `pending` and next `last`, in one call (bookkeeping.commit_rows)
+    commit   each row's positions, `pending` and next `last`, in one call (bookkeeping.commit_rows);
+             each row's penalty counts take its emitted ids
 
 How a row stays what it is alone: every op is the one-request op over more rows, and each row's
 result depends on its own rows only (the step kernels' row invariance, gpu/kernels/linear.py and
@@ -30,7 +34,8 @@ Host drafts (prompt lookup) have a one-hot q: its rows are 1 at each counted dra
 row's count, which rejection verification reads as the chain round reads host drafts (accept d
 where u <= p(d); the residual p with p(d) zeroed), bit for bit.
 
-Each row has its own budget and num_drafts, max_tokens (`limit`), warp settings, and seed:
+Each row has its own budget and num_drafts, max_tokens (`limit`), warp settings (penalties and
+min_tokens with their own per-row buffers: core/round/batch_rows.py), and seed:
 rejection coupling's numbers come from the row's own generator into the row's own buffers,
 drawn in the order and shapes the chain round draws them, so a row emits the tokens it emits
 alone; Gumbel coupling keys each row's noise by its own seed and positions. A row without a
@@ -289,8 +294,10 @@ class BatchRound:
     """B rows of chain speculation (k = 0: the target alone). target: the runner of specgen's own
     target model; drafter(round): the part that drafts every row (BatchDraftModel,
     core/round/batch_head.BatchHead, core/round/batch_lookup.BatchLookup or
-    core/round/batch_hybrid.BatchHybrid), None when k = 0. Each
-    row's keys and values live in this round's caches' row b (a drafter's runners' too)."""
+    core/round/batch_hybrid.BatchHybrid), None when k = 0; rows: the logits-row parts it is built
+    with ("penalties", "min_tokens": core/round/batch_rows.py), eos_ids the model's (min_tokens
+    masks them with a row's stop ids unless it ignores eos). Each row's keys and values live in
+    this round's caches' row b (a drafter's runners' too)."""
 
     def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target,
                  drafter=None, rows: tuple[str, ...] = (), eos_ids=()):
