@@ -22,6 +22,7 @@ from specgen.core.round.batch_hybrid import BatchHybrid
 from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_lookup_tree import BatchLookupTree
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
+from specgen.core.round.batch_rows import uses_penalties
 from specgen.core.round.batch_tree import BatchTreeDraftModel, BatchTreeRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
@@ -425,8 +426,7 @@ def batch_rows(sampling) -> tuple[str, ...]:
     """The logits-row parts a batch is built with (core/round/batch_rows.py): those the run's
     settings use. A prompt's own settings (core/profile.py PROMPT_SETTINGS) name neither, so the
     profile's stand for every row; the rows that do not use a part share it, bit for bit."""
-    penalties = (sampling.repetition_penalty, sampling.presence_penalty, sampling.frequency_penalty) != (1.0, 0.0, 0.0)
-    return ("penalties",) * penalties + ("min_tokens",) * (sampling.min_tokens > 0)
+    return ("penalties",) * uses_penalties(sampling) + ("min_tokens",) * (sampling.min_tokens > 0)
 
 
 def batch_refusal(profile: Profile, spread: bool = False) -> str:
