@@ -49,7 +49,7 @@ def engine_for(pair, proposer: str = "draft", **sampling) -> Engine:
     return Engine(make_profile(*pair, k=k, proposer=ProposerSpec(kind=proposer), **(PARTS | sampling)))
 
 
-def plain(engine: Engine, spec):
+def plain(spec):
     return replace(spec, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0)
 
 
@@ -87,7 +87,7 @@ def batched(engine: Engine, batch: int, work: list) -> list[list[int]]:
 def check_power(engine: Engine, work: list, reference: list) -> None:
     """The settings change what the rows emit: penalised rows differ from their prompts without
     penalties; a min_tokens row runs past its stop id until its min_tokens."""
-    differ = [reference[i] != solo(engine, work[i][0], plain(engine, work[i][1])) for i in PENALISED]
+    differ = [reference[i] != solo(engine, work[i][0], plain(work[i][1])) for i in PENALISED]
     assert all(differ), differ
     for (ids, spec), tokens in zip(work, reference):
         if spec.min_tokens:
