@@ -80,6 +80,16 @@ def test_lookup_records_equal_one_prompt_at_a_time(monkeypatch, tiny, proposer):
     assert run("--batch-size", "3") == alone
 
 
+def test_penalties_and_min_tokens_records_equal_one_prompt_at_a_time(monkeypatch, tiny):
+    """The command line's penalties and min_tokens (a prompts file's lines name neither) hold for
+    every row, sampled and greedy lines sharing the batch; each record the prompt's alone."""
+    args = ["--format", "jsonl", "--repetition-penalty", "1.3", "--presence-penalty", "0.4", "--frequency-penalty",
+            "0.3", "--min-tokens", "3", "--no-ignore-eos"]
+    alone = records(generate(monkeypatch, tiny, *args))
+    assert alone != records(generate(monkeypatch, tiny, "--format", "jsonl", "--no-ignore-eos"))
+    assert records(generate(monkeypatch, tiny, *args, "--batch-size", "3")) == alone
+
+
 def test_auto_with_nothing_measured_is_batch_one_and_says_so(monkeypatch, tiny, tmp_path):
     profile, prompts = tiny
     own = write_profile(tmp_path / "own.toml", *pair_of(profile), sampling={"max_tokens": 12, "ignore_eos": True},
@@ -220,6 +230,10 @@ def close(got, want, where="") -> None:
      "batches (batch_size 2) take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup "
      "(ngram) only, not from the hybrid proposer (tree_width 1)"),
     (["--batch-size", "2", "--draft-p-min", "0.5"], "do not take draft_p_min yet"),
+    (["--batch-size", "2", "--format", "jsonl", "--logprobs", "1", "--min-tokens", "2"],
+     "do not take logprobs with penalties or min_tokens yet"),
+    (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "4", "--min-tokens", "2"],
+     "take min_tokens in chains only (tree_width 1), not in token trees"),
 ])
 def test_what_batches_do_not_take_is_a_usage_error(monkeypatch, tiny, args, fragment):
     assert_error(generate(monkeypatch, tiny, *args), 2, fragment)

@@ -20,6 +20,10 @@ equal each prompt alone (greedy, Gumbel, rejection), bfloat16 greedy rows at B =
 trees. And the hybrid proposer (core/round/batch_hybrid.py: the draft model or a head drafting
 every row, lookup's drafts where it matches): on a GPU float32 rows at B = 1, 7 equal each
 prompt alone (greedy, Gumbel, rejection), and the captured round equals the round run eagerly.
+And rows with their own penalties and min_tokens (core/round/batch_rows.py): on the interpreter's
+kernel tables (the warp kernel over every row's counts and masks) Gumbel and greedy rows equal
+each prompt alone; on a GPU float32 rows at B = 1, 7 equal each prompt alone (greedy, Gumbel,
+rejection), and the captured round equals the round run eagerly.
 """
 
 from __future__ import annotations
@@ -602,3 +606,65 @@ def test_captured_hybrid_batch_round_equals_the_round_run_eagerly(request, model
     captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
     assert decoder.program.eager is None and decoder.program.graphs
     assert captured == fated(engine, 8, work, eager=True)
+
+
+# -- penalties and min_tokens per row (core/round/batch_rows.py) -------------------------------------
+
+# each prompt's own penalties, min_tokens and stop ids (rows without any among them), cycled
+PENALISED = [dict(repetition_penalty=1.3), dict(), dict(presence_penalty=1.0, frequency_penalty=0.5, min_tokens=3),
+             dict(repetition_penalty=0.5, frequency_penalty=-1.0), dict(min_tokens=4, temperature=0.0)]
+
+
+def penalised_jobs(profile, count: int, seed: int) -> list:
+    """jobs() with PENALISED's settings, and a stop id of its prompt's (which min_tokens masks)."""
+    return [(ids, replace(spec, stop_token_ids=(ids[0],), ignore_eos=False, **PENALISED[i % len(PENALISED)]))
+            for i, (ids, spec) in enumerate(jobs(profile, count, seed=seed))]
+
+
+def penalised_engine(pair, backend=None, dtype: str = "float32", **sampling) -> Engine:
+    """A batch built with both parts (the profile's penalties and min_tokens), which its rows share."""
+    if backend is not None:
+        return Engine(make_profile(*pair, k=3, repetition_penalty=1.2, min_tokens=1, **sampling), backend=backend)
+    return cuda_engine(*pair, dtype=dtype, repetition_penalty=1.2, min_tokens=1, **sampling)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
+def test_penalised_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair):
+    """The warp kernel over every row's penalty counts and min_tokens mask ([B (k + 1), V] and a
+    draft step's [B, V]), Gumbel-sampled and greedy rows: each row's tokens are the chain round's
+    on the same kernels."""
+    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
+    engine = penalised_engine(pair, KernelTables(tables), temperature=0.9, coupling="gumbel")
+    work = penalised_jobs(engine.profile, 3, seed=2)
+    assert batched(engine, 2, work) == alone(engine, work)
+
+
+@on_cuda
+@TREE_SAMPLINGS
+@pytest.mark.parametrize("batch", [1, 7])
+def test_penalised_rows_equal_each_prompt_alone_on_cuda(pair, sampling, batch):
+    """24 prompts, float32, each its own penalties, min_tokens and stop id (and rows with none):
+    every row's tokens at B = 1 and 7 are the prompt's alone (the captured chain round)."""
+    engine = penalised_engine(pair, dtype="float32", **sampling)
+    work = penalised_jobs(engine.profile, 24, seed=batch)
+    reference = alone(engine, work)
+    got = batched(engine, batch, work)
+    same = sum(a == b for a, b in zip(got, reference))
+    assert same == len(work), f"{len(work) - same} of {len(work)} rows differ from the prompt alone"
+
+
+@on_cuda
+@TREE_SAMPLINGS
+def test_captured_penalised_batch_round_equals_the_round_run_eagerly(pair, sampling):
+    """The batch round with both parts replayed as CUDA graphs (the counts committed on the device
+    and each refill's prompt ids and stop ids staged, re-captured when the long max_tokens below
+    grows the caches) or run as it is: the same tokens."""
+    engine = penalised_engine(pair, dtype="float32", **sampling)
+    work = penalised_jobs(engine.profile, 20, seed=3)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    captured = [f.token_ids for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    assert captured == batched(engine, 8, work, eager=True)

@@ -22,6 +22,7 @@ from specgen.core.round.batch_hybrid import BatchHybrid
 from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_lookup_tree import BatchLookupTree
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
+from specgen.core.round.batch_rows import uses_penalties
 from specgen.core.round.batch_tree import BatchTreeDraftModel, BatchTreeRound
 from specgen.core import batch_cost, measured
 from specgen.core.batch_cost import BatchChoice
@@ -161,7 +162,8 @@ class Engine:
         lookup = (proposer.ngram_min, proposer.ngram_max) if kind in ("ngram", "hybrid") else None
         tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and \
             profile.speculation.tree_width not in (AUTO, 1) else None
-        key = ("batch", batch, k, sampling.coupling, kind if k else "none", model, lookup, tree)
+        rows = batch_rows(sampling)
+        key = ("batch", batch, k, sampling.coupling, kind if k else "none", model, lookup, tree, rows)
         if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
             if kind == "eagle":
                 drafter = partial(BatchHeadTree, drafter=self.heads["eagle"])
@@ -183,7 +185,7 @@ class Engine:
                 drafter = partial(BatchHybrid, model=drafter, ngram_min=proposer.ngram_min,
                                   ngram_max=proposer.ngram_max)
             rnd = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
-                             self.backend, self.target_runner, drafter if k else None)
+                             self.backend, self.target_runner, drafter if k else None, rows, self.eos_ids)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         rnd, program = self._rounds[key]
         if room:
@@ -240,7 +242,7 @@ class Engine:
             # a tree's rows of the vocabulary and positions past a row's: its n + 1 target rows and
             # the (k - 1) w nodes the draft steps, counted as a chain's of that many drafts
             k = max(k, spec.nodes + 1, (spec.k - 1) * spec.tree_width + 1)
-        fit, memory = self._rows_fit(longest, k, kind if speculates else "none")
+        fit, memory = self._rows_fit(longest, k, kind if speculates else "none", batch_rows(sampling))
         return batch_cost.choose(rows, profile.proposer.kind, prompts, fit, where, memory)
 
     def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
@@ -255,12 +257,13 @@ class Engine:
             return profile
         return replace(profile, speculation=replace(profile.speculation, k=choice.k))
 
-    def _rows_fit(self, longest: int, k: int, proposer: str) -> tuple[int | None, str]:
+    def _rows_fit(self, longest: int, k: int, proposer: str, rows: tuple[str, ...] = ()) -> tuple[int | None, str]:
         """(the rows whose caches and buffers fit in core/batch_cost.MEMORY_SHARE of the free
         device memory, the cap in words). A row: the target's keys and values and the drafter's
         (the draft model's, or an EAGLE-3 head's with proposer eagle; none target-only) at the
         run's most positions (its longest prompt and max_tokens, the round's reach, the caches'
-        slack), and the round's fp32 rows of the vocabulary (batch_row_bytes). On the CPU, None:
+        slack), and the round's rows of the vocabulary, its logits-row parts' (rows) too
+        (batch_row_bytes). On the CPU, None:
         host memory is not capped (the bench ran the measured batches on this machine, and the
         operating system pages rather than failing an allocation)."""
         device = self.pair.device
@@ -269,7 +272,7 @@ class Engine:
         positions = longest + k + 3 + SLACK  # BatchRound.reach, and its caches' slack
         head = self.heads["eagle"].head if proposer == "eagle" and "eagle" in self.heads else None
         per_row = batch_row_bytes((self.pair.target, self.pair.draft if proposer == "draft" else None), positions,
-                                  k, self.width, head)
+                                  k, self.width, head, rows)
         free, _ = torch.cuda.mem_get_info(device)
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # the allocator's pool
         fit = batch_cost.memory_rows(free, per_row)
@@ -358,14 +361,21 @@ class Engine:
         return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None}
 
 
-def batch_row_bytes(models, positions: int, k: int, width: int, head=None) -> int:
+def batch_row_bytes(models, positions: int, k: int, width: int, head=None, rows: tuple[str, ...] = ()) -> int:
     """The device bytes one row of a batch takes (Engine._rows_fit): each model's keys, values and
     slot positions at `positions` (core/step/cache.py), and the round's fp32 rows of the
     vocabulary (logits, noise, probabilities: 3 (k + 1) + 3 of them, core/round/batch_round.py),
     counted twice for what a step and the warp allocate on the way. head: an EAGLE-3 head drafting
     the batch (core/round/batch_head.py): its one layer's keys and values at `positions`, and its
-    tap's k + 1 rows of the target's states (3 target widths each)."""
+    tap's k + 1 rows of the target's states (3 target widths each). rows: the logits-row parts
+    (core/round/batch_rows.py): penalties' int32 counts and bool seen ids (the row's, its draft
+    step's, its k + 1 target rows'), min_tokens' bool masks (stop ids, a draft step's, the target
+    rows'), and their ops' temporaries as many again."""
     total = 2 * (3 * (k + 1) + 3) * width * 4
+    if "penalties" in rows:
+        total += 2 * (k + 3) * width * (4 + 1)
+    if "min_tokens" in rows:
+        total += 2 * (k + 3) * width
     for model in models:
         if model is not None:
             c = model.config
@@ -412,6 +422,13 @@ def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) ->
     return ""
 
 
+def batch_rows(sampling) -> tuple[str, ...]:
+    """The logits-row parts a batch is built with (core/round/batch_rows.py): those the run's
+    settings use. A prompt's own settings (core/profile.py PROMPT_SETTINGS) name neither, so the
+    profile's stand for every row; the rows that do not use a part share it, bit for bit."""
+    return ("penalties",) * uses_penalties(sampling) + ("min_tokens",) * (sampling.min_tokens > 0)
+
+
 def batch_refusal(profile: Profile, spread: bool = False) -> str:
     """Why this run cannot decode prompts in batches ("" where it can). spread: a model lies over
     several GPUs (its step crosses devices; a batch's caches do not yet)."""
@@ -428,12 +445,14 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
                 f"not from the {kind} proposer (tree_width 1)")
     if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
         return "take token trees of a set node budget only, not tree_nodes auto"
+    if spec.tree_width != "auto" and spec.tree_width > 1 and batch_rows(sampling):
+        return f"take {' and '.join(batch_rows(sampling))} in chains only (tree_width 1), not in token trees"
     drafts = kind != "ngram"  # a model drafts (prompt lookup's drafts are the host's; hybrid's model drafts too)
     checks = {"draft_p_min": drafts and profile.proposer.draft_p_min > 0,
-              "min_tokens": sampling.min_tokens > 0,
               "draft_sampling = argmax": drafts and spec.draft_sampling == "argmax",
-              "penalties": (sampling.repetition_penalty, sampling.presence_penalty, sampling.frequency_penalty)
-              != (1.0, 0.0, 0.0)}
+              # the logprobs part reads the target's rows after the commit has counted the round's
+              # tokens: with penalties it would warp them with the next round's counts
+              "logprobs with penalties or min_tokens": sampling.logprobs is not None and bool(batch_rows(sampling))}
     taken = [name for name, used in checks.items() if used]
     return f"do not take {', '.join(taken)} yet" if taken else ""
 

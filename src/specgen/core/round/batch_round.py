@@ -11,13 +11,17 @@ The chain round's phases (core/round/round.py), with a batch dimension everywher
     draft    the drafter's k steps over every row at once, each row at its own position in its
              own cache row (core/step/rows.batch): the draft model over each row's `pending`
              [B, 2], then k - 1 steps [B, 1]; each row's pick races its own noise row against its
-             own warped q (an all-greedy batch: the argmax); prompt lookup: the host's drafts and
+             own warped q (an all-greedy batch: the argmax, of the warped logits where the round
+             has penalties or min_tokens); prompt lookup: the host's drafts and
              counts, staged before the round, copied into feed and num_drafts
     target   one step over feed [B, k + 1]
+    rows     each row's penalty counts and min_tokens mask for the draft steps and the target's
+             rows, where the round is built with them (core/round/batch_rows.py)
     verify   the rows' warp in one call (WarpParams per row), then one verification call for every
              row (core/sampling/rejection.py's layout with k draft rows per row: the drafts past a
              row's num_drafts are made to fail, which leaves each row's output what it is alone)
-    commit   each row's positions, `pending` and next `last`, in one call (bookkeeping.commit_rows)
+    commit   each row's positions, `pending` and next `last`, in one call (bookkeeping.commit_rows);
+             each row's penalty counts take its emitted ids
 
 How a row stays what it is alone: every op is the one-request op over more rows, and each row's
 result depends on its own rows only (the step kernels' row invariance, gpu/kernels/linear.py and
@@ -30,7 +34,8 @@ Host drafts (prompt lookup) have a one-hot q: its rows are 1 at each counted dra
 row's count, which rejection verification reads as the chain round reads host drafts (accept d
 where u <= p(d); the residual p with p(d) zeroed), bit for bit.
 
-Each row has its own budget and num_drafts, max_tokens (`limit`), warp settings, and seed:
+Each row has its own budget and num_drafts, max_tokens (`limit`), warp settings (penalties and
+min_tokens with their own per-row buffers: core/round/batch_rows.py), and seed:
 rejection coupling's numbers come from the row's own generator into the row's own buffers,
 drawn in the order and shapes the chain round draws them, so a row emits the tokens it emits
 alone; Gumbel coupling keys each row's noise by its own seed and positions. A row without a
@@ -56,6 +61,7 @@ import torch
 
 from specgen.core.errors import UsageError
 from specgen.core.round.batch_logprobs import BatchLogprobs
+from specgen.core.round.batch_rows import BatchLogitsRows, BatchMinTokens, BatchPenalties
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.rows import Padding
 from specgen.core.round.staging import Staging
@@ -164,27 +170,33 @@ class BatchCoupling:
 
     def pick(self, i: int) -> None:
         """Draft step i's ids into feed[:, i + 1]: each row's race of its noise row i against its
-        warped q (greedy rows: their argmax), or, in an all-greedy batch, the argmax alone."""
+        warped q (greedy rows: their argmax of the warped logits), or, in an all-greedy batch, the
+        argmax alone (of the logits as they are where no row's are penalised or masked)."""
         rnd = self.rnd
         params = rnd.draft_params.params
-        if params.flags.all_greedy:
+        penalties, bad = rnd.rows.draft_row(i)
+        if params.flags.all_greedy and rnd.rows.plain:
             rnd.ops.argmax(rnd.draft_logits, rnd.pick)
+        elif params.flags.all_greedy:
+            rnd.pick.copy_(rnd.ops.warp(rnd.draft_logits, params, penalties, bad)[0])
         else:
             self.expo.copy_(self.noise[:, i])
-            rnd.ops.warp_and_race(rnd.draft_logits, params, self.expo, rnd.pick, None, rnd.bad, probs_out=self.q_step)
+            rnd.ops.warp_and_race(rnd.draft_logits, params, self.expo, rnd.pick, penalties, bad, probs_out=self.q_step)
             if self.q is not None:  # past a row's num_drafts: zero (see the module's docstring)
                 torch.mul(self.q_step, (i < rnd.num_drafts)[:, None], out=self.q[:, i])
         rnd.feed[:, i + 1].copy_(rnd.pick)
+        rnd.rows.picked(rnd.pick)
 
     def verify(self) -> None:
         """Every row's output row from the target's logits, in one warp and one verification."""
         rnd, k, width = self.rnd, self.rnd.k, self.rnd.width
         ops, logits, params = rnd.ops, rnd.target_logits.view(-1, width), rnd.target_params.params
+        penalties, bad = rnd.rows.target_rows(rnd.feed[:, 1:])  # before counted_drafts overwrites drafts
         if self.gumbel:
-            ops.warp_and_race(logits, params, self.noise.view(-1, width), self.choice, None, rnd.bad)
+            ops.warp_and_race(logits, params, self.noise.view(-1, width), self.choice, penalties, bad)
             out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, self.choice, k)
         else:
-            argmax, probs = ops.warp(logits, params, None, rnd.bad)
+            argmax, probs = ops.warp(logits, params, penalties, bad)
             if probs is None:
                 out = ops.verify_greedy(rnd.counted_drafts(), rnd.cu, argmax, k)
             else:
@@ -286,11 +298,13 @@ class BatchRound:
     """B rows of chain speculation (k = 0: the target alone). target: the runner of specgen's own
     target model; drafter(round): the part that drafts every row (BatchDraftModel,
     core/round/batch_head.BatchHead, core/round/batch_lookup.BatchLookup or
-    core/round/batch_hybrid.BatchHybrid), None when k = 0. Each
-    row's keys and values live in this round's caches' row b (a drafter's runners' too)."""
+    core/round/batch_hybrid.BatchHybrid), None when k = 0; rows: the logits-row parts it is built
+    with ("penalties", "min_tokens": core/round/batch_rows.py), eos_ids the model's (min_tokens
+    masks them with a row's stop ids unless it ignores eos). Each row's keys and values live in
+    this round's caches' row b (a drafter's runners' too)."""
 
     def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target,
-                 drafter=None):
+                 drafter=None, rows: tuple[str, ...] = (), eos_ids=()):
         from specgen.core.step.model import OwnedModel
 
         self.k, self.batch, self.width, self.backend = k, batch, width, backend
@@ -321,6 +335,7 @@ class BatchRound:
         self.target_params = RowParams(batch, k + 1, device, self.staging)
         self.draft_params = RowParams(batch, 1, device, self.staging)
         self.bad = Padding(width, vocab_size, device).padding
+        self.rows = self._rows(rows, vocab_size, eos_ids)
         self.coupling = self._coupling(gumbel)
         self.logprobs = BatchLogprobs(self)  # each row's, staged after a round whose rows ask (the loop's)
         self.drafter = drafter(self) if drafter is not None and k else None
@@ -334,6 +349,15 @@ class BatchRound:
         self.positions = torch.zeros(len(self.runners), batch, dtype=torch.long, **z)  # target, draft model
         self.held = torch.zeros(len(self.runners) + 1, batch, dtype=torch.long, **z)  # positions, generated
         self._room(1)
+
+    def _rows(self, rows: tuple[str, ...], vocab_size: int, eos_ids) -> BatchLogitsRows:
+        """The logits-row parts (core/round/batch_rows.py) named in rows ("penalties",
+        "min_tokens"); eos_ids: the model's, which min_tokens masks with a row's stop ids."""
+        penalties = BatchPenalties(self.batch, self.k, self.width, self.device, self.staging) \
+            if "penalties" in rows else None
+        min_tokens = BatchMinTokens(self.batch, self.k, self.width, vocab_size, eos_ids, self.generated,
+                                    self.staging) if "min_tokens" in rows else None
+        return BatchLogitsRows(penalties, min_tokens, self.bad)
 
     def _coupling(self, gumbel: bool):
         """The coupling part (a tree batch's are its own: core/round/batch_tree.py)."""
@@ -372,7 +396,8 @@ class BatchRound:
     def state(self) -> list[torch.Tensor]:
         """The buffers the next round reads that a round writes (a capture's warm-up restores them)."""
         drafter = self.drafter.state() if self.drafter is not None else []
-        return [self.positions, self.feed, self.generated, self.emitted, *drafter, *self.coupling.state()]
+        return [self.positions, self.feed, self.generated, self.emitted, *drafter, *self.coupling.state(),
+                *self.rows.state()]
 
     def scratch(self) -> None:
         """Every row at the scratch end of its caches (where a capture's warm-up may write)."""
@@ -396,6 +421,7 @@ class BatchRound:
         self.limit[b].fill_(spec.max_tokens - 1)
         self.target_params.set(b, spec)
         self.draft_params.set(b, draft_spec(spec, cut))
+        self.rows.start(b, ids, spec)
         self.coupling.start(b, seed, len(ids))
         self.active[b].fill_(True)
 
@@ -487,6 +513,7 @@ class BatchRound:
         else:
             self.num_drafts.zero_()
         self.coupling.begin()
+        self.rows.begin()
         if drafter is not None:
             drafter.draft()
         with drafter.reading() if drafter is not None else contextlib.nullcontext():
@@ -496,6 +523,7 @@ class BatchRound:
             row=self.out, feed=self.feed, num_drafts=self.num_drafts, stage=self.stage_ids,
             target_position=self.positions[0], emitted=self.emitted, generated=self.generated,
             ran=self.k + 1, **(drafter.commit_fields() if drafter is not None else {})))
+        self.rows.commit(self.out, self.active)
         # in place (an elementwise op may write its own input): no temporary, one launch each
         torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
         torch.where(self.active, self.generated, self.held[-1], out=self.generated)

@@ -39,7 +39,8 @@ Prompt lookup's trees (one-hot q) take the walks of the single round's host tree
 Gumbel coupling follow the target's token, rejection coupling's sampled rows the sibling walk, each
 row drawing its noise row and uniforms alone (no children's rows).
 
-Not here: hybrid's trees at batch, and tree_nodes auto (engine.batch_refusal refuses them; MTP
+Not here: hybrid's trees at batch, tree_nodes auto, penalties and min_tokens (engine.batch_refusal
+refuses them: a chain's batch takes the last two, core/round/batch_rows.py; MTP
 layers draft no batch at all), the tree's insight stage, and `taken` (a drawn
 child accepted outside the tree): the batch's host reads the chain's staged layout, so such a
 token counts as recovered in the row's statistics (its text is the same).
