@@ -7,6 +7,8 @@ import random
 from collections import defaultdict
 from dataclasses import replace
 
+import pytest
+
 from decode_helpers import finish
 from specgen.core.engine import Engine, target_only
 from specgen.core.events import RoundEvent
@@ -132,3 +134,19 @@ def _greedy(engine: Engine, profile, ids: list[int], tokens: int) -> list[int]:
     events = list(engine.decoder(replace(profile, sampling=replace(profile.sampling, max_tokens=tokens,
                                                                    temperature=0.0))).run(ids))
     return events[-1].token_ids
+
+
+# Per-row settings of prompt lookup's batches (tests/core/round/test_batch_lookup*.py): a greedy row
+# among sampled ones with every cut
+LOOKUP_SAMPLED = [dict(temperature=0.7, top_k=20), dict(top_p=0.9), dict(), dict(temperature=0.0), dict(min_p=0.1)]
+
+
+@pytest.fixture(scope="module")
+def bigram(tmp_path_factory):
+    """A bigram target (tiny_models.bigram_target) whose text prompt lookup finds in its prompts;
+    a test module takes it by importing it."""
+    from tiny_models import bigram_target, build_pair
+
+    root = tmp_path_factory.mktemp("batch-bigram")
+    target, _ = build_pair(root)
+    return bigram_target(target, root / "bigram")

@@ -17,21 +17,14 @@ from dataclasses import replace
 
 import pytest
 
-from batch_helpers import alone_rounds, batched_rounds, chain_prompts
+from batch_helpers import LOOKUP_SAMPLED, alone_rounds, batched_rounds, bigram, chain_prompts  # noqa: F401 (bigram: a fixture)
 from decode_helpers import finish, make_profile
 from specgen.core.engine import Engine, batch_refusal, target_only
 from specgen.core.events import Fate
 from specgen.core.settings import ProposerSpec
-from tiny_models import bigram_target, build_pair
 
-SAMPLED = [dict(temperature=0.7, top_k=20), dict(top_p=0.9), dict(), dict(temperature=0.0), dict(min_p=0.1)]
+SAMPLED = LOOKUP_SAMPLED
 
-
-@pytest.fixture(scope="module")
-def bigram(tmp_path_factory):
-    root = tmp_path_factory.mktemp("batch-lookup")
-    target, _ = build_pair(root)
-    return bigram_target(target, root / "bigram")
 
 
 def lookup_engine(target, k: int = 3, **sampling) -> Engine:

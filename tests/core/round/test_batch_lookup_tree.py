@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from batch_helpers import alone_rounds, batched_rounds, branch_prompts
+from batch_helpers import LOOKUP_SAMPLED, alone_rounds, batched_rounds, bigram, branch_prompts  # noqa: F401 (bigram: a fixture)
 from decode_helpers import finish, make_profile
 from specgen.core.engine import Engine, target_only
 from specgen.core.events import Fate
@@ -26,17 +26,10 @@ from specgen.core.round import TreeRound
 from specgen.core.round.batch_lookup_tree import BatchLookupTree
 from specgen.core.round.batch_tree import BatchTreeRound
 from specgen.core.settings import ProposerSpec
-from tiny_models import bigram_target, build_pair
 
 SHAPES = [(4, 2, 6), (3, 3, 8)]  # (k, width, nodes)
-SAMPLED = [dict(temperature=0.7, top_k=20), dict(top_p=0.9), dict(), dict(temperature=0.0), dict(min_p=0.1)]
+SAMPLED = LOOKUP_SAMPLED
 
-
-@pytest.fixture(scope="module")
-def bigram(tmp_path_factory):
-    root = tmp_path_factory.mktemp("batch-lookup-tree")
-    target, _ = build_pair(root)
-    return bigram_target(target, root / "bigram")
 
 
 def lookup_tree_engine(target, shape, **sampling) -> Engine:

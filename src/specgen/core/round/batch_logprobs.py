@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from specgen.core.events import logprob_entries
-from specgen.core.sampling.warp import PenaltyRows, logprobs_from_logits
+from specgen.core.sampling.warp import logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 
 MAX_LOGPROBS = 20  # sampling.logprobs' largest (core/profile.py)
@@ -55,27 +55,26 @@ class BatchLogprobs:
         if self.staged is None:
             self.staged = torch.zeros(batch, rows, self.columns, dtype=torch.float32, device=rnd.device)
         asking = [s if s is not None and s.logprobs is not None else None for s in specs]
-        logits, params, penalties, bad = rnd.logprob_rows()  # [B (k + 1), width]
+        logits, params, bad = rnd.logprob_rows()  # [B (k + 1), width]
         per = max(1, self.rows_at_once // rows)
         for first in range(0, batch, per):
             last = min(batch, first + per)
             if any(asking[first:last]):
                 at = slice(first * rows, last * rows)
-                part = None if penalties is None else PenaltyRows(penalties.counts[at], penalties.seen[at])
                 mask = bad[at] if bad is not None and bad.dim() == 2 else bad
                 own = params.slice(at.start, at.stop)
                 own.__dict__["log_min_p"] = params.log_min_p[at]  # the round's, as its warp reads it
-                self._stage(slice(first, last), asking[first:last], logits[at], own, part, mask)
+                self._stage(slice(first, last), asking[first:last], logits[at], own, mask)
         return self.staged
 
-    def _stage(self, group: slice, asking: list[SamplingSpec | None], logits: torch.Tensor, params, penalties,
-               bad) -> None:
+    def _stage(self, group: slice, asking: list[SamplingSpec | None], logits: torch.Tensor, params, bad) -> None:
         """The rows `group` (asking: their specs, None where a row asks none): logits [R, width]
         their target rows, and their warp's inputs."""
         count, rows = len(asking), self.rnd.k + 1
         raw = [s is not None and s.logprobs_mode == "raw" for s in asking]
         warped = [s is not None and s.logprobs_mode != "raw" for s in asking]
-        logp = logprobs_from_logits(logits, params, penalties, bad) if any(warped) else None
+        # no penalty rows: batches refuse logprobs with penalties or min_tokens (core/engine.py)
+        logp = logprobs_from_logits(logits, params, None, bad) if any(warped) else None
         if any(raw):
             own = torch.log_softmax(logits, dim=-1)
             logp = own if logp is None else torch.where(self._rows(raw), own.view(count, rows, -1),

@@ -334,7 +334,7 @@ class BatchTreeRound(BatchRound):
         params = WarpParams(*(per_row(getattr(tree, name)) for name in FIELDS))
         params.__dict__["log_min_p"] = per_row(tree.log_min_p)
         params.__dict__["flags"] = tree.flags  # known on the host: no sync
-        return logits, params, None, self.bad
+        return logits, params, self.bad
 
     def _logq(self, logits: torch.Tensor, params: RowParams, level: int) -> torch.Tensor:
         """The draft's warped log q [R, V] at `level`'s nodes (TreeDraft.logq, each row its own params)."""
