@@ -23,7 +23,6 @@ from dataclasses import replace
 
 from decode_helpers import finish, make_profile, random_prompts
 from specgen.core.engine import Engine
-from specgen.core.round.batch_logprobs import BatchLogprobs
 from specgen.core.settings import ProposerSpec
 from tiny_models import build_pair, head_for
 
@@ -109,18 +108,6 @@ def test_rows_with_other_logprobs_settings_share_a_batch(pair):
              dict(logprobs=2, logprobs_mode="raw"), dict()]
     work = [(ids, replace(spec, **own)) for (ids, spec), own in zip(jobs(engine.profile, 7, sampled=True), asked)]
     check(engine, work)
-
-
-def test_rows_in_groups_take_the_same_logprobs(pair, monkeypatch):
-    """Rows computed a few at a time (BatchLogprobs.rows_at_once: 2 rows of k + 1 = 4, the batch's
-    7 rows in 4 groups, rows 2 and 3's left out: neither asks) give the values of all at once."""
-    engine = Engine(make_profile(*pair, k=3, temperature=1.0))
-    asked = [dict(logprobs=2), dict(), dict(), dict(), dict(logprobs=3, logprobs_mode="raw"), dict(logprobs=3),
-             dict(logprobs=1)]
-    work = [(ids, replace(spec, **own)) for (ids, spec), own in zip(jobs(engine.profile, 7, sampled=True), asked)]
-    whole = batched(engine, 7, work)
-    monkeypatch.setattr(BatchLogprobs, "rows_at_once", 8)
-    assert batched(engine, 7, work) == whole
 
 
 def test_stop_strings_and_two_rounds_in_flight(pair):
