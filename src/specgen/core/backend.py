@@ -143,6 +143,7 @@ class EagerBatch:
         self.rnd = rnd
 
     def launch(self) -> None:
+        self.rnd.flush()
         with torch.inference_mode():
             self.rnd.body()
 

@@ -286,6 +286,7 @@ class BatchGraphs:
         if self.eager is not None:
             return self.eager.launch()
         rnd = self.rnd
+        rnd.flush()  # the rows' starts first: a capture's warm-ups below restore the state they set
         if rnd.generation != self.generation:  # the graphs point at the old caches
             self.graphs.clear()
             self.generation = rnd.generation

@@ -90,6 +90,7 @@ class Watched(batches.RoundMeter):
         self.seen = [0, 0, 0, 0]  # rows, target positions, draft model positions, a head's origins P - e
 
     def launch(self):
+        self.rnd.flush()  # the rows' recorded starts and stops: what the launch reads
         live = self.rnd.active.tolist()
         positions = self.rnd.positions.tolist()
         emitted = self.rnd.emitted.tolist()

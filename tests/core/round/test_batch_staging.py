@@ -1,4 +1,4 @@
-"""A refill's host values on the device: RowParams' packed copy and Staging's pinned buffers."""
+"""A refill's host values on the device: RowParams through the start record, and Staging's pinned buffers."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specgen.core.round.batch_round import FIELDS, RowParams
+from specgen.core.round.row_start import RowStarts
 from specgen.core.round.staging import Staging, _Buffer
 from specgen.core.settings import SamplingSpec
 
@@ -42,9 +43,13 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def test_row_params_are_bitwise_a_fill_per_field(device, rows_per):
     batch = 3
     sets = [(1, SPECS[1]), (0, SPECS[2]), (2, SPECS[3]), (1, SPECS[2]), (0, SPECS[0])]
-    params = RowParams(batch, rows_per, torch.device(device))
-    for b, spec in sets:
+    starts = RowStarts(batch, torch.device(device), Staging(torch.device(device)))
+    params = RowParams(batch, rows_per, torch.device(device), starts, "warp")
+    for i, (b, spec) in enumerate(sets):
         params.set(b, spec)
+        if i % 2:  # some sets flushed alone, some with the next (a later set of a row replaces its values)
+            starts.flush()
+    starts.flush()
     want = _filled(batch, rows_per, sets, device)
     for name in (*FIELDS, "log_min_p"):
         got = getattr(params.params, name)
@@ -54,12 +59,15 @@ def test_row_params_are_bitwise_a_fill_per_field(device, rows_per):
 
 
 def test_row_params_fields_are_views_of_one_buffer():
-    params = RowParams(2, 3, torch.device("cpu"))
+    starts = RowStarts(2, torch.device("cpu"), Staging(torch.device("cpu")))
+    params = RowParams(2, 3, torch.device("cpu"), starts, "warp")
     base = params.packed.untyped_storage().data_ptr()
     for name in (*FIELDS, "log_min_p"):
         field = getattr(params.params, name)
         assert field.untyped_storage().data_ptr() == base and field.is_contiguous() and field.shape == (6,), name
-    params.set(1, SPECS[1])  # set writes the buffer the fields view (a captured warp reads them at replay)
+    params.set(1, SPECS[1])  # the flush writes the buffer the fields view (a captured warp reads them at replay)
+    assert params.params.top_k.tolist() == [-1] * 6
+    starts.flush()
     assert params.params.top_k.tolist() == [-1, -1, -1, 40, 40, 40]
 
 

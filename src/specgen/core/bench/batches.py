@@ -144,6 +144,7 @@ class RoundMeter:
         self.sums[3] += self.origin.clamp_(min=0) * rnd.active
 
     def launch(self) -> None:
+        self.rnd.flush()  # the rows' starts and stops, which the sums read (the program's flush is then a no-op)
         if self.graph is not None:
             self.graph.replay()
         else:

@@ -63,6 +63,7 @@ from specgen.core.errors import UsageError
 from specgen.core.round.batch_logprobs import BatchLogprobs
 from specgen.core.round.batch_rows import BatchLogitsRows, BatchMinTokens, BatchPenalties
 from specgen.core.round.drafters import draft_spec
+from specgen.core.round.row_start import RowStarts, int_bits
 from specgen.core.round.rows import Padding
 from specgen.core.round.staging import Staging
 from specgen.core.sampling import noise
@@ -81,22 +82,26 @@ class RowParams:
     log(min-p) is a buffer of its own, written with min-p: a captured warp reads it at replay.
 
     Every field is a view of one packed buffer [8, B * rows_per] (float32; top-k's row holds
-    int32 bits, viewed as such): set() builds a row's values on the host and copies them with one
-    queued copy (staging: pinned where CUDA, no stall behind the round in flight), where a fill per
-    field would be ~16 launches per refill."""
+    int32 bits, viewed as such): set() records a row's values in the round's start record
+    (core/round/row_start.py, field `name`), which writes them with the other rows' and fields'
+    at the next flush, then log(min-p) of every row from them on the device; a fill per field was
+    ~16 launches per refill, and even one staged copy per row cost 0.19 ms of host time."""
 
-    def __init__(self, batch: int, rows_per: int, device: torch.device, staging: Staging | None = None):
-        self.rows_per = rows_per
-        self.staging = staging if staging is not None else Staging(device)
+    def __init__(self, batch: int, rows_per: int, device: torch.device, starts, name: str):
+        self.rows_per, self.starts, self.name = rows_per, starts, name
         n = batch * rows_per
         self.packed = torch.empty(len(FIELDS) + 1, n, dtype=torch.float32, device=device)
         views = [self.packed[i].view(torch.int32) if name == "top_k" else self.packed[i] for i, name in enumerate(FIELDS)]
         plain = WarpParams.from_spec(SamplingSpec(), n, device)
-        for name, view in zip(FIELDS, views):
-            view.copy_(getattr(plain, name))
+        for field, view in zip(FIELDS, views):
+            view.copy_(getattr(plain, field))
         self.params = WarpParams(*views)
         self.params.__dict__["log_min_p"] = log_min_p = self.packed[len(FIELDS)]
         torch.log(self.params.min_p, out=log_min_p)
+        # [B, fields, rows_per]: a row's values, each over its rows
+        starts.field(name, self.packed[: len(FIELDS)].view(len(FIELDS), batch, rows_per).permute(1, 0, 2),
+                     len(FIELDS))
+        starts.after[name] = lambda: torch.log(self.params.min_p, out=self.params.log_min_p)
         self.specs: list[SamplingSpec | None] = [None] * batch
         self._flag()
 
@@ -105,13 +110,10 @@ class RowParams:
         return self.params.flags
 
     def set(self, b: int, spec: SamplingSpec) -> None:
-        """Row b's fields in one copy (the values a fill per field writes: a float rounds to float32
-        either way), then its log(min-p) from them on the device, as before."""
-        at = slice(b * self.rows_per, (b + 1) * self.rows_per)
-        row = torch.tensor([float(getattr(spec, name)) for name in FIELDS], dtype=torch.float32)
-        row.view(torch.int32)[FIELDS.index("top_k")] = int(spec.top_k)
-        self.packed[: len(FIELDS), at].copy_(self.staging.put(row[:, None].expand(-1, self.rows_per)))
-        torch.log(self.params.min_p[at], out=self.params.log_min_p[at])
+        """Row b's fields, recorded (float32 at the flush: a float rounds to float32 as a fill
+        rounds it; top-k as its int32 bits)."""
+        self.starts.set(b, self.name, *(int_bits(int(spec.top_k)) if name == "top_k" else float(getattr(spec, name))
+                                         for name in FIELDS))
         self.specs[b] = spec
         self._flag()
 
@@ -141,6 +143,8 @@ class BatchCoupling:
         self.expo = torch.ones(b, width, dtype=torch.float32, **z)
         self.key = torch.zeros(b, 2, dtype=torch.long, **z)
         self.origin = torch.zeros(b, dtype=torch.long, **z)
+        rnd.starts.field("key", self.key, 2)
+        rnd.starts.field("origin", self.origin)
         self.first = torch.zeros(b, dtype=torch.long, **z)
         self.choice = torch.zeros(b * (k + 1), dtype=torch.long, **z)
 
@@ -149,9 +153,8 @@ class BatchCoupling:
         return [self.noise, self.uniform]
 
     def start(self, b: int, seed: int, origin: int) -> None:
-        for i, half in enumerate(noise.split_seed(seed)):  # fills, not a copy from the host: no sync
-            self.key[b, i].fill_(half)
-        self.origin[b].fill_(origin)
+        self.rnd.starts.set(b, "key", *noise.split_seed(seed))
+        self.rnd.starts.set(b, "origin", origin)
 
     def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
         """Row b's numbers for the next round, as the chain round draws them (rejection coupling,
@@ -243,14 +246,14 @@ class BatchDraftModel:
         self.follow_ids = torch.zeros(rnd.batch, rnd.k + 2, dtype=torch.long, device=rnd.device)
         self.follow_start = torch.zeros(rnd.batch, dtype=torch.long, device=rnd.device)
         self.follow_positions = torch.zeros(rnd.batch * (rnd.k + 2), dtype=torch.long, device=rnd.device)
+        rnd.starts.field("pending", self.pending, 2)
 
     def start(self, b: int, ids: list[int]) -> None:
         """Both caches' row b (the target: all but the last id; the draft: all but the last two, a
         one-token prompt seen twice)."""
         self.rnd._prefill(0, b, ids[:-1])
         self.rnd._prefill(1, b, ids[:-2])
-        for i, token in enumerate((ids * 2)[-2:]):  # fills, not a copy from the host: no sync
-            self.pending[b, i].fill_(token)
+        self.rnd.starts.set(b, "pending", *(ids * 2)[-2:])
 
     def room(self, slots: int, capacity: int) -> None:
         """Its cache is one of the round's (grown with the target's)."""
@@ -332,8 +335,13 @@ class BatchRound:
         self.draft_logits = torch.full((batch, width), float("-inf"), dtype=torch.float32, **z)
         self.stage_ids = torch.zeros(batch, 2 * k + 2, dtype=torch.long, **z)  # per row: out | drafts | n
         self.staging = Staging(device)  # a refill's host values (ids, warp params), copied without a stall
-        self.target_params = RowParams(batch, k + 1, device, self.staging)
-        self.draft_params = RowParams(batch, 1, device, self.staging)
+        # a start's or stop's per-row values, written for every row at once before the next round
+        self.starts = RowStarts(batch, device, self.staging, backend)
+        for name, buffer in (("last", self.feed[:, 0]), ("budget", self.budget), ("generated", self.generated),
+                             ("limit", self.limit), ("active", self.active)):
+            self.starts.field(name, buffer)
+        self.target_params = RowParams(batch, k + 1, device, self.starts, "target_warp")
+        self.draft_params = RowParams(batch, 1, device, self.starts, "draft_warp")
         self.bad = Padding(width, vocab_size, device).padding
         self.rows = self._rows(rows, vocab_size, eos_ids)
         self.coupling = self._coupling(gumbel)
@@ -347,6 +355,8 @@ class BatchRound:
         self.caches: list = [None] * len(self.runners)
         self.step_ops: list = [None] * len(self.runners)  # each model's batch kernel table (Runner.batch_ops)
         self.positions = torch.zeros(len(self.runners), batch, dtype=torch.long, **z)  # target, draft model
+        for which in range(len(self.runners)):
+            self.starts.field(f"position{which}", self.positions[which])
         self.held = torch.zeros(len(self.runners) + 1, batch, dtype=torch.long, **z)  # positions, generated
         self._room(1)
 
@@ -415,26 +425,33 @@ class BatchRound:
             self.drafter.start(b, ids)
         else:
             self._prefill(0, b, ids[:-1])
-        self.feed[b, 0].fill_(ids[-1])
-        self.budget[b].fill_(self.k)  # the device caps it at max_tokens (count_drafts_rows: limit)
-        self.generated[b].zero_()
-        self.limit[b].fill_(spec.max_tokens - 1)
+        starts = self.starts  # written at the next flush, with every other row's
+        starts.set(b, "last", ids[-1])
+        starts.set(b, "budget", self.k)  # the device caps it at max_tokens (count_drafts_rows: limit)
+        starts.set(b, "generated", 0)
+        starts.set(b, "limit", spec.max_tokens - 1)
         self.target_params.set(b, spec)
         self.draft_params.set(b, draft_spec(spec, cut))
         self.rows.start(b, ids, spec)
         self.coupling.start(b, seed, len(ids))
-        self.active[b].fill_(True)
+        starts.set(b, "active", True)
 
     def stop(self, b: int) -> None:
         """Row b has no prompt: it runs on, masked, until start() gives it one."""
-        self.active[b].fill_(False)
-        self.budget[b].fill_(0)
+        self.starts.set(b, "active", False)
+        self.starts.set(b, "budget", 0)
+
+    def flush(self) -> None:
+        """The rows' recorded start and stop values onto the device (core/round/row_start.py):
+        before a round (the programs call it) and before the host sets budgets."""
+        self.starts.flush()
 
     def set_budgets(self, budgets: list[int]) -> None:
         """Every row's draft budget for the next round, in one copy (a fill per row would be a
         launch per row and round). Adaptive k and host drafts need it: start() sets k, which the
         device caps at each row's max_tokens, the budget the host would set. Where the host drafts,
         its drafter writes each row's drafts up to its budget, and their counts, in that one copy."""
+        self.flush()  # a row's start sets its budget to k: the host's come after
         if self.host_drafts:
             self.drafter.propose(budgets)
         else:
@@ -479,7 +496,7 @@ class BatchRound:
     def _prefill(self, which: int, b: int, ids: list[int]) -> None:
         """One row's prefix, prefilled by its model's runner as it is alone (the same steps, the same
         bits), then copied into row b of the batch's cache."""
-        self.positions[which, b].fill_(len(ids))
+        self.starts.set(b, f"position{which}", len(ids))
         if not ids:
             return
         runner = self.runners[which]

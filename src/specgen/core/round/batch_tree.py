@@ -255,8 +255,8 @@ class BatchTreeRound(BatchRound):
         self.trees = BatchTrees(batch, k, width_w, nodes, self.device)
         self.tree_logits = torch.full((batch, nodes + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.level_logits = torch.full((batch, width_w, width), float("-inf"), dtype=torch.float32, **z)
-        self.target_params = RowParams(batch, nodes + 1, self.device, self.staging)  # the tree's rows
-        self.level_params = RowParams(batch, width_w, self.device, self.staging)  # a level's frontier rows
+        self.target_params = RowParams(batch, nodes + 1, self.device, self.starts, "target_warp")  # the tree's rows
+        self.level_params = RowParams(batch, width_w, self.device, self.starts, "level_warp")  # a level's frontier rows
         # the sampled rows: their children are drawn from q (a host tree's are deterministic: their walk the siblings')
         self.drawn_rows = torch.zeros(batch, dtype=torch.bool, **z)
         self.pair_steps = torch.arange(2, **z)  # `pending`'s two columns (k may be 1)
