@@ -34,6 +34,7 @@ computes and copies nothing more.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -103,6 +104,10 @@ class BatchDecoder:
         self.host = [torch.zeros(rnd.stage_ids.shape, dtype=torch.long, pin_memory=cuda) for _ in range(self.depth)]
         self.host_logprobs: list[torch.Tensor | None] = [None] * self.depth  # likewise, once a row asks
         self.events = [torch.cuda.Event() if cuda else None for _ in range(self.depth)]
+        # each row's generator, reseeded by each prompt it takes: the state a new one would have,
+        # without making one per prompt (a draw queued from the last prompt's took its state by value)
+        self.gens: list[torch.Generator | None] = [None] * rnd.batch
+        self.entropy = random.SystemRandom()  # an unseeded prompt's seed
 
     @property
     def pipelined(self) -> bool:
@@ -164,8 +169,12 @@ class BatchDecoder:
             return False
         index, (ids, spec) = job
         started = time.perf_counter()
-        seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
-        gen = torch.Generator(device=self.round.device)
+        # unseeded: 63 bits from the OS, as torch.seed() gives (which also reseeds every device's
+        # default generator, nothing of specgen's draws from, at ~10x the cost)
+        seed = spec.seed if spec.seed is not None else self.entropy.getrandbits(63)
+        gen = self.gens[b]
+        if gen is None:
+            gen = self.gens[b] = torch.Generator(device=self.round.device)
         gen.manual_seed(seed)
         self.round.start(b, ids, spec, seed, self.cut(spec))
         stops = frozenset(spec.stop_token_ids) | (frozenset() if spec.ignore_eos else frozenset(self.eos_ids))
