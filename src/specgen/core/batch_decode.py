@@ -51,9 +51,10 @@ from specgen.core.stats import AcceptanceStats
 
 
 WAITING = 4  # results held for an earlier prompt still running, per row, before free rows stop taking prompts
+DETOK_CHUNK = 64  # ids a row without stop strings detokenizes at once (_Row.caught_up)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Row:
     """One prompt's host state while it holds a row."""
 
@@ -71,6 +72,20 @@ class _Row:
     budget: int = 0
     reason: str | None = None
     logprobs: list[dict] | None = None  # the tokens' logprob entries, where its settings ask for them
+    decoded: int = 0  # ids[:decoded] went through text's detokenizer (see caught_up)
+
+    def caught_up(self) -> TextTracker:
+        """Its text with every id so far detokenized. Without stop strings nothing reads the text
+        before the row ends (a batch shows no per-token text), so the ids wait and go through the
+        detokenizer together, DETOK_CHUNK at a time, as a round's do (IncrementalDetokenizer.add_all:
+        the text of any split of the ids is the same; the chunks bound the ids it takes one at a
+        time where a chunk ends inside a character); with stop strings every round's go at its
+        settling, where a stop string must end the row."""
+        ids, text = self.ids, self.text
+        for at in range(self.decoded, len(ids), DETOK_CHUNK):
+            text.add(text.detok.add_all(ids[at: at + DETOK_CHUNK]))
+        self.decoded = len(ids)
+        return text
 
 
 @dataclass
@@ -107,6 +122,7 @@ class BatchDecoder:
         # each row's generator, reseeded by each prompt it takes: the state a new one would have,
         # without making one per prompt (a draw queued from the last prompt's took its state by value)
         self.gens: list[torch.Generator | None] = [None] * rnd.batch
+        self.follows = rnd.host_drafts  # whether settling hands a row's tokens to its proposer
         self.entropy = random.SystemRandom()  # an unseeded prompt's seed
 
     @property
@@ -237,7 +253,7 @@ class BatchDecoder:
                 done[row.index] = self._finish(row)
                 self.rows[b] = None
                 rnd.stop(b)
-            else:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
+            elif self.follows:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
                 rnd.follow(b, row.ids[before:])
 
     def _settle(self, row: _Row, staged: list[int], timings: dict, now: float, logprobs: torch.Tensor | None = None,
@@ -245,33 +261,43 @@ class BatchDecoder:
         """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done.
         logprobs: the host copy of the round's staged logprobs (row b's), where a row asked."""
         k = self.round.k
-        if row.adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
-            row.budget = max(0, min(k, row.spec.max_tokens - len(row.ids) - 1))
+        ids, stops, spec, adaptive = row.ids, row.stops, row.spec, row.adaptive
+        if adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
+            row.budget = budget = max(0, min(k, spec.max_tokens - len(ids) - 1))
+        else:
+            budget = row.budget
         emitted = [t for t in staged[: k + 1] if t >= 0]
         n = staged[2 * k + 1]
         accepted = len(emitted) - 1
-        stops = row.stops
         used = n
-        if not stops.isdisjoint(staged[k + 1: k + 1 + n]):  # none past a drafted stop id
-            used = next(i + 1 for i, t in enumerate(staged[k + 1: k + 1 + n]) if t in stops)
-        if not stops.isdisjoint(emitted):
-            end = next(i + 1 for i, t in enumerate(emitted) if t in stops)
-            row.reason = "stop_token" if emitted[end - 1] in row.spec.stop_token_ids else "eos"
-            emitted = emitted[:end]
-        if row.adaptive is not None and row.budget > 0:
-            row.adaptive.update(accepted)
-        entries = self.round.logprobs.entries(logprobs, b, emitted, row.spec) if row.logprobs is not None else []
-        emitted = self._text(row, emitted)
+        if stops:
+            drafted = staged[k + 1: k + 1 + n]
+            if not stops.isdisjoint(drafted):  # none past a drafted stop id
+                used = next(i + 1 for i, t in enumerate(drafted) if t in stops)
+            if not stops.isdisjoint(emitted):
+                end = next(i + 1 for i, t in enumerate(emitted) if t in stops)
+                row.reason = "stop_token" if emitted[end - 1] in spec.stop_token_ids else "eos"
+                emitted = emitted[:end]
+        if adaptive is not None and budget > 0:
+            adaptive.update(accepted)
+        if row.logprobs is not None:
+            entries = self.round.logprobs.entries(logprobs, b, emitted, spec)
+        if spec.stop:  # stop strings: the round's text now (without, it waits: _Row.caught_up)
+            emitted = self._text(row, emitted)
         if row.logprobs is not None:
             row.logprobs += entries[: len(emitted)]
         kept = min(accepted, len(emitted))
-        row.stats.released(now - row.start, len(emitted))
-        row.stats.add_round(used, kept, len(emitted), timings, early_stop=used < row.budget, k_used=row.budget)
-        row.ids += emitted
-        row.fates += [Fate.ACCEPTED] * kept
+        stats = row.stats
+        stats.released(now - row.start, len(emitted))
+        stats.add_round(used, kept, len(emitted), timings, early_stop=used < budget, k_used=budget)
+        ids += emitted
+        if spec.stop:
+            row.decoded = len(ids)
+        fates = row.fates
+        fates += [Fate.ACCEPTED] * kept
         if len(emitted) > kept:
-            row.fates.append(Fate.BONUS if accepted == n else Fate.RECOVERED)
-        if row.reason is None and len(row.ids) >= row.spec.max_tokens:
+            fates.append(Fate.BONUS if accepted == n else Fate.RECOVERED)
+        if row.reason is None and len(ids) >= spec.max_tokens:
             row.reason = "length"
         return row.reason is not None
 
@@ -297,8 +323,8 @@ class BatchDecoder:
         return emitted
 
     def _interrupted(self, row: _Row) -> Finished:
-        return Finished("interrupted", row.text.released, row.ids, row.fates, row.stats, logprobs=row.logprobs)
+        return Finished("interrupted", row.caught_up().released, row.ids, row.fates, row.stats, logprobs=row.logprobs)
 
     def _finish(self, row: _Row) -> Finished:
-        tail = row.text.finish(row.reason == "stop")
+        tail = row.caught_up().finish(row.reason == "stop")
         return Finished(row.reason, row.text.released, row.ids, row.fates, row.stats, [], tail, row.logprobs)

@@ -5,8 +5,8 @@ incomplete UTF-8 sequence the decoder yields U+FFFD, and that text is held back 
 
 A window's text past its first id does not depend on where the window starts (the decoders of
 byte-level BPE, SentencePiece's metaspace and byte fallback, WordPiece): the windows move as ids are
-released, and the batch loop releases a round's ids at once (add_all) where the single loop takes
-them one at a time (add), to the same text.
+released, and the batch loop releases a round's ids at once (add_all), or a row's output in chunks
+when it ends (no stop strings), where the single loop takes them one at a time (add), to the same text.
 """
 
 from __future__ import annotations
