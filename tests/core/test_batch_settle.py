@@ -3,8 +3,8 @@ replayed when a stop string hits) against the per-token path it replaced, kept h
 reference: the same ids, fates, text, tail, finish reason and statistics after every round, over
 multi-byte text whose characters span ids and rounds, stop strings that begin in an earlier round,
 eos and stop ids, max_tokens, on a byte-level BPE, a SentencePiece-style metaspace tokenizer and
-the demo pair's; a row without stop strings detokenizes only when it ends, in chunks, to the same
-text."""
+the demo pair's; a row without stop strings detokenizes only when it ends, all at once, to the
+same text."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from specgen.core import batch_decode
 from specgen.core.batch_decode import BatchDecoder, _Row
 from specgen.core.events import Fate, Output, text_starts
 from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
@@ -131,11 +130,8 @@ def compare(tokenizer, prompt: list[int], staged: list[list[int]], spec: Samplin
     return new.reason
 
 
-@pytest.mark.parametrize("each_round, chunk", [(True, None), (False, None), (False, 3)],
-                         ids=["text-each-round", "text-at-the-end", "text-at-the-end-3-ids-at-once"])
-def test_settling_a_round_at_once_matches_the_per_token_path(tokenizer, each_round, chunk, monkeypatch):
-    if chunk is not None:  # chunks that end inside characters
-        monkeypatch.setattr(batch_decode, "DETOK_CHUNK", chunk)
+@pytest.mark.parametrize("each_round", [True, False], ids=["text-each-round", "text-at-the-end"])
+def test_settling_a_round_at_once_matches_the_per_token_path(tokenizer, each_round):
     rng = random.Random(0)
     eos = tokenizer.convert_tokens_to_ids(EOS) if EOS in tokenizer.get_vocab() else tokenizer.eos_token_id
     prompt = tokenizer("say: ", add_special_tokens=False)["input_ids"]
@@ -170,6 +166,30 @@ def test_a_round_ending_mid_character_releases_what_came_before(tokenizer):
     assert held or "metaspace" in type(tokenizer.backend_tokenizer.decoder).__name__.lower()
 
 
-def _singly(tokenizer, ids: list[int]) -> list[str]:
+def test_a_whole_output_at_once_matches_one_id_at_a_time(tokenizer):
+    """add_all over a row's whole output (the batch loop's, without stop strings), ending at every
+    id, inside characters too (add_all halves it then), then the rest of the ids: the text and the
+    flush of one id at a time."""
+    ids = tokenizer(TEXTS[0] + TEXTS[2], add_special_tokens=False)["input_ids"]
+    prompt = tokenizer("say: ", add_special_tokens=False)["input_ids"]
+    halved = 0
+    for end in range(1, len(ids) + 1):
+        for rest in (False, True):  # flushed where the ids end (an incomplete character stays U+FFFD), or after the rest
+            singly, together = IncrementalDetokenizer(tokenizer, prompt), IncrementalDetokenizer(tokenizer, prompt)
+            pieces = [singly.add([t]) for t in ids[:end]]
+            halved += pieces[-1] == "" and any(pieces)
+            assert together.add_all(ids[:end]) == "".join(pieces)
+            if rest:
+                assert together.add_all(ids[end:]) == "".join(singly.add([t]) for t in ids[end:])
+                assert together.pieces() == _singly(tokenizer, prompt, ids)
+            assert together.flush() == singly.flush()
+    assert halved or "metaspace" in type(tokenizer.backend_tokenizer.decoder).__name__.lower()
+
+
+def _singly(tokenizer, ids: list[int], more: list[int] | None = None) -> list[str]:
+    """Each of `more` one at a time after the context `ids` (without more: each of ids, no context)."""
+    if more is not None:
+        detok = IncrementalDetokenizer(tokenizer, ids)
+        return [detok.add([t]) for t in more]
     detok = IncrementalDetokenizer(tokenizer, [])
     return [detok.add([t]) for t in ids]

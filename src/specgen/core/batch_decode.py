@@ -51,7 +51,6 @@ from specgen.core.stats import AcceptanceStats
 
 
 WAITING = 4  # results held for an earlier prompt still running, per row, before free rows stop taking prompts
-DETOK_CHUNK = 64  # ids a row without stop strings detokenizes at once (_Row.caught_up)
 
 
 @dataclass(slots=True)
@@ -77,15 +76,13 @@ class _Row:
     def caught_up(self) -> TextTracker:
         """Its text with every id so far detokenized. Without stop strings nothing reads the text
         before the row ends (a batch shows no per-token text), so the ids wait and go through the
-        detokenizer together, DETOK_CHUNK at a time, as a round's do (IncrementalDetokenizer.add_all:
-        the text of any split of the ids is the same; the chunks bound the ids it takes one at a
-        time where a chunk ends inside a character); with stop strings every round's go at its
-        settling, where a stop string must end the row."""
-        ids, text = self.ids, self.text
-        for at in range(self.decoded, len(ids), DETOK_CHUNK):
-            text.add(text.detok.add_all(ids[at: at + DETOK_CHUNK]))
-        self.decoded = len(ids)
-        return text
+        detokenizer at once, as a round's do (IncrementalDetokenizer.add_all: the text of any split
+        of the ids is the same); with stop strings every round's go at its settling, where a stop
+        string must end the row."""
+        if self.decoded < len(self.ids):
+            self.text.add(self.text.detok.add_all(self.ids[self.decoded:]))
+            self.decoded = len(self.ids)
+        return self.text
 
 
 @dataclass
