@@ -127,11 +127,12 @@ def measure(tokenizer, prompts, texts, args, sampling) -> dict:
     for i in range(args.prompts):
         sampled = rng.random() < args.sampled
         spec = replace(sampling, max_tokens=rng.randint(lo, hi), min_tokens=0, stop=tuple(args.stop),
-                       stop_token_ids=(), ignore_eos=True, temperature=0.8 if sampled else 0.0,
+                       stop_token_ids=(), ignore_eos=False, temperature=0.8 if sampled else 0.0,
                        seed=1000 + i if sampled or args.seeded else None)
         jobs.append((prompts[i % len(prompts)], spec))
     rnd = StubRound(args.k, args.batch, texts, args.accept)
-    dec = BatchDecoder(rnd, StubProgram(rnd), tokenizer, set(), lambda spec: True, pipeline="on")
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()  # the texts hold none
+    dec = BatchDecoder(rnd, StubProgram(rnd), tokenizer, eos, lambda spec: True, pipeline="on")
     settle, refill, launch = (Timed(rnd, getattr(dec, name)) for name in ("_settle_round", "_refill", "_launch"))
     dec._settle_round, dec._refill, dec._launch = settle, refill, launch
     began, spent = clock(), rnd.spent
