@@ -50,6 +50,7 @@ from specgen.core.settings import SamplingSpec
 from specgen.core.stats import AcceptanceStats
 
 
+ACCEPTED, BONUS, RECOVERED = Fate.ACCEPTED, Fate.BONUS, Fate.RECOVERED
 WAITING = 4  # results held for an earlier prompt still running, per row, before free rows stop taking prompts
 
 
@@ -119,7 +120,7 @@ class BatchDecoder:
         # each row's generator, reseeded by each prompt it takes: the state a new one would have,
         # without making one per prompt (a draw queued from the last prompt's took its state by value)
         self.gens: list[torch.Generator | None] = [None] * rnd.batch
-        self.follows = rnd.host_drafts  # whether settling hands a row's tokens to its proposer
+        self.host_drafts = rnd.host_drafts  # (fixed by the drafter) settling hands its proposer each row's tokens
         self.entropy = random.SystemRandom()  # an unseeded prompt's seed
 
     @property
@@ -204,18 +205,19 @@ class BatchDecoder:
         drafts: each row's drafts up to it); otherwise every row's is k (BatchRound.start) and the
         device caps it at max_tokens."""
         rnd = self.round
-        if self.adaptive_k or rnd.host_drafts:
+        if self.adaptive_k or self.host_drafts:
             for row in self.rows:
                 if row is not None:
                     row.budget = self._budget(row) if row.adaptive is None else row.adaptive.budget(self._budget(row))
             rnd.set_budgets([row.budget if row is not None else 0 for row in self.rows])
+        logprobs = False
         for b, row in enumerate(self.rows):
             if row is not None:
                 rnd.draw(b, row.gen)
+                logprobs = logprobs or row.logprobs is not None
         slot = 1 - flight[-1].slot if flight else 0
         self.program.launch()
         self.host[slot].copy_(rnd.stage_ids, non_blocking=True)
-        logprobs = any(row is not None and row.logprobs is not None for row in self.rows)
         if logprobs:  # queued behind the round, before the next one rewrites its logits
             staged = rnd.logprobs.stage([row.spec if row is not None else None for row in self.rows])
             if self.host_logprobs[slot] is None:
@@ -241,16 +243,17 @@ class BatchDecoder:
         now = time.perf_counter()
         timings, self.fetched = {"other": now - self.fetched}, now  # the batch's round, not split into phases
         live = [(b, row) for b, row in enumerate(launched.rows) if row is not None and row.reason is None]
-        first = min((staged[b][0] for b, _ in live), default=0)
+        first = min([staged[b][0] for b, _ in live], default=0)
         rnd.backend.check(first)  # the kernels' error sentinel (a row's first id), as one request's
         logprobs = self.host_logprobs[launched.slot] if launched.logprobs else None
+        settle, follows = self._settle, self.host_drafts
         for b, row in live:
             before = len(row.ids)
-            if self._settle(row, staged[b], timings, now, logprobs, b):
+            if settle(row, staged[b], timings, now, logprobs, b):
                 done[row.index] = self._finish(row)
                 self.rows[b] = None
                 rnd.stop(b)
-            elif self.follows:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
+            elif follows:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
                 rnd.follow(b, row.ids[before:])
 
     def _settle(self, row: _Row, staged: list[int], timings: dict, now: float, logprobs: torch.Tensor | None = None,
@@ -260,10 +263,13 @@ class BatchDecoder:
         k = self.round.k
         ids, stops, spec, adaptive = row.ids, row.stops, row.spec, row.adaptive
         if adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
-            row.budget = budget = max(0, min(k, spec.max_tokens - len(ids) - 1))
+            budget = spec.max_tokens - len(ids) - 1
+            row.budget = budget = k if budget > k else budget if budget > 0 else 0
         else:
             budget = row.budget
-        emitted = [t for t in staged[: k + 1] if t >= 0]
+        emitted = staged[: k + 1]
+        if emitted[k] < 0:  # -1 past what the row emitted
+            emitted = [t for t in emitted if t >= 0]
         n = staged[2 * k + 1]
         accepted = len(emitted) - 1
         used = n
@@ -283,17 +289,18 @@ class BatchDecoder:
             emitted = self._text(row, emitted)
         if row.logprobs is not None:
             row.logprobs += entries[: len(emitted)]
-        kept = min(accepted, len(emitted))
+        count = len(emitted)
+        kept = accepted if accepted < count else count
         stats = row.stats
-        stats.released(now - row.start, len(emitted))
-        stats.add_round(used, kept, len(emitted), timings, early_stop=used < budget, k_used=budget)
+        stats.released(now - row.start, count)
+        stats.add_round(used, kept, count, timings, used < budget, budget)
         ids += emitted
         if spec.stop:
             row.decoded = len(ids)
-        fates = row.fates
-        fates += [Fate.ACCEPTED] * kept
-        if len(emitted) > kept:
-            fates.append(Fate.BONUS if accepted == n else Fate.RECOVERED)
+        if count > kept:
+            row.fates += [ACCEPTED] * kept + [BONUS if accepted == n else RECOVERED]
+        else:
+            row.fates += [ACCEPTED] * kept
         if row.reason is None and len(ids) >= spec.max_tokens:
             row.reason = "length"
         return row.reason is not None
