@@ -3,7 +3,8 @@ replayed when a stop string hits) against the per-token path it replaced, kept h
 reference: the same ids, fates, text, tail, finish reason and statistics after every round, over
 multi-byte text whose characters span ids and rounds, stop strings that begin in an earlier round,
 eos and stop ids, max_tokens, on a byte-level BPE, a SentencePiece-style metaspace tokenizer and
-the demo pair's."""
+the demo pair's; a row without stop strings detokenizes only when it ends, all at once, to the
+same text."""
 
 from __future__ import annotations
 
@@ -105,7 +106,10 @@ def rounds(ids: list[int], rng: random.Random, extra: list[int]) -> list[list[in
     return out
 
 
-def compare(tokenizer, prompt: list[int], staged: list[list[int]], spec: SamplingSpec, stop_ids: frozenset):
+def compare(tokenizer, prompt: list[int], staged: list[list[int]], spec: SamplingSpec, stop_ids: frozenset,
+            each_round: bool = True):
+    """each_round: the text caught up after every round (else, without stop strings, the ids wait
+    until the row ends, as the batch loop keeps them: _Row.caught_up)."""
     decoder = object.__new__(BatchDecoder)
     decoder.round = SimpleNamespace(k=K)
     new = _Row(0, spec, None, TextTracker(IncrementalDetokenizer(tokenizer, prompt), spec.stop), 0.0, stop_ids)
@@ -115,16 +119,19 @@ def compare(tokenizer, prompt: list[int], staged: list[list[int]], spec: Samplin
         now = 1.0 + r
         done = decoder._settle(new, stage, {"other": 0.5}, now)
         assert done == old_settle(old, stage, K, {"other": 0.5}, now)
-        assert (new.ids, new.fates, new.reason, new.text.released, new.text.text) == (
-            old.out.ids, old.out.fates, old.reason, old.text.released, old.text.text)
+        assert (new.ids, new.fates, new.reason) == (old.out.ids, old.out.fates, old.reason)
+        if each_round or spec.stop:
+            assert (new.caught_up().released, new.text.text) == (old.text.released, old.text.text)
         assert new.stats.as_dict() == old.stats.as_dict()
         if done:
             break
+    assert (new.caught_up().released, new.text.text) == (old.text.released, old.text.text)
     assert new.text.finish(new.reason == "stop") == old.text.finish(old.reason == "stop")
     return new.reason
 
 
-def test_settling_a_round_at_once_matches_the_per_token_path(tokenizer):
+@pytest.mark.parametrize("each_round", [True, False], ids=["text-each-round", "text-at-the-end"])
+def test_settling_a_round_at_once_matches_the_per_token_path(tokenizer, each_round):
     rng = random.Random(0)
     eos = tokenizer.convert_tokens_to_ids(EOS) if EOS in tokenizer.get_vocab() else tokenizer.eos_token_id
     prompt = tokenizer("say: ", add_special_tokens=False)["input_ids"]
@@ -139,7 +146,7 @@ def test_settling_a_round_at_once_matches_the_per_token_path(tokenizer):
                                     stop_token_ids=(stop_id,) if extra else ())
                 stop_ids = frozenset(spec.stop_token_ids) | ({eos} if extra else frozenset())
                 reasons.add(compare(tokenizer, prompt if trial != 2 else [], rounds(list(ids), rng, extra), spec,
-                                    stop_ids))
+                                    stop_ids, each_round))
     assert {"stop", "eos", "stop_token", "length", None} <= reasons
 
 
@@ -159,6 +166,30 @@ def test_a_round_ending_mid_character_releases_what_came_before(tokenizer):
     assert held or "metaspace" in type(tokenizer.backend_tokenizer.decoder).__name__.lower()
 
 
-def _singly(tokenizer, ids: list[int]) -> list[str]:
+def test_a_whole_output_at_once_matches_one_id_at_a_time(tokenizer):
+    """add_all over a row's whole output (the batch loop's, without stop strings), ending at every
+    id, inside characters too (add_all halves it then), then the rest of the ids: the text and the
+    flush of one id at a time."""
+    ids = tokenizer(TEXTS[0] + TEXTS[2], add_special_tokens=False)["input_ids"]
+    prompt = tokenizer("say: ", add_special_tokens=False)["input_ids"]
+    halved = 0
+    for end in range(1, len(ids) + 1):
+        for rest in (False, True):  # flushed where the ids end (an incomplete character stays U+FFFD), or after the rest
+            singly, together = IncrementalDetokenizer(tokenizer, prompt), IncrementalDetokenizer(tokenizer, prompt)
+            pieces = [singly.add([t]) for t in ids[:end]]
+            halved += pieces[-1] == "" and any(pieces)
+            assert together.add_all(ids[:end]) == "".join(pieces)
+            if rest:
+                assert together.add_all(ids[end:]) == "".join(singly.add([t]) for t in ids[end:])
+                assert together.pieces() == _singly(tokenizer, prompt, ids)
+            assert together.flush() == singly.flush()
+    assert halved or "metaspace" in type(tokenizer.backend_tokenizer.decoder).__name__.lower()
+
+
+def _singly(tokenizer, ids: list[int], more: list[int] | None = None) -> list[str]:
+    """Each of `more` one at a time after the context `ids` (without more: each of ids, no context)."""
+    if more is not None:
+        detok = IncrementalDetokenizer(tokenizer, ids)
+        return [detok.add([t]) for t in more]
     detok = IncrementalDetokenizer(tokenizer, [])
     return [detok.add([t]) for t in ids]

@@ -34,6 +34,7 @@ computes and copies nothing more.
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,10 +50,11 @@ from specgen.core.settings import SamplingSpec
 from specgen.core.stats import AcceptanceStats
 
 
+ACCEPTED, BONUS, RECOVERED = Fate.ACCEPTED, Fate.BONUS, Fate.RECOVERED
 WAITING = 4  # results held for an earlier prompt still running, per row, before free rows stop taking prompts
 
 
-@dataclass
+@dataclass(slots=True)
 class _Row:
     """One prompt's host state while it holds a row."""
 
@@ -70,6 +72,18 @@ class _Row:
     budget: int = 0
     reason: str | None = None
     logprobs: list[dict] | None = None  # the tokens' logprob entries, where its settings ask for them
+    decoded: int = 0  # ids[:decoded] went through text's detokenizer (see caught_up)
+
+    def caught_up(self) -> TextTracker:
+        """Its text with every id so far detokenized. Without stop strings nothing reads the text
+        before the row ends (a batch shows no per-token text), so the ids wait and go through the
+        detokenizer at once, as a round's do (IncrementalDetokenizer.add_all: the text of any split
+        of the ids is the same); with stop strings every round's go at its settling, where a stop
+        string must end the row."""
+        if self.decoded < len(self.ids):
+            self.text.add(self.text.detok.add_all(self.ids[self.decoded:]))
+            self.decoded = len(self.ids)
+        return self.text
 
 
 @dataclass
@@ -103,6 +117,11 @@ class BatchDecoder:
         self.host = [torch.zeros(rnd.stage_ids.shape, dtype=torch.long, pin_memory=cuda) for _ in range(self.depth)]
         self.host_logprobs: list[torch.Tensor | None] = [None] * self.depth  # likewise, once a row asks
         self.events = [torch.cuda.Event() if cuda else None for _ in range(self.depth)]
+        # each row's generator, reseeded by each prompt it takes: the state a new one would have,
+        # without making one per prompt (a draw queued from the last prompt's took its state by value)
+        self.gens: list[torch.Generator | None] = [None] * rnd.batch
+        self.host_drafts = rnd.host_drafts  # (fixed by the drafter) settling hands its proposer each row's tokens
+        self.entropy = random.SystemRandom()  # an unseeded prompt's seed
 
     @property
     def pipelined(self) -> bool:
@@ -164,8 +183,12 @@ class BatchDecoder:
             return False
         index, (ids, spec) = job
         started = time.perf_counter()
-        seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
-        gen = torch.Generator(device=self.round.device)
+        # unseeded: 63 bits from the OS, as torch.seed() gives (which also reseeds every device's
+        # default generator, nothing of specgen's draws from, at ~10x the cost)
+        seed = spec.seed if spec.seed is not None else self.entropy.getrandbits(63)
+        gen = self.gens[b]
+        if gen is None:
+            gen = self.gens[b] = torch.Generator(device=self.round.device)
         gen.manual_seed(seed)
         self.round.start(b, ids, spec, seed, self.cut(spec))
         stops = frozenset(spec.stop_token_ids) | (frozenset() if spec.ignore_eos else frozenset(self.eos_ids))
@@ -182,18 +205,19 @@ class BatchDecoder:
         drafts: each row's drafts up to it); otherwise every row's is k (BatchRound.start) and the
         device caps it at max_tokens."""
         rnd = self.round
-        if self.adaptive_k or rnd.host_drafts:
+        if self.adaptive_k or self.host_drafts:
             for row in self.rows:
                 if row is not None:
                     row.budget = self._budget(row) if row.adaptive is None else row.adaptive.budget(self._budget(row))
             rnd.set_budgets([row.budget if row is not None else 0 for row in self.rows])
+        logprobs = False
         for b, row in enumerate(self.rows):
             if row is not None:
                 rnd.draw(b, row.gen)
+                logprobs = logprobs or row.logprobs is not None
         slot = 1 - flight[-1].slot if flight else 0
         self.program.launch()
         self.host[slot].copy_(rnd.stage_ids, non_blocking=True)
-        logprobs = any(row is not None and row.logprobs is not None for row in self.rows)
         if logprobs:  # queued behind the round, before the next one rewrites its logits
             staged = rnd.logprobs.stage([row.spec if row is not None else None for row in self.rows])
             if self.host_logprobs[slot] is None:
@@ -219,16 +243,17 @@ class BatchDecoder:
         now = time.perf_counter()
         timings, self.fetched = {"other": now - self.fetched}, now  # the batch's round, not split into phases
         live = [(b, row) for b, row in enumerate(launched.rows) if row is not None and row.reason is None]
-        first = min((staged[b][0] for b, _ in live), default=0)
+        first = min([staged[b][0] for b, _ in live], default=0)
         rnd.backend.check(first)  # the kernels' error sentinel (a row's first id), as one request's
         logprobs = self.host_logprobs[launched.slot] if launched.logprobs else None
+        settle, follows = self._settle, self.host_drafts
         for b, row in live:
             before = len(row.ids)
-            if self._settle(row, staged[b], timings, now, logprobs, b):
+            if settle(row, staged[b], timings, now, logprobs, b):
                 done[row.index] = self._finish(row)
                 self.rows[b] = None
                 rnd.stop(b)
-            else:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
+            elif follows:  # a host drafter's proposer reads the row's new tokens (a row that goes on keeps them all)
                 rnd.follow(b, row.ids[before:])
 
     def _settle(self, row: _Row, staged: list[int], timings: dict, now: float, logprobs: torch.Tensor | None = None,
@@ -236,33 +261,47 @@ class BatchDecoder:
         """Row's share of the round (core/decode.py, `Decoder.settle`); True when it is done.
         logprobs: the host copy of the round's staged logprobs (row b's), where a row asked."""
         k = self.round.k
-        if row.adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
-            row.budget = max(0, min(k, row.spec.max_tokens - len(row.ids) - 1))
-        emitted = [t for t in staged[: k + 1] if t >= 0]
+        ids, stops, spec, adaptive = row.ids, row.stops, row.spec, row.adaptive
+        if adaptive is None:  # the budget the device kept to (with adaptive k: set at launch)
+            budget = spec.max_tokens - len(ids) - 1
+            row.budget = budget = k if budget > k else budget if budget > 0 else 0
+        else:
+            budget = row.budget
+        emitted = staged[: k + 1]
+        if emitted[k] < 0:  # -1 past what the row emitted
+            emitted = [t for t in emitted if t >= 0]
         n = staged[2 * k + 1]
         accepted = len(emitted) - 1
-        stops = row.stops
         used = n
-        if not stops.isdisjoint(staged[k + 1: k + 1 + n]):  # none past a drafted stop id
-            used = next(i + 1 for i, t in enumerate(staged[k + 1: k + 1 + n]) if t in stops)
-        if not stops.isdisjoint(emitted):
-            end = next(i + 1 for i, t in enumerate(emitted) if t in stops)
-            row.reason = "stop_token" if emitted[end - 1] in row.spec.stop_token_ids else "eos"
-            emitted = emitted[:end]
-        if row.adaptive is not None and row.budget > 0:
-            row.adaptive.update(accepted)
-        entries = self.round.logprobs.entries(logprobs, b, emitted, row.spec) if row.logprobs is not None else []
-        emitted = self._text(row, emitted)
+        if stops:
+            drafted = staged[k + 1: k + 1 + n]
+            if not stops.isdisjoint(drafted):  # none past a drafted stop id
+                used = next(i + 1 for i, t in enumerate(drafted) if t in stops)
+            if not stops.isdisjoint(emitted):
+                end = next(i + 1 for i, t in enumerate(emitted) if t in stops)
+                row.reason = "stop_token" if emitted[end - 1] in spec.stop_token_ids else "eos"
+                emitted = emitted[:end]
+        if adaptive is not None and budget > 0:
+            adaptive.update(accepted)
+        if row.logprobs is not None:
+            entries = self.round.logprobs.entries(logprobs, b, emitted, spec)
+        if spec.stop:  # stop strings: the round's text now (without, it waits: _Row.caught_up)
+            emitted = self._text(row, emitted)
         if row.logprobs is not None:
             row.logprobs += entries[: len(emitted)]
-        kept = min(accepted, len(emitted))
-        row.stats.released(now - row.start, len(emitted))
-        row.stats.add_round(used, kept, len(emitted), timings, early_stop=used < row.budget, k_used=row.budget)
-        row.ids += emitted
-        row.fates += [Fate.ACCEPTED] * kept
-        if len(emitted) > kept:
-            row.fates.append(Fate.BONUS if accepted == n else Fate.RECOVERED)
-        if row.reason is None and len(row.ids) >= row.spec.max_tokens:
+        count = len(emitted)
+        kept = accepted if accepted < count else count
+        stats = row.stats
+        stats.released(now - row.start, count)
+        stats.add_round(used, kept, count, timings, used < budget, budget)
+        ids += emitted
+        if spec.stop:
+            row.decoded = len(ids)
+        if count > kept:
+            row.fates += [ACCEPTED] * kept + [BONUS if accepted == n else RECOVERED]
+        else:
+            row.fates += [ACCEPTED] * kept
+        if row.reason is None and len(ids) >= spec.max_tokens:
             row.reason = "length"
         return row.reason is not None
 
@@ -288,8 +327,8 @@ class BatchDecoder:
         return emitted
 
     def _interrupted(self, row: _Row) -> Finished:
-        return Finished("interrupted", row.text.released, row.ids, row.fates, row.stats, logprobs=row.logprobs)
+        return Finished("interrupted", row.caught_up().released, row.ids, row.fates, row.stats, logprobs=row.logprobs)
 
     def _finish(self, row: _Row) -> Finished:
-        tail = row.text.finish(row.reason == "stop")
+        tail = row.caught_up().finish(row.reason == "stop")
         return Finished(row.reason, row.text.released, row.ids, row.fates, row.stats, [], tail, row.logprobs)

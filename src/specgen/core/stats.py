@@ -61,7 +61,8 @@ class AcceptanceStats:
         self.drafted += num_drafted
         self.accepted += num_accepted
         self.emitted += num_emitted
-        self.early_stops += int(early_stop)
+        if early_stop:
+            self.early_stops += 1
         # a round cut short by a stop token ends on an accepted token, as does a tree's that ends on
         # a draw accepted outside the tree
         if num_emitted > num_accepted:
@@ -69,16 +70,18 @@ class AcceptanceStats:
                 self.bonus += 1
             else:
                 self.recovered += 1
-        grow = num_drafted - len(self.drafted_at)
+        drafted_at, accepted_at = self.drafted_at, self.accepted_at
+        grow = num_drafted - len(drafted_at)
         if grow > 0:
-            self.drafted_at.extend([0] * grow)
-            self.accepted_at.extend([0] * grow)
+            drafted_at.extend([0] * grow)
+            accepted_at.extend([0] * grow)
         for i in range(num_drafted):
-            self.drafted_at[i] += 1
+            drafted_at[i] += 1
         for i in range(num_accepted):
-            self.accepted_at[i] += 1
+            accepted_at[i] += 1
+        seconds = self.seconds
         for phase, value in timings.items():
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + value
+            seconds[phase] = seconds.get(phase, 0.0) + value
         if ranks is not None:
             self._add_tree(ranks, num_emitted)
 

@@ -5,8 +5,8 @@ incomplete UTF-8 sequence the decoder yields U+FFFD, and that text is held back 
 
 A window's text past its first id does not depend on where the window starts (the decoders of
 byte-level BPE, SentencePiece's metaspace and byte fallback, WordPiece): the windows move as ids are
-released, and the batch loop releases a round's ids at once (add_all) where the single loop takes
-them one at a time (add), to the same text.
+released, and the batch loop releases a round's ids at once (add_all), or a row's whole output when
+it ends (no stop strings), where the single loop takes them one at a time (add), to the same text.
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ class IncrementalDetokenizer:
 
     def add_all(self, new_ids: list[int]) -> str:
         """What add([t]) for each of new_ids releases, joined: one decode where the ids end on a whole
-        character, else one id at a time (what comes before the incomplete character is released now,
-        as add releases it)."""
+        character, else each half in turn (what comes before the incomplete character is released now,
+        as add releases it; halves, not one id at a time: a row's whole output may come at once)."""
         if len(new_ids) < 2:
             return self.add(new_ids)
         text = self._decode(self.ids[self.prefix_offset:] + new_ids)
         if text.endswith(REPLACEMENT):
-            return "".join([self.add([t]) for t in new_ids])
+            half = len(new_ids) // 2
+            return self.add_all(new_ids[:half]) + self.add_all(new_ids[half:])
         prefix = self._prefix_text()
         self.ids.extend(new_ids)
         if len(text) <= len(prefix):
@@ -69,6 +70,9 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character at the very end stays U+FFFD)."""
+        if self.read_offset == len(self.ids):  # nothing held back: the window is the prefix's, its text too
+            self.prefix_offset = self.read_offset
+            return ""
         prefix = self._prefix_text()
         text = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
