@@ -1,7 +1,7 @@
 """The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py,
-gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/topw.py, gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py
-over one device's workspace, each launched dependent on the kernel before when the target's kernel
-policy says so (gpu/kernels/dependent.py).
+gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_commit.py, gpu/kernels/topw.py,
+gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py over one device's workspace, each launched
+dependent on the kernel before when the target's kernel policy says so (gpu/kernels/dependent.py).
 
 The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
 reads with the round (gpu/kernels/verify.check_output). tests/gpu/test_round_ops.py compares this table with
@@ -18,6 +18,7 @@ from specgen.gpu.kernels import commit as gpu_commit
 from specgen.gpu.kernels import noise as gpu_noise
 from specgen.gpu.kernels import topw as gpu_topw
 from specgen.gpu.kernels import tree_build as gpu_tree
+from specgen.gpu.kernels import tree_commit as gpu_tree_commit
 from specgen.gpu.kernels import tree_walk as gpu_tree_walk
 from specgen.gpu.kernels import verify as gpu_verify
 from specgen.gpu.kernels import warp as gpu_warp
@@ -76,6 +77,14 @@ class TritonRoundOps:
             gpu_commit.commit(buffers, dependent=self.dependent)
         else:
             bookkeeping.commit(buffers)
+
+    def tree_commit(self, buffers):
+        """One kernel, as commit: where a draft model's position lies on another device, the
+        reference's tensor ops."""
+        if buffers.draft_position is None or buffers.draft_position.device == buffers.out.device:
+            gpu_tree_commit.tree_commit(buffers, dependent=self.dependent)
+        else:
+            bookkeeping.tree_commit(buffers)
 
     def tree_children(self, logq, noise, w):
         return gpu_topw.top_w(logq.contiguous(), noise, w, self.workspace, dependent=self.dependent)

@@ -109,8 +109,10 @@ class NoDraft:
     def follow(self) -> None:
         pass
 
-    def follow_commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
-        """A host tree round's commit (core/round/host_tree.py): no cache to keep."""
+    def follow_commit(self, out: torch.Tensor, bookkeep) -> None:
+        """A host tree round's commit (core/round/host_tree.py): no cache to keep, only the round's
+        bookkeeping (core/round/tree_round.py's TreeRound.commit)."""
+        bookkeep()
 
     def commit_fields(self) -> dict:
         return dict(ran=self.rnd.k + 1)

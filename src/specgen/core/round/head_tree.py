@@ -4,9 +4,10 @@ TreeRound whose proposer is `eagle` (core/round/tree_round.py).
 Per round, as the chain's head drafter (core/round/head.py) and the draft model's tree (TreeDraft):
 
     extend   the head over the previous round's k + 1 target rows: its output row (the accepted
-             path's tokens, then the new token) and the target's aux states of the path's rows,
-             gathered from the tree step's n + 1 rows at the commit (`path_rows`), so the rows
-             are a chain's again; row e - 1 gives the root's log q and hidden state (level 0)
+             path's tokens, then the new token, as the round staged it) and the target's aux
+             states of the path's rows, gathered from the tree step's n + 1 rows at the commit
+             (the round's `path_rows`), so the rows are a chain's again; row e - 1 gives the
+             root's log q and hidden state (level 0)
     levels   for levels 1 .. k - 1, one head call over the frontier's w nodes as tree rows
              (core/round/tree.py level_rows: node f of level l at slot start + (l - 1) w + f,
              position start + l - 1, seeing the committed prefix and its ancestors), each node
@@ -44,10 +45,11 @@ class HeadTreeDraft:
         self.coupling, self.head = coupling, chain.head
         self.runners = chain.runners
         k, device = rnd.k, rnd.device
-        self.out = torch.full((k + 1,), -1, dtype=torch.long, device=device)  # the last round's output row
+        # the last round's output row, where the round stages it (its commit's first k + 1 ids, which
+        # nothing else writes): no copy of its own
+        self.out = rnd.stage_ids[: k + 1]
         taps = self.head.features(1)
         self.features = taps.new_zeros(k + 1, taps.shape[1])  # [k+1, F] its path's target rows, in order
-        self.path_rows = torch.zeros(k + 1, dtype=torch.long, device=device)  # [k+1] row 0: the root
         self.hidden = self.head.hidden_rows(max(k - 1, 1) * tree.w)  # [(k-1) w, H] by draft offset
         self.parents = self.head.hidden_rows(tree.w)  # [w, H] the frontier's parents' hidden states
         self.confident = torch.ones(k, dtype=torch.bool, device=device)
@@ -80,12 +82,12 @@ class HeadTreeDraft:
         tree.select(start, ops)
         ops.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
-        """What the next extend reads: the output row, and the target's states of the root and the
-        accepted nodes (tree rows path [k], 0 past them) out of the tap's n + 1 rows, in path order."""
-        self.out.copy_(out)
-        self.path_rows[1:].copy_(path)
-        torch.index_select(self.head.features(self.tree.n + 1), 0, self.path_rows, out=self.features)
+    def commit(self, out: torch.Tensor, bookkeep) -> None:
+        """What the next extend reads: the output row (the round's bookkeeping stages it in `out`),
+        and the target's states of the root and the accepted nodes (the round's path_rows, which
+        the bookkeeping writes) out of the tap's n + 1 rows, in path order. No head K/V moves."""
+        bookkeep()
+        torch.index_select(self.head.features(self.tree.n + 1), 0, self.rnd.path_rows, out=self.features)
 
     def follow(self) -> None:
         """A host tree's round (the hybrid proposer), before the target's step: the head extends
@@ -93,11 +95,11 @@ class HeadTreeDraft:
         following (the logits are left: the host drafted this round)."""
         self.chain.extend_over(self.out, self.features)
 
-    def follow_commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+    def follow_commit(self, out: torch.Tensor, bookkeep) -> None:
         """A host tree's round, at its commit: the target stepped over the host's tree, whose rows
         the tap holds as a model tree's: the accepted path's, as commit gathers them, for the
         next round's extend (whoever drafts it)."""
-        self.commit(out, path, emitted)
+        self.commit(out, bookkeep)
 
     def state(self) -> list[torch.Tensor]:
         return [self.out, self.features, self.rnd.emitted]

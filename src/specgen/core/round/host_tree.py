@@ -90,9 +90,10 @@ class HostTree:
         torch.add(self.path, start, out=tree.path[0])
         rnd.num_drafts.copy_(self.budget)
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
-        """The follower keeps its cache following the committed sequence (nothing without a model)."""
-        self.follower.follow_commit(out, path, emitted)
+    def commit(self, out: torch.Tensor, bookkeep) -> None:
+        """The follower keeps its cache following the committed sequence (nothing without a model)
+        around the round's bookkeeping (TreeRound.commit)."""
+        self.follower.follow_commit(out, bookkeep)
 
     def state(self) -> list[torch.Tensor]:
         return self.follower.state()

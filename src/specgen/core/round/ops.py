@@ -27,7 +27,7 @@ from specgen.core.sampling import rejection
 from specgen.core.sampling import tree_walk
 
 from specgen.core.sampling import warp as sampling
-from specgen.core.sampling.bookkeeping import CommitBuffers
+from specgen.core.sampling.bookkeeping import CommitBuffers, TreeCommitBuffers
 
 
 class RoundOps(Protocol):
@@ -61,6 +61,9 @@ class RoundOps(Protocol):
     def count_drafts(self, confident, budget, limit, generated, out) -> None: ...
 
     def commit(self, buffers: CommitBuffers) -> None: ...
+
+    def tree_commit(self, buffers: TreeCommitBuffers) -> None:
+        """A tree round's commit after its walk, B rows at once: core/sampling/bookkeeping.tree_commit."""
 
     def tree_children(self, logq, noise, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [R, w], log q [R, w]): each row's top-w of log q [R, V] (of log q − log E with
@@ -125,6 +128,9 @@ class TorchRoundOps:
 
     def commit(self, buffers):
         bookkeeping.commit(buffers)
+
+    def tree_commit(self, buffers):
+        bookkeeping.tree_commit(buffers)
 
     def tree_children(self, logq, noise, w):
         return tree_build.draw_children(logq, noise, w)

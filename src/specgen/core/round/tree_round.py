@@ -11,12 +11,15 @@ buffers, with a tree drafter, tree verification and a commit that compacts both 
     verify   the walk from the root (core/sampling/tree_walk.py, through the round's ops table: one
              kernel on CUDA): greedy and Gumbel coupling follow the target's token, rejection
              coupling walks siblings
-    commit   the accepted path's K/V moves to the slots after each cache's committed prefix (the
-             step's `compact` op), so the next round starts as after a chain; the ids are staged
-             as a chain round stages them (out | the drafts the walk followed | drafts that count),
-             then `taken`: 1 where the walk ended on a drawn child it accepted outside the tree
-             (the drafts staged show that token at its depth), which the host counts as accepted,
-             then each accepted node's sibling index (core/round/tree_stage.py: which branch won)
+    commit   one op of the round's table (core/sampling/bookkeeping.py's tree_commit: one kernel on
+             CUDA) stages the ids as a chain round stages them (out | the drafts the walk followed
+             | drafts that count), then `taken`: 1 where the walk ended on a drawn child it
+             accepted outside the tree (the drafts staged show that token at its depth), which the
+             host counts as accepted, then each accepted node's sibling index (which branch won,
+             core/round/tree_stage.py); it writes the slots each cache's compaction moves, the
+             next round's inputs and the positions. Then the accepted path's K/V moves to the
+             slots after each cache's committed prefix (the step's `compact` op), so the next
+             round starts as after a chain
     stage    with insight, the tree itself (core/round/tree_stage.py's TreeInsight)
 
 Every shape is fixed by (k, width, nodes): no host sync, nothing the next round needs is
@@ -42,7 +45,8 @@ from specgen.core.round.host_tree import HostTree
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
-from specgen.core.round.tree_stage import NoTreeStage, TreeInsight, path_ranks
+from specgen.core.round.tree_stage import NoTreeStage, TreeInsight
+from specgen.core.sampling.bookkeeping import TreeCommitBuffers
 from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, logprobs_from_logits, uniforms_
 
 
@@ -57,6 +61,8 @@ class TreeDraft:
         self.runners = chain.runners
         self.level_logits = torch.full((tree.w, rnd.width), float("-inf"), dtype=torch.float32, device=rnd.device)
         self.confident = torch.ones(rnd.k, dtype=torch.bool, device=rnd.device)
+        # [1, 2, k - 1] the compaction's sources and destinations, which the round's commit op writes
+        self.slots = torch.zeros(1, 2, rnd.k - 1, dtype=torch.long, device=rnd.device) if rnd.k > 1 else None
 
     def prefill(self, ids: list[int]) -> None:
         self.chain.prefill(ids)
@@ -82,43 +88,36 @@ class TreeDraft:
         tree.select(rnd.target.position.view(1), ops)  # the target's rows past its own position
         rnd.ops.count_drafts(self.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+    def commit(self, out: torch.Tensor, bookkeep) -> None:
         """The draft keeps the m - 2 accepted nodes it stepped (m = emitted; its last two ids wait
-        in `pending`). Before the round's `last` moves (pending reads it)."""
-        rnd, draft = self.rnd, self.chain.runner
-        k, steps = rnd.k, rnd.steps
-        if k > 1:
-            dst = draft.position + steps[: k - 1]
-            src = draft.position + self.tree.offset[path[: k - 1]]
-            draft.compact(torch.where(steps[: k - 1] < emitted - 2, src, dst), dst)
-        self._pending(out, emitted)
-        draft.position.add_(emitted - 2)
+        in `pending`): the round's bookkeeping (TreeRound.commit) writes its compaction's slots,
+        its pending pair and its position (moved by m - 2: it ran the pending pair)."""
+        draft = self.chain.runner
+        slots = dict(offset=self.tree.stack.offset, draft_slots=self.slots) if self.slots is not None else {}
+        bookkeep(draft_position=draft.position.view(1), pending=self.chain.pending, ran=2, **slots)
+        if self.slots is not None:
+            draft.compact(self.slots[0, 0], self.slots[0, 1])
 
     def follow(self) -> None:
         """A host tree's round, before the target's step: nothing yet (the draft follows the
         round's tokens at its commit, follow_commit)."""
 
-    def follow_commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+    def follow_commit(self, out: torch.Tensor, bookkeep) -> None:
         """A host tree's round (the hybrid proposer), at its commit: the draft steps once over its
         pending pair and the round's first k tokens (k + 2 rows, as a chain's host round steps
         over [committed[-2], feed]), and keeps the rows of the pending pair and the m - 2 tokens
-        before the last two (m = emitted), which then wait in `pending`: its cache, position and
-        pending are what a model round (commit) leaves after the same tokens. Rows past those
-        (the round's last two tokens, and -1 past the emitted ones, read as id 0) are junk past the
-        position, which later steps overwrite, as a model round's rejected drafts'."""
+        before the last two (m = emitted), which then wait in `pending` (the round's bookkeeping
+        writes it, and moves the position by m - (k + 2)): its cache, position and pending are
+        what a model round (commit) leaves after the same tokens. Rows past those (the round's
+        last two tokens, and -1 past the emitted ones, read as id 0) are junk past the position,
+        which later steps overwrite, as a model round's rejected drafts'."""
         rnd, draft, chain = self.rnd, self.chain.runner, self.chain
         k = rnd.k
         chain.follow_ids[:2].copy_(chain.pending[0])
         torch.clamp(out[:k], min=0, out=chain.follow_ids[2:])
         with draft.step_context(k + 2):
             draft.step(chain.follow_ids, chain.logits[k + 2])
-        self._pending(out, emitted)
-        draft.position.add_(emitted - (k + 2))
-
-    def _pending(self, out: torch.Tensor, emitted: torch.Tensor) -> None:
-        """The committed sequence's last two ids, of the root and the round's m tokens."""
-        ids = torch.cat([self.rnd.feed[0, :1], out])  # the root, then the round's tokens
-        self.chain.pending[0].copy_(ids.index_select(0, emitted - 1 + self.rnd.steps[:2]))
+        bookkeep(draft_position=draft.position.view(1), pending=chain.pending, ran=k + 2)
 
     def state(self) -> list[torch.Tensor]:
         return self.chain.state()
@@ -272,6 +271,11 @@ class TreeRound(Round):
         # the draft scores children without penalties or min_tokens: any deterministic children, and
         # any q that drawn children come from, are lossless, and the target's rows apply both
         draft_params = WarpParams.from_spec(draft_spec(spec, shape.draft_pick != "temperature"), w, self.device)
+        # the chain's layout and more: [out (k+1) | drafts (k) | n | taken | ranks (k)] (before the
+        # drafters: an EAGLE-3 head reads the last round's out here)
+        self.stage_ids = torch.zeros(3 * k + 3, dtype=torch.long, device=self.device)
+        self.path_rows = torch.zeros(k + 1, dtype=torch.long, device=self.device)  # [k+1] the root, the path
+        self.target_slots = torch.zeros(1, 2, k, dtype=torch.long, device=self.device)  # its compaction's src, dst
         self.drafters = self._tree_drafters(shape, draft_params)
         self.drafter = self.drafters.get(Mode.MODEL, self.drafters[Mode.HOST])  # the one that prefills
         self.envelopes = {mode: full for mode in self.drafters}
@@ -283,8 +287,6 @@ class TreeRound(Round):
             empty = Envelope(self, spec, 0, False, insight, full.stage.out if insight else None)
             self.envelopes[Mode.EMPTY] = empty
             self.drafters[Mode.EMPTY] = HostTree(self, empty.tree, self.drafters[Mode.HOST].follower)
-        # the chain's layout and more: [out (k+1) | drafts (k) | n | taken | ranks (k)]
-        self.stage_ids = torch.zeros(3 * k + 3, dtype=torch.long, device=self.device)
         self.stage = full.stage
 
     def _tree_drafters(self, shape, draft_params: WarpParams) -> dict:
@@ -328,44 +330,45 @@ class TreeRound(Round):
         # a host tree's children are one-hot whatever the model's would be: its walk is the siblings'
         one_hot = drafter.one_hot
         out, path, shown, taken = self.coupling.verify(env, rows, penalties, bad, one_hot)
-        ranks = path_ranks(tree, out[0], path[0], taken[0], self.steps[: self.k],
-                           drawn=tree.sampled and not one_hot)
+        self.commit(drafter, tree, out, path, shown, taken, drawn=tree.sampled and not one_hot)
+        ranks = self.stage_ids[2 * self.k + 3 :]  # as the commit staged them
         env.stage.stage(out[0], path[0], taken[0], ranks, penalties, bad, one_hot)
-        self.keep_path_rows(env.logits, path[0], penalties, bad)
-        self.commit(drafter, out[0], path[0], shown[0], taken[0], ranks)
+        self.keep_path_rows(env.logits, penalties, bad)
         self.rows.penalties.commit(out[0])
         mark()
 
-    def keep_path_rows(self, logits: torch.Tensor, path: torch.Tensor, penalties: PenaltyRows | None, bad) -> None:
+    def keep_path_rows(self, logits: torch.Tensor, penalties: PenaltyRows | None, bad) -> None:
         """The root's and the accepted nodes' logits (of the round's tree rows `logits`) and warp
         rows, in path order (rows past the path hold the root's): what the host's logprobs read
-        (core/decode.py)."""
-        rows = torch.cat([path[:1] * 0, path])  # [k+1] tree rows
+        (core/decode.py). After the commit, which wrote the rows."""
+        rows = self.path_rows  # [k+1] tree rows
         torch.index_select(logits, 0, rows, out=self.target_logits)
         if penalties is not None:
             penalties = PenaltyRows(penalties.counts[rows], penalties.seen[rows])
         self.rows.last = (self.rows.params, penalties, bad[rows] if bad is not None and bad.dim() == 2 else bad)
 
-    def commit(self, drafter, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor, taken: torch.Tensor,
-               ranks: torch.Tensor) -> None:
-        """m = emitted tokens: the target keeps the root and the m - 1 accepted nodes; the round's
-        drafter keeps what it needs of its own (TreeDraft.commit, HostTree.commit: its follower's
-        follow_commit). A last token `taken` (a
-        draw accepted outside the tree) has no K/V in any cache, as a recovered one. ranks [k]:
-        the accepted nodes' sibling indices, staged after the chain's ids."""
-        k, target = self.k, self.target
-        emitted = (out >= 0).sum()
-        steps = self.steps[:k]
-        dst = target.position + 1 + steps
-        target.compact(torch.where(steps < emitted - 1, target.position + path, dst), dst)
-        drafter.commit(out, path, emitted)
-        # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
-        shown = torch.where((taken > 0) & (steps == emitted - 1), out[:k], shown)
-        torch.cat([out, shown, self.num_drafts.long(), taken.view(1), ranks], out=self.stage_ids)
-        self.feed[0, :1].copy_(out.index_select(0, (emitted - 1).view(1)))
-        target.position.add_(emitted)
-        self.emitted.copy_(emitted)
-        self.generated.add_(emitted)
+    def commit(self, drafter, tree: Tree, out: torch.Tensor, path: torch.Tensor, shown: torch.Tensor,
+               taken: torch.Tensor, drawn: bool) -> None:
+        """The walk's out [1, k+1], path, shown [1, k] and taken [1] committed: m = emitted tokens.
+        The round's drafter (TreeDraft.commit, HeadTreeDraft.commit, HostTree.commit: its
+        follower's follow_commit) does its own part around `bookkeep`, which it calls once with its
+        buffers: the round's bookkeeping in one op (core/sampling/bookkeeping.py's tree_commit: the
+        staged ids and ranks, the path's rows, the compactions' slots, the next round's inputs,
+        every position; drawn: the ranks are among the tree's drawn children), then the target's
+        compaction, which keeps the root and the m - 1 accepted nodes. A last token `taken` (a
+        draw accepted outside the tree) has no K/V in any cache, as a recovered one."""
+        target, slots = self.target, self.target_slots
+
+        def bookkeep(**draft) -> None:
+            self.ops.tree_commit(TreeCommitBuffers(
+                out=out, path=path, shown=shown, taken=taken, children=tree.stack.children, tokens=tree.ids,
+                drawn=tree.stack.drawn if drawn else None, num_drafts=self.num_drafts,
+                stage=self.stage_ids.view(1, -1), rows=self.path_rows.view(1, -1), feed=self.feed,
+                target_position=target.position.view(1), emitted=self.emitted.view(1),
+                generated=self.generated.view(1), target_slots=slots, **draft))
+            target.compact(slots[0, 0], slots[0, 1])
+
+        drafter.commit(out[0], bookkeep)
 
     def read_ids(self, values: list[int]) -> tuple[list[int], list[int], int, bool]:
         """As a chain's, and the last token out a draft where the walk took it outside the tree."""

@@ -1,18 +1,19 @@
 """What a tree round tells the host of its tree, besides its ids: which branch won, and with insight
 the whole tree (core/insight.py reads both).
 
-    path_ranks   every tree round: the sibling index of each accepted node (0: its parent's first
+    ranks        every tree round: the sibling index of each accepted node (0: its parent's first
                  child, the draft's top-1 or its first draw; -1 past the accepted nodes), staged
-                 with the ids (core/round/tree_round.py). The chain inside the tree is the path of
-                 first children, so these say what the tree bought over that chain each round.
+                 with the ids by the round's commit (core/sampling/bookkeeping.py's tree_commit).
+                 The chain inside the tree is the path of first children, so these say what the
+                 tree bought over that chain each round.
     TreeInsight  with insight: the tree as rows (token, parent row, depth, sibling index, the
                  target's p and the draft's q of the row's token at its parent, the entropy of p
                  at the row), the accepted path's rows, and p and q of a draw the walk took outside
                  the tree, in one float32 buffer: token ids and rows are exact in float32 below
                  2^24, and the decode loop copies one float buffer per round with its ids.
 
-Both are a few gathers over [n + 1, w] tables, with no host sync, into buffers allocated once:
-captured with the round on CUDA.
+TreeInsight is a few gathers over [n + 1, w] tables, with no host sync, into buffers allocated
+once: captured with the round on CUDA.
 """
 
 from __future__ import annotations
@@ -22,31 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from specgen.core.round.stage import NoStage
-from specgen.core.round.tree import Tree
 from specgen.core.sampling.warp import logprobs_from_logits
 
 EXACT = 1 << 24  # integers float32 holds exactly: token ids and tree rows below it
-
-
-def path_ranks(tree: Tree, out: torch.Tensor, path: torch.Tensor, taken: torch.Tensor,
-               steps: torch.Tensor, drawn: bool) -> torch.Tensor:
-    """[k] the sibling index of the accepted node at each depth (-1 past them), from the walk's
-    out [k + 1] (-1 past the tokens), path [k] (the accepted rows, 0 past them) and taken [] (1:
-    the last token is a draw outside the tree); steps [k] 0 .. k - 1. A node's siblings are its
-    parent's children by rank (with drawn children every draw, in draw order, in the tree or
-    not), which hold distinct tokens: the accepted token names the child. drawn: the round's
-    children were drawn (the tree's `drawn` table; not in a host tree's round, whose children are
-    the `children` table's, in a round that draws them in its model's rounds)."""
-    k = steps.shape[0]
-    accepted = (out >= 0).sum() - 1 + taken.view(())
-    parents = torch.cat([path[:1] * 0, path[: k - 1]])  # [k] each depth's parent row (the root first)
-    if drawn:
-        siblings = tree.drawn.index_select(0, parents)  # [k, w] tokens, -1: none
-    else:
-        kids = tree.children.index_select(0, parents)  # [k, w] rows, -1: none
-        siblings = torch.where(kids >= 0, tree.ids[0][kids.clamp(min=0)], -1)
-    match = (siblings == out[:k, None]) & (siblings >= 0)
-    return torch.where(match.any(1) & (steps < accepted), match.int().argmax(1), -1)
 
 
 @dataclass(frozen=True)
@@ -92,7 +71,7 @@ class TreeView:
 
 
 class NoTreeStage(NoStage):
-    """A tree round without insight: the ids (and their path_ranks) only."""
+    """A tree round without insight: the ids (and their ranks) only."""
 
     def stage(self, *parts) -> None:
         pass
@@ -124,7 +103,7 @@ class TreeInsight(NoTreeStage):
 
     def stage(self, out: torch.Tensor, path: torch.Tensor, taken: torch.Tensor, ranks: torch.Tensor,
               penalties, bad, one_hot: bool) -> None:
-        """After the walk (out, path, taken as path_ranks reads them, and its ranks [k]), from the
+        """After the walk and the commit (out, path, taken, and the ranks [k] it staged), from the
         tree's buffers and the target's rows over it (penalties, bad: the warp's, as verified).
         one_hot: the host drafted the tree (q is 1; the draft's scores are another round's)."""
         rnd, tree = self.rnd, self.tree

@@ -100,3 +100,99 @@ def commit_rows(b: CommitBuffers) -> None:
     b.feed[:, :1].copy_(newest)
     b.emitted.copy_(emitted)
     b.generated.add_(emitted)
+
+
+# -- a token tree's commit (core/round/tree_round.py) -----------------------------------------------
+# What a tree round does after its walk, in one op: the sibling ranks of the accepted path, the staged
+# ids, the slots each cache's compaction moves, the next round's inputs and every position. Why: as
+# tensor operations these were some 50 kernels a round (0.10 ms of a round on an H200, against a
+# chain round's 0.015 ms for its commit); gpu/kernels/tree_commit.py does them in one launch. B rows
+# (a round alone: B = 1), integers only, so the kernel equals this exactly.
+
+
+@dataclass(frozen=True)
+class TreeCommitBuffers:
+    """What a tree round's commit reads and writes, every tensor with a leading row dimension B
+    (int64 unless said). The walk's (core/sampling/tree_walk.py): out [B, k + 1], path [B, k], shown
+    [B, k], taken [B]. The tree's (core/round/tree.py): children [B, n + 1, w] (tree rows by rank),
+    tokens [B, n + 1], and drawn [B, n + 1, w] where the ranks are read among drawn children (None:
+    among `children`). The round's: num_drafts [B] int32, stage [B, 3k + 3] (out | shown | n | taken |
+    ranks, the host's one copy), rows [B, k + 1] (written: the root's row 0, then path: the rows
+    whose logits the host reads, and an EAGLE-3 head's next extend), feed [B, k + 1] (its column 0,
+    `last`, written), the target's position [B], emitted [B], generated [B], target_slots [B, 2, k]
+    (written: the target's compaction, sources then destinations). With a draft model: its position
+    [B], pending [B, 2] and `ran` (its position moves by emitted - ran), and in its own rounds
+    offset [B, n + 1] (a tree row's slot past its position) and draft_slots [B, 2, k - 1] (written:
+    its compaction's)."""
+
+    out: torch.Tensor
+    path: torch.Tensor
+    shown: torch.Tensor
+    taken: torch.Tensor
+    children: torch.Tensor
+    tokens: torch.Tensor
+    drawn: torch.Tensor | None
+    num_drafts: torch.Tensor
+    stage: torch.Tensor
+    rows: torch.Tensor
+    feed: torch.Tensor
+    target_position: torch.Tensor
+    emitted: torch.Tensor
+    generated: torch.Tensor
+    target_slots: torch.Tensor
+    draft_position: torch.Tensor | None = None
+    pending: torch.Tensor | None = None
+    ran: int = 0
+    offset: torch.Tensor | None = None
+    draft_slots: torch.Tensor | None = None
+
+
+def tree_commit(b: TreeCommitBuffers) -> None:
+    """m = emitted = out's ids >= 0 (an error sentinel makes it garbage, which the host raises on).
+    Stages out, shown (where the walk ended on a draw it accepted outside the tree, `taken`, that
+    draw at its depth m - 1: the draft proposed it there), n, taken and the ranks: each accepted
+    node's index among its parent's children (its token names it: siblings hold distinct tokens;
+    -1 past the accepted nodes). The target keeps the root and the m - 1 accepted nodes (slots
+    past its position); a draft model, in its rounds, the m - 2 accepted nodes it stepped (its
+    last two ids wait in `pending`). feed[0] and pending[1] take the newest token out[m - 1],
+    pending[0] the one before it (the root where m = 1)."""
+    k = b.path.shape[1]
+    steps = torch.arange(k, device=b.out.device)
+    emitted = (b.out >= 0).sum(1)  # [B]
+    last = (emitted - 1).clamp(0, k)[:, None]  # [B, 1]
+    taken = b.taken[:, None]
+    root = b.feed[:, :1].clone()  # before feed[0] moves
+    # the ranks: each depth's parent row (the root first), its siblings' tokens (-1: none)
+    torch.cat([b.path[:, :1] * 0, b.path], dim=1, out=b.rows)
+    parents = b.rows[:, :k]
+    if b.drawn is not None:
+        siblings = b.drawn.gather(1, parents[:, :, None].expand(-1, -1, b.drawn.shape[2]))  # [B, k, w]
+    else:
+        kids = b.children.gather(1, parents[:, :, None].expand(-1, -1, b.children.shape[2]))
+        tokens = b.tokens.gather(1, kids.clamp(min=0).flatten(1)).view(kids.shape)
+        siblings = torch.where(kids >= 0, tokens, -1)
+    match = (siblings == b.out[:, :k, None]) & (siblings >= 0)
+    accepted = emitted[:, None] - 1 + taken
+    ranks = torch.where(match.any(2) & (steps < accepted), match.int().argmax(2), -1)
+    shown = torch.where((taken > 0) & (steps == emitted[:, None] - 1), b.out[:, :k], b.shown)
+    torch.cat([b.out, shown, b.num_drafts.long()[:, None], taken, ranks], dim=1, out=b.stage)
+    # the compactions' slots, from the positions before they move
+    target = b.target_position[:, None]
+    dst = target + 1 + steps
+    b.target_slots[:, 1].copy_(dst)
+    b.target_slots[:, 0].copy_(torch.where(steps < emitted[:, None] - 1, target + b.path, dst))
+    newest = b.out.gather(1, last)
+    if b.draft_position is not None:
+        if b.draft_slots is not None:
+            draft = b.draft_position[:, None]
+            dst = draft + steps[: k - 1]
+            src = draft + b.offset.gather(1, b.path[:, : k - 1])
+            b.draft_slots[:, 1].copy_(dst)
+            b.draft_slots[:, 0].copy_(torch.where(steps[: k - 1] < emitted[:, None] - 2, src, dst))
+        before = torch.cat([root, b.out], dim=1).gather(1, last)  # the root where m = 1
+        b.pending.copy_(torch.cat([before, newest], dim=1))
+        b.draft_position.add_(emitted - b.ran)
+    b.feed[:, :1].copy_(newest)
+    b.target_position.add_(emitted)
+    b.emitted.copy_(emitted)
+    b.generated.add_(emitted)

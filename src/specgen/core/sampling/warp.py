@@ -47,6 +47,8 @@ class WarpFlags:
     top_k: bool  # some row has top_k > 0 (it is a no-op where top_k >= V)
     top_p: bool  # some row has top_p < 1
     min_p: bool  # some row has min_p > 0
+    # some row is greedy (the default: where a caller does not say, the greedy rows' branch runs)
+    any_greedy: bool = True
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ class WarpParams:
             presence_penalty=full(spec.presence_penalty),
             frequency_penalty=full(spec.frequency_penalty),
         )
-        flags = WarpFlags(spec.temperature == 0, spec.top_k > 0, spec.top_p < 1, spec.min_p > 0)
+        greedy = spec.temperature == 0
+        flags = WarpFlags(greedy, spec.top_k > 0, spec.top_p < 1, spec.min_p > 0, greedy)
         params.__dict__["flags"] = flags  # known on the host: no sync later
         return params
 
@@ -95,6 +98,7 @@ class WarpParams:
             (self.top_k > 0).any(),
             (self.top_p < 1).any(),
             (self.min_p > 0).any(),
+            (self.temperature == 0).any(),
         ]).tolist()
         return WarpFlags(*summary)
 
@@ -237,6 +241,8 @@ def warp(
     if params.flags.all_greedy:
         return argmax, None
     probs = probs_from_logits(penalised, params)
+    if not params.flags.any_greedy:  # no greedy row's one-hot to put in
+        return argmax, probs
     greedy = params.temperature == 0
     one_hot = torch.nn.functional.one_hot(argmax, probs.shape[-1]).to(probs.dtype)
     probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
@@ -246,11 +252,13 @@ def warp(
 def logprobs_from_logits(logits: torch.Tensor, params: WarpParams, penalties=None, bad_mask=None):
     """Log of the warped distribution; for greedy rows, log-softmax of the penalised logits."""
     penalised = apply_penalties(logits, params, penalties, bad_mask)
-    greedy = params.temperature == 0
     if params.flags.all_greedy:
         return torch.log_softmax(penalised, dim=-1)
     probs = probs_from_logits(penalised, params)
     logp = torch.log(probs)
+    if not params.flags.any_greedy:  # the where below would keep logp whole: three launches fewer (a tree's
+        return logp  # draft runs this at every level)
+    greedy = params.temperature == 0
     return torch.where(greedy.unsqueeze(1), torch.log_softmax(penalised, dim=-1), logp)
 
 
