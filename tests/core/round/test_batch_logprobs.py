@@ -62,18 +62,20 @@ def batched(engine: Engine, batch: int, work: list) -> list[tuple]:
 
 
 def check(engine: Engine, work: list, batch: int = 3) -> None:
-    """Each prompt's tokens and logprob entries at B = `batch` equal B = 1's exactly, and the prompt's
-    alone: the same tokens and alternatives, the values within CLOSE (see the module's docstring)."""
+    """Each prompt's tokens at B = `batch` equal B = 1's and the prompt's alone, and so do its logprob
+    entries' ids and alternatives, the values within CLOSE: on the torch backend a CPU's matrix
+    products may split rows by their number (a 16- and a 64-core CPU moved values by ulps between
+    B = 3 and B = 1, a 2-core one did not); the kernels' exact equality is tests/gpu/test_batch_gpu.py's."""
     reference = alone(engine, work)
     for (ids, logprobs), (_, spec) in zip(reference, work):
         assert (logprobs is None) == (spec.logprobs is None)
         assert logprobs is None or len(logprobs) == len(ids)
     assert any(logprobs for _, logprobs in reference)
     one = batched(engine, 1, work)
-    assert batched(engine, batch, work) == one
-    for (ids, logprobs), (alone_ids, alone_logprobs) in zip(one, reference):
-        assert ids == alone_ids
-        assert close(logprobs, alone_logprobs)
+    for (ids, logprobs), (one_ids, one_logprobs), (alone_ids, alone_logprobs) in zip(batched(engine, batch, work),
+                                                                                   one, reference):
+        assert ids == one_ids == alone_ids
+        assert close(logprobs, one_logprobs) and close(one_logprobs, alone_logprobs)
 
 
 def close(got, want) -> bool:
