@@ -7,6 +7,8 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py tiles     [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5,17,33,64]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
+    python benchmarks/bench_kernels.py attention-tree [--rows 33,17] [--prefixes 10,100,1000] [--walkers 1,auto]
+                                                 [--capacity 2048] [--chain 7] [--layers 32]
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--profile [--profile-tokens 5]]
                                                  [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N]
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
@@ -46,6 +48,13 @@ they are timed between CUDA events around each call, host dispatch included.
   --runners: the tiny models of tests/gpu/kernels/test_attention.py through a runner with the kernel (model's
   rotary and kernel's) and one with SDPA: the max logit difference per feed, the figures behind
   that test's RUNNER_TOLERANCE (also runs on a CPU, in the Triton interpreter).
+- attention-tree: a token tree's verification attention at Llama-3.1-8B's shapes (32 heads, 8 KV
+  heads, dim 128, bf16, the kernel's rotary and cache write, as the target's step calls it) after
+  each prefix: the split kernel (and the merge, the same for every walker count) with each walker
+  count (`auto`: attention.tree_walkers', the step's own), microseconds per call over --layers
+  caches of their own (a step's layers: none is read from L2 by the call before), and a --chain-row
+  chain (k + 1) at the same prefix for comparison (0: none). Every walker count's output and cache
+  writes are checked torch.equal to one walker's, and one walker's against the reference.
 - exact: per model shape (random bf16 weights, the kernels `auto` resolves): every op's output in
   a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, each call of
   its kernel table recorded, named by the weight or layer it computes: where rows first differ),
@@ -99,7 +108,8 @@ from specgen.gpu.tuning import tune
 from specgen.gpu.kernels import verify
 from specgen.gpu.kernels import warp  # noqa: E402
 from specgen.gpu.policy import ResolvedKernels, resolve  # noqa: E402
-from specgen.gpu.kernels.reference import decode_attention_reference, gate_up_reference  # noqa: E402
+from specgen.gpu.kernels.reference import (decode_attention_reference, gate_up_reference,  # noqa: E402
+                                           rope_attention_reference)
 from specgen.gpu.runner import GraphRunner  # noqa: E402
 from specgen.gpu.workspace import Workspace  # noqa: E402
 
@@ -360,6 +370,71 @@ def bench_attention(args) -> list[dict]:
             results.append(row)
             print(json.dumps(row), flush=True)
     print(table(results, ["position", "tokens", "kernel_us", "sdpa_whole_cache_us", "max_error"]))
+    return results
+
+
+def bench_attention_tree(args) -> list[dict]:
+    from rows_helpers import random_tree
+
+    from specgen.core.step import rows as rowsets
+
+    heads, kv_heads, dim, layers = 32, 8, 128, args.layers
+    scale = dim ** -0.5
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    results = []
+    for capacity in args.capacity:
+        keys = [randn(1, kv_heads, capacity, dim) for _ in range(layers)]
+        values = [randn(1, kv_heads, capacity, dim) for _ in range(layers)]
+        for prefix in args.prefixes:
+            shapes = [(nodes, "tree") for nodes in args.rows] + ([(args.chain, "chain")] if args.chain else [])
+            for nodes, layout in shapes:
+                if prefix + nodes > capacity:
+                    continue
+                ids = torch.zeros(1, nodes, dtype=torch.long, device="cuda")
+                if layout == "tree":  # EAGLE-like: n = 16 of width 2, n = 32 of width 4, 6 levels
+                    parents = torch.tensor(random_tree(nodes, 2 if nodes <= 17 else 4, 6, 0), device="cuda")
+                    rows = rowsets.tree(ids, parents, torch.tensor([prefix], device="cuda"))
+                    tail, depth, counts = rows.tail, rows.depth, args.walkers
+                else:
+                    tail = depth = None
+                    counts = [1]
+                start = torch.tensor([prefix], device="cuda")
+                query = randn(1, nodes, heads, dim).transpose(1, 2)
+                angles = randn(1, nodes, dim).float()
+                rope = (randn(1, nodes, kv_heads, dim).transpose(1, 2), randn(1, nodes, kv_heads, dim).transpose(1, 2),
+                        angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16))
+
+                def call(i, walkers, key=None, value=None):
+                    key, value = (keys[i], values[i]) if key is None else (key, value)
+                    return attention.decode_attention(query, key, value, start, scale, 0, rope, tail=tail, depth=depth,
+                                                      walkers=None if walkers == "auto" else int(walkers))
+
+                checked = {}
+                for walkers in counts:
+                    key, value = keys[0].clone(), values[0].clone()
+                    checked[walkers] = (call(0, walkers, key, value), key, value)
+                first = checked[counts[0]]
+                if any(not all(map(torch.equal, first, other)) for other in checked.values()):
+                    raise Mismatch(f"attention-tree rows {nodes} prefix {prefix}: walker counts differ")
+                floats = [x.float() for x in (query, keys[0], values[0])]
+                ref, _, _ = rope_attention_reference(floats[0], *(x.float() for x in rope), *floats[1:], start, scale,
+                                                     0, 0.0, tail, depth)
+                error = (first[0].float() - ref).abs().max().item()
+                if error > 4 * 2.0 ** -7 * max(1.0, ref.abs().max().item()):  # bf16 steps at the output's scale
+                    raise Mismatch(f"attention-tree rows {nodes} prefix {prefix}: max error {error:.3g}")
+                for walkers in counts:
+                    used = 1 if layout == "chain" else (attention.tree_walkers(nodes, heads // kv_heads)
+                                                        if walkers == "auto" else int(walkers))
+                    row = {"layout": layout, "rows": nodes, "prefix": prefix, "capacity": capacity,
+                           "walkers": f"{walkers} ({used})" if walkers == "auto" else str(walkers),
+                           "us_per_call": graph_us(lambda i: call(i, walkers), calls=layers), "max_error": error}
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
+    print(table(results, ["layout", "rows", "prefix", "capacity", "walkers", "us_per_call", "max_error"]))
     return results
 
 
@@ -875,6 +950,17 @@ def names(choices):
     return parse
 
 
+def names_or_ints(choices):
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        unknown = [v for v in values if v not in choices and not v.isdigit()]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; integers or {', '.join(choices)}")
+        return values
+
+    return parse
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Kernel microbenchmarks: validate against the torch reference, then time.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -895,6 +981,14 @@ def main(argv=None) -> None:
     p.add_argument("--positions", type=ints, default=[512, 4096])
     p.add_argument("--tokens", type=ints, default=[1, 5])
     p.add_argument("--runners", action="store_true", help="tiny-model runners: kernel against SDPA logits")
+    p = commands.add_parser("attention-tree")
+    p.add_argument("--rows", type=ints, default=[33, 17], help="tree nodes")
+    p.add_argument("--prefixes", type=ints, default=[10, 100, 1000], help="cached tokens before the tree")
+    p.add_argument("--walkers", type=names_or_ints(["auto"]), default=["1", "auto"],
+                   help="walker counts to time: integers or auto (the launch's own choice)")
+    p.add_argument("--capacity", type=ints, default=[2048], help="cache slots (the engine starts at k + 2 + 640)")
+    p.add_argument("--chain", type=int, default=7, help="a chain of this many rows at each prefix (0: none)")
+    p.add_argument("--layers", type=int, default=32, help="calls a replay, each on a cache of its own")
     p = commands.add_parser("steps")
     p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"],
                    help=f"comma-separated, of {', '.join(VARIANTS)}")
@@ -927,6 +1021,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available() and not (args.command == "attention" and args.runners):
         raise SystemExit("bench_kernels: needs a CUDA GPU (only `attention --runners` runs on a CPU)")
     run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "tiles": bench_tiles, "attention": bench_attention,
+           "attention-tree": bench_attention_tree,
            "steps": bench_steps, "exact": bench_exact, "table": bench_table,
            "step-table": bench_step_table}[args.command]
     report = run(args)

@@ -569,3 +569,97 @@ def test_batch_rows_equal_each_sequence_alone(layout, batch):
     ref, _, _ = rope_attention_reference(query.float(), *(x.float() for x in extra), key.float(), value.float(), start,
                                          0.25, 6, 0.0, tail, depth)
     assert (together.float() - ref).abs().max().item() < 4 * 2.0 ** -7
+
+
+# Walkers: a tree tile's per-token walk dealt over several programs (attention.tree_walkers). Which
+# program computes a row must not change a bit of it: every walker count gives torch.equal outputs
+# and cache writes. Tiles of 16 rows: 4 tokens at group 4, 8 at group 2, 5 straddling at group 3,
+# 16 at group 1; one token a tile at group 80.
+WALKER_CASES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _, capacity, window, softcap, rope), walkers)
+    # the start in the first block, one split (the output written directly): every tile's walk is dealt
+    "short-prefix": (8, 2, [5], (14, 3, 5, 0, 64, 0, 1.0, True), [3, 8]),
+    # two splits (partial outputs and their merge); the second sequence's tree crosses the split at
+    # 64, so both splits deal out a walk; a window
+    "short-prefix-splits": (8, 2, [5, 58], (10, 2, 6, 0, 128, 8, 0.0, True), [2]),
+    # the first sequence's splits 0 and 1 lie wholly before its start (130): walker 0 does those
+    # tiles alone, the others idle; its split 2 and the second sequence's splits deal out the walk
+    "long-prefix": (4, 2, [130, 3], (12, 3, 4, 0, 256, 0, 0.0, True), [5]),
+    # group 3: tokens straddle tiles (walkers past a tile's tokens walk nothing)
+    "group3-straddle": (6, 2, [66, 4], (11, 2, 5, 0, 192, 3, 0.0, False), [2]),
+    # group 1: 16 tokens a tile, MAX_WALKERS of them: two tokens a walker
+    "group1": (2, 2, [7], (20, 4, 4, 0, 64, 0, 0.0, True), [16]),
+    # a token's heads over two tiles: one token a tile, so every walker past the first has none
+    "group80": (80, 1, [9], (3, 2, 2, 0, 64, 0, 0.0, True), [2]),
+}
+SLOW_WALKERS = {"short-prefix-splits", "long-prefix", "group3-straddle"}  # over 8 s interpreted
+
+
+def _walked(rows, query, key, value, extra, window, softcap, walkers):
+    """(output, keys, values) of a call with `walkers` on copies of the cache."""
+    start, tail, depth = _paths(rows)
+    key, value = key.clone(), value.clone()
+    out = decode_attention(query, key, value, start, query.shape[-1] ** -0.5, window, extra, softcap, tail=tail,
+                           depth=depth, walkers=walkers)
+    return out, key, value
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_WALKERS else n
+                                  for n in sorted(WALKER_CASES)])
+def test_walkers_keep_every_rows_bits(name):
+    """bf16: outputs and cache writes torch.equal whatever the walkers (one, the launch's own choice,
+    and others); float32, the launch's choice: near the reference (cache writes included)."""
+    heads, kv_heads, starts, case, counts = WALKER_CASES[name]
+    window, softcap = case[5], case[6]
+    shape = dict(heads=heads, kv_heads=kv_heads, starts=starts)
+    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=11, **shape)
+    alone = _walked(rows, query, key, value, extra, window, softcap, 1)
+    for walkers in [None, *counts]:
+        dealt = _walked(rows, query, key, value, extra, window, softcap, walkers)
+        assert all(torch.equal(a, b) for a, b in zip(alone, dealt)), walkers
+    rows, query, key, value, extra = _tree_inputs(case, torch.float32, seed=12, **shape)
+    _assert_tree_matches_reference(rows, query, key, value, extra, window, softcap)
+
+
+@pytest.mark.slow
+def test_walkers_defer_to_the_first_in_splits_of_shared_blocks():
+    """Splits of 128 keys (4160 slots): the first sequence's split 1 holds a block wholly before its
+    start (200) and the block holding it, so walker 0 walks that tile alone, shared block and
+    tokens; the second's (start 130) holds only blocks from the start on and deals its walk out.
+    bf16: torch.equal whatever the walkers."""
+    rows, query, key, value, extra = _tree_inputs((6, 2, 3, 0, 4160, 0, 0.0, True), torch.bfloat16, seed=13,
+                                                  heads=4, kv_heads=1, starts=[200, 130])
+    alone = _walked(rows, query, key, value, extra, 0, 0.0, 1)
+    for walkers in [2, 4]:
+        dealt = _walked(rows, query, key, value, extra, 0, 0.0, walkers)
+        assert all(torch.equal(a, b) for a, b in zip(alone, dealt)), walkers
+
+
+def test_tree_walkers_follow_the_steps_shape():
+    """One walker a token of the fullest tile, at most MAX_WALKERS; one where a tile holds one token;
+    chains take none."""
+    assert attention.tree_walkers(33, 4) == 4  # Llama-3.1-8B: group 4, 4 tokens a tile of 16 rows
+    assert attention.tree_walkers(3, 4) == 3  # a tile of 3 tokens
+    assert attention.tree_walkers(11, 3) == 6  # group 3: rows 0..15 hold tokens 0..5
+    assert attention.tree_walkers(33, 1) == attention.MAX_WALKERS
+    assert attention.tree_walkers(1, 4) == 1
+    assert attention.tree_walkers(5, 80) == 1  # group 80: each token whole tiles (64 + 16 rows)
+    assert attention.tree_walkers(9, 16) == 1  # group 16: one token a tile
+    query, key, value, position = _inputs(CASES[1], torch.float32)
+    with pytest.raises(AssertionError, match="chains have none"):
+        decode_attention(query, key, value, position, 0.125, walkers=2)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rope", [False, True])
+def test_walkers_keep_every_rows_bits_on_gpu(rope):
+    """Tensor-core products at Llama-3.1-8B's attention (32 heads, 8 KV heads, dim 128, bf16): a
+    33-node tree for three sequences, after prompts of 10, 100 and 1022 tokens, over 2048 slots:
+    outputs and cache writes torch.equal with one walker, two, and the launch's own choice."""
+    case = (33, 4, 6, 0, 2048, 0, 0.0, rope)
+    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=8, heads=32, kv_heads=8,
+                                                  starts=[10, 100, 1022], dim=128)
+    alone = _walked(rows, query, key, value, extra, 0, 0.0, 1)
+    for walkers in [None, 2]:
+        dealt = _walked(rows, query, key, value, extra, 0, 0.0, walkers)
+        assert all(torch.equal(a, b) for a, b in zip(alone, dealt)), walkers
