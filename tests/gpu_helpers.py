@@ -1,10 +1,14 @@
-"""Builders shared by the gpu/ tests: runners with explicit kernel settings.
+"""Builders shared by the gpu/ tests: runners with explicit kernel settings, and commit buffers
+compared field by field.
 
 Import tests/triton_cpu.py first (it sets TRITON_INTERPRET before Triton is imported).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
 from triton_cpu import DEVICE
 
 from specgen.core.backend import TorchBackend
@@ -64,3 +68,18 @@ class KernelRunners(TorchBackend):
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...] = (), tap=None):
         return runner(model, kernels=self.kernels, width=width, capacity=self.capacity, name=name, tap=tap)
+
+
+def copy_buffers(buffers):
+    """A dataclass of a commit's buffers with every tensor cloned (the kernel's and the reference's
+    own copies of the same inputs)."""
+    return dataclasses.replace(buffers, **{f.name: getattr(buffers, f.name).clone() for f in dataclasses.fields(buffers)
+                                           if isinstance(getattr(buffers, f.name), torch.Tensor)})
+
+
+def assert_same_buffers(kernel, reference) -> None:
+    """Every tensor field of two such dataclasses bitwise equal, named where it is not."""
+    for field in dataclasses.fields(kernel):
+        x, y = getattr(kernel, field.name), getattr(reference, field.name)
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), f"{field.name}: kernel {x.tolist()} reference {y.tolist()}"

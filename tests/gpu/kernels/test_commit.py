@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 
+from gpu_helpers import assert_same_buffers, copy_buffers
 from specgen.core.sampling import bookkeeping
 from specgen.core.sampling.rejection import PLACEHOLDER
 from specgen.gpu.kernels import commit as gpu_commit
@@ -37,29 +38,17 @@ def _buffers(k: int, accepted: int, draft: bool, seed: int, sentinel: bool = Fal
         pending=torch.tensor([3, 4], **LONG) if draft else None, ran=k + 1 + seed % 2)
 
 
-def _copy(b: bookkeeping.CommitBuffers) -> bookkeeping.CommitBuffers:
-    return dataclasses.replace(b, **{f.name: getattr(b, f.name).clone() for f in dataclasses.fields(b)
-                                     if isinstance(getattr(b, f.name), torch.Tensor)})
-
-
-def _assert_same(a: bookkeeping.CommitBuffers, b: bookkeeping.CommitBuffers) -> None:
-    for field in dataclasses.fields(a):
-        x, y = getattr(a, field.name), getattr(b, field.name)
-        if isinstance(x, torch.Tensor):
-            assert torch.equal(x, y), f"{field.name}: kernel {x.tolist()} reference {y.tolist()}"
-
-
 @pytest.mark.parametrize("dependent", DEPENDENT)
 @pytest.mark.parametrize("draft", [True, False], ids=["draft-model", "no-draft"])
 @pytest.mark.parametrize("k", [0, 1, 4, 7, 32])
 def test_commit_matches_reference(k, draft, dependent):
     for accepted in sorted({0, k // 2, k}):
         ours = _buffers(k, accepted, draft, seed=accepted)
-        theirs = _copy(ours)
+        theirs = copy_buffers(ours)
         before = ours.feed.clone()
         gpu_commit.commit(ours, dependent=dependent)
         bookkeeping.commit(theirs)
-        _assert_same(ours, theirs)
+        assert_same_buffers(ours, theirs)
         # what the reference does, spelled out: the newest token leads the next feed
         assert ours.emitted.item() == accepted + 1 and ours.feed[0].item() == ours.row[accepted].item()
         assert torch.equal(ours.feed[1:], before[1:])
@@ -71,10 +60,10 @@ def test_commit_error_sentinel_matches_reference():
     """A sentinel in the row's first id makes the counts garbage (the host raises on it); the
     kernel's garbage is the reference's."""
     ours = _buffers(4, 0, True, seed=3, sentinel=True)
-    theirs = _copy(ours)
+    theirs = copy_buffers(ours)
     gpu_commit.commit(ours)
     bookkeeping.commit(theirs)
-    _assert_same(ours, theirs)
+    assert_same_buffers(ours, theirs)
     assert ours.stage[0].item() == -2
 
 
@@ -127,8 +116,8 @@ def test_commit_rows_equals_each_row_committed_alone(k, draft, dependent):
     bookkeeping.commit_rows(theirs)
     for b in alone:
         bookkeeping.commit(b)
-    _assert_same(ours, _rows_of(alone))
-    _assert_same(theirs, _rows_of(alone))
+    assert_same_buffers(ours, _rows_of(alone))
+    assert_same_buffers(theirs, _rows_of(alone))
 
 
 @pytest.mark.parametrize("dependent", DEPENDENT)

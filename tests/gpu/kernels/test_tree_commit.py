@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 import torch
 
+from gpu_helpers import assert_same_buffers, copy_buffers
 from specgen.core.sampling import bookkeeping
 from specgen.gpu.kernels import tree_commit as gpu_tree_commit
 
@@ -59,23 +60,11 @@ def _buffers(rows: int, k: int, w: int, nodes: int, accepted: list[int], drawn: 
         draft_slots=torch.full((rows, 2, k - 1), 4, **LONG) if compacts else None)
 
 
-def _copy(b: bookkeeping.TreeCommitBuffers) -> bookkeeping.TreeCommitBuffers:
-    return dataclasses.replace(b, **{f.name: getattr(b, f.name).clone() for f in dataclasses.fields(b)
-                                     if isinstance(getattr(b, f.name), torch.Tensor)})
-
-
-def _assert_same(a: bookkeeping.TreeCommitBuffers, b: bookkeeping.TreeCommitBuffers) -> None:
-    for field in dataclasses.fields(a):
-        x, y = getattr(a, field.name), getattr(b, field.name)
-        if isinstance(x, torch.Tensor):
-            assert torch.equal(x, y), f"{field.name}: kernel {x.tolist()} reference {y.tolist()}"
-
-
 def _check(buffers: bookkeeping.TreeCommitBuffers, dependent: bool = False) -> bookkeeping.TreeCommitBuffers:
-    theirs = _copy(buffers)
+    theirs = copy_buffers(buffers)
     gpu_tree_commit.tree_commit(buffers, dependent=dependent)
     bookkeeping.tree_commit(theirs)
-    _assert_same(buffers, theirs)
+    assert_same_buffers(buffers, theirs)
     return buffers
 
 
