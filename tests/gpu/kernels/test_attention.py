@@ -663,3 +663,133 @@ def test_walkers_keep_every_rows_bits_on_gpu(rope):
     for walkers in [None, 2]:
         dealt = _walked(rows, query, key, value, extra, 0, 0.0, walkers)
         assert all(torch.equal(a, b) for a, b in zip(alone, dealt)), walkers
+
+
+# Empty splits: a split program whose split starts past every row of its tile's last key (and past
+# the launch's new keys) writes nothing, and the merge reads each row's splits up to the one holding
+# its last key only, loading the others as an empty split's (log-sum-exp -inf, output 0.0). So a
+# row's output must not depend on how many splits follow its last one: with the split boundaries
+# fixed (SPLIT_KEYS keys a split up to 64 x 64 slots), a row whose keys lie in the first one or two
+# splits gets bitwise the same output from a 4096-slot cache (63 or 62 empty splits, merged) as from
+# a 64-slot one (one split: the output written directly) or a 128-slot one (two splits, none empty).
+# (A merge of one partial, or of two, in any order of adding the empty ones' zeros, is exact.)
+BIG = 4096  # 64 splits of 64 keys: the most the merge reads
+EMPTY_SPLITS = {  # name: (layout, heads, kv heads, starts, (nodes, width, depth, _, _, window, softcap, rope), walkers)
+    # chains of several tokens, GQA (8 tokens x 2 heads a tile), the kernel's rotary
+    "chain-gqa-rope": ("chain", 8, 2, [40], (9, 1, 9, 0, 0, 0, 0.0, True), [None]),
+    # group 3: tokens straddle tiles; a window and soft-capping; two sequences of their own starts
+    "chain-window-softcap": ("chain", 6, 2, [50, 2], (12, 1, 12, 0, 0, 5, 1.0, True), [None]),
+    # no GQA, one token at the split's last key
+    "one-token": ("chain", 4, 4, [63], (1, 1, 1, 0, 0, 0, 0.0, False), [None]),
+    # a tree, 4 tokens a tile (group 4): its walk dealt over walkers, each exits in the empty splits
+    "tree-walkers": ("tree", 8, 2, [5], (12, 3, 4, 0, 0, 0, 1.0, True), [1, 2, None]),
+    # trees of two sequences, a window, no rotary (the cache holds the keys)
+    "tree-batch-window": ("tree", 4, 2, [3, 40], (9, 2, 5, 0, 0, 3, 0.0, False), [None]),
+}
+TWO_SPLITS = {  # the same, every row's keys in the splits [0, 64) and [64, 128)
+    "chain-gqa-rope": ("chain", 8, 2, [60, 100], (9, 1, 9, 0, 0, 0, 0.0, True), [None]),
+    "chain-window-softcap": ("chain", 6, 2, [58], (12, 1, 12, 0, 0, 70, 1.0, True), [None]),
+    "tree-walkers": ("tree", 8, 2, [61, 20], (12, 3, 4, 0, 0, 0, 0.0, True), [1, None]),
+}
+
+
+def _split_inputs(spec, dtype, seed):
+    """(rows, query, key, value, extra) over a BIG-slot cache; chains laid out as chains."""
+    from specgen.core.step import rows as rowsets
+
+    layout, heads, kv_heads, starts, case, _ = spec
+    case = (*case[:4], BIG, *case[5:])
+    rows, query, key, value, extra = _tree_inputs(case, dtype, seed=seed, heads=heads, kv_heads=kv_heads,
+                                                  starts=starts)
+    if layout == "chain":
+        rows = rowsets.batch(rows.ids, rows.start)
+    return rows, query, key, value, extra
+
+
+def _over(rows, query, key, value, extra, window, softcap, capacity, walkers=None):
+    """(output, keys, values) of a call over copies of the cache's first `capacity` slots."""
+    start = rows.start.to(DEVICE)
+    tail, depth = (None, None) if rows.tail is None else (rows.tail.to(DEVICE), rows.depth.to(DEVICE))
+    key, value = key[:, :, :capacity].clone(), value[:, :, :capacity].clone()
+    out = decode_attention(query, key, value, start, query.shape[-1] ** -0.5, window, extra, softcap, tail=tail,
+                           depth=depth, walkers=walkers)
+    return out, key, value
+
+
+def _assert_empty_splits_change_no_bit(spec, capacity, seed):
+    """bf16 and float32: the BIG cache's call (every walker count) equals the `capacity`-slot one,
+    output and cache writes, bit for bit; the slots past `capacity` are left as they were; float32
+    near the reference (a merge that dropped a split with keys would be far from it)."""
+    window, softcap = spec[4][5], spec[4][6]
+    for dtype in (torch.bfloat16, torch.float32):
+        rows, query, key, value, extra = _split_inputs(spec, dtype, seed)
+        small = _over(rows, query, key, value, extra, window, softcap, capacity)
+        for walkers in spec[5] if rows.tail is not None else [None]:
+            big = _over(rows, query, key, value, extra, window, softcap, BIG, walkers)
+            assert torch.equal(big[0], small[0]), (dtype, walkers)
+            for got, want, before in zip(big[1:], small[1:], (key, value)):
+                assert torch.equal(got[:, :, :capacity], want) and torch.equal(got[:, :, capacity:],
+                                                                                before[:, :, capacity:])
+    start, tail, depth = rows.start.to(DEVICE), rows.tail, rows.depth
+    tail, depth = (None, None) if tail is None else (tail.to(DEVICE), depth.to(DEVICE))
+    scale = query.shape[-1] ** -0.5
+    if extra is None:
+        ref, ref_key, ref_value = decode_attention_reference(query, key, value, start, scale, window, softcap, tail,
+                                                             depth), key, value
+    else:
+        ref, ref_key, ref_value = rope_attention_reference(query, *extra, key, value, start, scale, window, softcap,
+                                                           tail, depth)
+    assert (big[0] - ref).abs().max().item() < 2e-5
+    assert (big[1] - ref_key).abs().max().item() < 1e-5 and torch.equal(big[2], ref_value)
+
+
+SLOW_SPLITS = {"tree-walkers", "tree-batch-window"}  # over 8 s interpreted
+
+
+def _marked(names):
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_SPLITS else n for n in sorted(names)]
+
+
+@pytest.mark.parametrize("name", _marked(EMPTY_SPLITS))
+def test_empty_splits_equal_a_one_split_cache(name):
+    """Every row's keys in the first split: 63 empty splits merged = one split written directly."""
+    _assert_empty_splits_change_no_bit(EMPTY_SPLITS[name], 64, seed=21)
+
+
+@pytest.mark.parametrize("name", _marked(TWO_SPLITS))
+def test_empty_splits_equal_a_two_split_cache(name):
+    """Rows across the split boundary at 64: 62 empty splits merged = two splits merged."""
+    _assert_empty_splits_change_no_bit(TWO_SPLITS[name], 128, seed=22)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["chain", "tree"])
+def test_splits_of_a_long_and_a_short_sequence(layout):
+    """A batch over BIG slots: one sequence near the cache's end (its rows' keys over all 64 splits,
+    the last ones the step's own), one after 3 tokens (its rows in split 0, 63 empty splits), GQA,
+    the kernel's rotary, soft-capping. float32: near the reference, cache writes included (a merge
+    that dropped any split with keys would not be). bf16: each sequence's rows and cache writes
+    equal, bit for bit, its call alone over the same cache, and the short one's its call over 64 slots."""
+    spec = (layout, 4, 1, [BIG - 12, 3], (7, 2, 4, 0, 0, 0, 1.0, True), [None])
+    rows, query, key, value, extra = _split_inputs(spec, torch.float32, seed=23)
+    start = rows.start.to(DEVICE)
+    tail, depth = (None, None) if rows.tail is None else (rows.tail.to(DEVICE), rows.depth.to(DEVICE))
+    ref, ref_key, ref_value = rope_attention_reference(query, *extra, key, value, start, 0.25, 0, 1.0, tail, depth)
+    out, out_key, out_value = _over(rows, query, key, value, extra, 0, 1.0, BIG)
+    assert (out - ref).abs().max().item() < 2e-5
+    assert (out_key - ref_key).abs().max().item() < 1e-5 and torch.equal(out_value, ref_value)
+
+    from specgen.core.step.rows import Rows
+
+    rows, query, key, value, extra = _split_inputs(spec, torch.bfloat16, seed=24)
+    together = _over(rows, query, key, value, extra, 0, 1.0, BIG)
+    for b, capacities in ((0, [BIG]), (1, [BIG, 64])):
+        one = lambda x: x[b:b + 1]  # noqa: E731
+        alone_rows = Rows(*(one(x) for x in (rows.ids, rows.positions, rows.slots, rows.start)),
+                          tail=None if rows.tail is None else one(rows.tail),
+                          depth=None if rows.depth is None else one(rows.depth))
+        for capacity in capacities:
+            alone = _over(alone_rows, one(query), one(key), one(value), tuple(map(one, extra)), 0, 1.0, capacity)
+            assert torch.equal(alone[0], one(together[0])), (b, capacity)
+            for got, want in zip(alone[1:], together[1:]):
+                assert torch.equal(got, one(want)[:, :, :capacity]), (b, capacity)

@@ -15,9 +15,11 @@ key block between the tokens of a tile instead of loading it once per token (Lla
 H200: the 5-token step's split kernel took twice the one-token step's time with a program per
 token, `git show 1b54921:docs/benchmarks.md`, "Dependent launch (H200)"). One split writes the
 output directly; several write normalised partial outputs and their log-sum-exp, and _combine_kernel
-merges them in split order. Query token t sits at position + t and sees keys n with
-n <= position + t (and, with a sliding window w, n > position + t - w, the mask transformers
-applies).
+merges them in split order, each row's up to the split holding its last key. A program whose split
+lies past all its rows' keys and the step's new keys exits at once, writing nothing: the splits
+follow the cache, so with a short sequence in a large cache most programs are such. Query token t
+sits at position + t and sees keys n with n <= position + t (and, with a sliding window w,
+n > position + t - w, the mask transformers applies).
 
 Trees and any other rows (core/step/rows.py's layout: per sequence a start, per row a tail of
 slots in path order, `tail` and `depth`): a tile holds several tokens' heads, token-major as a
@@ -62,11 +64,12 @@ a (k+1)-token step that holds it.
 With rope (the rope fusion of [kernels]), the query and the step's new keys arrive before their
 rotary embedding: the kernel rotates them, and each split writes the new keys and values whose
 positions fall in its key range (the split that reads them) into their rows' slots before
-reading the cache. Every tile's program of a split writes all of them (the same values), so what
-a program reads was there before the launch or was written by itself (another program's write of
-that slot is the same bits): a row's key at position p lies in its program's split, and past the
-start a tree row's key at p is its ancestor's at p, which p's split writes. Every walker that walks
-writes them all too; an idle one (its split's shared blocks are walker 0's) reads and writes none.
+reading the cache. Every tile's program of a split writes all of them (the same values; none
+exits early in a split that holds one), so what a program reads was there before the launch or
+was written by itself (another program's write of that slot is the same bits): a row's key at
+position p lies in its program's split, and past the start a tree row's key at p is its
+ancestor's at p, which p's split writes. Every walker that walks writes them all too; an idle one
+(its split's shared blocks are walker 0's) reads and writes none.
 
 Torch references: gpu/kernels/reference.py. Calls from a model step: gpu/ops.py.
 """
@@ -207,7 +210,8 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     )
     if splits > 1:
         _combine_kernel[(batch * heads * tokens,)](
-            part, lse, out, heads, tokens, dim, splits,
+            part, lse, out, starts, depth, start_stride, *tail_strides[2:], heads, tokens, dim, splits,
+            SPLIT_KEYS=split_keys, TAIL=gathered,
             BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, DEPENDENT=dependent, HOLD=tokens > 1, num_warps=4,
             **launch_options(dependent),
         )
@@ -280,6 +284,24 @@ def _split_kernel(
         at_first = prefix + first_row // group  # the tile's first and last tokens' positions
         at_last = prefix + tl.minimum((first_row + BLOCK_M - 1) // group, tokens - 1)
     split_lo = (split * SPLIT_KEYS).to(tl.int64)
+    # A split that starts past the last key of every row of the tile, and past every new key the
+    # launch writes (every program of the split that holds one writes it), has nothing to read or
+    # write: the merge never reads its rows' partials (_combine_kernel stops at each row's last
+    # split). Why: the splits follow the cache, not the sequence, so most of a step's programs are
+    # such, and each stored a zero partial that the merge loaded again (H200, Llama-3.1-8B shapes,
+    # 32 layers, a 10-token prompt: a 33-row tree's attention 1.17 ms split + 0.16 ms merge a round
+    # against 0.22 + 0.09 for a 7-row chain, about the ratio of rows). Every walker exits alike.
+    reach = at_last
+    if ROPE:
+        if TAIL:
+            j = tl.arange(0, BLOCK_T)
+            deepest = tl.max(tl.load(depth_ptr + b * sdb + j * sdt, mask=j < tokens, other=1), axis=0)
+            reach = tl.maximum(reach, prefix + deepest - 1)
+        else:
+            reach = tl.maximum(reach, prefix + tokens - 1)
+    if split_lo > reach:
+        release_next(DEPENDENT)  # every program releases (gpu/kernels/dependent.py)
+        return
     lo = split_lo
     hi = tl.minimum(lo + SPLIT_KEYS, at_last + 1)
     hi = tl.minimum(hi, capacity)
@@ -410,10 +432,12 @@ def _split_kernel(
     else:
         heads = kv_heads * group
         row_id = (b * heads + head) * tokens + t  # [M] index into [B, H, q]
+        # a row's splits past its last key are left unwritten: the merge does not read them
+        kept = written & (at >= split_lo)
         tl.store(part_ptr + (row_id[:, None] * SPLITS + split) * dim + d[None, :], o,
-                 mask=written[:, None] & d_ok[None, :])
+                 mask=kept[:, None] & d_ok[None, :])
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
-        tl.store(lse_ptr + row_id * SPLITS + split, lse, mask=written)
+        tl.store(lse_ptr + row_id * SPLITS + split, lse, mask=kept)
 
 
 @triton.jit
@@ -470,10 +494,18 @@ def _combine_kernel(
     part_ptr,  # [B, H, q, S, D] float32
     lse_ptr,  # [B, H, q, S] float32, base 2
     out_ptr,  # [B, q, H, D]
+    start_ptr,  # [B] (or [1], stride 0) int64: each sequence's start
+    depth_ptr,  # [B, q] int64: the tail entries each row sees (TAIL)
+    ssb, sdb, sdt,
     heads, tokens, dim, splits,
+    SPLIT_KEYS: tl.constexpr, TAIL: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, DEPENDENT: tl.constexpr, HOLD: tl.constexpr,
 ):
-    """Program (b * H + h) * q + t merges the splits of head h, token t in split order. HOLD (steps of
+    """Program (b * H + h) * q + t merges the splits of head h, token t in split order, up to the
+    one that holds the row's last key (its position, as _split_kernel computes it: a window moves
+    only its first). The splits past it are loaded as what an empty split's program computes (log-
+    sum-exp -inf, output 0.0), so the merge is bitwise what it would be over all of them; their
+    programs wrote nothing (see _split_kernel). HOLD (steps of
     several tokens): the next kernel is released once the partials are loaded and merged, not at the
     start. Measured, not explained (H200, captured steps, `git show 1b54921:docs/benchmarks.md`,
     "Dependent launch (H200)"): released at the start, the Llama-3-8B-shaped 5-token step took
@@ -489,11 +521,17 @@ def _combine_kernel(
     b = bh // heads
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(lse_ptr + row * splits + s, mask=s < splits, other=float("-inf"))  # [S]
+    if TAIL:
+        at = tl.load(start_ptr + b * ssb) + tl.load(depth_ptr + b * sdb + t * sdt) - 1
+    else:
+        at = tl.load(start_ptr + b * ssb) + t
+    last = tl.minimum(at // SPLIT_KEYS, splits - 1)  # the split holding the row's last key
+    kept = s <= last
+    lse = tl.load(lse_ptr + row * splits + s, mask=kept, other=float("-inf"))  # [S]
     top = tl.max(lse, axis=0)
     weight = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - top))  # [S]
     part = tl.load(part_ptr + (row * splits + s[:, None]) * dim + d[None, :],
-                   mask=(s[:, None] < splits) & (d[None, :] < dim), other=0.0)  # [S, D]
+                   mask=kept[:, None] & (d[None, :] < dim), other=0.0)  # [S, D]
     o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
     if HOLD:
         release_next(DEPENDENT)
