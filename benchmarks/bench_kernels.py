@@ -7,7 +7,7 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py tiles     [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5,17,33,64]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
-    python benchmarks/bench_kernels.py attention-tree [--rows 33,17] [--prefixes 10,100,1000] [--walkers 1,auto]
+    python benchmarks/bench_kernels.py attention-tree [--rows 33,17] [--prefixes 10,100,1000]
                                                  [--capacity 2048] [--chain 7] [--layers 32]
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--profile [--profile-tokens 5]]
                                                  [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N]
@@ -50,11 +50,10 @@ they are timed between CUDA events around each call, host dispatch included.
   that test's RUNNER_TOLERANCE (also runs on a CPU, in the Triton interpreter).
 - attention-tree: a token tree's verification attention at Llama-3.1-8B's shapes (32 heads, 8 KV
   heads, dim 128, bf16, the kernel's rotary and cache write, as the target's step calls it) after
-  each prefix: the split kernel (and the merge, the same for every walker count) with each walker
-  count (`auto`: attention.tree_walkers', the step's own), microseconds per call over --layers
-  caches of their own (a step's layers: none is read from L2 by the call before), and a --chain-row
-  chain (k + 1) at the same prefix for comparison (0: none). Every walker count's output and cache
-  writes are checked torch.equal to one walker's, and one walker's against the reference.
+  each prefix in caches of --capacity slots: the split kernel and the merge, microseconds per call
+  over --layers caches of their own (a step's layers: none is read from L2 by the call before),
+  and a --chain-row chain (k + 1) at the same prefix for comparison (0: none). Each output is
+  checked against the reference.
 - exact: per model shape (random bf16 weights, the kernels `auto` resolves): every op's output in
   a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, each call of
   its kernel table recorded, named by the weight or layer it computes: where rows first differ),
@@ -398,43 +397,31 @@ def bench_attention_tree(args) -> list[dict]:
                 if layout == "tree":  # EAGLE-like: n = 16 of width 2, n = 32 of width 4, 6 levels
                     parents = torch.tensor(random_tree(nodes, 2 if nodes <= 17 else 4, 6, 0), device="cuda")
                     rows = rowsets.tree(ids, parents, torch.tensor([prefix], device="cuda"))
-                    tail, depth, counts = rows.tail, rows.depth, args.walkers
+                    tail, depth = rows.tail, rows.depth
                 else:
                     tail = depth = None
-                    counts = [1]
                 start = torch.tensor([prefix], device="cuda")
                 query = randn(1, nodes, heads, dim).transpose(1, 2)
                 angles = randn(1, nodes, dim).float()
                 rope = (randn(1, nodes, kv_heads, dim).transpose(1, 2), randn(1, nodes, kv_heads, dim).transpose(1, 2),
                         angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16))
 
-                def call(i, walkers, key=None, value=None):
+                def call(i, key=None, value=None):
                     key, value = (keys[i], values[i]) if key is None else (key, value)
-                    return attention.decode_attention(query, key, value, start, scale, 0, rope, tail=tail, depth=depth,
-                                                      walkers=None if walkers == "auto" else int(walkers))
+                    return attention.decode_attention(query, key, value, start, scale, 0, rope, tail=tail, depth=depth)
 
-                checked = {}
-                for walkers in counts:
-                    key, value = keys[0].clone(), values[0].clone()
-                    checked[walkers] = (call(0, walkers, key, value), key, value)
-                first = checked[counts[0]]
-                if any(not all(map(torch.equal, first, other)) for other in checked.values()):
-                    raise Mismatch(f"attention-tree rows {nodes} prefix {prefix}: walker counts differ")
+                first = call(0, keys[0].clone(), values[0].clone())
                 floats = [x.float() for x in (query, keys[0], values[0])]
                 ref, _, _ = rope_attention_reference(floats[0], *(x.float() for x in rope), *floats[1:], start, scale,
                                                      0, 0.0, tail, depth)
-                error = (first[0].float() - ref).abs().max().item()
+                error = (first.float() - ref).abs().max().item()
                 if error > 4 * 2.0 ** -7 * max(1.0, ref.abs().max().item()):  # bf16 steps at the output's scale
                     raise Mismatch(f"attention-tree rows {nodes} prefix {prefix}: max error {error:.3g}")
-                for walkers in counts:
-                    used = 1 if layout == "chain" else (attention.tree_walkers(nodes, heads // kv_heads)
-                                                        if walkers == "auto" else int(walkers))
-                    row = {"layout": layout, "rows": nodes, "prefix": prefix, "capacity": capacity,
-                           "walkers": f"{walkers} ({used})" if walkers == "auto" else str(walkers),
-                           "us_per_call": graph_us(lambda i: call(i, walkers), calls=layers), "max_error": error}
-                    results.append(row)
-                    print(json.dumps(row), flush=True)
-    print(table(results, ["layout", "rows", "prefix", "capacity", "walkers", "us_per_call", "max_error"]))
+                row = {"layout": layout, "rows": nodes, "prefix": prefix, "capacity": capacity,
+                       "us_per_call": graph_us(call, calls=layers), "max_error": error}
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    print(table(results, ["layout", "rows", "prefix", "capacity", "us_per_call", "max_error"]))
     return results
 
 
@@ -950,17 +937,6 @@ def names(choices):
     return parse
 
 
-def names_or_ints(choices):
-    def parse(text: str) -> list[str]:
-        values = text.split(",")
-        unknown = [v for v in values if v not in choices and not v.isdigit()]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; integers or {', '.join(choices)}")
-        return values
-
-    return parse
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Kernel microbenchmarks: validate against the torch reference, then time.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -984,8 +960,6 @@ def main(argv=None) -> None:
     p = commands.add_parser("attention-tree")
     p.add_argument("--rows", type=ints, default=[33, 17], help="tree nodes")
     p.add_argument("--prefixes", type=ints, default=[10, 100, 1000], help="cached tokens before the tree")
-    p.add_argument("--walkers", type=names_or_ints(["auto"]), default=["1", "auto"],
-                   help="walker counts to time: integers or auto (the launch's own choice)")
     p.add_argument("--capacity", type=ints, default=[2048], help="cache slots (the engine starts at k + 2 + 640)")
     p.add_argument("--chain", type=int, default=7, help="a chain of this many rows at each prefix (0: none)")
     p.add_argument("--layers", type=int, default=32, help="calls a replay, each on a cache of its own")

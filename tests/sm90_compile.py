@@ -241,10 +241,10 @@ def attention_scenarios(attention):
                lambda a=(tokens, capacity, rope): call(BF16, *a, dependent=True))
 
     def tree(rope, batch=3, tokens=32, capacity=256, heads=32, kv_heads=8, dim=128, dtype=BF16, window=0, softcap=0.0,
-             walkers=None, dependent=False):
+             dependent=False):
         """a token tree's rows (core/step/rows.py's tails), each sequence its own start: tiles of
         several tokens (4 at group 4), the prefix's blocks shared, the blocks past the start a token at a
-        time, dealt over the launch's walkers (or `walkers`)"""
+        time"""
         query = torch.empty(batch, tokens, heads, dim, dtype=dtype).transpose(1, 2)
         key = torch.empty(batch, kv_heads, capacity, dim, dtype=dtype)
         tail, depth = torch.zeros(batch, tokens, tokens, dtype=torch.int64), torch.ones(batch, tokens, dtype=torch.int64)
@@ -254,12 +254,10 @@ def attention_scenarios(attention):
             cos = torch.empty(batch, tokens, dim, dtype=dtype)
             new = (k_new, torch.empty_like(k_new), cos, torch.empty_like(cos))
         attention.decode_attention(query, key, torch.empty_like(key), torch.zeros(batch, dtype=torch.int64),
-                                   dim ** -0.5, window, new, softcap, dependent=dependent, tail=tail, depth=depth,
-                                   walkers=walkers)
+                                   dim ** -0.5, window, new, softcap, dependent=dependent, tail=tail, depth=depth)
 
     for rope in (False, True):
         yield f"attention bfloat16 tree tokens=32 batch=3 splits=4 rope={rope}", lambda r=rope: tree(r)
-    yield "attention bfloat16 tree tokens=32 batch=3 splits=4 rope=True walkers=1", lambda: tree(True, walkers=1)
     yield "attention bfloat16 tree tokens=17 batch=1 splits=4 rope=True dependent", lambda: tree(True, 1, 17, dependent=True)
     yield "attention float32 tree tokens=33 batch=1 splits=4 rope=True", lambda: tree(True, 1, 33, dtype=F32)
     yield ("attention bfloat16 tree tokens=33 batch=2 splits=4 rope=True window=4096 softcap=50 Gemma-2-9B",

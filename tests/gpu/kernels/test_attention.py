@@ -12,10 +12,6 @@ On CPU the kernels run in the Triton interpreter (tests/triton_cpu.py).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from types import SimpleNamespace
-
 from triton_cpu import DEVICE, INTERPRETED  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
 import pytest
@@ -571,100 +567,6 @@ def test_batch_rows_equal_each_sequence_alone(layout, batch):
     assert (together.float() - ref).abs().max().item() < 4 * 2.0 ** -7
 
 
-# Walkers: a tree tile's per-token walk dealt over several programs (attention.tree_walkers). Which
-# program computes a row must not change a bit of it: every walker count gives torch.equal outputs
-# and cache writes. Tiles of 16 rows: 4 tokens at group 4, 8 at group 2, 5 straddling at group 3,
-# 16 at group 1; one token a tile at group 80.
-WALKER_CASES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _, capacity, window, softcap, rope), walkers)
-    # the start in the first block, one split (the output written directly): every tile's walk is dealt
-    "short-prefix": (8, 2, [5], (14, 3, 5, 0, 64, 0, 1.0, True), [3, 8]),
-    # two splits (partial outputs and their merge); the second sequence's tree crosses the split at
-    # 64, so both splits deal out a walk; a window
-    "short-prefix-splits": (8, 2, [5, 58], (10, 2, 6, 0, 128, 8, 0.0, True), [2]),
-    # the first sequence's splits 0 and 1 lie wholly before its start (130): walker 0 does those
-    # tiles alone, the others idle; its split 2 and the second sequence's splits deal out the walk
-    "long-prefix": (4, 2, [130, 3], (12, 3, 4, 0, 256, 0, 0.0, True), [5]),
-    # group 3: tokens straddle tiles (walkers past a tile's tokens walk nothing)
-    "group3-straddle": (6, 2, [66, 4], (11, 2, 5, 0, 192, 3, 0.0, False), [2]),
-    # group 1: 16 tokens a tile, MAX_WALKERS of them: two tokens a walker
-    "group1": (2, 2, [7], (20, 4, 4, 0, 64, 0, 0.0, True), [16]),
-    # a token's heads over two tiles: one token a tile, so every walker past the first has none
-    "group80": (80, 1, [9], (3, 2, 2, 0, 64, 0, 0.0, True), [2]),
-}
-SLOW_WALKERS = {"short-prefix-splits", "long-prefix", "group3-straddle"}  # over 8 s interpreted
-
-
-def _walked(rows, query, key, value, extra, window, softcap, walkers):
-    """(output, keys, values) of a call with `walkers` on copies of the cache."""
-    start, tail, depth = _paths(rows)
-    key, value = key.clone(), value.clone()
-    out = decode_attention(query, key, value, start, query.shape[-1] ** -0.5, window, extra, softcap, tail=tail,
-                           depth=depth, walkers=walkers)
-    return out, key, value
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_WALKERS else n
-                                  for n in sorted(WALKER_CASES)])
-def test_walkers_keep_every_rows_bits(name):
-    """bf16: outputs and cache writes torch.equal whatever the walkers (one, the launch's own choice,
-    and others); float32, the launch's choice: near the reference (cache writes included)."""
-    heads, kv_heads, starts, case, counts = WALKER_CASES[name]
-    window, softcap = case[5], case[6]
-    shape = dict(heads=heads, kv_heads=kv_heads, starts=starts)
-    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=11, **shape)
-    alone = _walked(rows, query, key, value, extra, window, softcap, 1)
-    for walkers in [None, *counts]:
-        dealt = _walked(rows, query, key, value, extra, window, softcap, walkers)
-        assert all(torch.equal(a, b) for a, b in zip(alone, dealt)), walkers
-    rows, query, key, value, extra = _tree_inputs(case, torch.float32, seed=12, **shape)
-    _assert_tree_matches_reference(rows, query, key, value, extra, window, softcap)
-
-
-@pytest.mark.slow
-def test_walkers_defer_to_the_first_in_splits_of_shared_blocks():
-    """Splits of 128 keys (4160 slots): the first sequence's split 1 holds a block wholly before its
-    start (200) and the block holding it, so walker 0 walks that tile alone, shared block and
-    tokens; the second's (start 130) holds only blocks from the start on and deals its walk out.
-    bf16: torch.equal whatever the walkers."""
-    rows, query, key, value, extra = _tree_inputs((6, 2, 3, 0, 4160, 0, 0.0, True), torch.bfloat16, seed=13,
-                                                  heads=4, kv_heads=1, starts=[200, 130])
-    alone = _walked(rows, query, key, value, extra, 0, 0.0, 1)
-    for walkers in [2, 4]:
-        dealt = _walked(rows, query, key, value, extra, 0, 0.0, walkers)
-        assert all(torch.equal(a, b) for a, b in zip(alone, dealt)), walkers
-
-
-def test_tree_walkers_follow_the_steps_shape():
-    """One walker a token of the fullest tile, at most MAX_WALKERS; one where a tile holds one token;
-    chains take none."""
-    assert attention.tree_walkers(33, 4) == 4  # Llama-3.1-8B: group 4, 4 tokens a tile of 16 rows
-    assert attention.tree_walkers(3, 4) == 3  # a tile of 3 tokens
-    assert attention.tree_walkers(11, 3) == 6  # group 3: rows 0..15 hold tokens 0..5
-    assert attention.tree_walkers(33, 1) == attention.MAX_WALKERS
-    assert attention.tree_walkers(1, 4) == 1
-    assert attention.tree_walkers(5, 80) == 1  # group 80: each token whole tiles (64 + 16 rows)
-    assert attention.tree_walkers(9, 16) == 1  # group 16: one token a tile
-    query, key, value, position = _inputs(CASES[1], torch.float32)
-    with pytest.raises(AssertionError, match="chains have none"):
-        decode_attention(query, key, value, position, 0.125, walkers=2)
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("rope", [False, True])
-def test_walkers_keep_every_rows_bits_on_gpu(rope):
-    """Tensor-core products at Llama-3.1-8B's attention (32 heads, 8 KV heads, dim 128, bf16): a
-    33-node tree for three sequences, after prompts of 10, 100 and 1022 tokens, over 2048 slots:
-    outputs and cache writes torch.equal with one walker, two, and the launch's own choice."""
-    case = (33, 4, 6, 0, 2048, 0, 0.0, rope)
-    rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=8, heads=32, kv_heads=8,
-                                                  starts=[10, 100, 1022], dim=128)
-    alone = _walked(rows, query, key, value, extra, 0, 0.0, 1)
-    for walkers in [None, 2]:
-        dealt = _walked(rows, query, key, value, extra, 0, 0.0, walkers)
-        assert all(torch.equal(a, b) for a, b in zip(alone, dealt)), walkers
-
-
 # Empty splits: a split program whose split starts past every row of its tile's last key (and past
 # the launch's new keys) writes nothing, and the merge reads each row's splits up to the one holding
 # its last key only, loading the others as an empty split's (log-sum-exp -inf, output 0.0). So a
@@ -674,22 +576,22 @@ def test_walkers_keep_every_rows_bits_on_gpu(rope):
 # a 64-slot one (one split: the output written directly) or a 128-slot one (two splits, none empty).
 # (A merge of one partial, or of two, in any order of adding the empty ones' zeros, is exact.)
 BIG = 4096  # 64 splits of 64 keys: the most the merge reads
-EMPTY_SPLITS = {  # name: (layout, heads, kv heads, starts, (nodes, width, depth, _, _, window, softcap, rope), walkers)
+EMPTY_SPLITS = {  # name: (layout, heads, kv heads, starts, (nodes, width, depth, _, _, window, softcap, rope))
     # chains of several tokens, GQA (8 tokens x 2 heads a tile), the kernel's rotary
-    "chain-gqa-rope": ("chain", 8, 2, [40], (9, 1, 9, 0, 0, 0, 0.0, True), [None]),
+    "chain-gqa-rope": ("chain", 8, 2, [40], (9, 1, 9, 0, 0, 0, 0.0, True)),
     # group 3: tokens straddle tiles; a window and soft-capping; two sequences of their own starts
-    "chain-window-softcap": ("chain", 6, 2, [50, 2], (12, 1, 12, 0, 0, 5, 1.0, True), [None]),
+    "chain-window-softcap": ("chain", 6, 2, [50, 2], (12, 1, 12, 0, 0, 5, 1.0, True)),
     # no GQA, one token at the split's last key
-    "one-token": ("chain", 4, 4, [63], (1, 1, 1, 0, 0, 0, 0.0, False), [None]),
-    # a tree, 4 tokens a tile (group 4): its walk dealt over walkers, each exits in the empty splits
-    "tree-walkers": ("tree", 8, 2, [5], (12, 3, 4, 0, 0, 0, 1.0, True), [1, 2, None]),
+    "one-token": ("chain", 4, 4, [63], (1, 1, 1, 0, 0, 0, 0.0, False)),
+    # a tree, 4 tokens a tile (group 4), each tile's programs exit in the empty splits
+    "tree": ("tree", 8, 2, [5], (12, 3, 4, 0, 0, 0, 1.0, True)),
     # trees of two sequences, a window, no rotary (the cache holds the keys)
-    "tree-batch-window": ("tree", 4, 2, [3, 40], (9, 2, 5, 0, 0, 3, 0.0, False), [None]),
+    "tree-batch-window": ("tree", 4, 2, [3, 40], (9, 2, 5, 0, 0, 3, 0.0, False)),
 }
 TWO_SPLITS = {  # the same, every row's keys in the splits [0, 64) and [64, 128)
-    "chain-gqa-rope": ("chain", 8, 2, [60, 100], (9, 1, 9, 0, 0, 0, 0.0, True), [None]),
-    "chain-window-softcap": ("chain", 6, 2, [58], (12, 1, 12, 0, 0, 70, 1.0, True), [None]),
-    "tree-walkers": ("tree", 8, 2, [61, 20], (12, 3, 4, 0, 0, 0, 0.0, True), [1, None]),
+    "chain-gqa-rope": ("chain", 8, 2, [60, 100], (9, 1, 9, 0, 0, 0, 0.0, True)),
+    "chain-window-softcap": ("chain", 6, 2, [58], (12, 1, 12, 0, 0, 70, 1.0, True)),
+    "tree": ("tree", 8, 2, [61, 20], (12, 3, 4, 0, 0, 0, 0.0, True)),
 }
 
 
@@ -697,7 +599,7 @@ def _split_inputs(spec, dtype, seed):
     """(rows, query, key, value, extra) over a BIG-slot cache; chains laid out as chains."""
     from specgen.core.step import rows as rowsets
 
-    layout, heads, kv_heads, starts, case, _ = spec
+    layout, heads, kv_heads, starts, case = spec
     case = (*case[:4], BIG, *case[5:])
     rows, query, key, value, extra = _tree_inputs(case, dtype, seed=seed, heads=heads, kv_heads=kv_heads,
                                                   starts=starts)
@@ -706,30 +608,28 @@ def _split_inputs(spec, dtype, seed):
     return rows, query, key, value, extra
 
 
-def _over(rows, query, key, value, extra, window, softcap, capacity, walkers=None):
+def _over(rows, query, key, value, extra, window, softcap, capacity):
     """(output, keys, values) of a call over copies of the cache's first `capacity` slots."""
     start = rows.start.to(DEVICE)
     tail, depth = (None, None) if rows.tail is None else (rows.tail.to(DEVICE), rows.depth.to(DEVICE))
     key, value = key[:, :, :capacity].clone(), value[:, :, :capacity].clone()
     out = decode_attention(query, key, value, start, query.shape[-1] ** -0.5, window, extra, softcap, tail=tail,
-                           depth=depth, walkers=walkers)
+                           depth=depth)
     return out, key, value
 
 
 def _assert_empty_splits_change_no_bit(spec, capacity, seed):
-    """bf16 and float32: the BIG cache's call (every walker count) equals the `capacity`-slot one,
+    """bf16 and float32: the BIG cache's call equals the `capacity`-slot one,
     output and cache writes, bit for bit; the slots past `capacity` are left as they were; float32
     near the reference (a merge that dropped a split with keys would be far from it)."""
     window, softcap = spec[4][5], spec[4][6]
     for dtype in (torch.bfloat16, torch.float32):
         rows, query, key, value, extra = _split_inputs(spec, dtype, seed)
         small = _over(rows, query, key, value, extra, window, softcap, capacity)
-        for walkers in spec[5] if rows.tail is not None else [None]:
-            big = _over(rows, query, key, value, extra, window, softcap, BIG, walkers)
-            assert torch.equal(big[0], small[0]), (dtype, walkers)
-            for got, want, before in zip(big[1:], small[1:], (key, value)):
-                assert torch.equal(got[:, :, :capacity], want) and torch.equal(got[:, :, capacity:],
-                                                                                before[:, :, capacity:])
+        big = _over(rows, query, key, value, extra, window, softcap, BIG)
+        assert torch.equal(big[0], small[0]), dtype
+        for got, want, before in zip(big[1:], small[1:], (key, value)):
+            assert torch.equal(got[:, :, :capacity], want) and torch.equal(got[:, :, capacity:], before[:, :, capacity:])
     start, tail, depth = rows.start.to(DEVICE), rows.tail, rows.depth
     tail, depth = (None, None) if tail is None else (tail.to(DEVICE), depth.to(DEVICE))
     scale = query.shape[-1] ** -0.5
@@ -743,7 +643,7 @@ def _assert_empty_splits_change_no_bit(spec, capacity, seed):
     assert (big[1] - ref_key).abs().max().item() < 1e-5 and torch.equal(big[2], ref_value)
 
 
-SLOW_SPLITS = {"tree-walkers", "tree-batch-window"}  # over 8 s interpreted
+SLOW_SPLITS = {"tree", "tree-batch-window"}  # over 8 s interpreted
 
 
 def _marked(names):
@@ -770,7 +670,7 @@ def test_splits_of_a_long_and_a_short_sequence(layout):
     the kernel's rotary, soft-capping. float32: near the reference, cache writes included (a merge
     that dropped any split with keys would not be). bf16: each sequence's rows and cache writes
     equal, bit for bit, its call alone over the same cache, and the short one's its call over 64 slots."""
-    spec = (layout, 4, 1, [BIG - 12, 3], (7, 2, 4, 0, 0, 0, 1.0, True), [None])
+    spec = (layout, 4, 1, [BIG - 12, 3], (7, 2, 4, 0, 0, 0, 1.0, True))
     rows, query, key, value, extra = _split_inputs(spec, torch.float32, seed=23)
     start = rows.start.to(DEVICE)
     tail, depth = (None, None) if rows.tail is None else (rows.tail.to(DEVICE), rows.depth.to(DEVICE))

@@ -38,16 +38,6 @@ tile, every tree node re-read the whole prefix (Llama-3.1-8B shapes: 12 of 16 ro
 empty), and a 33-row tree verification's split kernel took 1.30 ms a round over 32 layers on an
 H200 against 0.22 ms for a 7-row chain, whose tiles share each key block.
 
-Walkers (trees only): a tile's per-token walk is dealt over `walkers` programs (tree_walkers, set by
-the step's shape), program (b * KVH + kv head, tile * walkers + walker, split). With a short prefix
-every block of a split holds or follows the start and the tile's walk is all per token: walker w
-takes the tile's tokens w, w + walkers, ... and writes their rows only. Where the split holds shared
-blocks, walker 0 does the whole tile as a lone program would and the others do nothing. Either way
-each row is computed by one program, from the same tile (every row's query loaded), with the same
-blocks in the same order: its bits do not depend on the walkers. Why: with a 10-token prompt, 4
-tokens a tile walked one after another made the 33-row tree's split kernel 1.17 ms a round
-against a 7-row chain's 0.22 (Llama-3.1-8B shapes, H200).
-
 Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becomes
 softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
 computes it (see the kernel).
@@ -68,8 +58,7 @@ reading the cache. Every tile's program of a split writes all of them (the same 
 exits early in a split that holds one), so what a program reads was there before the launch or
 was written by itself (another program's write of that slot is the same bits): a row's key at
 position p lies in its program's split, and past the start a tree row's key at p is its
-ancestor's at p, which p's split writes. Every walker that walks writes them all too; an idle one
-(its split's shared blocks are walker 0's) reads and writes none.
+ancestor's at p, which p's split writes.
 
 Torch references: gpu/kernels/reference.py. Calls from a model step: gpu/ops.py.
 """
@@ -93,9 +82,6 @@ SPLIT_KEYS = 64
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
 MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
-# Programs that share a tree tile's per-token walk (see tree_walkers): each multiplies the tile's
-# programs in every split, most of which have nothing to walk, so their number is capped.
-MAX_WALKERS = 8
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # the online softmax is in base 2
 
 
@@ -111,7 +97,6 @@ def decode_attention(
     dependent: bool = False,  # launched dependent on the kernel before (gpu/kernels/dependent.py)
     tail: torch.Tensor | None = None,  # [B, q, T] int64: each row's slots past the start, in path order
     depth: torch.Tensor | None = None,  # [B, q] int64: the tail entries each row sees
-    walkers: int | None = None,  # programs a tree tile's per-token walk is dealt over (None: tree_walkers')
 ) -> torch.Tensor:  # [B, q, H, D]
     """Without `tail`, the rows are chains: token t of sequence b sits at position[b] + t and sees
     slots 0 .. position[b] + t. With it (core/step/rows.py's layout: a token tree, or any rows), row
@@ -121,9 +106,8 @@ def decode_attention(
     query and the new keys come before their rotary embedding, and the kernel rotates them
     (rotate-half form, float32, one rounding) and writes the new keys and values into the cache at
     each row's slot before attending. Otherwise the cache holds them already and the query is
-    rotated. With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask.
-    `walkers` (rows with `tail` only; tests and benchmarks set it) never changes a bit of the result."""
-    return run(query, key, value, position, scale, window, rope, softcap, dependent, tail, depth, walkers)
+    rotated. With softcap > 0 each scaled score s becomes softcap * tanh(s / softcap) before the mask."""
+    return run(query, key, value, position, scale, window, rope, softcap, dependent, tail, depth)
 
 
 def tiles_of(group: int, gathered: bool) -> tuple[int, int]:
@@ -135,22 +119,7 @@ def tiles_of(group: int, gathered: bool) -> tuple[int, int]:
     return block_m, pitch
 
 
-def tree_walkers(tokens: int, group: int) -> int:
-    """The programs a tree tile's per-token walk is dealt over (query heads per KV head `group`):
-    one per token of the fullest tile, at most MAX_WALKERS. Why: with a short
-    prefix every key block of a tree's split holds or follows the start, so a tile's program walked
-    its tokens one after another (Llama-3.1-8B shapes: 4 tokens a tile), and a 33-row tree's split
-    kernel took 1.17 ms a round against 0.22 ms for a 7-row chain (H200, 32 layers). Set by the
-    step's shape, never by its data: the grid is captured."""
-    block_m, pitch = tiles_of(group, True)
-    if tokens <= 1 or pitch >= block_m:
-        return 1  # one token a tile
-    fullest = max(min((row + block_m - 1) // pitch, tokens - 1) - row // pitch + 1
-                  for row in range(0, tokens * pitch, block_m))
-    return min(fullest, MAX_WALKERS)
-
-
-def run(query, key, value, position, scale, window, rope, softcap, dependent, tail=None, depth=None, walkers=None):
+def run(query, key, value, position, scale, window, rope, softcap, dependent, tail=None, depth=None):
     """decode_attention's launches."""
     batch, heads, tokens, dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
@@ -172,13 +141,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     else:
         part = torch.empty(batch, heads, tokens, splits, dim, dtype=torch.float32, device=query.device)
         lse = torch.empty(batch, heads, tokens, splits, dtype=torch.float32, device=query.device)
-    if tail is None:
-        assert walkers in (None, 1), "walkers deal out a tree tile's per-token walk: chains have none"
-        walkers = 1
-    elif walkers is None:
-        walkers = tree_walkers(tokens, group)
-    assert walkers >= 1
-    grid = (batch * kv_heads, tiles * walkers, splits)
+    grid = (batch * kv_heads, tiles, splits)
     if rope is None:
         k_new = v_new = cos = sin = query  # unused
         new_strides = (0,) * 8
@@ -205,7 +168,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
-        BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, WALKERS=walkers, num_warps=4,
+        BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, num_warps=4,
         **launch_options(dependent),
     )
     if splits > 1:
@@ -250,7 +213,7 @@ def _split_kernel(
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
     ROPE: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr, WALKERS: tl.constexpr,
+    BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     wait_previous(DEPENDENT)  # first, in every program: gpu/kernels/dependent.py
     bkv = tl.program_id(0)
@@ -258,13 +221,7 @@ def _split_kernel(
     kvh = bkv % kv_heads
     split = tl.program_id(2)
     prefix = tl.load(start_ptr + b * ssb)
-    if WALKERS > 1:  # (TAIL) the tile's programs that share its per-token walk: tile-major
-        tile = tl.program_id(1) // WALKERS
-        walker = tl.program_id(1) % WALKERS
-    else:
-        tile = tl.program_id(1)
-        walker = 0
-    first_row = tile * BLOCK_M
+    first_row = tl.program_id(1) * BLOCK_M
     if TAIL:  # several tokens a tile, token-major as in a chain: each prefix key block serves them all
         f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows
         t = f // pitch  # [M] each row's query token
@@ -290,7 +247,7 @@ def _split_kernel(
     # split). Why: the splits follow the cache, not the sequence, so most of a step's programs are
     # such, and each stored a zero partial that the merge loaded again (H200, Llama-3.1-8B shapes,
     # 32 layers, a 10-token prompt: a 33-row tree's attention 1.17 ms split + 0.16 ms merge a round
-    # against 0.22 + 0.09 for a 7-row chain, about the ratio of rows). Every walker exits alike.
+    # against 0.22 + 0.09 for a 7-row chain, about the ratio of rows).
     reach = at_last
     if ROPE:
         if TAIL:
@@ -308,41 +265,19 @@ def _split_kernel(
     if WINDOW > 0:
         first = tl.maximum(at_first - WINDOW + 1, 0)
         lo = tl.maximum(lo, first - first % BLOCK_N)
-    q_ok = row_ok  # [M] the rows whose query this program loads
-    written = row_ok  # [M] and those whose output it writes
     if TAIL:
         # The blocks wholly before the start, shared by the tile's tokens, are [lo, shared_end).
         shared_end = tl.maximum(tl.minimum(hi, prefix - prefix % BLOCK_N), lo)
-        shared_stop = shared_end
-        walk_first = token_first  # the tokens this program walks: range(walk_first, walk_stop, walk_step)
-        walk_stop = token_last + 1
-        walk_step = 1
-        if WALKERS > 1:
-            # Where the split holds no shared block (a short prefix: every block holds or follows
-            # the start), the tile's tokens are dealt out: walker w walks tokens token_first + w,
-            # + w + WALKERS, ... and writes their rows only, each token's walk as a lone program
-            # would do it. Otherwise walker 0 does the whole tile as with one walker (the shared
-            # blocks' product is not repeated per walker: a long prompt costs what it did) and the
-            # others load, write and walk nothing. Whichever program computes a row, it runs the
-            # same operations on the same tile (every row's query loaded), so its bits are the same.
-            divided = shared_end == lo
-            active = divided | (walker == 0)
-            shared_stop = tl.where(walker == 0, shared_end, lo)
-            walk_first = tl.where(divided, token_first + walker, token_first)
-            walk_stop = tl.where(active, token_last + 1, walk_first)
-            walk_step = tl.where(divided, WALKERS, 1)
-            q_ok = tl.where(active, row_ok, False)  # (a scalar & a vector of bools: the interpreter's mask is int32)
-            written = q_ok & (t >= walk_first) & ((t - walk_first) % walk_step == 0)
     head = kvh * group + g
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
     q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
-                mask=q_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
     if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
         half = dim // 2
         partner = tl.where(d < half, d + half, d - half)
         sign = tl.where(d < half, -1.0, 1.0)
-        q_mask = q_ok[:, None] & d_ok[None, :]
+        q_mask = row_ok[:, None] & d_ok[None, :]
         q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + partner[None, :],
                             mask=q_mask, other=0.0)
         trig = b * scb + t[:, None] * sct + d[None, :]  # [M, D]: each row's token's
@@ -353,8 +288,6 @@ def _split_kernel(
         # rotated, into the cache at their slots
         j = tl.arange(0, BLOCK_T)
         j_ok = j < tokens
-        if WALKERS > 1:  # an idle walker reads none of them (walker 0 writes them all)
-            j_ok = tl.where(active, j_ok, False)
         if TAIL:
             depth_new = tl.load(depth_ptr + b * sdb + j * sdt, mask=j_ok, other=1)
             at_new = prefix + depth_new - 1
@@ -395,11 +328,11 @@ def _split_kernel(
         # hold each row's own path: walked a token at a time, each from where its one-token step's
         # walk would be (its window) to its last key, the other tokens' rows kept as they are. So
         # each row sees its one-token step's blocks, keys and order.
-        for block in range(lo, shared_stop, BLOCK_N):
+        for block in range(lo, shared_end, BLOCK_N):
             n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
             m, l, acc = _attend(q, m, l, acc, k_base, v_base, n, n, n < hi, at, d, d_ok, skn, svn, score_scale,
                                 WINDOW, SOFTCAP, F32_DOT, PER_ROW)
-        for token in range(walk_first, walk_stop, walk_step):
+        for token in range(token_first, token_last + 1):
             at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
             hi_token = tl.minimum(tl.minimum(split_lo + SPLIT_KEYS, at_token + 1), capacity)
             lo_token = shared_end
@@ -428,12 +361,12 @@ def _split_kernel(
     if SPLITS == 1:
         heads = kv_heads * group
         dst = out_ptr + ((b * tokens + t[:, None]) * heads + head[:, None]) * dim + d[None, :]
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=written[:, None] & d_ok[None, :])
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     else:
         heads = kv_heads * group
         row_id = (b * heads + head) * tokens + t  # [M] index into [B, H, q]
         # a row's splits past its last key are left unwritten: the merge does not read them
-        kept = written & (at >= split_lo)
+        kept = row_ok & (at >= split_lo)
         tl.store(part_ptr + (row_id[:, None] * SPLITS + split) * dim + d[None, :], o,
                  mask=kept[:, None] & d_ok[None, :])
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
