@@ -4,7 +4,7 @@ When a row of a BatchRound takes a prompt (or stops), a dozen of its per-row buf
 values: its last id, budget, limit, positions, seed key, warp parameters, a drafter's pending ids.
 Written one by one, each is a launch of its own, queued between rounds while every row waits: on
 an H200 a refill cost about 1.3 ms of host time, of which the warp parameters took 0.19 ms per
-row and a dozen fills most of the rest (docs/benchmarks.md, "Batches").
+row and a dozen fills most of the rest (docs/benchmarks.md, "Batches (H200)").
 
 Here each part registers its buffers once (`field`: a name, the device view [B, width, ...] its
 values go to), and a start or stop only records the values on the host (`set`). Before the next
