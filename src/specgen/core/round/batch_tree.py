@@ -296,9 +296,6 @@ class BatchTreeRound(BatchRound):
         # a host tree is the host's, selected by no tree_select: no recapture for its sampled rows
         self.trees.trees[b].sampled = drawn and not self.gumbel and not self.one_hot
 
-    def draw(self, b: int, generator: torch.Generator) -> None:
-        self.coupling.draw(b, generator, not self.target_params.specs[b].greedy)
-
     # -- the device program -----------------------------------------------------------------------
 
     def body(self) -> None:
