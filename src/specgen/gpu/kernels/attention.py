@@ -79,6 +79,12 @@ from specgen.gpu.kernels.dependent import launch_options, release_next, wait_pre
 # 1.741 -> 1.723 ms, `git show 1b54921:docs/benchmarks.md`, "Gemma 2's layers on the kernels (H200)").
 # Splits depend on the model and the cache, never on tokens.
 SPLIT_KEYS = 64
+# The merge's block is always MAX_SPLITS wide, whatever the cache's splits: a row's unread splits
+# load as exact zeros, so the same reduction over the same positions gives the same bits. With a
+# block of next_power_of_2(splits) the reduction's shape followed the capacity: on an H200 a float32
+# row merged from two splits of a 128-slot cache differed from the same row's merge in a 4096-slot
+# cache (tests/gpu/kernels/test_attention.py, two splits), so a batch's cache and a prompt's own could
+# disagree.
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
 MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
@@ -175,7 +181,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         _combine_kernel[(batch * heads * tokens,)](
             part, lse, out, starts, depth, start_stride, *tail_strides[2:], heads, tokens, dim, splits,
             SPLIT_KEYS=split_keys, TAIL=gathered,
-            BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, DEPENDENT=dependent, HOLD=tokens > 1, num_warps=4,
+            BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, DEPENDENT=dependent, HOLD=tokens > 1, num_warps=4,
             **launch_options(dependent),
         )
     return out
