@@ -151,7 +151,7 @@ def test_one_row_then_nothing(pair, monkeypatch):
     assert rnd.prefill.steps == 4 and not calls
 
 
-def test_a_prompt_longer_than_a_group_takes_keeps_the_runner(pair, monkeypatch):
+def test_a_prompt_past_longest_keeps_its_runners_prefill(pair, monkeypatch):
     """Past LONGEST tokens a prompt is its runner's alone (its forward's steps); the shorter rows
     beside it still take a group."""
     engine = engine_for(pair)
