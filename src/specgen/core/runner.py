@@ -16,6 +16,12 @@ import torch
 
 from specgen.core.errors import UsageError
 
+# How a runner's forward steps a prompt (gpu/runner.py's GraphRunner: its largest captured step,
+# replayed chunk by chunk), and a batch's prefill steps its rows' prompts as it does
+# (core/round/batch_prefill.py): the same chunks give the same bits.
+PREFILL_CHUNK = 64
+MAX_CHUNKS = 8  # longer prompts (more than 512 tokens) prefill eagerly, where compute dominates
+
 
 class Runner(Protocol):
     """What a round needs of a model: a static cache, a device position and fixed-shape steps."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.core.runner import MAX_CHUNKS, PREFILL_CHUNK  # noqa: F401 (PREFILL_CHUNK: the backend's)
 from specgen.gpu import stages
 from specgen.gpu.capture import capture
 from specgen.gpu.policy import ResolvedKernels
@@ -31,8 +32,6 @@ from specgen.gpu.workspace import Workspace
 WARMUP_STEPS = 3  # eager runs before capture: Triton's JIT, cuBLAS handles, lazy allocations
 SLACK = 64  # positions past the longest request: where warm-ups and padded steps may write
 MAX_GRAPH_TOKENS = 64  # longest captured step
-PREFILL_CHUNK = 64  # the graph runner also captures this shape: prompts replay it chunk by chunk
-MAX_CHUNKS = 8  # longer prompts (more than 512 tokens) prefill eagerly, where compute dominates
 
 
 @dataclass

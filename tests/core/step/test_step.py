@@ -278,6 +278,20 @@ def test_compact_moves_keys_values_and_positions():
     assert cache.positions[0, 4:9].tolist() == [4, 6, 7, 4, 8]
 
 
+def test_first_rows_of_a_cache_are_a_view_of_them():
+    """SlotCache.first(n): a cache of its first n rows in the same memory (every layer's keys and
+    values, the planes and the positions), so a step over n sequences writes the cache's rows."""
+    cache = SlotCache(3, 4, 2, 4, 12, torch.float32, torch.device("cpu"))
+    view = cache.first(2)
+    assert view.capacity == 12 and view.keys[0].shape == (2, 2, 12, 4) and len(view.values) == 3
+    view.values[2][1, :, 5].fill_(7.0)
+    view.positions[1, 5] = 9
+    (planes,) = cache.planes.values()
+    assert cache.values[2][1, :, 5].eq(7.0).all() and planes[1, 2, 1, :, 5].eq(7.0).all()
+    assert cache.positions[1, 5].item() == 9 and planes.abs().sum().item() == 7.0 * 2 * 4
+    assert view.planes[torch.device("cpu")].shape == (2, 3, 2, 2, 12, 4)
+
+
 @pytest.mark.parametrize("shape", ["binary", "lopsided"])
 def test_tree_rows_equal_the_chains_of_their_paths(family, shape):
     """Every node of a token tree verified in one step gets the logits of its path fed as a chain

@@ -11,7 +11,9 @@ what it computes alone (the same ops over more rows, each row reading its own ca
 Buffers are allocated once (the cache and its rotary table when the round's caches grow); the body
 reads no host value, so the round captures it whole. A row's prompt is prefilled as the chain round
 prefills it (core/drafters/heads.prefill_head: the target in chunks the engine's tap holds, then the
-head), by the engine's head and target runner, and both caches' slots copied into the row.
+head), by the engine's head and target runner, and both caches' slots copied into the row, at once:
+not with the other rows' prompts at the next flush (core/round/batch_prefill.py), since the head
+reads the target's tapped hidden states of every chunk.
 """
 
 from __future__ import annotations

@@ -49,8 +49,11 @@ Each row's logprobs are computed after the body, from the round's target rows
 The body reads no host value and allocates nothing that outlives it, so a backend may capture it
 (gpu/backend.py: one CUDA graph per batch shape, cache generation and the rows' warp flags); the
 torch backend runs it as it is. Each model steps over caches of this round's own (B rows, grown
-with the longest request) with its runner's batch kernel table (Runner.batch_ops); a row's prompt
-is prefilled by the runner itself, as it is alone, and its keys and values copied into the row.
+with the longest request) with its runner's batch kernel table (Runner.batch_ops). A row's start
+only records its prompt: the next flush (before any round reads the row) prefills every row that
+started since together, chunk by chunk as its runner prefills it alone, through the same batch
+kernel table, and copies each row's keys and values into its cache row (core/round/batch_prefill.py;
+an EAGLE-3 head's rows keep their own prefill, core/round/batch_head.py).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import torch
 
 from specgen.core.errors import UsageError
 from specgen.core.round.batch_logprobs import BatchLogprobs
+from specgen.core.round.batch_prefill import BatchPrefill
 from specgen.core.round.batch_rows import BatchLogitsRows, BatchMinTokens, BatchPenalties
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.row_start import RowStarts, int_bits
@@ -337,6 +341,7 @@ class BatchRound:
         self.staging = Staging(device)  # a refill's host values (ids, warp params), copied without a stall
         # a start's or stop's per-row values, written for every row at once before the next round
         self.starts = RowStarts(batch, device, self.staging, backend)
+        self.prefill = BatchPrefill(self)  # the prompts of rows started since the last flush, stepped together
         for name, buffer in (("last", self.feed[:, 0]), ("budget", self.budget), ("generated", self.generated),
                              ("limit", self.limit), ("active", self.active)):
             self.starts.field(name, buffer)
@@ -416,8 +421,8 @@ class BatchRound:
     # -- host side, between rounds ----------------------------------------------------------------
 
     def start(self, b: int, prompt_ids: list[int], spec: SamplingSpec, seed: int, cut: bool = True) -> None:
-        """Row b takes a prompt: its caches' row b prefilled (the target's with all but the last id;
-        the drafter prefills the target with its own), its settings and its seed.
+        """Row b takes a prompt: its caches' row b prefilled at the next flush (the target's with all
+        but the last id; the drafter prefills the target with its own), its settings and its seed.
         cut: the draft's q keeps the request's top-k / top-p / min-p (core/engine.draft_picking)."""
         ids = list(prompt_ids)
         self._room(len(ids) + spec.max_tokens + self.reach)
@@ -442,8 +447,10 @@ class BatchRound:
         self.starts.set(b, "budget", 0)
 
     def flush(self) -> None:
-        """The rows' recorded start and stop values onto the device (core/round/row_start.py):
-        before a round (the programs call it) and before the host sets budgets."""
+        """The rows' pending prefills (core/round/batch_prefill.py), then their recorded start and
+        stop values onto the device (core/round/row_start.py): before a round (the programs call
+        it) and before the host sets budgets."""
+        self.prefill.run()
         self.starts.flush()
 
     def set_budgets(self, budgets: list[int]) -> None:
@@ -473,8 +480,8 @@ class BatchRound:
 
     def _room(self, slots: int) -> None:
         """Caches of B rows with room for `slots` positions (and SLACK); grown by doubling, the
-        rows keeping their keys and values. Each runner reserves as much: a row's prompt is
-        prefilled there first."""
+        rows keeping their keys and values. Each runner reserves as much: a prompt past a group's
+        length (core/round/batch_prefill.py) or a head's row is prefilled there first."""
         if slots + SLACK <= self.capacity:
             return
         for runner in self.runners:
@@ -494,29 +501,23 @@ class BatchRound:
             self.drafter.close()
 
     def _prefill(self, which: int, b: int, ids: list[int]) -> None:
-        """One row's prefix, prefilled by its model's runner as it is alone (the same steps, the same
-        bits), then copied into row b of the batch's cache."""
+        """Row b's prefix for model `which` (0 target, 1 draft model): its position recorded, its
+        prefill pending until the next flush, which steps it with every other row's that started
+        since (core/round/batch_prefill.py), each row as its runner prefills it alone."""
         self.starts.set(b, f"position{which}", len(ids))
-        if not ids:
-            return
-        runner = self.runners[which]
-        runner.reset()
-        with torch.inference_mode():
-            # the ids from pinned staging, the copy queued: a pageable copy would wait for the round
-            # in flight (and the runner's own copy of them would be another)
-            runner.forward(self.staging.put(torch.tensor(ids, dtype=torch.long)), want_logits=False)
-            self.adopt(which, b, len(ids))
+        self.prefill.add(which, b, ids)  # an empty prefix too: it replaces one pending for the row
 
-    def adopt(self, which: int, b: int, n: int) -> None:
-        """Model `which`'s runner's first n slots, as it prefilled them alone, into row b of the
-        round's cache."""
-        cache, alone = self.caches[which], self.runners[which].cache
+    def adopt(self, which: int, b: int, n: int, source=None, row: int = 0) -> None:
+        """The first n slots of row `row` of `source` (a SlotCache of model `which`; None: its
+        runner's, where it prefilled alone) into row b of the round's cache."""
+        cache = self.caches[which]
+        source = self.runners[which].cache if source is None else source
         # one copy a device over its planes [2, L, B, g, S, d] (every layer's keys and values): a
         # copy per layer table is 2 L launches a refill, queued between rounds while rows wait
         for device, planes in cache.planes.items():
-            planes[:, :, b, :, :n].copy_(alone.planes[device][:, :, 0, :, :n])
+            planes[:, :, b, :, :n].copy_(source.planes[device][:, :, row, :, :n])
         for device, positions in cache.copies.items():
-            positions[b, :n].copy_(alone.copies[device][0, :n])
+            positions[b, :n].copy_(source.copies[device][row, :n])
 
     # -- the device program -----------------------------------------------------------------------
 

@@ -34,6 +34,20 @@ class SlotCache:
         # [B, capacity] on each device the layers use
         self.copies = {d: torch.zeros(batch, capacity, dtype=torch.long, device=d) for d in dict.fromkeys(self.devices)}
 
+    def first(self, rows: int) -> "SlotCache":
+        """A view of its first `rows` rows (the same memory): a step over fewer sequences than it
+        holds (core/round/batch_prefill.py's groups)."""
+        view = object.__new__(SlotCache)
+        view.devices = self.devices
+        view.planes = {d: planes[:, :, :rows] for d, planes in self.planes.items()}
+        view.keys, view.values = [None] * len(self.keys), [None] * len(self.keys)
+        for device, planes in view.planes.items():
+            mine = [layer for layer, d in enumerate(self.devices) if d == device]
+            for i, layer in enumerate(mine):
+                view.keys[layer], view.values[layer] = planes[0, i], planes[1, i]
+        view.copies = {d: copy[:rows] for d, copy in self.copies.items()}
+        return view
+
     @property
     def positions(self) -> torch.Tensor:
         """[B, capacity]: the position of the key in each slot (the first layer's device's copy)."""

@@ -17,6 +17,10 @@ import torch.nn.functional as F
 from specgen.core.step.cache import SlotCache
 from specgen.core.step.rows import Rows
 
+# The most rows one call of a batch's kernel table takes (gpu/kernels/linear.py's kernels; a call of
+# more takes the reference): a batch's verification, B x (k + 1) rows, and a group of prompts'
+# prefill chunks (core/round/batch_prefill.py), whose every row gets a one-request step's bits.
+BATCH_ROWS = 512
 ACTIVATIONS = {
     "silu": F.silu,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),

@@ -47,6 +47,10 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+# BATCH_ROWS, the most rows one call takes: a batch's verification step, B x (k + 1) rows, or a group
+# of prompts' prefill chunks, through the same kernel so that each row gets the bits it gets in a
+# one-request step (core/round/batch_round.py, core/round/batch_prefill.py)
+from specgen.core.step.ops import BATCH_ROWS
 from specgen.gpu.kernels.dependent import launch_options, release_next, wait_previous
 from specgen.gpu.tuning.linear_table import LinearTable, packaged
 from specgen.gpu.kernels.norm import rounded
@@ -55,9 +59,6 @@ from specgen.gpu.workspace import Workspace
 # The rows of a captured step (gpu/runner.py's MAX_GRAPH_TOKENS): prefill chunks too, so a prompt's
 # cache is computed the same way whichever captured shape a prefill replays.
 MAX_ROWS = 64
-# The most rows one call takes: a batch's verification step, B x (k + 1) rows, through the same
-# kernel so that each row gets the bits it gets in a one-request step (core/round/batch_round.py).
-BATCH_ROWS = 512
 DOT_ROWS = 16  # rows per tensor-core tile, at least
 TILE_ROWS = 64  # at most: calls of more rows take several tiles
 ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_act -> kernel code

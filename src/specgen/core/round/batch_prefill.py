@@ -1,0 +1,152 @@
+"""The prompts of a batch's rows prefilled together: every row that took a prompt since the last round.
+
+Alone, a runner prefills a prompt chunk by chunk (core/runner.py's PREFILL_CHUNK tokens a step; on
+CUDA its captured largest step, replayed), one full model step per chunk and prompt. A batch that
+did the same per row paid B x chunks model steps at its first fill, one after another (~40% of the
+device time of a B = 32 run of the bench pair, k = 2), and a refill's steps each held every row.
+
+Here a row's start only records its ids (`add`), and the round's flush (`run`, before any round
+reads the row: core/round/batch_round.py's flush) steps each model's pending prompts in groups of
+at most GROUP rows: chunk c of every prompt of the group in one step over [G, CHUNK] rows, each row
+at positions c x CHUNK .. of its own row of a scratch cache of G rows (ids past a prompt's end are
+padding: they sit after its real ones, so no real row sees them, and their keys lie past what is
+copied), then each row's first n slots copied into its row of the round's cache (the round's
+`adopt`, one copy a device). A group of P prompts steps a power of two G >= P rows (the rows past
+P step padding into scratch rows nobody copies), so a model has at most log2(GROUP) + 1 step
+shapes, each made cheap to run again by the backend (`Backend.graph`: captured on CUDA, run as it
+is on the torch backend) and made anew when the round's caches are (their generation: the round's
+batch kernel tables, which the steps use, are replaced with them). The step runs with keep = 1:
+no lm head over every row (an 8B's over 512 rows would cost ~0.7 ms).
+
+A row's bits are its alone prefill's: the same chunks at the same positions, through the round's
+batch kernel table (Runner.batch_ops), whose calls give each row the bits of the runner's own
+steps whatever the row count (row-invariant linears, attention walking each row's keys in logical
+order); a row reads only its own scratch row. A GROUP x CHUNK step is one call's most rows
+(BATCH_ROWS): more would take the reference.
+
+Prompts longer than LONGEST (MAX_CHUNKS chunks, 512 tokens) keep the runner's alone prefill: its
+forward steps them eagerly in one step (gpu/runner.py), whose bits a chunked group would not
+reproduce; they are compute-bound already, so a group gains little; and the scratch stays bounded
+(GROUP x LONGEST slots a model, an 8B's 512 MiB: inside the share of free memory batch_cost leaves).
+
+An EAGLE-3 head's rows (core/round/batch_head.py) keep their own prefill: the head reads the
+target's tapped hidden states chunk by chunk as the chain round feeds them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from specgen.core.runner import MAX_CHUNKS, PREFILL_CHUNK as CHUNK
+from specgen.core.step import rows as rowsets
+from specgen.core.step.ops import BATCH_ROWS
+
+GROUP = BATCH_ROWS // CHUNK  # rows of one group step: GROUP x CHUNK rows, one linear call's most
+LONGEST = MAX_CHUNKS * CHUNK  # longer prompts keep the runner's alone prefill (the module's docstring)
+
+
+class BatchPrefill:
+    """The pending prompts of a BatchRound's rows (model `which`, row b: ids), and the buffers that
+    step them: a chunk's ids [GROUP, CHUNK] and its start [GROUP] in one device buffer (one staged
+    copy a chunk), the rows' positions (the step's inputs op writes them), a scratch cache of GROUP
+    rows per model. `steps`: group chunk steps run (what tests count)."""
+
+    def __init__(self, rnd):
+        self.rnd = rnd
+        self.pending: dict[tuple[int, int], list[int]] = {}
+        with torch.inference_mode(False):  # written inside and outside inference mode
+            self.packed = torch.zeros(GROUP * (CHUNK + 1), dtype=torch.long, device=rnd.device)
+            self.positions = torch.zeros(GROUP * CHUNK, dtype=torch.long, device=rnd.device)
+        self.ids = self.packed[:GROUP * CHUNK].view(GROUP, CHUNK)
+        self.start = self.packed[GROUP * CHUNK:]
+        self.scratch: list = []  # per model: a cache of GROUP rows
+        self.programs: dict[tuple[int, int], Callable[[], None]] = {}  # (model, rows) -> its chunk step
+        self.generation = None  # the round's caches' the scratch and programs were made for
+        self.steps = 0
+
+    def add(self, which: int, b: int, ids: list[int]) -> None:
+        """Row b's prefix for model `which`, prefilled at the next run (a later add of the same row
+        and model replaces it, as a start record's set does; an empty one prefills nothing)."""
+        self.pending[(which, b)] = list(ids)
+
+    def run(self) -> None:
+        """Every pending prefix into its row of the round's current caches (grown since the add
+        or not), with the current batch kernel tables; nothing when none is pending."""
+        if not self.pending:
+            return
+        if self.generation != self.rnd.generation:
+            self._renew()
+        pending, self.pending = self.pending, {}
+        with torch.inference_mode():
+            for which in range(len(self.rnd.runners)):
+                rows = [(b, ids) for (model, b), ids in pending.items() if model == which and ids]
+                grouped = [(b, ids) for b, ids in rows if self._fits(len(ids))]
+                for b, ids in rows:
+                    if not self._fits(len(ids)):
+                        self._alone(which, b, ids)
+                for at in range(0, len(grouped), GROUP):
+                    self._group(which, grouped[at: at + GROUP])
+
+    def _fits(self, n: int) -> bool:
+        """Whether an n-token prefix takes a group: at most LONGEST tokens, its chunks in the
+        scratch (which the round's capacity, past every prompt with SLACK, bounds too)."""
+        return n <= LONGEST and -(-n // CHUNK) * CHUNK <= self.scratch[0].capacity
+
+    def _renew(self) -> None:
+        """Scratch caches of GROUP rows and min(LONGEST, the round's capacity) slots, and no
+        program yet: the round's caches and kernel tables are new."""
+        rnd = self.rnd
+        self.programs.clear()  # their steps hold the old scratch: its memory back before the new takes its own
+        self.scratch = []
+        with torch.inference_mode(False):
+            self.scratch = [model.new_cache(GROUP, min(LONGEST, rnd.capacity)) for model in rnd.models]
+        self.generation = rnd.generation
+
+    def _group(self, which: int, rows: list[tuple[int, list[int]]]) -> None:
+        """Up to GROUP prefixes of model `which`: their chunks staged in one copy, a step per chunk,
+        then each row's slots into the round's cache."""
+        size = 1 << (len(rows) - 1).bit_length()  # padded up to a power of two: few shapes
+        chunks = -(-max(len(ids) for _, ids in rows) // CHUNK)
+        flat = torch.zeros(GROUP, chunks * CHUNK, dtype=torch.long)  # each row's prefix, then padding
+        for r, (_, prefix) in enumerate(rows):
+            flat[r, :len(prefix)] = torch.tensor(prefix, dtype=torch.long)
+        host = torch.empty(chunks, GROUP * (CHUNK + 1), dtype=torch.long)  # per chunk: ids [G, CHUNK], start [G]
+        host[:, :GROUP * CHUNK].view(chunks, GROUP, CHUNK).copy_(flat.view(GROUP, chunks, CHUNK).transpose(0, 1))
+        host[:, GROUP * CHUNK:] = torch.arange(chunks)[:, None] * CHUNK  # every row's chunk c starts at c x CHUNK
+        staged = self.rnd.staging.put(host)  # pinned: queued behind the round in flight, not waiting for it
+        for c in range(chunks):
+            self.packed.copy_(staged[c])
+            self._program(which, size)()  # made at its first chunk: a capture's warm-ups step that chunk
+            self.steps += 1
+        for r, (b, prefix) in enumerate(rows):
+            self.rnd.adopt(which, b, len(prefix), self.scratch[which], r)
+
+    def _program(self, which: int, size: int) -> Callable[[], None]:
+        """Model `which`'s chunk step over the first `size` rows of the buffers and its scratch."""
+        key = (which, size)
+        if key not in self.programs:
+            rnd = self.rnd
+            model, cache, ops = rnd.models[which], self.scratch[which].first(size), rnd.step_ops[which]
+            rows = rowsets.batch(self.ids[:size], self.start[:size], self.positions)
+
+            def step() -> None:
+                model.step(rows, cache, ops, keep=1)  # its logits: nobody's
+
+            # a capture's warm-ups step the buffers' chunk for real, into the scratch: what the replay
+            # writes there again
+            what = f"a {size}-row prefill of the {('target', 'draft model')[which]}"
+            self.programs[key] = rnd.backend.graph(step, what)
+        return self.programs[key]
+
+    def _alone(self, which: int, b: int, ids: list[int]) -> None:
+        """A long prefix through its model's runner as alone (the same steps, the same bits), then
+        copied into row b."""
+        rnd = self.rnd
+        runner = rnd.runners[which]
+        runner.reset()
+        # the ids from pinned staging, the copy queued: a pageable copy would wait for the round in
+        # flight (and the runner's own copy of them would be another)
+        runner.forward(rnd.staging.put(torch.tensor(ids, dtype=torch.long)), want_logits=False)
+        rnd.adopt(which, b, len(ids))
