@@ -39,14 +39,14 @@ def build_tokenizer(folder: Path, vocab_size: int = 320, corpus: list[str] = COR
 
 
 def build_model(folder: Path, family: str, layers: int, hidden: int, vocab: int, seed: int,
-                eos_id: int, init: float = 0.5, vocab_rows: int | None = None):
+                eos_id: int, init: float = 0.5, vocab_rows: int | None = None, context: int = 512):
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
     config = config_cls(
         vocab_size=vocab_rows or vocab, hidden_size=hidden, intermediate_size=hidden * 2,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, initializer_range=init, eos_token_id=eos_id,
+        max_position_embeddings=context, initializer_range=init, eos_token_id=eos_id,
         bos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
@@ -57,21 +57,22 @@ def build_model(folder: Path, family: str, layers: int, hidden: int, vocab: int,
 
 
 def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows: int | None = None,
-               noisy: float = 0.0):
+               noisy: float = 0.0, context: int = 512):
     """A target and a draft sharing one tokenizer.
 
     same=True makes the draft a copy of the target; noisy=s a copy whose weights carry Gaussian
     noise of std s, so it agrees with the target only part of the time (like a real draft);
-    otherwise the draft is an unrelated smaller model.
+    otherwise the draft is an unrelated smaller model. context: both models' positions.
     """
     root = Path(root)
     tok = build_tokenizer(root / "target")
     vocab = len(tok)
     eos_id = tok.eos_token_id
-    build_model(root / "target", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id)
+    build_model(root / "target", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id, context=context)
     tok.save_pretrained(root / "draft")
     if same or noisy:
-        draft = build_model(root / "draft", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id)
+        draft = build_model(root / "draft", family, layers=2, hidden=64, vocab=vocab, seed=1, eos_id=eos_id,
+                            context=context)
         if noisy:
             with torch.no_grad():  # noise on the output head only: perturbed logits, same hidden states
                 head = draft.get_output_embeddings().weight
@@ -79,7 +80,7 @@ def build_pair(root: Path, family: str = "llama", same: bool = False, draft_rows
             draft.save_pretrained(root / "draft", safe_serialization=True)
     else:
         build_model(root / "draft", family, layers=1, hidden=32, vocab=vocab, seed=2, eos_id=eos_id,
-                    vocab_rows=draft_rows)
+                    vocab_rows=draft_rows, context=context)
     return root / "target", root / "draft"
 
 

@@ -28,7 +28,8 @@ from tiny_models import build_pair
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    return build_pair(tmp_path_factory.mktemp("prefill-kernels"))  # an unrelated draft: two models' caches
+    # an unrelated draft: two models' caches; 1,024 positions: prompts past LONGEST fit with their tokens
+    return build_pair(tmp_path_factory.mktemp("prefill-kernels"), context=1024)
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -120,7 +121,8 @@ def test_group_prefill_on_cuda_is_each_prompt_alone(pair):
     rnd.flush()
     torch.cuda.synchronize()
     assert not [note for note in engine.backend.notes if "prefill" in note]
-    assert sorted(rnd.prefill.programs) == [(0, 1), (0, GROUP), (1, GROUP)]  # the long one: alone
+    # every group size's step, both models, made at the first prefill (the long one: alone)
+    assert sorted(rnd.prefill.programs) == [(m, 1 << i) for m in (0, 1) for i in range(GROUP.bit_length())]
     assert all(type(program).__name__ == "method" for program in rnd.prefill.programs.values())  # replays
     assert_rows_bitwise(rnd, rows, alone)
 
