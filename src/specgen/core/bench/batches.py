@@ -31,6 +31,7 @@ its launch, so nothing waits for them.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import replace
 from typing import Callable
@@ -83,6 +84,10 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
             pass
     cuda = decoder.round.device.type == "cuda"
     decoder.program = meter = RoundMeter(decoder.program, decoder.round)  # the timed run's rounds only
+    # the runs before this one let go of their batch rounds (Engine.forget_batches), whose captured
+    # graphs and caches are freed when the collector reaches their reference cycles: a cudaFree
+    # inside the timed run waits for the device. Collected here, outside it.
+    gc.collect()
     if cuda:
         torch.cuda.synchronize(decoder.round.device)
     began = time.perf_counter()
