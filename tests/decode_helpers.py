@@ -17,6 +17,28 @@ from specgen.core.runner import EagerRunner
 from specgen.core.settings import ModelSpec, Profile, ProposerSpec, SamplingSpec, SpeculationSpec
 
 CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def on_cuda(test):
+    """Marked `cuda`, skipped without a GPU (CUDA)."""
+    for mark in CUDA:
+        test = mark(test)
+    return test
+
+
+def cuda_engine(target, draft, k: int = 4, dtype: str = "bfloat16", max_tokens: int = 32, **sampling):
+    """An Engine of the pair on the CUDA backend, both models in `dtype`."""
+    from dataclasses import replace
+
+    from specgen.core.engine import Engine
+
+    profile = make_profile(target, draft, k=k, backend="cuda", max_tokens=max_tokens, **sampling)
+    profile = replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
+    engine = Engine(profile)
+    assert engine.backend.name == "cuda"
+    return engine
+
+
 BACKENDS = ["torch", pytest.param("cuda", marks=CUDA)]
 
 

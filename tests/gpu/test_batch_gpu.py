@@ -38,7 +38,7 @@ import pytest
 import torch
 
 from batch_helpers import alone_rounds, batched_rounds, branch_prompts, chain_prompts
-from decode_helpers import CUDA, finish, make_profile, random_prompts
+from decode_helpers import cuda_engine, finish, make_profile, on_cuda, random_prompts
 from gpu_helpers import KernelRunners, kernels
 from specgen.core.backend import EagerBatch
 from specgen.core.engine import Engine
@@ -202,21 +202,6 @@ def test_lookup_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(bigram, 
 
 
 # -- on a GPU ------------------------------------------------------------------------------------
-
-
-def on_cuda(test):
-    """Marked `cuda`, skipped without a GPU (decode_helpers.CUDA)."""
-    for mark in CUDA:
-        test = mark(test)
-    return test
-
-
-def cuda_engine(target, draft, k: int = 4, dtype: str = "bfloat16", **sampling) -> Engine:
-    profile = make_profile(target, draft, k=k, backend="cuda", **({"max_tokens": 32} | sampling))
-    profile = replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
-    engine = Engine(profile)
-    assert engine.backend.name == "cuda"
-    return engine
 
 
 @on_cuda

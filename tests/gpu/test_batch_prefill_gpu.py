@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_helpers import CUDA, finish, make_profile
+from decode_helpers import cuda_engine, finish, make_profile, on_cuda
 from gpu_helpers import KernelRunners, kernels
 from specgen.core.engine import Engine
 from specgen.core.round.batch_prefill import CHUNK, GROUP, LONGEST
@@ -81,21 +81,6 @@ def test_group_prefill_on_the_kernel_tables_is_each_prompt_alone(pair):
 # -- on a GPU ------------------------------------------------------------------------------------
 
 
-def on_cuda(test):
-    """Marked `cuda`, skipped without a GPU (decode_helpers.CUDA)."""
-    for mark in CUDA:
-        test = mark(test)
-    return test
-
-
-def cuda_engine(target, draft, k: int = 3, dtype: str = "bfloat16", **sampling) -> Engine:
-    profile = make_profile(target, draft, k=k, backend="cuda", **({"max_tokens": 16} | sampling))
-    profile = replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
-    engine = Engine(profile)
-    assert engine.backend.name == "cuda"
-    return engine
-
-
 def alone(runner, ids: list[int]) -> torch.Tensor:
     """The runner's prefill of ids as a request alone gets it (its forward: the captured 64-token
     step replayed chunk by chunk, or past MAX_CHUNKS chunks one eager step)."""
@@ -111,7 +96,7 @@ def test_group_prefill_on_cuda_is_each_prompt_alone(pair):
     """GROUP + 3 rows of 1 to 300 ids and one past LONGEST, started before one flush (the target's
     9 prefixes that take a group: groups of 8 and 1; the draft model's 8: one group): the group
     steps captured (no warning), each row's slots bitwise its runner's alone prefill."""
-    engine = cuda_engine(*pair)
+    engine = cuda_engine(*pair, k=3, max_tokens=16)
     lengths = [1, 2, 5, CHUNK - 1, CHUNK, CHUNK + 1, CHUNK + 2, 2 * CHUNK + 7, 300, 17, LONGEST + 20]
     assert len(lengths) == GROUP + 3
     rnd = engine.batch_decoder(len(lengths)).round
@@ -132,7 +117,7 @@ def test_group_prefill_on_cuda_is_each_prompt_alone(pair):
 def test_bf16_rows_with_long_prompts_equal_each_prompt_alone_on_cuda(pair, batch):
     """Prompts of 1 to 600 ids (groups of every size, rows refilled between rounds, one past
     LONGEST): every row's tokens are the prompt's alone."""
-    engine = cuda_engine(*pair)
+    engine = cuda_engine(*pair, k=3, max_tokens=16)
     lengths = [70, 1, 130, 9, 256, 64, 65, LONGEST + 30, 3, 200, 40, 129, 2, 511, 33, 100]
     work = [(ids, replace(engine.profile.sampling, max_tokens=6 + 5 * (i % 4)))
             for i, ids in enumerate(prompts(lengths, seed=batch))]
