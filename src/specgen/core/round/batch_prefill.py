@@ -11,11 +11,13 @@ at most GROUP rows: chunk c of every prompt of the group in one step over [G, CH
 at positions c x CHUNK .. of its own row of a scratch cache of G rows (ids past a prompt's end are
 padding: they sit after its real ones, so no real row sees them, and their keys lie past what is
 copied), then each row's first n slots copied into its row of the round's cache (the round's
-`adopt`, one copy a device). A group of P prompts steps a power of two G >= P rows (the rows past
-P step padding into scratch rows nobody copies), so a model has at most log2(GROUP) + 1 step
-shapes, each made cheap to run again by the backend (`Backend.graph`: captured on CUDA, run as it
-is on the torch backend) and made anew when the round's caches are (their generation: the round's
-batch kernel tables, which the steps use, are replaced with them). The step runs with keep = 1:
+`adopt`, one copy a device). Where the backend captures (its round ops are capturable: CUDA), a
+group of P prompts steps a power of two G >= P rows of CHUNK ids (the rows past P step padding
+into scratch rows nobody copies), so a model has at most log2(GROUP) + 1 step shapes, all captured
+at the caches' first prefill (`Backend.graph`); elsewhere (the torch backend, which runs a step
+as it is) a group steps its P rows, as wide as its longest prefix up to CHUNK. Steps are made
+anew when the round's caches are (their generation: the round's batch kernel tables, which the
+steps use, are replaced with them). The step runs with keep = 1:
 no lm head over every row (an 8B's over 512 rows would cost ~0.7 ms).
 
 A row's bits are its alone prefill's: the same chunks at the same positions, through the round's
@@ -49,20 +51,23 @@ LONGEST = MAX_CHUNKS * CHUNK  # longer prompts keep the runner's alone prefill (
 
 class BatchPrefill:
     """The pending prompts of a BatchRound's rows (model `which`, row b: ids), and the buffers that
-    step them: a chunk's ids [GROUP, CHUNK] and its start [GROUP] in one device buffer (one staged
+    step them: a chunk's ids [rows, width] and their starts [rows] in one device buffer (one staged
     copy a chunk), the rows' positions (the step's inputs op writes them), a scratch cache of GROUP
     rows per model. `steps`: group chunk steps run (what tests count)."""
 
     def __init__(self, rnd):
         self.rnd = rnd
         self.pending: dict[tuple[int, int], list[int]] = {}
+        # shapes fixed where the backend captures the steps (a graph per shape); elsewhere a group
+        # steps its own rows and no wider than its longest prefix (a reference step over 64-token
+        # chunks of 8 rows for 10-token prompts did some 25 x the work, which a CPU pays)
+        self.fixed = rnd.backend.ops.capturable
         with torch.inference_mode(False):  # written inside and outside inference mode
             self.packed = torch.zeros(GROUP * (CHUNK + 1), dtype=torch.long, device=rnd.device)
             self.positions = torch.zeros(GROUP * CHUNK, dtype=torch.long, device=rnd.device)
-        self.ids = self.packed[:GROUP * CHUNK].view(GROUP, CHUNK)
-        self.start = self.packed[GROUP * CHUNK:]
         self.scratch: list = []  # per model: a cache of GROUP rows
-        self.programs: dict[tuple[int, int], Callable[[], None]] = {}  # (model, rows) -> its chunk step
+        # (model, rows, width) -> its chunk step: ids [rows, width] and starts [rows], packed
+        self.programs: dict[tuple[int, int, int], Callable[[], None]] = {}
         self.generation = None  # the round's caches' the scratch and programs were made for
         self.steps = 0
 
@@ -106,39 +111,47 @@ class BatchPrefill:
         # every shape's program at once, at the first prefill of these caches: made at a group's
         # first need, a capture (some 10 ms on CUDA) landed inside the run that first drew that group
         # size, once per model and size (H200, bench pair: 1.3 ms a prompt over 64 prompts at k = 4)
-        with torch.inference_mode():
-            for which in range(len(rnd.models)):
-                size = 1
-                while size <= GROUP:
-                    self._program(which, size)
-                    size *= 2
+        if self.fixed:
+            with torch.inference_mode():
+                for which in range(len(rnd.models)):
+                    size = 1
+                    while size <= GROUP:
+                        self._program(which, size, CHUNK)
+                        size *= 2
 
     def _group(self, which: int, rows: list[tuple[int, list[int]]]) -> None:
         """Up to GROUP prefixes of model `which`: their chunks staged in one copy, a step per chunk,
         then each row's slots into the round's cache."""
-        size = 1 << (len(rows) - 1).bit_length()  # padded up to a power of two: few shapes
-        chunks = -(-max(len(ids) for _, ids in rows) // CHUNK)
-        flat = torch.zeros(GROUP, chunks * CHUNK, dtype=torch.long)  # each row's prefix, then padding
+        longest = max(len(ids) for _, ids in rows)
+        if self.fixed:  # padded up to a power of two and whole chunks: few shapes
+            size, width = 1 << (len(rows) - 1).bit_length(), CHUNK
+        else:
+            size, width = len(rows), min(CHUNK, longest)
+        chunks = -(-longest // width)
+        flat = torch.zeros(size, chunks * width, dtype=torch.long)  # each row's prefix, then padding
         for r, (_, prefix) in enumerate(rows):
             flat[r, :len(prefix)] = torch.tensor(prefix, dtype=torch.long)
-        host = torch.empty(chunks, GROUP * (CHUNK + 1), dtype=torch.long)  # per chunk: ids [G, CHUNK], start [G]
-        host[:, :GROUP * CHUNK].view(chunks, GROUP, CHUNK).copy_(flat.view(GROUP, chunks, CHUNK).transpose(0, 1))
-        host[:, GROUP * CHUNK:] = torch.arange(chunks)[:, None] * CHUNK  # every row's chunk c starts at c x CHUNK
+        cells = size * (width + 1)
+        host = torch.empty(chunks, cells, dtype=torch.long)  # per chunk: ids [size, width], starts [size]
+        host[:, :size * width].view(chunks, size, width).copy_(flat.view(size, chunks, width).transpose(0, 1))
+        host[:, size * width:] = torch.arange(chunks)[:, None] * width  # every row's chunk c starts at c x width
         staged = self.rnd.staging.put(host)  # pinned: queued behind the round in flight, not waiting for it
         for c in range(chunks):
-            self.packed.copy_(staged[c])
-            self._program(which, size)()  # made at its first chunk: a capture's warm-ups step that chunk
+            self.packed[:cells].copy_(staged[c])
+            self._program(which, size, width)()  # made at its first chunk: a capture's warm-ups step that chunk
             self.steps += 1
         for r, (b, prefix) in enumerate(rows):
             self.rnd.adopt(which, b, len(prefix), self.scratch[which], r)
 
-    def _program(self, which: int, size: int) -> Callable[[], None]:
-        """Model `which`'s chunk step over the first `size` rows of the buffers and its scratch."""
-        key = (which, size)
+    def _program(self, which: int, size: int, width: int) -> Callable[[], None]:
+        """Model `which`'s chunk step over `size` rows of `width` ids (the packed buffer's first
+        size x width cells, then their starts) and the first `size` rows of its scratch."""
+        key = (which, size, width)
         if key not in self.programs:
             rnd = self.rnd
             model, cache, ops = rnd.models[which], self.scratch[which].first(size), rnd.step_ops[which]
-            rows = rowsets.batch(self.ids[:size], self.start[:size], self.positions)
+            ids = self.packed[:size * width].view(size, width)
+            rows = rowsets.batch(ids, self.packed[size * width: size * (width + 1)], self.positions)
 
             def step() -> None:
                 model.step(rows, cache, ops, keep=1)  # its logits: nobody's
