@@ -107,7 +107,7 @@ def test_group_prefill_on_cuda_is_each_prompt_alone(pair):
     torch.cuda.synchronize()
     assert not [note for note in engine.backend.notes if "prefill" in note]
     # every group size's step, both models, made at the first prefill (the long one: alone)
-    assert sorted(rnd.prefill.programs) == [(m, 1 << i) for m in (0, 1) for i in range(GROUP.bit_length())]
+    assert sorted(rnd.prefill.programs) == [(m, 1 << i, CHUNK) for m in (0, 1) for i in range(GROUP.bit_length())]
     assert all(type(program).__name__ == "method" for program in rnd.prefill.programs.values())  # replays
     assert_rows_bitwise(rnd, rows, alone)
 
