@@ -191,10 +191,11 @@ def test_bench_then_auto_takes_the_measured_choice(monkeypatch, measured_profile
 
 
 def test_jsonl_logprobs_equal_one_prompt_at_a_time(monkeypatch, tiny):
-    """--logprobs 3 (warped and raw): the records at --batch-size 3 are --batch-size 2's, written the
-    same to the last digit, and one prompt at a time's (the single decode loop's: the same tokens,
-    alternatives and texts; on the CPU its step's logits lie a few ulps from a batch row's, on a
-    GPU's kernels none: tests/gpu/test_batch_gpu.py)."""
+    """--logprobs 3 (warped and raw): the records at --batch-size 3 are --batch-size 2's and one
+    prompt at a time's (the single decode loop's): the same tokens, alternatives and texts. On the
+    CPU the values lie a few ulps apart (a reference step's matrix products, prompts prefilled
+    together included, depend on their row count); on a GPU's kernels none:
+    tests/gpu/test_batch_gpu.py and tests/gpu/test_batch_prefill_gpu.py."""
     for mode in ("warped", "raw"):
         def run(*args):
             result = generate(monkeypatch, tiny, "--format", "jsonl", "--logprobs", "3", "--logprobs-mode", mode, *args)
@@ -204,7 +205,7 @@ def test_jsonl_logprobs_equal_one_prompt_at_a_time(monkeypatch, tiny):
         three = run("--batch-size", "3")
         assert all(len(logprobs) == len(ids) and all(len(e["top_logprobs"]) <= 3 for e in logprobs)
                    for ids, logprobs in three)
-        assert three == run("--batch-size", "2")
+        close(three, run("--batch-size", "2"))
         close(three, run())
 
 
