@@ -39,6 +39,7 @@ class Backend(Protocol):
     name: str
     device: torch.device
     ops: RoundOps
+    captures: bool  # graph() captures, so work that fixes its shapes replays one graph per shape
 
     def runner(self, model, width: int, capacity: int, name: str, shapes: tuple[int, ...], tap=None) -> Runner: ...
 
@@ -152,6 +153,7 @@ class TorchBackend:
     """The torch references and eager runners: CPU, or any device without the CUDA backend."""
 
     name = "torch"
+    captures = False  # graph() returns fn: a step of any shape costs only its own work
 
     def __init__(self, device: torch.device):
         self.device = device

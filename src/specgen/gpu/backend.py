@@ -37,6 +37,7 @@ WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, allo
 
 class CudaBackend:
     name = "cuda"
+    captures = True  # graph() captures (falling back to fn, with a warning, where capture fails)
 
     def __init__(self, device: torch.device, profile, progress=None):
         self.device = device = device_of(device)  # "cuda": the current GPU, named

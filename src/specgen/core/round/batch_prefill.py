@@ -11,7 +11,7 @@ at most GROUP rows: chunk c of every prompt of the group in one step over [G, CH
 at positions c x CHUNK .. of its own row of a scratch cache of G rows (ids past a prompt's end are
 padding: they sit after its real ones, so no real row sees them, and their keys lie past what is
 copied), then each row's first n slots copied into its row of the round's cache (the round's
-`adopt`, one copy a device). Where the backend captures (its round ops are capturable: CUDA), a
+`adopt`, one copy a device). Where the backend captures (`Backend.captures`: CUDA), a
 group of P prompts steps a power of two G >= P rows of CHUNK ids (the rows past P step padding
 into scratch rows nobody copies), so a model has at most log2(GROUP) + 1 step shapes, all captured
 at the caches' first prefill (`Backend.graph`); elsewhere (the torch backend, which runs a step
@@ -61,7 +61,7 @@ class BatchPrefill:
         # shapes fixed where the backend captures the steps (a graph per shape); elsewhere a group
         # steps its own rows and no wider than its longest prefix (a reference step over 64-token
         # chunks of 8 rows for 10-token prompts did some 25 x the work, which a CPU pays)
-        self.fixed = rnd.backend.ops.capturable
+        self.fixed = rnd.backend.captures
         with torch.inference_mode(False):  # written inside and outside inference mode
             self.packed = torch.zeros(GROUP * (CHUNK + 1), dtype=torch.long, device=rnd.device)
             self.positions = torch.zeros(GROUP * CHUNK, dtype=torch.long, device=rnd.device)
