@@ -22,7 +22,7 @@ from specgen.core.engine import Engine, target_only
 from specgen.core.round import Mode
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
-from specgen.gpu.runner import PREFILL_CHUNK
+from specgen.core.runner import PREFILL_CHUNK
 from tiny_models import build_pair
 
 pytestmark = CUDA
@@ -164,7 +164,6 @@ def test_a_round_that_cannot_be_captured_falls_back_with_one_warning(pair, monke
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     from specgen.core.step.model import OwnedModel
-    from specgen.gpu.runner import PREFILL_CHUNK
 
     engine = Engine(cuda_profile(*pair))
     reference = finish(engine.decoder(target_only(engine.profile)), [4, 5, 6]).token_ids

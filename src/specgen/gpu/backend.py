@@ -24,12 +24,13 @@ from specgen.core.backend import EagerBatch, EagerProgram, RoundClock
 from specgen.core.errors import SpecgenError, UsageError
 from specgen.core.round import Mode, Round
 from specgen.core.round.ops import RoundOps, TorchRoundOps
+from specgen.core.runner import PREFILL_CHUNK
 from specgen.gpu import stages
 from specgen.gpu.kernels import verify as gpu_verify
 from specgen.gpu.capture import capture
 from specgen.gpu.policy import ResolvedKernels, resolve
 from specgen.gpu.round_ops import TritonRoundOps
-from specgen.gpu.runner import PREFILL_CHUNK, GraphRunner
+from specgen.gpu.runner import GraphRunner
 from specgen.gpu.workspace import Workspace, device_of
 
 WARMUP_ROUNDS = 2  # eager runs before capture: Triton JIT, cuBLAS handles, allocations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.core.runner import MAX_CHUNKS, PREFILL_CHUNK  # noqa: F401 (PREFILL_CHUNK: the backend's)
+from specgen.core.runner import MAX_CHUNKS
 from specgen.gpu import stages
 from specgen.gpu.capture import capture
 from specgen.gpu.policy import ResolvedKernels
