@@ -62,6 +62,10 @@ they are timed between CUDA events around each call, host dispatch included.
 - table: `specgen tune-kernels` over the projections of every real pair benchmarks/family_pairs.py
   builds (targets, drafts and the EAGLE-3 heads of its --head) and of the bench pair, on this GPU: the linear table to ship as
   src/specgen/gpu/tuning/linear_configs.json, with each shape's time against the current package's pick.
+- launches: each target projection's tensor-core pick at 33 to 320 rows, in its own tile and in
+  launches that keep its sums (tile rows, BLOCK_N, BLOCK_K, warps, stages: gpu/tuning/linear_table.py),
+  every row checked bitwise against the one-row call: the package's table with the fastest launch of
+  each row class where it gains 3%.
 - step-table: each family's draft (random weights of its public config, the kernels `auto`
   resolves): its one-row projections' picks chosen inside its captured one-token step by
   gpu/tuning/tune.py's tune_in_step, starting from the package's; writes the package's table with them.
@@ -103,7 +107,7 @@ from specgen.core.step import config as step_config  # noqa: E402
 from specgen.core.step.load import from_state  # noqa: E402
 from specgen.gpu.kernels import attention
 from specgen.gpu.kernels import linear
-from specgen.gpu.tuning import tune
+from specgen.gpu.tuning import linear_table, tune
 from specgen.gpu.kernels import verify
 from specgen.gpu.kernels import warp  # noqa: E402
 from specgen.gpu.policy import ResolvedKernels, resolve  # noqa: E402
@@ -814,7 +818,6 @@ ABOUT_TABLE = ("gpu/kernels/linear.py's configurations by weight shape (gpu/tuni
 def bench_table(args) -> dict:
     from transformers import AutoConfig
 
-    from specgen.gpu.tuning import linear_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import family_pairs
@@ -882,7 +885,6 @@ def bench_step_table(args) -> dict:
     package's picks; the package's table with those picks written to --table."""
     from transformers import AutoConfig
 
-    from specgen.gpu.tuning import linear_table
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import family_pairs
@@ -916,6 +918,103 @@ def bench_step_table(args) -> dict:
         # the package's own notes, unchanged: its "about" says by hand which drafts' picks came from here
         args.table.write_text(tuned.to_json(**notes))
     print(table(rows, ["model", "n", "k", "gated", "package", "in_step", "step_before_ms", "step_after_ms"]))
+    return {"device": torch.cuda.get_device_name(), "seconds": time.perf_counter() - start, "rows": rows}
+
+
+LAUNCH_ROWS = {64: (33, 64), 128: (80, 128), 512: (160, 320)}  # row class -> the row counts it is timed at
+LAUNCH_GAIN = 0.97  # a launch is kept where its time over the pick's tile, summed over its class's rows, is below this
+
+
+def launch_candidates(k: int, config: tuple, row_class: int) -> list[tuple]:
+    """The launches tried for a row class: tiles of 64 rows (and 128 above 64 rows) over BLOCK_N,
+    BLOCK_K, warps and stages, each keeping the configuration's sums (linear_table.keeps_sums)."""
+    found = []
+    for block_n in (32, 64, 128):
+        for block_k in (64, 128, 256):
+            for warps in (4, 8):
+                for stages in (3, 4):
+                    found.append((64, block_n, block_k, warps, stages))
+    if row_class > 64:
+        for block_n in (32, 64):
+            for block_k in (64, 128):
+                for stages in (2, 3):
+                    found.append((128, block_n, block_k, 8, stages))
+    return [launch for launch in found if linear_table.keeps_sums(k, config, launch)]
+
+
+def bench_launches(args) -> dict:
+    """Launches for tall calls (gpu/tuning/linear_table.py): each target projection's tensor-core pick
+    (split-K as CUDA resolves it: on) timed in its own tile and in every candidate launch at the row
+    counts of each row class, every row of every candidate checked bitwise against the one-row call;
+    the fastest equal candidate kept where it gains LAUNCH_GAIN; the package's table with them
+    written to --table."""
+    from transformers import AutoConfig
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import family_pairs
+
+    shapes = {}
+    for name in args.models:
+        if name == "bench":
+            values = dict(EXACT_SHAPES["bench-target"])
+            listed = tune.model_shapes(AutoConfig.for_model("llama", **values))
+        else:
+            values = dict(family_pairs.FAMILIES[name].target.config)
+            listed = tune.model_shapes(AutoConfig.for_model(values.pop("model_type"), **values))
+        for shape in listed:
+            shapes.setdefault(shape, name)
+    package = linear_table.packaged()
+    counters = linear.split_k_counters(Workspace("cuda"))
+    launches, rows, start = [], [], time.perf_counter()
+    top = max(max(r) for r in LAUNCH_ROWS.values())
+    for (n, k, gated), name in shapes.items():
+        config = package.pick(n, k, gated, True, 1)
+        if not config[0]:
+            continue
+        act = linear.ACTIVATIONS["silu"] if gated else 0
+        weight_bytes = n * k * 2 * (2 if gated else 1)
+        copies = max(2, -(-L2_BYTES // weight_bytes))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
+        us = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)] if gated else ws
+        x = torch.randn(top, k, device="cuda", dtype=torch.bfloat16)
+
+        def call(i, count, launch):
+            return linear.run(x[:count], ws[i], us[i] if gated else None, None, act, config, counters, None, False,
+                              launch=launch)
+        alone = torch.cat([linear.run(x[r:r + 1], ws[0], us[0] if gated else None, None, act, config, counters,
+                                      None, False) for r in range(top)])
+        for row_class, counts in LAUNCH_ROWS.items():
+            base = {c: graph_us(lambda i, c=c: call(i, c, None), copies, 10) for c in counts}
+            best, unequal = None, 0
+            for launch in launch_candidates(k, config, row_class):
+                try:
+                    if not all(torch.equal(call(0, c, launch), alone[:c]) for c in counts):
+                        unequal += 1
+                        continue
+                except Exception:  # noqa: BLE001  a tile the compiler refuses (shared memory, registers)
+                    continue
+                times = {c: graph_us(lambda i, c=c, launch=launch: call(i, c, launch), copies, 10) for c in counts}
+                score = sum(times[c] / base[c] for c in counts) / len(counts)
+                if best is None or score < best[0]:
+                    best = (score, launch, times)
+            row = {"model": name, "n": n, "k": k, "gated": gated, "config": str(config), "rows": row_class,
+                   "pick_us": "/".join(f"{base[c]:.1f}" for c in counts), "unequal": unequal}
+            if best is not None:
+                row.update(best=str(best[1]), best_us="/".join(f"{best[2][c]:.1f}" for c in counts),
+                           ratio=round(best[0], 3), kept=best[0] <= LAUNCH_GAIN)
+                if best[0] <= LAUNCH_GAIN:
+                    launches.append(((n, k, gated), tuple(config), row_class, best[1]))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        tuned = linear_table.LinearTable(package.entries, "package", package.drafts,
+                                         launches=tuple(sorted(launches)))
+        notes = json.loads(linear_table.PACKAGED.read_text())
+        notes = {key: value for key, value in notes.items() if key not in ("format", "shapes")}
+        args.table.write_text(tuned.over(package).to_json(**notes))  # after each shape: a cut-short run keeps its part
+        ws = us = x = alone = None  # freed before the next shape's weights
+        torch.cuda.empty_cache()
+    print(table(rows, ["model", "n", "k", "gated", "config", "rows", "pick_us", "best", "best_us", "ratio", "kept",
+                       "unequal"]))
     return {"device": torch.cuda.get_device_name(), "seconds": time.perf_counter() - start, "rows": rows}
 
 
@@ -985,6 +1084,10 @@ def main(argv=None) -> None:
     p.add_argument("--undrafted", action="store_true", help="only the shapes without a draft pick in the package")
     p.add_argument("--rows", type=ints, default=[1, 5])
     p.add_argument("--table", type=Path, required=True, help="write the tuned table (package format) here")
+    p = commands.add_parser("launches")
+    p.add_argument("--models", type=names(["llama-3.1", "qwen2.5", "qwen3", "gemma-2", "bench"]),
+                   default=["llama-3.1", "bench"])
+    p.add_argument("--table", type=Path, required=True, help="the package's table with the launches found")
     p = commands.add_parser("step-table")
     p.add_argument("--models", type=names(["llama-3.1", "qwen2.5", "qwen3", "gemma-2"]),
                    default=["llama-3.1", "qwen2.5", "qwen3"])
@@ -997,7 +1100,7 @@ def main(argv=None) -> None:
     run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "tiles": bench_tiles, "attention": bench_attention,
            "attention-tree": bench_attention_tree,
            "steps": bench_steps, "exact": bench_exact, "table": bench_table,
-           "step-table": bench_step_table}[args.command]
+           "step-table": bench_step_table, "launches": bench_launches}[args.command]
     report = run(args)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

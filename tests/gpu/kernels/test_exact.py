@@ -54,6 +54,31 @@ def test_linear_rows_do_not_depend_on_the_row_count(name, dtype):
     assert int(counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("name", ["dot", "split"])
+def test_a_launch_keeps_each_rows_bits(name, monkeypatch):
+    """A tall call in a table's launch (other tile rows, BLOCK_N, warps and stages: linear_table.py)
+    gives each row what the row's one-row call gives, 128-row tiles included, with and without split-K."""
+    gen = torch.Generator().manual_seed(6)
+    n, k = 24, 64
+    x, w, u = (torch.randn(*shape, generator=gen).to(torch.bfloat16).to(DEVICE) for shape in ((150, k), (n, k), (n, k)))
+    config, counters = CONFIGS[name], L.split_k_counters(Workspace(DEVICE))
+    launches = tuple(((n, k, gated), config, row_class, launch) for gated in (False, True)
+                     for row_class, launch in ((64, (64, 32, 16, 4, 3)), (128, (128, 16, 32, 8, 2)),
+                                               (512, (64, 64, 16, 4, 2))))
+    table = T.LinearTable(launches=launches)
+    taken = []
+    run = L.run
+    monkeypatch.setattr(L, "run", lambda *args, **kwargs: taken.append(kwargs.get("launch")) or run(*args, **kwargs))
+    calls = [lambda rows: L.linear(rows, w, None, config, counters=counters, table=table),
+             lambda rows: L.gate_up(rows, w, u, "silu", config, counters=counters, table=table)]
+    for call in calls:
+        for rows, picks in ((x[:40], (0, 39)), (x[:70], (0, 66, 69)), (x, (1, 130, 149))):
+            for i, together, alone in _rows(call, rows, picks):
+                assert torch.equal(together, alone), (name, rows.shape[0], i)
+    assert {launch for launch in taken if launch} == {launch for *_, launch in launches}
+    assert int(counters.abs().sum()) == 0
+
+
 ATTENTION = [  # heads, kv heads, dim, capacity, position, window, rope, softcap
     (4, 2, 16, 128, 60, 0, False, 0.0),  # tokens across the split boundary at 64
     (6, 2, 16, 128, 70, 0, True, 0.0),  # group 3 (padded tile), the kernel's rotary and cache write
@@ -213,6 +238,34 @@ def test_tall_tensor_core_tiles_keep_each_rows_bits_on_gpu(split_k):
         alone = torch.cat([call(x[i:i + 1]) for i in range(70)])
         for count in (17, 33, 70):
             assert torch.equal(call(x[:count]), alone[:count]), ((n, k, gated), config, count)
+    assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(INTERPRETED, reason="needs a CUDA GPU")
+def test_package_launches_keep_each_rows_bits_on_gpu():
+    """Every launch the package's table lists (linear_table.py: tall calls in other tiles, the same
+    sums) gives each row of a call at both ends of its row class bitwise the one-row call's."""
+    launches = T.packaged().launches
+    if not launches:
+        pytest.skip("the package's table lists no launches")
+    counters = L.split_k_counters(Workspace("cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    lower = dict(zip(T.ROW_CLASSES, (T.TALL_FROM, *T.ROW_CLASSES[:-1])))
+    for (n, k, gated), config, row_class, launch in launches:
+        counts = (lower[row_class] + 1, row_class)
+        x = torch.randn(row_class, k, device="cuda", generator=gen).to(torch.bfloat16)
+        w, u = (torch.randn(n, k, device="cuda", generator=gen).div_(k ** 0.5).to(torch.bfloat16) for _ in range(2))
+        assert T.packaged().launch(n, k, gated, config, row_class) == launch
+
+        def call(rows, w=w, u=u, config=config):
+            if gated:
+                return L.gate_up(rows, w, u, "silu", config, counters=counters)
+            return L.linear(rows, w, None, config, counters=counters)
+        alone = torch.cat([call(x[i:i + 1]) for i in range(row_class)])
+        for count in counts:
+            assert torch.equal(call(x[:count]), alone[:count]), ((n, k, gated), config, launch, count)
+        del x, w, u, alone
     assert int(counters.abs().sum()) == 0
 
 

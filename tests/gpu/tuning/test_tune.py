@@ -157,7 +157,58 @@ def test_tuned_table_round_trips_and_wins_over_the_package(tmp_path):
     assert resolved.linear_table == table and resolved.as_dict()["linear_table"].startswith(str(tmp_path))
 
 
+LAUNCH = {"config": [True, 32, 128, 4, 4, 3], "rows": 128, "launch": [64, 64, 64, 4, 4]}
+SPLIT_Q = (True, 32, 128, 4, 4, 3)  # Llama-3-8B q/o's split-K pick: K 4096 in chunks of 1408
+
+
+def test_launches_round_trip_and_apply_by_row_class_and_configuration(tmp_path):
+    """A launch applies to calls of its configuration and row class only (33-64, 65-128, 129-512
+    rows); another table's launches stay under it where it lists none for the same key."""
+    launch = ((4096, 4096, False), SPLIT_Q, 128, (64, 64, 64, 4, 4))
+    mine = T.LinearTable((((4096, 4096, False), (True, 32, 256, 4, 4), SPLIT_Q),), "tuned", launches=(launch,))
+    (tmp_path / T.FILE).write_text(mine.to_json())
+    loaded = T.load(tmp_path / T.FILE)
+    assert loaded.launches == (launch,) and loaded.entries == mine.entries
+    assert [loaded.launch(4096, 4096, False, SPLIT_Q, rows) for rows in (5, 32, 33, 64, 65, 80, 128, 129)] == \
+        [None, None, None, None, launch[3], launch[3], launch[3], None]
+    assert loaded.launch(4096, 4096, False, (True, 32, 256, 4, 4), 80) is None  # another configuration's call
+    assert loaded.launch(4096, 4096, True, SPLIT_Q, 80) is None  # another shape
+    base = T.LinearTable(launches=(((4096, 4096, False), SPLIT_Q, 128, (128, 32, 128, 8, 2)),
+                                   ((4096, 4096, False), SPLIT_Q, 512, (64, 128, 64, 8, 4))))
+    both = loaded.over(base)
+    assert both.launch(4096, 4096, False, SPLIT_Q, 100) == (64, 64, 64, 4, 4)  # the tuned table's wins
+    assert both.launch(4096, 4096, False, SPLIT_Q, 300) == (64, 128, 64, 8, 4)  # base's where it lists none
+    assert loaded.for_drafts().launches == loaded.launches
+
+
+def test_chunk_width_keeps_the_configurations_boundaries():
+    """K 4096 in 3 chunks of whole 128-column tiles: 1408 columns; BLOCK_K 64 tiles them (the same
+    sums), 256 does not (1536-column chunks, measured unequal on an H200)."""
+    assert T.chunk_width(4096, SPLIT_Q) == 1408 and T.chunk_width(4096, (True, 64, 256, 4, 4)) == 4096
+    assert T.keeps_sums(4096, SPLIT_Q, (64, 64, 64, 4, 4))
+    assert not T.keeps_sums(4096, SPLIT_Q, (64, 32, 256, 4, 4))
+    assert not T.keeps_sums(4100, (True, 64, 256, 4, 4), (64, 64, 128, 4, 4))  # a masked tail that would move
+    assert not T.keeps_sums(4096, (False, 2, 2048, 4, 1), (64, 64, 64, 4, 4))  # matrix-vector: rows one by one
+
+
+def test_package_launches_keep_sums_of_picks_their_shapes_take():
+    table = T.packaged()
+    assert table.launches, "the package's table lists no launches"
+    for (n, k, gated), config, row_class, launch in table.launches:
+        assert T.keeps_sums(k, config, launch) and row_class in T.ROW_CLASSES
+        assert config == table.pick(n, k, gated, True), ((n, k, gated), config)  # reachable: CUDA's split-K pick
+
+
+def _table_with(**launch) -> str:
+    return json.dumps({"format": 1, "shapes": [{"n": 4096, "k": 4096, "gated": False, "plain": list(SPLIT_Q[:5]),
+                                                "split": list(SPLIT_Q), "launches": [{**LAUNCH, **launch}]}]})
+
+
 @pytest.mark.parametrize("content,expected", [
+    (_table_with(launch=[64, 32, 256, 4, 4]), "does not keep the sums"),
+    (_table_with(rows=96), "a row class is one of 64, 128, 512"),
+    (_table_with(launch=[48, 32, 128, 4, 4]), "tile rows one of"),
+    (_table_with(launch=[64, 32, 128, 4]), "a launch is [tile rows"),
     ("not json", "Expecting value"),
     (json.dumps({"format": 2, "shapes": []}), "not a linear-kernel table of format 1"),
     (json.dumps({"format": 1, "shapes": [{"n": 1, "k": 2, "gated": False, "plain": [True, 16, 32, 4, 2, 2],

@@ -18,6 +18,12 @@ same K tiles in the same order whatever the tile's height: on an H200 every row 
 on (benchmarks/bench_kernels.py `tiles`; tests/gpu/kernels/test_exact.py checks it on each GPU).
 Why the taller tiles: each tile reads the weights again (from L2 after the first), so a tree's 33
 rows in three 16-row tiles cost what 64 rows cost (q/o: 19.8 against 12.8 µs in one 64-row tile).
+Calls of more than 32 rows may take a launch from the table instead of the configuration's tile:
+other tile rows (up to 128), BLOCK_N, BLOCK_K, warps and stages, the same chunks of K, so the same
+sums (gpu/tuning/linear_table.py). Why: a configuration is chosen at 1 and 5 rows, where a 64-row
+tile of it is not the fastest spread of 80 (Llama-3-8B gate/up 104 µs in two 64-row tiles of its
+pick, 71 in one 128-row tile of BLOCK_N 64, BLOCK_K 64, 8 warps; docs/benchmarks.md, "Launches for
+tall calls (H200)").
 
 Matrix-vector configurations (not DOT, `_gemv_kernel`): a program owns BLOCK_N columns over the
 whole of K, issues the loads of all its weights at once (K in BLOCK_K pieces, unrolled), multiplies
@@ -52,7 +58,7 @@ from triton.runtime.jit import JITFunction
 # one-request step (core/round/batch_round.py, core/round/batch_prefill.py)
 from specgen.core.step.ops import BATCH_ROWS
 from specgen.gpu.kernels.dependent import launch_options, release_next, wait_previous
-from specgen.gpu.tuning.linear_table import LinearTable, packaged
+from specgen.gpu.tuning.linear_table import TILES, LinearTable, chunk_width, keeps_sums, packaged
 from specgen.gpu.kernels.norm import rounded
 from specgen.gpu.workspace import Workspace
 
@@ -100,8 +106,11 @@ def gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: s
 
 def _launch(x, weight, up, bias, act, config, split_k, counters, table, residual, dependent):
     n, k = weight.shape
-    config = config or (table or packaged()).pick(n, k, act > 0, split_k, x.numel() // k if k else 1)
-    return run(x, weight, up, bias, act, config, counters, residual, dependent)
+    table = table or packaged()
+    rows = x.numel() // k if k else 1
+    config = config or table.pick(n, k, act > 0, split_k, rows)
+    launch = table.launch(n, k, act > 0, config, rows) if x.element_size() <= 2 else None
+    return run(x, weight, up, bias, act, config, counters, residual, dependent, launch=launch)
 
 
 def tile_rows(rows: int) -> int:
@@ -129,9 +138,12 @@ def fitting_stages(stages: int, block_n: int, block_k: int, gated: bool, itemsiz
     return stages
 
 
-def run(x, weight, up, bias, act, config, counters, residual, dependent, tile: int | None = None):
+def run(x, weight, up, bias, act, config, counters, residual, dependent, tile: int | None = None,
+        launch: tuple | None = None):
     """One launch with a picked configuration; tile: a tensor-core tile's rows, 16, 32 or 64
-    (tile_rows()'s when None; benchmarks/bench_kernels.py `tiles` forces each)."""
+    (tile_rows()'s when None; benchmarks/bench_kernels.py `tiles` forces each); launch: (tile rows,
+    BLOCK_N, BLOCK_K, warps, stages) in place of the configuration's tile, keeping its sums (16-bit
+    tensor-core calls: gpu/tuning/linear_table.py's launches)."""
     n, k = weight.shape
     lead = x.shape[:-1]
     assert x.shape[-1] == k, f"x has {x.shape[-1]} columns, weight {k}"
@@ -147,10 +159,19 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent, tile: i
         if residual.stride(-1) != 1:
             residual = residual.contiguous()
     dot, block_n, block_k, warps, stages, *rest = config
+    # the chunks' boundaries are the configuration's whatever the launch: a row's sums are its
+    k_chunk = chunk_width(k, config)
+    if launch is not None and dot and x.element_size() <= 2:
+        assert keeps_sums(k, config, launch), f"{launch} does not keep the sums of {config}"
+        tile, block_n, launch_k, warps, stages = launch
+        # The interpreter sums a tile's products per row with numpy, whose order follows BLOCK_K:
+        # there the configuration's BLOCK_K stays (a tensor core's sums do not depend on it, which
+        # the cuda tests check)
+        block_k = block_k if INTERPRETED else launch_k
     # float32 models (the bench's float32 check, tests) keep 16-row tiles: their products do not use
     # tensor cores, so taller tiles buy little, and their stages' shared memory was measured at 16 rows
     block_m = tile or (tile_rows(rows) if x.element_size() <= 2 else DOT_ROWS)
-    assert block_m in (16, 32, 64), f"{block_m} rows a tile"
+    assert block_m in TILES, f"{block_m} rows a tile"
     if dot:
         stages = fitting_stages(stages, block_n, block_k, up is not None, x.element_size(), block_m)
     out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
@@ -170,7 +191,6 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent, tile: i
         return out.reshape(*lead, n)
     tiles = triton.cdiv(rows, block_m)
     columns = triton.cdiv(n, block_n)
-    k_chunk = block_k * triton.cdiv(triton.cdiv(k, rest[0] if rest else 1), block_k)
     chunks = triton.cdiv(k, k_chunk)  # chunks of whole tiles: every chunk has columns of K
     if chunks > 1:
         assert counters is not None and counters.dtype == torch.int32 and counters.numel() >= columns * tiles

@@ -25,6 +25,19 @@ split-K resolved on: gpu/policy.py), as gpu/policy.py decides split-K per device
 over one row and a verification's rows; and it may hold a third, `draft`, the best at one row,
 which a draft model's runner takes instead (LinearTable.for_drafts).
 
+Launches: how a tall call (more than TALL_FROM rows: a batch's verification, a tree's nodes) runs a
+tensor-core configuration. A configuration fixes what a row's sums are: tensor-core products over
+K in order, in the K chunks `chunk_width` cuts; its tile (BLOCK_N, BLOCK_K, warps, stages) only
+fixes how the work is spread and loaded. A launch (tile rows, BLOCK_N, BLOCK_K, warps, stages)
+replaces that spread for calls of a row class (ROW_CLASSES: up to 64, 128 or BATCH_ROWS rows)
+while it keeps the sums: the same chunk boundaries, so every row keeps the bits of the one-row
+call (on an H200 every launch timed for Llama-3-8B's projections at 33 to 160 rows gave each row
+bitwise the one-row call's, and every BLOCK_K that moved a split-K chunk's boundary did not:
+docs/benchmarks.md, "Launches for tall calls (H200)"; tests/gpu/kernels/test_exact.py checks the
+package's launches on each GPU). A launch
+is listed with the configuration it was measured for and applies to calls of that configuration
+only, so a table tuned later that changes a shape's pick leaves the old launches unused.
+
 Imports no torch and no Triton: gpu/policy.py loads tables while resolving a run's settings.
 """
 
@@ -51,6 +64,31 @@ SPLIT_FEW_COLUMNS = (True, 32, 128, 4, 5, 2)  # at most 128 column blocks of 32
 # Narrow outputs over a long K (small drafts' down projections; the package's table, tuned on an
 # H200, picks 4 to 8 chunks for every such shape of the real pairs).
 SPLIT_NARROW = (True, 32, 128, 4, 3, 8)  # N <= 2048, K >= 2 N
+
+
+# Row classes of the launches: a call of r rows (r > TALL_FROM) takes its shape's launch for the
+# least class >= r. 64: a 33-node tree, a batch of 8 at k = 4 or 16 at k = 3; 128: 16 rows at
+# k = 4 (80 rows) to 32 at k = 3; 512: the longest call (core/step/ops.py's BATCH_ROWS).
+TALL_FROM = 32
+ROW_CLASSES = (64, 128, 512)
+TILES = (16, 32, 64, 128)
+
+
+def chunk_width(k: int, config: tuple) -> int:
+    """The K columns of one split-K chunk of a tensor-core configuration (all of K without split-K):
+    whole BLOCK_K tiles, so the chunks' boundaries, and with them a row's sums, are the
+    configuration's whatever the launch."""
+    block_k, chunks = config[2], (config[5] if len(config) > 5 else 1)
+    per_chunk = -(-k // chunks)
+    return block_k * -(-per_chunk // block_k)
+
+
+def keeps_sums(k: int, config: tuple, launch: tuple) -> bool:
+    """Whether `launch` computes each row's sums as `config` does: a tensor-core configuration, a
+    BLOCK_K that tiles the configuration's chunks exactly (and K itself, where it differs from the
+    configuration's, so no masked tail moves)."""
+    block_k = launch[2]
+    return bool(config[0]) and chunk_width(k, config) % block_k == 0 and (block_k == config[2] or k % block_k == 0)
 
 
 DRAFT_ROWS = 1  # calls of at most this many rows take a draft's picks (LinearTable.for_drafts)
@@ -100,6 +138,20 @@ class LinearTable:
     source: str = "rules"
     drafts: tuple = ()
     for_draft: bool = False  # for_drafts()'s: unlisted shapes take draft_rule
+    launches: tuple = ()  # ((n, k, gated), configuration, row class, launch), sorted
+
+    def launch(self, n: int, k: int, gated: bool, config: tuple, rows: int) -> tuple | None:
+        """The launch (tile rows, BLOCK_N, BLOCK_K, warps, stages) of a call of `rows` rows that
+        runs `config` on shape (n, k, gated), where the table lists one for its row class (module
+        docstring: it keeps the configuration's sums); None: the configuration's own tile."""
+        if rows <= TALL_FROM or not config[0]:
+            return None
+        row_class = next((c for c in ROW_CLASSES if rows <= c), ROW_CLASSES[-1])
+        key = (n, k, bool(gated))
+        for shape, measured, listed, launch in self.launches:
+            if shape == key and listed == row_class and measured == tuple(config):
+                return launch
+        return None
 
     def pick(self, n: int, k: int, gated: bool, split_k: bool, rows: int = 1) -> tuple:
         """The configuration of a call of `rows` rows: the same for every row count, except in a
@@ -125,7 +177,12 @@ class LinearTable:
         mine = {shape for shape, _, _ in self.entries}
         entries = self.entries + tuple(e for e in base.entries if e[0] not in mine)
         drafts = self.drafts + tuple(d for d in base.drafts if d[0] not in mine)
-        return LinearTable(tuple(sorted(entries)), f"{self.source} over {base.source}", tuple(sorted(drafts)))
+        # base's launches stay where this table lists none for a (shape, configuration, row
+        # class): each applies to the configuration it was measured for only
+        listed = {launch[:3] for launch in self.launches}
+        launches = self.launches + tuple(a for a in base.launches if a[:3] not in listed)
+        return LinearTable(tuple(sorted(entries)), f"{self.source} over {base.source}", tuple(sorted(drafts)),
+                           launches=tuple(sorted(launches)))
 
     def for_drafts(self) -> LinearTable:
         """The table a draft model's runner uses: its one-row calls take each shape's draft
@@ -137,12 +194,17 @@ class LinearTable:
         and more it is slower (`git show 1b54921:docs/benchmarks.md`, "Matrix-vector projections (H200)").
         Choosing by row count here costs nothing exact: a draft's numerics never decide the output, and its
         cache need not match what a one-row step would have written."""
-        return LinearTable(self.entries, f"{self.source}, draft picks", self.drafts, for_draft=True)
+        return LinearTable(self.entries, f"{self.source}, draft picks", self.drafts, for_draft=True,
+                           launches=self.launches)
 
     def to_json(self, **notes) -> str:
         drafts = dict(self.drafts)
+        launches = {}
+        for shape, config, row_class, launch in self.launches:
+            launches.setdefault(shape, []).append({"config": list(config), "rows": row_class, "launch": list(launch)})
         shapes = [{"n": n, "k": k, "gated": gated, "plain": list(plain), "split": list(split),
-                   **({"draft": list(drafts[(n, k, gated)])} if (n, k, gated) in drafts else {})}
+                   **({"draft": list(drafts[(n, k, gated)])} if (n, k, gated) in drafts else {}),
+                   **({"launches": launches[(n, k, gated)]} if (n, k, gated) in launches else {})}
                   for (n, k, gated), plain, split in self.entries]
         return json.dumps({"format": FORMAT, **notes, "shapes": shapes}, indent=1) + "\n"
 
@@ -155,16 +217,42 @@ def load(path: Path) -> LinearTable:
         raise TableError(f"{path}: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("shapes"), list):
         raise TableError(f"{path}: not a linear-kernel table of format {FORMAT}")
-    entries, drafts = [], []
+    entries, drafts, launches = [], [], []
     for i, item in enumerate(data["shapes"]):
         try:
             shape = (int(item["n"]), int(item["k"]), bool(item["gated"]))
             entries.append((shape, _config(item["plain"], split=False), _config(item["split"], split=True)))
             if "draft" in item:
                 drafts.append((shape, _config(item["draft"], split=True)))
+            for j, listed in enumerate(item.get("launches", [])):
+                try:
+                    launches.append(_launch(shape, listed))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ValueError(f"launches[{j}]: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise TableError(f"{path}: shapes[{i}]: {exc}") from None
-    return LinearTable(tuple(sorted(entries)), str(path), tuple(sorted(drafts)))
+    return LinearTable(tuple(sorted(entries)), str(path), tuple(sorted(drafts)), launches=tuple(sorted(launches)))
+
+
+def _launch(shape: tuple, item) -> tuple:
+    """A launch from JSON, checked: a tile the kernel compiles, for a row class, that keeps its
+    configuration's sums (keeps_sums)."""
+    if not isinstance(item, dict):
+        raise TypeError(f"a launch is {{config, rows, launch}}, not {item!r}")
+    config, row_class, launch = _config(item["config"], split=True), item["rows"], item["launch"]
+    if row_class not in ROW_CLASSES:
+        raise ValueError(f"rows {row_class!r}: a row class is one of {', '.join(map(str, ROW_CLASSES))}")
+    if not isinstance(launch, list) or len(launch) != 5 or not all(isinstance(v, int) and v > 0 for v in launch):
+        raise ValueError(f"a launch is [tile rows, block_n, block_k, warps, stages], not {launch!r}")
+    tile, block_n, block_k, warps, stages = launch
+    if tile not in TILES or any(v < 16 or v & (v - 1) for v in (block_n, block_k)) or warps not in (1, 2, 4, 8) \
+            or not 1 <= stages <= 8:
+        raise ValueError(f"{launch!r}: tile rows one of {TILES}; block_n, block_k powers of 2 >= 16; warps 1 to 8, "
+                         "a power of 2; stages 1 to 8")
+    if not keeps_sums(shape[1], config, tuple(launch)):
+        raise ValueError(f"{launch!r} does not keep the sums of {config!r} (a tensor-core configuration whose "
+                         "split-K chunks its block_k tiles)")
+    return shape, config, row_class, tuple(launch)
 
 
 def _config(value, split: bool) -> tuple:
@@ -187,7 +275,7 @@ def _config(value, split: bool) -> tuple:
 def packaged() -> LinearTable:
     """The package's table (over the rules)."""
     table = load(PACKAGED)
-    return LinearTable(table.entries, "package", table.drafts)
+    return LinearTable(table.entries, "package", table.drafts, launches=table.launches)
 
 
 def tables_dir(folder: str = "") -> Path:
