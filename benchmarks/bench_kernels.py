@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -921,33 +922,10 @@ def bench_step_table(args) -> dict:
     return {"device": torch.cuda.get_device_name(), "seconds": time.perf_counter() - start, "rows": rows}
 
 
-LAUNCH_ROWS = {64: (33, 64), 128: (80, 128), 512: (160, 320)}  # row class -> the row counts it is timed at
-LAUNCH_GAIN = 0.97  # a launch is kept where its time over the pick's tile, summed over its class's rows, is below this
-
-
-def launch_candidates(k: int, config: tuple, row_class: int) -> list[tuple]:
-    """The launches tried for a row class: tiles of 64 rows (and 128 above 64 rows) over BLOCK_N,
-    BLOCK_K, warps and stages, each keeping the configuration's sums (linear_table.keeps_sums)."""
-    found = []
-    for block_n in (32, 64, 128):
-        for block_k in (64, 128, 256):
-            for warps in (4, 8):
-                for stages in (3, 4):
-                    found.append((64, block_n, block_k, warps, stages))
-    if row_class > 64:
-        for block_n in (32, 64):
-            for block_k in (64, 128):
-                for stages in (2, 3):
-                    found.append((128, block_n, block_k, 8, stages))
-    return [launch for launch in found if linear_table.keeps_sums(k, config, launch)]
-
-
 def bench_launches(args) -> dict:
-    """Launches for tall calls (gpu/tuning/linear_table.py): each target projection's tensor-core pick
-    (split-K as CUDA resolves it: on) timed in its own tile and in every candidate launch at the row
-    counts of each row class, every row of every candidate checked bitwise against the one-row call;
-    the fastest equal candidate kept where it gains LAUNCH_GAIN; the package's table with them
-    written to --table."""
+    """Launches for tall calls (gpu/tuning/tune.py's tune_launches, as `specgen tune-kernels` runs it):
+    each target projection's split-K pick, every row class; the package's table with the launches
+    found written to --table."""
     from transformers import AutoConfig
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -956,62 +934,26 @@ def bench_launches(args) -> dict:
     shapes = {}
     for name in args.models:
         if name == "bench":
-            values = dict(EXACT_SHAPES["bench-target"])
-            listed = tune.model_shapes(AutoConfig.for_model("llama", **values))
+            listed = tune.model_shapes(AutoConfig.for_model("llama", **EXACT_SHAPES["bench-target"]))
         else:
             values = dict(family_pairs.FAMILIES[name].target.config)
             listed = tune.model_shapes(AutoConfig.for_model(values.pop("model_type"), **values))
         for shape in listed:
             shapes.setdefault(shape, name)
     package = linear_table.packaged()
-    counters = linear.split_k_counters(Workspace("cuda"))
-    launches, rows, start = [], [], time.perf_counter()
-    top = max(max(r) for r in LAUNCH_ROWS.values())
-    for (n, k, gated), name in shapes.items():
-        config = package.pick(n, k, gated, True, 1)
-        if not config[0]:
-            continue
-        act = linear.ACTIVATIONS["silu"] if gated else 0
-        weight_bytes = n * k * 2 * (2 if gated else 1)
-        copies = max(2, -(-L2_BYTES // weight_bytes))
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)]
-        us = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5 for _ in range(copies)] if gated else ws
-        x = torch.randn(top, k, device="cuda", dtype=torch.bfloat16)
-
-        def call(i, count, launch):
-            return linear.run(x[:count], ws[i], us[i] if gated else None, None, act, config, counters, None, False,
-                              launch=launch)
-        alone = torch.cat([linear.run(x[r:r + 1], ws[0], us[0] if gated else None, None, act, config, counters,
-                                      None, False) for r in range(top)])
-        for row_class, counts in LAUNCH_ROWS.items():
-            base = {c: graph_us(lambda i, c=c: call(i, c, None), copies, 10) for c in counts}
-            best, unequal = None, 0
-            for launch in launch_candidates(k, config, row_class):
-                try:
-                    if not all(torch.equal(call(0, c, launch), alone[:c]) for c in counts):
-                        unequal += 1
-                        continue
-                except Exception:  # noqa: BLE001  a tile the compiler refuses (shared memory, registers)
-                    continue
-                times = {c: graph_us(lambda i, c=c, launch=launch: call(i, c, launch), copies, 10) for c in counts}
-                score = sum(times[c] / base[c] for c in counts) / len(counts)
-                if best is None or score < best[0]:
-                    best = (score, launch, times)
-            row = {"model": name, "n": n, "k": k, "gated": gated, "config": str(config), "rows": row_class,
-                   "pick_us": "/".join(f"{base[c]:.1f}" for c in counts), "unequal": unequal}
-            if best is not None:
-                row.update(best=str(best[1]), best_us="/".join(f"{best[2][c]:.1f}" for c in counts),
-                           ratio=round(best[0], 3), kept=best[0] <= LAUNCH_GAIN)
-                if best[0] <= LAUNCH_GAIN:
-                    launches.append(((n, k, gated), tuple(config), row_class, best[1]))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        tuned = linear_table.LinearTable(package.entries, "package", package.drafts,
-                                         launches=tuple(sorted(launches)))
-        notes = json.loads(linear_table.PACKAGED.read_text())
-        notes = {key: value for key, value in notes.items() if key not in ("format", "shapes")}
-        args.table.write_text(tuned.over(package).to_json(**notes))  # after each shape: a cut-short run keeps its part
-        ws = us = x = alone = None  # freed before the next shape's weights
+    notes = json.loads(linear_table.PACKAGED.read_text())
+    notes = {key: value for key, value in notes.items() if key not in ("format", "shapes")}
+    start, table_now, rows = time.perf_counter(), package, []
+    for shape, name in shapes.items():  # the table written after each shape: a cut-short run keeps its part
+        table_now, choices = tune.tune_launches(table_now, [shape], functools.partial(tune.graph_timer, replays=10),
+                                                device=torch.device("cuda"), progress=print)
+        for choice in choices:
+            rows.append({"model": name, "n": shape[0], "k": shape[1], "gated": shape[2], "config": str(choice.config),
+                         "rows": choice.row_class, "unequal": choice.unequal, "kept": choice.kept,
+                         "ratio": None if choice.ratio is None else round(choice.ratio, 3),
+                         "best": str(choice.launch), "pick_us": {c: round(t * 1e6, 1) for c, t in choice.pick.items()},
+                         "best_us": {c: round(t * 1e6, 1) for c, t in (choice.seconds or {}).items()}})
+        args.table.write_text(table_now.to_json(**notes))
         torch.cuda.empty_cache()
     print(table(rows, ["model", "n", "k", "gated", "config", "rows", "pick_us", "best", "best_us", "ratio", "kept",
                        "unequal"]))

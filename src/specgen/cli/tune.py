@@ -11,6 +11,11 @@ inside its captured one-token step (gpu/tuning/tune.py's tune_in_step): a projec
 configuration alone is not always its fastest between the step's other kernels. That loads the
 draft's weights and takes a few minutes; stdout gets a line per pick it changes and the step's
 time before and after.
+
+With --launches (the default), the target's tensor-core picks then get their launches for tall calls
+(more than 32 rows: a prompt's prefill chunks, a tree's nodes, a batch's rows): the fastest spread
+over programs that keeps each row's bits, per row class (gpu/tuning/tune.py's tune_launches); stdout
+gets a line per shape and row class.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ def tune_kernels(
     download: opt.Download = None,
     in_step: Annotated[bool, typer.Option("--in-step/--no-in-step", help="Choose the draft model's one-row "
                                           "configurations inside its captured step (loads the draft).")] = True,
+    launches: Annotated[bool, typer.Option("--launches/--no-launches", help="Time the target's tall calls "
+                                           "(over 32 rows) in launches that keep each row's bits.")] = True,
 ) -> None:
     """Time the linear kernel's configurations for the profile's target, draft and head shapes; keep the fastest."""
     from specgen.core.profile import load_profile
@@ -46,7 +53,7 @@ def tune_kernels(
     if not torch.cuda.is_available():
         raise _no_gpu()
     # progress on stderr, each shape as it is done (the whole takes minutes); the report on stdout
-    table, lines = run(settings, sizes, torch.device("cuda"), in_step=in_step,
+    table, lines = run(settings, sizes, torch.device("cuda"), in_step=in_step, launches=launches,
                        progress=lambda line: print(f"specgen: {line}", file=sys.stderr, flush=True))
     for line in lines:
         typer.echo(line)
@@ -104,11 +111,12 @@ def _rows(text: str, settings) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_timer=None,
-        progress=None) -> tuple[str, list[str]]:
+def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_timer=None, launches: bool = False,
+        launch_timer=None, progress=None) -> tuple[str, list[str]]:
     """Tune the profile's shapes on `device`; write the table; with in_step and a draft model, choose
     the draft's one-row picks inside its step (timed by step_timer, else on the draft's GPU) and
-    write them too; (its path, report lines). progress(line), if given, hears of each step as done."""
+    write them too; with launches, the target's launches for tall calls (timed by launch_timer, else
+    on the GPU); (its path, report lines). progress(line), if given, hears of each step as done."""
     import torch
 
     from specgen.core.models.loading import load_config
@@ -136,6 +144,10 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
         written, step_lines = _in_step(settings, written, step_timer, progress)
         path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))  # written twice: an interrupted
         # descent (minutes) leaves the per-shape results in the file
+    launch_lines = []
+    if launches:
+        written, launch_lines = _launches(settings, written, sizes, device, dtype, launch_timer, progress)
+        path.write_text(written.to_json(tuned_on=name, rows=list(sizes)))
     lines = []
     packaged = linear_table.packaged()
     for choice in choices:
@@ -148,7 +160,29 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
                      f"{choice.seconds[choice.split] * 1e6:.1f} us"
                      + (f"; draft {list(choice.draft)} {choice.one_row[choice.draft] * 1e6:.1f} us at one row"
                         if choice.draft is not None else ""))
-    return str(path), lines + step_lines
+    return str(path), lines + step_lines + launch_lines
+
+
+def _launches(settings, table, sizes, device, dtype, timer, progress=None):
+    """The table with the target's launches for the row classes its runs call it with; report lines."""
+    import dataclasses
+
+    from specgen.core.models.loading import load_config
+    from specgen.gpu.tuning import tune
+    from specgen.gpu.tuning.linear_table import packaged
+
+    if timer is None and device.type != "cuda":
+        return table, [f"launches on {device}: tuned only on a CUDA GPU"]
+    shapes = tune.model_shapes(load_config(settings.target, settings.runtime.download))
+    batch = settings.runtime.batch_size
+    classes = tune.launch_classes(sizes, batch == "auto" or (isinstance(batch, int) and batch > 1))
+    # the picks the runs will take: this file's over the package's
+    found, choices = tune.tune_launches(table.over(packaged()), shapes, timer or tune.graph_timer, device=device,
+                                        dtype=dtype, classes=classes,
+                                        progress=None if progress is None else lambda line: progress(f"launch: {line}"))
+    mine = {shape for shape, _, _ in table.entries}
+    kept = tuple(launch for launch in found.launches if launch[0] in mine)
+    return dataclasses.replace(table, launches=kept), [f"launch: {tune.launch_line(choice)}" for choice in choices]
 
 
 def _in_step(settings, table, step_timer, progress=None):

@@ -276,6 +276,68 @@ def test_tune_kernels_times_the_head_when_the_proposer_drafts_with_it(kind, tmp_
     T.load(tmp_path / "tables" / T.FILE)  # written, and readable as a table (else a UsageError)
 
 
+# -- launches for tall calls (tune_launches; fake timers, the Triton interpreter) ----------------------
+
+DOT = (True, 16, 32, 4, 2)
+FAST, SLIGHT, SLOW = (64, 32, 32, 4, 3), (128, 16, 32, 8, 2), (64, 64, 32, 4, 2)
+
+
+def _launch_timer(ratios: dict):
+    """Seconds a call: 1 for the pick's own tile, ratios[launch] for a launch (1.0 if unlisted)."""
+    seen = []
+
+    def timer(run, calls, label):
+        config, launch = label
+        run(0)
+        seen.append(label)
+        return 1.0 if launch is None else ratios.get(launch, 1.0)
+
+    return timer, seen
+
+
+def test_tune_launches_keeps_the_fastest_launch_that_gains_enough():
+    """Per row class, the fastest candidate (every one keeps the rows' bits here) is kept where it
+    takes 3% or more off the pick's own tile: FAST at 33-64 rows; at 65-128 rows the best, SLIGHT,
+    gains 1% and is reported, not kept. Each candidate and the pick are timed at both row counts."""
+    shape = (24, 64, True)
+    table = T.LinearTable(((shape, DOT, DOT),))
+    ratios = {FAST: 0.8, SLIGHT: 0.99, SLOW: 1.2}
+    timer, seen = _launch_timer(ratios)
+    tuned, choices = tune.tune_launches(table, [shape], timer, device=DEVICE, classes=(64, 128),
+                                        candidates_of=lambda k, config, row_class: [SLOW, SLIGHT] if row_class > 64
+                                        else [SLOW, FAST])
+    assert [(c.row_class, c.launch, c.kept) for c in choices] == [(64, FAST, True), (128, SLIGHT, False)]
+    assert tuned.launches == ((shape, DOT, 64, FAST),) and tuned.entries == table.entries
+    assert tuned.launch(*shape, DOT, 40) == FAST and tuned.launch(*shape, DOT, 80) is None
+    assert len(seen) == 2 * (1 + 2) * 2 and all(c.unequal == 0 for c in choices)
+    assert tune.launch_line(choices[0]).endswith("1000000.0/1000000.0 us in its own tile, launch [64, 32, 32, 4, 3] "
+                                                 "800000.0/800000.0 us")
+    assert "not kept" in tune.launch_line(choices[1])
+
+
+def test_tune_launches_passes_over_matrix_vector_picks_and_float32():
+    gemv = (False, 2, 64, 4, 1)
+    timer, seen = _launch_timer({})
+    tuned, choices = tune.tune_launches(T.LinearTable((((24, 64, False), gemv, gemv),)), [(24, 64, False)], timer,
+                                        device=DEVICE)
+    assert choices == [] and seen == [] and tuned.launches == ()
+    tuned, choices = tune.tune_launches(T.LinearTable((((24, 64, False), DOT, DOT),)), [(24, 64, False)], timer,
+                                        device=DEVICE, dtype=torch.float32)
+    assert choices == [] and seen == []
+
+
+def test_launch_candidates_keep_the_sums_and_classes_follow_the_runs():
+    split = (True, 32, 128, 4, 4, 3)
+    assert all(T.keeps_sums(4096, split, c) for c in tune.launch_candidates(4096, split, 128))
+    assert not any(c[2] == 256 for c in tune.launch_candidates(4096, split, 64))  # 1408-column chunks
+    assert any(c[0] == 128 for c in tune.launch_candidates(4096, split, 128))
+    assert not any(c[0] == 128 for c in tune.launch_candidates(4096, split, 64))
+    assert tune.launch_classes((1, 5), batch=False) == (64,)  # a prompt's prefill chunks
+    assert tune.launch_classes((1, 5, 33), batch=False) == (64,)
+    assert tune.launch_classes((1, 7, 80), batch=False) == (64, 128)
+    assert tune.launch_classes((1, 5), batch=True) == T.ROW_CLASSES  # group prefill: up to 512 rows
+
+
 # -- a draft's picks chosen inside its step (tune_in_step; fake step timers, never real timing) ----
 
 A, B = (24, 40, False), (48, 24, True)
@@ -414,3 +476,33 @@ def test_tune_kernels_chooses_the_drafts_picks_inside_its_step(tmp_path, monkeyp
     path, lines = cli_tune.run(profile, (1, 5), DEVICE, in_step=True)  # no timer, and the draft on the CPU
     assert dict(T.load(path).drafts)[shapes[0]] == gemv
     assert lines == ["draft on cpu: its picks are chosen inside its step only on a CUDA GPU"]
+
+
+def test_tune_kernels_writes_the_targets_launches(tmp_path, monkeypatch):
+    """With launches, the table written holds each target shape's launch for the row classes its
+    runs use (one prompt at a time: 64, the prefill chunks), and stdout a line per shape and class;
+    on a CPU with no timer given it says launches are tuned on a CUDA GPU only."""
+    from transformers import LlamaConfig
+
+    from specgen.cli import tune as cli_tune
+    from specgen.core.profile import load_profile
+    from tiny_models import write_profile
+
+    for name, width in (("target", 64), ("draft", 24)):
+        LlamaConfig(vocab_size=40, hidden_size=width, intermediate_size=2 * width, num_attention_heads=4,
+                    num_key_value_heads=2, num_hidden_layers=1).save_pretrained(tmp_path / name)
+    profile = load_profile(str(write_profile(tmp_path / "pair.toml", tmp_path / "target", tmp_path / "draft",
+                                             kernels={"tables": str(tmp_path / "tables")})))
+    targets = tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "target"))
+
+    def fake_tune(listed, rows, timer, **_):
+        return T.LinearTable(tuple(sorted((shape, DOT, DOT) for shape in dict.fromkeys(listed))), "tuned"), []
+
+    monkeypatch.setattr(tune, "tune", fake_tune)
+    monkeypatch.setattr(tune, "launch_candidates", lambda k, config, row_class: [FAST])
+    timer, seen = _launch_timer({FAST: 0.5})
+    path, lines = cli_tune.run(profile, (1, 5), DEVICE, launches=True, launch_timer=timer)
+    assert T.load(path).launches == tuple(sorted((shape, DOT, 64, FAST) for shape in targets))
+    assert len(lines) == len(targets) and all(line.startswith("launch: N=") for line in lines)
+    path, lines = cli_tune.run(profile, (1, 5), DEVICE, launches=True)
+    assert lines == ["launches on cpu: tuned only on a CUDA GPU"]

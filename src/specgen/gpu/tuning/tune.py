@@ -10,6 +10,11 @@ at one row (`draft`: what a draft model's runner takes, LinearTable.for_drafts).
 computes each row the same way whatever the row count, so any winner keeps greedy decoding
 bit-exact.
 
+Launches (tune_launches): for a target's shapes, the fastest way to spread a tall call of each
+row class (33 to 512 rows) over programs that keeps its pick's sums (gpu/tuning/linear_table.py):
+each candidate's rows are checked bitwise against the one-row call, then timed at the class's two
+row counts against the pick's own tile; one that gains LAUNCH_GAIN is kept.
+
 The timer is passed in: graph_timer on a GPU, a fake one in the tests (never real timing there).
 """
 
@@ -27,6 +32,7 @@ import triton
 
 from specgen.gpu.kernels import linear
 from specgen.gpu.capture import capture
+from specgen.gpu.tuning import linear_table
 from specgen.gpu.tuning.linear_table import LinearTable
 from specgen.gpu.kernels.reference import gate_up_reference
 from specgen.gpu.workspace import Workspace, device_of
@@ -144,6 +150,119 @@ def _agrees(out, x, weight, up, gated) -> bool:
     ref = gate_up_reference(x.float(), weight.float(), up.float(), "silu") if gated else F.linear(x.float(), weight.float())
     scale = ref.abs().max().item() or 1.0
     return (out.float() - ref).abs().max().item() <= TOLERANCE * scale
+
+
+# -- launches for tall calls ------------------------------------------------------------------------
+
+LAUNCH_ROWS = {64: (33, 64), 128: (80, 128), 512: (160, 320)}  # row class -> the row counts it is timed at
+# A launch is kept where its time over the pick's own tile, averaged over its class's row counts, is
+# at most this: an H200's timings of one launch repeat within 1-2%.
+LAUNCH_GAIN = 0.97
+
+
+def launch_candidates(k: int, config: tuple, row_class: int) -> list[tuple]:
+    """The launches tried for a row class: 64-row tiles (and 128-row ones above 64 rows) over BLOCK_N,
+    BLOCK_K, warps and stages, each keeping the configuration's sums (linear_table.keeps_sums)."""
+    found = [(64, n, bk, warps, stages) for n in (32, 64, 128) for bk in (64, 128, 256) for warps in (4, 8)
+             for stages in (3, 4)]
+    if row_class > 64:
+        found += [(128, n, bk, 8, stages) for n in (32, 64) for bk in (64, 128) for stages in (2, 3)]
+    return [launch for launch in found if linear_table.keeps_sums(k, config, launch)]
+
+
+def launch_classes(sizes, batch: bool) -> tuple[int, ...]:
+    """The row classes a profile's runs call the target with: 64 always (a prompt's prefill chunks
+    of 64 rows), the classes of its tall step sizes, and all of them for batches (prompts prefilled
+    in groups of up to 8 chunks: core/round/batch_prefill.py)."""
+    if batch:
+        return linear_table.ROW_CLASSES
+    found = {64} | {next(c for c in linear_table.ROW_CLASSES if size <= c) for size in sizes
+                    if size > linear_table.TALL_FROM}
+    return tuple(sorted(found))
+
+
+@dataclass
+class LaunchChoice:
+    shape: tuple[int, int, bool]
+    config: tuple
+    row_class: int
+    pick: dict  # rows -> seconds a call in the configuration's own tile
+    launch: tuple | None = None  # the fastest candidate with each row's bits, kept or not
+    seconds: dict | None = None  # rows -> its seconds a call
+    ratio: float | None = None  # its mean time over the pick's
+    unequal: int = 0  # candidates whose rows were not the one-row call's, bit for bit
+
+    @property
+    def kept(self) -> bool:
+        return self.ratio is not None and self.ratio <= LAUNCH_GAIN
+
+
+def tune_launches(table: LinearTable, shapes, timer: Timer, *, device, dtype=torch.bfloat16,
+                  classes=linear_table.ROW_CLASSES, split: bool = True, candidates_of=None,
+                  progress: Callable[[str], None] | None = None) -> tuple[LinearTable, list[LaunchChoice]]:
+    """`table` with the launches found for the shapes' picks (split-K's when `split`, as CUDA runs
+    them) in each row class of `classes`; each class's choice. 16-bit models only (float32 ones
+    keep the configuration's tile: gpu/kernels/linear.py). The timer gets (config, launch) for a
+    candidate, (config, None) for the pick's own tile."""
+    counters = linear.split_k_counters(Workspace(device))
+    candidates_of = candidates_of or launch_candidates
+    found, choices = [], []
+    for n, k, gated in dict.fromkeys(shapes):
+        config = table.pick(n, k, gated, split, 1)
+        if not config[0] or torch.finfo(dtype).bits > 16:
+            continue
+        gen = torch.Generator(device=device).manual_seed(n * 37 + k)
+        weight_bytes = n * k * torch.finfo(dtype).bits // 8 * (2 if gated else 1)
+        copies = max(1, min(8, -(-L2_BYTES // weight_bytes))) if torch.device(device).type == "cuda" else 1
+        weights = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)]
+        ups = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)] \
+            if gated else weights
+        top = max(max(LAUNCH_ROWS[c]) for c in classes)
+        x = torch.randn(top, k, device=device, generator=gen).to(dtype)
+        act = linear.ACTIVATIONS["silu"] if gated else 0
+
+        def call(i, rows, launch, config=config, weights=weights, ups=ups, x=x, act=act):
+            return linear.run(x[:rows], weights[i], ups[i] if act else None, None, act, config, counters, None,
+                              False, launch=launch)
+        alone = torch.cat([linear.run(x[r:r + 1], weights[0], ups[0] if act else None, None, act, config, counters,
+                                      None, False) for r in range(top)])  # each row in a one-row call
+        for row_class in classes:
+            counts = LAUNCH_ROWS[row_class]
+            pick = {c: timer(lambda i, c=c: call(i, c, None), copies, (config, None)) for c in counts}
+            choice = LaunchChoice((n, k, gated), config, row_class, pick)
+            for launch in candidates_of(k, config, row_class):
+                try:
+                    if not all(torch.equal(call(0, c, launch), alone[:c]) for c in counts):
+                        choice.unequal += 1
+                        continue
+                except Exception:  # noqa: BLE001 (a tile this GPU cannot compile or run: not a candidate)
+                    continue
+                seconds = {c: timer(lambda i, c=c, launch=launch: call(i, c, launch), copies, (config, launch))
+                           for c in counts}
+                ratio = sum(seconds[c] / pick[c] for c in counts) / len(counts)
+                if choice.ratio is None or ratio < choice.ratio:
+                    choice.launch, choice.seconds, choice.ratio = launch, seconds, ratio
+            if choice.kept:
+                found.append(((n, k, gated), config, row_class, choice.launch))
+            choices.append(choice)
+            if progress is not None:
+                progress(launch_line(choice))
+    launches = LinearTable(launches=tuple(sorted(found)))
+    return (LinearTable(table.entries, table.source, table.drafts, table.for_draft,
+                        launches=launches.over(table).launches), choices)
+
+
+def launch_line(choice: LaunchChoice) -> str:
+    """A report line: the class's launch against the pick's own tile."""
+    n, k, gated = choice.shape
+    counts = sorted(choice.pick)
+    pick = "/".join(f"{choice.pick[c] * 1e6:.1f}" for c in counts)
+    head = f"N={n} K={k}{' gated' if gated else ''} {list(choice.config)}, {'/'.join(map(str, counts))} rows:"
+    if choice.launch is None:
+        return f"{head} {pick} us in its own tile, no launch kept the rows' bits"
+    best = "/".join(f"{choice.seconds[c] * 1e6:.1f}" for c in counts)
+    return (f"{head} {pick} us in its own tile, launch {list(choice.launch)} {best} us"
+            f"{'' if choice.kept else ' (not kept: under 3%)'}")
 
 
 def graph_timer(run: Callable[[int], object], calls: int, config: tuple, replays: int = 20) -> float:
