@@ -117,13 +117,20 @@ def tune(shapes, rows: tuple[int, ...], timer: Timer, *, device, dtype=torch.bfl
     return LinearTable(entries, "tuned", drafts), choices
 
 
-def _time_shape(n, k, gated, rows, timer, device, dtype, counters, split) -> dict:
-    gen = torch.Generator(device=device).manual_seed(n * 31 + k)
+def _weights(n, k, gated, device, dtype, gen) -> tuple[int, list, list]:
+    """Copies of a shape's random weights (and up projections when gated) that together exceed any
+    L2 on a GPU, so a timing reads weights from memory as a step does: (copies, weights, ups)."""
     weight_bytes = n * k * torch.finfo(dtype).bits // 8 * (2 if gated else 1)
     copies = max(1, min(8, -(-L2_BYTES // weight_bytes))) if torch.device(device).type == "cuda" else 1
     weights = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)]
     ups = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)] \
         if gated else weights
+    return copies, weights, ups
+
+
+def _time_shape(n, k, gated, rows, timer, device, dtype, counters, split) -> dict:
+    gen = torch.Generator(device=device).manual_seed(n * 31 + k)
+    copies, weights, ups = _weights(n, k, gated, device, dtype, gen)
     inputs = {r: torch.randn(r, k, device=device, generator=gen).to(dtype) for r in rows}
     seconds = {}  # config -> {rows: seconds a call}
     for config in candidates(k, split):
@@ -212,11 +219,7 @@ def tune_launches(table: LinearTable, shapes, timer: Timer, *, device, dtype=tor
         if not config[0] or torch.finfo(dtype).bits > 16:
             continue
         gen = torch.Generator(device=device).manual_seed(n * 37 + k)
-        weight_bytes = n * k * torch.finfo(dtype).bits // 8 * (2 if gated else 1)
-        copies = max(1, min(8, -(-L2_BYTES // weight_bytes))) if torch.device(device).type == "cuda" else 1
-        weights = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)]
-        ups = [torch.randn(n, k, device=device, generator=gen).div_(k ** 0.5).to(dtype) for _ in range(copies)] \
-            if gated else weights
+        copies, weights, ups = _weights(n, k, gated, device, dtype, gen)
         top = max(max(LAUNCH_ROWS[c]) for c in classes)
         x = torch.randn(top, k, device=device, generator=gen).to(dtype)
         act = linear.ACTIVATIONS["silu"] if gated else 0
