@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 (bench_pair
  [ -f /tmp/fam/llama-3.1/pair.toml ] || PYTHONPATH=$PWD/src timeout 150 python3 benchmarks/family_pairs.py \
    --family llama-3.1 --scale full --prompts 16 --out /tmp/fam --device cuda --dtype bfloat16 > /tmp/fam.log 2>&1) &
-gpu_tests 6 "tests/gpu/test_batch_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py
+gpu_tests 6 "tests/gpu/test_batch_gpu.py tests/gpu/test_batch_tree_gpu.py tests/gpu/test_batch_hybrid_gpu.py tests/gpu/kernels/test_commit.py tests/gpu/kernels/test_noise.py
   tests/core/bench/test_batch_floors.py tests/core/round/test_batch_staging.py tests/core/round/test_batch_head.py"
 wait
 echo "== pairs at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-120) | $(tail -1 /tmp/fam.log | cut -c1-120)" | tee -a "$LOG"

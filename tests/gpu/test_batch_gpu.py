@@ -10,112 +10,31 @@ alone, and the captured round equal to the round run eagerly. And with prompt lo
 every row (core/round/batch_lookup.py, a bigram target whose text the prompts hold): on the
 interpreter's kernel tables greedy and rejection-coupled rows (one-hot q through the verification
 kernel) equal each prompt alone; on a GPU bfloat16 greedy rows at B = 7, 16 equal batch 1 and each
-prompt alone, and the captured round equals the round run eagerly. And with an EAGLE-3 head's
-token trees (core/round/batch_head_tree.py): on the interpreter's kernel tables greedy rows (tokens
-and every round's pool of candidates) equal each prompt alone; on a GPU float32 rows at B = 1, 7
-equal each prompt alone (greedy, Gumbel, rejection), bfloat16 greedy rows at B = 7, 16 equal batch
-1, and the captured round equals the round run eagerly. Prompt lookup's token trees
-(core/round/batch_lookup_tree.py) likewise: on the interpreter's kernel tables sampled rows
-(the sibling walk kernel over [B, ...]) equal each prompt alone, on a GPU as the draft model's
-trees. And the hybrid proposer (core/round/batch_hybrid.py: the draft model or a head drafting
-every row, lookup's drafts where it matches): on a GPU float32 rows at B = 1, 7 equal each
-prompt alone (greedy, Gumbel, rejection), and the captured round equals the round run eagerly.
-And rows with their own penalties and min_tokens (core/round/batch_rows.py): on the interpreter's
-kernel tables (the warp kernel over every row's counts and masks) Gumbel and greedy rows equal
-each prompt alone; on a GPU float32 rows at B = 1, 7 equal each prompt alone (greedy, Gumbel,
-rejection), and the captured round equals the round run eagerly.
+prompt alone, and the captured round equals the round run eagerly. And rows with their own
+penalties and min_tokens (core/round/batch_rows.py): on the interpreter's kernel tables (the warp
+kernel over every row's counts and masks) Gumbel and greedy rows equal each prompt alone; on a GPU
+float32 rows at B = 1, 7 equal each prompt alone (greedy, Gumbel, rejection), and the captured
+round equals the round run eagerly. Token trees at batch: test_batch_tree_gpu.py; the hybrid
+proposer: test_batch_hybrid_gpu.py.
 """
 
 from __future__ import annotations
 
 import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
-from triton_cpu import DEVICE
 
-import dataclasses
 from dataclasses import replace
 
 import pytest
 import torch
 
-from batch_helpers import alone_rounds, batched_rounds, branch_prompts, chain_prompts
-from decode_helpers import cuda_engine, finish, make_profile, on_cuda, random_prompts
-from gpu_helpers import KernelRunners, kernels
+from batch_helpers import alone_rounds, batched_rounds
+from batch_kernel_helpers import (TREE_SAMPLINGS, HeadTables, KernelTables, accepted_lookups, alone, assert_rows_equal,
+                                  batched, fated, jobs, lookup_jobs)
+from decode_helpers import cuda_engine, finish, make_profile, on_cuda
+from gpu_helpers import kernels
 from specgen.core.backend import EagerBatch
 from specgen.core.engine import Engine
-from specgen.core.events import Fate
 from specgen.core.settings import ProposerSpec
-from tiny_models import bigram_target, build_pair, head_for
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return build_pair(tmp_path_factory.mktemp("batch-kernels"), noisy=0.1)
-
-
-@pytest.fixture(scope="module")
-def head(pair, tmp_path_factory):
-    return head_for(pair[0], tmp_path_factory.mktemp("batch-head") / "head")
-
-
-@pytest.fixture(scope="module")
-def bigram(pair, tmp_path_factory):
-    return bigram_target(pair[0], tmp_path_factory.mktemp("batch-lookup") / "bigram")
-
-
-def lookup_jobs(engine: Engine, count: int, seed: int = 0) -> list:
-    """(ids, settings) of `count` prompts that hold the bigram target's text (chain_prompts), each
-    with its own max_tokens and seed."""
-    return [(ids, replace(engine.profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i))
-            for i, ids in enumerate(chain_prompts(engine, count, seed=seed))]
-
-
-def assert_rows_equal(got: list, reference: list, what: str) -> None:
-    """Every row as its reference; else how many of them differ from `what`."""
-    same = sum(a == b for a, b in zip(got, reference))
-    assert len(got) == len(reference) and same == len(reference), \
-        f"{len(reference) - same} of {len(reference)} rows differ from {what}"
-
-
-def accepted_lookups(results: list[tuple]) -> int:
-    return sum(fates.count(Fate.ACCEPTED) for _, fates, *_ in results)
-
-
-def jobs(profile, count: int, seed: int = 0, **sampling) -> list:
-    """(ids, settings) of `count` prompts of 1 to 12 ids, each with its own max_tokens and seed."""
-    prompts = random_prompts(200, count, seed=seed)
-    return [(ids, replace(profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i, **sampling))
-            for i, ids in enumerate(prompts)]
-
-
-def alone(engine: Engine, work: list) -> list[list[int]]:
-    return [finish(engine.decoder(replace(engine.profile, sampling=spec)), ids).token_ids for ids, spec in work]
-
-
-def batched(engine: Engine, batch: int, work: list, eager: bool = False) -> list[list[int]]:
-    decoder = engine.batch_decoder(batch)
-    if eager:
-        decoder.program = EagerBatch(decoder.round)
-    results = list(decoder.run(work))
-    assert [index for index, _ in results] == list(range(len(work)))
-    return [finished.token_ids for _, finished in results]
-
-
-class KernelTables(KernelRunners):
-    """KernelRunners with the round's Triton table too: every kernel a GPU's round captures, run
-    in the interpreter as the body calls it."""
-
-    def __init__(self, kernel_set):
-        super().__init__(kernel_set)
-        from specgen.gpu.round_ops import TritonRoundOps
-        from specgen.gpu.workspace import Workspace
-
-        self.workspace = Workspace(DEVICE)
-        self.ops = TritonRoundOps(self.workspace)
-
-    def check(self, first_id: int) -> None:
-        from specgen.gpu.kernels.verify import check_output
-
-        check_output(first_id, self.workspace)
 
 
 @pytest.mark.slow
@@ -158,17 +77,6 @@ def test_batch_logprobs_on_the_kernel_tables_equal_each_prompt_alone(pair, sampl
     reference = logprob_runs(engine, work)
     assert all(len(logprobs) == len(ids) for ids, logprobs in reference)
     assert logprob_runs(engine, work, 2) == reference
-
-
-class HeadTables(KernelTables):
-    """KernelTables whose heads compute through the kernel table too (the CUDA backend's head_ops)."""
-
-    def head_ops(self, head, batch: bool = False):
-        from specgen.gpu.kernels.linear import BATCH_ROWS
-        from specgen.gpu.ops import TritonOps
-
-        head.layers[0].self_attn.fuse()
-        return TritonOps(dataclasses.replace(self.kernels, split_k=False), **({"rows": BATCH_ROWS} if batch else {}))
 
 
 @pytest.mark.slow
@@ -273,14 +181,6 @@ def cuda_eagle_engine(target, head, k: int = 4, dtype: str = "bfloat16", **sampl
     return engine
 
 
-def fated(engine: Engine, batch: int, work: list, eager: bool = False) -> list[tuple]:
-    """Each prompt's (tokens, fates) through `batch` rows: the fates say what the head's drafts did."""
-    decoder = engine.batch_decoder(batch)
-    if eager:
-        decoder.program = EagerBatch(decoder.round)
-    return [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-
-
 @on_cuda
 @pytest.mark.parametrize("batch", [7, 16])
 def test_bf16_greedy_eagle_rows_equal_batch_one_on_cuda(pair, head, batch):
@@ -358,238 +258,6 @@ def test_captured_lookup_batch_round_equals_the_round_run_eagerly(bigram, sampli
     captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
     assert decoder.program.eager is None and decoder.program.graphs
     assert accepted_lookups(captured) > 0
-    assert captured == fated(engine, 8, work, eager=True)
-
-
-# -- the draft model's token trees at batch (core/round/batch_tree.py) ------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
-# rejection with drawn children alone (the recursive walk, draws per row): each case takes the
-# interpreter near three minutes; the torch tests (tests/core/round/test_batch_tree.py) cover the others
-@pytest.mark.parametrize("sampling", [dict(temperature=0.9, coupling="rejection")], ids=["rejection"])
-def test_batch_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, sampling):
-    """Each row's tree on the kernels a GPU captures: the step kernels over [B, w] and [B, n + 1]
-    tree rows (attention over each row's tails), the top-w kernels, the tree's construction over
-    every row at once, the walk kernels over [B, ...], the compaction kernel over [B, k] slots:
-    each row's tokens and drafts are the tree round's on the same kernels."""
-    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
-    profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=5), **sampling)
-    engine = Engine(profile, backend=KernelTables(tables))
-    work = jobs(engine.profile, 3, seed=1)
-    reference = [(ids, drafts) for ids, _, drafts in alone_rounds(engine, work)]
-    assert [(ids, drafts) for ids, _, drafts in batched_rounds(engine, 2, work)] == reference
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
-def test_batch_lookup_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(bigram):
-    """Prompt lookup's tries at batch on the kernels a GPU captures: the target's [B, n + 1] tree
-    step over each row's staged trie, the sibling walk kernel over [B, ...] for sampled rows: each
-    row's tokens, fates and drafts are the lookup tree round's on the same kernels."""
-    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
-    profile = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="ngram"),
-                           speculation=dict(tree_width=2, tree_nodes=5), temperature=0.9, coupling="rejection")
-    engine = Engine(profile, backend=KernelTables(tables))
-    work = tree_jobs(engine, "lookup", 3, seed=1)
-    reference = alone_rounds(engine, work)
-    assert accepted_lookups(reference) > 0
-    assert batched_rounds(engine, 2, work) == reference
-
-
-def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "bfloat16",
-                     **sampling) -> Engine:
-    profile = make_profile(target, draft, k=k, backend="cuda", speculation=dict(tree_width=width, tree_nodes=nodes),
-                           **({"max_tokens": 32} | sampling))
-    profile = replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
-    engine = Engine(profile)
-    assert engine.backend.name == "cuda"
-    return engine
-
-
-TREE_SAMPLINGS = pytest.mark.parametrize(
-    "sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
-                 dict(temperature=0.8, top_p=0.9, coupling="rejection")], ids=["greedy", "gumbel", "rejection"])
-TREE_DRAFTERS = pytest.mark.parametrize("drafter", ["draft", "head", "lookup"])
-
-
-def float32_tree_engine(request, drafter: str, **sampling) -> Engine:
-    """float32 trees (k 4, width 2, 6 nodes) on the owned kernels, drafted by the draft model,
-    (drafter "head") an EAGLE-3 head on the head's kernels or (drafter "lookup") prompt lookup
-    over a bigram target's text (core/round/batch_lookup_tree.py)."""
-    pair = request.getfixturevalue("pair")
-    if drafter == "head":
-        return cuda_head_tree_engine(pair[0], request.getfixturevalue("head"), **sampling)
-    if drafter == "lookup":
-        return cuda_lookup_tree_engine(request.getfixturevalue("bigram"), **sampling)
-    return cuda_tree_engine(*pair, dtype="float32", **sampling)
-
-
-def cuda_lookup_tree_engine(target, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "float32",
-                            **sampling) -> Engine:
-    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="ngram"),
-                           speculation=dict(tree_width=width, tree_nodes=nodes), **({"max_tokens": 32} | sampling))
-    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
-    assert engine.backend.name == "cuda"
-    return engine
-
-
-def tree_jobs(engine: Engine, drafter: str, count: int, seed: int) -> list:
-    """jobs(), or for prompt lookup prompts whose lookups branch (batch_helpers.branch_prompts)."""
-    if drafter != "lookup":
-        return jobs(engine.profile, count, seed=seed)
-    return [(ids, replace(engine.profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i))
-            for i, ids in enumerate(branch_prompts(engine, count, seed=seed))]
-
-
-@on_cuda
-@TREE_SAMPLINGS
-@TREE_DRAFTERS
-@pytest.mark.parametrize("batch", [1, 7])
-def test_tree_rows_equal_each_prompt_alone_on_cuda(request, drafter, sampling, batch):
-    """24 prompts of their own lengths and max_tokens, float32 trees from the draft model or a
-    head or prompt lookup, each prompt's seed: every row's tokens at B = 1 and 7 are the
-    prompt's alone (the captured tree round)."""
-    engine = float32_tree_engine(request, drafter, **sampling)
-    work = tree_jobs(engine, drafter, 24, seed=batch)
-    reference = alone(engine, work)
-    got = batched(engine, batch, work)
-    assert_rows_equal(got, reference, "the prompt alone")
-
-
-@on_cuda
-@TREE_SAMPLINGS
-@TREE_DRAFTERS
-def test_captured_batch_tree_round_equals_the_round_run_eagerly(request, drafter, sampling):
-    """The batch tree round (the draft model's, a head's or prompt lookup's) replayed as CUDA
-    graphs (re-captured when the long max_tokens below grows the caches, a head's among them,
-    behind a round in flight) or run as it is: the same tokens and fates."""
-    engine = float32_tree_engine(request, drafter, **sampling)
-    work = tree_jobs(engine, drafter, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
-    assert captured == fated(engine, 8, work, eager=True)
-
-
-# -- an EAGLE-3 head's token trees at batch (core/round/batch_head_tree.py) ---------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
-def test_batch_head_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, head):
-    """Each row's head tree on the kernels a GPU captures: the head's batch table over [B, k + 1]
-    extend rows and [B, w] tree rows (attention over each row's tails in its own cache row), the
-    target's [B, n + 1] tree step, the tree kernels over every row at once: each row's tokens and
-    every round's pool of candidates (every level's children, its drafts among them) are the head
-    tree round's on the same kernels."""
-    from batch_helpers import alone_probes, batched_probes
-
-    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True, head=True)
-    profile = make_profile(pair[0], None, k=3, proposer=ProposerSpec(kind="eagle", head=str(head)),
-                           speculation=dict(tree_width=2, tree_nodes=5))
-    engine = Engine(profile, backend=HeadTables(tables))
-    assert engine.describe()["heads"] == {"eagle": "kernels"}
-    work = jobs(engine.profile, 3, seed=1)
-    pools = alone_probes(engine, work, lambda rnd: rnd.tree.tokens.tolist())
-    assert batched_probes(engine, 2, work, lambda rnd, b: rnd.trees.trees[b].tokens.tolist()) == pools
-
-
-def cuda_head_tree_engine(target, head, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "float32",
-                          **sampling) -> Engine:
-    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="eagle", head=str(head)),
-                           speculation=dict(tree_width=width, tree_nodes=nodes), **({"max_tokens": 32} | sampling))
-    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
-    assert engine.backend.name == "cuda" and engine.describe()["heads"] == {"eagle": "kernels"}
-    return engine
-
-
-@on_cuda
-@pytest.mark.parametrize("batch", [7, 16])
-def test_bf16_greedy_head_tree_rows_equal_batch_one_on_cuda(pair, head, batch):
-    """bfloat16 head trees (k 4, width 3, 8 nodes): every row's tokens and fates at B = 7 and 16
-    are batch 1's."""
-    engine = cuda_head_tree_engine(pair[0], head, width=3, nodes=8, dtype="bfloat16")
-    work = jobs(engine.profile, 32, seed=batch)
-    one = fated(engine, 1, work)
-    got = fated(engine, batch, work)
-    assert_rows_equal(got, one, "batch 1")
-
-
-# -- the hybrid proposer drafting every row (core/round/batch_hybrid.py), on a GPU -------------------
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU, the captured tests below run the kernels")
-def test_hybrid_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, bigram):
-    """Hybrid with the draft model on the step and round kernels: the draft's batch steps, its
-    follow step over [B, k + 2] (the host rows from the round's start, the others at the cache's
-    scratch end), verification with one-hot q rows for the host rows: each row's tokens, fates and
-    drafts are hybrid's alone on the same kernels."""
-    tables = kernels(attention=True, linear=True, rope=True, warp=True, norm=True, step_io=True)
-    profile = make_profile(bigram, pair[1], k=3, proposer=ProposerSpec(kind="hybrid"), temperature=0.9,
-                           coupling="rejection")
-    engine = Engine(profile, backend=KernelTables(tables))
-    work = lookup_jobs(engine, 3, seed=1)
-    reference = alone_rounds(engine, work)
-    assert accepted_lookups(reference) > 0
-    assert batched_rounds(engine, 2, work) == reference
-
-
-def cuda_hybrid_engine(request, model: str, dtype: str = "float32", **sampling) -> Engine:
-    """Hybrid chains (k 4) over the bigram target, with the noisy draft model or (model "eagle") an
-    EAGLE-3 head where the lookup finds nothing."""
-    bigram, draft = request.getfixturevalue("bigram"), request.getfixturevalue("pair")[1]
-    head = str(request.getfixturevalue("head")) if model == "eagle" else ""
-    profile = make_profile(bigram, draft if model == "draft" else None, k=4, backend="cuda",
-                           proposer=ProposerSpec(kind="hybrid", hybrid_with=model, head=head),
-                           **({"max_tokens": 32} | sampling))
-    profile = replace(profile, target=replace(profile.target, dtype=dtype))
-    if profile.draft is not None:
-        profile = replace(profile, draft=replace(profile.draft, dtype=dtype))
-    engine = Engine(profile)
-    assert engine.backend.name == "cuda"
-    return engine
-
-
-HYBRID_MODELS = pytest.mark.parametrize("model", ["draft", "eagle"])
-
-
-@on_cuda
-@TREE_SAMPLINGS
-@HYBRID_MODELS
-@pytest.mark.parametrize("batch", [1, 7])
-def test_hybrid_rows_equal_each_prompt_alone_on_cuda(request, model, sampling, batch):
-    """24 prompts that hold the bigram target's text (lookup's turns, then the model's), float32,
-    each prompt's seed: every row's tokens and fates at B = 1 and 7 are the prompt's alone with
-    hybrid (the captured chain round's host and model programs)."""
-    engine = cuda_hybrid_engine(request, model, **sampling)
-    work = lookup_jobs(engine, 24, seed=batch)
-    reference = [(f.token_ids, f.fates) for f in (finish(engine.decoder(replace(engine.profile, sampling=spec)), ids)
-                                                  for ids, spec in work)]
-    assert accepted_lookups(reference) > 0
-    got = fated(engine, batch, work)
-    assert_rows_equal(got, reference, "the prompt alone")
-
-
-@on_cuda
-@TREE_SAMPLINGS
-@HYBRID_MODELS
-def test_captured_hybrid_batch_round_equals_the_round_run_eagerly(request, model, sampling):
-    """The batch round with hybrid, replayed as CUDA graphs (the staged lookups a static buffer the
-    graph reads, the model's follow step at the scratch end of the cache; re-captured when the long
-    max_tokens below grows the caches) or run as it is: the same tokens and fates."""
-    engine = cuda_hybrid_engine(request, model, **sampling)
-    work = lookup_jobs(engine, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    assert not decoder.pipelined
-    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
     assert captured == fated(engine, 8, work, eager=True)
 
 

@@ -1,0 +1,102 @@
+"""Shared by the batch tests on the kernels (tests/gpu/test_batch_gpu.py, test_batch_tree_gpu.py,
+test_batch_hybrid_gpu.py): prompts with their own settings, decoding them alone and in batches, and
+the interpreter's kernel tables (every kernel a GPU's round captures, run as the body calls it).
+Their fixtures (the pair, an EAGLE-3 head, a bigram target) are tests/gpu/conftest.py's."""
+
+from __future__ import annotations
+
+import triton_cpu  # noqa: F401, I001  (first: TRITON_INTERPRET before Triton is imported, on a CPU)
+from triton_cpu import DEVICE
+
+import dataclasses
+from dataclasses import replace
+
+import pytest
+
+from batch_helpers import chain_prompts
+from decode_helpers import finish, random_prompts
+from gpu_helpers import KernelRunners
+from specgen.core.backend import EagerBatch
+from specgen.core.engine import Engine
+from specgen.core.events import Fate
+
+
+def lookup_jobs(engine: Engine, count: int, seed: int = 0) -> list:
+    """(ids, settings) of `count` prompts that hold the bigram target's text (chain_prompts), each
+    with its own max_tokens and seed."""
+    return [(ids, replace(engine.profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i))
+            for i, ids in enumerate(chain_prompts(engine, count, seed=seed))]
+
+
+def assert_rows_equal(got: list, reference: list, what: str) -> None:
+    """Every row as its reference; else how many of them differ from `what`."""
+    same = sum(a == b for a, b in zip(got, reference))
+    assert len(got) == len(reference) and same == len(reference), \
+        f"{len(reference) - same} of {len(reference)} rows differ from {what}"
+
+
+def accepted_lookups(results: list[tuple]) -> int:
+    return sum(fates.count(Fate.ACCEPTED) for _, fates, *_ in results)
+
+
+def jobs(profile, count: int, seed: int = 0, **sampling) -> list:
+    """(ids, settings) of `count` prompts of 1 to 12 ids, each with its own max_tokens and seed."""
+    prompts = random_prompts(200, count, seed=seed)
+    return [(ids, replace(profile.sampling, max_tokens=4 + 3 * (i % 5), seed=100 + i, **sampling))
+            for i, ids in enumerate(prompts)]
+
+
+def alone(engine: Engine, work: list) -> list[list[int]]:
+    return [finish(engine.decoder(replace(engine.profile, sampling=spec)), ids).token_ids for ids, spec in work]
+
+
+def batched(engine: Engine, batch: int, work: list, eager: bool = False) -> list[list[int]]:
+    decoder = engine.batch_decoder(batch)
+    if eager:
+        decoder.program = EagerBatch(decoder.round)
+    results = list(decoder.run(work))
+    assert [index for index, _ in results] == list(range(len(work)))
+    return [finished.token_ids for _, finished in results]
+
+
+class KernelTables(KernelRunners):
+    """KernelRunners with the round's Triton table too: every kernel a GPU's round captures, run
+    in the interpreter as the body calls it."""
+
+    def __init__(self, kernel_set):
+        super().__init__(kernel_set)
+        from specgen.gpu.round_ops import TritonRoundOps
+        from specgen.gpu.workspace import Workspace
+
+        self.workspace = Workspace(DEVICE)
+        self.ops = TritonRoundOps(self.workspace)
+
+    def check(self, first_id: int) -> None:
+        from specgen.gpu.kernels.verify import check_output
+
+        check_output(first_id, self.workspace)
+
+
+class HeadTables(KernelTables):
+    """KernelTables whose heads compute through the kernel table too (the CUDA backend's head_ops)."""
+
+    def head_ops(self, head, batch: bool = False):
+        from specgen.gpu.kernels.linear import BATCH_ROWS
+        from specgen.gpu.ops import TritonOps
+
+        head.layers[0].self_attn.fuse()
+        return TritonOps(dataclasses.replace(self.kernels, split_k=False), **({"rows": BATCH_ROWS} if batch else {}))
+
+
+
+def fated(engine: Engine, batch: int, work: list, eager: bool = False) -> list[tuple]:
+    """Each prompt's (tokens, fates) through `batch` rows: the fates say what the head's drafts did."""
+    decoder = engine.batch_decoder(batch)
+    if eager:
+        decoder.program = EagerBatch(decoder.round)
+    return [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+
+
+TREE_SAMPLINGS = pytest.mark.parametrize(
+    "sampling", [dict(), dict(temperature=0.8, top_k=20, coupling="gumbel"),
+                 dict(temperature=0.8, top_p=0.9, coupling="rejection")], ids=["greedy", "gumbel", "rejection"])
