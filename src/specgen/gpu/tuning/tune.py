@@ -250,9 +250,9 @@ def tune_launches(table: LinearTable, shapes, timer: Timer, *, device, dtype=tor
             choices.append(choice)
             if progress is not None:
                 progress(launch_line(choice))
-    launches = LinearTable(launches=tuple(sorted(found)))
-    return (LinearTable(table.entries, table.source, table.drafts, table.for_draft,
-                        launches=launches.over(table).launches), choices)
+    # the launches found over the table's own (kept for the shapes and classes not tuned here)
+    merged = LinearTable(launches=tuple(sorted(found))).over(table).launches
+    return dataclasses.replace(table, launches=merged), choices
 
 
 def launch_line(choice: LaunchChoice) -> str:
