@@ -151,6 +151,24 @@ def test_rounds_on_the_triton_table_equal_rounds_on_the_references(spec, shape):
     assert min(emitted) == 1 and max(emitted) > 1, emitted  # some rounds keep drafts, some keep none
 
 
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("spec", [SamplingSpec(), SamplingSpec(temperature=0.8, top_p=0.9, top_k=40),
+                                  SamplingSpec(temperature=1.0, min_p=0.05)], ids=["greedy", "top-p", "min-p"])
+def test_a_tree_levels_log_q_agrees_with_the_reference(spec, dependent):
+    """tree_logq: greedy levels through the chunked log_softmax, sampled ones through the warp
+    kernels' q; values to rounding, -inf (cut or padding ids) in the same places, the same children."""
+    gen = torch.Generator().manual_seed(5)
+    logits = (torch.randn(4, WIDTH, generator=gen) * 3).to(DEVICE)
+    bad = (torch.arange(WIDTH) >= VOCAB).to(DEVICE)
+    params = sampling.WarpParams.from_spec(spec, 4, DEVICE)
+    want = TorchRoundOps().tree_logq(logits, params, bad)
+    got = TritonRoundOps(Workspace(DEVICE), dependent).tree_logq(logits, params, bad)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and bool(torch.isinf(got[:, VOCAB:]).all())
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=0, atol=2e-5)
+    assert torch.equal(TorchRoundOps().tree_children(got, None, 3)[0], TorchRoundOps().tree_children(want, None, 3)[0])
+
+
 def test_the_tree_walks_of_each_table_agree():
     """greedy_walk, sibling_walk and recursive_walk on both tables (the kernels' own exactness
     tests are tests/gpu/kernels/test_tree_walk_kernel.py's): a full binary tree of depth 2, three

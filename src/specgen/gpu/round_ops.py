@@ -1,5 +1,5 @@
 """The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py,
-gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_commit.py, gpu/kernels/topw.py,
+gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_commit.py, gpu/kernels/log_softmax.py, gpu/kernels/topw.py,
 gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py over one device's workspace, each launched
 dependent on the kernel before when the target's kernel policy says so (gpu/kernels/dependent.py).
 
@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from specgen.core.sampling import bookkeeping
 
+import torch
+
 from specgen.core.sampling import noise
+from specgen.core.sampling import warp as sampling
 from specgen.gpu.kernels import argmax as gpu_argmax
 from specgen.gpu.kernels import commit as gpu_commit
+from specgen.gpu.kernels import log_softmax as gpu_log_softmax
 from specgen.gpu.kernels import noise as gpu_noise
 from specgen.gpu.kernels import topw as gpu_topw
 from specgen.gpu.kernels import tree_build as gpu_tree
@@ -85,6 +89,19 @@ class TritonRoundOps:
             gpu_tree_commit.tree_commit(buffers, dependent=self.dependent)
         else:
             bookkeeping.tree_commit(buffers)
+
+    def tree_logq(self, logits, params, bad_mask=None):
+        """Greedy levels: the penalised logits' log_softmax over chunks of each row (torch's kernel
+        takes one block a row: gpu/kernels/log_softmax.py); sampled ones: the log of the warp
+        kernels' q, the chain's warp (torch's top-p cut sorts each row); rows of both kinds (a
+        batch's): the reference."""
+        flags = params.flags
+        if flags.all_greedy:
+            penalised = sampling.apply_penalties(logits, params, None, bad_mask).contiguous()
+            return gpu_log_softmax.log_softmax(penalised, self.workspace, dependent=self.dependent)
+        if not flags.any_greedy:
+            return torch.log(self.warp(logits, params, None, bad_mask)[1])
+        return sampling.logprobs_from_logits(logits, params, None, bad_mask)
 
     def tree_children(self, logq, noise, w):
         return gpu_topw.top_w(logq.contiguous(), noise, w, self.workspace, dependent=self.dependent)

@@ -54,7 +54,7 @@ from specgen.core.round.batch_round import FIELDS, BatchDraftModel, BatchRound, 
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.tree import Tree, TreeStack
 from specgen.core.sampling import noise
-from specgen.core.sampling.warp import WarpParams, exponentials_, logprobs_from_logits, uniforms_
+from specgen.core.sampling.warp import WarpParams, exponentials_, uniforms_
 from specgen.core.settings import SamplingSpec
 from specgen.core.step.rows import Rows
 
@@ -335,7 +335,7 @@ class BatchTreeRound(BatchRound):
 
     def _logq(self, logits: torch.Tensor, params: RowParams, level: int) -> torch.Tensor:
         """The draft's warped log q [R, V] at `level`'s nodes (TreeDraft.logq, each row its own params)."""
-        logq = logprobs_from_logits(logits, params.params, None, self.bad)
+        logq = self.ops.tree_logq(logits, params.params, self.bad)
         self.coupling.keep_q(level, logq)
         return logq
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from specgen.core.round.tree import Tree
-from specgen.core.sampling.warp import WarpParams, logprobs_from_logits
+from specgen.core.sampling.warp import WarpParams
 
 
 class HeadTreeDraft:
@@ -62,7 +62,7 @@ class HeadTreeDraft:
 
     def logq(self, logits: torch.Tensor, level: int) -> torch.Tensor:
         """The head's warped log q at the nodes of `level` (0: the root), as TreeDraft's."""
-        logq = logprobs_from_logits(logits, self.params.slice(0, logits.shape[0]), None, self.bad)
+        logq = self.rnd.ops.tree_logq(logits, self.params.slice(0, logits.shape[0]), self.bad)
         self.coupling.keep_q(level, logq)
         return logq
 

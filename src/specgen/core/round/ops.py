@@ -65,6 +65,10 @@ class RoundOps(Protocol):
     def tree_commit(self, buffers: TreeCommitBuffers) -> None:
         """A tree round's commit after its walk, B rows at once: core/sampling/bookkeeping.tree_commit."""
 
+    def tree_logq(self, logits, params, bad_mask=None) -> torch.Tensor:
+        """A tree level's warped log q [R, V] from the drafter's logits [R, V] (float32), whose top-w
+        are the level's children: core/sampling/warp.logprobs_from_logits (no penalties)."""
+
     def tree_children(self, logq, noise, w: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [R, w], log q [R, w]): each row's top-w of log q [R, V] (of log q − log E with
         noise E [R or 1, V]), larger first, ties to the lower id: core/round/tree.draw_children."""
@@ -131,6 +135,9 @@ class TorchRoundOps:
 
     def tree_commit(self, buffers):
         bookkeeping.tree_commit(buffers)
+
+    def tree_logq(self, logits, params, bad_mask=None):
+        return sampling.logprobs_from_logits(logits, params, None, bad_mask)
 
     def tree_children(self, logq, noise, w):
         return tree_build.draw_children(logq, noise, w)

@@ -47,7 +47,7 @@ from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
 from specgen.core.round.tree_stage import NoTreeStage, TreeInsight
 from specgen.core.sampling.bookkeeping import TreeCommitBuffers
-from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, logprobs_from_logits, uniforms_
+from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, uniforms_
 
 
 class TreeDraft:
@@ -70,7 +70,7 @@ class TreeDraft:
     def logq(self, logits: torch.Tensor, level: int) -> torch.Tensor:
         """The draft's warped log q at the nodes of `level` (0: the root), whose top-w are their
         children (or from which they are drawn: the coupling keeps q where it verifies with it)."""
-        logq = logprobs_from_logits(logits, self.params.slice(0, logits.shape[0]), None, self.bad)
+        logq = self.rnd.ops.tree_logq(logits, self.params.slice(0, logits.shape[0]), self.bad)
         self.coupling.keep_q(level, logq)
         return logq
 
