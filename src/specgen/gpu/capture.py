@@ -7,6 +7,7 @@ state restored after), and what to do when capture fails.
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Callable, Iterable
 
 import torch
@@ -41,6 +42,14 @@ def capture(fn: Callable[[], object], device: torch.device, warmups: int, *, war
         settle()
     segmented = list(segmented)
     with contextlib.ExitStack() as stack:
+        # No automatic collection while capturing (torch.cuda.graph collects once before it begins):
+        # a collected cycle that holds an earlier graph (a freed round's, a replaced decoder's)
+        # resets that graph mid-capture, which CUDA refuses ("operation not permitted when stream
+        # is capturing"), and the capture fails: a batch tree round's CUDA test ran eagerly so once,
+        # among other test files on the same GPU (2026-11-29). Unwound after the capture ends.
+        if gc.isenabled():
+            gc.disable()
+            stack.callback(gc.enable)
         if segmented:
             graph = stages.SegmentedGraph()
             stack.enter_context(graph.capturing(device))
