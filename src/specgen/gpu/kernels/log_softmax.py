@@ -3,8 +3,8 @@
 
 Why: torch's softmax kernel takes one block per row, so a level's w rows over a 128k vocabulary
 ran on w SMs: about 30 µs a level on an H200, 0.18 ms of a Llama 3.1 8B + EAGLE-3 head round of
-six levels, the tree round's largest cost after the target's step (docs/benchmarks.md, "Token
-trees drafted by an EAGLE-3 head (H200)"). Here a row is spread over chunks.
+six levels, which a chain round does not pay (its drafts are argmaxes); here a row is spread over
+chunks, 28 µs a round (docs/benchmarks.md, "Trees drafted by an EAGLE-3 head (H200)").
 
 _lse_part_kernel, grid (rows, chunks): the chunk's max m and sum of exp(x - m) (0 where the chunk
 is all -inf). _log_softmax_kernel, grid (rows, chunks): the row's log-sum-exp from its chunks'
