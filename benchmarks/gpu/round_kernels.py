@@ -1,7 +1,7 @@
-"""Where a round's time goes, kernel by kernel: torch.profiler over whole greedy decodes of one
-prompt with the chain round and with tree shapes, each kernel name's launches and GPU time per
-round (CUDA graphs' kernels included), and the round's wall time against the kernels' sum (the
-rest is gaps between launches).
+"""Where a round's time goes, kernel by kernel: torch.profiler over greedy decodes of one prompt
+with the chain round and with tree shapes, from the first round's tokens on (the prefill left
+out), each kernel name's launches and GPU time per round (CUDA graphs' kernels included), and the
+round's wall time against the kernels' sum (the rest is gaps between launches).
 
     PYTHONPATH=src python3 benchmarks/gpu/round_kernels.py PAIR.toml [--k 4] [--shapes 1:0,2:8,4:16]
         [-n 128] [--top 25] [--temperature 0] [--proposer eagle] [--context 1024]
@@ -24,12 +24,21 @@ from specgen.core.events import Finished
 from specgen.core.profile import load_profile
 
 
-def decode(decoder, ids) -> tuple[Finished, int]:
-    rounds = 0
+def decode(decoder, ids, begin=None) -> tuple[Finished, int]:
+    """A whole decode; (its Finished, rounds counted). With `begin`, it is called once the first
+    round's tokens arrive and only the rounds after are counted: the prompt's prefill and the
+    first round stay out of the figures (after a long --context prompt the prefill was a third of
+    a 32-round decode's kernel time)."""
+    rounds, started = 0, begin is None
     for event in decoder.run(ids):
         if isinstance(event, Finished):
             return event, rounds
-        rounds += 1
+        if started:
+            rounds += 1
+        else:
+            torch.cuda.synchronize()
+            begin()
+            started = True
     raise RuntimeError("the decode ended without Finished")
 
 
@@ -42,13 +51,14 @@ def profile_shape(engine: Engine, pair: str, k: int, width: int, nodes: int, tok
     decoder = engine.decoder(load_profile(pair, overrides))
     decode(decoder, prompt)  # warm: captures, Triton compiles
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    _, rounds = decode(decoder, prompt)
+    start = [0.0]
+    _, rounds = decode(decoder, prompt, lambda: start.__setitem__(0, time.perf_counter()))
     torch.cuda.synchronize()
-    wall = (time.perf_counter() - start) / rounds * 1e3
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        finished, rounds = decode(decoder, prompt)
-        torch.cuda.synchronize()
+    wall = (time.perf_counter() - start[0]) / rounds * 1e3
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    finished, rounds = decode(decoder, prompt, prof.start)
+    torch.cuda.synchronize()
+    prof.stop()
     per = collections.defaultdict(lambda: [0, 0.0])
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
