@@ -827,15 +827,16 @@ def bench_table(args) -> dict:
     for name in args.models:
         if name == "bench":
             for shape in ("bench-target", "bench-draft"):
-                configs[shape] = tune.model_shapes(AutoConfig.for_model("llama", **EXACT_SHAPES[shape]))
+                configs[shape] = linear_table.model_shapes(AutoConfig.for_model("llama", **EXACT_SHAPES[shape]))
             continue
         family = family_pairs.FAMILIES[name.removesuffix("-head")]
         if name.endswith("-head"):  # the EAGLE-3 head family_pairs.py --head builds for the target
-            configs[name] = tune.head_shapes(family_pairs.head_config(family))
+            configs[name] = linear_table.head_shapes(family_pairs.head_config(family))
             continue
         for role, model in (("target", family.target), ("draft", family.draft)):
             values = dict(model.config)
-            configs[f"{name}-{role}"] = tune.model_shapes(AutoConfig.for_model(values.pop("model_type"), **values))
+            config = AutoConfig.for_model(values.pop("model_type"), **values)
+            configs[f"{name}-{role}"] = linear_table.model_shapes(config)
     shapes = {}
     package = linear_table.packaged()
     known = set()
@@ -899,7 +900,7 @@ def bench_step_table(args) -> dict:
         model = random_model(config)
         kernels = resolve(KernelSpec(), "cuda", model)
         kernels = dataclasses.replace(kernels, linear_table=package.for_drafts())
-        shapes = tune.model_shapes(config)
+        shapes = linear_table.model_shapes(config)
         found = tune.tune_draft(model, kernels, shapes, Workspace("cuda"), position=POSITION,
                                 progress=lambda line: print(f"{name}: {line}", flush=True))
         drafts.update(found.picks)
@@ -934,10 +935,10 @@ def bench_launches(args) -> dict:
     shapes = {}
     for name in args.models:
         if name == "bench":
-            listed = tune.model_shapes(AutoConfig.for_model("llama", **EXACT_SHAPES["bench-target"]))
+            listed = linear_table.model_shapes(AutoConfig.for_model("llama", **EXACT_SHAPES["bench-target"]))
         else:
             values = dict(family_pairs.FAMILIES[name].target.config)
-            listed = tune.model_shapes(AutoConfig.for_model(values.pop("model_type"), **values))
+            listed = linear_table.model_shapes(AutoConfig.for_model(values.pop("model_type"), **values))
         for shape in listed:
             shapes.setdefault(shape, name)
     package = linear_table.packaged()

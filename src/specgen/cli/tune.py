@@ -125,11 +125,12 @@ def run(settings, sizes, device, timer=None, *, in_step: bool = False, step_time
 
     models = [settings.target] + ([settings.draft] if settings.draft is not None and settings.proposer.uses_draft
                                   else [])
-    shapes = [shape for spec in models for shape in tune.model_shapes(load_config(spec, settings.runtime.download))]
+    shapes = [shape for spec in models
+              for shape in linear_table.model_shapes(load_config(spec, settings.runtime.download))]
     if settings.proposer.drafter() == "eagle" and settings.proposer.head:
         from specgen.core.drafters.head_formats import read_config
 
-        shapes += tune.head_shapes(read_config(Path(settings.proposer.head))[1])
+        shapes += linear_table.head_shapes(read_config(Path(settings.proposer.head))[1])
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(settings.target.dtype, torch.bfloat16)
     table, choices = tune.tune(shapes, sizes, timer or tune.graph_timer, device=device, dtype=dtype, progress=progress)
     folder = linear_table.tables_dir(settings.kernels.tables)
@@ -169,11 +170,11 @@ def _launches(settings, table, sizes, device, dtype, timer, progress=None):
 
     from specgen.core.models.loading import load_config
     from specgen.gpu.tuning import tune
-    from specgen.gpu.tuning.linear_table import packaged
+    from specgen.gpu.tuning.linear_table import model_shapes, packaged
 
     if timer is None and device.type != "cuda":
         return table, [f"launches on {device}: tuned only on a CUDA GPU"]
-    shapes = tune.model_shapes(load_config(settings.target, settings.runtime.download))
+    shapes = model_shapes(load_config(settings.target, settings.runtime.download))
     batch = settings.runtime.batch_size
     classes = tune.launch_classes(sizes, batch == "auto" or (isinstance(batch, int) and batch > 1))
     # the picks the runs will take: this file's over the package's
@@ -192,7 +193,7 @@ def _in_step(settings, table, step_timer, progress=None):
     from specgen.core.models.loading import load_model, resolve_device
     from specgen.gpu.tuning import tune
     from specgen.gpu.policy import resolve
-    from specgen.gpu.tuning.linear_table import LinearTable, packaged
+    from specgen.gpu.tuning.linear_table import LinearTable, model_shapes, packaged
     from specgen.gpu.workspace import Workspace
 
     device = resolve_device(settings.draft)
@@ -203,7 +204,7 @@ def _in_step(settings, table, step_timer, progress=None):
     kernels = resolve(settings.kernels, device, model)
     kernels = dataclasses.replace(kernels, linear_table=table.over(packaged()).for_drafts())
     # the shapes this file lists: a table file holds draft picks only beside a shape's entry
-    shapes = [shape for shape in tune.model_shapes(model.config) if shape in {s for s, _, _ in table.entries}]
+    shapes = [shape for shape in model_shapes(model.config) if shape in {s for s, _, _ in table.entries}]
     lines = []
     if progress is not None:
         progress(f"draft step: choosing the draft's one-row picks inside its captured step ({len(shapes)} shapes)")

@@ -144,9 +144,9 @@ def test_package_table_lists_every_real_pairs_projections():
     configs = [dict(model.config) for family in family_pairs().FAMILIES.values() for model in (family.target, family.draft)]
     for values in configs:
         config = AutoConfig.for_model(values.pop("model_type"), **values)
-        assert set(tune.model_shapes(config)) <= set(listed), config.model_type
+        assert set(T.model_shapes(config)) <= set(listed), config.model_type
     for name in ("llama-3.1", "qwen2.5", "qwen3"):
-        assert set(tune.head_shapes(family_pairs().head_config(family_pairs().FAMILIES[name]))) <= set(listed), name
+        assert set(T.head_shapes(family_pairs().head_config(family_pairs().FAMILIES[name]))) <= set(listed), name
     for (n, k, gated), (plain, split) in listed.items():
         assert len(plain) == 5 and len(split) in (5, 6)
         assert table.pick(n, k, gated, split_k=False) == plain and table.pick(n, k, gated, split_k=True) == split

@@ -134,7 +134,7 @@ def test_model_shapes_follow_the_config():
 
     config = LlamaConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
                          num_key_value_heads=2)
-    assert tune.model_shapes(config) == [(896 + 2 * 128, 896, False), (896, 896, False), (4864, 896, True),
+    assert T.model_shapes(config) == [(896 + 2 * 128, 896, False), (896, 896, False), (4864, 896, True),
                                          (896, 4864, False), (151936, 896, False)]
 
 
@@ -238,7 +238,7 @@ def test_head_shapes_are_the_calls_rewire_head_makes():
     from tiny_models import tiny_head_config
 
     config = tiny_head_config()  # width 32, 4 heads of 8 over 2 KV heads, target 48 wide, 24 draft ids
-    assert tune.head_shapes(config) == [(32, 3 * 48, False), (4 * 8 + 2 * 2 * 8, 2 * 32, False), (32, 32, False),
+    assert T.head_shapes(config) == [(32, 3 * 48, False), (4 * 8 + 2 * 2 * 8, 2 * 32, False), (32, 32, False),
                                         (64, 32, True), (32, 64, False), (24, 32, False)]
 
 
@@ -268,9 +268,9 @@ def test_tune_kernels_times_the_head_when_the_proposer_drafts_with_it(kind, tmp_
 
     monkeypatch.setattr(tune, "tune", fake_tune)
     path, lines = cli_tune.run(load_profile(str(profile)), (1, 5), DEVICE)
-    target = tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "target"))
-    other = (tune.head_shapes(tiny_head_config()) if kind == "eagle"
-             else tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "draft")))
+    target = T.model_shapes(LlamaConfig.from_pretrained(tmp_path / "target"))
+    other = (T.head_shapes(tiny_head_config()) if kind == "eagle"
+             else T.model_shapes(LlamaConfig.from_pretrained(tmp_path / "draft")))
     assert timed == target + other and lines == []
     assert path == str(tmp_path / "tables" / T.FILE)
     T.load(tmp_path / "tables" / T.FILE)  # written, and readable as a table (else a UsageError)
@@ -424,7 +424,7 @@ def test_draft_step_timer_times_a_captured_step_with_the_picks():
     model = owned(LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval())  # as the loader gives it
     kernels = resolve(KernelSpec(), torch.device("cuda"), model)
     kernels = dataclasses.replace(kernels, linear_table=kernels.linear_table.for_drafts())
-    shapes = tune.model_shapes(config)
+    shapes = T.model_shapes(config)
     start = {shape: kernels.linear_table.pick(*shape, kernels.split_k, 1) for shape in shapes}
     timer = tune.draft_step_timer(model, 256, kernels, Workspace("cuda"), capacity=128, position=64, steps=2,
                                   repeats=1)
@@ -450,7 +450,7 @@ def test_tune_kernels_chooses_the_drafts_picks_inside_its_step(tmp_path, monkeyp
         LlamaForCausalLM(config).save_pretrained(tmp_path / name)
     profile = load_profile(str(write_profile(tmp_path / "pair.toml", tmp_path / "target", tmp_path / "draft",
                                              kernels={"tables": str(tmp_path / "tables")})))
-    shapes = tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "draft"))
+    shapes = T.model_shapes(LlamaConfig.from_pretrained(tmp_path / "draft"))
     gemv, dot, better = (False, 1, 32, 4, 1), (True, 16, 32, 4, 4), (False, 2, 32, 4, 1)
 
     def fake_tune(listed, rows, timer, **_):
@@ -493,7 +493,7 @@ def test_tune_kernels_writes_the_targets_launches(tmp_path, monkeypatch):
                     num_key_value_heads=2, num_hidden_layers=1).save_pretrained(tmp_path / name)
     profile = load_profile(str(write_profile(tmp_path / "pair.toml", tmp_path / "target", tmp_path / "draft",
                                              kernels={"tables": str(tmp_path / "tables")})))
-    targets = tune.model_shapes(LlamaConfig.from_pretrained(tmp_path / "target"))
+    targets = T.model_shapes(LlamaConfig.from_pretrained(tmp_path / "target"))
 
     def fake_tune(listed, rows, timer, **_):
         return T.LinearTable(tuple(sorted((shape, DOT, DOT) for shape in dict.fromkeys(listed))), "tuned"), []

@@ -38,7 +38,8 @@ package's launches on each GPU). A launch
 is listed with the configuration it was measured for and applies to calls of that configuration
 only, so a table tuned later that changes a shape's pick leaves the old launches unused.
 
-Imports no torch and no Triton: gpu/policy.py loads tables while resolving a run's settings.
+Imports no torch and no Triton: gpu/policy.py loads tables, and reads a model's shapes
+(model_shapes), while resolving a run's settings.
 """
 
 from __future__ import annotations
@@ -106,6 +107,28 @@ def draft_rule(n: int, k: int, gated: bool) -> tuple:
     8K weights (`git show 1b54921:docs/benchmarks.md`, "Matrix-vector projections (H200)")."""
     piece = min(2048, 1 << max(0, k - 1).bit_length())
     return (False, max(1, min(16, max(2, 4096 // piece) // (2 if gated else 1))), piece, 4, 1)
+
+
+def model_shapes(config) -> list[tuple[int, int, bool]]:
+    """(N, K, gated) of a transformers config's projections as gpu/ops.py's table calls them: q+k+v fused,
+    o, gate+up fused (gated), down, lm_head."""
+    text = config.get_text_config(decoder=True)
+    hidden, heads = text.hidden_size, text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    return [((heads + 2 * kv) * head_dim, hidden, False), (hidden, heads * head_dim, False),
+            (text.intermediate_size, hidden, True), (hidden, text.intermediate_size, False),
+            (text.vocab_size, hidden, False)]
+
+
+def head_shapes(config) -> list[tuple[int, int, bool]]:
+    """(N, K, gated) of an EAGLE-3 head's calls (core/drafters/eagle.py's Eagle3Config) as gpu/ops.py's
+    table makes them: fc over the target's three features, q+k+v fused over the embedding and feature
+    side by side, o, gate+up fused (gated), down, lm_head over the draft vocabulary."""
+    hidden, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    return [(hidden, 3 * config.target_hidden_size, False), (q + 2 * kv, 2 * hidden, False), (hidden, q, False),
+            (config.intermediate_size, hidden, True), (hidden, config.intermediate_size, False),
+            (config.draft_vocab_size, hidden, False)]
 
 
 class TableError(ValueError):

@@ -1,6 +1,6 @@
 """Tuning gpu/kernels/linear.py's table on this GPU: each weight shape's candidate configurations, timed.
 
-For each (N, K, gated) shape of a pair (model_shapes), every candidate configuration is first
+For each (N, K, gated) shape of a pair (linear_table.model_shapes), every candidate configuration is first
 checked against the torch reference on the inputs it is timed on (a candidate that disagrees, or
 that fails to compile, is dropped), then timed at each row count a run uses (1 for draft and
 target-only steps, k + 1 for a verification); the configuration with the least total time wins.
@@ -61,28 +61,6 @@ def candidates(k: int, split: bool) -> list[tuple]:
     chunked = [(True, n, bk, 4, stages, chunks) for n in (16, 32) for bk in (128, 256) for stages in (3, 4)
                for chunks in (2, 3, 4, 8) if k >= 2 * chunks * bk]
     return plain + chunked
-
-
-def model_shapes(config) -> list[tuple[int, int, bool]]:
-    """(N, K, gated) of a transformers config's projections as gpu/ops.py's table calls them: q+k+v fused,
-    o, gate+up fused (gated), down, lm_head."""
-    text = config.get_text_config(decoder=True)
-    hidden, heads = text.hidden_size, text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    kv = getattr(text, "num_key_value_heads", None) or heads
-    return [((heads + 2 * kv) * head_dim, hidden, False), (hidden, heads * head_dim, False),
-            (text.intermediate_size, hidden, True), (hidden, text.intermediate_size, False),
-            (text.vocab_size, hidden, False)]
-
-
-def head_shapes(config) -> list[tuple[int, int, bool]]:
-    """(N, K, gated) of an EAGLE-3 head's calls (core/drafters/eagle.py's Eagle3Config) as gpu/ops.py's
-    table makes them: fc over the target's three features, q+k+v fused over the embedding and feature
-    side by side, o, gate+up fused (gated), down, lm_head over the draft vocabulary."""
-    hidden, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    return [(hidden, 3 * config.target_hidden_size, False), (q + 2 * kv, 2 * hidden, False), (hidden, q, False),
-            (config.intermediate_size, hidden, True), (hidden, config.intermediate_size, False),
-            (config.draft_vocab_size, hidden, False)]
 
 
 @dataclass
