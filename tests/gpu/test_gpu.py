@@ -86,8 +86,12 @@ def test_captured_host_rounds_equal_eager_ones(pair):
 def test_greedy_speculative_equals_target_only_float32(pair, k):
     engine = Engine(cuda_profile(*pair, k=k))
     assert engine.backend.name == "cuda"
-    tables = {name: kernels["linear_table"] for name, kernels in engine.describe()["kernels"].items()}
+    described = engine.describe()["kernels"]
+    tables = {name: kernels["linear_table"] for name, kernels in described.items()}
     assert tables["draft"].endswith("draft picks") and not tables["target"].endswith("draft picks")
+    for kernels in described.values():  # launches apply to 16-bit calls only
+        expected = "none (float32 weights)" if kernels["linear"] == "kernel" else None
+        assert kernels.get("linear_launches") == expected
     for prompt in random_prompts(engine.pair.vocab_size, 8):
         spec = finish(engine.decoder(), prompt)
         base = finish(engine.decoder(target_only(engine.profile)), prompt)

@@ -81,6 +81,42 @@ def test_linear_kernel_refuses_weights_it_does_not_take():
     assert not resolve(KernelSpec(), CPU, model).linear
 
 
+def test_linear_launches_count_the_models_tall_calls_the_table_serves():
+    """linear_launches: of the (projection, row class) pairs whose configuration (this runner's
+    table and split-K) is a tensor-core one, those the table lists a launch for; a draft's table
+    counts its own picks."""
+    from specgen.gpu.tuning import linear_table as T
+
+    model = _tiny(dtype=torch.bfloat16)  # qkv (128, 64), o (64, 64), gate_up (128, 64, gated), down, lm_head
+    resolved = resolve(KernelSpec(linear="kernel"), CPU, model)
+    assert resolved.projections == tuple(T.model_shapes(model.config)) and resolved.launches == (0, 15)
+    qkv, o, split = (128, 64, False), (64, 64, False), (True, 16, 32, 4, 4, 2)
+    mv = (False, 2, 64, 4, 1)  # a matrix-vector pick takes no launch
+    table = T.LinearTable(((o, mv, mv), (qkv, T.NARROW, split)), "tuned", launches=(
+        (qkv, T.NARROW, 64, (64, 16, 256, 4, 4)), (qkv, T.NARROW, 512, (64, 16, 256, 4, 4)),
+        (qkv, T.WIDE, 128, (64, 32, 256, 4, 4)),  # another configuration's: unused
+        ((64, 128, False), T.NARROW, 128, (32, 16, 256, 4, 4))))
+    tuned = dataclasses.replace(resolved, linear_table=table)
+    assert tuned.launches == (3, 12)
+    assert tuned.as_dict()["linear_launches"] == "3 of 12 (projection, row class)"
+    assert dataclasses.replace(tuned, split_k=True).launches == (1, 12)  # qkv runs its split pick
+    # a draft's tall calls take tensor-core tiles where its pick is matrix-vector (for_drafts)
+    assert dataclasses.replace(tuned, linear_table=table.for_drafts()).launches == (3, 15)
+
+
+def test_linear_launches_say_why_none_apply():
+    float32 = resolve(KernelSpec(linear="kernel"), CPU, _tiny())
+    assert float32.launches is None and float32.as_dict()["linear_launches"] == "none (float32 weights)"
+    assert "linear_launches" not in resolve(KernelSpec(linear="torch"), CPU, _tiny(dtype=torch.bfloat16)).as_dict()
+    # a config without the projections' sizes: reported unknown, the run goes on
+    text = SimpleNamespace(hidden_size=64, num_attention_heads=4)
+    odd = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda decoder: text),
+                          get_output_embeddings=lambda: SimpleNamespace(weight=torch.empty(0, dtype=torch.bfloat16)))
+    resolved = resolve(KernelSpec(attention="sdpa", linear="kernel"), CPU, odd)
+    assert resolved.linear and resolved.launches is None
+    assert resolved.as_dict()["linear_launches"].startswith("unknown")
+
+
 H100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, total_memory=79 * 2**30,
                        memory_clock_rate=2_619_000, memory_bus_width=5120)
 H200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=140 * 2**30,

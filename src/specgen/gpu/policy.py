@@ -45,13 +45,39 @@ class ResolvedKernels:
     head: bool = False  # an EAGLE-3 head's round calls on these kernels (gpu/ops.py's table; a target's)
     step_io: bool = False  # gpu/kernels/step_io.py: a step's positions, embedding and rotary rows, then its logits copy
     dependent_launch: bool = False  # the step kernels above launched dependent on the one before (gpu/kernels/dependent.py)
+    # What `launches` counts, set by resolve() where the linear kernel runs: the model's projections
+    # as its table calls them (linear_table.model_shapes; None where the config names no such sizes)
+    # and its weights' dtype. Facts about the model for reports, not choices: not compared.
+    projections: tuple | None = field(default=None, compare=False)
+    weight_dtype: torch.dtype | None = field(default=None, compare=False)
+
+    @property
+    def launches(self) -> tuple[int, int] | None:
+        """(the model's (projection, row class) pairs whose tall calls this runner's table gives a
+        launch, the pairs that run a tensor-core configuration): LinearTable.coverage under this
+        runner's split-K, so a draft's table (for_drafts, replaced in after resolve) counts its own
+        picks. None where no launch can apply: the linear kernel off, weights of more than 16 bits
+        (gpu/kernels/linear.py launches only 16-bit calls), or projections unknown."""
+        if not self.linear or self.projections is None or self.weight_dtype is None or self.weight_dtype.itemsize > 2:
+            return None
+        return self.linear_table.coverage(self.projections, self.split_k)
 
     def as_dict(self) -> dict[str, str]:
-        """The resolved values, for reports (`bench --format json`, `-v`): the two choices and each
-        fusion, on or off."""
+        """The resolved values, for reports (`bench --format json`, `-v`): the two choices, the
+        linear table and, with the linear kernel, how much of the model's tall calls its launches
+        cover (linear_launches, e.g. "9 of 15 (projection, row class)"), and each fusion, on or off."""
+        launches = {"linear_launches": self._launches_text()} if self.linear else {}
         return {"attention": "kernel" if self.attention else "sdpa", "linear": "kernel" if self.linear else "torch",
-                "linear_table": self.linear_table.source,
+                "linear_table": self.linear_table.source, **launches,
                 **{name: "on" if value else "off" for name, value in self.fusions().items()}}
+
+    def _launches_text(self) -> str:
+        if self.projections is None or self.weight_dtype is None:
+            return "unknown (no projection sizes in the model's config)"
+        if self.weight_dtype.itemsize > 2:
+            return f"none ({str(self.weight_dtype).removeprefix('torch.')} weights)"
+        provided, pairs = self.launches
+        return f"{provided} of {pairs} (projection, row class)" if pairs else "none (no tensor-core picks)"
 
     def fusions(self) -> dict[str, bool]:
         """Each fusion of core/settings.py's FUSIONS, on or off."""
@@ -88,6 +114,8 @@ def resolve(spec: KernelSpec, device: torch.device, model) -> ResolvedKernels:
         step_io=step_io,
         dependent_launch=("dependent_launch" not in off and (attention or linear or step_io) and cuda
                           and _properties(device).major >= 9),
+        projections=_projections(model.config) if linear else None,
+        weight_dtype=model.get_output_embeddings().weight.dtype if linear else None,
     )
 
 
@@ -109,6 +137,16 @@ def _linear(value: str, cuda: bool, model) -> bool:
         raise UsageError(f"[kernels] linear = \"kernel\": the linear kernel does not take {dtype} weights",
                          hint='Set linear = "auto" or "torch" in [kernels], or load the model in bfloat16.')
     return _triton("linear", value, "torch") or (cuda and dtype in LINEAR_DTYPES and triton_available())
+
+
+def _projections(config) -> tuple | None:
+    """The model's projection shapes, for the launch count; None where its config does not name
+    their sizes (a report only: no reason to refuse a model the kernels run)."""
+    try:
+        shapes = tuple(linear_table.model_shapes(config))
+    except (AttributeError, TypeError):
+        return None
+    return shapes if all(isinstance(size, int) for n, k, _ in shapes for size in (n, k)) else None
 
 
 def _table(folder: str) -> LinearTable:

@@ -176,6 +176,16 @@ class LinearTable:
                 return launch
         return None
 
+    def coverage(self, shapes, split_k: bool) -> tuple[int, int]:
+        """(how many (shape, row class) pairs of `shapes` have a launch here, how many pairs run a
+        tensor-core configuration, the ones a launch can serve): whether this table covers a model's
+        tall calls (gpu/policy.py reports it). Each pair's configuration is pick()'s at its class's
+        rows, as a draft's table picks by rows."""
+        pairs = [(shape, rows, self.pick(*shape, split_k, rows)) for shape in shapes for rows in ROW_CLASSES]
+        tensor_core = [(shape, rows, config) for shape, rows, config in pairs if config[0]]
+        provided = sum(self.launch(*shape, config, rows) is not None for shape, rows, config in tensor_core)
+        return provided, len(tensor_core)
+
     def pick(self, n: int, k: int, gated: bool, split_k: bool, rows: int = 1) -> tuple:
         """The configuration of a call of `rows` rows: the same for every row count, except in a
         draft's table (for_drafts), where calls of DRAFT_ROWS rows take the draft picks and calls of
