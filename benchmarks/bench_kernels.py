@@ -8,7 +8,7 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
     python benchmarks/bench_kernels.py tiles     [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5,17,33,64]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
     python benchmarks/bench_kernels.py attention-tree [--rows 33,17] [--prefixes 10,100,1000]
-                                                 [--capacity 2048] [--chain 7] [--layers 32]
+                                                 [--capacity 2048] [--chain 7] [--layers 32] [--kernels]
     python benchmarks/bench_kernels.py steps     [--variants eager,graph-sdpa,graph-kernel] [--profile [--profile-tokens 5]]
                                                  [--model 8b|1b|bench-target|bench-draft|0.5b] [--layers N]
     python benchmarks/bench_kernels.py exact     [--models 8b,1b,bench-target,bench-draft] [--layers N] [--k 4]
@@ -52,8 +52,9 @@ they are timed between CUDA events around each call, host dispatch included.
   heads, dim 128, bf16, the kernel's rotary and cache write, as the target's step calls it) after
   each prefix in caches of --capacity slots: the split kernel and the merge, microseconds per call
   over --layers caches of their own (a step's layers: none is read from L2 by the call before),
-  and a --chain-row chain (k + 1) at the same prefix for comparison (0: none). Each output is
-  checked against the reference.
+  and a --chain-row chain (k + 1) at the same prefix for comparison (0: none); with --kernels also
+  each kernel's share (torch.profiler over the same capture). Each output is checked against the
+  reference.
 - exact: per model shape (random bf16 weights, the kernels `auto` resolves): every op's output in
   a (k+1)-token step against k+1 one-token steps at the same positions (eager runner, each call of
   its kernel table recorded, named by the weight or layer it computes: where rows first differ),
@@ -132,6 +133,31 @@ def graph_us(fn, calls: int = 1, replays: int = 20) -> float:
     """Median microseconds per call of fn(i), i < calls, captured in one CUDA graph and replayed
     (gpu/tuning/tune.py's timer, which `specgen tune-kernels` uses)."""
     return tune.graph_timer(fn, calls, (), replays) * 1e6
+
+
+def kernels_us(fn, calls: int = 1, replays: int = 5) -> dict[str, float]:
+    """Microseconds per call of fn(i), i < calls, by kernel name (the first 40 characters):
+    torch.profiler over replays of the same capture graph_us times, so a call's time splits
+    into its launches (attention-tree: the split kernel against the merge)."""
+    from specgen.gpu.capture import capture
+
+    def each() -> None:
+        for i in range(calls):
+            fn(i)
+
+    graph, _ = capture(each, torch.device("cuda"), 1)
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    per: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name[:40]
+            per[name] = per.get(name, 0.0) + event.time_range.elapsed_us() / (replays * calls)
+    return {name: round(us, 2) for name, us in sorted(per.items(), key=lambda item: -item[1])}
 
 
 def event_us(fn, calls: int = 20) -> float:
@@ -424,6 +450,8 @@ def bench_attention_tree(args) -> list[dict]:
                     raise Mismatch(f"attention-tree rows {nodes} prefix {prefix}: max error {error:.3g}")
                 row = {"layout": layout, "rows": nodes, "prefix": prefix, "capacity": capacity,
                        "us_per_call": graph_us(call, calls=layers), "max_error": error}
+                if args.kernels:  # the split kernel and the merge apart (where a tree's time goes)
+                    row["kernels_us"] = kernels_us(call, calls=layers)
                 results.append(row)
                 print(json.dumps(row), flush=True)
     print(table(results, ["layout", "rows", "prefix", "capacity", "us_per_call", "max_error"]))
@@ -1005,6 +1033,7 @@ def main(argv=None) -> None:
     p.add_argument("--capacity", type=ints, default=[2048], help="cache slots (the engine starts at k + 2 + 640)")
     p.add_argument("--chain", type=int, default=7, help="a chain of this many rows at each prefix (0: none)")
     p.add_argument("--layers", type=int, default=32, help="calls a replay, each on a cache of its own")
+    p.add_argument("--kernels", action="store_true", help="also each kernel's us a call (torch.profiler)")
     p = commands.add_parser("steps")
     p.add_argument("--variants", type=names(VARIANTS), default=["eager", "graph-sdpa", "graph-kernel"],
                    help=f"comma-separated, of {', '.join(VARIANTS)}")
