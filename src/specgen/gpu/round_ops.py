@@ -1,6 +1,6 @@
 """The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py,
-gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_commit.py, gpu/kernels/log_softmax.py, gpu/kernels/topw.py,
-gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py over one device's workspace, each launched
+gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_commit.py, gpu/kernels/log_softmax.py,
+gpu/kernels/topw.py, gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py over one device's workspace, each launched
 dependent on the kernel before when the target's kernel policy says so (gpu/kernels/dependent.py).
 
 The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
@@ -10,10 +10,9 @@ the references on one round's inputs.
 
 from __future__ import annotations
 
-from specgen.core.sampling import bookkeeping
-
 import torch
 
+from specgen.core.sampling import bookkeeping
 from specgen.core.sampling import noise
 from specgen.core.sampling import warp as sampling
 from specgen.gpu.kernels import argmax as gpu_argmax
