@@ -14,11 +14,12 @@ from dataclasses import replace
 import pytest
 
 from batch_helpers import chain_prompts
-from decode_helpers import finish, random_prompts
+from decode_helpers import finish, make_profile, random_prompts
 from gpu_helpers import KernelRunners
 from specgen.core.backend import EagerBatch
 from specgen.core.engine import Engine
 from specgen.core.events import Fate
+from specgen.core.settings import ProposerSpec
 
 
 def lookup_jobs(engine: Engine, count: int, seed: int = 0) -> list:
@@ -95,6 +96,34 @@ def fated(engine: Engine, batch: int, work: list, eager: bool = False) -> list[t
     if eager:
         decoder.program = EagerBatch(decoder.round)
     return [(f.token_ids, f.fates) for _, f in decoder.run(work)]
+
+
+def captured_against_eager(engine: Engine, work: list, fates: bool = True,
+                           pipelined: bool | None = None) -> tuple[list, list]:
+    """`work` through 8 rows replayed as CUDA graphs, its sixth prompt's max_tokens raised to 200 so
+    that the caches grow and the rounds re-capture mid-run: (each finished row's tokens, with its
+    fates where `fates`; the same work through the round run eagerly). pipelined: the decoder keeps
+    two rounds in flight (True) or one (False); None: not checked."""
+    work = list(work)
+    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
+    decoder = engine.batch_decoder(8)
+    assert type(decoder.program).__name__ == "BatchGraphs"
+    if pipelined is not None:
+        assert decoder.pipelined is pipelined
+    captured = [(f.token_ids, f.fates) if fates else f.token_ids for _, f in decoder.run(work)]
+    assert decoder.program.eager is None and decoder.program.graphs
+    return captured, (fated if fates else batched)(engine, 8, work, eager=True)
+
+
+def cuda_eagle_engine(target, head, k: int = 4, dtype: str = "bfloat16", speculation: dict | None = None,
+                      **sampling) -> Engine:
+    """A target with an EAGLE-3 head on the CUDA backend, the head's calls on the kernels; speculation:
+    [speculation] keys (a tree's width and nodes)."""
+    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="eagle", head=str(head)),
+                           speculation=speculation, **({"max_tokens": 32} | sampling))
+    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
+    assert engine.backend.name == "cuda" and engine.describe()["heads"] == {"eagle": "kernels"}
+    return engine
 
 
 TREE_SAMPLINGS = pytest.mark.parametrize(

@@ -29,7 +29,7 @@ import torch
 
 from batch_helpers import alone_rounds, batched_rounds
 from batch_kernel_helpers import (TREE_SAMPLINGS, HeadTables, KernelTables, accepted_lookups, alone, assert_rows_equal,
-                                  batched, fated, jobs, lookup_jobs)
+                                  batched, captured_against_eager, cuda_eagle_engine, fated, jobs, lookup_jobs)
 from decode_helpers import cuda_engine, finish, make_profile, on_cuda
 from gpu_helpers import kernels
 from specgen.core.backend import EagerBatch
@@ -143,14 +143,9 @@ def test_captured_batch_round_equals_the_batch_round_run_eagerly(pair, sampling)
     flags, re-captured when the caches grow: the long max_tokens below grows them, a refill doing so
     while a round is in flight) or run as it is."""
     engine = cuda_engine(*pair, dtype="float32", **sampling)
-    work = jobs(engine.profile, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    assert decoder.pipelined  # two rounds in flight: the caches grow and rounds re-capture behind one
-    captured = [f.token_ids for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
-    assert captured == batched(engine, 8, work, eager=True)
+    # two rounds in flight: the caches grow and rounds re-capture behind one
+    captured, eager = captured_against_eager(engine, jobs(engine.profile, 20, seed=3), fates=False, pipelined=True)
+    assert captured == eager
 
 
 @on_cuda
@@ -171,14 +166,6 @@ def test_bf16_rows_logprobs_equal_each_prompt_alone_on_cuda(pair, sampling):
 
 
 # -- an EAGLE-3 head drafting every row, on a GPU ----------------------------------------------------
-
-
-def cuda_eagle_engine(target, head, k: int = 4, dtype: str = "bfloat16", **sampling) -> Engine:
-    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="eagle", head=str(head)),
-                           **({"max_tokens": 32} | sampling))
-    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
-    assert engine.backend.name == "cuda" and engine.describe()["heads"] == {"eagle": "kernels"}
-    return engine
 
 
 @on_cuda
@@ -204,14 +191,8 @@ def test_captured_eagle_batch_round_equals_the_round_run_eagerly(pair, head, sam
     the long max_tokens below grows them while a round is in flight) or run as it is: the same
     tokens and fates."""
     engine = cuda_eagle_engine(pair[0], head, dtype="float32", **sampling)
-    work = jobs(engine.profile, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    assert decoder.pipelined
-    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
-    assert captured == fated(engine, 8, work, eager=True)
+    captured, eager = captured_against_eager(engine, jobs(engine.profile, 20, seed=3), pipelined=True)
+    assert captured == eager
 
 
 # -- prompt lookup drafting every row, on a GPU ----------------------------------------------------
@@ -250,15 +231,9 @@ def test_captured_lookup_batch_round_equals_the_round_run_eagerly(bigram, sampli
     buffer the graph reads; re-captured when the long max_tokens below grows the caches) or run as
     it is: the same tokens and fates. One round in flight: the drafts come from the round before."""
     engine = cuda_lookup_engine(bigram, dtype="float32", **sampling)
-    work = lookup_jobs(engine, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    assert not decoder.pipelined
-    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
+    captured, eager = captured_against_eager(engine, lookup_jobs(engine, 20, seed=3), pipelined=False)
     assert accepted_lookups(captured) > 0
-    assert captured == fated(engine, 8, work, eager=True)
+    assert captured == eager
 
 
 # -- penalties and min_tokens per row (core/round/batch_rows.py) -------------------------------------
@@ -314,10 +289,5 @@ def test_captured_penalised_batch_round_equals_the_round_run_eagerly(pair, sampl
     and each refill's prompt ids and stop ids staged, re-captured when the long max_tokens below
     grows the caches) or run as it is: the same tokens."""
     engine = penalised_engine(pair, dtype="float32", **sampling)
-    work = penalised_jobs(engine.profile, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    captured = [f.token_ids for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
-    assert captured == batched(engine, 8, work, eager=True)
+    captured, eager = captured_against_eager(engine, penalised_jobs(engine.profile, 20, seed=3), fates=False)
+    assert captured == eager

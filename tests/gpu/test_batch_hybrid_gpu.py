@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from batch_helpers import alone_rounds, batched_rounds
-from batch_kernel_helpers import TREE_SAMPLINGS, KernelTables, accepted_lookups, assert_rows_equal, fated, lookup_jobs
+from batch_kernel_helpers import (TREE_SAMPLINGS, KernelTables, accepted_lookups, assert_rows_equal, captured_against_eager,
+                                  fated, lookup_jobs)
 from decode_helpers import finish, make_profile, on_cuda
 from gpu_helpers import kernels
 from specgen.core.engine import Engine
@@ -86,11 +87,5 @@ def test_captured_hybrid_batch_round_equals_the_round_run_eagerly(request, model
     graph reads, the model's follow step at the scratch end of the cache; re-captured when the long
     max_tokens below grows the caches) or run as it is: the same tokens and fates."""
     engine = cuda_hybrid_engine(request, model, **sampling)
-    work = lookup_jobs(engine, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    assert not decoder.pipelined
-    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
-    assert captured == fated(engine, 8, work, eager=True)
+    captured, eager = captured_against_eager(engine, lookup_jobs(engine, 20, seed=3), pipelined=False)
+    assert captured == eager

@@ -22,7 +22,7 @@ import torch
 
 from batch_helpers import alone_rounds, batched_rounds, branch_prompts
 from batch_kernel_helpers import (TREE_SAMPLINGS, HeadTables, KernelTables, accepted_lookups, alone, assert_rows_equal,
-                                  batched, fated, jobs)
+                                  batched, captured_against_eager, cuda_eagle_engine, fated, jobs)
 from decode_helpers import make_profile, on_cuda
 from gpu_helpers import kernels
 from specgen.core.engine import Engine
@@ -131,13 +131,8 @@ def test_captured_batch_tree_round_equals_the_round_run_eagerly(request, drafter
     graphs (re-captured when the long max_tokens below grows the caches, a head's among them,
     behind a round in flight) or run as it is: the same tokens and fates."""
     engine = float32_tree_engine(request, drafter, **sampling)
-    work = tree_jobs(engine, drafter, 20, seed=3)
-    work[5] = (work[5][0], replace(work[5][1], max_tokens=200))
-    decoder = engine.batch_decoder(8)
-    assert type(decoder.program).__name__ == "BatchGraphs"
-    captured = [(f.token_ids, f.fates) for _, f in decoder.run(work)]
-    assert decoder.program.eager is None and decoder.program.graphs
-    assert captured == fated(engine, 8, work, eager=True)
+    captured, eager = captured_against_eager(engine, tree_jobs(engine, drafter, 20, seed=3))
+    assert captured == eager
 
 
 # -- an EAGLE-3 head's token trees at batch (core/round/batch_head_tree.py) ---------------------------
@@ -165,11 +160,7 @@ def test_batch_head_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(pair,
 
 def cuda_head_tree_engine(target, head, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "float32",
                           **sampling) -> Engine:
-    profile = make_profile(target, None, k=k, backend="cuda", proposer=ProposerSpec(kind="eagle", head=str(head)),
-                           speculation=dict(tree_width=width, tree_nodes=nodes), **({"max_tokens": 32} | sampling))
-    engine = Engine(replace(profile, target=replace(profile.target, dtype=dtype)))
-    assert engine.backend.name == "cuda" and engine.describe()["heads"] == {"eagle": "kernels"}
-    return engine
+    return cuda_eagle_engine(target, head, k, dtype, speculation=dict(tree_width=width, tree_nodes=nodes), **sampling)
 
 
 @on_cuda
