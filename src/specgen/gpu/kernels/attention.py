@@ -22,21 +22,21 @@ sits at position + t and sees keys n with n <= position + t (and, with a sliding
 n > position + t - w, the mask transformers applies).
 
 Trees and any other rows (core/step/rows.py's layout: per sequence a start, per row a tail of
-slots in path order, `tail` and `depth`): a tile holds several tokens' heads, token-major as a
-chain's (where a token's heads fill more than a tile, each token takes whole tiles), and each row
-walks logical keys: the prefix's slots in place, then its tail gathered, key j at position j. The
-key blocks wholly before the start are the same keys for every row of a sequence: loaded once and
-multiplied with the whole tile, as a chain's. The blocks from the one holding the start on (a few
-at the end of a row's walk: they hold its own path, different per token) are walked a token at a
-time, each from where its one-token step's walk starts to its last key, the update kept for its
-rows only (the other rows' running max, sum and output stay bitwise as they were). So a tree node
-visits its path's keys in the order, blocks and splits of a one-token chain step at its position
-over a cache that holds its path in place, and gets its output bit for bit (its place in the tile
-moves, as a chain row's does: see "Row invariance"); a sliding window compares those positions. A
-batch's sequences each read their own start. Why several tokens a tile: with one token's heads a
-tile, every tree node re-read the whole prefix (Llama-3.1-8B shapes: 12 of 16 rows of each tile
-empty), and a 33-row tree verification's split kernel took 1.30 ms a round over 32 layers on an
-H200 against 0.22 ms for a 7-row chain, whose tiles share each key block.
+slots in path order, `tail` and `depth`): each row walks logical keys, the prefix's slots in place,
+then its tail gathered, key j at position j. The splits wholly before the one holding the start hold
+the same keys for every row of a sequence: there shared programs take tiles of several tokens'
+heads, token-major as a chain's (where a token's heads fill more than a tile, each token takes whole
+tiles), and load each key block once for the whole tile. From the split holding the start on, each
+token has programs of its own (its heads laid out as a one-token chain step's), over the few splits
+its path can reach, walking the blocks from where its one-token step's walk starts (its window) to
+its last key. So a tree node visits its path's keys in the order, blocks and splits of a one-token
+chain step at its position over a cache that holds its path in place, and gets its output bit for
+bit; a sliding window compares those positions. A batch's sequences each read their own start. Why
+shared tiles: with one token's heads a program over every split, every tree node re-read the whole
+prefix (Llama-3.1-8B shapes: 12 of 16 rows of each tile empty), and a 33-row tree verification's
+split kernel took 1.30 ms a round over 32 layers on an H200 against 0.22 ms for a 7-row chain,
+whose tiles share each key block. Why own programs past the start: a shared tile walking its tokens'
+own blocks in turn made one dependent pass a token (see the kernel).
 
 Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becomes
 softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
@@ -147,7 +147,16 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     else:
         part = torch.empty(batch, heads, tokens, splits, dim, dtype=torch.float32, device=query.device)
         lse = torch.empty(batch, heads, tokens, splits, dtype=torch.float32, device=query.device)
-    grid = (batch * kv_heads, tiles, splits)
+    gathered = tail is not None
+    if gathered:
+        # shared tiles over every split, then each token's own programs over the splits that can
+        # hold its path: positions start .. start + T - 1 span at most `span` splits
+        per_token = triton.cdiv(group, block_m)
+        span = 1 + triton.cdiv(max(tail.shape[2] - 1, 0), split_keys)
+        grid = (batch * kv_heads, tiles * splits + tokens * per_token * span, 1)
+    else:
+        per_token = span = 1
+        grid = (batch * kv_heads, tiles, splits)
     if rope is None:
         k_new = v_new = cos = sin = query  # unused
         new_strides = (0,) * 8
@@ -159,7 +168,6 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         new_strides = (*k_new.stride()[:3], *v_new.stride()[:3], 0 if cos.shape[0] == 1 else cos.stride(0), cos.stride(1))
     starts = position.reshape(-1)
     start_stride = 0 if starts.numel() == 1 else starts.stride(0)
-    gathered = tail is not None
     if not gathered:
         tail = depth = starts  # unused
         tail_strides = (0,) * 4
@@ -170,7 +178,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     _split_kernel[grid](
         query, key, value, starts, tail, depth, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides, start_stride, *tail_strides,
-        kv_heads, group, tokens, dim, capacity, pitch, scale if softcap else scale * LOG2E.value,
+        kv_heads, group, tokens, dim, capacity, pitch, tiles, per_token, span, scale if softcap else scale * LOG2E.value,
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
@@ -214,7 +222,10 @@ def _split_kernel(
     ssb,
     stb, stt, sdb, sdt,
     kv_heads, group, tokens, dim, capacity,
-    pitch,  # TAIL: rows per token in the tile layout (group, or whole tiles where group > BLOCK_M)
+    pitch,  # TAIL: rows per token in a shared tile (group, or whole tiles where group > BLOCK_M)
+    tiles,  # TAIL: shared tiles (the grid's second axis: tiles x SPLITS shared programs, then tokens')
+    per_token,  # TAIL: a token's programs a split (its heads over BLOCK_M rows each)
+    span,  # TAIL: splits a token's programs cover from the one holding the start
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
@@ -225,20 +236,36 @@ def _split_kernel(
     bkv = tl.program_id(0)
     b = bkv // kv_heads
     kvh = bkv % kv_heads
-    split = tl.program_id(2)
     prefix = tl.load(start_ptr + b * ssb)
-    first_row = tl.program_id(1) * BLOCK_M
-    if TAIL:  # several tokens a tile, token-major as in a chain: each prefix key block serves them all
-        f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows
-        t = f // pitch  # [M] each row's query token
-        g = f % pitch  # [M] and its head within the group
+    if TAIL:
+        # Two kinds of programs. Shared: a tile of several tokens' heads, token-major as in a chain,
+        # over a split wholly before the one holding the start: its keys are the prefix's, in place,
+        # the same for every row, so each key block is loaded once for all the tile's tokens. Own: one
+        # token's heads (as a one-token chain step lays them out) over a split from the one holding
+        # the start on, walking its logical keys: the prefix's in place, then its tail gathered. Why
+        # not every token of a shared tile walking its own blocks in turn: in the split holding the
+        # start, a tile of 4 tokens then made 4 dependent passes (Llama-3.1-8B shapes, H200, a 33-row
+        # tree after 1,000 tokens: 64 us a layer against a 7-row chain's 7).
+        work = tl.program_id(1)
+        own = work - tiles * SPLITS  # < 0: a shared program
+        shared = own < 0
+        own = tl.maximum(own, 0)
+        token = own // (per_token * span)  # an own program's token
+        start_split = prefix // SPLIT_KEYS
+        split = tl.where(shared, work % SPLITS, start_split + own % span)
+        f = tl.arange(0, BLOCK_M)
+        f_shared = (work // SPLITS) * BLOCK_M + f  # a shared tile's rows
+        t = tl.where(shared, f_shared // pitch, token)  # [M] each row's query token
+        g = tl.where(shared, f_shared % pitch, ((own // span) % per_token) * BLOCK_M + f)  # and its head
         row_ok = (t < tokens) & (g < group)
         at = prefix + tl.load(depth_ptr + b * sdb + t * sdt, mask=row_ok, other=1) - 1  # [M] each row's position
-        at_last = tl.max(tl.where(row_ok, at, prefix), axis=0)  # the tile's deepest and shallowest tokens'
+        at_last = tl.max(tl.where(row_ok, at, prefix), axis=0)  # the program's deepest and shallowest rows'
         at_first = tl.min(tl.where(row_ok, at, at_last), axis=0)
-        token_first = first_row // pitch  # the tile's tokens
-        token_last = tl.minimum((first_row + BLOCK_M - 1) // pitch, tokens - 1)
+        # a shared program past the start's split, an own one past its token's last key or the cache
+        idle = tl.where(shared, split >= start_split, (split * SPLIT_KEYS > at_last) | (split >= SPLITS))
     else:
+        split = tl.program_id(2)
+        first_row = tl.program_id(1) * BLOCK_M
         f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows, token-major
         t = f // group  # [M] each row's query token
         g = f % group  # [M] and its head within the group
@@ -246,23 +273,19 @@ def _split_kernel(
         at = prefix + t  # [M] each row's position: it sees keys [.., at]
         at_first = prefix + first_row // group  # the tile's first and last tokens' positions
         at_last = prefix + tl.minimum((first_row + BLOCK_M - 1) // group, tokens - 1)
-    split_lo = (split * SPLIT_KEYS).to(tl.int64)
-    # A split that starts past the last key of every row of the tile, and past every new key the
-    # launch writes (every program of the split that holds one writes it), has nothing to read or
-    # write: the merge never reads its rows' partials (_combine_kernel stops at each row's last
-    # split). Why: the splits follow the cache, not the sequence, so most of a step's programs are
-    # such, and each stored a zero partial that the merge loaded again (H200, Llama-3.1-8B shapes,
-    # 32 layers, a 10-token prompt: a 33-row tree's attention 1.17 ms split + 0.16 ms merge a round
-    # against 0.22 + 0.09 for a 7-row chain, about the ratio of rows).
-    reach = at_last
-    if ROPE:
-        if TAIL:
-            j = tl.arange(0, BLOCK_T)
-            deepest = tl.max(tl.load(depth_ptr + b * sdb + j * sdt, mask=j < tokens, other=1), axis=0)
-            reach = tl.maximum(reach, prefix + deepest - 1)
-        else:
+        # A split that starts past the last key of every row of the tile, and past every new key the
+        # launch writes (every program of the split that holds one writes it), has nothing to read or
+        # write: the merge never reads its rows' partials (_combine_kernel stops at each row's last
+        # split). Why: the splits follow the cache, not the sequence, so most of a step's programs are
+        # such, and each stored a zero partial that the merge loaded again (H200, Llama-3.1-8B shapes,
+        # 32 layers, a 10-token prompt: a 33-row tree's attention 1.17 ms split + 0.16 ms merge a round
+        # against 0.22 + 0.09 for a 7-row chain, about the ratio of rows).
+        reach = at_last
+        if ROPE:
             reach = tl.maximum(reach, prefix + tokens - 1)
-    if split_lo > reach:
+        idle = split * SPLIT_KEYS > reach
+    split_lo = (split * SPLIT_KEYS).to(tl.int64)
+    if idle:
         release_next(DEPENDENT)  # every program releases (gpu/kernels/dependent.py)
         return
     lo = split_lo
@@ -271,9 +294,6 @@ def _split_kernel(
     if WINDOW > 0:
         first = tl.maximum(at_first - WINDOW + 1, 0)
         lo = tl.maximum(lo, first - first % BLOCK_N)
-    if TAIL:
-        # The blocks wholly before the start, shared by the tile's tokens, are [lo, shared_end).
-        shared_end = tl.maximum(tl.minimum(hi, prefix - prefix % BLOCK_N), lo)
     head = kvh * group + g
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
@@ -291,32 +311,33 @@ def _split_kernel(
         sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
         q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
         # the new keys and values whose positions fall in this split (the split that reads them):
-        # rotated, into the cache at their slots
-        j = tl.arange(0, BLOCK_T)
-        j_ok = j < tokens
-        if TAIL:
-            depth_new = tl.load(depth_ptr + b * sdb + j * sdt, mask=j_ok, other=1)
-            at_new = prefix + depth_new - 1
-            slot_new = tl.load(tail_ptr + b * stb + j * stt + depth_new - 1, mask=j_ok, other=0)
-        else:
-            at_new = prefix + j
-            slot_new = at_new
-        first_key = split * SPLIT_KEYS
-        mine = j_ok & (at_new >= first_key) & (at_new < first_key + SPLIT_KEYS) & (slot_new < capacity)
-        new_mask = mine[:, None] & d_ok[None, :]
-        kn_base = kn_ptr + b * snkb + kvh * snkh + j[:, None] * snkt
-        kn = tl.load(kn_base + d[None, :], mask=new_mask, other=0.0).to(tl.float32)
-        kn_partner = tl.load(kn_base + partner[None, :], mask=new_mask, other=0.0).to(tl.float32)
-        trig = b * scb + j[:, None] * sct + d[None, :]
-        cos = tl.load(cos_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + trig, mask=new_mask, other=0.0).to(tl.float32)
-        kr = kn * cos + sign[None, :] * kn_partner * sin
-        tl.store(k_ptr + b * skb + kvh * skh + slot_new[:, None] * skn + d[None, :], kr.to(k_ptr.dtype.element_ty),
-                 mask=new_mask)
-        vn = tl.load(vn_ptr + b * snvb + kvh * snvh + j[:, None] * snvt + d[None, :], mask=new_mask, other=0.0)
-        tl.store(v_ptr + b * svb + kvh * svh + slot_new[:, None] * svn + d[None, :], vn.to(v_ptr.dtype.element_ty),
-                 mask=new_mask)
-        tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
+        # rotated, into the cache at their slots. They sit at the start or after it, so a split
+        # that ends before the start holds none (a shared program's never does).
+        if split_lo + SPLIT_KEYS > prefix:
+            j = tl.arange(0, BLOCK_T)
+            j_ok = j < tokens
+            if TAIL:
+                depth_new = tl.load(depth_ptr + b * sdb + j * sdt, mask=j_ok, other=1)
+                at_new = prefix + depth_new - 1
+                slot_new = tl.load(tail_ptr + b * stb + j * stt + depth_new - 1, mask=j_ok, other=0)
+            else:
+                at_new = prefix + j
+                slot_new = at_new
+            mine = j_ok & (at_new >= split_lo) & (at_new < split_lo + SPLIT_KEYS) & (slot_new < capacity)
+            new_mask = mine[:, None] & d_ok[None, :]
+            kn_base = kn_ptr + b * snkb + kvh * snkh + j[:, None] * snkt
+            kn = tl.load(kn_base + d[None, :], mask=new_mask, other=0.0).to(tl.float32)
+            kn_partner = tl.load(kn_base + partner[None, :], mask=new_mask, other=0.0).to(tl.float32)
+            trig_new = b * scb + j[:, None] * sct + d[None, :]
+            cos_new = tl.load(cos_ptr + trig_new, mask=new_mask, other=0.0).to(tl.float32)
+            sin_new = tl.load(sin_ptr + trig_new, mask=new_mask, other=0.0).to(tl.float32)
+            kr = kn * cos_new + sign[None, :] * kn_partner * sin_new
+            tl.store(k_ptr + b * skb + kvh * skh + slot_new[:, None] * skn + d[None, :], kr.to(k_ptr.dtype.element_ty),
+                     mask=new_mask)
+            vn = tl.load(vn_ptr + b * snvb + kvh * snvh + j[:, None] * snvt + d[None, :], mask=new_mask, other=0.0)
+            tl.store(v_ptr + b * svb + kvh * svh + slot_new[:, None] * svn + d[None, :], vn.to(v_ptr.dtype.element_ty),
+                     mask=new_mask)
+            tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
 
     # The walk covers every row's keys. A key block outside a row's keys (past its last one, or
     # before its window) leaves that row's running max, sum and output bitwise as they were: its
@@ -329,33 +350,17 @@ def _split_kernel(
     k_base = k_ptr + b * skb + kvh * skh
     v_base = v_ptr + b * svb + kvh * svh
     if TAIL:
-        # The blocks wholly before the start hold the prefix's keys in place, the same for every
-        # row: loaded once for all the tile's tokens. The blocks from the one holding the start on
-        # hold each row's own path: walked a token at a time, each from where its one-token step's
-        # walk would be (its window) to its last key, the other tokens' rows kept as they are. So
-        # each row sees its one-token step's blocks, keys and order.
-        for block in range(lo, shared_end, BLOCK_N):
+        # A shared program's keys are all the prefix's, in place. An own program walks its token's
+        # logical keys: the prefix's in place up to the start, then its tail gathered, so its rows
+        # see their one-token step's blocks, keys and order, over a cache that holds the path in
+        # place, and sit where that step's rows sit in its tile.
+        for block in range(lo, hi, BLOCK_N):
             n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
-            m, l, acc = _attend(q, m, l, acc, k_base, v_base, n, n, n < hi, at, d, d_ok, skn, svn, score_scale,
+            n_ok = n < hi
+            past = n_ok & (n >= prefix)  # never in a shared program
+            slot = tl.where(past, tl.load(tail_ptr + b * stb + token * stt + n - prefix, mask=past, other=0), n)
+            m, l, acc = _attend(q, m, l, acc, k_base, v_base, slot, n, n_ok, at, d, d_ok, skn, svn, score_scale,
                                 WINDOW, SOFTCAP, F32_DOT, PER_ROW)
-        for token in range(token_first, token_last + 1):
-            at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
-            hi_token = tl.minimum(tl.minimum(split_lo + SPLIT_KEYS, at_token + 1), capacity)
-            lo_token = shared_end
-            if WINDOW > 0:
-                first_token = tl.maximum(at_token - WINDOW + 1, 0)
-                lo_token = tl.maximum(lo_token, first_token - first_token % BLOCK_N)
-            own = t == token  # [M] its rows
-            for block in range(lo_token, hi_token, BLOCK_N):
-                n = block + tl.arange(0, BLOCK_N)
-                n_ok = n < hi_token
-                past = n_ok & (n >= prefix)  # the prefix's keys in place, then the token's tail gathered
-                slot = tl.where(past, tl.load(tail_ptr + b * stb + token * stt + n - prefix, mask=past, other=0), n)
-                m_t, l_t, acc_t = _attend(q, m, l, acc, k_base, v_base, slot, n, n_ok, at, d, d_ok, skn, svn,
-                                          score_scale, WINDOW, SOFTCAP, F32_DOT, PER_ROW)
-                m = tl.where(own, m_t, m)
-                l = tl.where(own, l_t, l)
-                acc = tl.where(own[:, None], acc_t, acc)
     else:
         for block in range(lo, hi, BLOCK_N):
             n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
