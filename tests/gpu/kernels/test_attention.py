@@ -479,9 +479,9 @@ def _parents(rows, b: int = 0) -> list[int]:
 
 
 # Tree tiles that hold several tokens (16 rows: 16, 8, 5 or 4 tokens at groups 1, 2, 3, 4; a
-# token's heads over two tiles at group 80): the prefix's key blocks are shared by the tile's
-# tokens, the blocks that reach past the start are walked a token at a time.
-SHARED_TILES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _, capacity, window, softcap, rope))
+# token's heads over two tiles at group 80): the splits before the start's are walked by shared
+# programs of several such tiles, the splits from the start's on by each token's own programs.
+SHARED_TILE_CASES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _, capacity, window, softcap, rope))
     # group 1: 20 tokens over two tiles, the start just before the block and split boundary at 64,
     # a window of 3 whose first key is on either side of it
     "group1-two-tiles": (2, 2, [63], (20, 3, 5, 0, 128, 3, 0.0, True)),
@@ -494,16 +494,19 @@ SHARED_TILES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _, cap
     # splits of 128 keys (4160 slots): tails across a block boundary inside a split (192) and across
     # a split boundary (256); a window reaching back over a block boundary; rotary
     "blocks-in-splits": (4, 1, [190, 254], (8, 2, 6, 0, 4160, 70, 0.0, True)),
+    # group 2, 30 tokens: four shared tiles, so shared programs of 3 tiles and of 1 (attention.SHARED_TILES);
+    # two splits wholly before the start, rotary
+    "group2-four-tiles": (4, 2, [130], (30, 3, 5, 0, 192, 0, 0.0, True)),
     # group 80 > 64 rows: a token's heads over two tiles (64 + 16 rows), one token a tile
     "group80": (80, 1, [62], (5, 2, 4, 0, 128, 0, 1.0, True)),
 }
 
 
-@pytest.mark.parametrize("name", sorted(SHARED_TILES))
+@pytest.mark.parametrize("name", sorted(SHARED_TILE_CASES))
 def test_tree_tiles_of_several_tokens_keep_each_nodes_bits(name):
     """bf16: every node equals its one-token step on its path (torch.equal); float32: the kernel
     agrees with the reference."""
-    heads, kv_heads, starts, case = SHARED_TILES[name]
+    heads, kv_heads, starts, case = SHARED_TILE_CASES[name]
     window, softcap = case[5], case[6]
     rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=5, heads=heads, kv_heads=kv_heads,
                                                   starts=starts)

@@ -87,6 +87,9 @@ SPLIT_KEYS = 64
 # disagree.
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
+# A tree's shared programs (see the kernel) take this many tiles each, one after another, over the
+# same keys: the tiles re-read each key block from L1/L2 rather than from a program of their own.
+SHARED_TILES = 3
 MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # the online softmax is in base 2
 
@@ -153,7 +156,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         # hold its path: positions start .. start + T - 1 span at most `span` splits
         per_token = triton.cdiv(group, block_m)
         span = 1 + triton.cdiv(max(tail.shape[2] - 1, 0), split_keys)
-        grid = (batch * kv_heads, tiles * splits + tokens * per_token * span, 1)
+        grid = (batch * kv_heads, triton.cdiv(tiles, SHARED_TILES) * splits + tokens * per_token * span, 1)
     else:
         per_token = span = 1
         grid = (batch * kv_heads, tiles, splits)
@@ -182,7 +185,8 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
-        BLOCK_T=max(16, triton.next_power_of_2(tokens)), DEPENDENT=dependent, num_warps=4,
+        BLOCK_T=max(16, triton.next_power_of_2(max(tokens, tail.shape[2] if gathered else 0))),
+        SHARED_TILES=SHARED_TILES, DEPENDENT=dependent, num_warps=4,
         **launch_options(dependent),
     )
     if splits > 1:
@@ -223,14 +227,14 @@ def _split_kernel(
     stb, stt, sdb, sdt,
     kv_heads, group, tokens, dim, capacity,
     pitch,  # TAIL: rows per token in a shared tile (group, or whole tiles where group > BLOCK_M)
-    tiles,  # TAIL: shared tiles (the grid's second axis: tiles x SPLITS shared programs, then tokens')
+    tiles,  # TAIL: shared tiles (the grid's second axis: their programs x SPLITS, then the tokens')
     per_token,  # TAIL: a token's programs a split (its heads over BLOCK_M rows each)
     span,  # TAIL: splits a token's programs cover from the one holding the start
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
     ROPE: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_T: tl.constexpr, DEPENDENT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SHARED_TILES: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     wait_previous(DEPENDENT)  # first, in every program: gpu/kernels/dependent.py
     bkv = tl.program_id(0)
@@ -238,41 +242,34 @@ def _split_kernel(
     kvh = bkv % kv_heads
     prefix = tl.load(start_ptr + b * ssb)
     if TAIL:
-        # Two kinds of programs. Shared: a tile of several tokens' heads, token-major as in a chain,
-        # over a split wholly before the one holding the start: its keys are the prefix's, in place,
-        # the same for every row, so each key block is loaded once for all the tile's tokens. Own: one
-        # token's heads (as a one-token chain step lays them out) over a split from the one holding
-        # the start on, walking its logical keys: the prefix's in place, then its tail gathered. Why
-        # not every token of a shared tile walking its own blocks in turn: in the split holding the
-        # start, a tile of 4 tokens then made 4 dependent passes (Llama-3.1-8B shapes, H200, a 33-row
-        # tree after 1,000 tokens: 64 us a layer against a 7-row chain's 7).
+        # Two kinds of programs. Shared: SHARED_TILES tiles of several tokens' heads each, token-major
+        # as in a chain, one after another over a split wholly before the one holding the start: its
+        # keys are the prefix's, in place, the same for every row, so each key block serves a whole
+        # tile. Own: one token's heads (as a one-token chain step lays them out) over a split from the
+        # one holding the start on, walking its logical keys: the prefix's in place, then its tail
+        # gathered. Why not every token of a shared tile walking its own blocks in turn: in the split
+        # holding the start, a tile of 4 tokens then made 4 dependent passes (Llama-3.1-8B shapes,
+        # H200, a 33-row tree after 1,000 tokens: 64 us a layer against 39 with own programs).
         work = tl.program_id(1)
-        own = work - tiles * SPLITS  # < 0: a shared program
+        own = work - tl.cdiv(tiles, SHARED_TILES) * SPLITS  # < 0: a shared program
         shared = own < 0
         own = tl.maximum(own, 0)
         token = own // (per_token * span)  # an own program's token
+        piece = (own // span) % per_token  # and which BLOCK_M of its heads
         start_split = prefix // SPLIT_KEYS
         split = tl.where(shared, work % SPLITS, start_split + own % span)
-        f = tl.arange(0, BLOCK_M)
-        f_shared = (work // SPLITS) * BLOCK_M + f  # a shared tile's rows
-        t = tl.where(shared, f_shared // pitch, token)  # [M] each row's query token
-        g = tl.where(shared, f_shared % pitch, ((own // span) % per_token) * BLOCK_M + f)  # and its head
-        row_ok = (t < tokens) & (g < group)
-        at = prefix + tl.load(depth_ptr + b * sdb + t * sdt, mask=row_ok, other=1) - 1  # [M] each row's position
-        at_last = tl.max(tl.where(row_ok, at, prefix), axis=0)  # the program's deepest and shallowest rows'
-        at_first = tl.min(tl.where(row_ok, at, at_last), axis=0)
+        first_tile = tl.where(shared, (work // SPLITS) * SHARED_TILES, 0)
+        end_tile = tl.where(shared, tl.minimum(first_tile + SHARED_TILES, tiles), 1)
+        at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
         # a shared program past the start's split, an own one past its token's last key or the cache
-        idle = tl.where(shared, split >= start_split, (split * SPLIT_KEYS > at_last) | (split >= SPLITS))
+        idle = tl.where(shared, split >= start_split, (split * SPLIT_KEYS > at_token) | (split >= SPLITS))
     else:
         split = tl.program_id(2)
-        first_row = tl.program_id(1) * BLOCK_M
-        f = first_row + tl.arange(0, BLOCK_M)  # [M] this tile's rows, token-major
-        t = f // group  # [M] each row's query token
-        g = f % group  # [M] and its head within the group
-        row_ok = t < tokens
-        at = prefix + t  # [M] each row's position: it sees keys [.., at]
-        at_first = prefix + first_row // group  # the tile's first and last tokens' positions
-        at_last = prefix + tl.minimum((first_row + BLOCK_M - 1) // group, tokens - 1)
+        shared = False
+        token = 0
+        piece = 0
+        first_tile = tl.program_id(1)
+        end_tile = first_tile + 1
         # A split that starts past the last key of every row of the tile, and past every new key the
         # launch writes (every program of the split that holds one writes it), has nothing to read or
         # write: the merge never reads its rows' partials (_combine_kernel stops at each row's last
@@ -280,7 +277,7 @@ def _split_kernel(
         # such, and each stored a zero partial that the merge loaded again (H200, Llama-3.1-8B shapes,
         # 32 layers, a 10-token prompt: a 33-row tree's attention 1.17 ms split + 0.16 ms merge a round
         # against 0.22 + 0.09 for a 7-row chain, about the ratio of rows).
-        reach = at_last
+        reach = prefix + tl.minimum((first_tile * BLOCK_M + BLOCK_M - 1) // group, tokens - 1)
         if ROPE:
             reach = tl.maximum(reach, prefix + tokens - 1)
         idle = split * SPLIT_KEYS > reach
@@ -288,38 +285,28 @@ def _split_kernel(
     if idle:
         release_next(DEPENDENT)  # every program releases (gpu/kernels/dependent.py)
         return
-    lo = split_lo
-    hi = tl.minimum(lo + SPLIT_KEYS, at_last + 1)
-    hi = tl.minimum(hi, capacity)
-    if WINDOW > 0:
-        first = tl.maximum(at_first - WINDOW + 1, 0)
-        lo = tl.maximum(lo, first - first % BLOCK_N)
-    head = kvh * group + g
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
-    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
-    if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
-        half = dim // 2
-        partner = tl.where(d < half, d + half, d - half)
-        sign = tl.where(d < half, -1.0, 1.0)
-        q_mask = row_ok[:, None] & d_ok[None, :]
-        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + partner[None, :],
-                            mask=q_mask, other=0.0)
-        trig = b * scb + t[:, None] * sct + d[None, :]  # [M, D]: each row's token's
-        cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
-        sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
-        q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
-        # the new keys and values whose positions fall in this split (the split that reads them):
+    if ROPE:
+        # The new keys and values whose positions fall in this split (the split that reads them):
         # rotated, into the cache at their slots. They sit at the start or after it, so a split
-        # that ends before the start holds none (a shared program's never does).
+        # that ends before the start holds none (a shared program's never does). An own program
+        # writes those on its token's path, the only ones of the launch its walk reads; every new
+        # key is on its own row's path, so each is written.
         if split_lo + SPLIT_KEYS > prefix:
+            half = dim // 2
+            partner = tl.where(d < half, d + half, d - half)
+            sign = tl.where(d < half, -1.0, 1.0)
             j = tl.arange(0, BLOCK_T)
             j_ok = j < tokens
             if TAIL:
                 depth_new = tl.load(depth_ptr + b * sdb + j * sdt, mask=j_ok, other=1)
                 at_new = prefix + depth_new - 1
                 slot_new = tl.load(tail_ptr + b * stb + j * stt + depth_new - 1, mask=j_ok, other=0)
+                walked = j < at_token - prefix + 1  # the token's tail entries
+                path = tl.load(tail_ptr + b * stb + token * stt + j, mask=walked, other=-1)
+                on_path = tl.max((slot_new[:, None] == path[None, :]).to(tl.int32), axis=1) > 0
+                j_ok = j_ok & on_path
             else:
                 at_new = prefix + j
                 slot_new = at_new
@@ -339,6 +326,62 @@ def _split_kernel(
                      mask=new_mask)
             tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
 
+    for tile in range(first_tile, end_tile):
+        f = tl.arange(0, BLOCK_M)
+        if TAIL:
+            f_shared = tile * BLOCK_M + f  # a shared tile's rows, token-major
+            t = tl.where(shared, f_shared // pitch, token)  # [M] each row's query token
+            g = tl.where(shared, f_shared % pitch, piece * BLOCK_M + f)  # and its head within the group
+            row_ok = (t < tokens) & (g < group)
+            at = prefix + tl.load(depth_ptr + b * sdb + t * sdt, mask=row_ok, other=1) - 1  # [M] its position
+            at_last = tl.max(tl.where(row_ok, at, prefix), axis=0)  # the tile's deepest and shallowest rows'
+            at_first = tl.min(tl.where(row_ok, at, at_last), axis=0)
+        else:
+            f = tile * BLOCK_M + f  # this tile's rows, token-major
+            t = f // group
+            g = f % group
+            row_ok = t < tokens
+            at = prefix + t  # [M] each row's position: it sees keys [.., at]
+            at_first = prefix + (tile * BLOCK_M) // group  # the tile's first and last tokens' positions
+            at_last = prefix + tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, tokens - 1)
+        _tile(q_ptr, k_ptr, v_ptr, tail_ptr, out_ptr, part_ptr, lse_ptr, cos_ptr, sin_ptr,
+              sqb, sqh, sqt, skb, skh, skn, svb, svh, svn, scb, sct, stb, stt,
+              b, kvh, prefix, split, split_lo, token, t, g, row_ok, at, at_first, at_last, d, d_ok,
+              kv_heads, group, tokens, dim, capacity, score_scale,
+              WINDOW, SOFTCAP, SPLITS, SPLIT_KEYS, BLOCK_M, BLOCK_N, BLOCK_D, F32_DOT, PER_ROW, ROPE, TAIL)
+    release_next(DEPENDENT)
+
+
+@triton.jit
+def _tile(q_ptr, k_ptr, v_ptr, tail_ptr, out_ptr, part_ptr, lse_ptr, cos_ptr, sin_ptr,
+          sqb, sqh, sqt, skb, skh, skn, svb, svh, svn, scb, sct, stb, stt,
+          b, kvh, prefix, split, split_lo, token, t, g, row_ok, at, at_first, at_last, d, d_ok,
+          kv_heads, group, tokens, dim, capacity, score_scale,
+          WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+          PER_ROW: tl.constexpr, ROPE: tl.constexpr, TAIL: tl.constexpr):
+    """One tile's rows (query token t, head g of the KV head's group; valid where row_ok, each at
+    position `at`) over one split's keys -> their output (one split) or partial and log-sum-exp."""
+    lo = split_lo
+    hi = tl.minimum(tl.minimum(lo + SPLIT_KEYS, at_last + 1), capacity)
+    if WINDOW > 0:
+        first = tl.maximum(at_first - WINDOW + 1, 0)
+        lo = tl.maximum(lo, first - first % BLOCK_N)
+    head = kvh * group + g
+    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
+    if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
+        half = dim // 2
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        q_partner = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + partner[None, :],
+                            mask=q_mask, other=0.0)
+        trig = b * scb + t[:, None] * sct + d[None, :]  # [M, D]: each row's token's
+        cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
+        q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
+
     # The walk covers every row's keys. A key block outside a row's keys (past its last one, or
     # before its window) leaves that row's running max, sum and output bitwise as they were: its
     # scores are -inf, so it adds products of 0 and rescales by exp2(0) = 1, or, before the row's
@@ -350,14 +393,14 @@ def _split_kernel(
     k_base = k_ptr + b * skb + kvh * skh
     v_base = v_ptr + b * svb + kvh * svh
     if TAIL:
-        # A shared program's keys are all the prefix's, in place. An own program walks its token's
+        # A shared tile's keys are all the prefix's, in place. An own program walks its token's
         # logical keys: the prefix's in place up to the start, then its tail gathered, so its rows
         # see their one-token step's blocks, keys and order, over a cache that holds the path in
         # place, and sit where that step's rows sit in its tile.
         for block in range(lo, hi, BLOCK_N):
             n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
             n_ok = n < hi
-            past = n_ok & (n >= prefix)  # never in a shared program
+            past = n_ok & (n >= prefix)  # never in a shared tile
             slot = tl.where(past, tl.load(tail_ptr + b * stb + token * stt + n - prefix, mask=past, other=0), n)
             m, l, acc = _attend(q, m, l, acc, k_base, v_base, slot, n, n_ok, at, d, d_ok, skn, svn, score_scale,
                                 WINDOW, SOFTCAP, F32_DOT, PER_ROW)
@@ -366,15 +409,13 @@ def _split_kernel(
             n = block + tl.arange(0, BLOCK_N)  # [N] logical keys: a key's index is its position
             m, l, acc = _attend(q, m, l, acc, k_base, v_base, n, n, n < hi, at, d, d_ok, skn, svn, score_scale,
                                 WINDOW, SOFTCAP, F32_DOT, PER_ROW)
-    release_next(DEPENDENT)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    heads = kv_heads * group
     if SPLITS == 1:
-        heads = kv_heads * group
         dst = out_ptr + ((b * tokens + t[:, None]) * heads + head[:, None]) * dim + d[None, :]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     else:
-        heads = kv_heads * group
         row_id = (b * heads + head) * tokens + t  # [M] index into [B, H, q]
         # a row's splits past its last key are left unwritten: the merge does not read them
         kept = row_ok & (at >= split_lo)
