@@ -76,7 +76,7 @@ class Harness:
         if make_ir != ["self", "target", "options", "codegen_fns", "module_map", "context"]:
             raise TypeError(f"ASTSource.make_ir{tuple(make_ir[1:])}")
         stages = {}
-        self.backend.add_stages(stages, self.backend.parse_options({}), Language.TRITON)
+        self.backend.add_stages(stages, self.backend.parse_options({"enable_fp_fusion": True}), Language.TRITON)
         if STAGE not in stages:
             raise ValueError(f"SPECGEN_SM90_STAGE={STAGE!r} is none of the nvidia backend's stages {list(stages)}")
         self.binders = {}  # JITFunction -> Triton's argument binder for it
@@ -193,7 +193,7 @@ def selfcheck() -> dict:
     out = {}
     for kernel, compiles in SELFCHECK.items():
         HARNESS.scenario = "selfcheck"
-        kernel[(1,)](torch.zeros(16, dtype=torch.int64), 16)
+        kernel[(1,)](torch.zeros(16, dtype=torch.int64), 16, enable_fp_fusion=True)
         record = [r for r in HARNESS.variants.values() if r["kernel"].endswith("." + kernel.__name__)][-1]
         out[kernel.__name__] = {"expect": "ok" if compiles else "error", "status": record["status"],
                                 "error": record["error"]}

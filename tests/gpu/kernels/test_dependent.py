@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
+import ast
 import functools
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,8 +47,51 @@ def _tiny(dtype=torch.float32):
 
 
 def test_options_name_the_attribute_only_when_asked():
-    assert dependent.launch_options(False) == {}  # the interpreter and old Triton never see the keyword
-    assert dependent.launch_options(True) == {"launch_pdl": True}
+    # the interpreter and old Triton never see launch_pdl; fused multiply-adds are always said
+    assert dependent.launch_options(False) == {"enable_fp_fusion": True}
+    assert dependent.launch_options(True) == {"enable_fp_fusion": True, "launch_pdl": True}
+    assert dependent.launch_options(True, fp_fusion=False) == {"enable_fp_fusion": False, "launch_pdl": True}
+
+
+def _launches(tree: ast.Module):
+    """Every kernel launch of a module: calls of the form name[grid](...) where name ends in _kernel."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id.endswith("_kernel")):
+            yield node
+
+
+def _says_fp_fusion(call: ast.Call) -> bool:
+    """The launch spreads launch_options(...) (directly, or through a dict built from it: the
+    warp kernels' `launch`), or names enable_fp_fusion itself."""
+    for keyword in call.keywords:
+        if keyword.arg == "enable_fp_fusion":
+            return True
+        if keyword.arg is None:
+            value = keyword.value
+            if isinstance(value, ast.Name) and value.id == "launch":
+                return True  # built by launch_options: checked below for the modules that use it
+            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "launch_options"
+                   for n in ast.walk(value)):
+                return True
+    return False
+
+
+def test_every_launch_says_whether_it_fuses_multiply_adds():
+    """Every kernel launch in gpu/kernels passes launch_options (or enable_fp_fusion itself): left to
+    Triton's default, a kernel's bits would change with the Triton version (3.10 turns it off) and
+    Triton 3.9 warns on stderr. A module whose launches spread a `launch` dict builds it from
+    launch_options (warp.py) or takes it from a caller that does (cuts.py, from warp.py)."""
+    folder = Path(dependent.__file__).parent
+    seen = 0
+    for path in sorted(folder.glob("*.py")):
+        source = path.read_text()
+        for call in _launches(ast.parse(source)):
+            seen += 1
+            assert _says_fp_fusion(call), f"{path.name}:{call.lineno}: a launch without launch_options"
+        if "**launch," in source or "**launch}" in source:
+            assert "launch_options(" in source or path.name == "cuts.py", path.name
+    assert seen >= 25  # the scan finds the launches (about 30)
 
 
 @pytest.mark.parametrize("flag", [False, True])

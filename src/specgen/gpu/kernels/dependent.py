@@ -44,8 +44,13 @@ def release_next(DEPENDENT: tl.constexpr):
         gdc_launch_dependents()
 
 
-def launch_options(dependent: bool) -> dict:
-    """The launch keywords: the attribute only when asked, so that the interpreter and Triton
-    versions without it never see the keyword."""
-    return {"launch_pdl": True} if dependent else {}
+def launch_options(dependent: bool, fp_fusion: bool = True) -> dict:
+    """The keywords of every launch: dependent launch's attribute only when asked, so that the
+    interpreter and Triton versions without it never see the keyword; and fused multiply-adds
+    (`enable_fp_fusion`) always said, never left to Triton's default. Why: Triton 3.9 warns on
+    stderr at the first compile where it is left unset, and 3.10 turns the default off, which
+    would change the bits of every kernel that rounds a product before an add, under the same
+    specgen. On is what the kernels were measured and bit-tested with; off (fp_fusion=False) is
+    for kernels that round each product as their torch reference does."""
+    return {"enable_fp_fusion": fp_fusion, **({"launch_pdl": True} if dependent else {})}
 

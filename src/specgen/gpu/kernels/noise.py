@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from specgen.core.sampling import noise
+from specgen.gpu.kernels.dependent import launch_options
 
 BLOCK = 1024
 
@@ -25,7 +26,7 @@ def uniform_(out: torch.Tensor, key: torch.Tensor, first: torch.Tensor) -> torch
     _uniform_kernel[(rows, triton.cdiv(width, BLOCK))](
         out, key, first, width, rows,
         MASK=noise.MASK32, M0=noise.MULTIPLIER_0, M1=noise.MULTIPLIER_1,
-        STEP0=noise.KEY_STEP_0, STEP1=noise.KEY_STEP_1, ROUNDS=noise.ROUNDS, BLOCK=BLOCK,
+        STEP0=noise.KEY_STEP_0, STEP1=noise.KEY_STEP_1, ROUNDS=noise.ROUNDS, BLOCK=BLOCK, **launch_options(False),
     )
     return out
 
@@ -40,7 +41,7 @@ def uniform_rows_(out: torch.Tensor, key: torch.Tensor, first: torch.Tensor) -> 
     _uniform_kernel[(batch * rows, triton.cdiv(width, BLOCK))](
         out, key, first, width, rows,
         MASK=noise.MASK32, M0=noise.MULTIPLIER_0, M1=noise.MULTIPLIER_1,
-        STEP0=noise.KEY_STEP_0, STEP1=noise.KEY_STEP_1, ROUNDS=noise.ROUNDS, BLOCK=BLOCK,
+        STEP0=noise.KEY_STEP_0, STEP1=noise.KEY_STEP_1, ROUNDS=noise.ROUNDS, BLOCK=BLOCK, **launch_options(False),
     )
     return out
 

@@ -89,8 +89,8 @@ def run(x, residual, weight, eps, dependent, offset=False, after=False, weight2=
         x2.stride(0), r2.stride(0), eps, eps2,
         HAS_RESIDUAL=residual is not None, OFFSET=offset, AFTER=after, SECOND=weight2 is not None, BLOCK=block,
         DEPENDENT=dependent, num_warps=min(16, max(1, block // 512)),
-        enable_fp_fusion=False,  # the modules round each product before adding: no fused multiply-add
-        **launch_options(dependent),
+        # the modules round each product before adding: no fused multiply-add
+        **launch_options(dependent, fp_fusion=False),
     )
     return out, summed if residual is not None else None
 

@@ -86,7 +86,7 @@ def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=No
         rows, k, vocab, 0 if limit.numel() == 1 else 1,
         MODE=mode, W=width, WB=max(2, triton.next_power_of_2(width)),
         BLOCK_V=min(MAX_BLOCK_V, max(16, triton.next_power_of_2(vocab))), DEPENDENT=dependent,
-        num_warps=1 if mode == GREEDY else 8, enable_fp_fusion=False, **launch_options(dependent),
+        num_warps=1 if mode == GREEDY else 8, **launch_options(dependent, fp_fusion=False),
     )
     return out, path, shown, taken
 

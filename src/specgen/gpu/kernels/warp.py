@@ -119,7 +119,8 @@ def warp(
         vocab if bad_mask is not None and bad_mask.ndim == 2 else 0,
         part, error, rows, vocab, n_seg,
         HAS_PENALTIES=penalties is not None, HAS_BAD_MASK=bad_mask is not None, STORE_L=probs is not None,
-        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=_warps(block_r * block_v), enable_fp_fusion=False, **launch,
+        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=_warps(block_r * block_v),
+        **{**launch, **launch_options(dependent, fp_fusion=False)},
     )
     has_cut = probs is not None and (flags.top_k or flags.top_p or flags.min_p)
     if has_cut:
