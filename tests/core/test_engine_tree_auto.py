@@ -41,6 +41,7 @@ def keep(engine: Engine, folder, tree_tokens: float, alone_ms: float, proposer: 
     document = {"created": None, "profile": {"target": profile.target.path,
                                              "draft": profile.draft.path if profile.draft else None},
                 "environment": {"device_name": device_name(engine.pair.device), "dtype": "float32"},
+                "settings": {"max_tokens": 128}, "prompts": [{"index": 0, "tokens": 20}],
                 "results": [{**result, "tree_width": 1, "tree_nodes": 3},
                             {**result, "tree_width": 2, "tree_nodes": 5, "mean_accepted_length": tree_tokens}],
                 "baselines": [{"method": "target-only", "temperature": 0.0, "coupling": None, "available": True,
@@ -76,6 +77,20 @@ def test_auto_takes_the_shape_measured_fastest(pair, tmp_path, backend):
     resolved, choice = engine.resolve(auto_profile(pair, tmp_path, backend, tree_width="auto", tree_nodes=4))
     assert (resolved.speculation.tree_width, resolved.speculation.tree_nodes) == (2, 4)
     assert "w=2 n=4" in choice.reason and "(modelled)" in choice.reason
+
+
+def test_auto_leaves_out_trees_measured_far_shorter_than_the_run(pair, tmp_path):
+    """The run's reach (generate passes its longest prompt's positions) against the bench's: a tree
+    measured where generations reached about 150 positions is not chosen for a run of 2,000, whose
+    decoder is then the chain, and the report says so."""
+    engine = Engine(auto_profile(pair, tmp_path))
+    keep(engine, tmp_path, tree_tokens=2.6, alone_ms=0.5)  # the bench's prompts: 20 tokens, max_tokens 128
+    engine = Engine(auto_profile(pair, tmp_path))
+    assert isinstance(engine.decoder(positions=300).round, TreeRound)
+    assert type(engine.decoder(positions=2000).round) is Round
+    described = engine.describe(positions=2000)
+    assert (described["tree_width"], described["tree_nodes"]) == (1, 3)
+    assert "trees left out: measured where generations reached about 148 positions" in described["tree_auto"]
 
 
 def test_auto_chooses_no_speculation_where_target_only_is_faster(pair, tmp_path):

@@ -9,7 +9,8 @@ import pytest
 
 from specgen.core import measured
 from specgen.core.settings import ProposerSpec
-from specgen.core.tree_cost import MARGIN, choose, regime, sibling_share, tree_accepted
+from specgen.core.tree_cost import (MARGIN, POSITIONS_REACH, POSITIONS_SLACK, choose, regime, sibling_share,
+                                     tree_accepted)
 
 
 def row(k: int, width: int = 1, nodes: int = 0, *, tokens: float, draft: float, verify: float, rest: float = 0.05,
@@ -50,6 +51,31 @@ def test_a_tree_is_chosen_where_it_is_measured_faster():
     choice = choose(4, "auto", "auto", rows)
     assert (choice.width, choice.nodes, choice.speculate) == (2, 8, True)
     assert "measured" in choice.reason and choice.reason.startswith("a tree of width 2, 8 nodes")
+
+
+def test_trees_measured_far_shorter_than_the_run_are_left_out():
+    """A tree measured faster where generations reached 300 positions: chosen for a run that reaches
+    up to POSITIONS_REACH x 300 + POSITIONS_SLACK, not for one that reaches further (a tree's round
+    grows with the context faster than a chain's), where the reason says why and how to measure;
+    rows without positions (kept before rows had them) stand for any run; a fixed width is kept."""
+    rows = [alone(0.35), row(4, tokens=2.4, draft=0.18, verify=0.33, reach=REACH),
+            row(4, 2, 8, tokens=3.2, draft=0.22, verify=0.34)]
+    for r in rows:
+        r["positions"] = 300
+    edge = int(POSITIONS_REACH * 300 + POSITIONS_SLACK)
+    assert choose(4, "auto", "auto", rows).width == 2  # no positions known: as before
+    assert choose(4, "auto", "auto", rows, positions=edge).width == 2
+    far = choose(4, "auto", "auto", rows, positions=edge + 1)
+    assert (far.width, far.nodes, far.speculate) == (1, 4, True)
+    assert far.reason.startswith("a chain") and "w=2" not in far.reason
+    assert f"trees left out: measured where generations reached about 300 positions, this run's reach {edge + 1:,}" \
+        in far.reason and "--prompts-file" in far.reason
+    assert choose(4, 2, "auto", rows, positions=edge + 1).width == 2  # a width the profile fixes stays
+    old = [{k: v for k, v in r.items() if k != "positions"} for r in rows]
+    assert choose(4, "auto", "auto", old, positions=10 * edge).width == 2
+    slow_chain = [alone(0.2), *rows[1:]]  # target-only fastest once the tree is left out: said with the reason
+    far = choose(4, "auto", "auto", slow_chain, positions=edge + 1)
+    assert not far.speculate and far.reason.startswith("no speculation") and "trees left out" in far.reason
 
 
 def modelled(k: int, width: int, nodes: int, reach: list[float]) -> float:
@@ -140,7 +166,8 @@ def test_regime_picks_the_requests_sampling():
 
 def bench_document(results: list[dict], baselines: list[dict]) -> dict:
     return {"created": "2026-12-01T00:00:00+00:00", "environment": {"device_name": "GPU X", "dtype": "bfloat16"},
-            "profile": {"target": "/m/target", "draft": "/m/draft"}, "results": results, "baselines": baselines}
+            "profile": {"target": "/m/target", "draft": "/m/draft"}, "results": results, "baselines": baselines,
+            "settings": {"max_tokens": 128}, "prompts": [{"index": 0, "tokens": 20}, {"index": 1, "tokens": 41}]}
 
 
 def result(k: int, width: int, nodes: int, tokens: float, ms: dict, reach: list[float]) -> dict:
@@ -163,6 +190,7 @@ def test_bench_rows_are_kept_and_merged(tmp_path):
     rows = measured.load(str(tmp_path))[key]
     assert sorted((r["proposer"], r["k"], r["tree_width"]) for r in rows) == [("draft", 4, 1), ("draft", 4, 2),
                                                                             ("none", 0, 1)]
+    assert {r["positions"] for r in rows} == {round((20 + 41) / 2 + 128)}  # the prompts' mean and max_tokens
     again = bench_document([result(4, 2, 8, 3.5, ms, REACH)], [])
     measured.save(str(tmp_path), again)
     rows = measured.load(str(tmp_path))[key]

@@ -93,8 +93,6 @@ def generate(
         with_prompt_settings(settings, item.settings, item.source)
     # torch and transformers: only for valid input
     engine, decoder, startup = start_engine(settings, allow_pickle, status=not quiet)
-    if verbose and not quiet:
-        warn(describe({**engine.describe(), "startup": startup.as_dict()}))
     show_live = (live and not quiet and output_format == Format.text
                  and render.can_draw_beside_stdout(render.stderr_console()))
 
@@ -110,6 +108,9 @@ def generate(
         return checked(texts, encode, check, skip_long=skip_long_prompts, warn=warn_skipped)
 
     prompts, longest = fit(decoder, jobs(None if quiet else warn))  # every prompt, before anything generates
+    # tree_width auto weighs trees at the positions this run's generations reach (core/tree_cost.py)
+    if verbose and not quiet:
+        warn(describe({**engine.describe(positions=longest), "startup": startup.as_dict()}))
     batch = engine.resolve_batch(settings, prompts, longest)
     runs = settings
     if batch.measured:  # auto from the bench's rows: its recommendation at that size (target-only, or its k)
@@ -128,7 +129,7 @@ def generate(
     for n, (item, ids, own) in enumerate(work):
         label = (item.source or "prompt") if several else None
         # start-up happens once: said on the first summary line, and in every record
-        result = run_one(engine.decoder(own), ids, output_format, show_live, quiet, label,
+        result = run_one(engine.decoder(own, positions=longest), ids, output_format, show_live, quiet, label,
                          startup if n == 0 else None)
         emit_json(result, item.text, len(ids), own, output_format, engine.tokenizer,
                   {"startup": startup.as_dict(), "wall_seconds": time.perf_counter() - began})

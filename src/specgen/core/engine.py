@@ -102,11 +102,12 @@ class Engine:
         return tok(prompt)["input_ids"]
 
     def decoder(self, profile: Profile | None = None, proposer_kind: str | None = None,
-                insight: bool = False) -> Decoder:
+                insight: bool = False, positions: int | None = None) -> Decoder:
         """A decoder for `profile`'s settings (default: the engine's), optionally another proposer kind;
         insight=True makes its round events carry p(x), q(x) and entropy (inspect-acceptance), and a
-        tree round's its tree (core/round/tree_stage.py)."""
-        profile, choice = self.resolve(profile or self.profile, proposer_kind)
+        tree round's its tree (core/round/tree_stage.py). positions: the most its generations reach
+        (prompt and max_tokens), where known: what tree_width auto weighs trees at (resolve)."""
+        profile, choice = self.resolve(profile or self.profile, proposer_kind, positions)
         kind = "none" if choice is not None and not choice.speculate else proposer_kind or profile.proposer.kind
         spec, sampling = profile.proposer, profile.sampling
         drafter = spec.drafter(kind)
@@ -283,20 +284,22 @@ class Engine:
         return measured.pair_key(profile.target.path, profile.draft.path if profile.draft else None,
                                  device_name(self.pair.device), str(self.pair.target.dtype).removeprefix("torch."))
 
-    def resolve(self, profile: Profile, proposer_kind: str | None = None) -> tuple[Profile, TreeChoice | None]:
+    def resolve(self, profile: Profile, proposer_kind: str | None = None,
+                positions: int | None = None) -> tuple[Profile, TreeChoice | None]:
         """The profile with tree_width / tree_nodes auto chosen from what `specgen bench` measured
         for this pair on this device (core/measured.py, core/tree_cost.py), and the choice (None
         where neither is auto). Where width auto predicts target-only faster, the profile's
-        proposer becomes none."""
+        proposer becomes none. positions: the most the run's generations reach, where known (trees
+        measured at far fewer are left out: core/tree_cost.py)."""
         spec = profile.speculation
         if not spec.auto_tree:
             return profile, None
-        choice = self._choose(profile, proposer_kind or profile.proposer.kind)
+        choice = self._choose(profile, proposer_kind or profile.proposer.kind, positions)
         resolved = replace(profile, speculation=replace(spec, tree_width=choice.width,
                                                         tree_nodes=choice.nodes if choice.width > 1 else 0))
         return (resolved if choice.speculate else target_only(resolved)), choice
 
-    def _choose(self, profile: Profile, kind: str) -> TreeChoice:
+    def _choose(self, profile: Profile, kind: str, positions: int | None = None) -> TreeChoice:
         spec, sampling = profile.speculation, profile.sampling
         k, width = spec.k, spec.tree_width
         refusal = "" if kind == "none" else tree_refusal(profile, kind, bool(getattr(self.backend, "spread", None)),
@@ -318,7 +321,7 @@ class Engine:
         else:
             at = rows[0]["temperature"]
             where = f" (bench's measurements, {pair}, T={at:g})"
-        return choose(k, width, spec.tree_nodes, rows, where)
+        return choose(k, width, spec.tree_nodes, rows, where, positions)
 
     def _tree(self, profile: Profile, kind: str, k: int) -> dict:
         """The round's tree fields: a chain (width 1) unless the profile asks for a tree, which
@@ -346,18 +349,20 @@ class Engine:
             self._rounds[key] = (rnd, programs)
         return self._rounds[key]
 
-    def describe(self) -> dict:
+    def describe(self, positions: int | None = None) -> dict:
         """The resolved settings of this engine's backend, for reports (bench JSON, generate -v), and
         which code runs the models ([runtime] modeling resolved: "specgen" or "transformers", and
         why transformers where it does), and which path each head's calls take ("kernels" or
         "torch")."""
         return {"modeling": self.pair.modeling, "modeling_note": self.pair.modeling_note,
-                **self.backend.describe(), "heads": self.head_paths, **self.tree_report(self.profile)}
+                **self.backend.describe(), "heads": self.head_paths,
+                **self.tree_report(self.profile, positions=positions)}
 
-    def tree_report(self, profile: Profile, proposer_kind: str | None = None) -> dict:
-        """The round's tree shape as reports give it (tree_shape), auto resolved, and with auto,
-        `tree_auto`: what it chose and why, None without auto (generate -v, the bench JSON)."""
-        resolved, choice = self.resolve(profile, proposer_kind)
+    def tree_report(self, profile: Profile, proposer_kind: str | None = None, positions: int | None = None) -> dict:
+        """The round's tree shape as reports give it (tree_shape), auto resolved (for a run whose
+        generations reach `positions`, where known), and with auto, `tree_auto`: what it chose and
+        why, None without auto (generate -v, the bench JSON)."""
+        resolved, choice = self.resolve(profile, proposer_kind, positions)
         return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None}
 
 

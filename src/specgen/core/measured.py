@@ -5,7 +5,9 @@ After a complete sweep, bench writes its rows here (cli/bench.py): per pair (tar
 dtype), one row per method it ran, target-only included (k 0), each with its sampling regime
 (temperature, coupling), its shape (k, tree_width, tree_nodes), the round's phases in ms per round,
 its wall ms per round (tokens per round over the decode rate), tokens per round, per-position
-acceptance and the rounds these came from; a row whose proposer drafts with an EAGLE-3 head
+acceptance and the rounds these came from, and `positions`, the mean position its generations
+reached (prompt tokens and max_tokens: tree_width auto leaves out trees measured far shorter than
+a run's prompts, core/tree_cost.py); a row whose proposer drafts with an EAGLE-3 head
 (eagle, or hybrid with hybrid_with eagle) carries the head's folder in `head` (null otherwise),
 which identifies it as its proposer does: a head's rows stand for that head only. A later bench of
 the same pair replaces the rows of the methods it ran again and keeps the others. core/tree_cost.py
@@ -75,6 +77,7 @@ def rows_from_bench(document: dict) -> tuple[str, list[dict]]:
     env, profile = document["environment"], document["profile"]
     key = pair_key(profile["target"], profile.get("draft"), env["device_name"], env["dtype"])
     when = document.get("created")
+    reach = _positions(document)
     rows = []
     for result in document["results"]:
         rows.append({"proposer": result["proposer"], "head": result.get("head"), "temperature": result["temperature"],
@@ -82,7 +85,7 @@ def rows_from_bench(document: dict) -> tuple[str, list[dict]]:
                      "tree_width": result.get("tree_width", 1), "tree_nodes": result.get("tree_nodes", result["k"]),
                      "tokens_per_round": result["mean_accepted_length"], "round_ms": result["round_ms"],
                      "per_position_acceptance": result["per_position_acceptance"],
-                     "rounds": result["counts"]["rounds"], "created": when,
+                     "rounds": result["counts"]["rounds"], "created": when, "positions": reach,
                      "wall_ms": _wall_ms(result["mean_accepted_length"], result.get("decode_tokens_per_second"))})
     for base in document["baselines"]:
         if base["method"] == "target-only" and base.get("available") and base.get("round_ms"):
@@ -90,9 +93,19 @@ def rows_from_bench(document: dict) -> tuple[str, list[dict]]:
                          "coupling": base.get("coupling"),
                          "k": 0, "tree_width": 1, "tree_nodes": 0, "tokens_per_round": 1.0,
                          "round_ms": base["round_ms"], "per_position_acceptance": [],
-                         "rounds": base.get("rounds"), "created": when,
+                         "rounds": base.get("rounds"), "created": when, "positions": reach,
                          "wall_ms": _wall_ms(1.0, base.get("decode_tokens_per_second"))})
     return key, rows
+
+
+def _positions(document: dict) -> int | None:
+    """The mean position a bench's generations reached: its prompts' tokens and max_tokens (what a
+    tree's verification cost grows with, core/tree_cost.py); None where the document lacks them."""
+    prompts = [p["tokens"] for p in document.get("prompts") or [] if p.get("tokens") is not None]
+    most = (document.get("settings") or {}).get("max_tokens")
+    if not prompts or most is None:
+        return None
+    return round(sum(prompts) / len(prompts) + most)
 
 
 def _wall_ms(tokens_per_round: float, decode: dict | None) -> float | None:

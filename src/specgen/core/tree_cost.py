@@ -32,7 +32,15 @@ their measured / modelled ratios (at most 1): a measurement that the model overe
 children at t 0.8 accepted fewer tokens than the chain on the H100, docs/benchmarks.md) lowers it.
 
 A modelled tree must beat the best chain by MARGIN (5%) to be chosen: its sibling gain is a model,
-not a measurement. With tree_width auto, no speculation is chosen where target-only's measured
+not a measurement.
+
+Trees stand for the context they were measured at. A round's verification attends over every
+position before it, and a tree's rows each walk their own path past the prompt while a chain's
+share theirs, so a tree's round grows with the context faster than a chain's (Llama 3.1 8B shapes,
+one H200: a 32-node round 1.18x the chain's after a 10-token prompt, 1.30x after 1,024 tokens;
+docs/benchmarks.md). Rows carry `positions`, the mean position their generations reached (prompt
+and max_tokens); a request that reaches past POSITIONS_REACH times the trees' and POSITIONS_SLACK
+more is chosen among the chain and target-only, and the reason says to bench at that length. With tree_width auto, no speculation is chosen where target-only's measured
 round is faster than the best shape, so that auto does not fall below target-only. Where nothing
 was measured for the request's regime, auto is a chain: the shape specgen measured fast everywhere
 so far (docs/benchmarks.md).
@@ -47,6 +55,8 @@ from dataclasses import dataclass, field
 from specgen.core.settings import AUTO, MAX_TREE_NODES, tree_envelope
 
 SIBLING = 0.5  # the share of the top child's acceptance each further sibling is credited with
+POSITIONS_REACH = 2.0  # trees stand for requests up to this many times the positions they were measured at
+POSITIONS_SLACK = 256  # and this many more (a short bench's trees still stand for a prompt of a few hundred tokens)
 MARGIN = 0.05  # a modelled (not measured) tree must be predicted this much faster than the chain
 PHASES = ("draft", "verify", "sample", "other")
 BENCH_HINT = "specgen bench --k K --tree-width 1,2,4 --tree-nodes 8,16 measures trees"
@@ -101,17 +111,23 @@ def regime(rows: list[dict], temperature: float, coupling: str, proposer: str = 
     return [row for row in ours if row["temperature"] == nearest]
 
 
-def choose(k: int, width: int | str, nodes: int | str, rows: list[dict], where: str = "") -> TreeChoice:
+def choose(k: int, width: int | str, nodes: int | str, rows: list[dict], where: str = "",
+           positions: int | None = None) -> TreeChoice:
     """The shape for depth k: width and nodes as the profile gives them (an int, or auto), from
-    `rows` (one regime's, regime()). where: the facts' description, for the reason."""
+    `rows` (one regime's, regime()). where: the facts' description, for the reason. positions: the
+    most positions the request's generations reach (prompt and max_tokens), where known: with width
+    auto, trees measured at far fewer are not considered (the module's docstring)."""
     if width == 1:
         return TreeChoice(1, k, reason="tree_width 1 is a chain")
     nodes = nodes or k  # 0 = k
+    beyond = ""
+    if width == AUTO and positions is not None:
+        rows, beyond = _within_reach(rows, positions)
     facts = _Facts(rows)
     if not facts.chains and not facts.trees:
         shape = "a chain" if width == AUTO else f"width {width} with k = {k} nodes"
         return TreeChoice(1 if width == AUTO else width, k,
-                          reason=f"nothing measured{where}: {shape} ({BENCH_HINT})")
+                          reason=f"nothing measured{where}: {shape} ({BENCH_HINT}){beyond}")
     widths = [width] if width != AUTO else [1, *sorted(facts.trees)]
     candidates = []
     for w in widths:
@@ -127,7 +143,7 @@ def choose(k: int, width: int | str, nodes: int | str, rows: list[dict], where: 
     chains = [c for c in candidates if c.width == 1]
     if width == AUTO and not chains:  # a tree is chosen only against a chain it is predicted to beat
         return TreeChoice(1, k, reason=f"the chain of k = {k} cannot be predicted from what was measured{where}: "
-                                       f"a chain ({BENCH_HINT})")
+                                       f"a chain ({BENCH_HINT}){beyond}")
     best_chain = max((c.rate for c in chains), default=0.0)
 
     def score(c: Prediction) -> float:
@@ -147,10 +163,22 @@ def choose(k: int, width: int | str, nodes: int | str, rows: list[dict], where: 
     summary = ", ".join([c.label() for c in shown] + ([alone.label()] if alone else []))
     if width == AUTO and alone is not None and alone.rate > score(best):
         return TreeChoice(1, k, speculate=False, predictions=shown + [alone],
-                          reason=f"no speculation, target-only is faster{where}: {summary}")
+                          reason=f"no speculation, target-only is faster{where}: {summary}{beyond}")
     what = "a chain" if best.width == 1 else f"a tree of width {best.width}, {best.nodes} nodes"
     return TreeChoice(best.width, best.nodes if best.width > 1 else k, predictions=shown + ([alone] if alone else []),
-                      reason=f"{what}{where}: {summary}")
+                      reason=f"{what}{where}: {summary}{beyond}")
+
+
+def _within_reach(rows: list[dict], positions: int) -> tuple[list[dict], str]:
+    """(the rows that stand for a request reaching `positions`, why trees were left out or ""):
+    trees measured where generations reached far fewer positions are left out (rows without
+    `positions`, kept before rows carried it, stand for any request)."""
+    measured = [row["positions"] for row in rows if row["tree_width"] > 1 and row.get("positions")]
+    if not measured or positions <= POSITIONS_REACH * max(measured) + POSITIONS_SLACK:
+        return rows, ""
+    kept = [row for row in rows if row["tree_width"] == 1 or not row.get("positions")]
+    return kept, (f"; trees left out: measured where generations reached about {max(measured):,.0f} positions, "
+                  f"this run's reach {positions:,} (bench with prompts this long: --prompts-file)")
 
 
 def _most_nodes(k: int, width: int) -> int:
