@@ -223,9 +223,11 @@ def _generate(request: Request, allow_pickle: bool):
                    lambda item, ids: check(ids), skip_long=request.skip_long,
                    warn=None if request.quiet else (lambda line: print(line, file=sys.stderr)))
     runs, complete = [], True
+    # tree_width auto weighs trees at the positions these prompts reach, as generate does
+    reach = max((len(ids) for _, ids in jobs), default=0) + settings.sampling.max_tokens
     with progress(len(jobs), enabled=not request.quiet) as shown:
         for number, (item, ids) in enumerate(jobs, start=1):
-            run, complete = _record(engine.decoder(insight=True), item.text, ids, engine.tokenizer,
+            run, complete = _record(engine.decoder(insight=True, positions=reach), item.text, ids, engine.tokenizer,
                                     lambda tokens, done: shown(number, tokens, done))
             runs += [run] if run is not None else []
             if not complete:
@@ -235,7 +237,7 @@ def _generate(request: Request, allow_pickle: bool):
     source = {"kind": "prompts", "file": str(request.prompts_file) if request.prompts_file else None,
               "profile": settings.name, "proposer": settings.proposer.kind, "k": settings.speculation.k,
               "temperature": settings.sampling.temperature, "chat": request.chat or request.system is not None}
-    shape = engine.tree_report(settings)  # the round's tree (auto resolved): width 1 and k nodes for a chain
+    shape = engine.tree_report(settings, positions=reach)  # the round's tree (auto resolved): width 1 and k nodes for a chain
     source.update(tree_width=shape["tree_width"], tree_nodes=shape["tree_nodes"])
     return source, runs, complete
 
