@@ -237,7 +237,8 @@ def _generate(request: Request, allow_pickle: bool):
     source = {"kind": "prompts", "file": str(request.prompts_file) if request.prompts_file else None,
               "profile": settings.name, "proposer": settings.proposer.kind, "k": settings.speculation.k,
               "temperature": settings.sampling.temperature, "chat": request.chat or request.system is not None}
-    shape = engine.tree_report(settings, positions=reach)  # the round's tree (auto resolved): width 1 and k nodes for a chain
+    # the round's tree (auto resolved): width 1 and k nodes for a chain
+    shape = engine.tree_report(settings, positions=reach)
     source.update(tree_width=shape["tree_width"], tree_nodes=shape["tree_nodes"])
     return source, runs, complete
 

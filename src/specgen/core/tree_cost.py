@@ -32,7 +32,10 @@ their measured / modelled ratios (at most 1): a measurement that the model overe
 children at t 0.8 accepted fewer tokens than the chain on the H100, docs/benchmarks.md) lowers it.
 
 A modelled tree must beat the best chain by MARGIN (5%) to be chosen: its sibling gain is a model,
-not a measurement.
+not a measurement. With tree_width auto, no speculation is chosen where target-only's measured
+round is faster than the best shape, so that auto does not fall below target-only. Where nothing
+was measured for the request's regime, auto is a chain: the shape specgen measured fast everywhere
+so far (docs/benchmarks.md).
 
 Trees stand for the context they were measured at. A round's verification attends over every
 position before it, and a tree's rows each walk their own path past the prompt while a chain's
@@ -40,10 +43,7 @@ share theirs, so a tree's round grows with the context faster than a chain's (Ll
 one H200: a 32-node round 1.18x the chain's after a 10-token prompt, 1.30x after 1,024 tokens;
 docs/benchmarks.md). Rows carry `positions`, the mean position their generations reached (prompt
 and max_tokens); a request that reaches past POSITIONS_REACH times the trees' and POSITIONS_SLACK
-more is chosen among the chain and target-only, and the reason says to bench at that length. With tree_width auto, no speculation is chosen where target-only's measured
-round is faster than the best shape, so that auto does not fall below target-only. Where nothing
-was measured for the request's regime, auto is a chain: the shape specgen measured fast everywhere
-so far (docs/benchmarks.md).
+more is chosen among the chain and target-only, and the reason says to bench at that length.
 
 Pure Python: no torch, so that it is tested with synthetic numbers.
 """
