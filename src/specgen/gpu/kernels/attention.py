@@ -90,6 +90,11 @@ MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
 # A tree's shared programs (see the kernel) take this many tiles each, one after another, over the
 # same keys: the tiles re-read each key block from L1/L2 rather than from a program of their own.
 SHARED_TILES = 3
+# A tree's split kernel is capped at this many registers a thread: 3 programs an SM instead of 2
+# (168 registers and 24 bytes spilled against 193; sm_90, Triton 3.6). On an H200, Llama-3.1-8B
+# shapes, 33 rows after 1,000 tokens: 33.5 -> 28.4 us a layer; 128 (4 an SM, 120 bytes spilled)
+# lost after short prompts (12.5 -> 15.5 us at 10 tokens). A chain's launch keeps Triton's choice.
+TREE_REGISTERS = 168
 MAX_GRAPH_QUERY = 64  # longer steps (prefill) take the SDPA path
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # the online softmax is in base 2
 
@@ -134,6 +139,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     kv_heads, capacity = key.shape[1], key.shape[2]
     assert key.shape == value.shape == (batch, kv_heads, capacity, dim) and heads % kv_heads == 0
     assert query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
+    assert capacity * max(key.stride(2), value.stride(2)) < 2**31  # _attend's int32 slot offsets
     assert position.numel() in (1, batch) and position.dtype == torch.int64
     assert tokens <= MAX_GRAPH_QUERY, f"{tokens} query tokens > MAX_GRAPH_QUERY {MAX_GRAPH_QUERY}"
     assert softcap >= 0.0, f"softcap {softcap} < 0"
@@ -187,7 +193,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
         BLOCK_T=max(16, triton.next_power_of_2(max(tokens, tail.shape[2] if gathered else 0))),
         SHARED_TILES=SHARED_TILES, DEPENDENT=dependent, num_warps=4,
-        **launch_options(dependent),
+        **({"maxnreg": TREE_REGISTERS} if gathered else {}), **launch_options(dependent),
     )
     if splits > 1:
         _combine_kernel[(batch * heads * tokens,)](
@@ -431,6 +437,9 @@ def _attend(q, m, l, acc, k_base, v_base, slot, n, n_ok, at, d, d_ok, skn, svn, 
     """One key block's step of the online softmax for the tile's rows: logical keys n (valid where
     n_ok) at cache slots `slot`, each row seeing those at or before its position `at` (and inside
     the window) -> the rows' running max, sum and output."""
+    # slots as int32 (run() checks the offsets fit): the int64 key rows held the tree kernel at 232
+    # registers a thread, 193 with these (sm_90, Triton 3.6; benchmarks/sm90_resources.py)
+    slot = slot.to(tl.int32)
     k = tl.load(k_base + slot[:, None] * skn + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     if PER_ROW:
         s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
