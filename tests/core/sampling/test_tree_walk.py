@@ -279,16 +279,16 @@ def test_recursive_walk_over_drawn_children_emits_the_target_distribution(combo,
 class _QNotReduced(tree_walk._Residual):
     """The wrong rule: a rejected draft stays in q (q_(i+1) = q_i)."""
 
-    def reject(self, token, rejected):
+    def reject(self, token, rejected, point=None):
         left, kept = self.left, self.kept
-        super().reject(token, rejected)
+        super().reject(token, rejected, point)
         self.left, self.kept = left, kept
 
 
 class _RNotReduced(tree_walk._Residual):
     """The wrong rule: r keeps q_i's mass after a rejection (only c_i leaves it)."""
 
-    def reject(self, token, rejected):
+    def reject(self, token, rejected, point=None):
         self.mass = torch.where(rejected[:, None], self.mass.scatter(1, token, 0.0), self.mass)
         self.z = self.mass.sum(1)
         self.left = torch.where(rejected[:, None], self.left.scatter(1, token, 0.0), self.left)
@@ -378,3 +378,106 @@ def test_walks_over_tree_children_take_nothing(walk):
     else:
         result = tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, K)
     assert (result[1][:, 0] > 0).any() and not result[3].any()
+
+
+# -- point masses among drawn children: a merged tree (the hybrid proposer's) ------------------------
+#
+# The Markov pair again, and a third table, the lookup's: a round's root has a point-mass child
+# (lane 0: a token from the lookup's row after 0, as a lookup's continuation, independent of the
+# draws and the uniforms) and the draft's first draw from q (lane 1); the lookup child's children
+# are two point masses (the lookup's top-2 after it, keyed afresh per round: distinct), the drawn
+# child's two draws from q. Rows: 1 the lookup child, 2 the drawn one, 3-4 and 5-6 theirs. The
+# root's draw equals its point mass in some rounds: r is 0 there once the point mass is rejected.
+
+MERGED = {"children": [[1, 2], [3, 4], [5, 6]] + [[-1, -1]] * 4,
+          "point": [[True, False], [True, True]] + [[False, False]] * 5}
+
+
+def merged_trees(p: torch.Tensor, q: torch.Tensor, lookup: torch.Tensor, gen: torch.Generator):
+    """ROUNDS merged trees (MERGED), each with its own lookup continuations and draws:
+    (children, drawn, tokens, probs, q, point) as recursive_walk takes them."""
+    rows = len(MERGED["children"])
+    tokens = torch.zeros(ROUNDS, rows, dtype=torch.long)
+    drawn = torch.full((ROUNDS, rows, WIDTH), -1, dtype=torch.long)
+    keyed = (lambda table, at: draw_children(table[at].log(), sampling.exponentials((ROUNDS, VOCAB), gen, "cpu"),
+                                             WIDTH)[0])
+    drawn[:, 0, 0] = keyed(lookup, tokens[:, 0])[:, 0]
+    drawn[:, 0, 1] = keyed(q, tokens[:, 0])[:, 0]
+    tokens[:, 1], tokens[:, 2] = drawn[:, 0, 0], drawn[:, 0, 1]
+    drawn[:, 1] = keyed(lookup, tokens[:, 1])
+    drawn[:, 2] = keyed(q, tokens[:, 2])
+    tokens[:, 3:5], tokens[:, 5:7] = drawn[:, 1], drawn[:, 2]
+    children = torch.tensor(MERGED["children"]).expand(ROUNDS, -1, -1)
+    point = torch.tensor(MERGED["point"]).expand(ROUNDS, -1, -1)
+    return children, drawn, tokens, p[tokens], q[tokens], point
+
+
+def merged_outputs(p, q, lookup, seed: int, point: bool = True):
+    """ROUNDS walks of merged trees (point=False: the point masses walked as draws from q)."""
+    gen = torch.Generator().manual_seed(seed)
+    *tree, flags = merged_trees(p, q, lookup, gen)
+    uniforms = sampling.uniforms((ROUNDS, DEPTH, WIDTH), gen, "cpu")
+    expo = sampling.exponentials((ROUNDS, VOCAB), gen, "cpu")
+    limit = torch.tensor([DEPTH], dtype=torch.int32)
+    return tree_walk.recursive_walk(*tree, uniforms, expo, limit, DEPTH, point=flags if point else None), tree
+
+
+def lookup_table(seed: int, p: torch.Tensor) -> torch.Tensor:
+    """The lookup's continuations after each token: near the target's (a lookup that often agrees)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.softmax(p.log().clamp(min=-30) * 0.5 + torch.randn(VOCAB, VOCAB, generator=gen) * 2, dim=-1)
+
+
+@pytest.mark.parametrize("combo", list(COMBOS))
+def test_recursive_walk_over_merged_children_emits_the_target_distribution(combo):
+    """Point masses first (the sibling rule), then the drawn children against what is left of r
+    (the recursive rule, q the draft's): every token follows p; both kinds of child are accepted,
+    and a draw equal to the rejected point mass beside it never is."""
+    p, q = markov(len(combo) + 50, COMBOS[combo])
+    (out, path, _, taken), (_, drawn, *_) = merged_outputs(p, q, lookup_table(len(combo), p), seed=len(combo) + 300)
+    assert (path[:, 0] == 1).sum() > 1000 and (path[:, 0] == 2).sum() > 1000 and (out[:, DEPTH] >= 0).sum() > 200
+    twins = drawn[:, 0, 0] == drawn[:, 0, 1]
+    assert twins.sum() > 100 and not (twins & (path[:, 0] == 2)).any() and not taken.any()
+    assert min(markov_pvalues(out, p)) > MERGED_ALPHA
+
+
+MERGED_ALPHA = 1e-6 / (len(COMBOS) * (1 + 2 * FOLLOWED))
+
+
+class _PointKept(tree_walk._Residual):
+    """The wrong rule: a rejected point mass keeps its mass in r."""
+
+    def reject(self, token, rejected, point=None):
+        super().reject(token, rejected & ~point if point is not None else rejected, point)
+
+
+@pytest.mark.parametrize("wrong", ["no flags", "r keeps the point mass"])
+def test_a_merged_walk_with_a_wrong_point_mass_rule_fails(monkeypatch, wrong):
+    """Power: point masses walked as draws from q (min(1, r/q), r − q), or rejected point masses
+    left in r, move the first token's law far off p at these counts (p-values 0 in float64). (Two orders that look wrong
+    are exact, and not tested as failures: the drawn children before the point masses, and a
+    rejected point mass taken out of the drafts' q: a draw equal to it is then not tried, and
+    the draws that differ from it follow that q.)"""
+    p, q = markov(11, COMBOS["t1"], draft_noise=0.5)
+    lookup = torch.softmax(p.log().clamp(min=-30) * 2, dim=-1)  # a lookup that often finds p's likeliest
+    assert min(markov_pvalues(merged_outputs(p, q, lookup, seed=12)[0][0], p)) > MERGED_ALPHA
+    if wrong == "no flags":
+        out = merged_outputs(p, q, lookup, seed=12, point=False)[0][0]
+    else:
+        monkeypatch.setattr(tree_walk, "_Residual", _PointKept)
+        out = merged_outputs(p, q, lookup, seed=12)[0][0]
+    assert markov_pvalues(out, p, followed=0)[0] < MERGED_ALPHA
+
+
+def test_the_walk_without_point_masses_is_unchanged():
+    """point all False is the walk without point (bit for bit)."""
+    p, q = markov(4, COMBOS["all"])
+    gen = torch.Generator().manual_seed(8)
+    tree = drawn_trees(PRUNED, p, q, gen)
+    uniforms = sampling.uniforms((ROUNDS, DEPTH, WIDTH), gen, "cpu")
+    expo = sampling.exponentials((ROUNDS, VOCAB), gen, "cpu")
+    limit = torch.tensor([DEPTH], dtype=torch.int32)
+    none = torch.zeros_like(tree[1], dtype=torch.bool)
+    want = tree_walk.recursive_walk(*tree, uniforms, expo, limit, DEPTH)
+    for a, b in zip(want, tree_walk.recursive_walk(*tree, uniforms, expo, limit, DEPTH, point=none)):
+        assert torch.equal(a, b)

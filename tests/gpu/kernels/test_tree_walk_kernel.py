@@ -152,6 +152,41 @@ def test_recursive_walk_kernel_equals_the_reference(shape, seed):
         assert_walks_equal(want, gpu_walk.recursive_walk(*inputs, limit, shape[0], workspace))
 
 
+def with_point_masses(inputs, gen: torch.Generator):
+    """recursive_inputs with point-mass lanes (a merged tree's lookup children): each row's first
+    0 .. w lanes hold tokens of their own (distinct, often the p's likeliest, now and then a later
+    draw's: that draw then has r = 0) flagged in `point`; their rows, where in the tree, take them."""
+    children, drawn, tokens, probs, q, uniforms, expo = (t.cpu() for t in inputs)
+    batch, rows, width = drawn.shape
+    point = torch.zeros(batch, rows, width, dtype=torch.bool)
+    for b in range(batch):
+        for row in range(rows):
+            lanes = int(torch.randint(0, width + 1, (1,), generator=gen))
+            picks = probs[b, row].argsort(descending=True)[:width].tolist()
+            for lane in range(lanes):
+                token = picks[lane] if torch.rand(1, generator=gen) < 0.7 else int(torch.randint(40, (1,), generator=gen))
+                if token in drawn[b, row, :lane].tolist():
+                    continue  # siblings hold distinct tokens
+                drawn[b, row, lane], point[b, row, lane] = token, True
+                if children[b, row, lane] >= 0:
+                    tokens[b, children[b, row, lane]] = token
+    return on(children, drawn, tokens, probs, q, uniforms, expo) + on(point)
+
+
+@pytest.mark.parametrize("shape", SAMPLED)
+@pytest.mark.parametrize("seed", range(3))
+def test_recursive_walk_kernel_with_point_masses_equals_the_reference(shape, seed):
+    batch, vocab = 5, 40
+    gen = torch.Generator().manual_seed(seed * 7 + shape[2])
+    *inputs, point = with_point_masses(recursive_inputs(shape, batch, vocab, gen), gen)
+    assert point.any() and not point.all()
+    workspace = Workspace(DEVICE)
+    for limit in limits(shape[0], batch, gen):
+        want = tree_walk.recursive_walk(*inputs, limit, shape[0], point=point)
+        got = gpu_walk.recursive_walk(*inputs, limit, shape[0], workspace, point=point)
+        assert_walks_equal(want, got)
+
+
 @pytest.mark.parametrize("walk", ["sibling", "recursive"])
 def test_sampled_walks_over_several_vocabulary_blocks(walk):
     """8193 ids: each pass over V (sums, races) runs over three blocks, the last one short."""

@@ -32,6 +32,14 @@ the tree (the budget left it out) is emitted and ends the walk, like a recovered
 a drafted token the target accepted: `taken` says so. At w = 1
 this is the chain's rule (core/sampling/rejection.py), bit for bit.
 
+Point masses among drawn children (`point`, a merged tree's: the hybrid proposer's lookup
+children, deterministic functions of the committed sequence, q = δ_c): a node's point-mass lanes
+come first, then its drawn ones. A point mass is tried against what is left of r with q = δ_c:
+accept with probability r(c) / sum(r) (u z <= mass(c)), on rejection r(c) = 0 (max(0, r − δ_c)
+normalised: the sibling rule), and q stays the draft's (the drawn children were drawn from it,
+independently of the point masses' tests); the drawn children then take the recursive rule
+against what is left. Without `point` the walk is the one above, bit for bit.
+
 Sums over V (the normaliser of what is left at a node) are `total`'s: each value truncated to a
 multiple of 2^-60 and added as an integer, so the sum is the same whatever the order of the adds,
 and gpu/kernels/tree_walk.py, whose blocked passes add in another order than torch, computes the
@@ -132,24 +140,27 @@ def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tens
 
 def recursive_walk(children: torch.Tensor, drawn: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
                    q: torch.Tensor, uniforms: torch.Tensor, expo: torch.Tensor, limit: torch.Tensor,
-                   k: int) -> Walk:
+                   k: int, point: torch.Tensor | None = None) -> Walk:
     """Rejection coupling's walk over drawn children: drawn [B, R, w] each row's children's tokens
     in draw order (-1: none drawn; children [B, R, w] their rows by the same rank, -1: not in the
     tree), q [B, R, V] the draft's warped q they were drawn from, probs, uniforms, expo as for
-    sibling_walk."""
+    sibling_walk. point [B, R, w] bool: lanes whose child is a point mass (before a row's drawn
+    lanes; the module's text), None: none."""
 
     def pick(depth, node, kids, kid_tokens, allowed):
         p, draws = _at(probs, node), _at(drawn, node)  # [B, V], [B, w]
+        flags = None if point is None else _at(point, node)  # [B, w]
         rest = _Residual(p, _at(q, node))
         accepted = torch.zeros_like(allowed)
         index = torch.zeros_like(node)
         for i in range(draws.shape[1]):
             token = draws[:, i : i + 1].clamp(min=0)
             valid = allowed & ~accepted & (draws[:, i] >= 0)
-            accept, tried = rest.try_draft(token, uniforms[:, depth, i], valid)
+            mass = None if flags is None else flags[:, i]
+            accept, tried = rest.try_draft(token, uniforms[:, depth, i], valid, mass)
             index = torch.where(accept, i, index)
             accepted = accepted | accept
-            rest.reject(token, tried & ~accept)
+            rest.reject(token, tried & ~accept, mass)
         chosen = draws.gather(1, index[:, None])[:, 0]
         hit = accepted & (kids.gather(1, index[:, None])[:, 0] >= 0)
         return hit, accepted, index, torch.where(accepted, chosen, rest.draw(expo))
@@ -167,25 +178,33 @@ class _Residual:
         self.z = torch.ones(p.shape[0], device=p.device)
         self.kept = torch.ones(p.shape[0], device=p.device)  # 1 − the q mass of the drafts tried
 
-    def try_draft(self, token: torch.Tensor, u: torch.Tensor, valid: torch.Tensor) -> tuple:
+    def try_draft(self, token: torch.Tensor, u: torch.Tensor, valid: torch.Tensor,
+                  point: torch.Tensor | None = None) -> tuple:
         """(accepted, tried) [B]: accept when u q_i(c) z <= mass(c), i.e. u <= r(c) / q_i(c) (never
         where r(c) = 0, even once rounding has left z = 0); a token of q_i zero was not drawn (fewer
-        than w ids had q > 0) and is not tried."""
+        than w ids had q > 0) and is not tried. point [B]: c is a point mass (q_i(c) = 1)."""
         qc = self.left.gather(1, token)[:, 0] / self.kept.clamp(min=1e-30)
+        if point is not None:
+            qc = torch.where(point, 1.0, qc)
         mass = self.mass.gather(1, token)[:, 0]
         tried = valid & (qc > 0)
         return tried & (mass > 0) & (u * qc * self.z <= mass), tried
 
-    def reject(self, token: torch.Tensor, rejected: torch.Tensor) -> None:
-        """r <- max(0, r − q_i) normalised, and c_i leaves q, where `rejected`."""
+    def reject(self, token: torch.Tensor, rejected: torch.Tensor, point: torch.Tensor | None = None) -> None:
+        """r <- max(0, r − q_i) normalised, and c_i leaves q, where `rejected`; where c_i is a
+        point mass (point [B]), r(c_i) = 0 alone and q stays (c_i was not drawn from it)."""
         q_i = self.left / self.kept.clamp(min=1e-30)[:, None]
         mass = (self.mass - self.z[:, None] * q_i).clamp(min=0.0)
+        drawn = rejected
+        if point is not None:
+            mass = torch.where(point[:, None], self.mass.scatter(1, token, 0.0), mass)
+            drawn = rejected & ~point
         rows = rejected[:, None]
         self.mass = torch.where(rows, mass, self.mass)
         self.z = torch.where(rejected, total(mass), self.z)
         taken = self.left.gather(1, token)[:, 0]
-        self.kept = torch.where(rejected, self.kept - taken, self.kept)
-        self.left = torch.where(rows, self.left.scatter(1, token, 0.0), self.left)
+        self.kept = torch.where(drawn, self.kept - taken, self.kept)
+        self.left = torch.where(drawn[:, None], self.left.scatter(1, token, 0.0), self.left)
 
     def draw(self, expo: torch.Tensor) -> torch.Tensor:
         """The token from r (the race argmax mass / E; from p where rounding left r all zero)."""

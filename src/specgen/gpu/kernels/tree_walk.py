@@ -1,5 +1,6 @@
 """A token tree's walk in one launch: core/sampling/tree_walk.py's greedy_walk, sibling_walk and
-recursive_walk (the references, and the glossary), with the same outputs out [B, k + 1], path
+recursive_walk (the references, and the glossary; the recursive walk with or without point-mass
+lanes), with the same outputs out [B, k + 1], path
 [B, k], shown [B, k] and taken [B], bit for bit.
 
 Why: the reference walks depth by depth in some ten tensor ops a depth, and the sampled walks add
@@ -55,15 +56,17 @@ def sibling_walk(children: torch.Tensor, tokens: torch.Tensor, probs: torch.Tens
 
 def recursive_walk(children: torch.Tensor, drawn: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
                    q: torch.Tensor, uniforms: torch.Tensor, expo: torch.Tensor, limit: torch.Tensor, k: int,
-                   workspace: Workspace, dependent: bool = False) -> tuple:
-    """drawn [B, R, w] int64 the drawn children's tokens, q [B, R, V] the draft's q; as sibling_walk."""
+                   workspace: Workspace, dependent: bool = False, point: torch.Tensor | None = None) -> tuple:
+    """drawn [B, R, w] int64 the drawn children's tokens, q [B, R, V] the draft's q, point [B, R, w]
+    bool the point-mass lanes (None: none); as sibling_walk."""
     assert drawn.shape == children.shape and drawn.dtype == torch.int64 and q.shape == probs.shape
+    assert point is None or (point.shape == children.shape and point.dtype == torch.bool)
     return _walk(RECURSIVE, children, tokens, limit, k, workspace, dependent, probs=probs, uniforms=uniforms,
-                 expo=expo, drawn=drawn, q=q)
+                 expo=expo, drawn=drawn, q=q, point=point)
 
 
 def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=None, probs=None, uniforms=None,
-          expo=None, drawn=None, q=None):
+          expo=None, drawn=None, q=None, point=None):
     batch, rows, width = children.shape
     device = tokens.device
     assert children.dtype == tokens.dtype == torch.int64 and tokens.shape == (batch, rows)
@@ -76,7 +79,7 @@ def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=No
         assert uniforms.shape == (batch, k, width) and uniforms.dtype == torch.float32
         assert expo.shape == (batch, vocab) and expo.dtype == torch.float32
     # contiguous() is the tensor itself in a round (no copy inside a capture); tests pass expanded ones
-    dense = [t.contiguous() if t is not None else tokens for t in (choice, probs, q, drawn, uniforms, expo)]
+    dense = [t.contiguous() if t is not None else tokens for t in (choice, probs, q, drawn, point, uniforms, expo)]
     out = torch.empty(batch, k + 1, dtype=torch.int64, device=device)
     path = torch.empty(batch, k, dtype=torch.int64, device=device)
     shown = torch.empty(batch, k, dtype=torch.int64, device=device)
@@ -84,7 +87,7 @@ def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=No
     _walk_kernel[(batch,)](
         out, path, shown, taken, children.contiguous(), tokens.contiguous(), limit, *dense, workspace.error,
         rows, k, vocab, 0 if limit.numel() == 1 else 1,
-        MODE=mode, W=width, WB=max(2, triton.next_power_of_2(width)),
+        MODE=mode, POINT=point is not None, W=width, WB=max(2, triton.next_power_of_2(width)),
         BLOCK_V=min(MAX_BLOCK_V, max(16, triton.next_power_of_2(vocab))), DEPENDENT=dependent,
         num_warps=1 if mode == GREEDY else 8, **launch_options(dependent, fp_fusion=False),
     )
@@ -109,6 +112,7 @@ def _walk_kernel(
     probs_ptr,  # [B, R, V] float32 (sampled)
     q_ptr,  # [B, R, V] float32 (RECURSIVE)
     drawn_ptr,  # [B, R, W] int64 (RECURSIVE)
+    point_ptr,  # [B, R, W] bool (RECURSIVE with POINT)
     uniform_ptr,  # [B, k, W] float32 (sampled)
     expo_ptr,  # [B, V] float32 (sampled)
     error_ptr,  # [1] int32
@@ -117,6 +121,7 @@ def _walk_kernel(
     vocab,
     limit_stride,  # 0: one limit for every tree
     MODE: tl.constexpr,
+    POINT: tl.constexpr,  # point-mass lanes (point_ptr); else none
     W: tl.constexpr,
     WB: tl.constexpr,  # W rounded up to a power of two
     BLOCK_V: tl.constexpr,
@@ -153,8 +158,9 @@ def _walk_kernel(
         else:
             hit, accepted, index, token = _recursive_pick(probs_ptr + (first_row + node) * vocab,
                                                 q_ptr + (first_row + node) * vocab, expo_row,
-                                                drawn_ptr + (first_row + node) * W, uniform_ptr + (b * k + depth) * W,
-                                                kids, alive, allowed, lane, vocab, W, BLOCK_V)
+                                                drawn_ptr + (first_row + node) * W, point_ptr + (first_row + node) * W,
+                                                uniform_ptr + (b * k + depth) * W, kids, alive, allowed, lane, vocab,
+                                                POINT, W, BLOCK_V)
         taken = taken | (accepted & ~hit)
         nxt = _lane(kids, index, lane)
         tl.store(out_ptr + b * (k + 1) + depth, tl.where(alive, token, -1))
@@ -171,8 +177,8 @@ def _walk_kernel(
         if alive:
             none = lane < 0  # no draft rejected: the race over p
             bonus = _race(probs_ptr + (first_row + node) * vocab, q_ptr + (first_row + node) * vocab, expo_row,
-                          lane * 0, none, tl.zeros([WB], tl.float32), tl.zeros([WB], tl.float32), lane, vocab,
-                          MODE, W, BLOCK_V)
+                          lane * 0, none, none, tl.zeros([WB], tl.float32), tl.zeros([WB], tl.float32), lane, vocab,
+                          MODE, False, W, BLOCK_V)
     tl.store(out_ptr + b * (k + 1) + k, tl.where(alive, bonus, -1))
     tl.store(taken_ptr + b, taken.to(tl.int64))
     tl.debug_barrier()  # the sentinel overwrites out[b, 0], which another thread may have written
@@ -223,16 +229,22 @@ def _sibling_pick(p_row, expo_row, uniform_row, kids, kid_tokens, alive, allowed
     token = _lane(kid_tokens, index, lane)
     if alive & ~hit:
         unused = lane.to(tl.float32) * 0.0
-        token = _race(p_row, p_row, expo_row, kid_tokens, rejected, unused, unused, lane, vocab, 1, W, BLOCK_V)
+        token = _race(p_row, p_row, expo_row, kid_tokens, rejected, rejected, unused, unused, lane, vocab, 1, False,
+                      W, BLOCK_V)
     return hit, index, token
 
 
 @triton.jit
-def _recursive_pick(p_row, q_row, expo_row, drawn_row, uniform_row, kids, alive, allowed, lane, vocab,
-                    W: tl.constexpr, BLOCK_V: tl.constexpr):
+def _recursive_pick(p_row, q_row, expo_row, drawn_row, point_row, uniform_row, kids, alive, allowed, lane, vocab,
+                    POINT: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr):
     """recursive_walk's pick at one node (tree_walk._Residual): each rejection's (z, kept) kept per
-    lane, r and q_i replayed from p and q wherever they are read."""
+    lane, r and q_i replayed from p and q wherever they are read; a point-mass lane (POINT) has
+    q_i(c) = 1, and its rejection zeroes r(c) and leaves q and kept."""
     draws = tl.load(drawn_row + lane, mask=lane < W, other=-1)
+    if POINT:
+        points = tl.load(point_row + lane, mask=lane < W, other=0).to(tl.int32) != 0
+    else:
+        points = lane < 0
     tokens = tl.maximum(draws, 0)
     z = tl.sum(tl.where(lane == 0, 1.0, 0.0), axis=0)  # 1.0, a float32 scalar
     kept = z
@@ -245,9 +257,12 @@ def _recursive_pick(p_row, q_row, expo_row, drawn_row, uniform_row, kids, alive,
         draw = _lane(draws, i, lane)
         token = tl.maximum(draw, 0)
         valid = allowed & ~accepted & (draw >= 0)
-        mass, left = _replay(tl.load(p_row + token), tl.load(q_row + token), token, tokens, rejected, zs, kepts,
-                             lane, W)
+        mass, left = _replay(tl.load(p_row + token), tl.load(q_row + token), token, tokens, rejected, points, zs,
+                             kepts, lane, POINT, W)
         qc = tl.math.div_rn(left, tl.maximum(kept, 1e-30))
+        pointed = (_lane(points.to(tl.int32), i, lane) > 0) if POINT else (lane < 0)
+        if POINT:
+            qc = tl.where(pointed, 1.0, qc)
         tried = valid & (qc > 0)
         accept = tried & (mass > 0) & (tl.load(uniform_row + i) * qc * z <= mass)
         index = tl.where(accept, i, index)
@@ -262,32 +277,44 @@ def _recursive_pick(p_row, q_row, expo_row, drawn_row, uniform_row, kids, alive,
                 cols = start + tl.arange(0, BLOCK_V)
                 inside = cols < vocab
                 r, _ = _replay(tl.load(p_row + cols, mask=inside, other=0.0), tl.load(q_row + cols, mask=inside,
-                               other=0.0), cols, tokens, rejected, zs, kepts, lane, W)
+                               other=0.0), cols, tokens, rejected, points, zs, kepts, lane, POINT, W)
                 whole += tl.sum(_fixed(r), axis=0)
             z = whole.to(tl.float32) * _UNIT
-            kept = kept - left
+            if POINT:
+                kept = tl.where(pointed, kept, kept - left)
+            else:
+                kept = kept - left
     hit = accepted & (_lane(kids, index, lane) >= 0)
     token = _lane(draws, index, lane)
     if alive & ~accepted:
-        token = _race(p_row, q_row, expo_row, tokens, rejected, zs, kepts, lane, vocab, 2, W, BLOCK_V)
+        token = _race(p_row, q_row, expo_row, tokens, rejected, points, zs, kepts, lane, vocab, 2, POINT, W,
+                      BLOCK_V)
     return hit, accepted, index, token
 
 
 @triton.jit
-def _replay(mass, left, cols, tokens, rejected, zs, kepts, lane, W: tl.constexpr):
+def _replay(mass, left, cols, tokens, rejected, points, zs, kepts, lane, POINT: tl.constexpr, W: tl.constexpr):
     """r (mass) and q without the tried drafts (left) at cols, from p and q, after the node's
-    rejections so far: _Residual.reject's arithmetic in its order, one rejection at a time."""
+    rejections so far: _Residual.reject's arithmetic in its order, one rejection at a time (a
+    point mass's: r(c) = 0, q as it was)."""
     for j in tl.static_range(W):
         out = _lane(rejected.to(tl.int32), j, lane) > 0
+        at = cols == _lane(tokens, j, lane)
         q_j = tl.math.div_rn(left, tl.maximum(_lane(kepts, j, lane), 1e-30))
-        mass = tl.where(out, tl.maximum(mass - _lane(zs, j, lane) * q_j, 0.0), mass)
-        left = tl.where(out & (cols == _lane(tokens, j, lane)), 0.0, left)
+        if POINT:
+            pointed = _lane(points.to(tl.int32), j, lane) > 0
+            mass = tl.where(out & pointed, tl.where(at, 0.0, mass),
+                            tl.where(out, tl.maximum(mass - _lane(zs, j, lane) * q_j, 0.0), mass))
+            left = tl.where(out & ~pointed & at, 0.0, left)
+        else:
+            mass = tl.where(out, tl.maximum(mass - _lane(zs, j, lane) * q_j, 0.0), mass)
+            left = tl.where(out & at, 0.0, left)
     return mass, left
 
 
 @triton.jit
-def _race(p_row, q_row, expo_row, tokens, rejected, zs, kepts, lane, vocab, MODE: tl.constexpr, W: tl.constexpr,
-          BLOCK_V: tl.constexpr):
+def _race(p_row, q_row, expo_row, tokens, rejected, points, zs, kepts, lane, vocab, MODE: tl.constexpr,
+          POINT: tl.constexpr, W: tl.constexpr, BLOCK_V: tl.constexpr):
     """The recovered (or bonus) token: argmax r / E, or argmax p / E where r is all zero."""
     best_r = tl.sum(tl.where(lane == 0, -1.0, 0.0), axis=0)
     best_p = best_r
@@ -303,8 +330,8 @@ def _race(p_row, q_row, expo_row, tokens, rejected, zs, kepts, lane, vocab, MODE
             for j in tl.static_range(W):
                 r = tl.where((_lane(rejected.to(tl.int32), j, lane) > 0) & (cols == _lane(tokens, j, lane)), 0.0, r)
         else:
-            r, _ = _replay(p, tl.load(q_row + cols, mask=inside, other=0.0), cols, tokens, rejected, zs, kepts,
-                           lane, W)
+            r, _ = _replay(p, tl.load(q_row + cols, mask=inside, other=0.0), cols, tokens, rejected, points, zs,
+                           kepts, lane, POINT, W)
         expo = tl.load(expo_row + cols, mask=inside, other=1.0)
         seen = seen | (tl.max((inside & (r > 0)).to(tl.int32), axis=0) > 0)
         best_r, at_r = _better(tl.math.div_rn(r, expo), cols, inside, best_r, at_r)
