@@ -187,7 +187,9 @@ def test_the_tree_walks_of_each_table_agree():
     ref, ker = TorchRoundOps(), TritonRoundOps(Workspace(DEVICE))
     calls = [lambda ops: ops.greedy_walk(children, tokens, choice, limit, k),
              lambda ops: ops.sibling_walk(children, tokens, probs, uniforms, expo, limit, k),
-             lambda ops: ops.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k)]
+             lambda ops: ops.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k),
+             lambda ops: ops.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k,
+                                            point=(torch.arange(w, device=DEVICE) == 0).expand_as(drawn))]
     for call in calls:
         for want, got in zip(call(ref), call(ker)):
             assert torch.equal(want, got)

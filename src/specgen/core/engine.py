@@ -134,8 +134,12 @@ class Engine:
             modes.append(Mode.EMPTY)
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
-        if lookup is not None and shape.tree_width > 1:  # ngram, and hybrid's host rounds
-            lookup = TreeLookup(spec.ngram_min, spec.ngram_max, shape.tree_width, shape.tree_nodes)
+        if lookup is not None and shape.tree_width > 1:  # ngram, and hybrid's merged rounds
+            w, n = shape.tree_width, shape.tree_nodes
+            if kind == "hybrid":  # a root lane and a node left to the model (core/round/merged_tree.py)
+                lookup = TreeLookup(spec.ngram_min, spec.ngram_max, w, n - 1, root_width=w - 1)
+            else:
+                lookup = TreeLookup(spec.ngram_min, spec.ngram_max, w, n)
         setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context,
                             pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)

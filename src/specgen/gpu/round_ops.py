@@ -65,9 +65,9 @@ class TritonRoundOps:
         return gpu_tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, k, self.workspace,
                                           dependent=self.dependent)
 
-    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k):
+    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k, point=None):
         return gpu_tree_walk.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k,
-                                            self.workspace, dependent=self.dependent)
+                                            self.workspace, dependent=self.dependent, point=point)
 
     def count_drafts(self, confident, budget, limit, generated, out):
         gpu_commit.count_drafts(confident, budget, limit, generated, out, dependent=self.dependent)

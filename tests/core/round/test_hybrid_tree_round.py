@@ -1,12 +1,13 @@
-"""Hybrid token trees (core/round/tree_round.py, host_tree.py): each round is the lookup's tree where
-prompt lookup finds continuations, else the model's tree (the draft model's, or an EAGLE-3
-head's), both programs of one TreeRound, on tiny fp32 models.
+"""Hybrid token trees (core/round/tree_round.py, merged_tree.py): each round is the lookup's trie
+merged with the model's tree where prompt lookup finds continuations, else the model's tree alone
+(the draft model's, or an EAGLE-3 head's), both programs of one TreeRound, on tiny fp32 models.
 
 Greedy and Gumbel-coupled hybrid trees give target-only's tokens, and both kinds of round occur;
-sampled rejection coupling (drawn children in the model's rounds, the sibling walk over the
-lookup's one-hot children in the host's) is seed-stable; after every host round the draft
-model's cache, position and pending pair are a chain's after the same tokens, and an EAGLE-3
-head's cache is a fresh head's over the committed sequence; insight stages host rounds' q as 1.
+sampled rejection coupling (drawn children in the model's rounds; in the merged ones the lookup's
+one-hot children as point masses before the drawn) is seed-stable; after every merged round the
+draft model's cache, position and pending pair are a chain's after the same tokens, and an EAGLE-3
+head's cache is a fresh head's over the committed sequence; a merged round's tree holds the
+lookup's trie and the model's tree; insight stages the lookup's rows' q as 1.
 On a GPU: captured hybrid tree rounds give target-only's tokens.
 """
 
@@ -24,7 +25,7 @@ from specgen.core.events import RoundEvent
 from specgen.core.drafters.ngram import LookupTree, TreeLookup
 from specgen.core.round import Mode, TreeRound
 from specgen.core.round.head_tree import HeadTreeDraft
-from specgen.core.round.host_tree import HostTree
+from specgen.core.round.merged_tree import MergedTree
 from specgen.core.round.tree_round import TreeDraft
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
@@ -67,14 +68,14 @@ def prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
 
 
 def assert_hybrid_tree(decoder, model_drafter) -> None:
-    """One TreeRound, two programs: the model's tree (MODEL) and the lookup's (HOST), which the
-    model's drafter follows."""
+    """One TreeRound, two programs: the model's tree (MODEL) and the merged one (HOST: the
+    lookup's trie and the same model drafter's tree)."""
     rnd = decoder.round
     assert isinstance(rnd, TreeRound) and isinstance(decoder.lookup, TreeLookup)
     assert set(decoder.programs) == {Mode.MODEL, Mode.HOST}
     host = rnd.drafters[Mode.HOST]
-    assert isinstance(rnd.drafters[Mode.MODEL], model_drafter) and isinstance(host, HostTree)
-    assert host.follower is rnd.drafters[Mode.MODEL]
+    assert isinstance(rnd.drafters[Mode.MODEL], model_drafter) and isinstance(host, MergedTree)
+    assert host.model is rnd.drafters[Mode.MODEL]
 
 
 def check_identity(pair, head=None, shapes=SHAPES, backend: str = "torch", oracle: bool = False,
@@ -310,46 +311,103 @@ def test_after_host_rounds_the_heads_cache_is_a_fresh_heads(pair, head):
     assert checked[Mode.HOST] > 2 and checked[Mode.MODEL] > 2, checked
 
 
-def test_insight_stages_host_rounds_q_as_one(pair):
-    """Insight takes hybrid trees: the same tokens as without it; a host round's tree has q = 1
-    below the root (the lookup's drafts are one-hot), a model round's q in (0, 1]."""
-    engine = Engine(hybrid_profile(pair, 3, 2, 5, max_tokens=24, temperature=1.0, seed=4))
+class Recorded:
+    """Wraps a lookup: each call's committed sequence and tree, in order."""
+
+    def __init__(self, lookup):
+        self.inner, self.calls = lookup, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def lookup(self, k: int):
+        tree = self.inner.lookup(k)
+        self.calls.append((list(self.inner.tokens), tree))
+        return tree
+
+
+def test_a_merged_round_holds_the_lookups_trie_and_the_models_tree(pair):
+    """After each merged (host) round, the round's tree is the lookup's trie in rows 1 .. m, its
+    root children first, then the model's nodes: the root's next lane holds the draft model's
+    likeliest token after the committed sequence (greedy: its top-w), each model node hangs
+    from the root through model nodes; `point` flags exactly the lookup's lanes."""
+    k, w, n = 4, 3, 10
+    engine = Engine(hybrid_profile(pair, k, w, n, max_tokens=30))
+    merged = 0
+    for prompt in prompts(engine.pair.vocab_size, 3, seed=4):
+        decoder = engine.decoder()
+        decoder.lookup = Recorded(OracleLookup(engine.pair.target, engine.pair.vocab_size, k))
+        rnd = decoder.round
+        host = rnd.drafters[Mode.HOST]
+
+        def check(before):
+            nonlocal merged
+            if before is not Mode.HOST:
+                return
+            committed, looked = decoder.lookup.calls[-2]  # [-1]: the round about to launch
+            m, tree = len(looked), rnd.tree
+            ids, parents, children = tree.ids[0].tolist(), tree.parents.tolist(), tree.children.tolist()
+            assert ids[1 : m + 1] == looked.tokens and [p - 1 for p in parents[1 : m + 1]] == looked.parents
+            a = sum(1 for p in looked.parents if p < 0)
+            assert 0 < a < w and children[0][:a] == [r for r in range(1, m + 1) if parents[r] == 0]
+            model_root = children[0][a]
+            assert model_root > m, "the model's best child of the root is in every merged tree"
+            best = int(next_token_probs(engine.pair.draft, committed).argmax())
+            assert ids[model_root] == best
+            model = [r for r in range(m + 1, n + 1) if any(r in kids for kids in children)]
+            assert model_root in model
+            for r in model:
+                assert parents[r] == 0 or parents[r] in model
+            point = [[c >= 0 and (r == 0 and lane < a or 1 <= r <= m) for lane, c in enumerate(kids)]
+                     for r, kids in enumerate(children)]
+            assert host.point.tolist() == point
+            merged += 1
+
+        BeforeEachLaunch(decoder, check)
+        finish(decoder, prompt)
+    assert merged > 5, merged
+
+
+def test_insight_stages_the_lookups_rows_q_as_one(pair):
+    """Insight takes hybrid trees: the same tokens as without it; a merged round's lookup rows
+    (rows 1 .. m) have q = 1 (one-hot drafts), its model rows and a model round's q in (0, 1]."""
+    engine = Engine(hybrid_profile(pair, 3, 3, 8, max_tokens=24, temperature=1.0, seed=4))
     host_rounds = 0
     for ids in prompts(engine.pair.vocab_size, 4, seed=3):
         plain = finish(engine.decoder(), ids)
         decoder = engine.decoder(insight=True)
+        decoder.lookup = Recorded(decoder.lookup)
         launches = BeforeEachLaunch(decoder, lambda before: None)
         events = list(decoder.run(ids))
         assert events[-1].token_ids == plain.token_ids
         rounds = [e for e in events if isinstance(e, RoundEvent)]
-        for mode, r in zip(launches.modes, rounds):
+        for mode, r, (_, looked) in zip(launches.modes, rounds, decoder.lookup.calls):
             view = r.tree
             path = [view.tokens[row] for row in view.path]
             assert path == r.token_ids[: len(path)]
-            if mode is Mode.HOST:
-                host_rounds += 1
-                assert view.taken is None and all(q == 1.0 for q in view.q[1:])
-            else:
-                assert all(0 < q <= 1 for q in view.q[1:])
+            m = len(looked) if mode is Mode.HOST else 0
+            assert view.tokens[1 : m + 1] == looked.tokens if m else True
+            assert all(q == 1.0 for q in view.q[1 : m + 1])
+            assert all(0 < q <= 1 for q in view.q[m + 1 :])
+            host_rounds += mode is Mode.HOST and len(view.q) > m + 1
     assert host_rounds > 0
 
 
 @CUDA
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)])
 def test_captured_hybrid_tree_rounds_give_target_only_tokens(pair, head, sampling):
-    """On a GPU both programs are captured (the model's tree, and the lookup's with the model
-    following): greedy and Gumbel-coupled text is target-only's, with the draft model and with an
-    EAGLE-3 head."""
+    """On a GPU both programs are captured (the model's tree, and the merged one): greedy and
+    Gumbel-coupled text is target-only's, with the draft model and with an EAGLE-3 head."""
     check_identity(pair, backend="cuda", **sampling)
     check_identity(pair, head=head, shapes=SHAPES[1:], backend="cuda", **sampling)
 
 
 @pytest.mark.slow
 def test_sampled_hybrid_tree_rounds_follow_the_target_distribution(pair):
-    """Rejection coupling with drawn children: a host round walks the lookup's one-hot siblings,
-    not the drawn children (nor the q) a model round left in the round's buffers (every run's
-    model round leaves them for the next run's host round). The first token comes from a host
-    round, the second from it or from the model's round after it: χ² of both against the
+    """Rejection coupling with drawn children: a merged round walks the lookup's one-hot children
+    (the target's two likeliest tokens at the root: often accepted) as point masses, then the
+    model's draw in the root's last lane against what is left. The first token comes from a
+    merged round, the second from it or from the model's round after it: χ² of both against the
     target's warped p. α = 1e-4 per test: false failures below 2e-4."""
     profile = hybrid_profile(pair, 3, 3, 8, max_tokens=3, temperature=1.0, top_k=12)
     engine = Engine(profile)
@@ -358,7 +416,7 @@ def test_sampled_hybrid_tree_rounds_follow_the_target_distribution(pair):
     for seed in range(1500):
         decoder = engine.decoder(replace(profile, sampling=replace(profile.sampling, seed=seed)))
         assert decoder.round.tree.sampled
-        decoder.lookup = FirstRoundTree(model, profile.sampling, 3)
+        decoder.lookup = FirstRoundTree(model, profile.sampling, 2)
         launches = BeforeEachLaunch(decoder, lambda before: None)
         outputs.append(finish(decoder, prompt).token_ids)
         modes.append(launches.modes)

@@ -76,10 +76,11 @@ class NgramProposer:
                 return tokens[end:end + k]
         return []
 
-    def lookup_tree(self, k: int, width: int, nodes: int) -> LookupTree:
+    def lookup_tree(self, k: int, width: int, nodes: int, root_width: int | None = None) -> LookupTree:
         """Every distinct continuation (up to k tokens) of the n-grams that match the context's
         suffix, merged into a trie: shared prefixes share nodes, a node has at most `width`
-        children, the trie at most `nodes` nodes, depth <= k. Needs `every`.
+        children (the root at most `root_width`, default `width`), the trie at most `nodes` nodes,
+        depth <= k. Needs `every`.
 
         Order: the longest matching n first, its occurrences latest first, then shorter n (whose
         occurrences include the longer ones': an end already read is skipped); each continuation
@@ -93,7 +94,8 @@ class NgramProposer:
             raise ValueError("lookup_tree needs NgramProposer(every=True)")
         tree = LookupTree()
         tokens, length = self.tokens, len(self.tokens)
-        if k <= 0 or nodes <= 0 or width <= 0:
+        root_width = width if root_width is None else root_width
+        if k <= 0 or nodes <= 0 or width <= 0 or root_width <= 0:
             return tree
         kids: list[dict[int, int]] = [{}]  # per trie node (0: the root), token -> node
         seen: set[int] = set()
@@ -106,17 +108,18 @@ class NgramProposer:
                 if end not in seen:
                     seen.add(end)
                     scan -= 1
-                    self._insert(tree, kids, tokens[end:end + k], width, nodes)
+                    self._insert(tree, kids, tokens[end:end + k], width, nodes, root_width)
                 end = self.earlier[n][end]
         return tree
 
     @staticmethod
-    def _insert(tree: LookupTree, kids: list[dict[int, int]], path: list[int], width: int, nodes: int) -> None:
+    def _insert(tree: LookupTree, kids: list[dict[int, int]], path: list[int], width: int, nodes: int,
+                root_width: int) -> None:
         at = 0  # trie node (0: the root; node i + 1 is tree node i)
         for token in path:
             below = kids[at].get(token)
             if below is None:
-                if len(kids[at]) >= width or len(tree) >= nodes:
+                if len(kids[at]) >= (root_width if at == 0 else width) or len(tree) >= nodes:
                     return
                 tree.tokens.append(token)
                 tree.parents.append(at - 1)
@@ -144,14 +147,15 @@ class NgramProposer:
 
 
 class TreeLookup:
-    """The n-gram proposer drafting trees for a TreeRound: lookup(k) is lookup_tree(k, width, nodes)
-    (the decode loop asks it as it asks the chain's proposer; the round's HostTree takes the tree)."""
+    """The n-gram proposer drafting trees for a TreeRound: lookup(k) is lookup_tree(k, width, nodes,
+    root_width) (the decode loop asks it as it asks the chain's proposer; the round's HostTree, or
+    the hybrid proposer's MergedTree, takes the tree)."""
 
     kind = "ngram"
 
-    def __init__(self, ngram_min: int, ngram_max: int, width: int, nodes: int):
+    def __init__(self, ngram_min: int, ngram_max: int, width: int, nodes: int, root_width: int | None = None):
         self.proposer = NgramProposer(ngram_min, ngram_max, every=True)
-        self.width, self.nodes = width, nodes
+        self.width, self.nodes, self.root_width = width, nodes, root_width
 
     @property
     def tokens(self) -> list[int]:
@@ -164,4 +168,4 @@ class TreeLookup:
         self.proposer.follow(committed)
 
     def lookup(self, k: int) -> LookupTree:
-        return self.proposer.lookup_tree(k, self.width, self.nodes)
+        return self.proposer.lookup_tree(k, self.width, self.nodes, self.root_width)

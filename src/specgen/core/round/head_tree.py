@@ -39,6 +39,7 @@ class HeadTreeDraft:
     coupling: the tree coupling (noise for drawn children, q kept where it verifies with it)."""
 
     one_hot = False
+    point = None  # no point-mass lanes: drawn children, or the top-w
 
     def __init__(self, rnd, chain, tree: Tree, params: WarpParams, bad, coupling):
         self.rnd, self.chain, self.tree, self.params, self.bad = rnd, chain, tree, params, bad
@@ -89,16 +90,10 @@ class HeadTreeDraft:
         bookkeep()
         torch.index_select(self.head.features(self.tree.n + 1), 0, self.rnd.path_rows, out=self.features)
 
-    def follow(self) -> None:
-        """A host tree's round (the hybrid proposer), before the target's step: the head extends
-        over the previous round's rows, as a model round's draft starts, so its cache keeps
-        following (the logits are left: the host drafted this round)."""
-        self.chain.extend_over(self.out, self.features)
-
-    def follow_commit(self, out: torch.Tensor, bookkeep) -> None:
-        """A host tree's round, at its commit: the target stepped over the host's tree, whose rows
-        the tap holds as a model tree's: the accepted path's, as commit gathers them, for the
-        next round's extend (whoever drafts it)."""
+    def merged_commit(self, out: torch.Tensor, bookkeep) -> None:
+        """A merged tree's round (core/round/merged_tree.py): the target stepped over the merged
+        tree, whose rows the tap holds as a model tree's: commit's gather, whichever part of the
+        tree the path went through."""
         self.commit(out, bookkeep)
 
     def state(self) -> list[torch.Tensor]:

@@ -1,13 +1,8 @@
 """A token tree the host drafted: prompt lookup's trie (core/drafters/ngram.py lookup_tree), the
-drafter part of a TreeRound whose proposer is `ngram` (no draft model, no head), and of the
-hybrid proposer's rounds where the lookup finds continuations (its other rounds are the model's
-tree; the two are not merged: a round is one or the other, as a hybrid chain's).
-
-The hybrid proposer's model follows the host's rounds (`follower`): the draft model steps once
-over its pending pair and the round's tokens at the commit (TreeDraft.follow_commit), an EAGLE-3
-head extends over the previous round's rows before the target's step and gathers the accepted
-path's rows at the commit (HeadTreeDraft.follow, follow_commit), so that the next model round
-starts from the caches a chain of the same tokens leaves.
+drafter part of a TreeRound whose proposer is `ngram` (no draft model, no head). The hybrid
+proposer's rounds where the lookup finds continuations take the same staged trie (StagedLookup)
+as the first part of a merged tree, whose other part is the model's tree
+(core/round/merged_tree.py).
 
 Before each round the host packs the tree into one int64 buffer and copies it to the device in one
 copy: the nodes' tokens and parents as tree rows (row 0 the root, the round's `last`; row 1 + i
@@ -24,7 +19,7 @@ accepted path, which the commit's compaction overwrites or leaves behind the pos
 that found nothing would be n padding rows: the ngram proposer's round runs its empty program
 then (Mode.EMPTY, core/round/tree_round.py), a HostTree of its own over a tree of the root alone,
 packed once, so the target steps over one row as target-only's does (the hybrid proposer's round
-is its model's tree then).
+is its model's tree alone then).
 
 The children are a deterministic function of the committed sequence, so q is one-hot: greedy and
 Gumbel coupling follow the target's token, rejection coupling walks the siblings
@@ -41,18 +36,12 @@ from specgen.core.round.tree import Tree
 from specgen.core.step.rows import tree as tree_rows
 
 
-class HostTree:
-    """Drafts the host wrote as a tree. `follower`: the ngram proposer's NoDraft (it prefills the
-    target), or the hybrid proposer's model tree drafter (TreeDraft, HeadTreeDraft), which keeps
-    its cache following the host's rounds: `follow()` before the target's step, `follow_commit`
-    at the round's commit, so that the next model round starts where a chain of the same tokens
-    would leave it."""
+class StagedLookup:
+    """A lookup's tree staged on the device, as the host packed it (one copy a round): the
+    staging HostTree drafts from, and the lookup's part of a merged tree (core/round/merged_tree.py)."""
 
-    one_hot = True
-
-    def __init__(self, rnd, tree: Tree, follower):
-        self.rnd, self.tree, self.follower = rnd, tree, follower
-        self.runners = follower.runners
+    def __init__(self, rnd, tree: Tree):
+        self.rnd, self.tree = rnd, tree
         k, w, n = tree.k, tree.w, tree.n
         self.sizes = packed_sizes(k, w, n)
         self.staged = torch.zeros(sum(self.sizes), dtype=torch.long, device=rnd.device)
@@ -60,7 +49,6 @@ class HostTree:
         self.ids, self.parents, self.depth, self.positions, self.budget = ids, parents, depth, positions, budget
         self.children = children.view(n + 1, w)
         self.path = path.view(n + 1, k + 1)
-        self.slots = torch.arange(n + 1, device=rnd.device)  # row r's slot past the prefix (static)
         # an empty tree until the host sets one: a capture's warm-ups run the body before any
         # set_drafts, and zeros are no tree (depth 0 indexes the Gumbel noise row -1)
         self.staged.copy_(self.pack([]))
@@ -72,6 +60,21 @@ class HostTree:
     def set_drafts(self, drafted: LookupTree | list) -> None:
         """The next round's tree (one host-to-device copy)."""
         self.staged.copy_(self.pack(drafted), non_blocking=True)
+
+
+class HostTree(StagedLookup):
+    """Drafts the host wrote as a tree. `follower`: the ngram proposer's NoDraft, which prefills
+    the target (`follow()` before the target's step and `follow_commit` at the round's commit
+    are its parts of the round: nothing to follow without a model)."""
+
+    one_hot = True
+    point = None  # every child is a point mass: the sibling walk (core/sampling/tree_walk.py)
+
+    def __init__(self, rnd, tree: Tree, follower):
+        super().__init__(rnd, tree)
+        self.follower = follower
+        self.runners = follower.runners
+        self.slots = torch.arange(tree.n + 1, device=rnd.device)  # row r's slot past the prefix (static)
 
     def prefill(self, ids: list[int]) -> None:
         self.follower.prefill(ids)
@@ -91,8 +94,7 @@ class HostTree:
         rnd.num_drafts.copy_(self.budget)
 
     def commit(self, out: torch.Tensor, bookkeep) -> None:
-        """The follower keeps its cache following the committed sequence (nothing without a model)
-        around the round's bookkeeping (TreeRound.commit)."""
+        """The follower's part around the round's bookkeeping (TreeRound.commit)."""
         self.follower.follow_commit(out, bookkeep)
 
     def state(self) -> list[torch.Tensor]:

@@ -56,7 +56,8 @@ class RoundOps(Protocol):
 
     def sibling_walk(self, children, tokens, probs, uniforms, expo, limit, k: int) -> tuple: ...
 
-    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k: int) -> tuple: ...
+    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k: int,
+                       point=None) -> tuple: ...
 
     def count_drafts(self, confident, budget, limit, generated, out) -> None: ...
 
@@ -124,8 +125,8 @@ class TorchRoundOps:
     def sibling_walk(self, children, tokens, probs, uniforms, expo, limit, k):
         return tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, k)
 
-    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k):
-        return tree_walk.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k)
+    def recursive_walk(self, children, drawn, tokens, probs, q, uniforms, expo, limit, k, point=None):
+        return tree_walk.recursive_walk(children, drawn, tokens, probs, q, uniforms, expo, limit, k, point)
 
     def count_drafts(self, confident, budget, limit, generated, out):
         bookkeeping.count_drafts(confident, budget, limit, generated, out)

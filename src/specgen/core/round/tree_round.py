@@ -1,16 +1,18 @@
 """The round with a token tree (speculation.tree_width > 1): the chain round's host side and
 buffers, with a tree drafter, tree verification and a commit that compacts both caches.
 
-    draft    the host's lookup tree (core/round/host_tree.py: the ngram proposer's, and the hybrid
-             proposer's where the lookup finds continuations, its model following), or the draft
+    draft    the host's lookup tree (core/round/host_tree.py: the ngram proposer's), or the draft
              model steps over `pending` (the root's children: level 1), then once per
              level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py);
-             an EAGLE-3 head likewise after its extend (core/round/head_tree.py)
+             an EAGLE-3 head likewise after its extend (core/round/head_tree.py); the hybrid
+             proposer's where the lookup finds continuations: the model's tree merged with the
+             lookup's (core/round/merged_tree.py)
     select   the n best candidates by cumulative draft log-probability, as tree rows
     target   one step over the root and the n nodes (core/step/rows.tree)
     verify   the walk from the root (core/sampling/tree_walk.py, through the round's ops table: one
              kernel on CUDA): greedy and Gumbel coupling follow the target's token, rejection
-             coupling walks siblings
+             coupling walks siblings (drawn children recursively, a merged tree's lookup lanes
+             as point masses first)
     commit   one op of the round's table (core/sampling/bookkeeping.py's tree_commit: one kernel on
              CUDA) stages the ids as a chain round stages them (out | the drafts the walk followed
              | drafts that count), then `taken`: 1 where the walk ended on a drawn child it
@@ -42,6 +44,7 @@ from specgen.core.round.couplings import GumbelCoupling
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.head_tree import HeadTreeDraft
 from specgen.core.round.host_tree import HostTree
+from specgen.core.round.merged_tree import MergedTree
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
@@ -54,6 +57,7 @@ class TreeDraft:
     """The draft model (its DraftModel part: prefill, `pending`, the runner) drafting a tree."""
 
     one_hot = False
+    point = None  # no point-mass lanes: drawn children, or the top-w
 
     def __init__(self, rnd, chain, tree: Tree, params: WarpParams, bad, coupling):
         self.rnd, self.chain, self.tree, self.params, self.bad = rnd, chain, tree, params, bad
@@ -98,25 +102,20 @@ class TreeDraft:
         if self.slots is not None:
             draft.compact(self.slots[0, 0], self.slots[0, 1])
 
-    def follow(self) -> None:
-        """A host tree's round, before the target's step: nothing yet (the draft follows the
-        round's tokens at its commit, follow_commit)."""
-
-    def follow_commit(self, out: torch.Tensor, bookkeep) -> None:
-        """A host tree's round (the hybrid proposer), at its commit: the draft steps once over its
-        pending pair and the round's first k tokens (k + 2 rows, as a chain's host round steps
-        over [committed[-2], feed]), and keeps the rows of the pending pair and the m - 2 tokens
-        before the last two (m = emitted), which then wait in `pending` (the round's bookkeeping
-        writes it, and moves the position by m - (k + 2)): its cache, position and pending are
-        what a model round (commit) leaves after the same tokens. Rows past those (the round's
-        last two tokens, and -1 past the emitted ones, read as id 0) are junk past the position,
-        which later steps overwrite, as a model round's rejected drafts'."""
-        rnd, draft, chain = self.rnd, self.chain.runner, self.chain
-        k = rnd.k
-        chain.follow_ids[:2].copy_(chain.pending[0])
-        torch.clamp(out[:k], min=0, out=chain.follow_ids[2:])
-        with draft.step_context(k + 2):
-            draft.step(chain.follow_ids, chain.logits[k + 2])
+    def merged_commit(self, out: torch.Tensor, bookkeep) -> None:
+        """A merged tree's round (core/round/merged_tree.py), at its commit: draft() stepped the
+        pending pair (the position moved past it) and the frontier; one step over the round's
+        first k tokens past the pair (k rows, over the frontier's slots) keeps the rows of the m - 2
+        tokens before the last two (m = emitted), which then wait in `pending` (the round's
+        bookkeeping writes it and moves the position by m - (k + 2)): what a model round's commit
+        leaves after the same tokens, whichever part of the tree the path went through. Rows past
+        those (the round's last two tokens, and -1 past the emitted ones, read as id 0) are junk
+        past the position, which later steps overwrite, as a model round's rejected drafts'."""
+        k, draft, chain = self.rnd.k, self.chain.runner, self.chain
+        ids = chain.follow_ids[2:]
+        torch.clamp(out[:k], min=0, out=ids)
+        with draft.step_context(k):
+            draft.step(ids, chain.logits[k + 2][:k])
         bookkeep(draft_position=draft.position.view(1), pending=chain.pending, ran=k + 2)
 
     def state(self) -> list[torch.Tensor]:
@@ -193,9 +192,11 @@ class TreeRejection:
         if self.q is not None:
             torch.exp(logq, out=self.q[self._rows(level)])
 
-    def verify(self, env: "Envelope", rows, penalties, bad, one_hot: bool) -> tuple:
+    def verify(self, env: "Envelope", rows, penalties, bad, one_hot: bool, point=None) -> tuple:
         """The walk over env's tree and the target's rows of it. one_hot: the host drafted the
-        tree (its children are deterministic, whatever the draft's would be): the sibling walk."""
+        tree (its children are deterministic, whatever the draft's would be): the sibling walk.
+        point [n + 1, w]: a merged tree's point-mass lanes (the lookup's), walked first at each
+        node where the children are drawn; with the top-w every child is a point mass."""
         rnd, tree = self.rnd, env.tree
         argmax, probs = rnd.ops.warp(env.logits, env.params, penalties, bad)
         if probs is None:
@@ -205,7 +206,8 @@ class TreeRejection:
                                         rnd.num_drafts, rnd.k)
         q = self.q.index_select(0, (1 + tree.offset).clamp(max=self.q.shape[0] - 1))  # [n+1, V] by tree row
         return rnd.ops.recursive_walk(tree.children[None], tree.drawn[None], tree.ids, probs[None], q[None],
-                                      self.uniform, self.noise, rnd.num_drafts, rnd.k)
+                                      self.uniform, self.noise, rnd.num_drafts, rnd.k,
+                                      point=None if point is None else point[None])
 
 
 class TreeGumbel(GumbelCoupling):
@@ -226,7 +228,7 @@ class TreeGumbel(GumbelCoupling):
     def keep_q(self, level: int, logq: torch.Tensor) -> None:
         """The walk follows the target's race: it never reads q."""
 
-    def verify(self, env: "Envelope", rows, penalties, bad, one_hot: bool) -> tuple:
+    def verify(self, env: "Envelope", rows, penalties, bad, one_hot: bool, point=None) -> tuple:
         rnd, tree = self.rnd, env.tree
         noise = self.noise.index_select(0, rows.depth[0] - 1)  # [n+1, V]: each row's position's
         choice = self.tree_choice[: tree.n + 1]  # env's rows (the root alone in an empty round)
@@ -290,19 +292,19 @@ class TreeRound(Round):
         self.stage = full.stage
 
     def _tree_drafters(self, shape, draft_params: WarpParams) -> dict:
-        """The drafter part of each mode: the host's lookup tree (HOST) whoever follows it, and
+        """The drafter part of each mode: the host's lookup tree (HOST: the ngram proposer's), and
         where a model drafts, its tree (MODEL): the draft model's, or the head's
-        (core/round/head_tree.py) where an EAGLE-3 head drafts. The hybrid proposer runs both,
-        one per round: the model's part follows the host's rounds (HostTree's `follower`); where
-        its lookup finds nothing, the model's tree is the round's, so only the ngram proposer's
-        round has an empty one (Mode.EMPTY, __init__)."""
+        (core/round/head_tree.py) where an EAGLE-3 head drafts. The hybrid proposer's HOST
+        rounds (its lookup found continuations) merge the lookup's trie with the model's tree
+        (core/round/merged_tree.py); where its lookup finds nothing, the model's tree is the
+        round's, so only the ngram proposer's round has an empty one (Mode.EMPTY, __init__)."""
         if shape.drafter == "none":
             return {Mode.HOST: HostTree(self, self.tree, self.drafter)}
         if shape.drafter == "eagle":
             model = HeadTreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
         else:
             model = TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
-        return {Mode.MODEL: model, Mode.HOST: HostTree(self, self.tree, model)}
+        return {Mode.MODEL: model, Mode.HOST: MergedTree(self, self.tree, model)}
 
     @property
     def reach(self) -> int:
@@ -329,10 +331,10 @@ class TreeRound(Round):
         penalties, bad = self.tree_rows.target_rows(tree, rows)
         # a host tree's children are one-hot whatever the model's would be: its walk is the siblings'
         one_hot = drafter.one_hot
-        out, path, shown, taken = self.coupling.verify(env, rows, penalties, bad, one_hot)
+        out, path, shown, taken = self.coupling.verify(env, rows, penalties, bad, one_hot, drafter.point)
         self.commit(drafter, tree, out, path, shown, taken, drawn=tree.sampled and not one_hot)
         ranks = self.stage_ids[2 * self.k + 3 :]  # as the commit staged them
-        env.stage.stage(out[0], path[0], taken[0], ranks, penalties, bad, one_hot)
+        env.stage.stage(out[0], path[0], taken[0], ranks, penalties, bad, one_hot, drafter.point)
         self.keep_path_rows(env.logits, penalties, bad)
         self.rows.penalties.commit(out[0])
         mark()
@@ -351,7 +353,7 @@ class TreeRound(Round):
                taken: torch.Tensor, drawn: bool) -> None:
         """The walk's out [1, k+1], path, shown [1, k] and taken [1] committed: m = emitted tokens.
         The round's drafter (TreeDraft.commit, HeadTreeDraft.commit, HostTree.commit: its
-        follower's follow_commit) does its own part around `bookkeep`, which it calls once with its
+        follower's follow_commit, MergedTree.commit: its model's merged_commit) does its own part around `bookkeep`, which it calls once with its
         buffers: the round's bookkeeping in one op (core/sampling/bookkeeping.py's tree_commit: the
         staged ids and ranks, the path's rows, the compactions' slots, the next round's inputs,
         every position; drawn: the ranks are among the tree's drawn children), then the target's

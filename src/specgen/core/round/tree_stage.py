@@ -102,10 +102,11 @@ class TreeInsight(NoTreeStage):
         self.rows = torch.arange(n + 1, device=rnd.device)
 
     def stage(self, out: torch.Tensor, path: torch.Tensor, taken: torch.Tensor, ranks: torch.Tensor,
-              penalties, bad, one_hot: bool) -> None:
+              penalties, bad, one_hot: bool, point: torch.Tensor | None = None) -> None:
         """After the walk and the commit (out, path, taken, and the ranks [k] it staged), from the
         tree's buffers and the target's rows over it (penalties, bad: the warp's, as verified).
-        one_hot: the host drafted the tree (q is 1; the draft's scores are another round's)."""
+        one_hot: the host drafted the tree (q is 1; the draft's scores are another round's).
+        point [n + 1, w]: a merged tree's lookup lanes, whose rows have q = 1 (None: none)."""
         rnd, tree = self.rnd, self.tree
         ids, parents = tree.ids[0], tree.parents
         up = parents.clamp(min=0)
@@ -118,6 +119,8 @@ class TreeInsight(NoTreeStage):
             probs = logprobs_from_logits(logits, params, penalties, bad).exp()
         p = probs[up, ids]
         q = torch.ones_like(p) if one_hot else self._q(up)
+        if point is not None:  # a row the lookup drafted: one-hot
+            q = torch.where((mine & point.index_select(0, up)).any(1), 1.0, q)
         entropy = torch.special.entr(probs).sum(-1)
         emitted = (out >= 0).sum()
         token = out.index_select(0, (emitted - 1).view(1))  # [1]: the draw taken, where one was
