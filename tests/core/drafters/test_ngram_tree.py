@@ -48,6 +48,21 @@ def test_width_nodes_and_depth_caps():
     assert (shallow.tokens, shallow.parents) == ([6, 3], [-1, -1])
 
 
+def test_a_root_width_caps_the_roots_children_alone():
+    """The hybrid proposer's lookup leaves the model a lane at the root (root_width = w - 1): the
+    root keeps its first children, deeper nodes the whole width."""
+    context = [1, 2, 1, 3, 1, 4, 9, 2, 1, 5, 1]  # 1 followed by 5, 4, 3, 2 (latest first)
+    proposer = NgramProposer(1, 1, every=True)
+    proposer.start(context)
+    full = proposer.lookup_tree(2, 3, 16)
+    capped = proposer.lookup_tree(2, 3, 16, root_width=1)
+    assert [t for t, p in zip(full.tokens, full.parents) if p < 0] == [5, 4, 3]
+    assert (capped.tokens, capped.parents) == ([5, 1], [-1, 0])
+    lookup = TreeLookup(1, 1, 3, 16, root_width=1)
+    lookup.start(context)
+    assert lookup.lookup(2) == capped
+
+
 def test_nothing_matches_gives_an_empty_tree():
     assert not tree([1, 2, 3, 4], k=4)
     assert not tree([7], k=4)

@@ -57,13 +57,13 @@ class Snapshots:
     def _hook(self, env) -> None:
         stage = env.stage.stage
 
-        def recorded(out, path, taken, ranks, penalties, bad, one_hot):
+        def recorded(out, path, taken, ranks, penalties, bad, one_hot, point=None):
             tree = env.tree
             self.rounds.append(dict(ids=tree.ids[0].clone(), parents=tree.parents.clone(),
                                     children=tree.children.clone(), depth=tree.depth[0].clone(),
                                     path=path.clone(), logits=env.logits.clone(), params=env.params,
                                     scores=tree.scores.clone(), row_of=tree.row_of.clone()))
-            stage(out, path, taken, ranks, penalties, bad, one_hot)
+            stage(out, path, taken, ranks, penalties, bad, one_hot, point)
 
         env.stage.stage = recorded
 

@@ -164,7 +164,9 @@ def with_point_masses(inputs, gen: torch.Generator):
             lanes = int(torch.randint(0, width + 1, (1,), generator=gen))
             picks = probs[b, row].argsort(descending=True)[:width].tolist()
             for lane in range(lanes):
-                token = picks[lane] if torch.rand(1, generator=gen) < 0.7 else int(torch.randint(40, (1,), generator=gen))
+                token = picks[lane]
+                if torch.rand(1, generator=gen) >= 0.7:
+                    token = int(torch.randint(40, (1,), generator=gen))
                 if token in drawn[b, row, :lane].tolist():
                     continue  # siblings hold distinct tokens
                 drawn[b, row, lane], point[b, row, lane] = token, True

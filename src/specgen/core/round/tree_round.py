@@ -353,12 +353,13 @@ class TreeRound(Round):
                taken: torch.Tensor, drawn: bool) -> None:
         """The walk's out [1, k+1], path, shown [1, k] and taken [1] committed: m = emitted tokens.
         The round's drafter (TreeDraft.commit, HeadTreeDraft.commit, HostTree.commit: its
-        follower's follow_commit, MergedTree.commit: its model's merged_commit) does its own part around `bookkeep`, which it calls once with its
-        buffers: the round's bookkeeping in one op (core/sampling/bookkeeping.py's tree_commit: the
-        staged ids and ranks, the path's rows, the compactions' slots, the next round's inputs,
-        every position; drawn: the ranks are among the tree's drawn children), then the target's
-        compaction, which keeps the root and the m - 1 accepted nodes. A last token `taken` (a
-        draw accepted outside the tree) has no K/V in any cache, as a recovered one."""
+        follower's follow_commit, MergedTree.commit: its model's merged_commit) does its own part
+        around `bookkeep`, which it calls once with its buffers: the round's bookkeeping in one op
+        (core/sampling/bookkeeping.py's tree_commit: the staged ids and ranks, the path's rows, the
+        compactions' slots, the next round's inputs, every position; drawn: the ranks are among
+        the tree's drawn children), then the target's compaction, which keeps the root and the
+        m - 1 accepted nodes. A last token `taken` (a draw accepted outside the tree) has no K/V
+        in any cache, as a recovered one."""
         target, slots = self.target, self.target_slots
 
         def bookkeep(**draft) -> None:
