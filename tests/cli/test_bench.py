@@ -423,8 +423,8 @@ def test_tree_shapes_that_do_not_fit_a_k_are_left_out_of_its_runs():
 
 
 def test_hybrid_trees_are_swept(tiny, monkeypatch):
-    """--proposer hybrid takes --tree-width: its rounds are the lookup's trees or the draft's,
-    and greedy text is target-only's."""
+    """--proposer hybrid takes --tree-width: its rounds are the lookup's trie merged with the
+    draft's tree, or the draft's alone, and greedy text is target-only's."""
     code, out, err = bench_cli(monkeypatch, "bench", "-p", tiny, "--proposer", "hybrid", "--k", "2",
                                "--tree-width", "1,2", "--tree-nodes", "4", "-n", "4", "-t", "0", "--format", "json")
     assert code == 0, err
