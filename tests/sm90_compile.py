@@ -460,7 +460,7 @@ def warp_scenarios(warp, argmax):
 
 def tree_scenarios(tree_walk, compact):
     """A k = 4, width 2, 8-node tree round's walks (greedy; sibling and recursive over 128256 ids,
-    and dependent), and the compaction of a 16-layer bf16 cache (head dim 64, 128)."""
+    recursive with point-mass lanes, and dependent), and the compaction of a 16-layer bf16 cache (head dim 64, 128)."""
     k, w, rows, vocab = 4, 2, 9, 128256
     children = torch.zeros(1, rows, w, dtype=torch.int64)
     tokens = torch.zeros(1, rows, dtype=torch.int64)
@@ -474,6 +474,9 @@ def tree_scenarios(tree_walk, compact):
         tree_walk.sibling_walk(children, tokens, probs, uniforms, expo, limit, k, workspace, dependent=dependent)
         tree_walk.recursive_walk(children, children, tokens, probs, torch.empty(1, rows, vocab), uniforms, expo,
                                  limit, k, workspace, dependent=dependent)
+        tree_walk.recursive_walk(children, children, tokens, probs, torch.empty(1, rows, vocab), uniforms, expo,
+                                 limit, k, workspace, dependent=dependent,
+                                 point=torch.zeros(1, rows, w, dtype=torch.bool))  # a merged tree's
 
     def move(dim, dependent=False):
         planes = torch.empty(2, 16, 1, 8, 256, dim, dtype=BF16)
