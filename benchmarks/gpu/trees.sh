@@ -3,6 +3,7 @@
 # `specgen bench` of chains against trees on the bench pair (trained MINUTES minutes in the call).
 #   bash benchmarks/gpu/trees.sh          # logs and the bench JSON in $OUT
 #   BASE=folder bash benchmarks/gpu/trees.sh   # the same sweep on that folder's src/ too
+#   PROPOSERS=draft,hybrid bash benchmarks/gpu/trees.sh   # proposers swept (default: draft)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; LOG=$OUT/trees-log.txt
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
@@ -16,7 +17,7 @@ gpu_tests 8 "tests/core/round/test_tree_round.py tests/core/round/test_tree.py t
 wait
 echo "== bench pair at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-160)" | tee -a "$LOG"
 trees() {  # name, src: the sweep on that tree's src/
-  PYTHONPATH=$2 timeout ${BENCH_LIMIT:-200} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml --k 4 \
+  PYTHONPATH=$2 timeout ${BENCH_LIMIT:-200} python3 -m specgen.cli.main bench -p /tmp/bench/pair.toml --k 4 --proposer ${PROPOSERS:-draft} \
     --tree-width 1,2,4 --tree-nodes 8,16 -t 0,0.8 --top-p 0.95 --coupling rejection --num-prompts 5 -n 128 \
     --baseline target-only --no-fp32-check --format json > "$OUT/$1.json" 2> /tmp/$1.err
   echo "== $1 rc=$? at $SECONDS s" | tee -a "$LOG"
