@@ -1,7 +1,8 @@
 """The round's ops in Triton (core/round/ops.py's table): gpu/kernels/warp.py, gpu/kernels/verify.py,
 gpu/kernels/noise.py, gpu/kernels/commit.py, gpu/kernels/tree_commit.py, gpu/kernels/log_softmax.py,
-gpu/kernels/topw.py, gpu/kernels/tree_build.py and gpu/kernels/tree_walk.py over one device's workspace, each launched
-dependent on the kernel before when the target's kernel policy says so (gpu/kernels/dependent.py).
+gpu/kernels/topw.py, gpu/kernels/tree_build.py, gpu/kernels/tree_merge.py and
+gpu/kernels/tree_walk.py over one device's workspace, each launched dependent on the kernel before
+when the target's kernel policy says so (gpu/kernels/dependent.py).
 
 The kernels cannot raise: they leave a sentinel in the output row, which the backend's check()
 reads with the round (gpu/kernels/verify.check_output). tests/gpu/test_round_ops.py compares this table with
@@ -22,6 +23,7 @@ from specgen.gpu.kernels import noise as gpu_noise
 from specgen.gpu.kernels import topw as gpu_topw
 from specgen.gpu.kernels import tree_build as gpu_tree
 from specgen.gpu.kernels import tree_commit as gpu_tree_commit
+from specgen.gpu.kernels import tree_merge as gpu_tree_merge
 from specgen.gpu.kernels import tree_walk as gpu_tree_walk
 from specgen.gpu.kernels import verify as gpu_verify
 from specgen.gpu.kernels import warp as gpu_warp
@@ -110,6 +112,9 @@ class TritonRoundOps:
 
     def tree_select(self, trees, start):
         gpu_tree.select(trees, start, dependent=self.dependent)
+
+    def tree_merge(self, tree, lookup, start, point):
+        gpu_tree_merge.merge(tree, lookup, start, point, self.workspace, dependent=self.dependent)
     # -- a batch's rows (core/round/batch_round.py) ---------------------------------------------
 
     def gumbel_noise_rows(self, out, key, first):

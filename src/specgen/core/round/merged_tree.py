@@ -64,7 +64,7 @@ class MergedTree(StagedLookup):
     def draft(self) -> None:
         rnd = self.rnd
         self.model.draft()
-        merge(self.tree, self, rnd.target.position.view(1), self.point)
+        rnd.ops.tree_merge(self.tree, self, rnd.target.position.view(1), self.point)
         # the walk's limit: the deeper part's (each is capped at the round's budget)
         torch.maximum(rnd.num_drafts, self.budget.to(rnd.num_drafts.dtype), out=rnd.num_drafts)
 

@@ -3,11 +3,12 @@ Gumbel noise, verification, the draft count, the commit, a token tree's construc
 walks), chosen once by the backend.
 
 `TorchRoundOps` is the table of references (core/sampling/warp.py, core/sampling/rejection.py,
-core/sampling/noise.py, core/sampling/bookkeeping.py, core/round/tree.py, core/sampling/tree_walk.py):
-what the torch backend runs, and the CUDA backend too where the target's kernel policy turns the
-round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes the same results with Triton
-kernels (tests/gpu/test_round_ops.py compares the two on one round's inputs, and
-tests/gpu/kernels/test_tree_build_kernel.py the tree's). A table holds what its calls share (the Triton one: the device's workspace and the
+core/sampling/noise.py, core/sampling/bookkeeping.py, core/round/tree.py, core/round/merged_tree.py,
+core/sampling/tree_walk.py): what the torch backend runs, and the CUDA backend too where the
+target's kernel policy turns the round's kernels off. gpu/round_ops.py's `TritonRoundOps` computes
+the same results with Triton kernels (tests/gpu/test_round_ops.py compares the two on one round's
+inputs, tests/gpu/kernels/test_tree_build_kernel.py the tree's and test_tree_merge_kernel.py the
+merged tree's). A table holds what its calls share (the Triton one: the device's workspace and the
 dependent-launch flag), so the parts pass only their tensors.
 """
 
@@ -17,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from specgen.core.round import merged_tree
 from specgen.core.round import tree as tree_build
 from specgen.core.sampling import bookkeeping
 
@@ -82,6 +84,11 @@ class RoundOps(Protocol):
     def tree_select(self, trees, start) -> None:
         """Every tree of a TreeStack at once: each row's n best nodes as rows, and the target's
         rows past its start [B]: core/round/tree.pick."""
+
+    def tree_merge(self, tree, lookup, start, point) -> None:
+        """A hybrid round's merged tree: `tree` (a Tree, as its selection left it) rewritten as the
+        lookup's staged trie (a StagedLookup) and the tree's best nodes, with the target's rows
+        past start [1], and point [n + 1, w] the lookup's lanes: core/round/merged_tree.merge."""
     # -- a batch's rows (core/round/batch_round.py): B rows in one call, each as it computes alone --
 
     def gumbel_noise_rows(self, out, key, first) -> None:
@@ -148,6 +155,9 @@ class TorchRoundOps:
 
     def tree_select(self, trees, start):
         tree_build.pick(trees, start)
+
+    def tree_merge(self, tree, lookup, start, point):
+        merged_tree.merge(tree, lookup, start, point)
     # -- a batch's rows (core/round/batch_round.py) ---------------------------------------------
 
     def gumbel_noise_rows(self, out, key, first):

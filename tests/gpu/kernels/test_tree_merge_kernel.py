@@ -1,0 +1,128 @@
+"""gpu/kernels/tree_merge.py against core/round/merged_tree.py's merge (the reference), through the
+two ops tables (TritonRoundOps and TorchRoundOps): every buffer of the Tree and the point lanes
+equal after the merge, over many random merged trees. The model's trees come from the builders
+(core/round/tree.py, top-w and drawn children, scores that tie and -inf where the vocabulary runs
+out) at depths 1, 2, 4 and 6, widths 2 and 4 and budgets of 4 to 32 nodes (up to the pool); some
+have their scores scrambled afterwards (±inf, ties, a selection that is not ancestor-closed) so
+that every branch of the ranks is taken. The lookup's tries are random: empty, one node, any
+size, and as full as the envelope allows (every root lane the lookup's: no model node kept). On
+CPU (CI) the kernel runs in the Triton interpreter (tests/triton_cpu.py); on a GPU the compiled
+kernel, with and without dependent launch.
+"""
+
+from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
+
+import types
+
+import pytest
+import torch
+
+from specgen.core.drafters.ngram import LookupTree
+from specgen.core.round.host_tree import pack_tree, packed_sizes
+from specgen.core.round.ops import TorchRoundOps
+from specgen.core.round.tree import Tree, envelope
+from specgen.gpu.round_ops import TritonRoundOps
+from specgen.gpu.workspace import Workspace
+
+DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
+VOCAB = 12
+
+
+def _logq(rows: int, gen: torch.Generator, tied: bool) -> torch.Tensor:
+    """Log q rows: random, or on a grid of halves with few finite entries (scores tie, -inf too)."""
+    if not tied:
+        return torch.log_softmax(torch.randn(rows, VOCAB, generator=gen) * 2, -1)
+    logq = -0.5 * torch.randint(0, 3, (rows, VOCAB), generator=gen).float()
+    finite = torch.rand(rows, VOCAB, generator=gen) < 0.25
+    finite[:, 0] = True
+    return torch.where(finite, logq, float("-inf"))
+
+
+def _model_tree(k: int, w: int, n: int, drawn: bool, tied: bool, scrambled: bool, gen: torch.Generator) -> Tree:
+    """A model's tree as its round's selection leaves it (the reference's builders)."""
+    ops, tree = TorchRoundOps(), Tree(k, w, n, DEVICE, drawn=drawn)
+    start = torch.tensor([int(torch.randint(0, 40, (1,), generator=gen))], device=DEVICE)
+
+    def fed(rows: int):
+        noise = torch.empty(rows, VOCAB).exponential_(generator=gen).to(DEVICE) if drawn else None
+        return _logq(rows, gen, tied).to(DEVICE), noise
+
+    tree.root(torch.randint(0, VOCAB, (1,), generator=gen).to(DEVICE), *fed(1), start, ops)
+    for level in range(1, k):
+        tree.expand(level, *fed(w), start, ops)
+    tree.select(start + 7, ops)
+    if scrambled:  # keys the builders never give: ±inf, ties everywhere, parents ranked below children
+        grid = torch.tensor([float("-inf"), -1.0, -0.5, 0.0, float("inf")])
+        tree.scores.copy_(grid[torch.randint(0, 5, tree.scores.shape, generator=gen)])
+    return tree
+
+
+def _lookup(k: int, w: int, n: int, size: str, gen: torch.Generator):
+    """A random trie (LookupTree) packed as the host stages it: children [n+1, w], ids [n],
+    parents [n+1]. size: empty, one, some (any number of nodes), full (as many as fit)."""
+    tokens, parents, depth, kids = [], [], [], {-1: 0}
+    want = {"empty": 0, "one": 1, "some": int(torch.randint(0, n + 1, (1,), generator=gen)), "full": n}[size]
+    while len(tokens) < want:
+        open_ = [p for p in range(-1, len(tokens)) if kids.get(p, 0) < w and (p < 0 or depth[p] < k)]
+        if not open_:
+            break
+        p = open_[int(torch.randint(0, len(open_), (1,), generator=gen))] if size != "full" else open_[0]
+        kids[p] = kids.get(p, 0) + 1
+        depth.append(1 if p < 0 else depth[p] + 1)
+        tokens.append(int(torch.randint(0, VOCAB, (1,), generator=gen)))
+        parents.append(p)
+    packed = pack_tree(LookupTree(tokens, parents), k, w, n).to(DEVICE)
+    ids, up, children, *_ = packed.split(packed_sizes(k, w, n))
+    return types.SimpleNamespace(ids=ids, parents=up, children=children.view(n + 1, w))
+
+
+def _copy(tree: Tree) -> Tree:
+    other = Tree(tree.k, tree.w, tree.n, DEVICE, drawn=tree.sampled)
+    for name, value in tree.stack.buffers().items():
+        getattr(other.stack, name).copy_(value)
+    return other
+
+
+def _merge_both(k: int, w: int, n: int, drawn: bool, tied: bool, scrambled: bool, size: str, seed: int,
+                dependent: bool) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    ours = _model_tree(k, w, n, drawn, tied, scrambled, gen)
+    theirs = _copy(ours)
+    lookup = _lookup(k, w, n, size, gen)
+    start = torch.tensor([int(torch.randint(0, 100, (1,), generator=gen))], device=DEVICE)
+    points = [torch.randint(0, 2, (n + 1, w), generator=gen).bool().to(DEVICE) for _ in range(2)]  # stale
+    points[1].copy_(points[0])
+    TritonRoundOps(Workspace(DEVICE), dependent).tree_merge(ours, lookup, start, points[0])
+    TorchRoundOps().tree_merge(theirs, lookup, start, points[1])
+    when = f"k={k} w={w} n={n} drawn={drawn} tied={tied} scrambled={scrambled} lookup={size} seed={seed}"
+    for name, value in theirs.stack.buffers().items():
+        got = getattr(ours.stack, name)
+        assert torch.equal(got, value), f"{when}, {name}: kernel {got.tolist()} reference {value.tolist()}"
+    assert torch.equal(points[0], points[1]), f"{when}, point: kernel {points[0].tolist()} reference {points[1].tolist()}"
+
+
+@pytest.mark.parametrize("dependent", DEPENDENT)
+@pytest.mark.parametrize("drawn", [False, True], ids=["top-w", "drawn"])
+@pytest.mark.parametrize("k, w", [(1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (6, 2), (6, 4)])
+def test_the_merge_kernel_matches_the_reference(k, w, drawn, dependent):
+    pool = envelope(k, w)
+    seed = 0
+    for n in sorted({min(n, pool) for n in (4, 8, 16, 32)}):
+        for size in ("empty", "one", "some", "some", "full"):
+            for tied, scrambled in ((False, False), (True, False), (True, True)):
+                seed += 1
+                _merge_both(k, w, n, drawn, tied, scrambled, size, seed=1000 * k + 100 * w + seed, dependent=dependent)
+
+
+def test_a_full_root_leaves_the_model_no_lane():
+    """A trie that takes every lane of the root keeps no model node: the merged tree is the
+    lookup's alone (the kernel's rows equal the reference's, and the model's rows are gone)."""
+    k, w, n = 3, 2, 8
+    gen = torch.Generator().manual_seed(3)
+    tree = _model_tree(k, w, n, drawn=False, tied=False, scrambled=False, gen=gen)
+    lookup = _lookup(k, w, n, "full", gen)
+    assert int((lookup.children[0] >= 0).sum()) == w
+    point = torch.zeros(n + 1, w, dtype=torch.bool, device=DEVICE)
+    TritonRoundOps(Workspace(DEVICE)).tree_merge(tree, lookup, torch.tensor([5], device=DEVICE), point)
+    assert torch.equal(tree.children, lookup.children) and torch.equal(tree.parents, lookup.parents)
+    assert torch.equal(point, lookup.children >= 0) and int(tree.row_of.max()) == 0
