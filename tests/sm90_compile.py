@@ -4,7 +4,7 @@ Why: CI has no GPU, so there the kernels only run in the Triton interpreter (tes
 which does not type-check. A kernel whose loop-carried variable changes type ("Loop-carried variable
 x has initial type int32 but is re-assigned to int64 in loop") or shape passes every CPU test and
 fails on its first GPU launch. This script calls the wrappers (gpu/kernels/attention.py, linear.py,
-norm.py, step_io.py, topw.py, tree_build.py, verify.py, warp.py) with CPU tensors, but with
+norm.py, step_io.py, topw.py, tree_build.py, tree_merge.py, verify.py, warp.py) with CPU tensors, but with
 JITFunction.run replaced: each launch is specialised as Triton specialises a GPU launch (its own
 binder: an int argument equal to 1 becomes a constant, pointer alignment becomes a divisibility
 attribute), compiled for GPUTarget("cuda", 90, 32) up to STAGE, and not run. Outputs are garbage
@@ -511,6 +511,28 @@ def tree_build_scenarios(tree_build):
             yield f"tree_build k={k} dependent={dependent}", call
 
 
+def tree_merge_scenarios(tree_merge):
+    """A hybrid round's merged tree (gpu/kernels/tree_merge.py): a k = 4, width 3, 12-node model
+    tree and a staged trie, and a k = 1 one (no ancestor walk); and the widest envelope (k = 6,
+    width 8, 63 nodes: 64 rows, a pool of 328 over its blocks of 64); plainly and dependent."""
+    from types import SimpleNamespace
+
+    from specgen.core.round.tree import Tree
+
+    for dependent in (False, True):
+        for k, w, n in ((4, 3, 12), (1, 3, 3), (6, 8, 63)):
+            def call(dependent=dependent, k=k, w=w, n=n):
+                tree = Tree(k, w, n, torch.device("cpu"), drawn=True)
+                lookup = SimpleNamespace(children=torch.full((n + 1, w), -1, dtype=torch.int64),
+                                         ids=torch.zeros(n, dtype=torch.int64),
+                                         parents=torch.zeros(n + 1, dtype=torch.int64))
+                point = torch.zeros(n + 1, w, dtype=torch.bool)
+                tree_merge.merge(tree, lookup, torch.zeros(1, dtype=torch.int64), point, Workspace("cpu"),
+                                 dependent=dependent)
+
+            yield f"tree_merge k={k} w={w} n={n} dependent={dependent}", call
+
+
 def topw_scenarios(topw):
     """A tree's children: the top-w of a root's [1, 128256] and a level's [3, 32000] log q, with w
     from 1 to 8, with Exp(1) noise per row and shared, plainly and dependent."""
@@ -544,7 +566,7 @@ def main() -> dict:
     JITFunction.run = _run
 
     from specgen.gpu.kernels import (argmax, attention, compact, cuts, linear, norm, step_io, topw, tree_build,
-                                     tree_walk, verify, warp)
+                                     tree_merge, tree_walk, verify, warp)
     # the code path an H100 takes (see the module docstring)
     assert not (attention.INTERPRETED or linear.INTERPRETED or warp.INTERPRETED), "TRITON_INTERPRET leaked"
 
@@ -552,7 +574,8 @@ def main() -> dict:
     scenario_errors = {}
     for scenarios in (attention_scenarios(attention), linear_scenarios(linear), verify_scenarios(verify),
                       warp_scenarios(warp, argmax), norm_scenarios(norm), step_io_scenarios(step_io),
-                      tree_scenarios(tree_walk, compact), tree_build_scenarios(tree_build), topw_scenarios(topw)):
+                      tree_scenarios(tree_walk, compact), tree_build_scenarios(tree_build), tree_merge_scenarios(tree_merge),
+                      topw_scenarios(topw)):
         for label, call in scenarios:
             HARNESS.scenario = label
             try:
@@ -560,7 +583,7 @@ def main() -> dict:
             except Exception:  # noqa: BLE001  (a wrapper that fails before its launch)
                 scenario_errors[label] = traceback.format_exc()[-ERROR_CHARS:]
     report["kernels"] = kernels((attention, linear, verify, warp, cuts, argmax, norm, step_io, tree_walk, compact, tree_build,
-                                 topw))
+                                 tree_merge, topw))
     report["variants"] = list(HARNESS.variants.values())
     report["scenario_errors"] = scenario_errors
     return report

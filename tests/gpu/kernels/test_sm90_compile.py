@@ -3,7 +3,7 @@
 Why: without a GPU (CI) the kernels only run in the Triton interpreter, which does not type-check:
 a loop-carried variable that changes type (int32 -> int64) or shape passes every CPU test and
 breaks the first GPU launch. tests/sm90_compile.py calls the wrappers of gpu/kernels/attention.py,
-linear.py, verify.py, warp.py, norm.py, step_io.py and tree_build.py over their compile-time branches, specialises each launch as
+linear.py, verify.py, warp.py, norm.py, step_io.py, tree_build.py and tree_merge.py over their compile-time branches, specialises each launch as
 Triton does on a GPU and compiles it for sm_90 through the front end (TTIR), launching nothing;
 see its docstring. It runs in a subprocess without TRITON_INTERPRET, which the other test modules
 set in this process (tests/triton_cpu.py), so that @triton.jit gives compilable JITFunctions.
@@ -29,7 +29,7 @@ from repo_paths import REPO, TESTS
 SCRIPT = TESTS / "sm90_compile.py"
 SRC = REPO / "src"
 MODULES = ("attention", "linear", "verify", "warp", "cuts", "argmax", "norm", "step_io", "tree_walk", "compact", "tree_build",
-           "topw")  # specgen.gpu.*
+           "tree_merge", "topw")  # specgen.gpu.*
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU compiles the kernels for real")
 
