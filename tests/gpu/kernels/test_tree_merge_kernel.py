@@ -5,24 +5,31 @@ equal after the merge, over many random merged trees. The model's trees come fro
 out) at depths 1, 2, 4 and 6, widths 2 and 4 and budgets of 4 to 32 nodes (up to the pool); some
 have their scores scrambled afterwards (±inf, ties, a selection that is not ancestor-closed) so
 that every branch of the ranks is taken. The lookup's tries are random: empty, one node, any
-size, and as full as the envelope allows (every root lane the lookup's: no model node kept). On
-CPU (CI) the kernel runs in the Triton interpreter (tests/triton_cpu.py); on a GPU the compiled
+size, and as full as the envelope allows (every root lane the lookup's: no model node kept). And
+in hybrid rounds on tiny models (the ngram lookup's real tries over the draft model's trees, top-w
+and drawn): the kernel's merge equals the reference's in every merged round, and the text is
+target-only's. On CPU (CI) the kernel runs in the Triton interpreter (tests/triton_cpu.py); on a GPU the compiled
 kernel, with and without dependent launch.
 """
 
 from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET without CUDA)
 
+import random
 import types
 
 import pytest
 import torch
 
+from decode_helpers import finish, make_profile
 from specgen.core.drafters.ngram import LookupTree
+from specgen.core.engine import Engine, target_only
 from specgen.core.round.host_tree import pack_tree, packed_sizes
 from specgen.core.round.ops import TorchRoundOps
 from specgen.core.round.tree import Tree, envelope
+from specgen.core.settings import ProposerSpec
 from specgen.gpu.round_ops import TritonRoundOps
 from specgen.gpu.workspace import Workspace
+from tiny_models import build_pair
 
 DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
 VOCAB = 12
@@ -126,3 +133,44 @@ def test_a_full_root_leaves_the_model_no_lane():
     TritonRoundOps(Workspace(DEVICE)).tree_merge(tree, lookup, torch.tensor([5], device=DEVICE), point)
     assert torch.equal(tree.children, lookup.children) and torch.equal(tree.parents, lookup.parents)
     assert torch.equal(point, lookup.children >= 0) and int(tree.row_of.max()) == 0
+
+
+class CheckedMerge(TorchRoundOps):
+    """The references' table, but a round's merge is the kernel's, checked against the reference's
+    on a copy of the same inputs."""
+
+    def __init__(self):
+        self.kernel, self.merged = TritonRoundOps(Workspace(DEVICE)), []
+
+    def tree_merge(self, tree, lookup, start, point):
+        want, want_point = _copy(tree), point.clone()
+        super().tree_merge(want, lookup, start, want_point)
+        self.kernel.tree_merge(tree, lookup, start, point)
+        for name, value in want.stack.buffers().items():
+            assert torch.equal(getattr(tree.stack, name), value), name
+        assert torch.equal(point, want_point)
+        self.merged.append((int((lookup.children >= 0).sum()), int((tree.row_of > 0).sum())))
+
+
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=1.0, top_k=20, seed=3)], ids=["greedy", "drawn"])
+def test_hybrid_rounds_merge_with_the_kernel(tmp_path, sampling):
+    """Hybrid tree rounds (k = 4, width 3, 10 nodes) on repetitive prompts, the merge by the
+    kernel: each merged round's tree equals the reference's merge of the same inputs, and greedy
+    text is target-only's."""
+    pair = build_pair(tmp_path, noisy=0.1)
+    proposer = ProposerSpec(kind="hybrid", ngram_min=1, ngram_max=3)
+    profile = make_profile(pair[0], pair[1], k=4, proposer=proposer, speculation=dict(tree_width=3, tree_nodes=10),
+                           max_tokens=24, **sampling)
+    engine = Engine(profile)
+    rng = random.Random(1)
+    ops = CheckedMerge()
+    for _ in range(5):
+        piece = [rng.randrange(engine.pair.vocab_size) for _ in range(rng.randint(2, 5))]
+        prompt = piece * 3 + piece[:2]  # the lookup finds continuations
+        want = finish(engine.decoder(target_only(profile)), prompt).token_ids
+        engine.backend.ops = ops
+        got = finish(engine.decoder(), prompt).token_ids
+        engine.backend.ops = TorchRoundOps()
+        if not sampling:
+            assert got == want
+    assert len(ops.merged) > 3 and any(m > 0 and kept > 0 for m, kept in ops.merged), ops.merged
