@@ -159,18 +159,19 @@ def test_hybrid_rounds_merge_with_the_kernel(tmp_path, sampling):
     text is target-only's."""
     pair = build_pair(tmp_path, noisy=0.1)
     proposer = ProposerSpec(kind="hybrid", ngram_min=1, ngram_max=3)
-    profile = make_profile(pair[0], pair[1], k=4, proposer=proposer, speculation=dict(tree_width=3, tree_nodes=10),
-                           max_tokens=24, **sampling)
+    backend = "cuda" if DEVICE.type == "cuda" else "torch"  # on a GPU: rounds run eagerly (the table's references)
+    profile = make_profile(pair[0], pair[1], k=4, backend=backend, proposer=proposer,
+                           speculation=dict(tree_width=3, tree_nodes=10), max_tokens=24, **sampling)
     engine = Engine(profile)
     rng = random.Random(1)
-    ops = CheckedMerge()
+    ops, table = CheckedMerge(), engine.backend.ops
     for _ in range(5):
         piece = [rng.randrange(engine.pair.vocab_size) for _ in range(rng.randint(2, 5))]
         prompt = piece * 3 + piece[:2]  # the lookup finds continuations
         want = finish(engine.decoder(target_only(profile)), prompt).token_ids
         engine.backend.ops = ops
         got = finish(engine.decoder(), prompt).token_ids
-        engine.backend.ops = TorchRoundOps()
+        engine.backend.ops = table
         if not sampling:
             assert got == want
     assert len(ops.merged) > 3 and any(m > 0 and kept > 0 for m, kept in ops.merged), ops.merged
