@@ -25,6 +25,9 @@ drawn children the recursive walk with `point` [n + 1, w]: the lookup's lanes (t
 every lane of a lookup row) are point masses, tried first by the sibling rule, then the model's
 draws by the recursive rule against what is left (docs/sampling.md, "Token trees").
 
+The merge runs through the round's ops (tree_merge): this module's `merge` on the references'
+table, one Triton launch on the CUDA backend's (gpu/kernels/tree_merge.py), bitwise the same.
+
 Caches: the target's as every tree round's (the commit's compaction). The draft model stepped its
 pending pair and its frontier in draft(); whichever part the accepted path went through, its
 commit steps once more over the round's first k tokens past the pending pair
@@ -78,7 +81,9 @@ class MergedTree(StagedLookup):
 def merge(tree: Tree, lookup: StagedLookup, start: torch.Tensor, point: torch.Tensor) -> None:
     """Rewrite `tree` (the model's, as its selection left it) as the merged tree of the module's
     text, its target rows past `start` ([1] int64), and point [n + 1, w] (the lookup's lanes).
-    Torch ops on the device, no host sync: m and a stay tensors."""
+    Torch ops on the device, no host sync: m and a stay tensors. The reference of the round ops'
+    tree_merge (core/round/ops.py), which the Triton table does in one launch
+    (gpu/kernels/tree_merge.py: some 40 launches here, a few microseconds each in a graph)."""
     n, w, k = tree.n, tree.w, tree.k
     device = tree.ids.device
     rows = torch.arange(n + 1, device=device)
