@@ -10,6 +10,10 @@ them waits for the host.
 What each case launches now: the warp (stats, probs; with top-p its cut), the walk, the commit,
 each cache's compaction, the logits of the path's rows for the host's logprobs; sampled rejection
 with drawn children gathers q by tree row (three ops), Gumbel coupling the noise by depth (two).
+
+And a hybrid merged round's draft phase: its model round's, then the merge in one launch
+(gpu/kernels/tree_merge.py) and the draft count's maximum; the reference's torch ops were some 120
+launches (k = 3, width 3, 8 nodes: 431 draft-phase launches against the model round's 312).
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def models(tmp_path_factory):
 def counted(models, proposer: str, sampling: dict, mode: Mode) -> LaunchCounter:
     target, draft, head = models
     kinds = {"draft": (draft, ProposerSpec()), "eagle": (None, ProposerSpec(kind="eagle", head=str(head))),
-             "ngram": (None, ProposerSpec(kind="ngram", ngram_min=1, ngram_max=3))}
+             "ngram": (None, ProposerSpec(kind="ngram", ngram_min=1, ngram_max=3)),
+             "hybrid": (draft, ProposerSpec(kind="hybrid", ngram_min=1, ngram_max=3))}
     model, proposer_spec = kinds[proposer]
     profile = make_profile(target, model, k=3, proposer=proposer_spec, max_tokens=20,
                            speculation=dict(tree_width=3, tree_nodes=8), **sampling)
@@ -69,6 +74,14 @@ def test_the_sample_phase_launches_a_bounded_number_of_kernels(models, case):
     assert launches <= bound, f"{launches} launches: {dict(counter.ops['sample'])} {dict(counter.triton['sample'])}"
     assert counter.triton["sample"]["_tree_commit_kernel"] == 1 and counter.triton["sample"]["_walk_kernel"] == 1
     assert not any(counter.syncs[phase] for phase in ("target", "sample")), counter.syncs
+
+
+@pytest.mark.parametrize("sampling", [{}, SAMPLED], ids=["greedy", "rejection"])
+def test_a_merged_tree_drafts_in_two_launches_more_than_its_model_tree(models, sampling):
+    model, merged = (counted(models, "hybrid", sampling, mode) for mode in (Mode.MODEL, Mode.HOST))
+    extra = merged.launches("draft") - model.launches("draft")
+    assert extra <= 2, f"{extra} more: {dict(merged.ops['draft'] - model.ops['draft'])}"
+    assert merged.triton["draft"]["_merge_kernel"] == 1 and not merged.syncs["draft"], merged.syncs
 
 
 def test_the_counter_counts_aten_ops_and_triton_launches_not_views():
