@@ -2,10 +2,11 @@
 rewrites the model's Tree, as its selection left it, as the lookup's trie plus the model's best
 nodes, and the target's rows over the result.
 
-Why: the reference is some 40 tensor operations (a sort and a stable re-sort for the ranks, the
-scatters of the row map, the index copies of each buffer, core/step/rows.tree's k gathers); in a
-captured graph each is a kernel of a few microseconds, 10 to 25% of a small target's whole round
-(a 100M model's takes about 0.5 ms). A tree is small (n + 1 <= 64 rows, w <= 8), so one program
+Why: the reference's tensor operations (a sort and a stable re-sort for the ranks, the scatters
+of the row map, the index copies of each buffer, core/step/rows.tree's k gathers) are some 118
+launches at k = 3, width 3, 8 nodes (tests/core/round/test_tree_launches.py counts them); in a
+captured graph each is a kernel of a few microseconds, a large part of a small target's whole
+round (a 100M model's takes about 0.5 ms). A tree is small (n + 1 <= 64 rows, w <= 8), so one program
 does it: the model rows' ranks by pairwise comparison (rank_i = eligible j with a higher key, or
 the same key at a lower row: the reference's stable descending sort, its eligible rows first),
 their merged rows by a cumulative count, the parent walk in k gathers. Integers and compared
