@@ -58,7 +58,7 @@ class _Launched:
 
     mode: Mode
     k_used: int | None  # the round's budget: k, cut near max_tokens or by adaptive k (None: set at fetch)
-    host: list[int] | None  # the host's drafts (n-gram rounds)
+    host: list[int] | None  # the host's drafts (n-gram rounds; a LookupTree in tree rounds)
     slot: int = 0  # its host buffers, clock and capture
 
 
@@ -211,12 +211,15 @@ class Decoder:
         used, kept_accepted = len(drafted), min(num_accepted, len(emitted))
         early_stop = used < launched.k_used
         ranks = ranks if ranks is None else ranks[:kept_accepted]
+        # a hybrid tree round: whose nodes the accepted path took, from the ranks and the staged trie
+        source = self.round.read_source(ranks, kept_accepted, launched.host)
         run.stats.add_round(used, kept_accepted, len(emitted), timings, early_stop=early_stop,
-                            k_used=launched.k_used, ranks=ranks)
+                            k_used=launched.k_used, ranks=ranks, source=source)
         event = RoundEvent(run.index, emitted, fates, delta, pieces, used, kept_accepted, drafted, timings,
                            q and q[:used], p and p[:used], logprobs, k_used=launched.k_used, early_stop=early_stop)
         event.target_entropy = entropy and entropy[:used]
         event.ranks, event.tree = ranks, tree
+        event.source, event.lookup_nodes = source or (None, None)
         run.out.add(event, starts)
         return event
 

@@ -34,6 +34,8 @@ class RoundEvent:
     early_stop: bool = False  # fewer than k_used drafted (unsure draft, drafted stop token, short n-gram match)
     ranks: list[int] | None = None  # token trees: each accepted node's sibling index (0: the chain's choice)
     tree: object | None = None  # token trees with insight: the round's tree (core/round/tree_stage.TreeView)
+    source: str | None = None  # hybrid token trees: whose nodes the accepted path took (lookup | model | none)
+    lookup_nodes: int | None = None  # hybrid token trees: the lookup's nodes, the tree's rows 1 .. m (0: none)
 
 
 @dataclass

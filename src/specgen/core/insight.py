@@ -13,6 +13,9 @@ recovered token there (a round cut by a stop token rejects nothing).
 Token trees: a record also keeps each accepted node's sibling index (`branch`: 0 the first child,
 the chain's choice), and with insight the round's tree (`tree`, core/round/tree_stage.TreeView as
 a dict); `tree_report` compares the tree with the chain inside it (core/stats.py defines it).
+A hybrid tree run's record also keeps whose nodes each round's accepted path took (`source`:
+lookup, model or none) and how many of the tree's nodes were the lookup's (`lookup_nodes`: its
+rows 1 .. m); other runs' records leave both out (their JSON is as before).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from specgen.core.stats import AcceptanceStats
 ENTROPY_EDGES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)  # nats; the last bin is [4, inf)
 CONTEXT_CHARS = 40  # text shown before a rejected token
 EXAMPLES = 3  # contexts kept per rejected token
+HYBRID_FIELDS = ("source", "lookup_nodes")  # RoundRecord's, left out of other runs' JSON
 
 
 @dataclass
@@ -39,13 +43,16 @@ class RoundRecord:
     early_stop: bool = False  # drafted fewer than k_used (draft_p_min, a drafted stop, a short n-gram)
     branch: list[int] | None = None  # token trees: each accepted node's sibling index (0: the chain's choice)
     tree: dict | None = None  # token trees with insight: the round's tree (TreeView.as_dict)
+    source: str | None = None  # hybrid token trees: whose nodes the accepted path took (lookup | model | none)
+    lookup_nodes: int | None = None  # hybrid token trees: the lookup's nodes, the tree's rows 1 .. m
 
     @classmethod
     def from_event(cls, event) -> "RoundRecord":
         tree = getattr(event, "tree", None)
         return cls(event.drafted_ids, event.num_accepted, event.token_ids, event.target_p, event.draft_q,
                    getattr(event, "target_entropy", None), event.k_used, event.early_stop,
-                   getattr(event, "ranks", None), tree.as_dict() if tree is not None else None)
+                   getattr(event, "ranks", None), tree.as_dict() if tree is not None else None,
+                   getattr(event, "source", None), getattr(event, "lookup_nodes", None))
 
     @property
     def rejected(self) -> bool:
@@ -81,6 +88,10 @@ class RunRecord:
 
     def as_dict(self) -> dict:
         data = asdict(self)
+        for r in data["rounds"]:  # a hybrid tree run's fields only where it has them
+            for name in HYBRID_FIELDS:
+                if r[name] is None:
+                    del r[name]
         data["token_text"] = {str(k): v for k, v in self.token_text.items()}  # JSON object keys are strings
         return data
 
@@ -105,7 +116,8 @@ def stats_of(runs: list[RunRecord]) -> AcceptanceStats:
         for r in run.rounds:
             k_used = len(r.drafted_ids) if r.k_used is None else r.k_used
             stats.add_round(len(r.drafted_ids), r.num_accepted, len(r.token_ids), {},
-                            early_stop=r.early_stop, k_used=k_used, ranks=r.branch)
+                            early_stop=r.early_stop, k_used=k_used, ranks=r.branch,
+                            source=(r.source, r.lookup_nodes or 0) if r.source is not None else None)
     return stats
 
 
@@ -150,9 +162,35 @@ def tree_report(stats: AcceptanceStats) -> dict | None:
         per_depth.append({"depth": d + 1, "reached": reached, "rate": reached / rounds, "chain_reached": chain,
                           "chain_rate": chain / rounds, "branch_wins": wins,
                           "branch_rate": wins / reached if reached else None})
-    return {"rounds": rounds, "tokens_per_round": stats.tree_emitted / rounds,
-            "chain_tokens_per_round": stats.chain_emitted / rounds, "gain_per_round": stats.tree_gain,
-            "line": stats.tree_line(), "per_depth": per_depth}
+    report = {"rounds": rounds, "tokens_per_round": stats.tree_emitted / rounds,
+              "chain_tokens_per_round": stats.chain_emitted / rounds, "gain_per_round": stats.tree_gain,
+              "line": stats.tree_line(), "per_depth": per_depth}
+    if stats.source_rounds:  # only hybrid runs: the other reports stay as they were
+        report["hybrid"] = hybrid_report(stats)
+    return report
+
+
+def hybrid_report(stats: AcceptanceStats) -> dict:
+    """A hybrid tree run's rounds by whose nodes their accepted path took (core/stats.py): the
+    rounds (and those whose tree held the lookup's nodes: `merged_rounds`), per part the rounds
+    whose path took its nodes (rate: of all rounds) and the tokens accepted from them (share: of
+    all accepted), `none`: rounds that accepted no draft; per depth the rounds whose path reached
+    it through each part's nodes."""
+    rounds = stats.source_rounds
+    accepted = stats.lookup_accepted + stats.model_accepted
+
+    def part(paths: int, tokens: int) -> dict:
+        return {"rounds": paths, "rate": paths / rounds, "accepted": tokens,
+                "share": tokens / accepted if accepted else None,
+                "tokens_per_round": tokens / paths if paths else None}
+
+    lookup_at = stats.lookup_at + [0] * (len(stats.accepted_at) - len(stats.lookup_at))
+    return {"rounds": rounds, "merged_rounds": stats.merged_rounds,
+            "lookup": part(stats.lookup_paths, stats.lookup_accepted),
+            "model": part(stats.model_paths, stats.model_accepted),
+            "none": rounds - stats.lookup_paths - stats.model_paths,
+            "per_depth": [{"depth": d + 1, "lookup": look, "model": reached - look}
+                          for d, (reached, look) in enumerate(zip(stats.accepted_at, lookup_at))]}
 
 
 def rejected_tokens(runs: list[RunRecord], top: int) -> list[dict]:

@@ -17,6 +17,14 @@ max_tokens ends both). Per depth d: the rounds whose accepted path reached d (ac
 those whose chain would have (chain_at), and those whose node at d is not a first child
 (branch_at: a branch won there).
 
+Hybrid token trees (the lookup's trie merged with the model's tree, core/round/merged_tree.py):
+each round's accepted path is the lookup's nodes or the model's, never both (a node's children
+are its own part's); source_rounds counts the rounds told, merged_rounds those whose tree held
+the lookup's nodes, lookup_paths and model_paths the rounds whose accepted path took each part's,
+lookup_accepted and model_accepted the tokens each one's nodes gave (a draw taken outside the tree
+is the model's), and lookup_at per depth the rounds whose accepted path reached it through the
+lookup's nodes (the model's: accepted_at less those).
+
 Rates (one definition each, used by generate, bench and the live view):
 generation rate = tokens / seconds from the run's start to its last token (prefill included);
 decode rate = tokens after the first round's / seconds after the first round's tokens were out:
@@ -52,10 +60,19 @@ class AcceptanceStats:
     chain_emitted: int = 0  # tokens the chain inside each tree would have emitted (see above)
     chain_at: list[int] = field(default_factory=list)  # [depth] tree rounds whose chain reached depth i + 1
     branch_at: list[int] = field(default_factory=list)  # [depth] tree rounds accepting a non-first child there
+    source_rounds: int = 0  # hybrid tree rounds (see above)
+    merged_rounds: int = 0  # of those, rounds whose tree held the lookup's nodes
+    lookup_paths: int = 0  # rounds whose accepted path took the lookup's nodes
+    model_paths: int = 0  # rounds whose accepted path took the model's
+    lookup_accepted: int = 0  # tokens accepted from the lookup's nodes
+    model_accepted: int = 0  # tokens accepted from the model's
+    lookup_at: list[int] = field(default_factory=list)  # [depth] rounds whose path reached it through the lookup's
 
     def add_round(self, num_drafted: int, num_accepted: int, num_emitted: int, timings: dict[str, float],
-                  early_stop: bool = False, k_used: int = 0, ranks: list[int] | None = None) -> None:
-        """ranks: a tree round's accepted nodes' sibling indices (num_accepted of them; None: a chain)."""
+                  early_stop: bool = False, k_used: int = 0, ranks: list[int] | None = None,
+                  source: tuple[str, int] | None = None) -> None:
+        """ranks: a tree round's accepted nodes' sibling indices (num_accepted of them; None: a chain).
+        source: a hybrid tree round's (whose nodes the accepted path took, the lookup's node count)."""
         self.rounds += 1
         self.k_total += k_used
         self.drafted += num_drafted
@@ -84,6 +101,8 @@ class AcceptanceStats:
             seconds[phase] = seconds.get(phase, 0.0) + value
         if ranks is not None:
             self._add_tree(ranks, num_emitted)
+        if source is not None:
+            self._add_source(*source, num_accepted)
 
     def _add_tree(self, ranks: list[int], num_emitted: int) -> None:
         chain = next((i for i, rank in enumerate(ranks) if rank != 0), len(ranks))  # a0: its accepted
@@ -97,6 +116,25 @@ class AcceptanceStats:
         for i, rank in enumerate(ranks):
             self.chain_at[i] += int(i < chain)
             self.branch_at[i] += int(rank != 0)
+
+    def _add_source(self, drafter: str, lookup_nodes: int, num_accepted: int) -> None:
+        self.source_rounds += 1
+        self.merged_rounds += int(lookup_nodes > 0)
+        if drafter == "lookup":
+            self.lookup_paths += 1
+            self.lookup_accepted += num_accepted
+            self.lookup_at.extend([0] * (num_accepted - len(self.lookup_at)))
+            for i in range(num_accepted):
+                self.lookup_at[i] += 1
+        elif drafter == "model":
+            self.model_paths += 1
+            self.model_accepted += num_accepted
+
+    @property
+    def lookup_share(self) -> float | None:
+        """The lookup's share of a hybrid tree run's accepted tokens (None: none accepted, or no hybrid round)."""
+        accepted = self.lookup_accepted + self.model_accepted
+        return self.lookup_accepted / accepted if accepted else None
 
     def released(self, seconds: float, tokens: int) -> None:
         """A round's tokens are out, `seconds` after the run's start (the first time: time to first token)."""
@@ -161,13 +199,16 @@ class AcceptanceStats:
 
     def tree_line(self) -> str:
         """What the tree bought, for people ("" without tree rounds): tokens per round over its
-        chain's, and per depth the share of the paths reaching it through a branch."""
+        chain's, per depth the share of the paths reaching it through a branch, and in a hybrid
+        run the lookup's share of the accepted tokens."""
         if not self.tree_rounds:
             return ""
         wins = [b / a if a else 0.0 for b, a in zip(self.branch_at, self.accepted_at)]
         line = f"tree {self.tree_gain:+.2f} tok/round over its chain"
         if wins:
             line += f", branch wins at depth 1..{len(wins)}: " + " ".join(f"{w:.0%}" for w in wins)
+        if self.lookup_share is not None:  # a hybrid tree run: what the lookup's nodes gave
+            line += f", lookup {self.lookup_share:.0%} of accepted"
         return line
 
     @property

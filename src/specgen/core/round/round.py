@@ -167,6 +167,10 @@ class Round(Shared):
         """A tree round's accepted nodes' sibling indices (core/round/tree_round.py); a chain has none."""
         return None
 
+    def read_source(self, ranks: list[int] | None, accepted: int, lookup) -> tuple[str, int] | None:
+        """A hybrid tree round's drafter of the accepted path (core/round/tree_stage.py); a chain has none."""
+        return None
+
     def read_tree(self, floats: list[float], mode: Mode = Mode.MODEL):
         """A tree round's tree with insight (core/round/tree_stage.py's TreeView); a chain has none."""
         return None

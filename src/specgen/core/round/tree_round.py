@@ -48,7 +48,7 @@ from specgen.core.round.merged_tree import MergedTree
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
 from specgen.core.round.tree import Tree
-from specgen.core.round.tree_stage import NoTreeStage, TreeInsight
+from specgen.core.round.tree_stage import NoTreeStage, TreeInsight, path_source
 from specgen.core.sampling.bookkeeping import TreeCommitBuffers
 from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, uniforms_
 
@@ -381,6 +381,14 @@ class TreeRound(Round):
     def read_ranks(self, values: list[int]) -> list[int]:
         """The sibling index of each accepted node (0: the chain's choice) from stage_ids' copy."""
         return [r for r in values[2 * self.k + 3:] if r >= 0]
+
+    def read_source(self, ranks: list[int] | None, accepted: int, lookup) -> tuple[str, int] | None:
+        """(whose nodes the accepted path took, the lookup's node count) where a model drafts beside
+        a lookup (the hybrid proposer: `lookup` the LookupTree the host staged, empty in a model
+        round); None otherwise (no lookup, or the ngram proposer's, every node the lookup's)."""
+        if lookup is None or Mode.MODEL not in self.drafters:
+            return None
+        return path_source(ranks or [], accepted, lookup)
 
     def read_floats(self, floats: list[float], mode: Mode) -> tuple:
         """(p, q, entropy) per drafted id, as the mode's envelope staged them."""

@@ -6,6 +6,11 @@ the whole tree (core/insight.py reads both).
                  with the ids by the round's commit (core/sampling/bookkeeping.py's tree_commit).
                  The chain inside the tree is the path of first children, so these say what the
                  tree bought over that chain each round.
+    source       hybrid runs: which drafter's nodes the accepted path took (path_source), read by
+                 the host from the ranks: in a merged round (core/round/merged_tree.py) the root's
+                 lanes 0 .. a - 1 are the lookup's a children and a row's children are all of its
+                 own part, so the path is the lookup's iff its first node's lane is below a, which
+                 the host knows from the trie it staged: nothing more to stage or sync.
     TreeInsight  with insight: the tree as rows (token, parent row, depth, sibling index, the
                  target's p and the draft's q of the row's token at its parent, the entropy of p
                  at the row), the accepted path's rows, and p and q of a draw the walk took outside
@@ -68,6 +73,21 @@ class TreeView:
                 follow = follow if below is None else below
             rows.append(follow)
         return rows
+
+
+def path_source(ranks: list[int], accepted: int, lookup) -> tuple[str, int]:
+    """(whose nodes a hybrid round's accepted path took: "lookup", "model" or "none" where it
+    accepted nothing, the lookup's node count m: its rows 1 .. m of the tree) from the accepted
+    nodes' sibling indices `ranks` and the LookupTree the host staged (a model round's: empty).
+    The walks try the lookup's lanes first (a target's token that both parts drafted is the
+    lookup's node, and a rejected point mass leaves its token no mass for a model sibling), and
+    the commit's rank names the first lane holding the token; a draw taken outside the tree is
+    the model's (the lookup's nodes are point masses: none is drawn), so an accepted path whose
+    ranks are fewer than its tokens, or whose first lane is a or more, is the model's."""
+    if accepted == 0:
+        return "none", len(lookup)
+    a = sum(1 for up in lookup.parents if up < 0)  # the lookup's children of the root: lanes 0 .. a - 1
+    return ("lookup" if ranks and ranks[0] < a else "model"), len(lookup)
 
 
 class NoTreeStage(NoStage):
