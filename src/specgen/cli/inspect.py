@@ -327,6 +327,9 @@ def show(document: dict, console: Console) -> None:
     console.print(position_table(document["per_position"]))
     if document.get("tree"):
         console.print(tree_table(document["tree"]))
+        if document["tree"].get("hybrid"):
+            console.print(hybrid_table(document["tree"]["hybrid"]))
+            console.print(hybrid_depths(document["tree"]["hybrid"]), style="dim", soft_wrap=True)
     console.print(rejected_table(document))
     if document["entropy"]:
         console.print(entropy_table(document["entropy"]))
@@ -382,6 +385,28 @@ def tree_table(tree: dict) -> Table:
         table.add_row(str(d["depth"]), str(d["reached"]), f"{d['rate']:.1%}", Text(_bar(d["rate"]), style="green"),
                       str(d["chain_reached"]), f"{d['chain_rate']:.1%}", wins)
     return table
+
+
+def hybrid_table(hybrid: dict) -> Table:
+    """A hybrid tree run's rounds by whose nodes their accepted path took: rounds (rate: of all
+    rounds), the tokens accepted from each part's nodes (share: of all accepted) and per round."""
+    title = (f"Hybrid tree: whose nodes the accepted path took ({hybrid['rounds']} rounds, "
+             f"{hybrid['merged_rounds']} with the lookup's nodes)")
+    table = Table("path", "rounds", "rate", "accepted", "share", "per round", title=title, box=box.SIMPLE_HEAD,
+                  title_justify="left")
+    for part in ("lookup", "model"):
+        p = hybrid[part]
+        per = "–" if p["tokens_per_round"] is None else f"{p['tokens_per_round']:.2f}"
+        table.add_row(f"the {part}'s", str(p["rounds"]), f"{p['rate']:.1%}", str(p["accepted"]), _pct(p["share"]),
+                      per)
+    table.add_row("none accepted", str(hybrid["none"]), f"{hybrid['none'] / hybrid['rounds']:.1%}", "", "", "")
+    return table
+
+
+def hybrid_depths(hybrid: dict) -> str:
+    """Per depth, the rounds whose accepted path reached it through the lookup's nodes and the model's."""
+    depths = " · ".join(f"{d['depth']}: {d['lookup']}/{d['model']}" for d in hybrid["per_depth"])
+    return f"paths reaching each depth through the lookup's/the model's nodes: {depths or 'none'}"
 
 
 def _pct(rate: float | None) -> str:

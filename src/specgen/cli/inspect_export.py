@@ -2,7 +2,7 @@
 
 The page has inline CSS only (no scripts, fonts or links), so it opens anywhere, offline. A token
 tree run's rounds each open on a click (<details>) to the round's tree as nested lists, the
-accepted path highlighted.
+accepted path highlighted (a hybrid run's: the lookup's nodes outlined, the model's plain).
 The plot needs matplotlib, the optional extra `plot`.
 """
 
@@ -31,15 +31,19 @@ ul.tree { list-style: none; margin: .1rem 0; padding-left: 1.4rem; border-left: 
 .node { color: #6e7781; } .node.path code { color: #1a7f37; font-weight: bold; background: #dafbe1; }
 .node.target code { color: #b08800; } .node small { color: #6e7781; }
 """
+# only in a hybrid tree run's page (other pages stay as they were): the lookup's nodes
+HYBRID_CSS = """.node.lookup code { outline: 1px solid #8250df; } .node.lookup small { color: #8250df; }
+"""
 
 
 def html_page(document: dict) -> str:
     source = document["source"]
     title = f"specgen inspect-acceptance · {source['profile']} · k={source['k']} · T={source['temperature']:g}"
+    hybrid = (document.get("tree") or {}).get("hybrid")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
+        f"<title>{escape(title)}</title><style>{CSS}{HYBRID_CSS if hybrid else ''}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
         f"<p>{_totals(document)}</p>",
         "<p>" + " ".join(f'<span class="{fate}">■ {fate}</span>' for fate in COLOURS) + "</p>",
@@ -62,6 +66,19 @@ def html_page(document: dict) -> str:
             _table(("depth", "reached", "rate", "its chain reached", "chain rate", "branch wins", "of reached"),
                    [(d["depth"], d["reached"], _pct(d["rate"]), d["chain_reached"], _pct(d["chain_rate"]),
                      d["branch_wins"], _pct(d["branch_rate"])) for d in tree["per_depth"]]),
+        ]
+    if hybrid:
+        parts += [
+            f"<h2>Hybrid tree: whose nodes the accepted path took</h2><p>{hybrid['rounds']} rounds, "
+            f"{hybrid['merged_rounds']} of them with the lookup's nodes in the tree "
+            '(<span class="node lookup"><code>outlined</code></span> in the rounds\' trees); '
+            f"{hybrid['none']} accepted none. A path is one part's nodes from the root down.</p>",
+            _table(("path", "rounds", "rate", "tokens accepted", "share", "per round"),
+                   [(f"the {part}'s", hybrid[part]["rounds"], _pct(hybrid[part]["rate"]), hybrid[part]["accepted"],
+                     _pct(hybrid[part]["share"]), _p(hybrid[part]["tokens_per_round"]))
+                    for part in ("lookup", "model")]),
+            _table(("depth", "reached through the lookup's", "through the model's"),
+                   [(d["depth"], d["lookup"], d["model"]) for d in hybrid["per_depth"]]),
         ]
     parts += [
         "<h2>Most rejected draft tokens</h2>",
@@ -115,16 +132,20 @@ def _rounds(run: dict) -> str:
         won = "·".join(str(rank) for rank in branch) or "none"
         summary = (f"round {i + 1}: {len(r['token_ids'])} tokens, its chain {chain} · "
                    f"sibling per depth {won}")
+        if r.get("source") is not None:  # a hybrid run's round
+            summary += f" · path: {r['source']}"
         body = _tree(r, texts) if r.get("tree") else "<p>(no tree: run with insight to keep it)</p>"
         items.append(f'<details class="round"><summary>{escape(summary)}</summary>{body}</details>')
     return "<h3>Rounds (click one for its tree)</h3>" + "".join(items) if items else ""
 
 
 def _tree(r: dict, texts: dict) -> str:
-    """The round's tree as nested lists from the root: each node's token, sibling index, p and q;
+    """The round's tree as nested lists from the root: each node's token, sibling index, p and q
+    (a hybrid round's lookup nodes, its rows 1 .. lookup_nodes, outlined and named);
     the accepted path (and a draw taken outside the tree) highlighted, the target's own token
     (recovered or bonus) under the node the walk stopped at."""
     tree = r["tree"]
+    lookup = r.get("lookup_nodes") or 0  # a hybrid round's: the lookup's nodes are rows 1 .. lookup
     path = set(tree["path"])
     last = tree["path"][-1] if tree["path"] else 0
     kids: dict[int, list[int]] = {}
@@ -136,10 +157,12 @@ def _tree(r: dict, texts: dict) -> str:
         return repr(texts.get(str(token), texts.get(token, str(token))))
 
     def node(row: int) -> str:
-        label = (f'<span class="node{" path" if row in path or row == 0 else ""}" data-row="{row}">'
-                 f"<code>{escape(text(tree['tokens'][row]))}</code>")
+        mine = 1 <= row <= lookup
+        label = (f'<span class="node{" path" if row in path or row == 0 else ""}{" lookup" if mine else ""}" '
+                 f'data-row="{row}"><code>{escape(text(tree["tokens"][row]))}</code>')
         if row:
-            label += (f" <small>#{tree['ranks'][row]} p={tree['p'][row]:.3f} q={tree['q'][row]:.3f}</small>")
+            label += (f" <small>#{tree['ranks'][row]} p={tree['p'][row]:.3f} q={tree['q'][row]:.3f}"
+                      f"{' lookup' if mine else ''}</small>")
         label += "</span>"
         below = [node(child) for child in sorted(kids.get(row, []), key=lambda c: tree["ranks"][c])]
         if row == last:
