@@ -204,6 +204,49 @@ def test_token_tree_report(cli, tiny, tmp_path):
     assert "Token tree against its chain" in out and "branch" in out  # a narrow terminal wraps headers
     won = [f"{i + 1} ({'·'.join(map(str, r['branch']))})" for i, r in enumerate(rounds) if any(r["branch"])]
     assert "rounds a branch won (sibling per depth): " + (", ".join(won) or "none") in out.replace("\n", " ")
+    # not a hybrid run: nothing of the lookup's nodes anywhere
+    assert "hybrid" not in tree and "lookup" not in tree["line"] and "Hybrid tree" not in out
+    assert all("source" not in r and "lookup_nodes" not in r for r in rounds)
+    assert ".node.lookup" not in page and "node lookup" not in page
+
+
+def test_hybrid_token_tree_report(cli, tiny, tmp_path):
+    """A hybrid tree run: each round says whose nodes its accepted path took (the lookup's rows
+    1 .. lookup_nodes of its tree, or the model's), the JSON's tree.hybrid adds them up, the text
+    report shows its table, and the HTML outlines exactly the lookup's nodes of each round's tree."""
+    html_path = tmp_path / "hybrid.html"
+    args = ("-p", tiny, "-n", "30", "--k", "3", "--proposer", "hybrid", "--tree-width", "3", "--tree-nodes", "8",
+            "a a a a a a a a")  # repetitive: the lookup finds tries
+    document = inspect_json(cli, *args, "--export", html_path)
+    check_counts(document)
+    tree, totals = document["tree"], document["totals"]
+    hybrid, rounds = tree["hybrid"], document["runs"][0]["rounds"]
+    for r in rounds:
+        path = r["tree"]["path"]
+        want = "none" if not r["num_accepted"] else \
+            "lookup" if path and path[0] <= r["lookup_nodes"] else "model"
+        assert r["source"] == want
+    merged = [i for i, r in enumerate(rounds) if r["lookup_nodes"]]
+    assert merged and hybrid["merged_rounds"] == len(merged) and hybrid["rounds"] == len(rounds)
+    for part in ("lookup", "model"):
+        mine = [r for r in rounds if r["source"] == part]
+        assert hybrid[part]["rounds"] == len(mine)
+        assert hybrid[part]["accepted"] == sum(r["num_accepted"] for r in mine)
+    assert hybrid["none"] == sum(r["source"] == "none" for r in rounds)
+    assert hybrid["lookup"]["accepted"] + hybrid["model"]["accepted"] == totals["accepted"]
+    assert tree["line"].endswith(f"lookup {hybrid['lookup']['share']:.0%} of accepted")
+    page = html_path.read_text()
+    for i in merged:
+        block = page.split(f'<details class="round"><summary>round {i + 1}: ')[1].split("</details>")[0]
+        assert f"· path: {rounds[i]['source']}</summary>" in block
+        outlined = re.findall(r'class="node(?: path)? lookup" data-row="(\d+)"', block)
+        assert sorted(map(int, outlined)) == list(range(1, rounds[i]["lookup_nodes"] + 1))
+    assert "Hybrid tree: whose nodes the accepted path took" in page
+    code, out, err = cli("inspect-acceptance", *args)
+    assert code == 0, err
+    assert "Hybrid tree: whose nodes the accepted path took" in out.replace("\n", " ")
+    depths = " · ".join(f"{d['depth']}: {d['lookup']}/{d['model']}" for d in hybrid["per_depth"])
+    assert f"through the lookup's/the model's nodes: {depths}" in out.replace("\n", " ")
 
 
 def test_a_chain_run_has_no_tree(cli, tiny):

@@ -133,6 +133,20 @@ def test_footer_says_what_a_token_tree_bought():
     assert footer.splitlines()[-1] == "tree +1.00 tok/round over its chain, branch wins at depth 1..3: 33% 50% 0%"
 
 
+def test_footer_gives_a_hybrid_trees_lookup_share():
+    """Hybrid tree rounds (whose nodes the accepted path took, the lookup's node count): the same
+    line ends with the lookup's share of the accepted tokens."""
+    stats = AcceptanceStats()
+    stats.add_round(3, 3, 4, {}, ranks=[0, 0, 0], source=("lookup", 5))
+    stats.add_round(3, 1, 2, {}, ranks=[1], source=("model", 5))  # the lookup's trie lost to the model
+    stats.add_round(3, 2, 3, {}, ranks=[0, 0], source=("model", 0))  # the model's tree alone
+    stats.add_round(3, 0, 1, {}, ranks=[], source=("none", 0))
+    assert (stats.source_rounds, stats.merged_rounds, stats.lookup_paths, stats.model_paths) == (4, 2, 1, 2)
+    assert (stats.lookup_accepted, stats.model_accepted, stats.lookup_at) == (3, 3, [1, 1, 1])
+    footer = render.footer(stats).plain
+    assert footer.splitlines()[-1].endswith("branch wins at depth 1..3: 33% 0% 0%, lookup 50% of accepted")
+
+
 def test_a_dumb_terminal_gets_plain_streaming(command, reference):
     env = environment() | {"TERM": "dumb"}
     code, out, err = run_on_terminals(command, stdout_tty=False, stderr_tty=True, env=env)
