@@ -5,7 +5,7 @@ records, the statistics and inspect-acceptance's report make of it, on tiny fp32
 A lookup that drafts the target's own greedy continuation (cut after `right` tokens by a wrong
 one) every other round: greedy, those rounds' accepted paths are the lookup's, exactly `right`
 tokens of it; the rounds between are the model's tree alone. Runs of the other proposers tell no
-source, and their records' JSON has no field for it.
+source, and their records' JSON has no field for it. On a GPU, captured rounds tell the same.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from decode_helpers import make_profile, next_token_probs, random_prompts
+from decode_helpers import BACKENDS, make_profile, next_token_probs, random_prompts
 from specgen.core.drafters.ngram import LookupTree
 from specgen.core.engine import Engine
 from specgen.core.events import RoundEvent
@@ -31,11 +31,11 @@ def pair(tmp_path_factory):
     return build_pair(tmp_path_factory.mktemp("hybrid_source"), noisy=0.1)
 
 
-def profile(pair, kind: str = "hybrid", **sampling):
+def profile(pair, kind: str = "hybrid", backend: str = "torch", **sampling):
     sampling.setdefault("max_tokens", 30)
     proposer = ProposerSpec(kind=kind, ngram_min=1, ngram_max=3)
-    return make_profile(*pair, k=K, proposer=proposer, speculation=dict(tree_width=WIDTH, tree_nodes=NODES),
-                        **sampling)
+    return make_profile(*pair, k=K, backend=backend, proposer=proposer,
+                        speculation=dict(tree_width=WIDTH, tree_nodes=NODES), **sampling)
 
 
 class TargetBranch:
@@ -81,8 +81,10 @@ def test_path_source_reads_the_first_lane():
     assert path_source([0, 1], 2, LookupTree()) == ("model", 0)  # a model round
 
 
-def test_each_round_says_whose_nodes_its_path_took(pair):
-    engine = Engine(profile(pair))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_round_says_whose_nodes_its_path_took(pair, backend):
+    """On a GPU the rounds are captured: the same ranks staged, so the same sources."""
+    engine = Engine(profile(pair, backend=backend))
     runs, told = [], {"lookup": 0, "model": 0}
     for prompt in random_prompts(engine.pair.vocab_size, 3, seed=4):
         decoder = engine.decoder(insight=True)
