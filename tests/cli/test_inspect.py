@@ -606,6 +606,18 @@ def test_html_tooltips_hold_p_q_and_entropy(cli, tiny, tmp_path):
     assert re.search(r"body \{[^}]*padding: 0 1rem", page)  # a side margin on narrow screens too
 
 
+def test_html_tooltips_of_prompt_lookups_rounds(cli, tiny, tmp_path):
+    """Prompt lookup's chain rounds stage p but no q (one-hot drafts): the page says so ('–')."""
+    path = tmp_path / "ngram.html"
+    code, out, err = cli("inspect-acceptance", "-p", tiny, "-n", "16", "--proposer", "ngram", "--export", path,
+                         "--format", "json", "a a a a a a a a")
+    assert code == 0, err
+    rounds = json.loads(out)["runs"][0]["rounds"]
+    assert any(r["drafted_ids"] for r in rounds) and all(r["draft_q"] is None for r in rounds)
+    titles = re.findall(r'<span class="(?:accepted|recovered)" title="([^"]*)"', path.read_text())
+    assert titles and all(re.search(r"p\(x\) target \d\.\d{3} · q\(x\) draft –", t) for t in titles)
+
+
 def test_png_bar_labels_stay_under_the_panel_title():
     pytest.importorskip("matplotlib")
     from specgen.cli.inspect_export import png_figure

@@ -192,7 +192,7 @@ def _tooltip(fate: str, known: dict) -> str:
     if "rejected" in known:
         lines.append(f"drafted {known['rejected']!r}, rejected:")
     if "p" in known:
-        lines.append(f"p(x) target {known['p']:.3f} · q(x) draft {known['q']:.3f}")
+        lines.append(f"p(x) target {known['p']:.3f} · q(x) draft {_p(known['q'])}")
     if "entropy" in known:
         lines.append(f"target entropy {known['entropy']:.2f} nats")
     return "\n".join(lines)

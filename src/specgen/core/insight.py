@@ -238,7 +238,8 @@ def token_details(run: RunRecord) -> list[dict]:
         for i in range(len(r.token_ids)):
             known = {}
             if i < len(r.drafted_ids) and r.target_p is not None:
-                known = {"p": r.target_p[i], "q": r.draft_q[i]}
+                # q: None for prompt lookup's rounds (one-hot drafts: the insight stages no q)
+                known = {"p": r.target_p[i], "q": r.draft_q[i] if r.draft_q is not None else None}
                 if r.target_entropy is not None:
                     known["entropy"] = r.target_entropy[i]
                 if i == r.num_accepted:
