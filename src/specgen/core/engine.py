@@ -416,7 +416,7 @@ def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) ->
     over several GPUs (its step crosses devices; tree rows do not yet)."""
     from specgen.core.step.model import OwnedModel
 
-    drafter = profile.proposer.drafter(kind)  # hybrid: the model its lookup's trees take turns with
+    drafter = profile.proposer.drafter(kind)  # hybrid: the model whose tree its lookup's trie merges with
     if kind not in TREE_PROPOSERS or drafter not in TREE_DRAFTERS:
         what = f"the {kind} proposer" + (f" with {drafter} (hybrid_with)" if kind == "hybrid" else "")
         return (f"are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) or hybrid only, "
