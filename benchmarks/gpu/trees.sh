@@ -13,7 +13,8 @@ bench_pair &
 gpu_tests 8 "tests/core/round/test_tree_round.py tests/core/round/test_tree.py tests/gpu/kernels/test_tree_walk_kernel.py
   tests/gpu/kernels/test_tree_build_kernel.py tests/gpu/kernels/test_topw_kernel.py tests/gpu/kernels/test_compact.py
   tests/gpu/test_round_ops.py tests/core/test_engine_tree_auto.py tests/core/round/test_hybrid_tree_round.py
-  tests/core/round/test_lookup_tree_round.py"
+  tests/core/round/test_lookup_tree_round.py tests/gpu/kernels/test_tree_merge_kernel.py
+  tests/core/round/test_hybrid_tree_source.py"
 wait
 echo "== bench pair at $SECONDS s: $(tail -1 /tmp/pair.log | cut -c1-160)" | tee -a "$LOG"
 trees() {  # name, src: the sweep on that tree's src/
