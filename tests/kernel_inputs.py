@@ -1,5 +1,6 @@
 """Inputs and equality checks shared by tests/gpu/kernels/test_warp_kernel.py and tests/gpu/kernels/test_verify_kernel.py:
-random logits, per-row warp options, penalties, and one round's verifier inputs, built on CPU
+random logits, per-row warp options, penalties, and one round's verifier inputs (and the token
+trees' draft log q: test_tree_build_kernel.py, test_tree_merge_kernel.py), built on CPU
 generators and moved to DEVICE, so the kernel and the torch reference see the same values.
 
 Import tests/triton_cpu.py first (it sets TRITON_INTERPRET before Triton is imported).
@@ -182,3 +183,15 @@ def simple_round(vocab=100, k=4, seed=0):
     uniform = sampling.uniforms((k,), gen, "cpu").to(DEVICE)
     expo = sampling.exponentials((1, vocab), gen, "cpu").to(DEVICE)
     return drafted, torch.tensor([k], dtype=torch.int32, device=DEVICE), q, p, uniform, expo
+
+
+def tree_logq(rows: int, vocab: int, gen: torch.Generator, tied: bool) -> torch.Tensor:
+    """A draft's log q rows for tree builds (CPU): random, or on a grid of halves (cumulative
+    scores tie exactly) with a few finite entries per row only (top-w then takes -inf scores,
+    which tie too)."""
+    if not tied:
+        return torch.log_softmax(torch.randn(rows, vocab, generator=gen) * 2, -1)
+    logq = -0.5 * torch.randint(0, 3, (rows, vocab), generator=gen).float()
+    finite = torch.rand(rows, vocab, generator=gen) < 0.25
+    finite[:, 0] = True
+    return torch.where(finite, logq, float("-inf"))

@@ -15,6 +15,7 @@ from triton_cpu import DEVICE  # noqa: I001  (first: sets TRITON_INTERPRET witho
 import pytest
 import torch
 
+from kernel_inputs import tree_logq
 from specgen.core.round.ops import TorchRoundOps
 from specgen.core.round.tree import Tree, TreeStack, draw_children, envelope
 from specgen.core.step import rows as rowsets
@@ -23,17 +24,6 @@ from specgen.gpu.workspace import Workspace
 
 DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
 VOCAB = 12
-
-
-def _logq(rows: int, gen: torch.Generator, tied: bool) -> torch.Tensor:
-    """Log q rows: random, or on a grid of halves (cumulative scores tie exactly), with a few
-    finite entries per row only (top-w then takes -inf scores, which tie too)."""
-    if not tied:
-        return torch.log_softmax(torch.randn(rows, VOCAB, generator=gen) * 2, -1)
-    logq = -0.5 * torch.randint(0, 3, (rows, VOCAB), generator=gen).float()
-    finite = torch.rand(rows, VOCAB, generator=gen) < 0.25
-    finite[:, 0] = True
-    return torch.where(finite, logq, float("-inf"))
 
 
 def _same(ours: Tree, theirs: Tree, when: str) -> None:
@@ -51,7 +41,7 @@ def _build(k: int, w: int, n: int, drawn: bool, tied: bool, seed: int, dependent
     target_start = torch.tensor([100 + seed], device=DEVICE)
 
     def fed(rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logq = _logq(rows, gen, tied).to(DEVICE)
+        logq = tree_logq(rows, VOCAB, gen, tied).to(DEVICE)
         noise = torch.empty(rows, VOCAB).exponential_(generator=gen).to(DEVICE) if drawn else None
         return logq, noise
 
@@ -128,7 +118,7 @@ def _batched(batch: int, k: int, w: int, n: int, seed: int, dependent: bool) -> 
         root_id = torch.randint(0, VOCAB, (batch,), generator=gen).to(DEVICE)
 
         def expand(level: int, rows: int) -> None:
-            logq = torch.cat([_logq(rows, gen, tied=b % 2 == 1) for b in range(batch)])  # [B rows, V]
+            logq = torch.cat([tree_logq(rows, VOCAB, gen, tied=b % 2 == 1) for b in range(batch)])  # [B rows, V]
             noise = torch.empty(batch * rows, VOCAB).exponential_(generator=gen)
             noise[~torch.tensor(drawn).repeat_interleave(rows)] = 1.0
             tokens, values = (t.to(DEVICE) for t in draw_children(logq, noise, w))  # [B rows, w]

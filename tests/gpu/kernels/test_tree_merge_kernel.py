@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from decode_helpers import finish, make_profile
+from kernel_inputs import tree_logq
 from specgen.core.drafters.ngram import LookupTree
 from specgen.core.engine import Engine, target_only
 from specgen.core.round.host_tree import pack_tree, packed_sizes
@@ -35,16 +36,6 @@ DEPENDENT = [False, True] if DEVICE.type == "cuda" else [False]
 VOCAB = 12
 
 
-def _logq(rows: int, gen: torch.Generator, tied: bool) -> torch.Tensor:
-    """Log q rows: random, or on a grid of halves with few finite entries (scores tie, -inf too)."""
-    if not tied:
-        return torch.log_softmax(torch.randn(rows, VOCAB, generator=gen) * 2, -1)
-    logq = -0.5 * torch.randint(0, 3, (rows, VOCAB), generator=gen).float()
-    finite = torch.rand(rows, VOCAB, generator=gen) < 0.25
-    finite[:, 0] = True
-    return torch.where(finite, logq, float("-inf"))
-
-
 def _model_tree(k: int, w: int, n: int, drawn: bool, tied: bool, scrambled: bool, gen: torch.Generator) -> Tree:
     """A model's tree as its round's selection leaves it (the reference's builders)."""
     ops, tree = TorchRoundOps(), Tree(k, w, n, DEVICE, drawn=drawn)
@@ -52,7 +43,7 @@ def _model_tree(k: int, w: int, n: int, drawn: bool, tied: bool, scrambled: bool
 
     def fed(rows: int):
         noise = torch.empty(rows, VOCAB).exponential_(generator=gen).to(DEVICE) if drawn else None
-        return _logq(rows, gen, tied).to(DEVICE), noise
+        return tree_logq(rows, VOCAB, gen, tied).to(DEVICE), noise
 
     tree.root(torch.randint(0, VOCAB, (1,), generator=gen).to(DEVICE), *fed(1), start, ops)
     for level in range(1, k):
