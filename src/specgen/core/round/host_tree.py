@@ -33,7 +33,6 @@ import torch
 
 from specgen.core.drafters.ngram import LookupTree
 from specgen.core.round.tree import Tree
-from specgen.core.step.rows import tree as tree_rows
 
 
 class StagedLookup:
@@ -111,24 +110,31 @@ def packed_sizes(k: int, w: int, n: int) -> list[int]:
 def pack_tree(drafted: LookupTree | list, k: int, w: int, n: int) -> torch.Tensor:
     """A lookup's tree (an empty one: [] too) in an envelope of depth k, width w and n nodes, as
     one int64 host tensor of packed_sizes' parts: what HostTree stages, and each row of the
-    batch's (core/round/batch_lookup_tree.py)."""
+    batch's (core/round/batch_lookup_tree.py). Lists, then one tensor: the host runs this between
+    a round's sync and the next launch, where the target waits on it, and core/step/rows.tree's
+    torch ops cost some 0.14 ms on the host for what these loops do in a few microseconds (its
+    depths and tails are what rows.tree gives this tree at start 0: tests/core/round/test_host_tree.py)."""
     tokens, parents = (drafted.tokens, drafted.parents) if drafted else ([], [])
     m = len(tokens)
     if m > n or len(parents) != m:
         raise ValueError(f"a host tree of {m} nodes ({len(parents)} parents) in an envelope of {n}")
     rows = [-1] + [p + 1 for p in parents] + [0] * (n - m)  # parents as tree rows; padding: the root's
     children = [-1] * ((n + 1) * w)
-    ranks, depth = [0] * (n + 1), [0] * (m + 1)  # depth: below the root
-    for row in range(1, m + 1):
+    ranks = [0] * (n + 1)
+    paths = [[0]]  # each row's tail: its ancestors from the root down to itself
+    for row in range(1, n + 1):
         up = rows[row]
-        if not 0 <= up < row or ranks[up] >= w:
-            raise ValueError(f"node {row - 1}: parent {up - 1} is not an earlier node with room for a child")
-        children[up * w + ranks[up]] = row
-        ranks[up] += 1
-        depth[row] = depth[up] + 1
-    if max(depth) > k:
-        raise ValueError(f"a host tree of depth {max(depth)} in an envelope of depth {k}")
-    ids = [0] + list(tokens) + [0] * (n - m)
-    at = tree_rows(torch.tensor([ids]), torch.tensor(rows), 0, levels=k + 1)
-    return torch.cat([torch.tensor(ids[1:] + rows + children), at.depth[0], at.positions[0],
-                      at.tail[0].reshape(-1), torch.tensor([max(depth)])])
+        if row <= m:
+            if not 0 <= up < row or ranks[up] >= w:
+                raise ValueError(f"node {row - 1}: parent {up - 1} is not an earlier node with room for a child")
+            children[up * w + ranks[up]] = row
+            ranks[up] += 1
+        paths.append(paths[up] + [row])
+    deepest = max(len(path) for path in paths[: m + 1]) - 1  # below the root
+    if deepest > k:
+        raise ValueError(f"a host tree of depth {deepest} in an envelope of depth {k}")
+    depth = [len(path) for path in paths]  # rows each row sees: the root's 1
+    tails = [slot for path in paths for slot in path + path[-1:] * (k + 1 - len(path))]  # padded with itself
+    ids = list(tokens) + [0] * (n - m)
+    positions = [d - 1 for d in depth]
+    return torch.tensor(ids + rows + children + depth + positions + tails + [deepest])
