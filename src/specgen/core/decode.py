@@ -33,6 +33,7 @@ from specgen.core.models.context import context_error
 from specgen.core.models.detok import IncrementalDetokenizer, TextTracker
 from specgen.core.errors import UsageError
 from specgen.core.events import Fate, Finished, Output, RoundEvent, logprob_entries, text_starts
+from specgen.core.drafters.merge_rule import MergeRule
 from specgen.core.drafters.ngram import NgramProposer
 from specgen.core.drafters.proposers import AdaptiveK
 from specgen.core.round import Mode, Round
@@ -84,9 +85,11 @@ class Decoder:
     steps the target over the root alone."""
 
     def __init__(self, rnd: Round, programs: dict[Mode, Program], tokenizer, setup: DecodeSetup,
-                 lookup: NgramProposer | None = None, adaptive_k: bool = False, backend=None):
+                 lookup: NgramProposer | None = None, adaptive_k: bool = False, backend=None,
+                 merge: MergeRule | None = None):
         self.round, self.programs, self.tokenizer, self.setup = rnd, programs, tokenizer, setup
         self.lookup = lookup
+        self.merge = merge  # hybrid trees: whether a lookup's round merges with the model's tree
         self.adaptive_k = adaptive_k
         self.backend = backend if backend is not None else rnd.backend
         spec = setup.sampling
@@ -168,6 +171,8 @@ class Decoder:
         self.stats = AcceptanceStats()
         self.proposer_rounds = dict.fromkeys(self.proposer_rounds, 0)
         self.adaptive = AdaptiveK() if self.adaptive_k else None
+        if self.merge is not None:
+            self.merge.start()
         seed = spec.seed if spec.seed is not None else int(torch.seed()) % 2**63
         start = time.perf_counter()
         self.reserve(len(prompt_ids))
@@ -201,7 +206,7 @@ class Decoder:
             ([] if taken else [Fate.BONUS if num_accepted == n else Fate.RECOVERED])
         run.reason, emitted, fates = self._stop_tokens(emitted, fates)
         logprobs = self._logprobs(emitted, spec) if spec.logprobs is not None else None
-        self._follow(launched, emitted, num_accepted)
+        self._follow(launched, emitted, num_accepted, ranks)
         self._next(run, len(run.out.ids) + len(emitted), launched.slot)
         emitted, fates, pieces, starts, delta, logprobs = self._text(run, emitted, fates, logprobs)
         run.stats.released(fetched - run.start, len(emitted))
@@ -275,8 +280,11 @@ class Decoder:
                 mode = Mode.HOST
         if mode is Mode.HOST and not host and Mode.EMPTY in self.programs:
             mode = Mode.EMPTY  # nothing found: the program over the root alone, which has no drafts to set
-        if mode is Mode.HOST:
-            rnd.set_host_drafts(host or [])
+        if mode is Mode.HOST and Mode.MERGED in self.programs and (Mode.HOST not in self.programs
+                                                                  or self.merge.merge()):
+            mode = Mode.MERGED  # hybrid trees: the lookup's trie merged with the model's tree
+        if mode in (Mode.HOST, Mode.MERGED):
+            rnd.set_host_drafts(host or [], mode)
         elif mode is Mode.MODEL and budget is not None:
             rnd.set_budget(budget)
         self.proposer_rounds["draft" if mode is Mode.MODEL else "ngram"] += 1
@@ -297,12 +305,16 @@ class Decoder:
         p, q, entropy = rnd.read_floats(floats, launched.mode)
         return ids, drafted, n, taken, p, q, entropy, rnd.read_ranks(values), rnd.read_tree(floats, launched.mode)
 
-    def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int) -> None:
-        """Host proposers and adaptive k learn the round's verdict before the next round."""
+    def _follow(self, launched: _Launched, emitted: list[int], num_accepted: int, ranks: list[int] | None) -> None:
+        """Host proposers, adaptive k and hybrid trees' merge rule learn the round's verdict before
+        the next round (ranks: a tree round's accepted nodes' sibling indices)."""
         if self.lookup is not None:
             self.lookup.follow(emitted)
         if self.adaptive is not None and launched.k_used > 0:
             self.adaptive.update(num_accepted)
+        if self.merge is not None and launched.mode in (Mode.HOST, Mode.MERGED):
+            source = self.round.read_source(ranks and ranks[:num_accepted], num_accepted, launched.host)
+            self.merge.update(launched.mode is Mode.MERGED, len(emitted), source and source[0])
 
     def _logprobs(self, emitted: list[int], spec: SamplingSpec) -> list[dict]:
         """Log-probabilities of the emitted ids (read before the next launch rewrites the logits)."""

@@ -13,6 +13,7 @@ from specgen.core.batch_decode import BatchDecoder
 from specgen.core.decode import Decoder, DecodeSetup
 from specgen.core.errors import UsageError
 from specgen.core.drafters.heads import build_heads
+from specgen.core.drafters.merge_rule import MergeRule, cost_ratio
 from specgen.core.models.loading import LoadedPair, checkpoint_folder, load_pair, logits_width
 from specgen.core.drafters.ngram import NgramProposer, TreeLookup
 from specgen.core.round import Mode, Round, RoundShape, TreeRound
@@ -25,6 +26,7 @@ from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
 from specgen.core.round.batch_rows import uses_penalties
 from specgen.core.round.batch_tree import BatchTreeDraftModel, BatchTreeRound
 from specgen.core import batch_cost, measured
+from specgen.core.bench import floors
 from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, TREE_DRAFTERS, TREE_PROPOSERS, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
@@ -132,9 +134,14 @@ class Engine:
         modes = {"ngram": [Mode.HOST], "hybrid": [Mode.MODEL, Mode.HOST]}.get(kind, [Mode.MODEL])
         if kind == "ngram" and shape.tree_width > 1:  # a lookup that found nothing: the root alone
             modes.append(Mode.EMPTY)
+        merge = None
+        if kind == "hybrid" and shape.tree_width > 1:  # the lookup's trie alone (HOST) or merged
+            merge = MergeRule(profile.speculation.hybrid_merge, self.merge_ratio(drafter, k))
+            modes = [Mode.MODEL] + [mode for mode, off in ((Mode.HOST, "always"), (Mode.MERGED, "never"))
+                                    if merge.choice != off]
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
         lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if kind in ("ngram", "hybrid") else None
-        if lookup is not None and shape.tree_width > 1:  # ngram, and hybrid's merged rounds
+        if lookup is not None and shape.tree_width > 1:  # ngram, and hybrid's lookup and merged rounds
             w, n = shape.tree_width, shape.tree_nodes
             if kind == "hybrid":  # a root lane and a node left to the model (core/round/merged_tree.py)
                 lookup = TreeLookup(spec.ngram_min, spec.ngram_max, w, n - 1, root_width=w - 1)
@@ -142,7 +149,17 @@ class Engine:
                 lookup = TreeLookup(spec.ngram_min, spec.ngram_max, w, n)
         setup = DecodeSetup(sampling=sampling, k=k, eos_ids=self.eos_ids, max_context=self.max_context,
                             pipeline=profile.speculation.pipeline)
-        return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k)
+        return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k,
+                       merge=merge)
+
+    def merge_ratio(self, drafter: str, k: int) -> float:
+        """A merged hybrid tree round's weight-streaming floor over a lookup round's
+        (core/drafters/merge_rule.py): the draft model's pending pair, k - 1 levels and the commit's
+        step against one step, or a head's extend and k - 1 levels against its extend."""
+        target = floors.streamed_bytes(self.pair.target)
+        if drafter == "draft":
+            return cost_ratio(target, floors.streamed_bytes(self.pair.draft), k + 1)
+        return cost_ratio(target, floors.streamed_bytes(self.heads[drafter].head), k)
 
     def batch_decoder(self, batch: int, profile: Profile | None = None, room: int = 0) -> BatchDecoder:
         """A decoder of `batch` rows at once for `profile`'s settings (default: the engine's); each
@@ -365,9 +382,22 @@ class Engine:
     def tree_report(self, profile: Profile, proposer_kind: str | None = None, positions: int | None = None) -> dict:
         """The round's tree shape as reports give it (tree_shape), auto resolved (for a run whose
         generations reach `positions`, where known), and with auto, `tree_auto`: what it chose and
-        why, None without auto (generate -v, the bench JSON)."""
+        why, None without auto (generate -v, the bench JSON); for the hybrid proposer's trees,
+        `hybrid_merge`: its merge rule (None otherwise)."""
         resolved, choice = self.resolve(profile, proposer_kind, positions)
-        return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None}
+        return {**tree_shape(resolved.speculation), "tree_auto": choice.reason if choice else None,
+                "hybrid_merge": self._merge_report(resolved, proposer_kind or profile.proposer.kind)}
+
+    def _merge_report(self, profile: Profile, kind: str) -> str | None:
+        """Hybrid trees' merge rule as reports give it (core/drafters/merge_rule.py); None otherwise."""
+        spec = profile.speculation
+        if kind != "hybrid" or spec.tree_width == AUTO or spec.tree_width <= 1:
+            return None
+        drafter = profile.proposer.drafter(kind)
+        if drafter not in ("draft", "eagle", "mtp") or (drafter == "draft" and self.pair.draft is None) \
+                or (drafter != "draft" and drafter not in self.heads):
+            return None
+        return MergeRule(spec.hybrid_merge, self.merge_ratio(drafter, spec.k)).describe()
 
 
 def batch_row_bytes(models, positions: int, k: int, width: int, head=None, rows: tuple[str, ...] = ()) -> int:

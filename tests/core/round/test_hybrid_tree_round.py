@@ -22,9 +22,11 @@ import torch
 from decode_helpers import assert_first_two_tokens_follow_p, finish, make_profile, next_token_probs, warped_next
 from specgen.core.engine import Engine, target_only
 from specgen.core.events import RoundEvent
+from specgen.core.drafters.merge_rule import PROBE
 from specgen.core.drafters.ngram import LookupTree, TreeLookup
 from specgen.core.round import Mode, TreeRound
 from specgen.core.round.head_tree import HeadTreeDraft
+from specgen.core.round.host_tree import HostTree
 from specgen.core.round.merged_tree import MergedTree
 from specgen.core.round.tree_round import TreeDraft
 from specgen.core.runner import EagerRunner
@@ -46,12 +48,15 @@ def head(pair, tmp_path_factory):
     return head_for(pair[0], tmp_path_factory.mktemp("hybrid_tree_head") / "head")
 
 
-def hybrid_profile(pair, k: int, width: int, nodes: int, head=None, backend: str = "torch", **sampling):
+def hybrid_profile(pair, k: int, width: int, nodes: int, head=None, backend: str = "torch", merge: str = "always",
+                   **sampling):
+    """merge: [speculation] hybrid_merge (always: every lookup round merged, as most tests here
+    check the merged tree; never: the lookup's trie alone; auto: core/drafters/merge_rule.py)."""
     sampling.setdefault("max_tokens", 32)
     with_ = dict(hybrid_with="eagle", head=str(head)) if head is not None else {}
     proposer = ProposerSpec(kind="hybrid", ngram_min=1, ngram_max=3, **with_)
     return make_profile(pair[0], None if head is not None else pair[1], k=k, backend=backend, proposer=proposer,
-                        speculation=dict(tree_width=width, tree_nodes=nodes), **sampling)
+                        speculation=dict(tree_width=width, tree_nodes=nodes, hybrid_merge=merge), **sampling)
 
 
 def prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
@@ -67,30 +72,32 @@ def prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
-def assert_hybrid_tree(decoder, model_drafter) -> None:
-    """One TreeRound, two programs: the model's tree (MODEL) and the merged one (HOST: the
-    lookup's trie and the same model drafter's tree)."""
+def assert_hybrid_tree(decoder, model_drafter, merge: str) -> None:
+    """One TreeRound, a program for each tree the merge choice takes: the model's tree (MODEL),
+    the merged one (MERGED: the lookup's trie and the same model drafter's tree) and the
+    lookup's trie alone (HOST: the same model drafter following)."""
     rnd = decoder.round
     assert isinstance(rnd, TreeRound) and isinstance(decoder.lookup, TreeLookup)
-    assert set(decoder.programs) == {Mode.MODEL, Mode.HOST}
-    host = rnd.drafters[Mode.HOST]
-    assert isinstance(rnd.drafters[Mode.MODEL], model_drafter) and isinstance(host, MergedTree)
-    assert host.model is rnd.drafters[Mode.MODEL]
+    want = {Mode.MODEL, *[Mode.MERGED] * (merge != "never"), *[Mode.HOST] * (merge != "always")}
+    assert set(decoder.programs) == want and decoder.merge.choice == merge
+    model, merged, alone = rnd.drafters[Mode.MODEL], rnd.drafters[Mode.MERGED], rnd.drafters[Mode.HOST]
+    assert isinstance(model, model_drafter) and isinstance(merged, MergedTree) and isinstance(alone, HostTree)
+    assert merged.model is model and alone.follower.model is model
 
 
 def check_identity(pair, head=None, shapes=SHAPES, backend: str = "torch", oracle: bool = False,
-                   **sampling) -> dict:
+                   merge: str = "always", **sampling) -> dict:
     """Every shape's tokens are target-only's; returns the rounds each proposer drafted. oracle:
     the lookup is an OracleLookup (host rounds that accept up to k drafts), else the ngram's."""
-    engine = Engine(hybrid_profile(pair, *shapes[0], head=head, backend=backend, **sampling))
+    engine = Engine(hybrid_profile(pair, *shapes[0], head=head, backend=backend, merge=merge, **sampling))
     batch = prompts(engine.pair.vocab_size, 6, seed=len(sampling))
     reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in batch]
     rounds = {"ngram": 0, "draft": 0}
     for shape in shapes:
-        profile = hybrid_profile(pair, *shape, head=head, backend=backend, **sampling)
+        profile = hybrid_profile(pair, *shape, head=head, backend=backend, merge=merge, **sampling)
         for prompt, want in zip(batch, reference):
             decoder = engine.decoder(profile)
-            assert_hybrid_tree(decoder, TreeDraft if head is None else HeadTreeDraft)
+            assert_hybrid_tree(decoder, TreeDraft if head is None else HeadTreeDraft, merge)
             if oracle:
                 decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, shape[0])
             if engine.backend.name == "cuda":  # both programs captured, not run eagerly
@@ -105,19 +112,25 @@ def check_identity(pair, head=None, shapes=SHAPES, backend: str = "torch", oracl
     return rounds
 
 
+MERGES = ["always", "never", "auto"]
+
+
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("oracle", [False, True])
-def test_greedy_hybrid_trees_give_target_only_tokens(pair, oracle):
-    check_identity(pair, oracle=oracle)
+def test_greedy_hybrid_trees_give_target_only_tokens(pair, oracle, merge):
+    check_identity(pair, oracle=oracle, merge=merge)
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("oracle", [False, True])
-def test_gumbel_hybrid_trees_give_target_only_text(pair, oracle):
-    check_identity(pair, oracle=oracle, temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)
+def test_gumbel_hybrid_trees_give_target_only_text(pair, oracle, merge):
+    check_identity(pair, oracle=oracle, merge=merge, temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("oracle", [False, True])
-def test_greedy_hybrid_head_trees_give_target_only_tokens(pair, head, oracle):
-    check_identity(pair, head=head, oracle=oracle)
+def test_greedy_hybrid_head_trees_give_target_only_tokens(pair, head, oracle, merge):
+    check_identity(pair, head=head, oracle=oracle, merge=merge)
 
 
 def test_gumbel_hybrid_head_trees_give_target_only_text(pair, head):
@@ -129,11 +142,11 @@ def test_sampled_rejection_hybrid_trees_are_seed_stable(pair):
     """The model's rounds draw their children and walk them recursively, the host's walk the
     lookup's one-hot siblings; the host draws every round's numbers whoever drafts it, so a seed
     gives one text, another seed another."""
-    engine = Engine(hybrid_profile(pair, 4, 3, 10, temperature=0.8, top_k=40))
+    engine = Engine(hybrid_profile(pair, 4, 3, 10, merge="auto", temperature=0.8, top_k=40))
     prompt = prompts(engine.pair.vocab_size, 2, seed=5)[1]
     texts, rounds = {}, {"ngram": 0, "draft": 0}
     for seed in (1, 1, 2):
-        decoder = engine.decoder(hybrid_profile(pair, 4, 3, 10, temperature=0.8, top_k=40, seed=seed))
+        decoder = engine.decoder(hybrid_profile(pair, 4, 3, 10, merge="auto", temperature=0.8, top_k=40, seed=seed))
         assert decoder.round.tree.sampled and decoder.round.coupling.q is not None
         got = finish(decoder, prompt).token_ids
         assert texts.setdefault(seed, got) == got
@@ -226,22 +239,60 @@ class BeforeEachLaunch:
         return Checked()
 
 
+class RightLookup(_Following):
+    """A lookup that finds the target's greedy continuation, k tokens, every round: the merged
+    rounds' accepted paths are all the lookup's."""
+
+    def __init__(self, model, k: int):
+        self.model, self.k = model, k
+        self.tokens: list[int] = []
+
+    def lookup(self, k: int) -> LookupTree:
+        branch = []
+        for _ in range(max(k, 0)):
+            branch.append(int(next_token_probs(self.model, self.tokens + branch).argmax()))
+        return LookupTree(branch, list(range(-1, len(branch) - 1)))
+
+
+def test_auto_merges_only_to_probe_where_the_lookup_wins_every_round(pair):
+    """hybrid_merge auto: where the lookup's nodes win every merged round, its trie alone brings
+    as many tokens for fewer bytes, so the rounds after the first merged one take the trie alone,
+    merged again only every PROBE lookup rounds; the tokens stay target-only's."""
+    k = 3
+    engine = Engine(hybrid_profile(pair, k, 2, 6, merge="auto", max_tokens=60))
+    prompt = prompts(engine.pair.vocab_size, 1, seed=9)[0]
+    want = finish(engine.decoder(target_only(engine.profile)), prompt).token_ids
+    decoder = engine.decoder()
+    assert decoder.merge.ratio > 1
+    decoder.lookup = RightLookup(engine.pair.target, k)
+    launches = BeforeEachLaunch(decoder, lambda before: None)
+    assert finish(decoder, prompt).token_ids == want
+    modes = launches.modes
+    merged = [i for i, mode in enumerate(modes) if mode is Mode.MERGED]
+    assert merged[0] == 0 and set(modes) == {Mode.MERGED, Mode.HOST}, modes
+    assert all(b - a == PROBE for a, b in zip(merged, merged[1:])), modes
+    assert decoder.merge.merged_rounds == len(merged) and decoder.merge.lookup_rounds == len(modes) - len(merged)
+
+
 def cached(runner, length: int) -> list[torch.Tensor]:
     return [t[0, :, :length].cpu() for t in (*runner.cache.keys, *runner.cache.values)]
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=1.0, seed=3)])
-def test_after_each_host_round_the_draft_is_a_chains(pair, sampling, backend):
-    """After every round, host rounds above all: the draft's cache holds the committed sequence
-    but its last two ids, slot by slot as a chain prefill of those ids writes them (what a model
-    round, or a chain's, leaves), its position is theirs and `pending` holds the last two, so the
-    next model round starts where it would after a chain of the same tokens."""
+@pytest.mark.parametrize("merge", ["always", "never"])
+def test_after_each_host_round_the_draft_is_a_chains(pair, sampling, backend, merge):
+    """After every round, the lookup's rounds above all (merged, or the trie alone): the draft's
+    cache holds the committed sequence but its last two ids, slot by slot as a chain prefill of
+    those ids writes them (what a model round, or a chain's, leaves), its position is theirs and
+    `pending` holds the last two, so the next model round starts where it would after a chain of
+    the same tokens."""
     k = 4
-    profile = hybrid_profile(pair, k, 3, 10, backend=backend, max_tokens=40, **sampling)
+    profile = hybrid_profile(pair, k, 3, 10, backend=backend, merge=merge, max_tokens=40, **sampling)
     engine = Engine(profile)
     draft, model = engine.draft_runner, engine.pair.draft
-    checked = {Mode.MODEL: 0, Mode.HOST: 0}
+    looked = Mode.MERGED if merge == "always" else Mode.HOST
+    checked = {Mode.MODEL: 0, looked: 0}
     emitted = set()  # by host rounds followed by a check
 
     for prompt in prompts(engine.pair.vocab_size, 4, seed=2):
@@ -261,19 +312,20 @@ def test_after_each_host_round_the_draft_is_a_chains(pair, sampling, backend):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             if before is not None:
                 checked[before] += 1
-                if before is Mode.HOST:
+                if before is looked:
                     emitted.add(len(committed) - length[0])
             length[0] = len(committed)
 
         launches = BeforeEachLaunch(decoder, check)
         finish(decoder, prompt)
         assert len(launches.modes) > 1
-    assert checked[Mode.HOST] > 5 and checked[Mode.MODEL] > 5, checked
+    assert checked[looked] > 5 and checked[Mode.MODEL] > 5, checked
     if not sampling:  # a host round of every length, the last two ids pending of its tokens or not
         assert emitted == set(range(1, k + 2)), emitted
 
 
-def test_after_host_rounds_the_heads_cache_is_a_fresh_heads(pair, head):
+@pytest.mark.parametrize("merge", ["always", "never"])
+def test_after_host_rounds_the_heads_cache_is_a_fresh_heads(pair, head, merge):
     """Hybrid with an EAGLE-3 head: a host round extends the head over the round before's rows and
     gathers its own accepted path's (the target's tree step over the lookup's tree filled the tap),
     so after every round the head's rows below the last round's start hold what a fresh head
@@ -283,9 +335,10 @@ def test_after_host_rounds_the_heads_cache_is_a_fresh_heads(pair, head):
     from specgen.core.drafters.head_formats import load_head
 
     k = 3
-    engine = Engine(hybrid_profile(pair, k, 3, 8, head=head, max_tokens=30))
+    engine = Engine(hybrid_profile(pair, k, 3, 8, head=head, merge=merge, max_tokens=30))
     model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32).eval()
-    checked = {Mode.MODEL: 0, Mode.HOST: 0}
+    looked = Mode.MERGED if merge == "always" else Mode.HOST
+    checked = {Mode.MODEL: 0, looked: 0}
     for prompt in prompts(engine.pair.vocab_size, 4, seed=6):
         decoder = engine.decoder()
         decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, k)
@@ -308,7 +361,7 @@ def test_after_host_rounds_the_heads_cache_is_a_fresh_heads(pair, head):
 
         BeforeEachLaunch(decoder, check)
         finish(decoder, prompt)
-    assert checked[Mode.HOST] > 2 and checked[Mode.MODEL] > 2, checked
+    assert checked[looked] > 2 and checked[Mode.MODEL] > 2, checked
 
 
 class Recorded:
@@ -338,11 +391,11 @@ def test_a_merged_round_holds_the_lookups_trie_and_the_models_tree(pair):
         decoder = engine.decoder()
         decoder.lookup = Recorded(OracleLookup(engine.pair.target, engine.pair.vocab_size, k))
         rnd = decoder.round
-        host = rnd.drafters[Mode.HOST]
+        host = rnd.drafters[Mode.MERGED]
 
         def check(before):
             nonlocal merged
-            if before is not Mode.HOST:
+            if before is not Mode.MERGED:
                 return
             committed, looked = decoder.lookup.calls[-2]  # [-1]: the round about to launch
             m, tree = len(looked), rnd.tree
@@ -385,21 +438,23 @@ def test_insight_stages_the_lookups_rows_q_as_one(pair):
             view = r.tree
             path = [view.tokens[row] for row in view.path]
             assert path == r.token_ids[: len(path)]
-            m = len(looked) if mode is Mode.HOST else 0
+            m = len(looked) if mode in (Mode.HOST, Mode.MERGED) else 0
             assert view.tokens[1 : m + 1] == looked.tokens if m else True
             assert all(q == 1.0 for q in view.q[1 : m + 1])
             assert all(0 < q <= 1 for q in view.q[m + 1 :])
-            host_rounds += mode is Mode.HOST and len(view.q) > m + 1
+            host_rounds += mode is Mode.MERGED and len(view.q) > m + 1
     assert host_rounds > 0
 
 
 @CUDA
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)])
 def test_captured_hybrid_tree_rounds_give_target_only_tokens(pair, head, sampling):
-    """On a GPU both programs are captured (the model's tree, and the merged one): greedy and
-    Gumbel-coupled text is target-only's, with the draft model and with an EAGLE-3 head."""
-    check_identity(pair, backend="cuda", **sampling)
-    check_identity(pair, head=head, shapes=SHAPES[1:], backend="cuda", **sampling)
+    """On a GPU every program is captured (the model's tree, the merged one and the lookup's
+    trie alone): greedy and Gumbel-coupled text is target-only's, with the draft model and with
+    an EAGLE-3 head."""
+    check_identity(pair, backend="cuda", merge="auto", **sampling)
+    check_identity(pair, head=head, shapes=SHAPES[1:], backend="cuda", merge="auto", **sampling)
+    check_identity(pair, shapes=SHAPES[1:], backend="cuda", merge="never", **sampling)
 
 
 @pytest.mark.slow
@@ -420,5 +475,5 @@ def test_sampled_hybrid_tree_rounds_follow_the_target_distribution(pair):
         launches = BeforeEachLaunch(decoder, lambda before: None)
         outputs.append(finish(decoder, prompt).token_ids)
         modes.append(launches.modes)
-    assert all(m[0] is Mode.HOST for m in modes) and sum(Mode.MODEL in m for m in modes) > 500
+    assert all(m[0] is Mode.MERGED for m in modes) and sum(Mode.MODEL in m for m in modes) > 500
     assert_first_two_tokens_follow_p(outputs, model, prompt, profile.sampling)

@@ -90,6 +90,15 @@ class HeadTreeDraft:
         bookkeep()
         torch.index_select(self.head.features(self.tree.n + 1), 0, self.rnd.path_rows, out=self.features)
 
+    def follow(self) -> None:
+        """A hybrid round over the lookup's trie alone (core/round/host_tree.py's ModelFollower):
+        the head extends over the round before's rows, as draft() starts, so that its cache keeps
+        every position; lookup_commit gathers this round's path."""
+        self.chain.extend_over(self.out, self.features)
+
+    def lookup_commit(self, out: torch.Tensor, bookkeep) -> None:
+        self.commit(out, bookkeep)
+
     def merged_commit(self, out: torch.Tensor, bookkeep) -> None:
         """A merged tree's round (core/round/merged_tree.py): the target stepped over the merged
         tree, whose rows the tap holds as a model tree's: commit's gather, whichever part of the

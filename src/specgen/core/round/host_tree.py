@@ -1,8 +1,9 @@
 """A token tree the host drafted: prompt lookup's trie (core/drafters/ngram.py lookup_tree), the
-drafter part of a TreeRound whose proposer is `ngram` (no draft model, no head). The hybrid
-proposer's rounds where the lookup finds continuations take the same staged trie (StagedLookup)
-as the first part of a merged tree, whose other part is the model's tree
-(core/round/merged_tree.py).
+drafter part of a TreeRound whose proposer is `ngram` (no draft model, no head), and of the
+hybrid proposer's rounds that verify the lookup's trie alone, its model following (ModelFollower).
+The hybrid proposer's other rounds where the lookup finds continuations take the same staged trie
+(StagedLookup) as the first part of a merged tree, whose other part is the model's tree
+(core/round/merged_tree.py); core/drafters/merge_rule.py chooses between the two.
 
 Before each round the host packs the tree into one int64 buffer and copies it to the device in one
 copy: the nodes' tokens and parents as tree rows (row 0 the root, the round's `last`; row 1 + i
@@ -98,6 +99,29 @@ class HostTree(StagedLookup):
 
     def state(self) -> list[torch.Tensor]:
         return self.follower.state()
+
+
+class ModelFollower:
+    """The model's part of a hybrid round over the lookup's trie alone (Mode.HOST where the hybrid
+    proposer drafts trees: core/drafters/merge_rule.py chooses it over the merged tree): the model
+    (TreeDraft, HeadTreeDraft) drafts nothing, `follow()` before the target's step and
+    `lookup_commit` at the commit keep its cache a chain's after the round's tokens."""
+
+    def __init__(self, model):
+        self.model = model
+        self.runners = model.runners
+
+    def prefill(self, ids: list[int]) -> None:
+        self.model.prefill(ids)
+
+    def follow(self) -> None:
+        self.model.follow()
+
+    def follow_commit(self, out: torch.Tensor, bookkeep) -> None:
+        self.model.lookup_commit(out, bookkeep)
+
+    def state(self) -> list[torch.Tensor]:
+        return self.model.state()
 
 
 def packed_sizes(k: int, w: int, n: int) -> list[int]:

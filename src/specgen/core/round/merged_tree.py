@@ -3,7 +3,9 @@
 lookup_tree, staged by the host as core/round/host_tree.py's StagedLookup) AND the model's tree
 (the draft model's TreeDraft, or an EAGLE-3 head's HeadTreeDraft), in the round's one envelope
 (k, w, n), verified in one target step. A round whose lookup finds nothing is the model's tree
-alone (Mode.MODEL); the merged one is hybrid's Mode.HOST: one captured program each.
+alone (Mode.MODEL); one that finds continuations is this merged tree (Mode.MERGED) or the lookup's
+trie alone (Mode.HOST, the model following: core/round/host_tree.py's ModelFollower), as
+core/drafters/merge_rule.py chooses ([speculation] hybrid_merge): one captured program each.
 
 Layout (tree rows): row 0 the root; rows 1 .. m the lookup's m nodes as the host packed them; rows
 m + 1 .. m + c the model's c = min(n − m, eligible) best nodes; the rest padding (a child of the

@@ -46,6 +46,9 @@ class Mode(enum.Enum):
     # the host's lookup found nothing: a tree round's program over the root alone, where a
     # lookup tree's program would step the target over n padding rows (core/round/tree_round.py)
     EMPTY = "empty"
+    # a hybrid tree round whose lookup found continuations, merged with the model's tree
+    # (core/round/merged_tree.py); HOST is then the lookup's trie alone (core/drafters/merge_rule.py)
+    MERGED = "merged"
 
 
 @dataclass(frozen=True)
@@ -204,8 +207,9 @@ class Round(Shared):
         self.generated.zero_()
         self.rows.penalties.start(ids)
 
-    def set_host_drafts(self, tokens: list[int]) -> None:
-        self.drafters[Mode.HOST].set_drafts(tokens)
+    def set_host_drafts(self, tokens: list[int], mode: Mode = Mode.HOST) -> None:
+        """The host's drafts for the next round of `mode` (HOST, or a hybrid tree's MERGED)."""
+        self.drafters[mode].set_drafts(tokens)
 
     def set_budget(self, n: int) -> None:
         self.budget.fill_(n)

@@ -6,7 +6,8 @@ buffers, with a tree drafter, tree verification and a commit that compacts both 
              level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py);
              an EAGLE-3 head likewise after its extend (core/round/head_tree.py); the hybrid
              proposer's where the lookup finds continuations: the model's tree merged with the
-             lookup's (core/round/merged_tree.py)
+             lookup's (core/round/merged_tree.py), or the lookup's alone, the model following
+             (core/drafters/merge_rule.py chooses)
     select   the n best candidates by cumulative draft log-probability, as tree rows
     target   one step over the root and the n nodes (core/step/rows.tree)
     verify   the walk from the root (core/sampling/tree_walk.py, through the round's ops table: one
@@ -43,7 +44,7 @@ import torch
 from specgen.core.round.couplings import GumbelCoupling
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.head_tree import HeadTreeDraft
-from specgen.core.round.host_tree import HostTree
+from specgen.core.round.host_tree import HostTree, ModelFollower
 from specgen.core.round.merged_tree import MergedTree
 from specgen.core.round.round import Mode, Round
 from specgen.core.round.rows import MinTokens, Penalties
@@ -116,6 +117,24 @@ class TreeDraft:
         torch.clamp(out[:k], min=0, out=ids)
         with draft.step_context(k):
             draft.step(ids, chain.logits[k + 2][:k])
+        bookkeep(draft_position=draft.position.view(1), pending=chain.pending, ran=k + 2)
+
+    def follow(self) -> None:
+        """A hybrid round over the lookup's trie alone (core/round/host_tree.py's ModelFollower):
+        nothing before the target's step; lookup_commit steps over the round's tokens."""
+
+    def lookup_commit(self, out: torch.Tensor, bookkeep) -> None:
+        """That round's commit: draft() did not run, so one step over the pending pair and the
+        round's first k tokens (k + 2 rows from the position) keeps the rows of the pair and the
+        first m - 2 tokens, the last two then waiting in `pending`, with the bookkeeping of
+        merged_commit, which stepped the same rows in two calls: the cache is a chain's after the
+        same tokens."""
+        k, draft, chain = self.rnd.k, self.chain.runner, self.chain
+        ids = chain.follow_ids
+        ids[:2].copy_(chain.pending[0])
+        torch.clamp(out[:k], min=0, out=ids[2:])
+        with draft.step_context(k + 2):
+            draft.step(ids, chain.logits[k + 2])
         bookkeep(draft_position=draft.position.view(1), pending=chain.pending, ran=k + 2)
 
     def state(self) -> list[torch.Tensor]:
@@ -294,17 +313,19 @@ class TreeRound(Round):
     def _tree_drafters(self, shape, draft_params: WarpParams) -> dict:
         """The drafter part of each mode: the host's lookup tree (HOST: the ngram proposer's), and
         where a model drafts, its tree (MODEL): the draft model's, or the head's
-        (core/round/head_tree.py) where an EAGLE-3 head drafts. The hybrid proposer's HOST
-        rounds (its lookup found continuations) merge the lookup's trie with the model's tree
-        (core/round/merged_tree.py); where its lookup finds nothing, the model's tree is the
-        round's, so only the ngram proposer's round has an empty one (Mode.EMPTY, __init__)."""
+        (core/round/head_tree.py) where an EAGLE-3 head drafts. The hybrid proposer's rounds
+        whose lookup found continuations merge the lookup's trie with the model's tree (MERGED:
+        core/round/merged_tree.py) or verify the trie alone, the model following (HOST), as
+        core/drafters/merge_rule.py chooses; where its lookup finds nothing, the model's tree is
+        the round's, so only the ngram proposer's round has an empty one (Mode.EMPTY, __init__)."""
         if shape.drafter == "none":
             return {Mode.HOST: HostTree(self, self.tree, self.drafter)}
         if shape.drafter == "eagle":
             model = HeadTreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
         else:
             model = TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
-        return {Mode.MODEL: model, Mode.HOST: MergedTree(self, self.tree, model)}
+        return {Mode.MODEL: model, Mode.HOST: HostTree(self, self.tree, ModelFollower(model)),
+                Mode.MERGED: MergedTree(self, self.tree, model)}
 
     @property
     def reach(self) -> int:
