@@ -278,11 +278,13 @@ class MtpDrafter:
     def _run(self, ids, hidden, positions):
         self.cache.rollback(min(int(positions[0]), self.cache.length))
         logits, out = self.layer(ids[None], hidden[None], self.cache)
-        logits, out = logits[0], out[0]
+        return self._logits(logits[0]), out[0]
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         cols = min(logits.shape[-1], self.width)
         full = logits.new_full((logits.shape[0], self.width), float("-inf"), dtype=torch.float32)
         full[:, :cols] = logits[:, :cols].float()
-        return full, out
+        return full
 
     def prefill(self, ids, features, positions):
         self._run(ids, features, positions)
@@ -292,6 +294,37 @@ class MtpDrafter:
 
     def step(self, ids, hidden, positions):
         return self._run(ids, hidden, positions)
+
+    def step_rows(self, rows, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """step over a token tree's level (core/round/head_tree.py), each row on its parent's
+        hidden state [N, H]: (logits [N, width], output hidden states [N, H]).
+
+        A tree's slots are this growing cache's entries: the level's rows (core/round/tree.py
+        level_rows) take slots start + (l - 1) w + f, their ancestors' levels the slots just
+        before, and start is the target's position, the committed prefix's length here too (entry
+        t is the pair at position t). So rolling back to the level's first slot (level 1: start,
+        dropping the extend's stale rows past it; later levels: the cache's length, the levels
+        before stay) and appending the rows in slot order puts each at the entry its slot names,
+        and the rows' `seen` over entries is their mask: the prefix, their ancestors, themselves,
+        no sibling or other branch. Rotary positions are the rows' own (start + l - 1), not the
+        entries'. The next call at a committed position (the next round's extend) drops every
+        level's entries. Reads the slots on the host: these rounds run eagerly."""
+        from specgen.core.step.rows import seen
+
+        first = int(rows.slots[0, 0])
+        self.cache.rollback(min(first, self.cache.length))
+        n = rows.count
+        if self.cache.length != first or not torch.equal(rows.slots[0], first + torch.arange(n, device=rows.slots.device)):
+            raise ValueError(f"MTP tree rows must take the slots after the cache's {self.cache.length} entries, "
+                             "in order")
+        keys = seen(rows.start, n, first + n, rows.tail, rows.depth)  # [1, n, first + n]
+        logits, out = self.layer(rows.ids, hidden[None], self.cache, rows.positions, keys)
+        return self._logits(logits[0]), out[0]
+
+    def hidden_rows(self, n: int) -> torch.Tensor:
+        """A buffer for n of the layer's output hidden states (zeros)."""
+        weight = self.layer.proj.weight
+        return weight.new_zeros(n, weight.shape[0])
 
 
 

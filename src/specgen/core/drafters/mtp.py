@@ -222,13 +222,21 @@ class MtpLayer(nn.Module):
     def new_cache(self) -> MtpCache:
         return MtpCache()
 
-    def forward(self, ids: torch.Tensor, hidden: torch.Tensor, cache: MtpCache | None = None):
-        """ids [B, T] (x_{t+1}), hidden [B, T, H] (h_t) -> logits [B, T, V], output [B, T, H]."""
+    def forward(self, ids: torch.Tensor, hidden: torch.Tensor, cache: MtpCache | None = None,
+                positions: torch.Tensor | None = None, seen: torch.Tensor | None = None):
+        """ids [B, T] (x_{t+1}), hidden [B, T, H] (h_t) -> logits [B, T, V], output [B, T, H].
+
+        Without positions and seen: a chain appended to the cache, entry past + i at position
+        past + i, causal. A token tree's rows give both: positions [B, T] each row's rotary
+        position, seen [B, T, past + T] bool the cache entries (the rows' own included, appended
+        after the cached ones in order) each row attends to (MtpDrafter.step_rows)."""
         batch, steps = ids.shape
         past = cache.length if cache is not None else 0
-        positions = torch.arange(past, past + steps, device=ids.device).expand(batch, steps)  # [B, T]
+        if positions is None:
+            positions = torch.arange(past, past + steps, device=ids.device).expand(batch, steps)  # [B, T]
         x = self.proj(torch.cat([self.enorm(self.embed(ids)), self.hnorm(hidden.to(self.proj.weight.dtype))], -1))
-        out = self.block(x, attention_mask=self._mask(past, steps, x), position_ids=positions,
+        mask = self._mask(past, steps, x) if seen is None else self._additive(seen, x)[:, None]
+        out = self.block(x, attention_mask=mask, position_ids=positions,
                          **{self.cache_keyword: cache.kv if cache is not None else None}, use_cache=cache is not None,
                          position_embeddings=self.rotary(x, positions))
         return self.head(self.norm(out)), out
@@ -238,8 +246,13 @@ class MtpLayer(nn.Module):
         """Additive causal mask over the cached and new keys: [1, 1, T, past+T]."""
         rows = torch.arange(steps, device=x.device)[:, None] + past
         keys = torch.arange(past + steps, device=x.device)[None, :]
+        return MtpLayer._additive(keys <= rows, x)[None, None]
+
+    @staticmethod
+    def _additive(seen: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """seen (bool) as an additive mask in x's dtype: 0 where seen, the dtype's min elsewhere."""
         blocked = torch.full((), torch.finfo(x.dtype).min, dtype=x.dtype, device=x.device)
-        return torch.where(keys <= rows, torch.zeros((), dtype=x.dtype, device=x.device), blocked)[None, None]
+        return torch.where(seen, torch.zeros((), dtype=x.dtype, device=x.device), blocked)
 
     def load(self, weights: MtpWeights, folder="the checkpoint") -> MtpLayer:
         """Copy the stored tensors in, exactly (cast to the module's dtype); one-line errors."""
