@@ -444,7 +444,7 @@ def draft_picking(mode: str, sampling) -> tuple[bool, bool]:
 def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) -> str:
     """Why this run cannot draft or verify a token tree ("" where it can). spread: a model lies
     over several GPUs (its step crosses devices; tree rows do not yet)."""
-    from specgen.core.step.model import OwnedModel
+    from specgen.core.runner import tree_steps_refusal
 
     drafter = profile.proposer.drafter(kind)  # hybrid: the model whose tree its lookup's trie merges with
     if kind not in TREE_PROPOSERS or drafter not in TREE_DRAFTERS:
@@ -454,8 +454,9 @@ def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) ->
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
     models = (pair.target, pair.draft) if drafter == "draft" else (pair.target,)
-    if not all(isinstance(model, OwnedModel) for model in models):
-        return "need specgen's own model step, and this pair runs on transformers"
+    for model in models:
+        if tree_steps_refusal(model):
+            return tree_steps_refusal(model)
     if drafter != "none" and profile.proposer.draft_p_min > 0:
         return "do not take draft_p_min yet"
     return ""

@@ -54,6 +54,24 @@ class Runner(Protocol):
     def reserve(self, positions: int) -> None: ...
 
 
+def tree_steps_refusal(model) -> str:
+    """Why an eager runner cannot step `model` over a token tree's rows ("" where it can).
+    specgen's own models step any rows; transformers' models take a tree's rows as an additive
+    4D mask, which replaces the masks they would build, sliding windows included: a model with
+    sliding-window layers would see keys past its window, so it steps chains only."""
+    from specgen.core.step.model import OwnedModel
+
+    if isinstance(model, OwnedModel):
+        return ""
+    config = model.config
+    kinds = set(getattr(config, "layer_types", None) or ())
+    window = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+    if "sliding_attention" in kinds or (window and not kinds):
+        return ("need specgen's own model step or a transformers model without sliding windows, "
+                f"and this pair runs {config.model_type} on transformers")
+    return ""
+
+
 def fit_logits(logits: torch.Tensor, width: int) -> torch.Tensor:
     """[n, cols] -> [n, width] float32: cut extra (padding) columns, or pad with -inf."""
     cols = logits.shape[-1]
@@ -117,19 +135,55 @@ class EagerRunner:
         return logits
 
     def step_rows(self, rows, logits_out: torch.Tensor) -> None:
-        if not self.owned:
-            raise UsageError("token trees need specgen's own model step, and this model runs on transformers",
-                             hint="set tree_width = 1, or use a checkpoint specgen's model step covers")
-        self._room(int(rows.slots.max()) + 1)
+        refusal = tree_steps_refusal(self.model)
+        if refusal:
+            raise UsageError(f"token trees {refusal}", hint="set tree_width = 1")
         with self.tap.armed() if self.tap is not None else contextlib.nullcontext():
-            logits = self.model.step(rows, self.cache)[0]
+            if self.owned:
+                self._room(int(rows.slots.max()) + 1)
+                logits = self.model.step(rows, self.cache)[0]
+            else:
+                logits = self._transformers_rows(rows)
         cols = min(logits.shape[-1], self.width)
         logits_out[:, :cols].copy_(logits[:, :cols])
+
+    def _transformers_rows(self, rows) -> torch.Tensor:
+        """One sequence's rows over transformers' DynamicCache, which appends: a tree's rows take
+        consecutive slots past the position (the target's: the root and its nodes, core/step/rows.py
+        tree; the draft model's levels: each after the levels before, core/round/tree.py level_rows),
+        so cropping the cache to the rows' first slot (dropping what an earlier round left past the
+        position, and nothing of this round's earlier levels) puts each row at the entry its slot
+        names. Their `seen` over entries is then their mask (an additive 4D mask, which
+        transformers takes as given), and each row keeps its own rotary position. The entries past
+        an accepted path go at the next crop, after compact() moved the path's into place."""
+        from specgen.core.step.rows import seen
+
+        first, n = int(rows.slots[0, 0]), rows.count
+        if self.length > first:
+            self.cache.crop(first - self.length)
+            self.length = first
+        entries = torch.arange(first, first + n, device=self.device)
+        if self.length != first or first < int(self.position) or not torch.equal(rows.slots[0], entries):
+            raise ValueError(f"rows on a transformers cache must take consecutive slots from its {self.length} "
+                             f"entries, past its position {int(self.position)}")
+        dtype = self.model.get_input_embeddings().weight.dtype
+        blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=self.device)
+        visible = seen(rows.start, n, first + n, rows.tail, rows.depth)  # [1, n, first + n]
+        mask = torch.where(visible, torch.zeros((), dtype=dtype, device=self.device), blocked)[:, None]
+        out = self.model(input_ids=rows.ids, **{self.cache_keyword: self.cache}, attention_mask=mask,
+                         position_ids=rows.positions, cache_position=entries, use_cache=True)
+        self.length = first + n
+        return out.logits[0]
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         from specgen.core.step.model import REFERENCE
 
-        REFERENCE.compact(self.cache, src[None], dst[None])
+        if self.owned:
+            REFERENCE.compact(self.cache, src[None], dst[None])
+            return
+        for layer in self.cache.layers:  # as REFERENCE.compact: every source read before any write
+            layer.keys[:, :, dst] = layer.keys[:, :, src]
+            layer.values[:, :, dst] = layer.values[:, :, src]
 
     def batch_ops(self, capacity: int):
         """The kernel table a batch round steps this runner's model with: the reference."""
