@@ -295,6 +295,14 @@ def build_mtp_checkpoint(folder: Path, family: str = "deepseek_v3", sharded: boo
     return config, model, mtp
 
 
+def build_mtp_target(folder: Path, family: str = "deepseek_v3"):
+    """An MTP checkpoint the engine loads as a target (proposer mtp): build_mtp_checkpoint's, its
+    vocabulary a tokenizer's, saved beside it. Returns the config."""
+    tok = build_tokenizer(folder)
+    config, _, _ = build_mtp_checkpoint(folder, family, vocab=len(tok))
+    return config
+
+
 # --- Real families (issue 22): benchmarks/family_pairs.py's checkpoints at tiny size ---
 
 FAMILY_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "family_pairs.py"

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from decode_helpers import BACKENDS, _chi2_pvalue, finish, make_profile, next_token_probs, random_prompts
-from tiny_models import (AUX, build_head, build_mtp_checkpoint, build_pair, build_tokenizer, head_for, tiny_head_config,
+from tiny_models import (AUX, build_head, build_mtp_target, build_pair, head_for, tiny_head_config,
                          write_profile)
 from cli_helpers import assert_error, specgen
 
@@ -248,9 +248,7 @@ def test_head_of_another_target_is_refused(headed, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def mtp_target(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mtp")
-    tok = build_tokenizer(folder)
-    config, _, _ = build_mtp_checkpoint(folder, vocab=len(tok))
-    return folder, config
+    return folder, build_mtp_target(folder)
 
 
 def test_mtp_greedy_equals_target_only_and_drafts_follow_the_layer(mtp_target):

@@ -13,7 +13,6 @@ On a GPU: captured hybrid tree rounds give target-only's tokens.
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
@@ -31,6 +30,7 @@ from specgen.core.round.merged_tree import MergedTree
 from specgen.core.round.tree_round import TreeDraft
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
+from lookup_helpers import Following, OracleLookup, lookup_prompts
 from tiny_models import build_pair, head_for
 
 SHAPES = [(3, 2, 5), (4, 3, 12)]  # (k, width, nodes)
@@ -59,19 +59,6 @@ def hybrid_profile(pair, k: int, width: int, nodes: int, head=None, backend: str
                         speculation=dict(tree_width=width, tree_nodes=nodes, hybrid_merge=merge), **sampling)
 
 
-def prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
-    """Half repetitive with a change (one n-gram, several continuations: the lookup's trees), half
-    random (the model drafts, until the output repeats itself)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(count):
-        piece = [rng.randrange(vocab) for _ in range(rng.randint(2, 5))]
-        tweak = list(piece)
-        tweak[rng.randrange(1, len(tweak))] = rng.randrange(vocab)
-        out.append(piece * 2 + tweak + piece if i % 2 else piece + [rng.randrange(vocab)])
-    return out
-
-
 def assert_hybrid_tree(decoder, model_drafter, merge: str) -> None:
     """One TreeRound, a program for each tree the merge choice takes: the model's tree (MODEL),
     the merged one (MERGED: the lookup's trie and the same model drafter's tree) and the
@@ -90,7 +77,7 @@ def check_identity(pair, head=None, shapes=SHAPES, backend: str = "torch", oracl
     """Every shape's tokens are target-only's; returns the rounds each proposer drafted. oracle:
     the lookup is an OracleLookup (host rounds that accept up to k drafts), else the ngram's."""
     engine = Engine(hybrid_profile(pair, *shapes[0], head=head, backend=backend, merge=merge, **sampling))
-    batch = prompts(engine.pair.vocab_size, 6, seed=len(sampling))
+    batch = lookup_prompts(engine.pair.vocab_size, 6, seed=len(sampling))
     reference = [finish(engine.decoder(target_only(engine.profile)), p).token_ids for p in batch]
     rounds = {"ngram": 0, "draft": 0}
     for shape in shapes:
@@ -143,7 +130,7 @@ def test_sampled_rejection_hybrid_trees_are_seed_stable(pair):
     lookup's one-hot siblings; the host draws every round's numbers whoever drafts it, so a seed
     gives one text, another seed another."""
     engine = Engine(hybrid_profile(pair, 4, 3, 10, merge="auto", temperature=0.8, top_k=40))
-    prompt = prompts(engine.pair.vocab_size, 2, seed=5)[1]
+    prompt = lookup_prompts(engine.pair.vocab_size, 2, seed=5)[1]
     texts, rounds = {}, {"ngram": 0, "draft": 0}
     for seed in (1, 1, 2):
         decoder = engine.decoder(hybrid_profile(pair, 4, 3, 10, merge="auto", temperature=0.8, top_k=40, seed=seed))
@@ -156,46 +143,7 @@ def test_sampled_rejection_hybrid_trees_are_seed_stable(pair):
     assert rounds["ngram"] > 0 and rounds["draft"] > 0, rounds
 
 
-class _Following:
-    """A stub lookup's part of the proposer protocol: the committed sequence, and how often asked."""
-
-    kind = "ngram"
-
-    def start(self, prompt_ids: list[int]) -> None:
-        self.tokens, self.asked = list(prompt_ids), 0
-
-    def follow(self, committed: list[int]) -> None:
-        self.tokens += committed
-
-
-class OracleLookup(_Following):
-    """A lookup for the decode loop that knows the target's greedy continuation: every other round
-    (from the first) a tree whose first branch is that continuation cut after its first `right`
-    tokens and ended by a wrong one, and a wrong child of the root beside it; `right` cycles
-    through 0 .. k, so greedy host rounds emit every count 1 .. k + 1 (a tiny random target
-    rarely follows a real lookup's drafts, whose host rounds then emit one token). The rounds
-    between find nothing: the model drafts them."""
-
-    def __init__(self, model, vocab: int, k: int):
-        self.model, self.vocab, self.k = model, vocab, k
-        self.tokens: list[int] = []
-        self.asked = 0
-
-    def lookup(self, k: int) -> LookupTree:
-        self.asked += 1
-        if k <= 0 or self.asked % 2 == 0:
-            return LookupTree()
-        right = (self.asked // 2) % (self.k + 1)
-        branch = []
-        for _ in range(min(right, k)):
-            branch.append(int(next_token_probs(self.model, self.tokens + branch).argmax()))
-        if len(branch) < k:  # a token the greedy target does not take there
-            branch.append((int(next_token_probs(self.model, self.tokens + branch).argmax()) + 1) % self.vocab)
-        wrong = (branch[0] + 2) % self.vocab
-        return LookupTree(branch + [wrong], list(range(-1, len(branch) - 1)) + [-1])
-
-
-class FirstRoundTree(_Following):
+class FirstRoundTree(Following):
     """A lookup whose first round's tree holds the target's likeliest next tokens (its top
     `width` under the request's warp) as the root's children, and the likeliest after the first
     of them below it; every later round finds nothing (the model drafts)."""
@@ -239,7 +187,7 @@ class BeforeEachLaunch:
         return Checked()
 
 
-class RightLookup(_Following):
+class RightLookup(Following):
     """A lookup that finds the target's greedy continuation, k tokens, every round: the merged
     rounds' accepted paths are all the lookup's."""
 
@@ -260,7 +208,7 @@ def test_auto_merges_only_to_probe_where_the_lookup_wins_every_round(pair):
     merged again only every PROBE lookup rounds; the tokens stay target-only's."""
     k = 3
     engine = Engine(hybrid_profile(pair, k, 2, 6, merge="auto", max_tokens=60))
-    prompt = prompts(engine.pair.vocab_size, 1, seed=9)[0]
+    prompt = lookup_prompts(engine.pair.vocab_size, 1, seed=9)[0]
     want = finish(engine.decoder(target_only(engine.profile)), prompt).token_ids
     decoder = engine.decoder()
     assert decoder.merge.ratio > 1
@@ -295,7 +243,7 @@ def test_after_each_host_round_the_draft_is_a_chains(pair, sampling, backend, me
     checked = {Mode.MODEL: 0, looked: 0}
     emitted = set()  # by host rounds followed by a check
 
-    for prompt in prompts(engine.pair.vocab_size, 4, seed=2):
+    for prompt in lookup_prompts(engine.pair.vocab_size, 4, seed=2):
         decoder = engine.decoder()
         decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, k)
         pending = decoder.round.drafters[Mode.MODEL].chain.pending
@@ -339,7 +287,7 @@ def test_after_host_rounds_the_heads_cache_is_a_fresh_heads(pair, head, merge):
     model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32).eval()
     looked = Mode.MERGED if merge == "always" else Mode.HOST
     checked = {Mode.MODEL: 0, looked: 0}
-    for prompt in prompts(engine.pair.vocab_size, 4, seed=6):
+    for prompt in lookup_prompts(engine.pair.vocab_size, 4, seed=6):
         decoder = engine.decoder()
         decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, k)
         rnd = decoder.round
@@ -387,7 +335,7 @@ def test_a_merged_round_holds_the_lookups_trie_and_the_models_tree(pair):
     k, w, n = 4, 3, 10
     engine = Engine(hybrid_profile(pair, k, w, n, max_tokens=30))
     merged = 0
-    for prompt in prompts(engine.pair.vocab_size, 3, seed=4):
+    for prompt in lookup_prompts(engine.pair.vocab_size, 3, seed=4):
         decoder = engine.decoder()
         decoder.lookup = Recorded(OracleLookup(engine.pair.target, engine.pair.vocab_size, k))
         rnd = decoder.round
@@ -426,7 +374,7 @@ def test_insight_stages_the_lookups_rows_q_as_one(pair):
     (rows 1 .. m) have q = 1 (one-hot drafts), its model rows and a model round's q in (0, 1]."""
     engine = Engine(hybrid_profile(pair, 3, 3, 8, max_tokens=24, temperature=1.0, seed=4))
     host_rounds = 0
-    for ids in prompts(engine.pair.vocab_size, 4, seed=3):
+    for ids in lookup_prompts(engine.pair.vocab_size, 4, seed=3):
         plain = finish(engine.decoder(), ids)
         decoder = engine.decoder(insight=True)
         decoder.lookup = Recorded(decoder.lookup)
