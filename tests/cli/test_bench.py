@@ -435,7 +435,6 @@ def test_hybrid_trees_are_swept(tiny, monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (("--tree-nodes", "4"), "--tree-nodes sizes a tree, and no --tree-width was given"),
-    (("--tree-width", "2", "--proposer", "mtp"), "(ngram) and hybrid only, not by mtp"),
     (("--tree-width", "2,4", "--tree-nodes", "30"), "--tree-nodes (30) must be 0 (= k) or from --k (2) to 6"),
 ])
 def test_tree_sweeps_that_cannot_run_are_usage_errors(tiny, monkeypatch, args, message):

@@ -319,7 +319,6 @@ def validate(settings_for, plan, named: bool) -> None:
     they need on disk, before torch is imported and any model loads. The target-only kind is the baseline, not a proposer to compare.
     named: the proposers came from --proposer (else the profile's own)."""
     from specgen.core.errors import UsageError
-    from specgen.core.settings import TREE_DRAFTERS, TREE_PROPOSERS
 
     for proposer in plan.proposers:
         for k in plan.ks:
@@ -329,14 +328,6 @@ def validate(settings_for, plan, named: bool) -> None:
         for tree in plan.trees:  # a node budget no (k, width) holds: the profile's error, at the largest k
             if tree and not any(shape and shape[1] == tree[1] for k in plan.ks for shape in plan.shapes(k)):
                 settings_for(max(plan.ks), plan.temperatures[0], proposer, tree)
-        drafter = settings_for(plan.ks[0], plan.temperatures[0], proposer).proposer.drafter(proposer)
-        if (proposer not in TREE_PROPOSERS or drafter not in TREE_DRAFTERS) and \
-                any(tree and tree[0] > 1 for tree in plan.trees):
-            what = proposer + (f" with {drafter} (hybrid_with)" if proposer == "hybrid" else "")
-            raise UsageError(f"--tree-width: token trees are drafted by the draft model, an EAGLE-3 head (eagle), "
-                             f"prompt lookup (ngram) and hybrid only, not by {what}",
-                             hint="measure trees with --proposer draft, eagle, ngram or hybrid, and other "
-                                  "proposers in a run of their own")
         if settings_for(plan.ks[0], plan.temperatures[0], proposer).proposer.kind == "none":
             what = f"--proposer {proposer}" if named else "the profile's proposer (none)"
             raise UsageError(f"{what} drafts nothing: it is the target-only baseline",

@@ -449,8 +449,8 @@ def tree_refusal(profile: Profile, kind: str, spread: bool, pair: LoadedPair) ->
     drafter = profile.proposer.drafter(kind)  # hybrid: the model whose tree its lookup's trie merges with
     if kind not in TREE_PROPOSERS or drafter not in TREE_DRAFTERS:
         what = f"the {kind} proposer" + (f" with {drafter} (hybrid_with)" if kind == "hybrid" else "")
-        return (f"are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) or hybrid only, "
-                f"not by {what}")
+        return (f"are drafted by the draft model, an EAGLE-3 head (eagle), an MTP layer (mtp), prompt lookup (ngram) "
+                f"or hybrid only, not by {what}")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
     models = (pair.target, pair.draft) if drafter == "draft" else (pair.target,)

@@ -27,9 +27,9 @@ class ModelSpec:
 PROPOSER_KINDS = ("draft", "ngram", "hybrid", "eagle", "mtp", "none")
 MODEL_PROPOSERS = ("draft", "eagle", "mtp")  # what hybrid may pair with prompt lookup
 # the kinds that draft token trees, and who drafts them on the device (core/engine.py tree_refusal;
-# mtp: its layer's cache rolls back on the host, so it steps no tree rows)
-TREE_PROPOSERS = ("draft", "eagle", "ngram", "hybrid")
-TREE_DRAFTERS = ("draft", "eagle", "none")
+# mtp: its layer's growing cache takes a level's rows after the levels before, eagerly)
+TREE_PROPOSERS = ("draft", "eagle", "ngram", "hybrid", "mtp")
+TREE_DRAFTERS = ("draft", "eagle", "mtp", "none")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Greedy and Gumbel-coupled head trees give target-only's tokens; sampled rejection coupling
 follows the target's warped p (χ² of whole rounds); each stepped node's hidden state is the head's
 own chain along its path (tree rows, parents' states), and after a run the head's cache holds what
-a fresh head computes over the committed sequence. MTP layers draft no trees: a one-line error.
+a fresh head computes over the committed sequence (MTP layers' trees: test_mtp_tree_round.py).
 On a GPU: captured rounds equal eager ones, and bf16 greedy trees give target-only's tokens.
 """
 
@@ -193,20 +193,6 @@ def test_head_trees_with_insight_stage_each_rounds_tree(headed):
             path = [view.tokens[row] for row in view.path]  # a draw taken outside the tree is no row
             assert path == r.token_ids[: len(path)] and len(path) == r.num_accepted - (view.taken is not None)
             assert all(0 < q <= 1 for q in view.q[1:])
-
-
-def test_mtp_trees_are_refused(headed):
-    """An MTP layer's cache grows and rolls back on the host: it steps no tree rows."""
-    from specgen.core.engine import tree_refusal
-
-    target, _, _ = headed
-    profile = make_profile(target, None, k=3, proposer=ProposerSpec(kind="mtp"),
-                           speculation=dict(tree_width=2, tree_nodes=4))
-    assert tree_refusal(profile, "mtp", False, None) == (
-        "are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) or hybrid only, not by "
-        "the mtp proposer")
-    hybrid = replace(profile, proposer=ProposerSpec(kind="hybrid", hybrid_with="mtp"))
-    assert tree_refusal(hybrid, "hybrid", False, None).endswith("not by the hybrid proposer with mtp (hybrid_with)")
 
 
 def test_head_trees_refuse_draft_p_min(headed):

@@ -1,5 +1,7 @@
-"""A token tree drafted by a head on the target's hidden states (EAGLE-3): the drafter part of a
-TreeRound whose proposer is `eagle` (core/round/tree_round.py).
+"""A token tree drafted by a head on the target's hidden states (an EAGLE-3 head, or a
+checkpoint's MTP layer): the drafter part of a TreeRound whose proposer is `eagle` or `mtp`
+(core/round/tree_round.py), over the head's drafter (core/drafters/heads.py: EagleDrafter's
+static cache indexed by slot, or MtpDrafter's growing one, whose entries the slots name).
 
 Per round, as the chain's head drafter (core/round/head.py) and the draft model's tree (TreeDraft):
 
@@ -23,6 +25,8 @@ target's states, as it rewrites a chain round's drafted rows, so the head's cach
 it would after a chain of the same tokens, and the tree's nodes (slots past start) are never seen
 again. Nothing rolls back: every position is derived from the target's. Every buffer is allocated
 here; a round allocates nothing the next one reads and makes no host sync (a CUDA graph captures it).
+An MTP layer's round runs eagerly instead: its cache grows, and each level's step_rows reads the
+level's first slot on the host to roll back to it.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from specgen.core.sampling.warp import WarpParams
 
 
 class HeadTreeDraft:
-    """chain: the round's HeadDrafts (its prefill and extend) over an EagleDrafter
-    (core/drafters/heads.py: step_rows); params, bad: the draft's warp and padding mask;
+    """chain: the round's HeadDrafts (its prefill and extend) over an EagleDrafter or an
+    MtpDrafter (core/drafters/heads.py: step_rows, hidden_rows); params, bad: the draft's warp and padding mask;
     coupling: the tree coupling (noise for drawn children, q kept where it verifies with it)."""
 
     one_hot = False

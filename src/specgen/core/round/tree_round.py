@@ -4,7 +4,7 @@ buffers, with a tree drafter, tree verification and a commit that compacts both 
     draft    the host's lookup tree (core/round/host_tree.py: the ngram proposer's), or the draft
              model steps over `pending` (the root's children: level 1), then once per
              level over the frontier's w nodes, tree rows over its own cache (core/round/tree.py);
-             an EAGLE-3 head likewise after its extend (core/round/head_tree.py); the hybrid
+             an EAGLE-3 head or an MTP layer likewise after its extend (core/round/head_tree.py); the hybrid
              proposer's where the lookup finds continuations: the model's tree merged with the
              lookup's (core/round/merged_tree.py), or the lookup's alone, the model following
              (core/drafters/merge_rule.py chooses)
@@ -313,14 +313,15 @@ class TreeRound(Round):
     def _tree_drafters(self, shape, draft_params: WarpParams) -> dict:
         """The drafter part of each mode: the host's lookup tree (HOST: the ngram proposer's), and
         where a model drafts, its tree (MODEL): the draft model's, or the head's
-        (core/round/head_tree.py) where an EAGLE-3 head drafts. The hybrid proposer's rounds
-        whose lookup found continuations merge the lookup's trie with the model's tree (MERGED:
-        core/round/merged_tree.py) or verify the trie alone, the model following (HOST), as
-        core/drafters/merge_rule.py chooses; where its lookup finds nothing, the model's tree is
-        the round's, so only the ngram proposer's round has an empty one (Mode.EMPTY, __init__)."""
+        (core/round/head_tree.py) where an EAGLE-3 head or an MTP layer drafts. The hybrid
+        proposer's rounds whose lookup found continuations merge the lookup's trie with the
+        model's tree (MERGED: core/round/merged_tree.py) or verify the trie alone, the model
+        following (HOST), as core/drafters/merge_rule.py chooses; where its lookup finds nothing,
+        the model's tree is the round's, so only the ngram proposer's round has an empty one
+        (Mode.EMPTY, __init__)."""
         if shape.drafter == "none":
             return {Mode.HOST: HostTree(self, self.tree, self.drafter)}
-        if shape.drafter == "eagle":
+        if shape.drafter in ("eagle", "mtp"):
             model = HeadTreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
         else:
             model = TreeDraft(self, self.drafter, self.tree, draft_params, self.rows.mask.padding, self.coupling)
