@@ -159,7 +159,8 @@ class Engine:
         target = floors.streamed_bytes(self.pair.target)
         if drafter == "draft":
             return cost_ratio(target, floors.streamed_bytes(self.pair.draft), k + 1)
-        return cost_ratio(target, floors.streamed_bytes(self.heads[drafter].head), k)
+        head = self.heads[drafter]  # an EAGLE-3 head's module, or an MTP layer
+        return cost_ratio(target, floors.streamed_bytes(head.head if drafter == "eagle" else head.layer), k)
 
     def batch_decoder(self, batch: int, profile: Profile | None = None, room: int = 0) -> BatchDecoder:
         """A decoder of `batch` rows at once for `profile`'s settings (default: the engine's); each

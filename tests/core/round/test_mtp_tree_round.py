@@ -36,9 +36,10 @@ def target(tmp_path_factory):
     return folder
 
 
-def tree_profile(target, k: int, width: int, nodes: int, proposer: ProposerSpec | None = None, **sampling):
+def tree_profile(target, k: int, width: int, nodes: int, proposer: ProposerSpec | None = None, merge: str = "auto",
+                 **sampling):
     return make_profile(target, None, k=k, proposer=proposer or ProposerSpec(kind="mtp"),
-                        speculation=dict(tree_width=width, tree_nodes=nodes), **sampling)
+                        speculation=dict(tree_width=width, tree_nodes=nodes, hybrid_merge=merge), **sampling)
 
 
 def check_identity(target, shapes, **sampling) -> None:
@@ -95,22 +96,25 @@ def test_each_node_is_the_mtp_layers_chain_along_its_path(target, k, w):
     assert drafter.hidden.std() > 0.01  # the comparison is between non-trivial numbers
 
 
+@pytest.mark.parametrize("merge", ["always", "never"])
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=7)])
-def test_hybrid_mtp_trees_give_target_only_tokens(target, sampling):
-    """hybrid with hybrid_with = "mtp": the lookup's trie merged with the MTP layer's tree (the
-    oracle lookup's host rounds accept up to k drafts, so the layer's next extend reads paths
-    of several tokens through the merged tree), or the layer's tree alone."""
+def test_hybrid_mtp_trees_give_target_only_tokens(target, sampling, merge):
+    """hybrid with hybrid_with = "mtp": the lookup's trie merged with the MTP layer's tree, or
+    alone with the layer following (the oracle lookup's host rounds accept up to k drafts, so the
+    layer's next extend reads paths of several tokens through the lookup's nodes), or the layer's
+    tree alone."""
     proposer = ProposerSpec(kind="hybrid", hybrid_with="mtp", ngram_min=1, ngram_max=3)
     engine = Engine(tree_profile(target, 3, 2, 5, proposer, max_tokens=32, **sampling))
     prompts = lookup_prompts(engine.pair.vocab_size, 4, seed=3)
     reference = [finish(engine.decoder(target_only(engine.profile)), ids).token_ids for ids in prompts]
     rounds, accepted = {"ngram": 0, "draft": 0}, 0  # "draft": the model's, here the layer's
     for (k, w, n), oracle in [((3, 2, 5), False), ((3, 2, 5), True), ((4, 3, 12), True)]:
-        profile = tree_profile(target, k, w, n, proposer, max_tokens=32, **sampling)
+        profile = tree_profile(target, k, w, n, proposer, merge, max_tokens=32, **sampling)
         for prompt, want in zip(prompts, reference):
             decoder = engine.decoder(profile)
             assert isinstance(decoder.round.drafters[Mode.MODEL], HeadTreeDraft)
-            assert isinstance(decoder.round.drafters[Mode.HOST], MergedTree)
+            assert isinstance(decoder.round.drafters[Mode.MERGED], MergedTree)
+            assert set(decoder.programs) == {Mode.MODEL, Mode.MERGED if merge == "always" else Mode.HOST}
             if oracle:
                 decoder.lookup = OracleLookup(engine.pair.target, engine.pair.vocab_size, k)
             done = finish(decoder, prompt)
