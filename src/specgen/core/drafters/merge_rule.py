@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-PROBE = 8  # a merged round at least every this many lookup rounds (auto)
+PROBE = 16  # a merged round at least every this many lookup rounds (auto)
 WEIGHT = 0.1  # each round's weight in the running means (auto)
 CHOICES = ("auto", "always", "never")
 
