@@ -385,7 +385,7 @@ OUT_OF_RANGE = [
     ("proposer.draft_p_min", "-0.1", "must be in [0, 1)"),
     ("speculation.draft_sampling", '"greedy"', "must be one of auto, argmax, sample, temperature"),
     ("speculation.pipeline", '"two"', "must be one of auto, on, off"),
-    ("speculation.hybrid_merge", '"sometimes"', "must be one of auto, always, never"),
+    ("speculation.hybrid_merge", '"sometimes"', "must be one of never, always, auto"),
     ("speculation.tree_width", "0", "must be auto or from 1 (a chain) to 8"),
     ("speculation.tree_width", "9", "must be auto or from 1 (a chain) to 8"),
     ("speculation.tree_width", '"wide"', "must be auto or from 1 (a chain) to 8"),

@@ -646,7 +646,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "speculation.k": (lambda v: 1 <= v <= 32, "must be from 1 to 32"),
     "speculation.draft_sampling": _one_of("auto", "argmax", "sample", "temperature"),
     "speculation.pipeline": _one_of("auto", "on", "off"),
-    "speculation.hybrid_merge": _one_of("auto", "always", "never"),
+    "speculation.hybrid_merge": _one_of("never", "always", "auto"),
     "speculation.tree_width": (lambda v: v == "auto" or isinstance(v, int) and 1 <= v <= MAX_TREE_WIDTH,
                                f"must be auto or from 1 (a chain) to {MAX_TREE_WIDTH}"),
     "speculation.tree_nodes": (lambda v: v == "auto" or isinstance(v, int) and 0 <= v <= MAX_TREE_NODES,

@@ -80,9 +80,9 @@ class SpeculationSpec:
     tree_width: int | str = 1
     # tokens the target verifies per round besides the root; 0 = k; auto = chosen as tree_width is
     tree_nodes: int | str = 0
-    # hybrid trees where the lookup finds continuations: auto | always | never merge them with the
-    # model's tree (core/drafters/merge_rule.py)
-    hybrid_merge: str = "auto"
+    # hybrid trees where the lookup finds continuations: never | always | auto merge them with the
+    # model's tree (core/drafters/merge_rule.py: never measured fastest on an H200)
+    hybrid_merge: str = "never"
 
     @property
     def nodes(self) -> int:

@@ -4,10 +4,12 @@ hybrid_merge, with tree_width > 1): the lookup's trie merged with the model's tr
 the committed tokens (core/round/host_tree.py's HostTree over the model's follower, Mode.HOST).
 
 A merged round verifies the lookup's nodes and the model's best ones besides, and pays for the
-model's whole tree; a lookup round pays one drafter call. On an H200 with the bench pair the
-lookup found continuations in about 80% of rounds and the merged tree carried 4.38 tokens a round
-against 4.24 for one or the other, at 3,296 against 5,055 tok/s (docs/benchmarks.md, "Prompt
-lookup and hybrid trees (H200)"): merging pays only where the model's nodes win often.
+model's whole tree; a lookup round pays one drafter call. `never` is the default: on an H200 with
+the bench pair (k = 4, w = 2, n = 8, docs/benchmarks.md "Prompt lookup and hybrid trees (H200)")
+the lookup's trie alone gave 6,174 and 6,182 tok/s greedy, always merging 5,162 (4.10 tokens a
+round against 3.90), auto 5,353 and 5,183; at t 0.8 every run between 3,066 and 3,412, no choice ahead. Auto's rounds cost more
+than its share of merged rounds explains: in its runs the `other` phase of every row, the hybrid
+chain's too, was some 0.05 ms longer (a third program captured per shape, at a guess; not found).
 
 `auto` merges where the tokens a merged round brings, over what the lookup's trie alone brings,
 are at least the merged round's cost over a lookup round's:
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 
 PROBE = 16  # a merged round at least every this many lookup rounds (auto)
 WEIGHT = 0.1  # each round's weight in the running means (auto)
-CHOICES = ("auto", "always", "never")
+CHOICES = ("never", "always", "auto")
 
 
 def cost_ratio(target_bytes: int, drafter_bytes: int, calls: int) -> float:
@@ -50,9 +52,9 @@ def cost_ratio(target_bytes: int, drafter_bytes: int, calls: int) -> float:
 
 @dataclass
 class MergeRule:
-    """choice: auto | always | never; ratio: cost_ratio's, what auto weighs the tokens against."""
+    """choice: never | always | auto; ratio: cost_ratio's, what auto weighs the tokens against."""
 
-    choice: str = "auto"
+    choice: str = "never"
     ratio: float = 1.0
     merged: float | None = None  # running mean of a merged round's emitted tokens
     alone: float | None = None  # running mean of what the lookup's trie alone emits
