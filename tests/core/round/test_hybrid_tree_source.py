@@ -31,11 +31,12 @@ def pair(tmp_path_factory):
     return build_pair(tmp_path_factory.mktemp("hybrid_source"), noisy=0.1)
 
 
-def profile(pair, kind: str = "hybrid", backend: str = "torch", **sampling):
+def profile(pair, kind: str = "hybrid", backend: str = "torch", merge: str = "always", **sampling):
+    """merge: hybrid_merge (always: the lookup's rounds are merged trees, whose lanes the source reads)."""
     sampling.setdefault("max_tokens", 30)
     proposer = ProposerSpec(kind=kind, ngram_min=1, ngram_max=3)
     return make_profile(*pair, k=K, backend=backend, proposer=proposer,
-                        speculation=dict(tree_width=WIDTH, tree_nodes=NODES), **sampling)
+                        speculation=dict(tree_width=WIDTH, tree_nodes=NODES, hybrid_merge=merge), **sampling)
 
 
 class TargetBranch:

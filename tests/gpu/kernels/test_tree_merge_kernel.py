@@ -152,7 +152,8 @@ def test_hybrid_rounds_merge_with_the_kernel(tmp_path, sampling):
     proposer = ProposerSpec(kind="hybrid", ngram_min=1, ngram_max=3)
     backend = "cuda" if DEVICE.type == "cuda" else "torch"  # on a GPU: rounds run eagerly (the table's references)
     profile = make_profile(pair[0], pair[1], k=4, backend=backend, proposer=proposer,
-                           speculation=dict(tree_width=3, tree_nodes=10), max_tokens=24, **sampling)
+                           speculation=dict(tree_width=3, tree_nodes=10, hybrid_merge="always"), max_tokens=24,
+                           **sampling)
     engine = Engine(profile)
     rng = random.Random(1)
     ops, table = CheckedMerge(), engine.backend.ops
