@@ -20,6 +20,7 @@ from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.round import TreeRound
 from specgen.core.runner import EagerRunner, tree_steps_refusal
+from specgen.core.settings import ProposerSpec
 from specgen.core.step.rows import tree
 from tiny_models import build_mtp_checkpoint, build_pair
 
@@ -110,6 +111,26 @@ def test_draft_model_trees_on_transformers_give_target_only_tokens(pair, samplin
         assert got == reference, (k, width, nodes)
         if width > 1:  # accepted nodes: compact() moved paths of several tokens
             assert sum(d.stats.accepted for d in done) > 10
+
+
+@pytest.mark.parametrize("kind", ["ngram", "hybrid"])
+def test_lookup_trees_on_transformers_give_target_only_tokens(pair, kind):
+    """Prompt lookup's trees (and hybrid's, the lookup's trie alone or the model's tree) on
+    transformers' models: rounds whose lookup finds nothing step the root alone (ngram's EMPTY
+    program), whose compaction names slots past the cache's entries."""
+    target, draft = pair
+    base = make_profile(target, draft, k=3, proposer=ProposerSpec(kind=kind, ngram_min=1, ngram_max=3),
+                        speculation=dict(tree_width=2, tree_nodes=6), max_tokens=40)
+    profile = replace(base, runtime=replace(base.runtime, modeling="transformers"))
+    engine = Engine(profile)
+    assert engine.pair.modeling == "transformers"
+    prompts = [[5, 6, 7, 8] * 3 + [5, 6], *random_prompts(200, 2, seed=4)]
+    want = [finish(engine.decoder(target_only(profile)), ids).token_ids for ids in prompts]
+    decoder = engine.decoder()
+    assert isinstance(decoder.round, TreeRound)
+    got = [finish(decoder, ids) for ids in prompts]
+    assert [d.token_ids for d in got] == want
+    assert sum(decoder.proposer_rounds.values()) > 0
 
 
 def test_models_with_sliding_windows_step_no_tree_rows():

@@ -181,6 +181,12 @@ class EagerRunner:
         if self.owned:
             REFERENCE.compact(self.cache, src[None], dst[None])
             return
+        # transformers' cache holds only the entries written: the pairs past it are the bookkeeping's
+        # for rows that no step wrote (an ngram round over the root alone, Mode.EMPTY: its k pairs
+        # name slots past the one row), which a static cache moves as junk and this one cannot
+        held = self.cache.layers[0].keys.shape[2]
+        inside = (src < held) & (dst < held)
+        src, dst = src[inside], dst[inside]
         for layer in self.cache.layers:  # as REFERENCE.compact: every source read before any write
             layer.keys[:, :, dst] = layer.keys[:, :, src]
             layer.values[:, :, dst] = layer.values[:, :, src]
