@@ -141,6 +141,22 @@ def assert_first_two_follow_p(engine, profile, prompt: list[int], model, runs: i
     assert_first_two_tokens_follow_p(outputs, model, prompt, profile.sampling)
 
 
+def assert_sampled_trees_follow_p(engine, profile, prompt: list[int], drafter: str) -> None:
+    """A sampled tree profile's rounds (children drawn from the drafter's q, the recursive walk):
+    its drafts are accepted in the first 100 seeds' runs (else the χ² below would not test
+    acceptance), then assert_first_two_follow_p. drafter: who drafts, for the message."""
+    from dataclasses import replace
+
+    from specgen.core.events import RoundEvent
+
+    assert engine.decoder(profile).round.tree.sampled
+    seeded = [replace(profile, sampling=replace(profile.sampling, seed=seed)) for seed in range(100)]
+    accepted = sum(e.num_accepted for run in seeded for e in engine.decoder(run).run(prompt)
+                   if isinstance(e, RoundEvent))
+    assert accepted > 5, f"{drafter}'s trees were (almost) never accepted: the test would not test acceptance"
+    assert_first_two_follow_p(engine, profile, prompt, engine.pair.target)
+
+
 def assert_first_two_tokens_follow_p(outputs: list[list[int]], model, prompt: list[int], sampling) -> None:
     """χ² of the outputs' first tokens against the target's warped p after prompt, and of the
     next after the most common first (over 100 samples), at α = 1e-4 each."""

@@ -10,16 +10,17 @@ from decode_helpers import next_token_probs
 from specgen.core.drafters.ngram import LookupTree
 
 
-def lookup_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
-    """Half repetitive with a change (one n-gram, several continuations: the lookup's trees), half
-    random (the model drafts, until the output repeats itself)."""
+def lookup_prompts(vocab: int, count: int, seed: int = 0, mixed: bool = True) -> list[list[int]]:
+    """Pieces repeated with a change (one n-gram, several continuations: the lookup's trees); mixed:
+    every other one a piece and a random token instead (the model drafts, until the output repeats
+    itself)."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
         piece = [rng.randrange(vocab) for _ in range(rng.randint(2, 5))]
         tweak = list(piece)
         tweak[rng.randrange(1, len(tweak))] = rng.randrange(vocab)
-        out.append(piece * 2 + tweak + piece if i % 2 else piece + [rng.randrange(vocab)])
+        out.append(piece * 2 + tweak + piece if i % 2 or not mixed else piece + [rng.randrange(vocab)])
     return out
 
 

@@ -78,3 +78,29 @@ class RecordingBackend(TorchBackend):
 def shared(k: int, width: int, seed: int = 1) -> Shared:
     """A round's shared buffers over a stub target, on the torch backend."""
     return Shared(k, width, RecordingBackend(), StubRunner(width, seed))
+
+
+def head_chains_along_paths(rnd) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """A head-drafted tree round's check (core/round/head_tree.py: an EAGLE-3 head or an MTP layer),
+    after a run: one more draft; the root's children must be the top-w of the head's log q after its
+    extend (asserted here). Returns, for each stepped node (level, frontier index), the head
+    stepped as a chain over the node's path's tokens, each on the one before's output at positions
+    P, P + 1, ...: (level, f, the chain's last logits [1, V], its last hidden state [1, H]), which
+    the node's own row must equal."""
+    drafter, tree = rnd.drafter, rnd.tree
+    k, w = rnd.k, tree.w
+    with torch.inference_mode():  # as the round's programs run it
+        drafter.draft()
+        logits, root = drafter.chain.extend_over(drafter.out, drafter.features)  # rewrites the same rows
+    assert tree.level_ids[0, 0].tolist() == logits[0].topk(w).indices.tolist()
+    head, start = drafter.head, int(rnd.target.position)
+    chains = []
+    for level in range(1, k):
+        for f in range(w):
+            hidden, chain_logits = root, None
+            for j, offset in enumerate(tree.tail[level - 1, f, :level].tolist()):
+                token = tree.level_ids[offset // w, 0, offset % w].view(1)
+                with torch.inference_mode():
+                    chain_logits, hidden = head.step(token, hidden, torch.tensor([start + j]))
+            chains.append((level, f, chain_logits, hidden))
+    return chains

@@ -15,13 +15,14 @@ import torch
 
 from dataclasses import replace
 
-from decode_helpers import assert_first_two_follow_p, finish, make_profile, random_prompts
+from decode_helpers import assert_sampled_trees_follow_p, finish, make_profile, random_prompts
 from specgen.core.engine import Engine, target_only
 from specgen.core.errors import UsageError
 from specgen.core.events import RoundEvent
 from specgen.core.round import TreeRound
 from specgen.core.round.head_tree import HeadTreeDraft
 from specgen.core.settings import ProposerSpec
+from round_helpers import head_chains_along_paths
 from tiny_models import build_pair, head_for
 
 AUX = (0, 1, 1)  # head_for's aux layers on the tiny 2-layer target
@@ -82,20 +83,8 @@ def test_each_node_is_the_heads_chain_along_its_path(headed):
     target, _, reduced = headed
     k, w = 4, 3
     engine, rnd, _ = decoded(target, reduced, k, w, 12, [5, 9, 17, 33, 2])
-    drafter, tree = rnd.drafter, rnd.tree
-    with torch.inference_mode():  # as the round's programs run it
-        drafter.draft()
-        logits, root = drafter.chain.extend_over(drafter.out, drafter.features)  # rewrites the same rows
-    assert tree.level_ids[0, 0].tolist() == logits[0].topk(w).indices.tolist()
-    head, start = drafter.head, int(rnd.target.position)
-    for level in range(1, k):
-        for f in range(w):
-            hidden = root
-            for j, offset in enumerate(tree.tail[level - 1, f, :level].tolist()):
-                token = tree.level_ids[offset // w, 0, offset % w].view(1)
-                with torch.inference_mode():
-                    _, hidden = head.step(token, hidden, torch.tensor([start + j]))
-            torch.testing.assert_close(hidden[0], drafter.hidden[(level - 1) * w + f], rtol=1e-5, atol=1e-5)
+    for level, f, _, hidden in head_chains_along_paths(rnd):
+        torch.testing.assert_close(hidden[0], rnd.drafter.hidden[(level - 1) * w + f], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=CUDA)])
@@ -144,13 +133,7 @@ def test_sampled_head_tree_rounds_follow_the_target_distribution(headed, case):
     target, whole, reduced = headed
     shape, sampling, vocab = DRAWN_CASES[case]
     profile = tree_profile(target, whole if vocab == "whole" else reduced, *shape, max_tokens=3, **sampling)
-    engine = Engine(profile)
-    assert engine.decoder().round.tree.sampled
-    seeded = [replace(profile, sampling=replace(profile.sampling, seed=seed)) for seed in range(100)]
-    accepted = sum(e.num_accepted for run in seeded for e in engine.decoder(run).run([7, 8, 9])
-                   if isinstance(e, RoundEvent))
-    assert accepted > 5, "the head's trees were (almost) never accepted: the test would not test acceptance"
-    assert_first_two_follow_p(engine, profile, [7, 8, 9], engine.pair.target)
+    assert_sampled_trees_follow_p(Engine(profile), profile, [7, 8, 9], "the head")
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from specgen.core.round.host_tree import HostTree
 from specgen.core.drafters.ngram import NgramProposer, TreeLookup
 from specgen.core.runner import EagerRunner
 from specgen.core.settings import ProposerSpec
+from lookup_helpers import lookup_prompts
 from tiny_models import build_pair
 
 SHAPES = [(4, 2, 6), (3, 3, 12), (5, 4, 24)]  # (k, width, nodes)
@@ -41,14 +42,7 @@ def lookup_profile(target, k: int, width: int, nodes: int, **sampling):
 
 def repetitive_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
     """Pieces repeated with a change here and there: one n-gram, several continuations."""
-    rng = random.Random(seed)
-    prompts = []
-    for _ in range(count):
-        piece = [rng.randrange(vocab) for _ in range(rng.randint(2, 5))]
-        tweak = list(piece)
-        tweak[rng.randrange(1, len(tweak))] = rng.randrange(vocab)
-        prompts.append(piece * 2 + tweak + piece)
-    return prompts
+    return lookup_prompts(vocab, count, seed, mixed=False)
 
 
 def check_identity(target, **sampling) -> int:

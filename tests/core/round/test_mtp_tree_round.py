@@ -16,14 +16,14 @@ import torch
 
 from dataclasses import replace
 
-from decode_helpers import assert_first_two_follow_p, finish, make_profile, random_prompts
+from decode_helpers import assert_sampled_trees_follow_p, finish, make_profile, random_prompts
 from lookup_helpers import OracleLookup, lookup_prompts
 from specgen.core.engine import Engine, target_only
-from specgen.core.events import RoundEvent
 from specgen.core.round import Mode, TreeRound
 from specgen.core.round.head_tree import HeadTreeDraft
 from specgen.core.round.merged_tree import MergedTree
 from specgen.core.settings import ProposerSpec
+from round_helpers import head_chains_along_paths
 from tiny_models import build_mtp_target
 
 SHAPES = [(2, 2, 4), (3, 2, 6), (4, 4, 16)]  # (k, width, nodes)
@@ -74,25 +74,13 @@ def test_each_node_is_the_mtp_layers_chain_along_its_path(target, k, w):
     decoder = Engine(profile).decoder()
     finish(decoder, [5, 9, 17, 33, 2])
     rnd = decoder.round
-    drafter, tree = rnd.drafter, rnd.tree
-    with torch.inference_mode():
-        drafter.draft()
-        logits, root = drafter.chain.extend_over(drafter.out, drafter.features)  # rewrites the same rows
-    assert tree.level_ids[0, 0].tolist() == logits[0].topk(w).indices.tolist()
-    head, start = drafter.head, int(rnd.target.position)
-    layer = head.layer
-    for level in range(1, k):
-        for f in range(w):
-            hidden = root
-            for j, offset in enumerate(tree.tail[level - 1, f, :level].tolist()):
-                token = tree.level_ids[offset // w, 0, offset % w].view(1)
-                with torch.inference_mode():
-                    chain_logits, hidden = head.step(token, hidden, torch.tensor([start + j]))
-            node = drafter.hidden[(level - 1) * w + f]
-            torch.testing.assert_close(hidden[0], node, rtol=1e-5, atol=1e-5)
-            with torch.inference_mode():
-                node_logits = layer.head(layer.norm(node[None]))[0]
-            torch.testing.assert_close(chain_logits[0, : node_logits.shape[0]], node_logits, rtol=1e-5, atol=1e-5)
+    drafter, layer = rnd.drafter, rnd.drafter.head.layer
+    for level, f, chain_logits, hidden in head_chains_along_paths(rnd):
+        node = drafter.hidden[(level - 1) * w + f]
+        torch.testing.assert_close(hidden[0], node, rtol=1e-5, atol=1e-5)
+        with torch.inference_mode():
+            node_logits = layer.head(layer.norm(node[None]))[0]
+        torch.testing.assert_close(chain_logits[0, : node_logits.shape[0]], node_logits, rtol=1e-5, atol=1e-5)
     assert drafter.hidden.std() > 0.01  # the comparison is between non-trivial numbers
 
 
@@ -132,10 +120,4 @@ def test_sampled_mtp_tree_rounds_follow_the_target_distribution(target):
     common first, against the target's exact warped p, at α = 1e-4 each. At T = 0.5 the tiny
     target's likeliest first token is common enough for the second test."""
     profile = tree_profile(target, 3, 3, 9, max_tokens=3, temperature=0.5, top_k=40)  # a peaked p
-    engine = Engine(profile)
-    assert engine.decoder().round.tree.sampled
-    seeded = [replace(profile, sampling=replace(profile.sampling, seed=seed)) for seed in range(100)]
-    accepted = sum(e.num_accepted for run in seeded for e in engine.decoder(run).run([7, 8, 9])
-                   if isinstance(e, RoundEvent))
-    assert accepted > 5, "the layer's trees were (almost) never accepted: the test would not test acceptance"
-    assert_first_two_follow_p(engine, profile, [7, 8, 9], engine.pair.target)
+    assert_sampled_trees_follow_p(Engine(profile), profile, [7, 8, 9], "the layer")
