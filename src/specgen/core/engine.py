@@ -136,7 +136,7 @@ class Engine:
             modes.append(Mode.EMPTY)
         merge = None
         if kind == "hybrid" and shape.tree_width > 1:  # the lookup's trie alone (HOST) or merged
-            merge = MergeRule(profile.speculation.hybrid_merge, self.merge_ratio(drafter, k))
+            merge = self.merge_rule(profile.speculation.hybrid_merge, drafter, k)
             modes = [Mode.MODEL] + [mode for mode, off in ((Mode.HOST, "always"), (Mode.MERGED, "never"))
                                     if merge.choice != off]
         rnd, programs = self._round(shape, sampling, sorted(stop_ids), modes)
@@ -151,6 +151,10 @@ class Engine:
                             pipeline=profile.speculation.pipeline)
         return Decoder(rnd, programs, self.tokenizer, setup, lookup, adaptive_k=uses_model and spec.adaptive_k,
                        merge=merge)
+
+    def merge_rule(self, choice: str, drafter: str, k: int) -> MergeRule:
+        """Hybrid trees' merge rule; only auto weighs tokens against the rounds' bytes (merge_ratio)."""
+        return MergeRule(choice, self.merge_ratio(drafter, k) if choice == "auto" else 1.0)
 
     def merge_ratio(self, drafter: str, k: int) -> float:
         """A merged hybrid tree round's weight-streaming floor over a lookup round's
@@ -398,7 +402,7 @@ class Engine:
         if drafter not in ("draft", "eagle", "mtp") or (drafter == "draft" and self.pair.draft is None) \
                 or (drafter != "draft" and drafter not in self.heads):
             return None
-        return MergeRule(spec.hybrid_merge, self.merge_ratio(drafter, spec.k)).describe()
+        return self.merge_rule(spec.hybrid_merge, drafter, spec.k).describe()
 
 
 def batch_row_bytes(models, positions: int, k: int, width: int, head=None, rows: tuple[str, ...] = ()) -> int:
