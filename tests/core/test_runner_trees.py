@@ -93,13 +93,20 @@ def test_compact_keeps_the_accepted_path_as_a_chain(model):
     torch.testing.assert_close(got, fresh(model, prefix + [ids[i] for i in accepted] + [nxt]), rtol=1e-5, atol=1e-5)
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)])
-def test_draft_model_trees_on_transformers_give_target_only_tokens(pair, sampling):
+def test_draft_model_trees_on_transformers_give_target_only_tokens(pair, sampling, backend):
+    """On the CPU and, where there is one, on a GPU (the CUDA backend runs transformers' tree steps
+    eagerly, float32)."""
     target, draft = pair
     prompts = random_prompts(200, 3, seed=2)
     reference = None
     for k, width, nodes in [(1, 1, 0), (3, 2, 6), (4, 3, 12)]:
-        profile = make_profile(target, draft, k=k, speculation=dict(tree_width=width, tree_nodes=nodes), **sampling)
+        profile = make_profile(target, draft, k=k, backend=backend, speculation=dict(tree_width=width, tree_nodes=nodes),
+                               **sampling)
         profile = replace(profile, runtime=replace(profile.runtime, modeling="transformers"))
         engine = Engine(target_only(profile) if reference is None else profile)
         assert engine.pair.modeling == "transformers"
@@ -113,13 +120,14 @@ def test_draft_model_trees_on_transformers_give_target_only_tokens(pair, samplin
             assert sum(d.stats.accepted for d in done) > 10
 
 
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("kind", ["ngram", "hybrid"])
-def test_lookup_trees_on_transformers_give_target_only_tokens(pair, kind):
+def test_lookup_trees_on_transformers_give_target_only_tokens(pair, kind, backend):
     """Prompt lookup's trees (and hybrid's, the lookup's trie alone or the model's tree) on
     transformers' models: rounds whose lookup finds nothing step the root alone (ngram's EMPTY
     program), whose compaction names slots past the cache's entries."""
     target, draft = pair
-    base = make_profile(target, draft, k=3, proposer=ProposerSpec(kind=kind, ngram_min=1, ngram_max=3),
+    base = make_profile(target, draft, k=3, backend=backend, proposer=ProposerSpec(kind=kind, ngram_min=1, ngram_max=3),
                         speculation=dict(tree_width=2, tree_nodes=6), max_tokens=40)
     profile = replace(base, runtime=replace(base.runtime, modeling="transformers"))
     engine = Engine(profile)

@@ -6,7 +6,7 @@ Greedy and Gumbel-coupled MTP trees give target-only's tokens; each stepped node
 hidden state are the layer's own chain along its path (the tree's mask and positions); hybrid
 trees with the MTP layer (merged with the lookup's trie) give target-only's tokens; sampled
 rejection coupling follows the target's warped p (χ² of whole rounds). The rounds run eagerly
-on CUDA too (the layer's cache grows): the tests take the profile's device, CPU here.
+on CUDA too (the layer's cache grows): the identity tests run there where there is a GPU.
 """
 
 from __future__ import annotations
@@ -36,18 +36,21 @@ def target(tmp_path_factory):
     return folder
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
 def tree_profile(target, k: int, width: int, nodes: int, proposer: ProposerSpec | None = None, merge: str = "auto",
-                 **sampling):
-    return make_profile(target, None, k=k, proposer=proposer or ProposerSpec(kind="mtp"),
+                 backend: str = "torch", **sampling):
+    return make_profile(target, None, k=k, backend=backend, proposer=proposer or ProposerSpec(kind="mtp"),
                         speculation=dict(tree_width=width, tree_nodes=nodes, hybrid_merge=merge), **sampling)
 
 
-def check_identity(target, shapes, **sampling) -> None:
-    engine = Engine(tree_profile(target, 1, 1, 0, **sampling))
+def check_identity(target, shapes, backend: str = "torch", **sampling) -> None:
+    engine = Engine(tree_profile(target, 1, 1, 0, backend=backend, **sampling))
     prompts = random_prompts(engine.pair.vocab_size, 3, seed=len(shapes))
     reference = [finish(engine.decoder(target_only(engine.profile)), ids).token_ids for ids in prompts]
     for k, width, nodes in shapes:
-        profile = tree_profile(target, k, width, nodes, **sampling)
+        profile = tree_profile(target, k, width, nodes, backend=backend, **sampling)
         decoder = engine.decoder(profile)
         assert isinstance(decoder.round, TreeRound) and isinstance(decoder.round.drafter, HeadTreeDraft)
         assert engine.pair.modeling == "transformers"  # DeepSeek-V3: the target's tree steps on transformers
@@ -61,6 +64,14 @@ def test_greedy_mtp_trees_give_target_only_tokens(target):
 
 def test_gumbel_mtp_trees_give_target_only_text(target):
     check_identity(target, SHAPES[:2], temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)
+
+
+@CUDA
+@pytest.mark.parametrize("sampling", [{}, dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)])
+def test_mtp_trees_on_cuda_give_target_only_tokens(target, sampling):
+    """The same rounds on a GPU: the target's tree steps on transformers and the layer's growing
+    cache, eagerly on the CUDA backend."""
+    check_identity(target, SHAPES, backend="cuda", **sampling)
 
 
 @pytest.mark.parametrize("k, w", [(4, 3), (3, 2)])
