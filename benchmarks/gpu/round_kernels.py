@@ -4,7 +4,7 @@ out), each kernel name's launches and GPU time per round (CUDA graphs' kernels i
 round's wall time against the kernels' sum (the rest is gaps between launches).
 
     PYTHONPATH=src python3 benchmarks/gpu/round_kernels.py PAIR.toml [--k 4] [--shapes 1:0,2:8,4:16]
-        [-n 128] [--top 25] [--temperature 0] [--proposer eagle] [--context 1024]
+        [-n 128] [--top 25] [--temperature 0] [--top-p 1] [--proposer eagle] [--context 1024]
 
 A shape is width:nodes (1:0 the chain). Written to find what a tree round adds to a chain's.
 --context N: the prompt's tokens repeated to N tokens (attention over a prefix of that length;
@@ -43,9 +43,10 @@ def decode(decoder, ids, begin=None) -> tuple[Finished, int]:
 
 
 def profile_shape(engine: Engine, pair: str, k: int, width: int, nodes: int, tokens: int, temperature: float,
-                  prompt: list[int], proposer: str | None = None) -> tuple[dict, list[str]]:
+                  prompt: list[int], proposer: str | None = None, top_p: float = 1.0) -> tuple[dict, list[str]]:
     overrides = {"speculation.k": k, "speculation.tree_width": width, "speculation.tree_nodes": nodes,
-                 "sampling.max_tokens": tokens, "sampling.temperature": temperature, "sampling.ignore_eos": True}
+                 "sampling.max_tokens": tokens, "sampling.temperature": temperature, "sampling.top_p": top_p,
+                 "sampling.ignore_eos": True}
     if proposer:
         overrides["proposer.kind"] = proposer
     decoder = engine.decoder(load_profile(pair, overrides))
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--proposer", default=None, help="the profile's proposer unless given (draft, eagle)")
     parser.add_argument("--context", type=int, default=0, help="repeat the prompt to this many tokens")
     args = parser.parse_args()
@@ -95,7 +97,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         width, nodes = (int(x) for x in shape.split(":"))
         summary, lines = profile_shape(engine, args.pair, args.k, width, nodes, args.n, args.temperature, prompt,
-                                       args.proposer)
+                                       args.proposer, args.top_p)
         print(f"== {summary}")
         print("launches/round  us/round  kernel")
         print("\n".join(lines[: args.top]))
