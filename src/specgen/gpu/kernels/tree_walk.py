@@ -271,7 +271,10 @@ def _recursive_pick(p_row, q_row, expo_row, drawn_row, point_row, uniform_row, k
         rejected = rejected | ((lane == i) & out)
         zs = tl.where(lane == i, z, zs)
         kepts = tl.where(lane == i, kept, kepts)
-        if out:  # r <- max(0, r - q_i), z its sum; c_i leaves q
+        # z is read by later lanes' tests and rejections only (the race takes r unnormalised): after
+        # the node's last drawn lane its pass over V would be wasted
+        later = tl.max(((lane > i) & (lane < W) & (draws >= 0)).to(tl.int32), axis=0) > 0
+        if out & later:  # r <- max(0, r - q_i), z its sum
             whole = tl.sum(lane * 0, axis=0).to(tl.int64)
             for start in range(0, vocab, BLOCK_V):
                 cols = start + tl.arange(0, BLOCK_V)
@@ -280,6 +283,7 @@ def _recursive_pick(p_row, q_row, expo_row, drawn_row, point_row, uniform_row, k
                                other=0.0), cols, tokens, rejected, points, zs, kepts, lane, POINT, W)
                 whole += tl.sum(_fixed(r), axis=0)
             z = whole.to(tl.float32) * _UNIT
+        if out:  # c_i leaves q
             if POINT:
                 kept = tl.where(pointed, kept, kept - left)
             else:
@@ -298,17 +302,18 @@ def _replay(mass, left, cols, tokens, rejected, points, zs, kepts, lane, POINT: 
     rejections so far: _Residual.reject's arithmetic in its order, one rejection at a time (a
     point mass's: r(c) = 0, q as it was)."""
     for j in tl.static_range(W):
-        out = _lane(rejected.to(tl.int32), j, lane) > 0
-        at = cols == _lane(tokens, j, lane)
-        q_j = tl.math.div_rn(left, tl.maximum(_lane(kepts, j, lane), 1e-30))
-        if POINT:
-            pointed = _lane(points.to(tl.int32), j, lane) > 0
-            mass = tl.where(out & pointed, tl.where(at, 0.0, mass),
-                            tl.where(out, tl.maximum(mass - _lane(zs, j, lane) * q_j, 0.0), mass))
-            left = tl.where(out & ~pointed & at, 0.0, left)
-        else:
-            mass = tl.where(out, tl.maximum(mass - _lane(zs, j, lane) * q_j, 0.0), mass)
-            left = tl.where(out & at, 0.0, left)
+        # a branch on the program's scalar, not a select: the division over the columns runs for
+        # the rejected lanes only (a pass after the i-th rejection: i of them, not W)
+        if _lane(rejected.to(tl.int32), j, lane) > 0:
+            at = cols == _lane(tokens, j, lane)
+            q_j = tl.math.div_rn(left, tl.maximum(_lane(kepts, j, lane), 1e-30))
+            if POINT:
+                pointed = _lane(points.to(tl.int32), j, lane) > 0
+                mass = tl.where(pointed, tl.where(at, 0.0, mass), tl.maximum(mass - _lane(zs, j, lane) * q_j, 0.0))
+                left = tl.where(~pointed & at, 0.0, left)
+            else:
+                mass = tl.maximum(mass - _lane(zs, j, lane) * q_j, 0.0)
+                left = tl.where(at, 0.0, left)
     return mass, left
 
 
