@@ -233,6 +233,27 @@ def test_the_walks_cover_acceptance_rejection_and_the_bonus():
     assert (taken & root).any() and not (taken & root & ~outside).any() and (taken & ~root).any()
 
 
+@pytest.mark.parametrize("width", [1, 2])
+def test_a_residual_rounded_to_zero_draws_from_p(width):
+    """A rejection that leaves r all zero (p just under q everywhere: max(0, p - q) = 0) makes
+    the recovered token p's race, which the kernel runs as a pass of its own; with a second
+    drawn lane, that lane meets z = 0 and is not accepted. Both as the reference."""
+    vocab = 8193  # passes over several blocks
+    gen = torch.Generator().manual_seed(3)
+    q = torch.softmax(torch.randn(1, 2, vocab, generator=gen), -1)
+    probs = q * 0.999
+    drawn = torch.tensor([[[5, 9][:width], [-1] * width]])
+    children = torch.tensor([[[1] + [-1] * (width - 1), [-1] * width]])
+    tokens = torch.tensor([[0, 5]])
+    uniforms = torch.ones(1, 1, width)  # u q z = q(5) > p(5): rejected
+    expo = torch.empty(1, vocab).exponential_(generator=gen)
+    inputs = on(children, drawn, tokens, probs, q, uniforms, expo)
+    limit = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    want = tree_walk.recursive_walk(*inputs, limit, 1)
+    assert want[0][0, 0].item() == int((probs[0, 0] / expo[0]).argmax()) and want[1][0, 0].item() == 0
+    assert_walks_equal(want, gpu_walk.recursive_walk(*inputs, limit, 1, Workspace(DEVICE)))
+
+
 def test_the_kernel_takes_the_crafted_draws_outside_the_tree():
     """tests/tree_walk_cases.py: the walks that end on a draw accepted outside the tree, and
     those that do not, as the reference (and by hand)."""

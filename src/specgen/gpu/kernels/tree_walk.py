@@ -340,7 +340,13 @@ def _race(p_row, q_row, expo_row, tokens, rejected, points, zs, kepts, lane, voc
         expo = tl.load(expo_row + cols, mask=inside, other=1.0)
         seen = seen | (tl.max((inside & (r > 0)).to(tl.int32), axis=0) > 0)
         best_r, at_r = _better(tl.math.div_rn(r, expo), cols, inside, best_r, at_r)
-        best_p, at_p = _better(tl.math.div_rn(p, expo), cols, inside, best_p, at_p)
+    if ~seen:  # rounding left r all zero (rare): p's race, a second pass rather than a division in every one
+        for start in range(0, vocab, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            inside = cols < vocab
+            p = tl.load(p_row + cols, mask=inside, other=0.0)
+            expo = tl.load(expo_row + cols, mask=inside, other=1.0)
+            best_p, at_p = _better(tl.math.div_rn(p, expo), cols, inside, best_p, at_p)
     return tl.where(seen, at_r, at_p)
 
 
