@@ -4,6 +4,7 @@ CUDA events over CUDA-graph replays (as a captured round runs them: no launch ov
 
     python benchmarks/bench_kernels.py warp      [--vocab 16384,128256] [--rows 1,5]
     python benchmarks/bench_kernels.py verify    [--vocab 128256] [--k 4] [--batch 1,32]
+    python benchmarks/bench_kernels.py walk      [--vocab 16384,128256] [--k 4] [--width 4] [--nodes 16] [--draft-noise 3]
     python benchmarks/bench_kernels.py linear    [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5]
     python benchmarks/bench_kernels.py tiles     [--shapes q_o,qkv,gate_up,down,lm_head] [--rows 1,5,17,33,64]
     python benchmarks/bench_kernels.py attention [--positions 512,4096] [--tokens 1,5] [--runners]
@@ -34,6 +35,12 @@ they are timed between CUDA events around each call, host dispatch included.
   core/sampling/warp.py; times the warp with the parallel cut search and with the one-program search.
 - verify: one round's random and greedy verification (k drafts, batch B) against
   core/sampling/rejection.py, bit for bit.
+- walk: a token tree's recursive rejection walk (gpu/kernels/tree_walk.py, drawn children) over a
+  full tree of depth k, width w (the root's w children, then w - 1 below each, up to n nodes),
+  against core/sampling/tree_walk.py bit for bit; the draft's q is the target's logits plus N(0, s^2)
+  noise (--draft-noise s), so most children are rejected, as at t 0.8 on a weak draft. Why: the
+  walk is one program whose passes over the vocabulary, one a rejected child, made most of a
+  sampled tree round's sample phase (docs/benchmarks.md, "Trees drafted by an EAGLE-3 head").
 - linear: Llama-3-8B's projections (bf16) against F.linear (gate_up against the unfused MLP):
   relative error <= 2e-2 of the output's scale; the kernel with split-K off and on, and cuBLAS;
   GB/s counts weight bytes, over enough weight copies that they do not fit in L2.
@@ -282,6 +289,61 @@ def bench_verify(args) -> list[dict]:
                 results.append(row)
                 print(json.dumps(row), flush=True)
     print(table(results, ["vocab", "k", "batch", "verification", "kernel_us", "torch_us"]))
+    return results
+
+
+def walk_inputs(vocab: int, k: int, width: int, nodes: int, noise: float, seed: int = 0,
+                device: str = "cuda") -> tuple:
+    """(children, drawn, tokens, p, q, uniforms, expo) of one tree (B = 1) on `device`: a full tree
+    (the root's `width` children, each next level's nodes `width - 1` children, up to `nodes`),
+    children drawn from q without replacement, q the target's logits plus N(0, noise^2)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows = nodes + 1
+    children = torch.full((1, rows, width), -1, dtype=torch.long)
+    depth, parent, filled = [0], 0, 1
+    while filled < rows:
+        lanes = width if parent == 0 else width - 1
+        for lane in range(lanes):
+            if filled < rows and depth[parent] < k:
+                children[0, parent, lane] = filled
+                depth.append(depth[parent] + 1)
+                filled += 1
+        parent += 1
+        if parent >= filled:
+            break
+    logits = torch.randn(1, rows, vocab, device=device, generator=gen) * 3
+    p = torch.softmax(logits, -1)
+    q = torch.softmax(logits + torch.randn(1, rows, vocab, device=device, generator=gen) * noise, -1)
+    drawn = torch.multinomial(q[0], width, generator=gen)[None]  # [1, R, w], without replacement
+    children = children.to(device)
+    tokens = torch.zeros(1, rows, dtype=torch.long, device=device)
+    rows_of = children.clamp(min=0)
+    tokens.scatter_(1, rows_of.flatten(1), torch.where(children >= 0, drawn, 0).flatten(1))
+    tokens[0, 0] = 0
+    uniforms = torch.rand(1, k, width, device=device, generator=gen)
+    expo = sampling.exponentials((1, vocab), gen, device)
+    return children, drawn, tokens, p, q, uniforms, expo
+
+
+def bench_walk(args) -> list[dict]:
+    from specgen.core.sampling import tree_walk as walk_reference
+    from specgen.gpu.kernels import tree_walk
+
+    results = []
+    workspace = Workspace("cuda")
+    limit = torch.tensor([args.k], dtype=torch.int32, device="cuda")
+    for vocab in args.vocab:
+        inputs = walk_inputs(vocab, args.k, args.width, args.nodes, args.draft_noise)
+        want = walk_reference.recursive_walk(*inputs, limit, args.k)
+        got = tree_walk.recursive_walk(*inputs, limit, args.k, workspace)
+        if not all(torch.equal(a, b) for a, b in zip(want, got)):
+            raise Mismatch(f"walk vocab {vocab}: {[t.tolist() for t in want]} against {[t.tolist() for t in got]}")
+        emitted = int((got[0] >= 0).sum())
+        row = {"vocab": vocab, "k": args.k, "width": args.width, "nodes": args.nodes, "emitted": emitted,
+               "kernel_us": graph_us(lambda i: tree_walk.recursive_walk(*inputs, limit, args.k, workspace))}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    print(table(results, ["vocab", "k", "width", "nodes", "emitted", "kernel_us"]))
     return results
 
 
@@ -1017,6 +1079,12 @@ def main(argv=None) -> None:
     p.add_argument("--vocab", type=ints, default=[128256])
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--batch", type=ints, default=[1, 32])
+    p = commands.add_parser("walk")
+    p.add_argument("--vocab", type=ints, default=[16384, 128256])
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--width", type=int, default=4)
+    p.add_argument("--nodes", type=int, default=16)
+    p.add_argument("--draft-noise", type=float, default=3.0, help="q: the target's logits plus N(0, s^2)")
     p = commands.add_parser("linear")
     p.add_argument("--shapes", type=names(LINEAR_SHAPES), default=list(LINEAR_SHAPES))
     p.add_argument("--rows", type=ints, default=[1, 5])
@@ -1069,7 +1137,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() and not (args.command == "attention" and args.runners):
         raise SystemExit("bench_kernels: needs a CUDA GPU (only `attention --runners` runs on a CPU)")
-    run = {"warp": bench_warp, "verify": bench_verify, "linear": bench_linear, "tiles": bench_tiles, "attention": bench_attention,
+    run = {"warp": bench_warp, "verify": bench_verify, "walk": bench_walk, "linear": bench_linear, "tiles": bench_tiles, "attention": bench_attention,
            "attention-tree": bench_attention_tree,
            "steps": bench_steps, "exact": bench_exact, "table": bench_table,
            "step-table": bench_step_table, "launches": bench_launches}[args.command]
