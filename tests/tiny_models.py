@@ -310,16 +310,9 @@ FAMILY_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "family_pai
 
 def family_pairs():
     """benchmarks/family_pairs.py as a module: the tests build their checkpoints with its code."""
-    import importlib.util
-    import sys
+    from repo_paths import script
 
-    module = sys.modules.get("family_pairs")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("family_pairs", FAMILY_SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["family_pairs"] = module  # dataclasses look their module up while being built
-        spec.loader.exec_module(module)
-    return module
+    return script(FAMILY_SCRIPT)
 
 
 def build_family(root: Path, name: str, noisy: float = 0.1) -> Path:

@@ -4,26 +4,17 @@ equals the reference while the draft's noise rejects children, as the timed call
 
 from __future__ import annotations
 
-import importlib.util
-
 import triton_cpu  # noqa: F401,I001  (first: the Triton interpreter on a CPU)
 import torch
 
-from repo_paths import REPO
+from repo_paths import REPO, script
 from specgen.core.sampling import tree_walk as reference
 from specgen.gpu.kernels import tree_walk
 from specgen.gpu.workspace import Workspace
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_kernels", REPO / "benchmarks" / "bench_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_walk_bench_tree_is_full_and_its_walk_rejects_as_the_reference():
-    bench = _module()
+    bench = script(REPO / "benchmarks" / "bench_kernels.py")
     k, width, nodes, vocab = 3, 3, 8, 300
     rejected = 0
     for seed in range(4):

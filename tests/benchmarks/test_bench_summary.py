@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-from repo_paths import REPO
+from repo_paths import REPO, script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bench_summary", REPO / "benchmarks" / "bench_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script(REPO / "benchmarks" / "bench_summary.py")
 
 
 def test_a_recorded_bench_reads_back_line_for_line():

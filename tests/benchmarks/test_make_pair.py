@@ -8,7 +8,6 @@ prompts, profile, report) runs the same code as the GPU presets.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from repo_paths import REPO
+from repo_paths import REPO, script
 
 SCRIPT = REPO / "benchmarks" / "make_pair.py"
 DEMO = REPO / "src" / "specgen" / "builtin" / "demo"
@@ -31,11 +30,7 @@ REPORT_KEYS = {
 
 
 def load_make_pair():
-    spec = importlib.util.spec_from_file_location("make_pair", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_pair"] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

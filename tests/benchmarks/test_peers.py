@@ -9,7 +9,6 @@ checkpoint in its shape, the embedding's values those of the checkpoint in bf16.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from repo_paths import script
 from tiny_models import family_pairs
 
 ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "pyproject.toml").is_file())
@@ -29,10 +29,7 @@ needs_source = pytest.mark.skipif(not (SOURCE / "convert_hf_to_gguf.py").is_file
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "peers" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script(ROOT / "benchmarks" / "peers" / f"{name}.py", f"peers_{name}")  # not the llama_cpp package
 
 
 @pytest.fixture(scope="module")

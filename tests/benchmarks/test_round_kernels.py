@@ -3,19 +3,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
-from repo_paths import REPO
+from repo_paths import REPO, script
 from specgen.core.events import Finished
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("round_kernels", REPO / "benchmarks" / "gpu" / "round_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script(REPO / "benchmarks" / "gpu" / "round_kernels.py")
 
 
 class _Decoder:

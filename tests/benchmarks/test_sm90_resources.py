@@ -3,7 +3,6 @@ from them, and one real launch compiled for sm_90 on the CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import struct
@@ -13,16 +12,13 @@ import sys
 import pytest
 import torch
 
-from repo_paths import REPO
+from repo_paths import REPO, script
 
 SCRIPT = REPO / "benchmarks" / "sm90_resources.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("sm90_resources", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script(SCRIPT)
 
 
 def _elf(info: bytes) -> bytes:
