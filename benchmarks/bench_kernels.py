@@ -38,9 +38,10 @@ they are timed between CUDA events around each call, host dispatch included.
 - walk: a token tree's recursive rejection walk (gpu/kernels/tree_walk.py, drawn children) over a
   full tree of depth k, width w (the root's w children, then w - 1 below each, up to n nodes),
   against core/sampling/tree_walk.py bit for bit; the draft's q is the target's logits plus N(0, s^2)
-  noise (--draft-noise s), so most children are rejected, as at t 0.8 on a weak draft. Why: the
-  walk is one program whose passes over the vocabulary, one a rejected child, made most of a
-  sampled tree round's sample phase (docs/benchmarks.md, "Trees drafted by an EAGLE-3 head").
+  noise (--draft-noise s), so most children are rejected, as at t 0.8 on a weak draft. Why: when
+  the walk was one program with a pass over the vocabulary a rejected child, it made most of a
+  sampled tree round's sample phase; its node passes are now spread over the GPU (the kernel
+  file's docstring has the before and after).
 - linear: Llama-3-8B's projections (bf16) against F.linear (gate_up against the unfused MLP):
   relative error <= 2e-2 of the output's scale; the kernel with split-K off and on, and cuBLAS;
   GB/s counts weight bytes, over enough weight copies that they do not fit in L2.
