@@ -25,8 +25,10 @@ walk reads scalars:
   the walk merges a node's chunks (the best score, then the smallest id holding it: the id one
   pass finds).
 One program walking V itself made a pass per rejection: a k = 4, w = 4, 16-node walk took 73 µs
-at 16,384 ids and 476 µs at 128,256, now 28 and 116; w = 2, 8 nodes 38 and 226, now 17 and 35
-(H200, `bench_kernels.py walk`, draws rejected at the root).
+at 16,384 ids and 476 µs at 128,256, now 32 and 79; w = 2, 8 nodes 38 and 226, now 18 and 30
+(H200, `bench_kernels.py walk`, draws rejected at the root; before and after in one call, at 32
+chunks a node: 28 / 116 and 17 / 35). In a Llama 3.1 8B + EAGLE-3 head round at t 0.8 the walk
+took 1.12 ms of a w = 4, 32-node round, its node launches now 0.10 ms (docs/benchmarks.md).
 
 A lane's scalar is written out where it is read (tl.sum(tl.where(lane == j, vec, 0)), one value
 and zeros: exact) rather than a helper: each device-function call costs the interpreter that runs
@@ -52,8 +54,11 @@ from specgen.gpu.workspace import Workspace
 
 GREEDY, SIBLING, RECURSIVE = 0, 1, 2
 # chunks of V a node's sums and races take: at most this many a node, each a power of two of at
-# least 1,024 ids (one block of a program), so a 17-row tree over 128,256 ids is 544 programs
-MAX_CHUNKS = 32
+# least 1,024 ids (one block of a program), so a 17-row tree over 128,256 ids is 2,142 programs.
+# A k = 4, w = 4, 16-node walk at 128,256 ids took 231 / 149 / 120 / 89 / 79 µs with at most
+# 8 / 16 / 32 / 64 / 128 chunks, at 16,384 ids 31-36 µs from 16 on (H200, .device-style sweep of
+# bench_kernels.py walk)
+MAX_CHUNKS = 128
 # a recursive walk's lane record, as a walk that meets the lane sees it: r(c) unnormalised, q_i(c),
 # z and kept before the lane's test, and q without the drafts tried before it at c
 FIELDS = 5
