@@ -28,7 +28,9 @@ gpu/kernels/argmax.py):
     _warp_fast_pass_kernel  grid (rows, chunks), launched fast_passes(V) + 1 times before the cut
                         kernel for long top-k / top-p rows (warp(..., parallel_cut=True)):
                         bracket passes, each testing FAST_PIVOTS thresholds over every chunk at
-                        once, then the compaction of the <= FAST_CAP ids left in the bracket.
+                        once, then the compaction of the <= FAST_CAP ids left in the bracket;
+                        between two of them _warp_bracket_kernel (grid (rows,)) finds each
+                        row's bracket from the pass's per-chunk sums.
     _warp_probs_kernel  grid (row tiles, segments): argmax, p = exp(s) / z on kept ids, one-hot for
                         greedy rows; raises bit 2 of the error flag for a row with every id masked.
                         With Exp(1) draws it also runs the exponential race (sample_race).
