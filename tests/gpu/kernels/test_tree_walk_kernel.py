@@ -20,8 +20,10 @@ from specgen.gpu.workspace import Workspace
 from tree_walk_cases import K, OUT, TAKEN, outside_tree_inputs
 
 SHAPES = [(1, 1, 2), (2, 2, 5), (3, 3, 12), (4, 2, 9), (5, 4, 24)]  # (k, width, rows)
-# the interpreter replays a node's rejections per block: the widest tree takes ~15 s a case
-SAMPLED = SHAPES[:-1] + [pytest.param(SHAPES[-1], marks=pytest.mark.slow)]
+# (shape, seed) of the sampled walks: three random tree sets a shape, one for the widest, whose
+# node launches (a program a row and lane) take the interpreter ~20 s a case
+SAMPLED = [(shape, seed) for shape in SHAPES[:-1] for seed in range(3)] + [
+    pytest.param(SHAPES[-1], 0, marks=pytest.mark.slow)]
 
 
 def random_tree(k: int, width: int, rows: int, batch: int, gen: torch.Generator):
@@ -100,8 +102,7 @@ def sibling_inputs(shape, batch: int, vocab: int, gen: torch.Generator):
     return on(children, tokens, probs, uniforms, expo)
 
 
-@pytest.mark.parametrize("shape", SAMPLED)
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("shape", "seed"), SAMPLED)
 def test_sibling_walk_kernel_equals_the_reference(shape, seed):
     batch, vocab = 5, 40
     gen = torch.Generator().manual_seed(seed * 17 + shape[2])
@@ -140,8 +141,7 @@ def recursive_inputs(shape, batch: int, vocab: int, gen: torch.Generator):
     return on(children, drawn, tokens, probs, q, uniforms, expo)
 
 
-@pytest.mark.parametrize("shape", SAMPLED)
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("shape", "seed"), SAMPLED)
 def test_recursive_walk_kernel_equals_the_reference(shape, seed):
     batch, vocab = 5, 40
     gen = torch.Generator().manual_seed(seed * 13 + shape[2])
@@ -175,8 +175,7 @@ def with_point_masses(inputs, gen: torch.Generator):
     return on(children, drawn, tokens, probs, q, uniforms, expo) + on(point)
 
 
-@pytest.mark.parametrize("shape", SAMPLED)
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("shape", "seed"), SAMPLED)
 def test_recursive_walk_kernel_with_point_masses_equals_the_reference(shape, seed):
     batch, vocab = 5, 40
     gen = torch.Generator().manual_seed(seed * 7 + shape[2])
