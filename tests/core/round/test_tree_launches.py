@@ -9,7 +9,9 @@ them waits for the host.
 
 What each case launches now: the warp (stats, probs; with top-p its cut), the walk, the commit,
 each cache's compaction, the logits of the path's rows for the host's logprobs; sampled rejection
-with drawn children gathers q by tree row (three ops), Gumbel coupling the noise by depth (two).
+with drawn children gathers q by tree row (three ops) and runs its walk's node passes first (a
+launch a drafted lane: three at width 3, gpu/kernels/tree_walk.py), Gumbel coupling the noise by
+depth (two).
 
 And a hybrid merged round's draft phase: its model round's, then the merge in one launch
 (gpu/kernels/tree_merge.py) and the draft count's maximum; the reference's torch ops were some 120
@@ -37,7 +39,7 @@ GUMBEL = dict(temperature=0.9, top_p=0.95, coupling="gumbel", seed=11)
 # (proposer, sampling, the mode counted, the sample phase's launches at most)
 CASES = {
     "draft-greedy": ("draft", {}, Mode.MODEL, 7),
-    "draft-rejection": ("draft", SAMPLED, Mode.MODEL, 11),
+    "draft-rejection": ("draft", SAMPLED, Mode.MODEL, 14),
     "draft-gumbel": ("draft", GUMBEL, Mode.MODEL, 10),
     "eagle-greedy": ("eagle", {}, Mode.MODEL, 7),
     "lookup-greedy": ("ngram", {}, Mode.HOST, 6),
@@ -74,6 +76,7 @@ def test_the_sample_phase_launches_a_bounded_number_of_kernels(models, case):
     launches = counter.launches("sample")
     assert launches <= bound, f"{launches} launches: {dict(counter.ops['sample'])} {dict(counter.triton['sample'])}"
     assert counter.triton["sample"]["_tree_commit_kernel"] == 1 and counter.triton["sample"]["_walk_kernel"] == 1
+    assert counter.triton["sample"]["_node_kernel"] == (3 if case == "draft-rejection" else 0)  # width 3
     assert not any(counter.syncs[phase] for phase in ("target", "sample")), counter.syncs
 
 
