@@ -124,18 +124,20 @@ def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=No
     path = torch.empty(batch, k, dtype=torch.int64, device=device)
     shown = torch.empty(batch, k, dtype=torch.int64, device=device)
     taken = torch.empty(batch, dtype=torch.int64, device=device)
-    # per node: sums [.., lane, chunk] int64; the recursive walk's lane records [.., field, lane]
-    # float32; the races' best scores [.., r / p, chunk] float32 and ids [.., r / p / r seen, chunk] int64
+    # per node, the workspace's scratch (read within this call only): sums [.., lane, chunk] int64;
+    # the recursive walk's lane records [.., field, lane] float32; the races' best scores
+    # [.., r / p, chunk] float32 and ids [.., r / p / r seen, chunk] int64
     sums, records, best, at = tokens, probs, probs, tokens  # greedy: unread
     shape = dict(POINT=point is not None, W=width, WB=max(2, triton.next_power_of_2(width)),
                  CB=triton.next_power_of_2(chunks), DEPENDENT=dependent)
     if mode != GREEDY:
         lanes = width - 1 if mode == RECURSIVE else 1  # z after each lane but the last; or sum(p)
-        sums = torch.empty(batch, rows, max(1, lanes), chunks, dtype=torch.int64, device=device)
-        best = torch.empty(batch, rows, 2, chunks, dtype=torch.float32, device=device)
-        at = torch.empty(batch, rows, 3, chunks, dtype=torch.int64, device=device)
+        nodes = batch * rows
+        sums = workspace.scratch("walk_sums", nodes * max(1, lanes) * chunks, torch.int64)
+        best = workspace.scratch("walk_best", nodes * 2 * chunks)
+        at = workspace.scratch("walk_at", nodes * 3 * chunks, torch.int64)
         if mode == RECURSIVE:
-            records = torch.empty(batch, rows, FIELDS, width, dtype=torch.float32, device=device)
+            records = workspace.scratch("walk_records", nodes * FIELDS * width)
         grid = (batch * rows, chunks)
         node = (children, tokens, probs, q, drawn, point_, expo, sums, records, best, at, rows, vocab, chunks)
         options = dict(MODE=mode, BLOCK_V=block, num_warps=4 if block <= 2048 else 8, **shape)
