@@ -97,8 +97,8 @@ def recursive_walk(children: torch.Tensor, drawn: torch.Tensor, tokens: torch.Te
 def chunk_block(vocab: int) -> int:
     """Ids a chunk of a node's sums and races holds: V in at most MAX_CHUNKS chunks of at least
     1,024 ids (fewer for a smaller V), a power of two."""
-    return max(16, min(triton.next_power_of_2(vocab), max(1024, triton.next_power_of_2(triton.cdiv(vocab,
-                                                                                                   MAX_CHUNKS)))))
+    widest = max(1024, triton.next_power_of_2(triton.cdiv(vocab, MAX_CHUNKS)))
+    return max(16, min(triton.next_power_of_2(vocab), widest))
 
 
 def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=None, probs=None, uniforms=None,
@@ -138,7 +138,7 @@ def _walk(mode: int, children, tokens, limit, k, workspace, dependent, choice=No
         at = workspace.scratch("walk_at", nodes * 3 * chunks, torch.int64)
         if mode == RECURSIVE:
             records = workspace.scratch("walk_records", nodes * FIELDS * width)
-        grid = (batch * rows, chunks)
+        grid = (nodes, chunks)
         node = (children, tokens, probs, q, drawn, point_, expo, sums, records, best, at, rows, vocab, chunks)
         options = dict(MODE=mode, BLOCK_V=block, num_warps=4 if block <= 2048 else 8, **shape)
         # the recursive walk's lanes in order, a launch each: a lane's record and the sum its
