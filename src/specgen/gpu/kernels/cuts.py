@@ -42,6 +42,7 @@ FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
 # to find it: at 128,256 ids, 126 chunks x 32 pivots x up to 3 planes per program, redone by each
 # of the row's 126 programs (33 rows: 0.52 ms of a Llama 3.1 8B tree round at t 0.8, H200)
 BRACKET = 9
+_BRACKET = tl.constexpr(BRACKET)
 
 MAX_SEGMENTS = 64  # vocab <= 262144; one constant, so every large vocabulary shares one compile
 
@@ -269,7 +270,7 @@ def _warp_bracket_kernel(
     if fast:
         lo, hi, s_hi, e_hi, s_lo, c_lo, c_hi, j_lo, j_hi = _fast_bracket(
             piv_ptr, sums_ptr, row, n_rows, n_chunks, index, passes, by_count, bound, BLOCK_C, P)
-        b = bracket_ptr + row * 9
+        b = bracket_ptr + row * _BRACKET
         tl.store(b, lo)
         tl.store(b + 1, hi)
         tl.store(b + 2, s_hi)
@@ -331,7 +332,7 @@ def _warp_fast_pass_kernel(
             lo = -float("inf") + 0.0 * m
             hi = m
         else:
-            b = bracket_ptr + row * 9
+            b = bracket_ptr + row * _BRACKET
             lo, hi, s_hi, e_hi, s_lo = tl.load(b), tl.load(b + 1), tl.load(b + 2), tl.load(b + 3), tl.load(b + 4)
             c_lo, c_hi = tl.load(b + 5), tl.load(b + 6)
             j_lo, j_hi = tl.load(b + 7).to(tl.int32), tl.load(b + 8).to(tl.int32)
