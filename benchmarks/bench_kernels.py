@@ -241,10 +241,18 @@ def bench_warp(args) -> list[dict]:
                         key = "parallel_us" if parallel_cut else "one_program_us"
                         row[key] = graph_us(lambda i: warp.warp(logits, params, None, None, workspace,
                                                                 parallel_cut=parallel_cut))
+                    _, probs = warp.warp(logits, params, None, None, workspace)
+                    for per in args.per_program:  # the parallel search's chunks a program: same bits, timed
+                        _, other = warp.warp(logits, params, None, None, workspace, per_program=per)
+                        if not torch.equal(other, probs):
+                            raise Mismatch(f"warp vocab {vocab} rows {rows} {name}: per_program {per} changed bits")
+                        row[f"per{per}_us"] = graph_us(lambda i: warp.warp(logits, params, None, None, workspace,
+                                                                           per_program=per))
                     row["torch_us"] = event_us(lambda: sampling.warp(logits, params))
                     results.append(row)
                     print(json.dumps(row), flush=True)
-    print(table(results, ["vocab", "rows", "settings", "spread", "parallel_us", "one_program_us", "torch_us"]))
+    print(table(results, ["vocab", "rows", "settings", "spread", "parallel_us", "one_program_us", "torch_us",
+                          *(f"per{per}_us" for per in args.per_program)]))
     return results
 
 
@@ -1076,6 +1084,7 @@ def main(argv=None) -> None:
     p = commands.add_parser("warp")
     p.add_argument("--vocab", type=ints, default=[16384, 128256])
     p.add_argument("--rows", type=ints, default=[1, 5])
+    p.add_argument("--per-program", type=ints, default=[], help="also time the parallel search at these chunks a program")
     p = commands.add_parser("verify")
     p.add_argument("--vocab", type=ints, default=[128256])
     p.add_argument("--k", type=int, default=4)

@@ -127,6 +127,22 @@ def test_warp_parallel_cut_search_hands_rows_over():
     assert parallel_rows(workspace, 6) == [False, False, False, False, True, False]
 
 
+@pytest.mark.parametrize("per_program", [2, 3])
+def test_warp_parallel_cut_search_bits_do_not_follow_chunks_a_program(per_program):
+    """A pass program taking several chunks in turn (the last program with turns past the row's end)
+    writes each chunk's sums as a program of one chunk does: the same probabilities, bit for bit."""
+    gen = torch.Generator().manual_seed(6)
+    logits = make_logits(3, 32000, gen, scale=2.0)
+    params = settle_top_p(logits, make_params(3, temperature=[0.8, 1.0, 0.7], top_k=[-1, 100, 40],
+                                              top_p=[0.95, 0.9, 1.0]))
+    workspace = Workspace(DEVICE)
+    _, one = gpu_warp.warp(logits, params, None, None, workspace, per_program=1)
+    assert parallel_rows(workspace, 3) == [True] * 3
+    _, several = gpu_warp.warp(logits, params, None, None, workspace, per_program=per_program)
+    assert parallel_rows(workspace, 3) == [True] * 3
+    assert torch.equal(one, several) and int(workspace.error) == 0
+
+
 @pytest.mark.slow
 def test_warp_parallel_cut_search_equals_one_program_search():
     """Both searches give the same kept sets and the same sampled ids on the same draws."""

@@ -34,8 +34,17 @@ MAX_PASSES = 16  # bit-pattern pivots alone isolate a float32 in 11 passes
 FAST_PIVOTS = 32
 FAST_CAP = 512
 FAST_TOP_K = 256  # top-k rows need every id above the bracket (>= k of them) among the candidates
-FAST_CHUNK = {False: 1024, True: 8192}  # columns per pass program, compiled / interpreted (H200 sweep)
-FAST_WARPS = 8  # per pass program
+# Columns a pass program sums at a time, compiled / interpreted, and its warps. Registers set the
+# pass's speed: 1,024 columns over 8 warps took 180 registers a thread, one program an SM (Nsight
+# Compute, 33 rows), where 256 over 4 take 101, four an SM (sm90_resources.py warp). Both fix each
+# chunk's sums, so neither may follow the row count. H200, 128,256 ids, t 0.8 / top-p 0.95 (top-k 50
+# and top-p 0.9), µs a warp: 5 rows 109 (81) -> 97 (70), 33 rows 476 (335) -> 338 (198), 80 rows
+# 1,160 (832) -> 767 (425); 128 / 4 (64 registers), 256 / 8 and 512 / 16 were slower.
+FAST_CHUNK = {False: 256, True: 8192}
+FAST_WARPS = 4
+# Programs a pass launch aims at: fewer rows, fewer chunks a program (fast_per_program)
+FAST_PROGRAMS = 600
+FAST_PER_PROGRAM = 16  # most chunks a program takes: 80 rows at 32 were no faster than at 16
 FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
 # per row, the bracket after a pass (_warp_bracket_kernel): lo, hi, S(hi), E(hi), S(lo), C(lo), C(hi),
 # lo's and hi's pivot indices. Every chunk's program of the next pass read all of a row's chunk sums
@@ -43,18 +52,21 @@ FAST_STATE = 8  # per row: status, total, lo, hi, S(hi), E(hi), S(lo), spare
 # of the row's 126 programs (33 rows: 0.52 ms of a Llama 3.1 8B tree round at t 0.8, H200)
 BRACKET = 9
 _BRACKET = tl.constexpr(BRACKET)
+BRACKET_WARPS = 16  # one program a row reads 3 planes of [chunks, P] sums: its loads in flight set its time
 
 MAX_SEGMENTS = 64  # vocab <= 262144; one constant, so every large vocabulary shares one compile
 
 
 def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, workspace: Workspace,
-                     launch: dict) -> torch.Tensor:
+                     launch: dict, per_program: int | None = None) -> torch.Tensor:
     """The parallel cut search of long rows (parallel_cut, the comment above FAST_PIVOTS): bracket passes and the compaction of the
     candidates, each over every chunk of every row at once. Returns the per-row state buffer that
     _warp_cut_kernel reads ([N, STATE] float32: status 1 = candidates ready, else the row's cut is
-    searched there the one-program way)."""
+    searched there the one-program way). per_program: chunks a pass program takes (default
+    fast_per_program's); the bits do not depend on it."""
     chunk = FAST_CHUNK[INTERPRETED]
     n_chunks = triton.cdiv(vocab, chunk)
+    per_program = per_program or fast_per_program(rows, n_chunks)
     block_c = max(2, triton.next_power_of_2(n_chunks))
     passes = fast_passes(vocab)
     piv = workspace.scratch("warp_fast_piv", passes * rows * FAST_PIVOTS)
@@ -68,15 +80,26 @@ def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, w
             _warp_bracket_kernel[(rows,)](
                 part, params.temperature, params.top_k, params.top_p, params.log_min_p, piv, sums, bracket, rows,
                 vocab, n_seg, n_chunks, index - 1, passes, BLOCK_S=MAX_SEGMENTS, BLOCK_C=block_c, P=FAST_PIVOTS,
-                KFAST=FAST_TOP_K, num_warps=4, **launch,
+                KFAST=FAST_TOP_K, num_warps=BRACKET_WARPS, **launch,
             )
-        _warp_fast_pass_kernel[(rows, n_chunks)](
-            *common, rows, vocab, n_seg, n_chunks, index, passes,
+        _warp_fast_pass_kernel[(rows, triton.cdiv(n_chunks, per_program))](
+            *common, rows, vocab, n_seg, n_chunks, index, passes, per_program,
             FIRST=index == 0, COMPACT=index == passes, BLOCK_S=MAX_SEGMENTS, BLOCK_C=block_c,
             CHUNK=chunk, P=FAST_PIVOTS, CAP=FAST_CAP, KFAST=FAST_TOP_K, STRIDE=SEGMENT, num_warps=FAST_WARPS,
             **launch,
         )
     return state
+
+
+def fast_per_program(rows: int, chunks: int) -> int:
+    """Chunks each pass program takes in turn: a power of two that leaves about FAST_PROGRAMS programs
+    a launch. A program's chunks share its prologue (the row's scalars, its bracket, its pivots), and
+    the sums of each chunk keep their bits whatever it is. H200, 128,256 ids (501 chunks), measured
+    best: 1 row 2, 5 rows 4, 16 rows 8, 33 rows 8-16, 80 rows 16."""
+    per = 1
+    while per < FAST_PER_PROGRAM and rows * chunks // (2 * per) >= FAST_PROGRAMS:
+        per *= 2
+    return per
 
 
 def fast_passes(vocab: int) -> int:
@@ -282,7 +305,7 @@ def _warp_bracket_kernel(
         tl.store(b + 8, j_hi.to(tl.float32))
 
 
-@triton.jit(do_not_specialize=["n_rows", "n_seg", "n_chunks", "index", "passes"])
+@triton.jit(do_not_specialize=["n_rows", "n_seg", "n_chunks", "index", "passes", "per_program"])
 def _warp_fast_pass_kernel(
     l_ptr,  # [N, V] float32 penalised logits
     part_ptr,  # [4, N, S] float32 segment partials
@@ -301,6 +324,7 @@ def _warp_fast_pass_kernel(
     n_chunks,
     index,  # this pass (the compaction: index == passes)
     passes,
+    per_program,  # chunks a program takes, one after another
     FIRST: tl.constexpr,
     COMPACT: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -312,22 +336,21 @@ def _warp_fast_pass_kernel(
     STRIDE: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
-    """Grid (rows, chunks). A pass: the bracket from the previous pass's sums, P pivots in it, and this
-    chunk's count / mass above each pivot. The compaction: the final bracket, and this chunk's ids in
-    it stored at an offset counted from the last pass's per-chunk counts (the row's ids in column
-    order). Chunk 0 of each row writes the pivots (passes) or the row's state (compaction)."""
+    """Grid (rows, cdiv(chunks, per_program)); each program takes per_program chunks in turn. A pass:
+    the bracket from the previous pass's sums, P pivots in it, and each chunk's count / mass above
+    each pivot. The compaction: the final bracket, and each chunk's ids in it stored at an offset
+    counted from the last pass's per-chunk counts (the row's ids in column order). The program of
+    chunk 0 writes the row's pivots (passes) or its state (compaction)."""
     wait_previous(DEPENDENT)
     release_next(DEPENDENT)
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
+    first = tl.program_id(1) * per_program  # this program's chunks: first .. first + per_program - 1
     fast, by_count, m, temperature, z_all, fmin, bound = _fast_row(
         part_ptr, temperature_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, row, n_rows, vocab, n_seg, BLOCK_S, KFAST)
     if COMPACT:
-        if (chunk == 0) & (fast == 0):
+        if (first == 0) & (fast == 0):
             tl.store(state_ptr + row * 8, 0.0)
     if fast:
-        cols = chunk * CHUNK + tl.arange(0, CHUNK)
-        l = tl.load(l_ptr + row.to(tl.int64) * vocab + cols, mask=cols < vocab, other=float("-inf"))
         if FIRST:
             lo = -float("inf") + 0.0 * m
             hi = m
@@ -336,6 +359,9 @@ def _warp_fast_pass_kernel(
             lo, hi, s_hi, e_hi, s_lo = tl.load(b), tl.load(b + 1), tl.load(b + 2), tl.load(b + 3), tl.load(b + 4)
             c_lo, c_hi = tl.load(b + 5), tl.load(b + 6)
             j_lo, j_hi = tl.load(b + 7).to(tl.int32), tl.load(b + 8).to(tl.int32)
+        row_l = l_ptr + row.to(tl.int64) * vocab
+        # A chunk past the row's last (the last program's spare turns) loads no id and stores nothing,
+        # so the loop has no branch: each chunk's sums are the same bits whatever per_program is.
         if COMPACT:
             top = tl.where(by_count, float("inf"), hi)  # top-k: every id above lo; top-p: those in (lo, hi]
             total = tl.where(by_count, c_lo, c_lo - c_hi)
@@ -343,12 +369,16 @@ def _warp_fast_pass_kernel(
             base = sums_ptr + ((index - 1) * n_rows + row) * n_chunks * P
             per = tl.load(base + c * P + j_lo, mask=c < n_chunks, other=0.0)
             per -= tl.where(by_count, 0.0, tl.load(base + c * P + j_hi, mask=c < n_chunks, other=0.0))
-            offset = tl.sum(tl.where(c < chunk, per, 0.0), axis=0).to(tl.int32)
             if total <= CAP:
-                inside = (l > lo) & (l <= top)
-                at = offset + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-                tl.store(cand_ptr + row.to(tl.int64) * STRIDE + at, l, mask=inside)
-            if chunk == 0:
+                for turn in range(per_program):
+                    chunk = first + turn
+                    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+                    l = tl.load(row_l + cols, mask=cols < vocab, other=float("-inf"))
+                    offset = tl.sum(tl.where(c < chunk, per, 0.0), axis=0).to(tl.int32)
+                    inside = (l > lo) & (l <= top)
+                    at = offset + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+                    tl.store(cand_ptr + row.to(tl.int64) * STRIDE + at, l, mask=inside)
+            if first == 0:
                 state = state_ptr + row * 8
                 tl.store(state, tl.where(total <= CAP, 1.0, 0.0))
                 tl.store(state + 1, total)
@@ -359,19 +389,27 @@ def _warp_fast_pass_kernel(
                 tl.store(state + 6, s_lo)
         else:
             piv = _pivots(lo, hi, fmin, P)  # [P]
-            if chunk == 0:
-                tl.store(piv_ptr + (index * n_rows + row) * P + tl.arange(0, P), piv)
-            above = l[:, None] > piv[None, :]  # [CHUNK, P]
+            j = tl.arange(0, P)
+            if first == 0:
+                tl.store(piv_ptr + (index * n_rows + row) * P + j, piv)
             plane = n_rows * n_chunks * P
-            at = ((index * n_rows + row) * n_chunks + chunk) * P + tl.arange(0, P)
-            tl.store(sums_ptr + at, tl.sum(above.to(tl.int32), axis=0).to(tl.float32))
-            if by_count == 0:
-                e = tl.exp(tl.math.div_rn(l - m, temperature))
-                w = tl.math.div_rn(e, z_all)
-                tl.store(sums_ptr + passes * plane + at, tl.sum(tl.where(above, w[:, None], 0.0), axis=0))
-                if index == passes - 1:
-                    e_at = (row * n_chunks + chunk) * P + tl.arange(0, P)
-                    tl.store(sums_ptr + 2 * passes * plane + e_at, tl.sum(tl.where(above, e[:, None], 0.0), axis=0))
+            for turn in range(per_program):
+                chunk = first + turn
+                cols = chunk * CHUNK + tl.arange(0, CHUNK)
+                l = tl.load(row_l + cols, mask=cols < vocab, other=float("-inf"))
+                here = chunk * P + j < n_chunks * P  # [P] (a tensor mask, as the interpreter needs)
+                above = l[:, None] > piv[None, :]  # [CHUNK, P]
+                at = ((index * n_rows + row) * n_chunks + chunk) * P + j
+                tl.store(sums_ptr + at, tl.sum(above.to(tl.int32), axis=0).to(tl.float32), mask=here)
+                if by_count == 0:
+                    e = tl.exp(tl.math.div_rn(l - m, temperature))
+                    w = tl.math.div_rn(e, z_all)
+                    tl.store(sums_ptr + passes * plane + at, tl.sum(tl.where(above, w[:, None], 0.0), axis=0),
+                             mask=here)
+                    if index == passes - 1:
+                        e_at = (row * n_chunks + chunk) * P + j
+                        tl.store(sums_ptr + 2 * passes * plane + e_at,
+                                 tl.sum(tl.where(above, e[:, None], 0.0), axis=0), mask=here)
 
 
 @triton.jit

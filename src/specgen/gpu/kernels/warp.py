@@ -25,7 +25,7 @@ gpu/kernels/argmax.py):
                         found by bisecting float bit patterns over the candidates in registers.
                         Rows the parallel search finished (below) take their cut and z from its
                         candidates instead.
-    _warp_fast_pass_kernel  grid (rows, chunks), launched fast_passes(V) + 1 times before the cut
+    _warp_fast_pass_kernel  grid (rows, chunk groups), launched fast_passes(V) + 1 times before the cut
                         kernel for long top-k / top-p rows (warp(..., parallel_cut=True)):
                         bracket passes, each testing FAST_PIVOTS thresholds over every chunk at
                         once, then the compaction of the <= FAST_CAP ids left in the bracket;
@@ -86,6 +86,7 @@ def warp(
     out: torch.Tensor | None = None,  # [N] int64: where the race's ids go (with expo)
     *,
     parallel_cut: bool = True,  # long top-k / top-p rows try the parallel cut search first
+    per_program: int | None = None,  # chunks a program of the parallel search takes (None: its rule)
     probs_out: torch.Tensor | None = None,  # [N, V] float32 contiguous: where the probs go (else new)
     dependent: bool = False,  # every launch dependent on the kernel before (gpu/kernels/dependent.py)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -129,7 +130,7 @@ def warp(
         cand = workspace.scratch("warp_cand", rows * SEGMENT) if n_seg > 1 else dummy
         fast = dummy
         if n_seg > 1 and parallel_cut and (flags.top_k or flags.top_p):
-            fast = _fast_cut_search(probs, part, params, cand, rows, vocab, n_seg, workspace, launch)
+            fast = _fast_cut_search(probs, part, params, cand, rows, vocab, n_seg, workspace, launch, per_program)
         _warp_cut_kernel[(triton.cdiv(rows, block_r),)](
             probs, part, params.temperature, params.top_k, params.top_p, params.log_min_p, cand, fast,
             rows, vocab, n_seg,
