@@ -3,6 +3,7 @@ compiled for an H100/H200 (sm_90) on a CPU: how many programs an SM holds, witho
 
     python benchmarks/sm90_resources.py attention [--rows 7,33] [--prefix 1000] [--capacity 2048]
     python benchmarks/sm90_resources.py linear [--rows 1,7,33,80]
+    python benchmarks/sm90_resources.py warp [--rows 33] [--vocab 128256]
 
 Why: a latency-bound kernel runs as fast as the programs an SM holds at once, and that follows from
 what ptxas allocates, which only a compile shows. On 2026-11-29 this found that the tree attention's
@@ -144,6 +145,25 @@ def linear(args, harness) -> None:
                 kernels.linear(x, torch.empty(n, k, dtype=bf16), None, split_k=True, counters=counters)
 
 
+def warp(args, harness) -> None:
+    """The warp chain at t 0.8 / top-p 0.95 and at top-k 50 / top-p 0.9: stats, the parallel cut
+    search's passes and bracket launches, the cut and probs kernels."""
+    import torch
+
+    from specgen.core.sampling.warp import WarpParams
+    from specgen.gpu.kernels import warp as kernels
+    from specgen.gpu.workspace import Workspace
+
+    for rows in args.rows:
+        for name, top_k in (("top-p", -1), ("top-k top-p", 50)):
+            harness.scenario = f"warp {name} rows={rows} vocab={args.vocab}"
+            full = lambda value, dtype=torch.float32: torch.full((rows,), value, dtype=dtype)  # noqa: E731
+            params = WarpParams(temperature=full(0.8), top_k=full(top_k, torch.int32), top_p=full(0.95),
+                                min_p=full(0.0), repetition_penalty=full(1.0), presence_penalty=full(0.0),
+                                frequency_penalty=full(0.0))
+            kernels.warp(torch.empty(rows, args.vocab), params, None, None, Workspace("cpu"))
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -153,11 +173,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--capacity", type=int, default=2048)
     p = commands.add_parser("linear")
     p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 7, 33, 80])
+    p = commands.add_parser("warp")
+    p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=[33])
+    p.add_argument("--vocab", type=int, default=128256)
     args = parser.parse_args(argv)
     report: list[dict] = []
     harness, version = _harness(report)
     print(f"triton {version}, sm_90", flush=True)
-    {"attention": attention, "linear": linear}[args.command](args, harness)
+    {"attention": attention, "linear": linear, "warp": warp}[args.command](args, harness)
     # a launch the harness had compiled already (the same specialisation) is not listed again
     return report
 
