@@ -70,7 +70,7 @@ def _fast_cut_search(l, part, params, cand, rows: int, vocab: int, n_seg: int, w
     block_c = max(2, triton.next_power_of_2(n_chunks))
     passes = fast_passes(vocab)
     piv = workspace.scratch("warp_fast_piv", passes * rows * FAST_PIVOTS)
-    sums = workspace.scratch("warp_fast_sums", (2 * passes + 1) * rows * n_chunks * FAST_PIVOTS)
+    sums = workspace.scratch("warp_fast_sums", 3 * rows * n_chunks * FAST_PIVOTS)
     state = workspace.scratch("warp_fast_state", rows * FAST_STATE)
     bracket = workspace.scratch("warp_fast_bracket", rows * BRACKET)
     common = (l, part, params.temperature, params.top_k, params.top_p, params.log_min_p, piv, sums, state, cand,
@@ -188,10 +188,12 @@ def _warp_cut_kernel(
 
 
 # -- the parallel search (parallel_cut) ------------------------------------------------------------
-# Scratch: piv [passes, N, P] pivots; sums [2 passes + 1, N, chunks, P]: per chunk, the count of ids
-# above each pivot (pass i), their mass w = exp(s) / z (plane passes + i; top-p rows) and, for the
-# last pass, their unnormalised mass exp(s) (plane 2 passes). State [N, 8]: status (1 = candidates
-# ready), total, lo, hi, S(hi), E(hi), S(lo).
+# Scratch: piv [passes, N, P] pivots; sums [3, N, chunks, P]: per chunk, the count of ids above each
+# pivot (plane 0), their mass w = exp(s) / z (plane 1; top-p rows) and, on the last pass, their
+# unnormalised mass exp(s) (plane 2). Each pass overwrites the one before: the bracket launch between
+# them has read it, and the compaction reads the last pass's counts (a batch's 160 rows over 128,256
+# ids: 31 MB, not the 72 of a plane set a pass). State [N, 8]: status (1 = candidates ready), total,
+# lo, hi, S(hi), E(hi), S(lo).
 
 
 @triton.jit
@@ -240,16 +242,15 @@ def _fast_bracket(piv_ptr, sums_ptr, row, n_rows, n_chunks, index, passes, by_co
     c = tl.arange(0, BLOCK_C)
     piv = tl.load(piv_ptr + (index * n_rows + row) * P + j)
     plane = n_rows * n_chunks * P
-    at = ((index * n_rows + row) * n_chunks + c[:, None]) * P + j[None, :]
+    at = (row * n_chunks + c[:, None]) * P + j[None, :]
     mask = (c[:, None] < n_chunks) & (j[None, :] < P)
     count = tl.sum(tl.load(sums_ptr + at, mask=mask, other=0.0), axis=0)  # [P] C(pivot)
     mass = count
     e_mass = 0.0 * count
     if by_count == 0:
-        mass = tl.sum(tl.load(sums_ptr + passes * plane + at, mask=mask, other=0.0), axis=0)  # [P] S(pivot)
+        mass = tl.sum(tl.load(sums_ptr + plane + at, mask=mask, other=0.0), axis=0)  # [P] S(pivot)
         if index == passes - 1:
-            e_at = (row * n_chunks + c[:, None]) * P + j[None, :]
-            e_mass = tl.sum(tl.load(sums_ptr + 2 * passes * plane + e_at, mask=mask, other=0.0), axis=0)
+            e_mass = tl.sum(tl.load(sums_ptr + 2 * plane + at, mask=mask, other=0.0), axis=0)
     dropped = mass >= bound
     lo = tl.max(tl.where(dropped, piv, -float("inf")), axis=0)
     hi = tl.min(tl.where(dropped, float("inf"), piv), axis=0)
@@ -269,7 +270,7 @@ def _warp_bracket_kernel(
     top_p_ptr,  # [N] float32
     log_min_p_ptr,  # [N] float32
     piv_ptr,  # [passes, N, P] float32
-    sums_ptr,  # [2 passes + 1, N, chunks, P] float32
+    sums_ptr,  # [3, N, chunks, P] float32: the latest pass's (see the comment above _fast_row)
     bracket_ptr,  # [N, BRACKET] float32 out
     n_rows,
     vocab,
@@ -314,7 +315,7 @@ def _warp_fast_pass_kernel(
     top_p_ptr,  # [N] float32
     log_min_p_ptr,  # [N] float32
     piv_ptr,  # [passes, N, P] float32
-    sums_ptr,  # [2 passes + 1, N, chunks, P] float32
+    sums_ptr,  # [3, N, chunks, P] float32: the latest pass's (see the comment above _fast_row)
     state_ptr,  # [N, 8] float32 out (compaction)
     cand_ptr,  # [N, STRIDE] float32 out (compaction)
     bracket_ptr,  # [N, BRACKET] float32: the bracket after the pass before (_warp_bracket_kernel)
@@ -366,7 +367,7 @@ def _warp_fast_pass_kernel(
             top = tl.where(by_count, float("inf"), hi)  # top-k: every id above lo; top-p: those in (lo, hi]
             total = tl.where(by_count, c_lo, c_lo - c_hi)
             c = tl.arange(0, BLOCK_C)
-            base = sums_ptr + ((index - 1) * n_rows + row) * n_chunks * P
+            base = sums_ptr + row * n_chunks * P  # the last pass's counts
             per = tl.load(base + c * P + j_lo, mask=c < n_chunks, other=0.0)
             per -= tl.where(by_count, 0.0, tl.load(base + c * P + j_hi, mask=c < n_chunks, other=0.0))
             if total <= CAP:
@@ -399,16 +400,15 @@ def _warp_fast_pass_kernel(
                 l = tl.load(row_l + cols, mask=cols < vocab, other=float("-inf"))
                 here = chunk * P + j < n_chunks * P  # [P] (a tensor mask, as the interpreter needs)
                 above = l[:, None] > piv[None, :]  # [CHUNK, P]
-                at = ((index * n_rows + row) * n_chunks + chunk) * P + j
+                at = (row * n_chunks + chunk) * P + j
                 tl.store(sums_ptr + at, tl.sum(above.to(tl.int32), axis=0).to(tl.float32), mask=here)
                 if by_count == 0:
                     e = tl.exp(tl.math.div_rn(l - m, temperature))
                     w = tl.math.div_rn(e, z_all)
-                    tl.store(sums_ptr + passes * plane + at, tl.sum(tl.where(above, w[:, None], 0.0), axis=0),
+                    tl.store(sums_ptr + plane + at, tl.sum(tl.where(above, w[:, None], 0.0), axis=0),
                              mask=here)
                     if index == passes - 1:
-                        e_at = (row * n_chunks + chunk) * P + j
-                        tl.store(sums_ptr + 2 * passes * plane + e_at,
+                        tl.store(sums_ptr + 2 * plane + at,
                                  tl.sum(tl.where(above, e[:, None], 0.0), axis=0), mask=here)
 
 
