@@ -26,7 +26,9 @@ def alone_rounds(engine: Engine, work: list) -> list[tuple]:
 
 class Recorder:
     """The batch's program, noting after each round the counted drafts of every row that holds a
-    prompt (the staged ids: output row | drafts | count), by the prompt's index, and what
+    prompt (the staged ids: output row | drafts | count; none past a drafted stop id of the row's,
+    as both decoders count them: a tree's staged path goes on below a stop id its walk rejected,
+    which a row short of its min_tokens always does), by the prompt's index, and what
     probe(round, row) reads of its round (None: nothing). The torch backend's program is eager:
     one round in flight, so a row holds its prompt through its rounds only."""
 
@@ -43,7 +45,9 @@ class Recorder:
         k = self.decoder.round.k
         for b, (row, staged) in enumerate(zip(self.decoder.rows, self.decoder.round.stage_ids.tolist())):
             if row is not None:
-                self.drafts[row.index].append(staged[k + 1: k + 1 + staged[2 * k + 1]])
+                drafts = staged[k + 1: k + 1 + staged[2 * k + 1]]
+                cut = next((i + 1 for i, t in enumerate(drafts) if t in row.stops), len(drafts))
+                self.drafts[row.index].append(drafts[:cut])
                 if self.probe is not None:
                     self.probed[row.index].append(self.probe(self.decoder.round, b))
 

@@ -233,8 +233,8 @@ def close(got, want, where="") -> None:
     (["--batch-size", "2", "--draft-p-min", "0.5"], "do not take draft_p_min yet"),
     (["--batch-size", "2", "--format", "jsonl", "--logprobs", "1", "--min-tokens", "2"],
      "do not take logprobs with penalties or min_tokens yet"),
-    (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "4", "--min-tokens", "2"],
-     "take min_tokens in chains only (tree_width 1), not in token trees"),
+    (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "auto"],
+     "take token trees of a set node budget only, not tree_nodes auto"),
 ])
 def test_what_batches_do_not_take_is_a_usage_error(monkeypatch, tiny, args, fragment):
     assert_error(generate(monkeypatch, tiny, *args), 2, fragment)

@@ -199,7 +199,7 @@ class Engine:
             else:
                 drafter = partial(BatchTreeDraftModel, runner=self.draft_runner)
             rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
-                                 self.backend, self.target_runner, drafter)
+                                 self.backend, self.target_runner, drafter, rows, self.eos_ids)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         if key not in self._rounds:
             if kind == "ngram":
@@ -490,8 +490,6 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
                 f"not from the {kind} proposer (tree_width 1)")
     if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
         return "take token trees of a set node budget only, not tree_nodes auto"
-    if spec.tree_width != "auto" and spec.tree_width > 1 and batch_rows(sampling):
-        return f"take {' and '.join(batch_rows(sampling))} in chains only (tree_width 1), not in token trees"
     drafts = kind != "ngram"  # a model drafts (prompt lookup's drafts are the host's; hybrid's model drafts too)
     checks = {"draft_p_min": drafts and profile.proposer.draft_p_min > 0,
               "draft_sampling = argmax": drafts and spec.draft_sampling == "argmax",

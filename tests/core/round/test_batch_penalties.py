@@ -4,7 +4,7 @@ Each prompt's tokens at B = 2, 3, 4 (its own repetition, presence and frequency 
 min_tokens and stop ids, rows without any among them; more prompts than rows, so that finished
 rows are refilled) equal decoding that prompt alone with the chain round, greedy and sampled
 (rejection and Gumbel coupling), drafted by the draft model (every round's drafts too), by prompt
-lookup and by none.
+lookup and by none; and with the tree round, each row its own tree of the draft model's.
 Power: the penalised rows' tokens differ from the same prompts' without penalties, a min_tokens
 row runs past the stop id it emits early without it, each row's counts after a run are its
 output's, and a χ² test checks a row's first token against the target's penalised distribution
@@ -172,10 +172,20 @@ def test_what_the_batch_was_not_built_with_is_refused(pair):
     assert "without penalties" in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("change, named", [(dict(repetition_penalty=1.2), "take penalties in chains only"),
-                                           (dict(min_tokens=2), "take min_tokens in chains only")])
-def test_token_trees_at_batch_refuse_penalties_and_min_tokens(pair, change, named):
-    profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=4), **change)
-    with pytest.raises(UsageError) as error:
-        Engine(profile).batch_decoder(2)
-    assert named in str(error.value) and "\n" not in str(error.value)
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, coupling="rejection"),
+                                      dict(temperature=1.0, coupling="gumbel")], ids=["greedy", "rejection", "gumbel"])
+def test_penalised_tree_rows_equal_each_prompt_alone(pair, sampling):
+    """Token trees (w = 2, n = 5, k = 3; core/round/batch_tree.py): each tree row counts the drafts
+    on its path and masks the stop ids by its depth, as the single tree round's rows do, so each
+    prompt's tokens, fates and drafts at B = 2 and 3 are its own alone (rejection coupling: not the
+    fates, where a child drawn outside the tree counts as recovered at batch, as in
+    test_batch_tree.py); the settings change them."""
+    profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=5), **(PARTS | sampling))
+    engine = Engine(profile)
+    work = jobs(engine)
+    reference = alone_rounds(engine, work)
+    check_power(engine, work, [tokens for tokens, *_ in reference])
+    drop = (lambda rounds: [(ids, drafts) for ids, _, drafts in rounds]) if sampling.get("coupling") == "rejection" \
+        else (lambda rounds: rounds)
+    for batch in (2, 3):
+        assert drop(batched_rounds(engine, batch, work)) == drop(reference), batch

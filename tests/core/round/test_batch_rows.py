@@ -22,7 +22,7 @@ ROUNDS = [[([6, 3, 3], [6, 3, -1, -1]), ([2, 2, 8], [2, 2, 8, 1])],
 def test_each_rows_penalties_equal_the_chain_rounds():
     """Draft step i and the k + 1 target rows of every batch row, over two rounds, equal Penalties'
     for that row alone; its counts are its output's (the commit counts each row's own ids)."""
-    batch = BatchPenalties(len(PROMPTS), K, WIDTH, CPU, Staging(CPU))
+    batch = BatchPenalties(len(PROMPTS), K + 1, WIDTH, CPU, Staging(CPU))
     alone = [Penalties(K, WIDTH, torch.arange(K + 1), CPU) for _ in PROMPTS]
     for b, (ids, single) in enumerate(zip(PROMPTS, alone)):
         batch.start(b, ids)
@@ -54,7 +54,7 @@ def test_each_rows_penalties_equal_the_chain_rounds():
 
 
 def test_a_row_without_a_prompt_counts_nothing_and_a_refill_clears_its_row():
-    batch = BatchPenalties(2, K, WIDTH, CPU, Staging(CPU))
+    batch = BatchPenalties(2, K + 1, WIDTH, CPU, Staging(CPU))
     batch.start(0, [4, 5])
     batch.start(1, [6])
     batch.commit(torch.tensor([[1, 1, -1, -1], [2, 3, 4, 5]]), torch.tensor([True, False]))
@@ -72,7 +72,7 @@ def test_each_rows_min_tokens_mask_equals_the_chain_rounds():
              SamplingSpec(min_tokens=3, ignore_eos=True, stop_token_ids=(5,)), SamplingSpec(min_tokens=9)]
     generated = torch.tensor([2, 0, 1, 8])
     steps = torch.arange(K + 1)
-    batch = BatchMinTokens(len(specs), K, WIDTH, VOCAB, eos, generated, Staging(CPU))
+    batch = BatchMinTokens(len(specs), K + 1, WIDTH, VOCAB, eos, generated, Staging(CPU))
     for b, spec in enumerate(specs):
         batch.start(b, spec)
     rows = batch.target_rows()
@@ -95,3 +95,31 @@ def test_rows_without_parts_hand_the_padding_alone():
     assert penalties is None and bad is padding
     penalties, bad = rows.target_rows(torch.zeros(2, K, dtype=torch.long))
     assert penalties is None and bad is padding
+
+
+def test_each_tree_row_counts_the_drafts_on_its_path_and_masks_by_its_depth():
+    """A tree's rows (BatchPenalties.tree_rows, BatchMinTokens.tree_rows): row r of row b counts b's
+    output and the ids of r's ancestors below the root and its own; a row at depth d is masked as a
+    chain's row d - 1. Two rows' trees: root, a child, its child, and a second child of the root."""
+    ids = torch.tensor([[3, 5, 5, 7], [1, 2, 9, 2]])
+    path = torch.tensor([[0, 0, 0], [0, 1, 0], [0, 1, 2], [0, 3, 0]]).expand(2, -1, -1)  # past a depth: unread
+    depth = torch.tensor([[1, 2, 3, 2]] * 2)
+    penalties = BatchPenalties(2, 4, WIDTH, CPU, Staging(CPU))
+    penalties.start(0, [8])
+    penalties.start(1, [])
+    penalties.commit(torch.tensor([[5, 4, -1, -1], [6, -1, -1, -1]]), torch.ones(2, dtype=torch.bool))
+    rows = penalties.tree_rows(ids, path, depth)
+    on_path = {0: [[], [5], [5, 5], [7]], 1: [[], [2], [2, 9], [2]]}
+    for b in range(2):
+        for r in range(4):
+            want = penalties.counts[b] + torch.bincount(torch.tensor(on_path[b][r], dtype=torch.long),
+                                                        minlength=WIDTH).int()
+            assert torch.equal(rows.counts[b * 4 + r], want), (b, r)
+            assert torch.equal(rows.seen[b * 4 + r], penalties.seen[b] | (want > 0)), (b, r)
+    generated = torch.tensor([1, 5])
+    mask = BatchMinTokens(2, 4, WIDTH, VOCAB, [13], generated, Staging(CPU))
+    mask.start(0, SamplingSpec(min_tokens=3))
+    mask.start(1, SamplingSpec(min_tokens=3))
+    bad = mask.tree_rows(depth)
+    assert bad[:4, 13].tolist() == [True, True, False, True]  # 1 + d - 1 < 3
+    assert not bad[4:, :VOCAB].any()  # 5 tokens already: nothing masked but the padding

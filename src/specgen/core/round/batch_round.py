@@ -368,9 +368,10 @@ class BatchRound:
     def _rows(self, rows: tuple[str, ...], vocab_size: int, eos_ids) -> BatchLogitsRows:
         """The logits-row parts (core/round/batch_rows.py) named in rows ("penalties",
         "min_tokens"); eos_ids: the model's, which min_tokens masks with a row's stop ids."""
-        penalties = BatchPenalties(self.batch, self.k, self.width, self.device, self.staging) \
+        per = self.target_rows_per
+        penalties = BatchPenalties(self.batch, per, self.width, self.device, self.staging) \
             if "penalties" in rows else None
-        min_tokens = BatchMinTokens(self.batch, self.k, self.width, vocab_size, eos_ids, self.generated,
+        min_tokens = BatchMinTokens(self.batch, per, self.width, vocab_size, eos_ids, self.generated,
                                     self.staging) if "min_tokens" in rows else None
         return BatchLogitsRows(penalties, min_tokens, self.bad)
 

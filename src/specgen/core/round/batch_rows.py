@@ -40,10 +40,11 @@ def uses_penalties(spec: SamplingSpec) -> bool:
 class BatchPenalties:
     """Penalties (core/round/rows.py) for B rows: counts [B, V] int32 of each row's output ids and
     seen [B, V] of its prompt's and output's; draft_counts, the counts with the round's picks so
-    far; the target rows' counts and seen [B, k + 1, V] (row i with the row's drafts[:i]), and the
-    draft steps' seen [B, V], in buffers of their own."""
+    far; the target rows' counts and seen [B, R, V] (a chain's R = k + 1 rows: row i with the row's
+    drafts[:i]; a tree's R = n + 1: each tree row with the drafts on its path), and the draft
+    steps' seen [B, V], in buffers of their own."""
 
-    def __init__(self, batch: int, k: int, width: int, device: torch.device, staging: Staging):
+    def __init__(self, batch: int, rows: int, width: int, device: torch.device, staging: Staging):
         z = dict(device=device)
         self.staging = staging
         self.counts = torch.zeros(batch, width, dtype=torch.int32, **z)
@@ -51,8 +52,8 @@ class BatchPenalties:
         self.draft_counts = torch.zeros_like(self.counts)
         self.draft_seen = torch.zeros_like(self.seen)
         self.ones = torch.ones(batch, 1, dtype=torch.int32, **z)
-        self.row_counts = torch.zeros(batch, k + 1, width, dtype=torch.int32, **z)
-        self.row_seen = torch.zeros(batch, k + 1, width, dtype=torch.bool, **z)
+        self.row_counts = torch.zeros(batch, rows, width, dtype=torch.int32, **z)
+        self.row_seen = torch.zeros(batch, rows, width, dtype=torch.bool, **z)
 
     def state(self) -> list[torch.Tensor]:
         return [self.counts, self.seen, self.draft_counts]
@@ -88,6 +89,22 @@ class BatchPenalties:
         counts.add_(self.counts[:, None])
         return PenaltyRows(counts.view(-1, counts.shape[-1]), seen.view(-1, seen.shape[-1]))
 
+    def tree_rows(self, ids: torch.Tensor, path: torch.Tensor, depth: torch.Tensor) -> PenaltyRows:
+        """Each row's tree rows [B * (n + 1), V], as the single round's TreeRows: a tree row counts
+        its row's output and the drafted ids on its path (its ancestors below the root, and its
+        own). ids [B, n + 1] the tree rows' tokens, path [B, n + 1, L] each tree row's tree rows
+        from the root down, depth [B, n + 1] how many of them it sees."""
+        counts, seen = self.row_counts, self.row_seen
+        steps = torch.arange(path.shape[-1], device=path.device)
+        drafted = ((steps > 0) & (steps < depth[..., None])).int()  # the root is counted already
+        tokens = ids.gather(1, path.clamp(0, ids.shape[1] - 1).flatten(1)).view(path.shape)
+        counts.zero_()
+        counts.scatter_add_(2, tokens, drafted)
+        torch.gt(counts, 0, out=seen)
+        seen.logical_or_(self.seen[:, None])
+        counts.add_(self.counts[:, None])
+        return PenaltyRows(counts.view(-1, counts.shape[-1]), seen.view(-1, seen.shape[-1]))
+
     def commit(self, out: torch.Tensor, active: torch.Tensor) -> None:
         """The round's output rows [B, k + 1] (emitted ids, then -1) counted, each in its row; a row
         without a prompt counts nothing (its next prompt clears it anyway)."""
@@ -98,20 +115,21 @@ class BatchPenalties:
 
 class BatchMinTokens:
     """MinTokens (core/round/rows.py) for B rows: row b's stop ids (stop_token_ids, and the
-    model's eos unless ignore_eos) masked in its rows where generated[b] + i < its min_tokens, with
-    the padding columns. generated [B]: the round's tokens emitted so far per row."""
+    model's eos unless ignore_eos) masked in its rows where generated[b] + i < its min_tokens (i: a
+    chain row's index, a tree row's depth - 1), with the padding columns. generated [B]: the
+    round's tokens emitted so far per row; rows: the target rows per row (k + 1, or a tree's n + 1)."""
 
-    def __init__(self, batch: int, k: int, width: int, vocab_size: int, eos_ids, generated: torch.Tensor,
+    def __init__(self, batch: int, rows: int, width: int, vocab_size: int, eos_ids, generated: torch.Tensor,
                  staging: Staging):
         z = dict(device=generated.device)
         self.width, self.eos_ids, self.generated, self.staging = width, frozenset(eos_ids), generated, staging
         self.padding = Padding(width, vocab_size, generated.device).padding
         self.min_tokens = torch.zeros(batch, dtype=torch.long, **z)
         self.stop_cols = torch.zeros(batch, width, dtype=torch.bool, **z)
-        self.steps = torch.arange(k + 1, **z)
-        self.short = torch.zeros(batch, k + 1, dtype=torch.bool, **z)  # the target rows' below min_tokens
+        self.steps = torch.arange(rows, **z)
+        self.short = torch.zeros(batch, rows, dtype=torch.bool, **z)  # the target rows' below min_tokens
         self.draft_short = torch.zeros(batch, 1, dtype=torch.bool, **z)
-        self.row_bad = torch.zeros(batch, k + 1, width, dtype=torch.bool, **z)
+        self.row_bad = torch.zeros(batch, rows, width, dtype=torch.bool, **z)
         self.draft_bad = torch.zeros(batch, width, dtype=torch.bool, **z)
 
     def start(self, b: int, spec: SamplingSpec) -> None:
@@ -135,6 +153,11 @@ class BatchMinTokens:
     def target_rows(self) -> torch.Tensor:
         """The target rows' mask [B * (k + 1), V]."""
         torch.lt(self.generated[:, None] + self.steps, self.min_tokens[:, None], out=self.short)
+        return self._mask(self.short[:, :, None], self.stop_cols[:, None], self.row_bad).view(-1, self.width)
+
+    def tree_rows(self, depth: torch.Tensor) -> torch.Tensor:
+        """A tree's rows' mask [B * (n + 1), V]: a tree row at depth d stands where a chain's row d - 1 does."""
+        torch.lt(self.generated[:, None] + depth - 1, self.min_tokens[:, None], out=self.short)
         return self._mask(self.short[:, :, None], self.stop_cols[:, None], self.row_bad).view(-1, self.width)
 
 
@@ -177,6 +200,14 @@ class BatchLogitsRows:
     def target_rows(self, drafts: torch.Tensor) -> tuple:
         penalties = self.penalties.target_rows(drafts) if self.penalties is not None else None
         return penalties, self.min_tokens.target_rows() if self.min_tokens is not None else self.padding
+
+    def tree_rows(self, rows) -> tuple:
+        """A tree round's target rows (core/step/rows.py's Rows of B trees: BatchPenalties.tree_rows
+        over each tree row's path, BatchMinTokens.tree_rows); without either part no launch."""
+        penalties = None
+        if self.penalties is not None:  # the tail holds slots past each row's start: tree rows from it
+            penalties = self.penalties.tree_rows(rows.ids, rows.tail - rows.start[:, None, None], rows.depth)
+        return penalties, self.min_tokens.tree_rows(rows.depth) if self.min_tokens is not None else self.padding
 
     def commit(self, out: torch.Tensor, active: torch.Tensor) -> None:
         if self.penalties is not None:

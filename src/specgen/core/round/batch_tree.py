@@ -39,9 +39,12 @@ Prompt lookup's trees (one-hot q) take the walks of the single round's host tree
 Gumbel coupling follow the target's token, rejection coupling's sampled rows the sibling walk, each
 row drawing its noise row and uniforms alone (no children's rows).
 
-Not here: hybrid's trees at batch, tree_nodes auto, penalties and min_tokens (engine.batch_refusal
-refuses them: a chain's batch takes the last two, core/round/batch_rows.py; MTP
-layers draft no batch at all), the tree's insight stage, and `taken` (a drawn
+Penalties and min_tokens (core/round/batch_rows.py's tree_rows): as the single round's TreeRows,
+each tree row counts its row's output and the drafts on its path, and masks the stop ids while its
+depth is short of min_tokens; the drafts' children are scored without them, as alone.
+
+Not here: hybrid's trees at batch, tree_nodes auto (engine.batch_refusal refuses them; MTP layers
+draft no batch at all), the tree's insight stage, and `taken` (a drawn
 child accepted outside the tree): the batch's host reads the chain's staged layout, so such a
 token counts as recovered in the row's statistics (its text is the same).
 """
@@ -124,12 +127,12 @@ class BatchTreeGumbel:
     def keep_q(self, level: int, logq: torch.Tensor) -> None:
         """The walk follows the target's race: it never reads q."""
 
-    def verify(self, rows: Rows) -> tuple:
+    def verify(self, rows: Rows, penalties, bad) -> tuple:
         rnd, trees = self.rnd, self.rnd.trees
         b, width = rnd.batch, rnd.width
         at_depth = self.noise[self.seq, rows.depth - 1]  # [B, n + 1, V]: each node's depth's row
         rnd.ops.warp_and_race(rnd.tree_logits.view(-1, width), rnd.target_params.params, at_depth.view(-1, width),
-                              self.choice, None, rnd.bad)
+                              self.choice, penalties, bad)
         return rnd.ops.greedy_walk(trees["children"], rows.ids, self.choice.view(b, -1), rnd.num_drafts, rnd.k)
 
 
@@ -180,13 +183,14 @@ class BatchTreeRejection:
     def keep_q(self, level: int, logq: torch.Tensor) -> None:
         torch.exp(logq.view(self.rnd.batch, -1, self.rnd.width), out=self.q[:, self._rows(level)])
 
-    def verify(self, rows: Rows) -> tuple:
+    def verify(self, rows: Rows, penalties, bad) -> tuple:
         """Greedy rows the greedy walk (their probs are one-hot, their children the top-w: the
         tree round's greedy walk), sampled rows the recursive walk over their drawn children, or
-        over a host tree's deterministic children the sibling walk (the tree round's for one-hot q)."""
+        over a host tree's deterministic children the sibling walk (the tree round's for one-hot q).
+        penalties, bad: the tree rows' (BatchLogitsRows.tree_rows)."""
         rnd, trees = self.rnd, self.rnd.trees
         b, width = rnd.batch, rnd.width
-        argmax, probs = rnd.ops.warp(rnd.tree_logits.view(-1, width), rnd.target_params.params, None, rnd.bad)
+        argmax, probs = rnd.ops.warp(rnd.tree_logits.view(-1, width), rnd.target_params.params, penalties, bad)
         greedy = rnd.ops.greedy_walk(trees["children"], rows.ids, argmax.view(b, -1), rnd.num_drafts, rnd.k)
         if probs is None:
             return greedy
@@ -247,10 +251,10 @@ class BatchTreeRound(BatchRound):
     commit() keeps what its next round reads."""
 
     def __init__(self, k: int, width_w: int, nodes: int, batch: int, width: int, vocab_size: int, gumbel: bool,
-                 backend, target, drafter):
-        # before BatchRound's: its caches take `reach`, its coupling and drafter parts these
+                 backend, target, drafter, rows: tuple[str, ...] = (), eos_ids=()):
+        # before BatchRound's: its caches take `reach`, its coupling, drafter and logits-row parts these
         self.tree_width, self.nodes, self.gumbel = width_w, nodes, gumbel
-        super().__init__(k, batch, width, vocab_size, gumbel, backend, target, drafter)
+        super().__init__(k, batch, width, vocab_size, gumbel, backend, target, drafter, rows, eos_ids)
         z = dict(device=self.device)
         self.trees = BatchTrees(batch, k, width_w, nodes, self.device)
         self.tree_logits = torch.full((batch, nodes + 1, width), float("-inf"), dtype=torch.float32, **z)
@@ -310,8 +314,11 @@ class BatchTreeRound(BatchRound):
             logits = self.models[0].step(rows, self.caches[0], self.step_ops[0])
         cols = min(logits.shape[-1], self.width)
         self.tree_logits[..., :cols].copy_(logits[..., :cols])
-        out, path, shown, taken = self.coupling.verify(rows)
+        # each tree row's penalties count the drafts on its path, min_tokens follows its depth
+        penalties, bad = self.rows.tree_rows(rows)
+        out, path, shown, taken = self.coupling.verify(rows, penalties, bad)
         self._commit(out, path, shown, taken)
+        self.rows.commit(out, self.active)
         torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
         torch.where(self.active, self.generated, self.held[-1], out=self.generated)
 
