@@ -231,8 +231,6 @@ def close(got, want, where="") -> None:
      "batches (batch_size 2) take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup "
      "(ngram) only, not from the hybrid proposer (tree_width 1)"),
     (["--batch-size", "2", "--draft-p-min", "0.5"], "do not take draft_p_min yet"),
-    (["--batch-size", "2", "--format", "jsonl", "--logprobs", "1", "--min-tokens", "2"],
-     "do not take logprobs with penalties or min_tokens yet"),
     (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "auto"],
      "take token trees of a set node budget only, not tree_nodes auto"),
 ])

@@ -477,7 +477,7 @@ def batch_rows(sampling) -> tuple[str, ...]:
 def batch_refusal(profile: Profile, spread: bool = False) -> str:
     """Why this run cannot decode prompts in batches ("" where it can). spread: a model lies over
     several GPUs (its step crosses devices; a batch's caches do not yet)."""
-    spec, sampling, kind = profile.speculation, profile.sampling, profile.proposer.kind
+    spec, kind = profile.speculation, profile.proposer.kind
     model = profile.proposer.drafter(kind)  # hybrid: the model it drafts with where lookup finds nothing
     if kind not in ("draft", "eagle", "ngram", "hybrid", "none") or model not in ("draft", "eagle", "none"):
         what = f"the {kind} proposer" + (f" with {model} (hybrid_with)" if kind == "hybrid" else "")
@@ -492,10 +492,7 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
         return "take token trees of a set node budget only, not tree_nodes auto"
     drafts = kind != "ngram"  # a model drafts (prompt lookup's drafts are the host's; hybrid's model drafts too)
     checks = {"draft_p_min": drafts and profile.proposer.draft_p_min > 0,
-              "draft_sampling = argmax": drafts and spec.draft_sampling == "argmax",
-              # the logprobs part reads the target's rows after the commit has counted the round's
-              # tokens: with penalties it would warp them with the next round's counts
-              "logprobs with penalties or min_tokens": sampling.logprobs is not None and bool(batch_rows(sampling))}
+              "draft_sampling = argmax": drafts and spec.draft_sampling == "argmax"}
     taken = [name for name, used in checks.items() if used]
     return f"do not take {', '.join(taken)} yet" if taken else ""
 

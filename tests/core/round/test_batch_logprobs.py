@@ -131,6 +131,21 @@ def test_tree_rows_logprobs_equal_each_prompt_alone(pair, sampling):
     check(engine, jobs(engine.profile, 7, sampled=bool(sampling), logprobs=3))
 
 
+@pytest.mark.parametrize("speculation", [dict(), dict(tree_width=2, tree_nodes=5)], ids=["chains", "trees"])
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0)], ids=["greedy", "sampled"])
+def test_penalised_rows_logprobs_equal_each_prompt_alone(pair, speculation, sampling):
+    """Penalties and min_tokens: each row's warped logprobs read the rows its verification warped
+    (a chain's rows with its drafts counted, a tree's path rows with theirs), as alone; the
+    penalties move them (power: the same prompts' logprobs without them differ)."""
+    parts = dict(repetition_penalty=1.3, frequency_penalty=0.5, min_tokens=2)
+    engine = Engine(make_profile(*pair, k=3, speculation=speculation, **sampling, **parts))
+    work = jobs(engine.profile, 7, sampled=bool(sampling), logprobs=3)
+    check(engine, work)
+    plain = Engine(make_profile(*pair, k=3, speculation=speculation, **sampling))
+    free = [(ids, replace(spec, repetition_penalty=1.0, frequency_penalty=0.0, min_tokens=0)) for ids, spec in work]
+    assert alone(plain, free) != alone(engine, work)
+
+
 @pytest.mark.parametrize("speculation", [dict(), dict(tree_width=2, tree_nodes=4)], ids=["chains", "trees"])
 def test_lookup_rows_logprobs_equal_each_prompt_alone(pair, speculation):
     """Prompt lookup drafting every row (its chains, or its trees' accepted paths)."""

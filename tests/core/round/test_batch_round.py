@@ -97,7 +97,7 @@ def test_batch_rows_follow_the_target_distribution(pair):
 
 @pytest.mark.parametrize("change, named", [
     (dict(proposer=ProposerSpec(kind="hybrid"), speculation=dict(tree_width=2, tree_nodes=4)), "token trees"),
-    (dict(repetition_penalty=1.2, logprobs=2), "do not take logprobs with penalties or min_tokens yet"),
+    (dict(proposer=ProposerSpec(draft_p_min=0.5)), "do not take draft_p_min yet"),
 ])
 def test_what_batches_do_not_take_is_one_line(pair, change, named):
     with pytest.raises(UsageError) as error:

@@ -8,7 +8,8 @@ in emitted order (`logprob_rows`: a chain's k + 1 rows; a tree's root and accept
 order, as core/round/tree_round.py's `keep_path_rows` gathers them for one request) it computes
 what one request computes from its own:
 
-    warped  logprobs_from_logits over the rows the verification warps (the row's params and mask),
+    warped  logprobs_from_logits over the rows the verification warps (the row's params, its
+            penalty rows and mask, as the round's logits-row parts left them: BatchLogitsRows.last),
             the distribution its tokens are drawn from (greedy rows: the penalised log-softmax)
     raw     log_softmax of the target's logits
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from specgen.core.events import logprob_entries
-from specgen.core.sampling.warp import logprobs_from_logits
+from specgen.core.sampling.warp import PenaltyRows, logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 
 MAX_LOGPROBS = 20  # sampling.logprobs' largest (core/profile.py)
@@ -55,24 +56,24 @@ class BatchLogprobs:
         batch, rows = rnd.batch, rnd.k + 1
         if self.staged is None:
             self.staged = torch.zeros(batch, rows, self.columns, dtype=torch.float32, device=rnd.device)
-        logits, params, bad = rnd.logprob_rows()  # [B (k + 1), width]
+        logits, params, penalties, bad = rnd.logprob_rows()  # [B (k + 1), width]
         for b, spec in enumerate(specs):
             if spec is not None and spec.logprobs is not None:
                 at = slice(b * rows, (b + 1) * rows)
                 mask = bad[at] if bad is not None and bad.dim() == 2 else bad
                 own = params.slice(at.start, at.stop)
                 own.__dict__["log_min_p"] = params.log_min_p[at]  # the round's, as its warp reads it
-                self._stage(b, spec, logits[at], own, mask)
+                counted = None if penalties is None else PenaltyRows(penalties.counts[at], penalties.seen[at])
+                self._stage(b, spec, logits[at], own, counted, mask)
         return self.staged
 
-    def _stage(self, b: int, spec: SamplingSpec, logits: torch.Tensor, params, bad) -> None:
+    def _stage(self, b: int, spec: SamplingSpec, logits: torch.Tensor, params, penalties, bad) -> None:
         """Row b's entries (spec: its settings): logits [k + 1, width] its target rows, and its
-        warp's inputs, as core/decode.py's `Decoder._logprobs` computes them."""
-        # no penalty rows: batches refuse logprobs with penalties or min_tokens (core/engine.py)
+        warp's inputs (params, penalty rows, mask), as core/decode.py's `Decoder._logprobs` computes them."""
         if spec.logprobs_mode == "raw":
             logp = torch.log_softmax(logits, dim=-1)
         else:
-            logp = logprobs_from_logits(logits, params, None, bad)
+            logp = logprobs_from_logits(logits, params, penalties, bad)
         staged = self.staged[b]
         ids = self.rnd.stage_ids[b, : self.rnd.k + 1].clamp_min(0)  # the round's output row (-1 past what it emitted)
         staged[:, 0].copy_(logp.gather(1, ids[:, None])[:, 0])

@@ -549,10 +549,9 @@ class BatchRound:
 
     def logprob_rows(self) -> tuple:
         """The last round's target rows in emitted order, [B (k + 1), width], and what the
-        verification warped them with (params, bad mask; batches with logprobs take no penalties):
-        what each row's logprobs read (core/round/batch_logprobs.py), as the single round's
-        `rows.last`."""
-        return self.target_logits.view(-1, self.width), self.target_params.params, self.bad
+        verification warped them with (params, penalties, bad mask): what each row's logprobs read
+        (core/round/batch_logprobs.py), as the single round's `rows.last`."""
+        return self.target_logits.view(-1, self.width), self.target_params.params, *self.rows.last
 
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick

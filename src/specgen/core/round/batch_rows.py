@@ -171,6 +171,9 @@ class BatchLogitsRows:
                  padding: torch.Tensor | None):
         self.penalties, self.min_tokens, self.padding = penalties, min_tokens, padding
         self.plain = penalties is None and min_tokens is None
+        # the last round's target rows' (penalties, bad mask), as its verification warped them: what
+        # its logprobs read (core/round/batch_logprobs.py) before the next round's rows rewrite them
+        self.last: tuple = (None, padding)
 
     def state(self) -> list[torch.Tensor]:
         return self.penalties.state() if self.penalties is not None else []
@@ -199,7 +202,8 @@ class BatchLogitsRows:
 
     def target_rows(self, drafts: torch.Tensor) -> tuple:
         penalties = self.penalties.target_rows(drafts) if self.penalties is not None else None
-        return penalties, self.min_tokens.target_rows() if self.min_tokens is not None else self.padding
+        self.last = (penalties, self.min_tokens.target_rows() if self.min_tokens is not None else self.padding)
+        return self.last
 
     def tree_rows(self, rows) -> tuple:
         """A tree round's target rows (core/step/rows.py's Rows of B trees: BatchPenalties.tree_rows
@@ -207,7 +211,8 @@ class BatchLogitsRows:
         penalties = None
         if self.penalties is not None:  # the tail holds slots past each row's start: tree rows from it
             penalties = self.penalties.tree_rows(rows.ids, rows.tail - rows.start[:, None, None], rows.depth)
-        return penalties, self.min_tokens.tree_rows(rows.depth) if self.min_tokens is not None else self.padding
+        self.last = (penalties, self.min_tokens.tree_rows(rows.depth) if self.min_tokens is not None else self.padding)
+        return self.last
 
     def commit(self, out: torch.Tensor, active: torch.Tensor) -> None:
         if self.penalties is not None:

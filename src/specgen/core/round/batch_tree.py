@@ -57,7 +57,7 @@ from specgen.core.round.batch_round import FIELDS, BatchDraftModel, BatchRound, 
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.tree import Tree, TreeStack
 from specgen.core.sampling import noise
-from specgen.core.sampling.warp import WarpParams, exponentials_, uniforms_
+from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, uniforms_
 from specgen.core.settings import SamplingSpec
 from specgen.core.step.rows import Rows
 
@@ -324,9 +324,9 @@ class BatchTreeRound(BatchRound):
 
     def logprob_rows(self) -> tuple:
         """Each row's root and accepted nodes' target rows, in path order (rows past the path: the
-        root's), [B (k + 1), width], and their warp's inputs: what TreeRound.keep_path_rows keeps
-        for one request's logprobs. Every tree row of a row has the row's params: its root's
-        stand for its k + 1 rows."""
+        root's), [B (k + 1), width], and their warp's inputs (params, and the penalties and mask of
+        those rows): what TreeRound.keep_path_rows keeps for one request's logprobs. Every tree row
+        of a row has the row's params: its root's stand for its k + 1 rows."""
         b, k, width = self.batch, self.k, self.width
         rows = self.path_rows[:, :, None].expand(-1, -1, width)
         logits = self.tree_logits.gather(1, rows).view(-1, width)
@@ -338,7 +338,14 @@ class BatchTreeRound(BatchRound):
         params = WarpParams(*(per_row(getattr(tree, name)) for name in FIELDS))
         params.__dict__["log_min_p"] = per_row(tree.log_min_p)
         params.__dict__["flags"] = tree.flags  # known on the host: no sync
-        return logits, params, self.bad
+        penalties, bad = self.rows.last  # the tree rows' (BatchLogitsRows.tree_rows), gathered as the logits
+
+        def on_path(values: torch.Tensor) -> torch.Tensor:
+            return values.view(b, -1, width).gather(1, rows).view(-1, width)
+
+        if penalties is not None:
+            penalties = PenaltyRows(on_path(penalties.counts), on_path(penalties.seen))
+        return logits, params, penalties, on_path(bad) if bad is not None and bad.dim() == 2 else bad
 
     def _logq(self, logits: torch.Tensor, params: RowParams, level: int) -> torch.Tensor:
         """The draft's warped log q [R, V] at `level`'s nodes (TreeDraft.logq, each row its own params)."""
