@@ -90,6 +90,17 @@ def test_penalties_and_min_tokens_records_equal_one_prompt_at_a_time(monkeypatch
     assert records(generate(monkeypatch, tiny, *args, "--batch-size", "3")) == alone
 
 
+def test_draft_p_min_records_equal_one_prompt_at_a_time(monkeypatch, tiny):
+    """--draft-p-min: each row's drafting cut at its own first unsure step, sampled and greedy
+    lines sharing the batch; each record the prompt's alone, its drafted count too."""
+    def run(*args):
+        result = generate(monkeypatch, tiny, "--format", "jsonl", "--draft-p-min", "0.3", *args)
+        return records(result), [r["stats"]["drafted"] for r in map(json.loads, result.stdout.splitlines())]
+
+    alone = run()
+    assert run("--batch-size", "3") == alone
+
+
 def test_auto_with_nothing_measured_is_batch_one_and_says_so(monkeypatch, tiny, tmp_path):
     profile, prompts = tiny
     own = write_profile(tmp_path / "own.toml", *pair_of(profile), sampling={"max_tokens": 12, "ignore_eos": True},
@@ -230,7 +241,8 @@ def close(got, want, where="") -> None:
     (["--batch-size", "2", "--proposer", "hybrid", "--tree-width", "2", "--tree-nodes", "4"],
      "batches (batch_size 2) take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup "
      "(ngram) only, not from the hybrid proposer (tree_width 1)"),
-    (["--batch-size", "2", "--draft-p-min", "0.5"], "do not take draft_p_min yet"),
+    (["--batch-size", "2", "--draft-p-min", "0.5", "--tree-width", "2", "--tree-nodes", "4"],
+     "token trees (tree_width 2) do not take draft_p_min yet"),
     (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "auto"],
      "take token trees of a set node budget only, not tree_nodes auto"),
 ])

@@ -170,7 +170,6 @@ def test_batch_bench_table(cli, tiny):
     (["--batch-size", "2", "--proposer", "draft,ngram"], "measures one proposer, draft or eagle, against "
                                                          "target-only, not draft,ngram"),
     (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "4"], "chains only"),
-    (["--batch-size", "2", "--draft-p-min", "0.2"], "do not take draft_p_min yet"),
 ])
 def test_what_a_batch_bench_cannot_take_is_one_line(cli, tiny, args, message):
     code, out, err = cli("bench", "-p", tiny, "--k", "2", "--max-tokens", "4", *args)

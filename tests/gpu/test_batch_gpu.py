@@ -14,7 +14,8 @@ prompt alone, and the captured round equals the round run eagerly. And rows with
 penalties and min_tokens (core/round/batch_rows.py): on the interpreter's kernel tables (the warp
 kernel over every row's counts and masks) Gumbel and greedy rows equal each prompt alone; on a GPU
 float32 rows at B = 1, 7 equal each prompt alone (greedy, Gumbel, rejection), and the captured
-round equals the round run eagerly. Token trees at batch: test_batch_tree_gpu.py; the hybrid
+round equals the round run eagerly. Rows drafting their argmax, each cut at draft_p_min, on a GPU
+float32 at B = 7 equal each prompt alone, captured equal to eager. Token trees at batch: test_batch_tree_gpu.py; the hybrid
 proposer: test_batch_hybrid_gpu.py.
 """
 
@@ -132,6 +133,19 @@ def test_bf16_gumbel_rows_equal_each_prompt_alone_on_cuda(pair, batch):
     engine = cuda_engine(*pair, temperature=0.8, top_p=0.95, coupling="gumbel")
     work = jobs(engine.profile, 32, seed=batch)
     assert batched(engine, batch, work) == alone(engine, work)
+
+
+@on_cuda
+@pytest.mark.parametrize("coupling", ["gumbel", "rejection"])
+def test_argmax_and_p_min_rows_equal_each_prompt_alone_on_cuda(pair, coupling):
+    """draft_sampling = argmax with draft_p_min (core/round/batch_round.py's BatchDraftPick): each
+    row's tokens as alone at B = 7, and the captured round equal to the round run eagerly."""
+    engine = cuda_engine(*pair, dtype="float32", temperature=0.8, top_k=20, coupling=coupling,
+                         proposer=ProposerSpec(draft_p_min=0.3), speculation=dict(draft_sampling="argmax"))
+    work = jobs(engine.profile, 16, seed=5)
+    assert batched(engine, 7, work) == alone(engine, work)
+    captured, eager = captured_against_eager(engine, work, fates=False, pipelined=True)
+    assert captured == eager
 
 
 @on_cuda

@@ -190,7 +190,10 @@ class Engine:
         tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and \
             profile.speculation.tree_width not in (AUTO, 1) else None
         rows = batch_rows(sampling)
-        key = ("batch", batch, k, sampling.coupling, kind if k else "none", model, lookup, tree, rows)
+        # how a model's drafts are picked: drawn from q or its argmax (draft_sampling), cut at draft_p_min
+        races = profile.speculation.draft_sampling != "argmax"
+        p_min = proposer.draft_p_min if k and model != "none" else 0.0
+        key = ("batch", batch, k, sampling.coupling, kind if k else "none", model, lookup, tree, rows, races, p_min)
         if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
             if kind == "eagle":
                 drafter = partial(BatchHeadTree, drafter=self.heads["eagle"])
@@ -199,7 +202,7 @@ class Engine:
             else:
                 drafter = partial(BatchTreeDraftModel, runner=self.draft_runner)
             rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
-                                 self.backend, self.target_runner, drafter, rows, self.eos_ids)
+                                 self.backend, self.target_runner, drafter, rows, self.eos_ids, races)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         if key not in self._rounds:
             if kind == "ngram":
@@ -212,7 +215,8 @@ class Engine:
                 drafter = partial(BatchHybrid, model=drafter, ngram_min=proposer.ngram_min,
                                   ngram_max=proposer.ngram_max)
             rnd = BatchRound(k, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
-                             self.backend, self.target_runner, drafter if k else None, rows, self.eos_ids)
+                             self.backend, self.target_runner, drafter if k else None, rows, self.eos_ids,
+                             races, p_min)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
         rnd, program = self._rounds[key]
         if room:
@@ -488,13 +492,12 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
     if spec.tree_width != "auto" and spec.tree_width > 1 and kind not in ("draft", "eagle", "ngram"):  # auto: chains
         return (f"take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
                 f"not from the {kind} proposer (tree_width 1)")
-    if spec.tree_width != "auto" and spec.tree_width > 1 and spec.tree_nodes == AUTO:
+    trees = spec.tree_width != "auto" and spec.tree_width > 1
+    if trees and spec.tree_nodes == AUTO:
         return "take token trees of a set node budget only, not tree_nodes auto"
-    drafts = kind != "ngram"  # a model drafts (prompt lookup's drafts are the host's; hybrid's model drafts too)
-    checks = {"draft_p_min": drafts and profile.proposer.draft_p_min > 0,
-              "draft_sampling = argmax": drafts and spec.draft_sampling == "argmax"}
-    taken = [name for name, used in checks.items() if used]
-    return f"do not take {', '.join(taken)} yet" if taken else ""
+    if trees and kind != "ngram" and profile.proposer.draft_p_min > 0:  # as one request's trees (tree_refusal)
+        return "take no draft_p_min with token trees yet"
+    return ""
 
 
 def tree_shape(spec) -> dict:

@@ -42,11 +42,13 @@ def models(tmp_path_factory):
     return bigram, draft, head_for(bigram, root / "head")
 
 
-def hybrid_engine(models, model: str, k: int = 3, adaptive_k: bool = False, **sampling) -> Engine:
+def hybrid_engine(models, model: str, k: int = 3, adaptive_k: bool = False, draft_p_min: float = 0.0,
+                  speculation: dict | None = None, **sampling) -> Engine:
     bigram, draft, head = models
     proposer = ProposerSpec(kind="hybrid", hybrid_with=model, head=str(head) if model == "eagle" else "",
-                            adaptive_k=adaptive_k)
-    return Engine(make_profile(bigram, draft if model == "draft" else None, k=k, proposer=proposer, **sampling))
+                            adaptive_k=adaptive_k, draft_p_min=draft_p_min)
+    return Engine(make_profile(bigram, draft if model == "draft" else None, k=k, proposer=proposer,
+                               speculation=speculation, **sampling))
 
 
 def jobs(engine: Engine, count: int, sampled: bool = False) -> list:
@@ -91,6 +93,15 @@ def test_greedy_hybrid_rows_equal_each_prompt_alone(models, model):
 def test_sampled_hybrid_rows_equal_each_prompt_alone(models, model, coupling):
     """Each row's own warp settings (a greedy row among them), max_tokens and seed, sharing the batch."""
     engine = hybrid_engine(models, model, k=3, temperature=1.0, coupling=coupling)
+    check(engine, jobs(engine, 8, sampled=True))
+
+
+@MODELS
+def test_argmax_and_p_min_hybrid_rows_equal_each_prompt_alone(models, model):
+    """draft_sampling = argmax and draft_p_min: the model's rows draft their argmax, each cut at its
+    own first unsure step, the lookup's rows uncut (their q one-hot either way); rejection coupling."""
+    engine = hybrid_engine(models, model, k=3, draft_p_min=0.3, speculation=dict(draft_sampling="argmax"),
+                           temperature=1.0)
     check(engine, jobs(engine, 8, sampled=True))
 
 

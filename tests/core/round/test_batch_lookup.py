@@ -89,12 +89,12 @@ def test_lookup_batches_keep_one_round_in_flight(bigram):
 
 
 def test_lookup_takes_what_only_a_model_draft_refuses(bigram):
-    """draft_p_min and draft_sampling = argmax are a model's: prompt lookup's batches take them."""
+    """draft_p_min with trees is a model's refusal: prompt lookup's tree batches take it."""
     profile = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="ngram", draft_p_min=0.5),
-                           speculation=dict(draft_sampling="argmax"))
+                           speculation=dict(draft_sampling="argmax", tree_width=2, tree_nodes=4))
     assert batch_refusal(profile) == ""
     assert batch_refusal(replace(profile, proposer=replace(profile.proposer, kind="draft"))) == \
-        "do not take draft_p_min, draft_sampling = argmax yet"
+        "take no draft_p_min with token trees yet"
 
 
 def test_batch_size_auto_with_lookup_is_batch_one(bigram):

@@ -95,9 +95,47 @@ def test_batch_rows_follow_the_target_distribution(pair):
     assert _chi2_pvalue(firsts, next_token_probs(engine.pair.target, prompt), chisquare) > 1e-4
 
 
+PICKS = {"argmax": dict(speculation=dict(draft_sampling="argmax")),
+         "p_min": dict(proposer=ProposerSpec(draft_p_min=0.3)),
+         "argmax, p_min": dict(speculation=dict(draft_sampling="argmax"), proposer=ProposerSpec(draft_p_min=0.3))}
+
+
+@pytest.mark.parametrize("coupling", ["gumbel", "rejection"])
+@pytest.mark.parametrize("pick", list(PICKS))
+def test_argmax_drafts_and_p_min_rows_equal_each_prompt_alone(pair, coupling, pick):
+    """draft_sampling = argmax (every row drafts its argmax; rejection coupling verifies them as
+    one-hot q) and draft_p_min (each row's count cut at its own first unsure step): each row's
+    tokens and fates (so its counts) as alone, a greedy row among sampled ones."""
+    engine = Engine(make_profile(*pair, k=3, temperature=1.0, coupling=coupling, **PICKS[pick]))
+    work = jobs(engine.profile, 7, sampled=True)
+    reference = [finish(engine.decoder(replace(engine.profile, sampling=spec)), ids) for ids, spec in work]
+    for batch in (2, 4):
+        results = [finished for _, finished in engine.batch_decoder(batch).run(work)]
+        assert [(f.token_ids, f.fates) for f in results] == [(f.token_ids, f.fates) for f in reference]
+    if "p_min" in pick:  # the cut happened: fewer drafts than the budget's
+        drafted = sum(f.stats.drafted for f in reference)
+        plain = Engine(make_profile(*pair, k=3, temperature=1.0, coupling=coupling,
+                                    speculation=PICKS[pick].get("speculation")))
+        assert drafted < sum(finish(plain.decoder(replace(plain.profile, sampling=spec)), ids).stats.drafted
+                             for ids, spec in work)
+
+
+def test_argmax_drafts_at_batch_follow_the_target_distribution(pair):
+    """χ² as above with the draft's argmax verified as one-hot q (a wrong q would skew it)."""
+    from scipy.stats import chisquare
+
+    engine = Engine(make_profile(*pair, k=3, temperature=1.0, max_tokens=3,
+                                 speculation=dict(draft_sampling="argmax")))
+    prompt = [7, 8, 9]
+    work = [(prompt, replace(engine.profile.sampling, seed=seed)) for seed in range(800)]
+    firsts = [finished.token_ids[0] for _, finished in engine.batch_decoder(4).run(work)]
+    assert _chi2_pvalue(firsts, next_token_probs(engine.pair.target, prompt), chisquare) > 1e-4
+
+
 @pytest.mark.parametrize("change, named", [
     (dict(proposer=ProposerSpec(kind="hybrid"), speculation=dict(tree_width=2, tree_nodes=4)), "token trees"),
-    (dict(proposer=ProposerSpec(draft_p_min=0.5)), "do not take draft_p_min yet"),
+    (dict(proposer=ProposerSpec(draft_p_min=0.5), speculation=dict(tree_width=2, tree_nodes=4)),
+     "no draft_p_min with token trees"),
 ])
 def test_what_batches_do_not_take_is_one_line(pair, change, named):
     with pytest.raises(UsageError) as error:

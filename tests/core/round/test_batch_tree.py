@@ -94,6 +94,16 @@ def test_rejection_tree_rows_equal_each_prompt_alone(pair, shape):
     check(engine, work, fates=False)
 
 
+@pytest.mark.parametrize("coupling", ["gumbel", "rejection"])
+def test_argmax_tree_rows_equal_each_prompt_alone(pair, coupling):
+    """draft_sampling = argmax: every row's children are its top-w, sampled rows walk them as
+    siblings (rejection coupling) or follow the target's race (Gumbel), as alone."""
+    k, width, nodes = SHAPES[0]
+    engine = Engine(make_profile(*pair, k=k, temperature=1.0, coupling=coupling,
+                                 speculation=dict(tree_width=width, tree_nodes=nodes, draft_sampling="argmax")))
+    check(engine, jobs(engine.profile, 7, sampled=True))
+
+
 def test_rejection_tree_rows_are_seed_stable(pair):
     """A row's tokens are its seed's wherever it sits: the same prompts in another order and
     batch size give each prompt the same tokens."""

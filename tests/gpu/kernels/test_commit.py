@@ -125,7 +125,9 @@ def test_commit_rows_equals_each_row_committed_alone(k, draft, dependent):
 def test_count_drafts_rows_equals_each_row_counted_alone(k, dependent):
     gen = torch.Generator().manual_seed(k)
     batch = 9
-    confident = torch.ones(k, dtype=torch.bool, device=DEVICE)
+    # each row its own flags (draft_p_min): every row sure, and rows cut at random steps
+    confident = (torch.rand(batch, k, generator=gen) < 0.8).to(DEVICE)
+    confident[:2] = True
     budget = torch.randint(0, k + 1, (batch,), generator=gen, dtype=torch.int32).to(DEVICE)
     limit = torch.randint(0, 60, (batch,), generator=gen).to(DEVICE)
     generated = torch.randint(0, 60, (batch,), generator=gen).to(DEVICE)
@@ -135,5 +137,5 @@ def test_count_drafts_rows_equals_each_row_counted_alone(k, dependent):
     bookkeeping.count_drafts_rows(confident, budget, limit, generated, theirs)
     for b in range(batch):
         one = torch.full((1,), -5, dtype=torch.int32, device=DEVICE)
-        bookkeeping.count_drafts(confident, budget[b:b + 1], limit[b], generated[b], one)
+        bookkeeping.count_drafts(confident[b], budget[b:b + 1], limit[b], generated[b], one)
         assert ours[b].item() == theirs[b].item() == one.item(), b

@@ -100,6 +100,7 @@ class BatchHead:
             rows = Rows(rnd.feed[:, i: i + 1], self.step_positions, self.step_positions, self.step_positions[:, 0])
             logits, hidden = self._forward(hidden, rows)
             self._pick(i, logits[:, 0])
+        rnd.draft_pick.count()
 
     def follow_host(self, rows: torch.Tensor) -> None:
         """Where the host's drafts replaced the head's (the hybrid proposer's rows whose lookup
@@ -141,7 +142,7 @@ class BatchHead:
         """Draft step i from the head's logits [B, Vd] into the round's draft logits, then every
         row's pick."""
         self._widen(self.rnd.draft_logits, logits)
-        self.rnd.coupling.pick(i)
+        self.rnd.draft_pick(i)
 
     def _widen(self, out: torch.Tensor, logits: torch.Tensor) -> None:
         """The head's logits [..., Vd] over the target's vocabulary into out [..., width] (its

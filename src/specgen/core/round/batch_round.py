@@ -7,12 +7,12 @@ where it matched).
 The chain round's phases (core/round/round.py), with a batch dimension everywhere:
 
     count    each row's num_drafts from its budget, limit and tokens so far, before drafting
-             (batches take no draft_p_min, so no draft step can cut it: the chain round's count)
     draft    the drafter's k steps over every row at once, each row at its own position in its
              own cache row (core/step/rows.batch): the draft model over each row's `pending`
-             [B, 2], then k - 1 steps [B, 1]; each row's pick races its own noise row against its
-             own warped q (an all-greedy batch: the argmax, of the warped logits where the round
-             has penalties or min_tokens); prompt lookup: the host's drafts and
+             [B, 2], then k - 1 steps [B, 1]; each row's pick (BatchDraftPick) races its own
+             noise row against its own warped q, or takes its argmax (greedy rows, and every row
+             under draft_sampling = "argmax"), then each row's count cut at its first step below
+             draft_p_min, as the chain round's; prompt lookup: the host's drafts and
              counts, staged before the round, copied into feed and num_drafts
     target   one step over feed [B, k + 1]
     rows     each row's penalty counts and min_tokens mask for the draft steps and the target's
@@ -72,7 +72,7 @@ from specgen.core.round.rows import Padding
 from specgen.core.round.staging import Staging
 from specgen.core.sampling import noise
 from specgen.core.sampling.bookkeeping import CommitBuffers
-from specgen.core.sampling.warp import WarpFlags, WarpParams, exponentials_, uniforms_
+from specgen.core.sampling.warp import WarpFlags, WarpParams, exponentials_, logprobs_from_logits, uniforms_
 from specgen.core.settings import SamplingSpec
 from specgen.core.step import rows as rowsets
 
@@ -162,11 +162,13 @@ class BatchCoupling:
 
     def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
         """Row b's numbers for the next round, as the chain round draws them (rejection coupling,
-        sampled rows: where a model drafts every draft step races, so all k + 1 noise rows; where
-        the host drafts none does, so the target's row k alone; then the uniforms)."""
+        sampled rows: where a model draws its drafts every draft step races, so all k + 1 noise
+        rows; where the host drafts or the draft takes its argmax none does, so the target's row k
+        alone; then the uniforms)."""
         if self.gumbel or not sampled:
             return
-        exponentials_(self.noise[b, self.rnd.k:] if self.rnd.one_hot else self.noise[b], generator)
+        races = not self.rnd.one_hot and self.rnd.draft_pick.races
+        exponentials_(self.noise[b] if races else self.noise[b, self.rnd.k:], generator)
         uniforms_(self.uniform[b], generator)
 
     def begin(self) -> None:
@@ -174,25 +176,6 @@ class BatchCoupling:
             return
         torch.add(self.origin, self.rnd.generated, out=self.first)
         self.rnd.ops.gumbel_noise_rows(self.noise, self.key, self.first)
-
-    def pick(self, i: int) -> None:
-        """Draft step i's ids into feed[:, i + 1]: each row's race of its noise row i against its
-        warped q (greedy rows: their argmax of the warped logits), or, in an all-greedy batch, the
-        argmax alone (of the logits as they are where no row's are penalised or masked)."""
-        rnd = self.rnd
-        params = rnd.draft_params.params
-        penalties, bad = rnd.rows.draft_row(i)
-        if params.flags.all_greedy and rnd.rows.plain:
-            rnd.ops.argmax(rnd.draft_logits, rnd.pick)
-        elif params.flags.all_greedy:
-            rnd.pick.copy_(rnd.ops.warp(rnd.draft_logits, params, penalties, bad)[0])
-        else:
-            self.expo.copy_(self.noise[:, i])
-            rnd.ops.warp_and_race(rnd.draft_logits, params, self.expo, rnd.pick, penalties, bad, probs_out=self.q_step)
-            if self.q is not None:  # past a row's num_drafts: zero (see the module's docstring)
-                torch.mul(self.q_step, (i < rnd.num_drafts)[:, None], out=self.q[:, i])
-        rnd.feed[:, i + 1].copy_(rnd.pick)
-        rnd.rows.picked(rnd.pick)
 
     def verify(self) -> None:
         """Every row's output row from the target's logits, in one warp and one verification."""
@@ -234,6 +217,62 @@ class BatchCoupling:
         self.q.scatter_(2, drafts, torch.where(hosted, counted, kept))
 
 
+class BatchDraftPick:
+    """Draft step i's ids for every row into feed[:, i + 1] (core/round/drafters.py's DraftPick with
+    a batch dimension): each sampled row's race of its noise row i against its warped q, or, where
+    the draft takes its argmax (greedy rows; every row under draft_sampling = "argmax": `races`
+    False), the argmax of the warped logits (of the logits as they are where no row's are
+    penalised or masked). p_min (draft_p_min): each row's step is sure where its q's largest
+    probability reaches it, and count() cuts each row's num_drafts at its first unsure step.
+
+    q, as a row's alone: the probs it raced (rejection coupling keeps them, zero past the row's
+    count); argmax drafts' q is one-hot at each counted draft (count(): as the chain round's
+    argmax drafts, verified as host drafts are). A step's confidence reads what the chain round's
+    reads: a racing row's probs, any other row's log-probs of its warped logits, exponentiated."""
+
+    def __init__(self, rnd: "BatchRound", races: bool, p_min: float):
+        self.rnd, self.races, self.p_min = rnd, races, p_min
+
+    def __call__(self, i: int) -> None:
+        rnd, coupling = self.rnd, self.rnd.coupling
+        params = rnd.draft_params.params
+        penalties, bad = rnd.rows.draft_row(i)
+        probs = None
+        if (params.flags.all_greedy or not self.races) and rnd.rows.plain:
+            rnd.ops.argmax(rnd.draft_logits, rnd.pick)
+        elif params.flags.all_greedy or not self.races:
+            rnd.pick.copy_(rnd.ops.warp(rnd.draft_logits, params, penalties, bad)[0])
+        else:
+            coupling.expo.copy_(coupling.noise[:, i])
+            rnd.ops.warp_and_race(rnd.draft_logits, params, coupling.expo, rnd.pick, penalties, bad,
+                                  probs_out=coupling.q_step)
+            probs = coupling.q_step
+            if coupling.q is not None and self.p_min > 0:  # count() zeroes what its cut leaves out
+                coupling.q[:, i].copy_(probs)
+            elif coupling.q is not None:  # past a row's num_drafts: zero (see the module's docstring)
+                torch.mul(probs, (i < rnd.num_drafts)[:, None], out=coupling.q[:, i])
+        if self.p_min > 0:
+            q = logprobs_from_logits(rnd.draft_logits, params, penalties, bad).exp()
+            if probs is not None:  # the rows that raced: their probs (greedy rows take their argmax)
+                q = torch.where((params.temperature > 0)[:, None], probs, q)
+            torch.ge(q.max(dim=-1).values, self.p_min, out=rnd.confident[:, i])
+        rnd.feed[:, i + 1].copy_(rnd.pick)
+        rnd.rows.picked(rnd.pick)
+
+    def count(self) -> None:
+        """After a model's k steps, before anything replaces its drafts (hybrid's lookup rows): each
+        row's count cut at its first unsure step (p_min), and the q that verification reads. (The
+        body's count before drafting read the last round's flags: its num_drafts is replaced here,
+        and no pick zeroed q by it.)"""
+        rnd, q = self.rnd, self.rnd.coupling.q
+        if self.p_min > 0:
+            rnd.ops.count_drafts_rows(rnd.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
+            if q is not None and self.races:  # past a row's count: zero
+                q.mul_((rnd.steps < rnd.num_drafts[:, None])[:, :, None])
+        if q is not None and not self.races:
+            rnd.coupling.one_hot()
+
+
 class BatchDraftModel:
     """The draft model drafting every row: it steps over each row's `pending` [B, 2] (its committed
     sequence's last two ids; its cache row holds the rest), then k - 1 steps [B, 1] on the ids
@@ -266,8 +305,9 @@ class BatchDraftModel:
         rnd, ids = self.rnd, self.pending
         for i in range(rnd.k):
             rnd._step(1, ids, rnd.draft_logits[:, None], keep=1)
-            rnd.coupling.pick(i)
+            rnd.draft_pick(i)
             ids = rnd.feed[:, i + 1: i + 2]
+        rnd.draft_pick.count()
 
     def follow_host(self, rows: torch.Tensor) -> None:
         """After draft(), where the host's drafts replaced the model's (rows [B] bool: the hybrid
@@ -307,11 +347,13 @@ class BatchRound:
     core/round/batch_head.BatchHead, core/round/batch_lookup.BatchLookup or
     core/round/batch_hybrid.BatchHybrid), None when k = 0; rows: the logits-row parts it is built
     with ("penalties", "min_tokens": core/round/batch_rows.py), eos_ids the model's (min_tokens
-    masks them with a row's stop ids unless it ignores eos). Each row's keys and values live in
+    masks them with a row's stop ids unless it ignores eos); races: a sampled row's draft draws
+    from q (False: speculation.draft_sampling = "argmax"), p_min: proposer.draft_p_min
+    (BatchDraftPick). Each row's keys and values live in
     this round's caches' row b (a drafter's runners' too)."""
 
     def __init__(self, k: int, batch: int, width: int, vocab_size: int, gumbel: bool, backend, target,
-                 drafter=None, rows: tuple[str, ...] = (), eos_ids=()):
+                 drafter=None, rows: tuple[str, ...] = (), eos_ids=(), races: bool = True, p_min: float = 0.0):
         from specgen.core.step.model import OwnedModel
 
         self.k, self.batch, self.width, self.backend = k, batch, width, backend
@@ -334,7 +376,7 @@ class BatchRound:
         self.emitted = torch.zeros(batch, dtype=torch.long, **z)
         self.limit = torch.zeros(batch, dtype=torch.long, **z)
         self.active = torch.zeros(batch, dtype=torch.bool, **z)
-        self.confident = torch.ones(k, dtype=torch.bool, **z)
+        self.confident = torch.ones(batch, k, dtype=torch.bool, **z)  # each row's draft steps: sure (p_min)
         self.target_logits = torch.full((batch, k + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.draft_logits = torch.full((batch, width), float("-inf"), dtype=torch.float32, **z)
         self.stage_ids = torch.zeros(batch, 2 * k + 2, dtype=torch.long, **z)  # per row: out | drafts | n
@@ -350,6 +392,7 @@ class BatchRound:
         self.bad = Padding(width, vocab_size, device).padding
         self.rows = self._rows(rows, vocab_size, eos_ids)
         self.coupling = self._coupling(gumbel)
+        self.draft_pick = BatchDraftPick(self, races, p_min)
         self.logprobs = BatchLogprobs(self)  # each row's, staged after a round whose rows ask (the loop's)
         self.drafter = drafter(self) if drafter is not None and k else None
         self.runners = [target, *(self.drafter.runners if self.drafter is not None else [])]

@@ -118,9 +118,12 @@ class BatchTreeGumbel:
         torch.add(self.origin, self.rnd.generated, out=self.first)
         self.rnd.ops.gumbel_noise_rows(self.noise, self.key, self.first)
 
-    def children_noise(self, level: int, rows: int) -> torch.Tensor:
-        """[B rows, V]: each row's noise row `level` for each of its `rows` expanded nodes (greedy rows: ones)."""
+    def children_noise(self, level: int, rows: int) -> torch.Tensor | None:
+        """[B rows, V]: each row's noise row `level` for each of its `rows` expanded nodes (greedy rows:
+        ones); None where no row draws (draft_sampling = "argmax"): every row's top-w."""
         rnd = self.rnd
+        if not rnd.draft_pick.races:
+            return None
         row = torch.where(rnd.drawn_rows[:, None], self.noise[:, level], 1.0)  # [B, V]
         return row[:, None].expand(-1, rows, -1).reshape(-1, rnd.width)
 
@@ -161,12 +164,12 @@ class BatchTreeRejection:
 
     def draw(self, b: int, generator: torch.Generator, sampled: bool) -> None:
         """Row b's numbers for the next round, as TreeRejection.draw draws them (greedy rows: none;
-        host trees, whose children are deterministic: no children's rows)."""
+        host trees and the draft's top-w, whose children are deterministic: no children's rows)."""
         if not sampled:
             return
         exponentials_(self.noise[b : b + 1], generator)
         uniforms_(self.uniform[b : b + 1], generator)
-        if not self.rnd.one_hot:
+        if not self.rnd.one_hot and self.rnd.draft_pick.races:
             exponentials_(self.kids_noise[b], generator)
 
     def begin(self) -> None:
@@ -175,18 +178,23 @@ class BatchTreeRejection:
     def _rows(self, level: int) -> slice:
         return slice(0, 1) if level == 0 else slice(1 + (level - 1) * self.w, 1 + level * self.w)
 
-    def children_noise(self, level: int, rows: int) -> torch.Tensor:
+    def children_noise(self, level: int, rows: int) -> torch.Tensor | None:
         rnd = self.rnd
+        if not rnd.draft_pick.races:  # draft_sampling = "argmax": every row's top-w
+            return None
         kids = self.kids_noise[:, self._rows(level)]  # [B, rows, V]
         return torch.where(rnd.drawn_rows[:, None, None], kids, 1.0).reshape(-1, rnd.width)
 
     def keep_q(self, level: int, logq: torch.Tensor) -> None:
+        if not self.rnd.draft_pick.races:  # deterministic children: the sibling walk reads no q
+            return
         torch.exp(logq.view(self.rnd.batch, -1, self.rnd.width), out=self.q[:, self._rows(level)])
 
     def verify(self, rows: Rows, penalties, bad) -> tuple:
         """Greedy rows the greedy walk (their probs are one-hot, their children the top-w: the
         tree round's greedy walk), sampled rows the recursive walk over their drawn children, or
-        over a host tree's deterministic children the sibling walk (the tree round's for one-hot q).
+        over deterministic children (a host tree's, or the draft's top-w under draft_sampling =
+        "argmax") the sibling walk (the tree round's for one-hot q).
         penalties, bad: the tree rows' (BatchLogitsRows.tree_rows)."""
         rnd, trees = self.rnd, self.rnd.trees
         b, width = rnd.batch, rnd.width
@@ -194,7 +202,7 @@ class BatchTreeRejection:
         greedy = rnd.ops.greedy_walk(trees["children"], rows.ids, argmax.view(b, -1), rnd.num_drafts, rnd.k)
         if probs is None:
             return greedy
-        if rnd.one_hot:
+        if rnd.one_hot or not rnd.draft_pick.races:
             sampled = rnd.ops.sibling_walk(trees["children"], rows.ids, probs.view(b, -1, width), self.uniform,
                                            self.noise, rnd.num_drafts, rnd.k)
         else:
@@ -251,17 +259,18 @@ class BatchTreeRound(BatchRound):
     commit() keeps what its next round reads."""
 
     def __init__(self, k: int, width_w: int, nodes: int, batch: int, width: int, vocab_size: int, gumbel: bool,
-                 backend, target, drafter, rows: tuple[str, ...] = (), eos_ids=()):
+                 backend, target, drafter, rows: tuple[str, ...] = (), eos_ids=(), races: bool = True):
         # before BatchRound's: its caches take `reach`, its coupling, drafter and logits-row parts these
         self.tree_width, self.nodes, self.gumbel = width_w, nodes, gumbel
-        super().__init__(k, batch, width, vocab_size, gumbel, backend, target, drafter, rows, eos_ids)
+        super().__init__(k, batch, width, vocab_size, gumbel, backend, target, drafter, rows, eos_ids, races)
         z = dict(device=self.device)
         self.trees = BatchTrees(batch, k, width_w, nodes, self.device)
         self.tree_logits = torch.full((batch, nodes + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.level_logits = torch.full((batch, width_w, width), float("-inf"), dtype=torch.float32, **z)
         self.target_params = RowParams(batch, nodes + 1, self.device, self.starts, "target_warp")  # the tree's rows
         self.level_params = RowParams(batch, width_w, self.device, self.starts, "level_warp")  # a level's frontier rows
-        # the sampled rows: their children are drawn from q (a host tree's are deterministic: their walk the siblings')
+        # the sampled rows: their children are drawn from q (a host tree's and the draft's top-w under
+        # draft_sampling = "argmax" are deterministic: their walk the siblings')
         self.drawn_rows = torch.zeros(batch, dtype=torch.bool, **z)
         self.pair_steps = torch.arange(2, **z)  # `pending`'s two columns (k may be 1)
         # [B, k + 1] each row's root and accepted nodes' tree rows (0 past them): its logprobs' rows
@@ -291,14 +300,14 @@ class BatchTreeRound(BatchRound):
 
     def start(self, b: int, prompt_ids: list[int], spec: SamplingSpec, seed: int, cut: bool = True) -> None:
         """As a chain batch's row, and its tree's settings: a sampled request's children are drawn
-        (batches take no draft_sampling = argmax), under rejection coupling with its stepped nodes
-        first (tree_round.TreeRound's choice for one request)."""
+        (unless draft_sampling = "argmax" takes every row's top-w), under rejection coupling with
+        its stepped nodes first (tree_round.TreeRound's choice for one request)."""
         super().start(b, prompt_ids, spec, seed, cut)
         self.level_params.set(b, draft_spec(spec, cut))
         drawn = not spec.greedy
         self.drawn_rows[b].fill_(drawn)
         # a host tree is the host's, selected by no tree_select: no recapture for its sampled rows
-        self.trees.trees[b].sampled = drawn and not self.gumbel and not self.one_hot
+        self.trees.trees[b].sampled = drawn and not self.gumbel and not self.one_hot and self.draft_pick.races
 
     # -- the device program -----------------------------------------------------------------------
 

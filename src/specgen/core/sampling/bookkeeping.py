@@ -74,11 +74,11 @@ def commit(b: CommitBuffers) -> None:
 
 def count_drafts_rows(confident: torch.Tensor, budget: torch.Tensor, limit: torch.Tensor, generated: torch.Tensor,
                       out: torch.Tensor) -> None:
-    """count_drafts for B rows: budget and out [B] int32, limit and generated [B]; confident [k]
-    bool, shared by the rows (draft_p_min is not taken by batches: it is all True there)."""
-    k = confident.shape[0]
-    stop = confident.logical_not().int().argmax().int()
-    first_unsure = torch.where(confident.all(), k, stop)
+    """count_drafts for B rows: budget and out [B] int32, limit and generated [B]; confident [B, k]
+    bool, each row's own flags (draft_p_min cuts each row at its own first unsure step)."""
+    k = confident.shape[-1]
+    stop = confident.logical_not().int().argmax(-1).int()
+    first_unsure = torch.where(confident.all(-1), k, stop)
     room = (limit - generated).clamp(0, k)
     torch.minimum(torch.minimum(budget, first_unsure), room, out=out)
 

@@ -35,9 +35,10 @@ def count_drafts(confident: torch.Tensor, budget: torch.Tensor, limit: torch.Ten
 
 def count_drafts_rows(confident: torch.Tensor, budget: torch.Tensor, limit: torch.Tensor, generated: torch.Tensor,
                       out: torch.Tensor, dependent: bool = False) -> None:
-    """core/sampling/bookkeeping.count_drafts_rows: one program per row, each the one-row kernel."""
-    k, rows = confident.shape[0], budget.shape[0]
-    assert confident.dtype == torch.bool and budget.dtype == out.dtype == torch.int32
+    """core/sampling/bookkeeping.count_drafts_rows: one program per row, each the one-row kernel
+    at its row's flags (confident [B, k])."""
+    rows, k = confident.shape
+    assert confident.dtype == torch.bool and budget.dtype == out.dtype == torch.int32 and confident.is_contiguous()
     assert all(t.shape == (rows,) and t.is_contiguous() for t in (budget, limit, generated, out))
     _count_kernel[(rows,)](confident, budget, limit, generated, out, k, BLOCK=_block(k), DEPENDENT=dependent,
                            num_warps=1, **launch_options(dependent))
@@ -82,6 +83,7 @@ def _count_kernel(confident_ptr, budget_ptr, limit_ptr, generated_ptr, out_ptr, 
     limit_ptr += r
     generated_ptr += r
     out_ptr += r
+    confident_ptr += r * k  # a batch's rows each have k flags
     i = tl.arange(0, BLOCK)
     sure = tl.load(confident_ptr + i, mask=i < k, other=1).to(tl.int32)
     first_unsure = tl.min(tl.where(sure == 0, i, k), axis=0)  # k when every step is sure
