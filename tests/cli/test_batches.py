@@ -64,16 +64,21 @@ def test_eagle_records_equal_one_prompt_at_a_time(monkeypatch, tiny, tmp_path):
 
 
 @pytest.mark.parametrize("proposer", [["--proposer", "ngram"], ["--proposer", "ngram", "--tree-width", "2",
-                                                                "--tree-nodes", "4"], ["--proposer", "hybrid"]],
-                         ids=["ngram", "ngram-trees", "hybrid"])
+                                                                "--tree-nodes", "4"], ["--proposer", "hybrid"],
+                                      ["--proposer", "hybrid", "--tree-width", "2", "--tree-nodes", "6"]],
+                         ids=["ngram", "ngram-trees", "hybrid", "hybrid-trees"])
 def test_lookup_records_equal_one_prompt_at_a_time(monkeypatch, tiny, proposer):
-    """--proposer ngram (chains or trees) and hybrid: each row's own prompt lookup drafts it (stop
+    """--proposer ngram and hybrid (chains or trees): each row's own prompt lookup drafts it (stop
     strings, seeds and max_tokens per line; hybrid: the draft model where it finds nothing), each
-    record the prompt's alone, drafts and all."""
+    record the prompt's alone, drafts and all (a model's sampled trees: their drafted count; a drawn
+    child accepted outside the tree counts as recovered at batch, core/round/batch_tree.py)."""
+    model_trees = "hybrid" in proposer and "--tree-width" in proposer
+
     def run(*args):
         result = generate(monkeypatch, tiny, "--format", "jsonl", *proposer, *args)
         lines = [json.loads(line) for line in result.stdout.splitlines()]
-        return records(result), [(r["stats"]["drafted"], r["stats"]["accepted"]) for r in lines]
+        return records(result), [(r["stats"]["drafted"], None if model_trees else r["stats"]["accepted"])
+                                 for r in lines]
 
     alone = run()
     assert sum(drafted for drafted, _ in alone[1]) > 0
@@ -238,9 +243,6 @@ def close(got, want, where="") -> None:
 
 @pytest.mark.parametrize("args, fragment", [
     (["--batch-size", "0"], "--batch-size 0 is not allowed: must be auto or from 1 to 256"),
-    (["--batch-size", "2", "--proposer", "hybrid", "--tree-width", "2", "--tree-nodes", "4"],
-     "batches (batch_size 2) take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup "
-     "(ngram) only, not from the hybrid proposer (tree_width 1)"),
     (["--batch-size", "2", "--draft-p-min", "0.5", "--tree-width", "2", "--tree-nodes", "4"],
      "token trees (tree_width 2) do not take draft_p_min yet"),
     (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "auto"],

@@ -2,7 +2,7 @@
 head drafting every row, lookup's drafts where it matches): on the interpreter's kernel tables
 rejection-coupled rows (the draft's follow step, one-hot q rows) equal each prompt alone; on a GPU
 float32 rows at B = 1, 7 equal each prompt alone (greedy, Gumbel, rejection), and the captured
-round equals the round run eagerly.
+round equals the round run eagerly; hybrid's trees at B = 7 likewise (core/round/batch_hybrid_tree.py).
 """
 
 from __future__ import annotations
@@ -43,14 +43,15 @@ def test_hybrid_batch_rows_on_the_kernel_tables_equal_each_prompt_alone(pair, bi
     assert batched_rounds(engine, 2, work) == reference
 
 
-def cuda_hybrid_engine(request, model: str, dtype: str = "float32", **sampling) -> Engine:
+def cuda_hybrid_engine(request, model: str, dtype: str = "float32", speculation: dict | None = None,
+                       **sampling) -> Engine:
     """Hybrid chains (k 4) over the bigram target, with the noisy draft model or (model "eagle") an
-    EAGLE-3 head where the lookup finds nothing."""
+    EAGLE-3 head where the lookup finds nothing; speculation: the profile's fields (trees)."""
     bigram, draft = request.getfixturevalue("bigram"), request.getfixturevalue("pair")[1]
     head = str(request.getfixturevalue("head")) if model == "eagle" else ""
     profile = make_profile(bigram, draft if model == "draft" else None, k=4, backend="cuda",
                            proposer=ProposerSpec(kind="hybrid", hybrid_with=model, head=head),
-                           **({"max_tokens": 32} | sampling))
+                           speculation=speculation, **({"max_tokens": 32} | sampling))
     profile = replace(profile, target=replace(profile.target, dtype=dtype))
     if profile.draft is not None:
         profile = replace(profile, draft=replace(profile.draft, dtype=dtype))
@@ -88,4 +89,19 @@ def test_captured_hybrid_batch_round_equals_the_round_run_eagerly(request, model
     max_tokens below grows the caches) or run as it is: the same tokens and fates."""
     engine = cuda_hybrid_engine(request, model, **sampling)
     captured, eager = captured_against_eager(engine, lookup_jobs(engine, 20, seed=3), pipelined=False)
+    assert captured == eager
+
+
+@on_cuda
+@TREE_SAMPLINGS
+@HYBRID_MODELS
+def test_hybrid_tree_rows_equal_each_prompt_alone_on_cuda(request, model, sampling):
+    """Hybrid's trees (core/round/batch_hybrid_tree.py, w = 2, n = 6): each row the lookup's trie or
+    the model's tree; float32 rows at B = 7 equal each prompt alone (tokens; a drawn child accepted
+    outside the tree counts as recovered at batch), and the captured round equals it run eagerly."""
+    engine = cuda_hybrid_engine(request, model, speculation=dict(tree_width=2, tree_nodes=6), **sampling)
+    work = lookup_jobs(engine, 16, seed=7)
+    reference = [finish(engine.decoder(replace(engine.profile, sampling=spec)), ids).token_ids for ids, spec in work]
+    assert [ids for ids, _ in fated(engine, 7, work)] == reference
+    captured, eager = captured_against_eager(engine, work, fates=False, pipelined=False)
     assert captured == eager

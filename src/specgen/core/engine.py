@@ -20,6 +20,7 @@ from specgen.core.round import Mode, Round, RoundShape, TreeRound
 from specgen.core.round.batch_head import BatchHead
 from specgen.core.round.batch_head_tree import BatchHeadTree
 from specgen.core.round.batch_hybrid import BatchHybrid
+from specgen.core.round.batch_hybrid_tree import BatchHybridTree
 from specgen.core.round.batch_lookup import BatchLookup
 from specgen.core.round.batch_lookup_tree import BatchLookupTree
 from specgen.core.round.batch_round import SLACK, BatchDraftModel, BatchRound
@@ -195,12 +196,15 @@ class Engine:
         p_min = proposer.draft_p_min if k and model != "none" else 0.0
         key = ("batch", batch, k, sampling.coupling, kind if k else "none", model, lookup, tree, rows, races, p_min)
         if key not in self._rounds and tree is not None:  # each row its own tree (core/round/batch_tree.py)
-            if kind == "eagle":
-                drafter = partial(BatchHeadTree, drafter=self.heads["eagle"])
-            elif kind == "ngram":
+            if kind == "ngram":
                 drafter = partial(BatchLookupTree, ngram_min=proposer.ngram_min, ngram_max=proposer.ngram_max)
+            elif model == "eagle":
+                drafter = partial(BatchHeadTree, drafter=self.heads["eagle"])
             else:
                 drafter = partial(BatchTreeDraftModel, runner=self.draft_runner)
+            if kind == "hybrid":  # each row the lookup's trie where it matches, else the model's tree
+                drafter = partial(BatchHybridTree, model=drafter, ngram_min=proposer.ngram_min,
+                                  ngram_max=proposer.ngram_max)
             rnd = BatchTreeRound(k, *tree, batch, self.width, self.pair.vocab_size, sampling.coupling == "gumbel",
                                  self.backend, self.target_runner, drafter, rows, self.eos_ids, races)
             self._rounds[key] = (rnd, self.backend.batch_program(rnd))
@@ -489,10 +493,10 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
                 f"not by {what}")
     if spread:
         return "need each model on one GPU, and this run spreads one over several"
-    if spec.tree_width != "auto" and spec.tree_width > 1 and kind not in ("draft", "eagle", "ngram"):  # auto: chains
-        return (f"take token trees from the draft model, an EAGLE-3 head (eagle) or prompt lookup (ngram) only, "
-                f"not from the {kind} proposer (tree_width 1)")
-    trees = spec.tree_width != "auto" and spec.tree_width > 1
+    trees = spec.tree_width != "auto" and spec.tree_width > 1  # auto: chains at batch
+    if trees and kind == "hybrid" and spec.hybrid_merge != "never":
+        return (f"take hybrid's trees with hybrid_merge = never only (each row the lookup's trie or the model's "
+                f"tree), not {spec.hybrid_merge}")
     if trees and spec.tree_nodes == AUTO:
         return "take token trees of a set node budget only, not tree_nodes auto"
     if trees and kind != "ngram" and profile.proposer.draft_p_min > 0:  # as one request's trees (tree_refusal)

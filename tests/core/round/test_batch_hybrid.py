@@ -11,7 +11,9 @@ would change its drafts). Ragged max_tokens, more prompts than rows (refills res
 proposer and its model's cache row) and, at B = 7, rows that run masked. Greedy exactly; Gumbel
 coupling with each prompt's seed the same sampled text; rejection coupling the same tokens (each
 row's generator draws, every round, the noise rows of the model's steps and the target's and the
-uniforms, as alone). Hybrid trees at batch are still refused in one line.
+uniforms, as alone). Hybrid's trees too (core/round/batch_hybrid_tree.py: each row the lookup's
+trie or the model's tree, its own turn), greedy, Gumbel and rejection; merged trees at batch are
+refused in one line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from specgen.core.engine import Engine, batch_refusal
 from specgen.core.errors import UsageError
 from specgen.core.events import Fate
 from specgen.core.round.batch_hybrid import BatchHybrid
+from specgen.core.round.batch_hybrid_tree import BatchHybridTree
 from specgen.core.settings import ProposerSpec
 from tiny_models import bigram_target, build_pair, head_for
 
@@ -69,17 +72,23 @@ def turns(engine: Engine, work: list) -> dict:
     return total
 
 
-def check(engine: Engine, work: list) -> None:
+def check(engine: Engine, work: list, part=BatchHybrid, fates: bool = True) -> None:
     """Both turns are taken alone, and every prompt's tokens, fates and drafts at B = 1, 3, 7 are
-    its own alone."""
+    its own alone. fates: False where a tree's drawn child accepted outside it (`taken`) counts as
+    recovered at batch (core/round/batch_tree.py)."""
     taken = turns(engine, work)
     assert taken["ngram"] > 5 and taken["draft"] > 5, taken
     reference = alone_rounds(engine, work)
     assert sum(fates.count(Fate.ACCEPTED) for _, fates, _ in reference) > 0
+    if not fates:
+        reference = [(ids, None, drafts) for ids, _, drafts in reference]
     for batch in (1, 3, 7):
         decoder = engine.batch_decoder(batch)
-        assert isinstance(decoder.round.drafter, BatchHybrid) and not decoder.pipelined
-        assert batched_rounds(engine, batch, work) == reference, f"batch {batch}"
+        assert isinstance(decoder.round.drafter, part) and not decoder.pipelined
+        got = batched_rounds(engine, batch, work)
+        if not fates:
+            got = [(ids, None, drafts) for ids, _, drafts in got]
+        assert got == reference, f"batch {batch}"
 
 
 @MODELS
@@ -113,15 +122,30 @@ def test_adaptive_k_hybrid_rows_equal_each_prompt_alone(models, model):
     check(engine, jobs(engine, 8))
 
 
-def test_hybrid_trees_and_mtp_at_batch_are_refused_in_one_line(models):
+TREES = dict(tree_width=2, tree_nodes=6)
+
+
+@MODELS
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, coupling="gumbel"),
+                                      dict(temperature=1.0, coupling="rejection")], ids=["greedy", "gumbel", "rejection"])
+def test_hybrid_tree_rows_equal_each_prompt_alone(models, model, sampling):
+    """hybrid's trees (hybrid_merge never): each row the lookup's trie where it matches, else the
+    model's tree, its own turn in each round; each prompt's tokens and drafts as alone (sampled:
+    each row's own warp settings, a greedy row among them)."""
+    engine = hybrid_engine(models, model, k=3, speculation=TREES, **sampling)
+    check(engine, jobs(engine, 8, sampled=bool(sampling)), part=BatchHybridTree,
+          fates=sampling.get("coupling") != "rejection")
+
+
+def test_merged_hybrid_trees_and_mtp_at_batch_are_refused_in_one_line(models):
     bigram, draft, _ = models
     trees = make_profile(bigram, draft, k=3, proposer=ProposerSpec(kind="hybrid"),
-                         speculation=dict(tree_width=2, tree_nodes=4))
-    assert batch_refusal(trees) == ("take token trees from the draft model, an EAGLE-3 head (eagle) or prompt "
-                                    "lookup (ngram) only, not from the hybrid proposer (tree_width 1)")
+                         speculation=dict(TREES, hybrid_merge="auto"))
+    assert batch_refusal(trees) == ("take hybrid's trees with hybrid_merge = never only (each row the lookup's "
+                                    "trie or the model's tree), not auto")
     with pytest.raises(UsageError) as error:
         Engine(trees).batch_decoder(2)
-    assert "\n" not in str(error.value) and str(error.value).startswith("batches (batch_size 2) take token trees")
+    assert "\n" not in str(error.value) and str(error.value).startswith("batches (batch_size 2) take hybrid's trees")
     mtp = make_profile(bigram, None, k=3, proposer=ProposerSpec(kind="hybrid", hybrid_with="mtp"))
     assert batch_refusal(mtp) == ("are drafted by the draft model, an EAGLE-3 head (eagle), prompt lookup (ngram) "
                                   "or hybrid only, not by the hybrid proposer with mtp (hybrid_with)")

@@ -6,8 +6,8 @@ prompts so that some run masked) equal decoding that prompt alone with the tree 
 (k, width, nodes): greedy exactly, with every round's drafts; Gumbel coupling with the prompt's
 seed the same sampled text; rejection coupling (drawn children, the recursive walk; a greedy row
 among them walks greedily) the same tokens too, each row's numbers drawn by its own generator in
-the order and shapes the tree round draws them. What batches do not take of trees (hybrid's,
-tree_nodes auto) is a one-line error; an EAGLE-3 head's trees are taken
+the order and shapes the tree round draws them. What batches do not take of trees (merged
+hybrid trees, tree_nodes auto) is a one-line error; an EAGLE-3 head's trees are taken
 (tests/core/round/test_batch_head_tree.py), and prompt lookup's
 (tests/core/round/test_batch_lookup_tree.py).
 """
@@ -116,7 +116,8 @@ def test_rejection_tree_rows_are_seed_stable(pair):
 
 
 @pytest.mark.parametrize("change, named", [
-    (dict(proposer=ProposerSpec(kind="hybrid")), "not from the hybrid proposer"),
+    (dict(proposer=ProposerSpec(kind="hybrid"), speculation=dict(tree_width=2, tree_nodes=4, hybrid_merge="always")),
+     "hybrid_merge = never only"),
     (dict(speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
     (dict(proposer=ProposerSpec(kind="eagle"), speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
 ])

@@ -74,10 +74,12 @@ class BatchHeadTree(BatchHead):
         self.hidden[:, (level - 1) * w : level * w].copy_(hidden)
         self._widen(rnd.level_logits, logits)
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor,
+               hosted: torch.Tensor | None = None) -> None:
         """What each row's next extend reads (HeadTreeDraft.commit): its output row, and the
         target's states of its root and accepted nodes (tree rows path [B, k], 0 past them) out of
-        its n + 1 rows of the tap, in path order."""
+        its n + 1 rows of the tap, in path order. hosted: the hybrid proposer's rows whose tree was
+        the lookup's, committed alike (HeadTreeDraft.lookup_commit is its commit)."""
         rnd = self.rnd
         rnd.out.copy_(out)
         self.path_rows[:, 1:].copy_(path)

@@ -79,20 +79,7 @@ class BatchLookupTree:
     def draft(self) -> None:
         """Every row's staged tree into the round's trees, its rows past its own target position,
         and its depth into num_drafts (HostTree.draft over [B, ...])."""
-        rnd, (k, w, n) = self.rnd, self.shape
-        trees, batch = rnd.trees, rnd.batch
-        ids, parents, children, depth, positions, path, limit = self.staged.split(self.sizes, dim=1)
-        start = rnd.positions[0][:, None]  # [B, 1]
-        tree_ids = trees["ids"][:, 0]  # [B, n + 1]
-        tree_ids[:, :1].copy_(rnd.feed[:, :1])
-        tree_ids[:, 1:].copy_(ids)
-        trees["parents"].copy_(parents)
-        trees["children"].copy_(children.view(batch, n + 1, w))
-        trees["depth"][:, 0].copy_(depth)
-        torch.add(positions, start, out=trees["positions"][:, 0])
-        torch.add(self.slots, start, out=trees["slots"][:, 0])
-        torch.add(path.view(batch, n + 1, k + 1), start[:, :, None], out=trees["path"][:, 0])
-        rnd.num_drafts.copy_(limit[:, 0])
+        place_staged(self.rnd, self.staged, self.sizes, self.slots)
 
     def reading(self):
         """What it reads of the target's step: nothing."""
@@ -107,3 +94,34 @@ class BatchLookupTree:
 
     def close(self) -> None:
         pass
+
+
+def place_staged(rnd, staged: torch.Tensor, sizes: list[int], slots: torch.Tensor,
+                 rows: torch.Tensor | None = None) -> None:
+    """Each row's packed tree (staged [B, ...]: host_tree.pack_tree's parts) into the round's
+    stacked trees, its rows past its own target position, and its depth into num_drafts. rows [B]
+    bool: only those rows' (the hybrid proposer's rows whose lookup matched; the others keep the
+    model's tree, each part chosen per row), None: every row's, written in place."""
+    k, w, n, batch = rnd.k, rnd.tree_width, rnd.nodes, rnd.batch
+    trees = rnd.trees
+    ids, parents, children, depth, positions, path, limit = staged.split(sizes, dim=1)
+    start = rnd.positions[0][:, None]  # [B, 1]
+    tree_ids = trees["ids"][:, 0]  # [B, n + 1]
+    tree_path = trees["path"][:, 0]
+    if rows is None:
+        tree_ids[:, :1].copy_(rnd.feed[:, :1])
+        tree_ids[:, 1:].copy_(ids)
+        trees["parents"].copy_(parents)
+        trees["children"].copy_(children.view(batch, n + 1, w))
+        trees["depth"][:, 0].copy_(depth)
+        torch.add(positions, start, out=trees["positions"][:, 0])
+        torch.add(slots, start, out=trees["slots"][:, 0])
+        torch.add(path.view(batch, n + 1, k + 1), start[:, :, None], out=tree_path)
+        rnd.num_drafts.copy_(limit[:, 0])
+        return
+    parts = ((tree_ids[:, 1:], ids), (trees["parents"], parents), (trees["children"], children.view(batch, n + 1, w)),
+             (trees["depth"][:, 0], depth), (trees["positions"][:, 0], positions + start),
+             (trees["slots"][:, 0], slots + start), (tree_path, path.view(batch, n + 1, k + 1) + start[:, :, None]),
+             (rnd.num_drafts, limit[:, 0].int()))
+    for out, value in parts:
+        torch.where(rows.view(-1, *[1] * (out.dim() - 1)), value, out, out=out)

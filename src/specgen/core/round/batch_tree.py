@@ -43,7 +43,10 @@ Penalties and min_tokens (core/round/batch_rows.py's tree_rows): as the single r
 each tree row counts its row's output and the drafts on its path, and masks the stop ids while its
 depth is short of min_tokens; the drafts' children are scored without them, as alone.
 
-Not here: hybrid's trees at batch, tree_nodes auto (engine.batch_refusal refuses them; MTP layers
+The hybrid proposer's trees: core/round/batch_hybrid_tree.py (each row the lookup's trie or the
+model's tree, its own turn).
+
+Not here: tree_nodes auto and merged hybrid trees (engine.batch_refusal refuses them; MTP layers
 draft no batch at all), the tree's insight stage, and `taken` (a drawn
 child accepted outside the tree): the batch's host reads the chain's staged layout, so such a
 token counts as recovered in the row's statistics (its text is the same).
@@ -59,6 +62,7 @@ from specgen.core.round.tree import Tree, TreeStack
 from specgen.core.sampling import noise
 from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, uniforms_
 from specgen.core.settings import SamplingSpec
+from specgen.core.step import rows as rowsets
 from specgen.core.step.rows import Rows
 
 
@@ -193,8 +197,9 @@ class BatchTreeRejection:
     def verify(self, rows: Rows, penalties, bad) -> tuple:
         """Greedy rows the greedy walk (their probs are one-hot, their children the top-w: the
         tree round's greedy walk), sampled rows the recursive walk over their drawn children, or
-        over deterministic children (a host tree's, or the draft's top-w under draft_sampling =
-        "argmax") the sibling walk (the tree round's for one-hot q).
+        over deterministic children (a host tree's, the hybrid proposer's rows whose tree is the
+        lookup's, or the draft's top-w under draft_sampling = "argmax") the sibling walk (the tree
+        round's for one-hot q).
         penalties, bad: the tree rows' (BatchLogitsRows.tree_rows)."""
         rnd, trees = self.rnd, self.rnd.trees
         b, width = rnd.batch, rnd.width
@@ -209,6 +214,12 @@ class BatchTreeRejection:
             at = (1 + trees["offset"]).clamp(max=self.q.shape[1] - 1)  # [B, n + 1] each tree row's expanded node
             sampled = rnd.ops.recursive_walk(trees["children"], trees["drawn"], rows.ids, probs.view(b, -1, width),
                                              self.q[self.seq, at], self.uniform, self.noise, rnd.num_drafts, rnd.k)
+            hosted = getattr(rnd.drafter, "host_rows", None)  # hybrid's rows verifying the lookup's trie
+            if hosted is not None:
+                siblings = rnd.ops.sibling_walk(trees["children"], rows.ids, probs.view(b, -1, width), self.uniform,
+                                                self.noise, rnd.num_drafts, rnd.k)
+                sampled = tuple(torch.where(hosted.view(-1, *([1] * (g.dim() - 1))), h, g)
+                                for h, g in zip(siblings, sampled))
         return tuple(torch.where(rnd.drawn_rows.view(-1, *([1] * (g.dim() - 1))), d, g)
                      for d, g in zip(sampled, greedy))
 
@@ -236,16 +247,31 @@ class BatchTreeDraftModel(BatchDraftModel):
     def draft(self) -> None:
         self.rnd.grow_trees()
 
-    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor) -> None:
+    def commit(self, out: torch.Tensor, path: torch.Tensor, emitted: torch.Tensor,
+               hosted: torch.Tensor | None = None) -> None:
         """Each row as TreeDraft.commit: the draft keeps the m - 2 accepted nodes it stepped (m =
-        emitted; its last two ids wait in `pending`). Before the round's `last` moves."""
+        emitted; its last two ids wait in `pending`). Before the round's `last` moves. hosted [B]
+        bool: the rows whose tree was the lookup's (the hybrid proposer's,
+        core/round/batch_hybrid_tree.py): as TreeDraft.lookup_commit, one step over the pending
+        pair and the round's first k tokens from where the round started (k + 2 rows; the other
+        rows at the cache's scratch end), which keeps the pair and the m - 2 tokens after it."""
         rnd, k, steps = self.rnd, self.rnd.k, self.rnd.steps
         ahead = emitted[:, None]
+        if hosted is not None:
+            self.follow_ids[:, :2].copy_(self.pending)
+            torch.clamp(out[:, :k], min=0, out=self.follow_ids[:, 2:])
+            torch.sub(rnd.positions[1], 2, out=self.follow_start)  # root() stepped the pair
+            self.follow_start.masked_fill_(hosted.logical_not(), rnd.capacity - (k + 2))
+            step = rowsets.batch(self.follow_ids, self.follow_start, self.follow_positions)
+            rnd.models[1].step(step, rnd.caches[1], rnd.step_ops[1], 1)  # its logits: nobody's
         if k > 1:
             draft = rnd.positions[1][:, None]
             dst = draft + steps[: k - 1]
             src = draft + rnd.trees["offset"].gather(1, path[:, : k - 1])
-            rnd.step_ops[1].compact(rnd.caches[1], torch.where(steps[: k - 1] < ahead - 2, src, dst), dst)
+            keep = steps[: k - 1] < ahead - 2
+            if hosted is not None:  # the follow step wrote those rows' chain
+                keep = keep & hosted.logical_not()[:, None]
+            rnd.step_ops[1].compact(rnd.caches[1], torch.where(keep, src, dst), dst)
         ids = torch.cat([rnd.feed[:, :1], out], 1)  # [B, k + 2] the root, then the round's tokens
         self.pending.copy_(ids.gather(1, ahead - 1 + rnd.pair_steps))
         rnd.positions[1].add_(emitted - 2)
