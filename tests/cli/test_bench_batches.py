@@ -64,6 +64,40 @@ def test_recommendation_when_speculation_always_pays_or_never_does():
     assert stops == 1 and [r["speculation_pays"] for r in recs] == [False, True]  # the first size where it loses
 
 
+def test_recommendation_names_a_tree_where_one_is_fastest():
+    """A tree's row (tree_width > 1) competes with the chains: its shape is the choice."""
+    rows = run({(1, 0): 100, (1, 4): 200, (8, 0): 600, (8, 4): 650})
+    rows += [{"batch_size": 1, "method": "speculative", "k": 4, "tree_width": 2, "tree_nodes": 8,
+              "tokens_per_second": 230},
+             {"batch_size": 8, "method": "speculative", "k": 4, "tree_width": 2, "tree_nodes": 8,
+              "tokens_per_second": 590}]
+    recs, stops = recommend(rows)
+    assert stops is None
+    assert [(r["choice"], r["k"], r["tree_width"], r["tree_nodes"]) for r in recs] == [
+        ("k=4 w=2 n=8", 4, 2, 8), ("k=4", 4, 1, 4)]
+
+
+def test_batch_bench_sweeps_tree_shapes(cli, tiny):
+    """--tree-width / --tree-nodes at batch: each k in every shape that fits it, each row its own
+    tree (core/round/batch_tree.py), named in the table and the recommendation."""
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "1,3", "--k", "2,3", "--tree-width", "1,2",
+                         "--tree-nodes", "4", "--max-tokens", "6", "--warmup", "0", "--format", "json", "-q")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [(r["batch_size"], r["k"], r["tree_width"], r["tree_nodes"]) for r in doc["results"]] == [
+        (b, k, w, n) for b in (1, 3) for k, w, n in ((0, 1, 0), (2, 1, 2), (2, 2, 4), (3, 1, 3), (3, 2, 4))]
+    for r in doc["results"]:
+        assert r["tokens"] == 6 * len(PROMPTS) and r["tokens_per_second"] > 0 and r["rounds"] > 0
+        # a tree's round carries at least the chain's tokens of its depth: it was verified
+        assert r["k"] == 0 or r["mean_accepted_length"] >= 1
+    recs, _ = recommend(doc["results"])
+    assert doc["recommendations"] == recs
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "2", "--k", "2", "--tree-width", "2",
+                         "--tree-nodes", "4", "--max-tokens", "4", "--warmup", "0", "-n", "2")
+    assert code == 0, err
+    assert "k=2 w=2 n=4" in out
+
+
 def test_batch_bench_json_has_each_size_and_method(cli, tiny):
     code, out, err = cli("bench", "-p", tiny, "--batch-size", "1,3", "--k", "2,3", "--max-tokens", "6",
                          "--warmup", "1", "--format", "json", "-q")
@@ -169,7 +203,7 @@ def test_batch_bench_table(cli, tiny):
                                                    "not ngram"),
     (["--batch-size", "2", "--proposer", "draft,ngram"], "measures one proposer, draft or eagle, against "
                                                          "target-only, not draft,ngram"),
-    (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "4"], "chains only"),
+    (["--batch-size", "2", "--records"], "--batch-size takes no --records"),
 ])
 def test_what_a_batch_bench_cannot_take_is_one_line(cli, tiny, args, message):
     code, out, err = cli("bench", "-p", tiny, "--k", "2", "--max-tokens", "4", *args)

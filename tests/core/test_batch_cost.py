@@ -126,6 +126,29 @@ def test_batch_rows_are_kept_beside_the_tree_rows(tmp_path):
     assert (choice.batch, choice.speculate, choice.k) == (4, True, 2)
 
 
+def test_batch_tree_rows_are_kept_beside_the_chains(tmp_path):
+    """A batch bench with trees keeps each (B, k, tree shape); a row kept before batches measured
+    trees (no tree fields) is a chain, which a later chain row of the same (B, k) replaces."""
+    import json
+
+    from specgen.core import measured
+
+    folder = str(tmp_path)
+    key = measured.pair_key("/m/target", "/m/draft", "GPU X", "bfloat16")
+    measured.save_batches(folder, batch_document({(4, 0): 350, (4, 2): 500}))
+    data = json.loads((tmp_path / measured.FILE).read_text())
+    for row in data["batches"][key]:  # as an older specgen wrote them
+        del row["tree_width"], row["tree_nodes"]
+    (tmp_path / measured.FILE).write_text(json.dumps(data))
+    trees = batch_document({(4, 0): 360, (4, 2): 510})
+    trees["results"].append({"batch_size": 4, "method": "speculative", "k": 2, "tree_width": 2, "tree_nodes": 4,
+                             "prompts": 32, "tokens_per_second": 560, "row_ms_per_token": {"median": 7.0}})
+    measured.save_batches(folder, trees)
+    kept = measured.load_batches(folder)[key]
+    assert sorted((r["k"], r["tree_width"], r["tree_nodes"], r["tokens_per_second"]) for r in kept) == [
+        (0, 1, 0, 360), (2, 1, 2, 510), (2, 2, 4, 560)]
+
+
 def test_batch_rows_are_labelled_by_proposer_and_head(tmp_path):
     """An eagle batch bench's rows carry proposer eagle and the head's folder, kept beside the draft
     model's (target-only rows are shared: the same measurement); a run reads its own proposer's

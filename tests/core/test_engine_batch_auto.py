@@ -31,13 +31,16 @@ def profile_of(pair, folder, batch_size="auto", backend: str = "torch", **propos
 
 
 def keep(engine: Engine, folder, tps: dict, proposer: str = "draft", head: str | None = None) -> None:
-    """Synthetic batch bench rows for this engine's pair and device: {(batch, k): tokens/s}."""
+    """Synthetic batch bench rows for this engine's pair and device: {(batch, k): tokens/s}, or
+    {(batch, k, tree_width, tree_nodes): tokens/s} for a tree's."""
     profile = engine.profile
     document = {"proposer": proposer,
                 "pair": {"target": profile.target.path, "draft": profile.draft.path if profile.draft else None,
                          "head": head, "device_name": device_name(engine.pair.device), "dtype": "float32"},
                 "temperature": 0.0, "coupling": None, "max_tokens": 10,
-                "results": [{"batch_size": b, "k": k, "tokens_per_second": v} for (b, k), v in tps.items()]}
+                "results": [{"batch_size": key[0], "k": key[1], "tokens_per_second": v,
+                             **(dict(tree_width=key[2], tree_nodes=key[3]) if len(key) == 4 else {})}
+                            for key, v in tps.items()]}
     measured.save_batches(str(folder), document)
 
 
@@ -67,14 +70,32 @@ def test_auto_takes_the_measured_choice_and_its_k(pair, tmp_path):
     assert engine.resolve_batch(engine.profile, 1, 18).batch == 1
 
 
+def test_auto_takes_a_measured_tree_only_with_tree_width_auto(pair, tmp_path):
+    """Rows of a tree at batch (bench --batch-size --tree-width): tree_width 1 chooses among the
+    chains, tree_width auto takes the tree where it was fastest, and the run decodes that shape."""
+    engine = Engine(profile_of(pair, tmp_path))
+    keep(engine, tmp_path, {(4, 0): 100.0, (4, 2): 150.0, (4, 2, 2, 4): 180.0})
+    chain = engine.resolve_batch(engine.profile, *WORK)
+    assert (chain.batch, chain.k, chain.tree_width) == (4, 2, 1)
+    assert engine.batch_profile(engine.profile, chain).speculation.tree_width == 1
+    auto = replace(engine.profile, speculation=replace(engine.profile.speculation, tree_width="auto"))
+    tree = engine.resolve_batch(auto, *WORK)
+    assert (tree.batch, tree.k, tree.tree_width, tree.tree_nodes) == (4, 2, 2, 4)
+    assert tree.reason.startswith("batch 4, k=2 w=2 n=4 (bench's measurements")
+    spec = engine.batch_profile(auto, tree).speculation
+    assert (spec.k, spec.tree_width, spec.tree_nodes) == (2, 2, 4)
+    assert type(engine.batch_decoder(4, engine.batch_profile(auto, tree)).round).__name__ == "BatchTreeRound"
+
+
 def test_auto_is_batch_one_where_batches_cannot_run(pair, tmp_path):
     profile = profile_of(pair, tmp_path, kind="hybrid")
-    trees = replace(profile, speculation=replace(profile.speculation, tree_width=2, tree_nodes=4))
+    trees = replace(profile, speculation=replace(profile.speculation, tree_width=2, tree_nodes=4,
+                                                 hybrid_merge="always"))
     engine = Engine(trees)
     choice = engine.resolve_batch(engine.profile, *WORK)
     assert (choice.batch, choice.measured) == (1, False)
-    assert choice.reason == ("batch 1: batches take token trees from the draft model, an EAGLE-3 head (eagle) or "
-                             "prompt lookup (ngram) only, not from the hybrid proposer (tree_width 1)")
+    assert choice.reason == ("batch 1: batches take hybrid's trees with hybrid_merge = never only (each row the "
+                             "lookup's trie or the model's tree), not always")
 
 
 def test_auto_with_hybrid_is_batch_one_and_says_why(pair, tmp_path):

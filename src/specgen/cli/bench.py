@@ -26,6 +26,7 @@ from rich.text import Text
 
 from specgen.cli import options as opt
 from specgen.cli import render
+from specgen.core.bench.bench_plan import shape_label
 
 
 # the proposers a batch bench drafts with, one a run: core/bench/batches.PROPOSERS (not imported
@@ -173,9 +174,8 @@ def parse_batch_sizes(text: str, plan, records: bool) -> tuple[int, ...]:
         raise UsageError(f"--batch-size measures one proposer, {' or '.join(BATCH_PROPOSERS)}, against target-only, "
                          f"not {','.join(plan.proposers)}",
                          hint="--proposer draft or --proposer eagle; other proposers in a run without --batch-size")
-    if any(tree is not None for tree in plan.trees) or records:
-        raise UsageError("--batch-size takes chains only, without --records",
-                         hint="drop --tree-width / --tree-nodes / --records, or --batch-size")
+    if records:
+        raise UsageError("--batch-size takes no --records", hint="drop --records, or --batch-size")
     if 0 in plan.ks:
         raise UsageError("--batch-size: k 0 is target-only, which every batch size measures already",
                          hint="list the k of the speculative runs, e.g. --k 2,4")
@@ -205,12 +205,12 @@ def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], 
     results, incomplete = [], False
     bandwidth = floors.copy_bandwidth(engine.pair.device)  # before any timing: it empties torch's cache
     with progress_bar(render.stderr_console(), enabled=not quiet and sys.stderr.isatty()) as bar:
-        task = bar.add_task("batches", total=len(sizes) * (len(plan.ks) + 1))
+        task = bar.add_task("batches", total=len(sizes) * (sum(len(plan.shapes(k)) for k in plan.ks) + 1))
         try:
             for size in sizes:
                 results += batches.measure(engine, ids, settings_for, (size,), plan.ks, temperature, plan.warmup,
                                            lambda steps, label: bar.update(task, advance=steps, description=label),
-                                           bandwidth, proposer)
+                                           bandwidth, proposer, plan.shapes)
         except KeyboardInterrupt:
             incomplete = True
     document = batches.document(results, engine, temperature, startup, len(ids),
@@ -267,7 +267,7 @@ def show_batch_floors(document: dict, console: Console) -> None:
 
 
 def _method(result: dict) -> str:
-    return "target-only" if result["method"] == "target-only" else f"k={result['k']}"
+    return "target-only" if result["method"] == "target-only" else shape_label(result)
 
 
 def _or_dash(value: float | None, form: str) -> str:
@@ -279,7 +279,7 @@ def batch_recommendation_lines(document: dict) -> list[Text]:
     for rec in document["recommendations"]:
         line = Text(f"batch {rec['batch_size']}: ", style="bold")
         line.append(rec["choice"], style="bold green" if rec["speculation_pays"] else "bold red")
-        line.append(f"  (best k={rec['best_k']}: {rec['speculative_tokens_per_second']:.1f} tok/s, "
+        line.append(f"  (best {rec.get('best', 'k=' + str(rec['best_k']))}: {rec['speculative_tokens_per_second']:.1f} tok/s, "
                     f"{rec['speedup']:.2f}× target-only's {rec['target_only_tokens_per_second']:.1f})"
                     if rec["speedup"] is not None else "")
         lines.append(line)
@@ -678,12 +678,6 @@ def _result_row(result: dict, names: list[str]) -> dict:
         "× floor": f"{result['round_over_floor']:.2f}×" if result.get("round_over_floor") is not None else "–",
         "same text": _same_text(result),
     }
-
-
-def shape_label(entry: dict) -> str:
-    """k, and the tree's width and nodes where the round drafted a tree: `k=4 w=2 n=8`."""
-    width = entry.get("tree_width", 1)
-    return f"k={entry['k']}" + (f" w={width} n={entry['tree_nodes']}" if width > 1 else "")
 
 
 def _speed_cells(entry: dict) -> dict[str, str]:

@@ -2,12 +2,13 @@
 --batch-size` measured on this machine (core/measured.py), capped by memory and by the prompts,
 never from guesses.
 
-Facts: the batch bench's rows, one per (batch size B, k) it ran at a sampling regime, k 0 being
-target-only, each labelled by the proposer that drafted it (draft or eagle; none target-only: a
+Facts: the batch bench's rows, one per (batch size B, k, tree shape) it ran at a sampling regime, k
+0 being target-only (a chain of k: tree_width 1), each labelled by the proposer that drafted it (draft or eagle; none target-only: a
 run reads its own proposer's rows and target-only's), each with its total tokens per second
 (every prompt's tokens over the run's wall seconds). Per B the bench's recommendation
 (`recommend`, the one `specgen bench --batch-size` prints) says whether speculation pays there (its
-best k's tokens/s is not below target-only's) and at which k; B's rate is the recommended method's tokens/s.
+best run's tokens/s is not below target-only's) and at which k and tree shape; B's rate is the
+recommended method's tokens/s.
 
 The choice is the measured B with the highest rate among those whose rows fit in memory
 (`memory_rows`, what the engine computes from the free device memory; None: not capped), then
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specgen.core.bench.bench_plan import shape_label
+
 MEMORY_SHARE = 0.8  # of the free device memory a batch's caches and buffers may take
 BENCH_HINT = "specgen bench --batch-size 1,4,8,16 measures batches"
 
@@ -47,6 +50,8 @@ class BatchChoice:
     k: int | None = None
     reason: str | None = None  # None: batch_size was given, not auto
     measured: bool = False
+    tree_width: int = 1  # the measured choice's tree (1: a chain of k)
+    tree_nodes: int = 0
 
 
 def recommend(results: list[dict]) -> tuple[list[dict], int | None]:
@@ -66,8 +71,11 @@ def recommend(results: list[dict]) -> tuple[list[dict], int | None]:
         pays = best["tokens_per_second"] >= base["tokens_per_second"]
         if not pays and stops is None:
             stops = batch
-        out.append({"batch_size": batch, "choice": f"k={best['k']}" if pays else "target-only",
-                    "k": best["k"] if pays else 0, "best_k": best["k"], "speculation_pays": pays,
+        width, nodes = best.get("tree_width", 1), best.get("tree_nodes", best["k"])
+        out.append({"batch_size": batch, "choice": shape_label(best) if pays else "target-only",
+                    "k": best["k"] if pays else 0, "best_k": best["k"], "best": shape_label(best),
+                    "tree_width": width if pays else 1, "tree_nodes": (nodes if pays else 0),
+                    "speculation_pays": pays,
                     "speculative_tokens_per_second": best["tokens_per_second"],
                     "target_only_tokens_per_second": base["tokens_per_second"], "speedup": ratio})
     return out, stops
@@ -103,20 +111,25 @@ def choose(rows: list[dict], proposer: str, prompts: int, rows_fit: int | None, 
         batch = max(1, min(rows_fit or 0, prompts))
         at = min(sizes)
         notes.append(f"no measured batch fits, {batch} {'row does' if batch == 1 else 'rows do'}")
-    rate, speculate, k = sizes[at]
-    what = f"k={k}" if speculate else "target-only"
+    rate, speculate, k, width, nodes = sizes[at]
+    what = _named(sizes[at])
     if not speculate and proposer != "none":
         notes.insert(0, f"speculation does not pay at batch {at}: target-only was measured faster")
-    summary = ", ".join(f"batch {b} {'k=' + str(sizes[b][2]) if sizes[b][1] else 'target-only'} "
-                        f"{sizes[b][0]:,.0f} tok/s" for b in sorted(sizes))
-    return BatchChoice(batch, speculate, k, measured=True,
+    summary = ", ".join(f"batch {b} {_named(sizes[b])} {sizes[b][0]:,.0f} tok/s" for b in sorted(sizes))
+    return BatchChoice(batch, speculate, k, measured=True, tree_width=width, tree_nodes=nodes,
                        reason=f"batch {batch}, {what}{where}: {summary}" + "".join(f"; {n}" for n in notes))
 
 
-def _rates(rows: list[dict], proposer: str) -> dict[int, tuple[float, bool, int]]:
-    """Per measured B: (the recommended method's tokens/s, speculate, k)."""
+def _rates(rows: list[dict], proposer: str) -> dict[int, tuple[float, bool, int, int, int]]:
+    """Per measured B: (the recommended method's tokens/s, speculate, k, tree_width, tree_nodes)."""
     if proposer == "none":
-        return {r["batch_size"]: (r["tokens_per_second"], False, 0) for r in rows if r["k"] == 0}
+        return {r["batch_size"]: (r["tokens_per_second"], False, 0, 1, 0) for r in rows if r["k"] == 0}
     recommendations, _ = recommend(rows)
     return {rec["batch_size"]: (max(rec["speculative_tokens_per_second"], rec["target_only_tokens_per_second"]),
-                                rec["speculation_pays"], rec["k"]) for rec in recommendations}
+                                rec["speculation_pays"], rec["k"], rec["tree_width"], rec["tree_nodes"])
+            for rec in recommendations}
+
+
+def _named(rate: tuple) -> str:
+    _, speculate, k, width, nodes = rate
+    return shape_label({"k": k, "tree_width": width, "tree_nodes": nodes}) if speculate else "target-only"

@@ -261,7 +261,8 @@ class Engine:
         key = self._pair_key(profile)
         head = profile.proposer.head if kind == "eagle" else None
         kept = measured.batch_rows(measured.load_batches(profile.runtime.measured).get(key, []), kind, head)
-        rows = regime(kept, sampling.temperature, sampling.coupling, kind if kind != "none" else "draft")
+        rows = shaped(regime(kept, sampling.temperature, sampling.coupling, kind if kind != "none" else "draft"),
+                      profile.speculation)
         if kind != "none" and not any(r["k"] for r in rows):  # target-only rows alone: nothing of this proposer's
             rows = []
         pair = measured.describe_key(key) + (f", EAGLE-3 head {measured.describe_head(head)}" if head else "")
@@ -271,26 +272,32 @@ class Engine:
         else:
             where = f" (bench's measurements, {pair}, T={rows[0]['temperature']:g})"
         speculates = kind != "none"
-        k = max([r["k"] for r in rows] + [profile.speculation.k if speculates else 0])
+        # a tree's rows of the vocabulary and positions past a row's: its n + 1 target rows and the
+        # (k - 1) w nodes the draft steps, counted as a chain's of that many drafts
+        k = max([tree_reach(r["k"], r.get("tree_width", 1), r.get("tree_nodes", r["k"])) for r in rows]
+                + [profile.speculation.k if speculates else 0])
         spec = profile.speculation
         if speculates and spec.tree_width not in (AUTO, 1) and spec.tree_nodes != AUTO:
-            # a tree's rows of the vocabulary and positions past a row's: its n + 1 target rows and
-            # the (k - 1) w nodes the draft steps, counted as a chain's of that many drafts
-            k = max(k, spec.nodes + 1, (spec.k - 1) * spec.tree_width + 1)
+            k = max(k, tree_reach(spec.k, spec.tree_width, spec.nodes))
         fit, memory = self._rows_fit(longest, k, kind if speculates else "none", batch_rows(sampling))
         return batch_cost.choose(rows, profile.proposer.kind, prompts, fit, where, memory)
 
     def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
         """The profile a run at `choice` decodes with: a choice from measurements takes its
-        recommendation (target-only, or its k: not for a tree, whose shape fits its own k), else
-        the profile stands."""
+        recommendation (target-only, or its k, and with tree_width auto its tree shape: a chain
+        or a tree; a profile's own tree shape stands), else the profile stands."""
         if not choice.measured:
             return profile
         if not choice.speculate:
             return target_only(profile)
-        if profile.speculation.tree_width not in (AUTO, 1):  # measured rows are chains: the tree's k stands
+        spec = profile.speculation
+        if spec.tree_width not in (AUTO, 1):  # the profile's tree (its rows read, where measured): its k stands
             return profile
-        return replace(profile, speculation=replace(profile.speculation, k=choice.k))
+        shape = {}
+        if spec.tree_width == AUTO:  # the measured shape: a chain (width 1) or a tree of its nodes
+            shape = dict(tree_width=choice.tree_width) | (dict(tree_nodes=choice.tree_nodes) if choice.tree_width > 1
+                                                          else {})
+        return replace(profile, speculation=replace(spec, k=choice.k, **shape))
 
     def _rows_fit(self, longest: int, k: int, proposer: str, rows: tuple[str, ...] = ()) -> tuple[int | None, str]:
         """(the rows whose caches and buffers fit in core/batch_cost.MEMORY_SHARE of the free
@@ -480,6 +487,28 @@ def batch_rows(sampling) -> tuple[str, ...]:
     settings use. A prompt's own settings (core/profile.py PROMPT_SETTINGS) name neither, so the
     profile's stand for every row; the rows that do not use a part share it, bit for bit."""
     return ("penalties",) * uses_penalties(sampling) + ("min_tokens",) * (sampling.min_tokens > 0)
+
+
+def shaped(rows: list[dict], spec) -> list[dict]:
+    """The batch rows a run of these speculation settings chooses among (target-only's always):
+    tree_width 1 the chains', auto every shape's, a set tree its own shape's where measured (else
+    the chains', its shape standing: Engine.batch_profile)."""
+    def width(r):
+        return r.get("tree_width", 1)
+
+    if spec.tree_width == AUTO:
+        return rows
+    chains = [r for r in rows if not r["k"] or width(r) == 1]
+    if spec.tree_width == 1 or spec.tree_nodes == AUTO:
+        return chains
+    own = [r for r in rows if not r["k"] or (width(r), r.get("tree_nodes")) == (spec.tree_width, spec.nodes)]
+    return own if any(r["k"] for r in own) else chains
+
+
+def tree_reach(k: int, width: int, nodes: int) -> int:
+    """The drafts a chain would need for a round's rows past a row's position (its n + 1 target
+    rows, the (k - 1) w nodes its draft steps); a chain's own k."""
+    return k if width <= 1 else max(k, nodes + 1, (k - 1) * width + 1)
 
 
 def batch_refusal(profile: Profile, spread: bool = False) -> str:

@@ -42,7 +42,8 @@ from pathlib import Path
 FILE = "measured.json"
 FORMAT = 1
 SHAPE = ("proposer", "head", "temperature", "coupling", "k", "tree_width", "tree_nodes")  # what identifies a row
-BATCH_SHAPE = ("proposer", "head", "temperature", "coupling", "batch_size", "k")  # what identifies a batch row
+# what identifies a batch row (rows kept before batches measured trees have no tree fields: chains)
+BATCH_SHAPE = ("proposer", "head", "temperature", "coupling", "batch_size", "k", "tree_width", "tree_nodes")
 
 
 def measured_dir(folder: str = "") -> Path:
@@ -127,6 +128,7 @@ def batch_rows_from_bench(document: dict) -> tuple[str, list[dict]]:
     rows = [{"proposer": proposer if r["k"] else "none", "head": head if r["k"] else None,
              "temperature": document["temperature"],
              "coupling": document.get("coupling"), "batch_size": r["batch_size"], "k": r["k"],
+             "tree_width": r.get("tree_width", 1), "tree_nodes": r.get("tree_nodes", r["k"]),
              "tokens_per_second": r["tokens_per_second"],
              "row_ms_per_token": (r.get("row_ms_per_token") or {}).get("median"),
              "prompts": r.get("prompts"), "max_tokens": document.get("max_tokens"), "created": when}
@@ -136,8 +138,14 @@ def batch_rows_from_bench(document: dict) -> tuple[str, list[dict]]:
 
 def merge(old: list[dict], new: list[dict], shape: tuple[str, ...] = SHAPE) -> list[dict]:
     """`old` without the rows `new` measures again (the same `shape` fields), then `new`."""
-    again = {tuple(row.get(name) for name in shape) for row in new}
-    return [row for row in old if tuple(row.get(name) for name in shape) not in again] + new
+    again = {_identity(row, shape) for row in new}
+    return [row for row in old if _identity(row, shape) not in again] + new
+
+
+def _identity(row: dict, shape: tuple[str, ...]) -> tuple:
+    """A row's `shape` fields; a row without tree fields is a chain (width 1, k nodes)."""
+    chain = {"tree_width": 1, "tree_nodes": row.get("k")}
+    return tuple(row.get(name, chain.get(name)) for name in shape)
 
 
 def _read(folder: str) -> dict:

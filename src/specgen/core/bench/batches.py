@@ -39,6 +39,7 @@ from typing import Callable
 import torch
 
 from specgen.core.batch_cost import recommend  # noqa: F401 (the bench's recommendation, batch auto's too)
+from specgen.core.bench.bench_plan import shape_label
 from specgen.core.bench import floors
 from specgen.core.stats import AcceptanceStats
 
@@ -50,19 +51,23 @@ PROPOSERS = ("draft", "eagle")
 
 def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_sizes: tuple[int, ...],
             ks: tuple[int, ...], temperature: float, warmup: int = 1, progress=None,
-            bandwidth: float | None = None, proposer: str = "draft") -> list[dict]:
+            bandwidth: float | None = None, proposer: str = "draft",
+            shapes: Callable = lambda k: (None,)) -> list[dict]:
     """Every (B, method) run: target-only (k 0) and each k of `ks` with `proposer` (one of
-    PROPOSERS), at each batch size, in order. settings_for(k, temperature, proposer) -> Profile;
-    progress(steps, label) after each run; bandwidth: the device's copy bandwidth in bytes/s
-    (floors.copy_bandwidth), None off CUDA."""
+    PROPOSERS), each in every tree shape of shapes(k) ((tree_width, tree_nodes), (1, 0) a chain,
+    None the profile's own: core/bench/bench_plan.Plan.shapes), at each batch size, in order.
+    settings_for(k, temperature, proposer, tree) -> Profile; progress(steps, label) after each
+    run; bandwidth: the device's copy bandwidth in bytes/s (floors.copy_bandwidth), None off CUDA."""
     if proposer not in PROPOSERS:
         raise ValueError(f"batches draft with {' or '.join(PROPOSERS)}, not {proposer}")
     results = []
     for batch in batch_sizes:
-        for k in (0, *ks):
-            profile = settings_for(k or ks[0], temperature, "none" if k == 0 else proposer)
-            label = f"batch {batch}, " + ("target-only" if k == 0 else f"k={k}")
-            results.append(run(engine, profile, batch, prompt_ids, warmup, bandwidth))
+        runs = [(0, None)] + [(k, tree) for k in ks for tree in shapes(k)]
+        for k, tree in runs:
+            profile = settings_for(k or ks[0], temperature, "none" if k == 0 else proposer, tree)
+            result = run(engine, profile, batch, prompt_ids, warmup, bandwidth)
+            results.append(result)
+            label = f"batch {batch}, " + ("target-only" if k == 0 else shape_label(result))
             engine.forget_batches()  # its caches: B rows each, not kept past the run
             if progress is not None:
                 progress(1, label)
@@ -104,7 +109,9 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
     k = decoder.round.k
     proposer = profile.proposer.kind if k else "none"
     target, drafter = step_bytes(engine, proposer)
+    width = getattr(decoder.round, "tree_width", 1)  # a BatchTreeRound's; chains are width 1, k nodes
     return {"batch_size": batch, "method": "speculative" if k else "target-only", "proposer": proposer, "k": k,
+            "tree_width": width, "tree_nodes": decoder.round.nodes if width > 1 else k,
             "prompts": len(work), "tokens": tokens, "seconds": seconds,
             "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
             "row_ms_per_token": summarise(per_row),

@@ -35,6 +35,12 @@ class Plan:
         return [(t, c) for t in self.temperatures for c in (self.couplings if t > 0 else (None,))]
 
 
+def shape_label(entry: dict) -> str:
+    """k, and the tree's width and nodes where the round drafted a tree: `k=4 w=2 n=8`."""
+    width = entry.get("tree_width", 1)
+    return f"k={entry['k']}" + (f" w={width} n={entry['tree_nodes']}" if width > 1 else "")
+
+
 def tree_shapes(widths: tuple[int, ...], nodes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     """Every (width, nodes) of the two lists, in order; width 1 is the chain, whatever the nodes."""
     shapes = [(1, 0) if width == 1 else (width, n) for width in widths for n in nodes]
