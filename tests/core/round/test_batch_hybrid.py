@@ -127,11 +127,14 @@ TREES = dict(tree_width=2, tree_nodes=6)
 
 @MODELS
 @pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, coupling="gumbel"),
-                                      dict(temperature=1.0, coupling="rejection")], ids=["greedy", "gumbel", "rejection"])
+                                      dict(temperature=1.0, coupling="rejection"),
+                                      dict(temperature=1.0, coupling="rejection", repetition_penalty=1.3,
+                                           presence_penalty=0.2)], ids=["greedy", "gumbel", "rejection", "penalties"])
 def test_hybrid_tree_rows_equal_each_prompt_alone(models, model, sampling):
     """hybrid's trees (hybrid_merge never): each row the lookup's trie where it matches, else the
     model's tree, its own turn in each round; each prompt's tokens and drafts as alone (sampled:
-    each row's own warp settings, a greedy row among them)."""
+    each row's own warp settings, a greedy row among them; penalties: each tree row counting the
+    drafts on its path, the trie's or the model's)."""
     engine = hybrid_engine(models, model, k=3, speculation=TREES, **sampling)
     check(engine, jobs(engine, 8, sampled=bool(sampling)), part=BatchHybridTree,
           fates=sampling.get("coupling") != "rejection")
