@@ -106,6 +106,18 @@ def test_draft_p_min_records_equal_one_prompt_at_a_time(monkeypatch, tiny):
     assert run("--batch-size", "3") == alone
 
 
+def test_a_tree_shape_auto_with_nothing_measured_runs_chains_and_says_so(monkeypatch, tiny, tmp_path):
+    """--batch-size 3 --tree-width 2 --tree-nodes auto, nothing measured at batch: chains of k, as
+    the records of the same run without trees, and one line on stderr says why."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty measured folder
+    chains = generate(monkeypatch, tiny, "--format", "jsonl", "--batch-size", "3")
+    profile, prompts = tiny
+    auto = specgen(monkeypatch, "generate", "-p", profile, "--prompts-file", prompts, "--format", "jsonl",
+                   "--batch-size", "3", "--tree-width", "2", "--tree-nodes", "auto")
+    assert records(auto) == records(chains)
+    assert "tree shape auto at batch 3: nothing measured" in auto.stderr and "a chain" in auto.stderr
+
+
 def test_auto_with_nothing_measured_is_batch_one_and_says_so(monkeypatch, tiny, tmp_path):
     profile, prompts = tiny
     own = write_profile(tmp_path / "own.toml", *pair_of(profile), sampling={"max_tokens": 12, "ignore_eos": True},
@@ -245,8 +257,6 @@ def close(got, want, where="") -> None:
     (["--batch-size", "0"], "--batch-size 0 is not allowed: must be auto or from 1 to 256"),
     (["--batch-size", "2", "--draft-p-min", "0.5", "--tree-width", "2", "--tree-nodes", "4"],
      "token trees (tree_width 2) do not take draft_p_min yet"),
-    (["--batch-size", "2", "--tree-width", "2", "--tree-nodes", "auto"],
-     "take token trees of a set node budget only, not tree_nodes auto"),
 ])
 def test_what_batches_do_not_take_is_a_usage_error(monkeypatch, tiny, args, fragment):
     assert_error(generate(monkeypatch, tiny, *args), 2, fragment)

@@ -13,6 +13,7 @@ import torch
 
 from decode_helpers import BACKENDS, CUDA, make_profile
 from specgen.core import measured
+from specgen.core.batch_cost import BatchChoice
 from specgen.core.engine import Engine, batch_row_bytes, device_name
 from specgen.core.round.batch_round import SLACK
 from specgen.core.settings import ProposerSpec, RuntimeSpec
@@ -85,6 +86,29 @@ def test_auto_takes_a_measured_tree_only_with_tree_width_auto(pair, tmp_path):
     spec = engine.batch_profile(auto, tree).speculation
     assert (spec.k, spec.tree_width, spec.tree_nodes) == (2, 2, 4)
     assert type(engine.batch_decoder(4, engine.batch_profile(auto, tree)).round).__name__ == "BatchTreeRound"
+
+
+def test_a_set_batch_size_takes_its_measured_tree_shape_where_the_shape_is_auto(pair, tmp_path):
+    """batch_size 16 with tree_width auto: the fastest speculative run measured at the nearest
+    batch size (4 here), its k and tree, the batch size standing; tree_nodes auto with width 2:
+    that width's node budgets only; nothing measured: a chain, said in the reason."""
+    engine = Engine(profile_of(pair, tmp_path, 16))
+    spec = engine.profile.speculation
+    auto = replace(engine.profile, speculation=replace(spec, tree_width="auto"))
+    none = engine.resolve_batch(auto, *WORK)
+    assert (none.batch, none.measured) == (16, False) and "nothing measured" in none.reason
+    assert engine.batch_profile(auto, none) is auto  # left auto: the batch decodes it as a chain
+    keep(engine, tmp_path, {(1, 0): 50.0, (1, 3): 90.0, (4, 0): 100.0, (4, 2): 150.0, (4, 3, 2, 6): 180.0,
+                            (4, 2, 4, 5): 170.0})
+    choice = engine.resolve_batch(auto, *WORK)
+    assert (choice.batch, choice.k, choice.tree_width, choice.tree_nodes) == (16, 3, 2, 6)
+    assert choice.reason.startswith("batch 16, k=3 w=2 n=6 (bench's measurements") and "at batch 4" in choice.reason
+    resolved = engine.batch_profile(auto, choice).speculation
+    assert (resolved.k, resolved.tree_width, resolved.tree_nodes) == (3, 2, 6)
+    width4 = replace(engine.profile, speculation=replace(spec, tree_width=4, tree_nodes="auto"))
+    four = engine.resolve_batch(width4, *WORK)
+    assert (four.k, four.tree_width, four.tree_nodes) == (2, 4, 5)
+    assert engine.resolve_batch(engine.profile, *WORK) == BatchChoice(16)  # no auto: the number alone
 
 
 def test_auto_is_batch_one_where_batches_cannot_run(pair, tmp_path):

@@ -113,12 +113,13 @@ def generate(
         warn(describe({**engine.describe(positions=longest), "startup": startup.as_dict()}))
     batch = engine.resolve_batch(settings, prompts, longest)
     runs = settings
-    if batch.measured:  # auto from the bench's rows: its recommendation at that size (target-only, or its k)
+    if batch.measured:  # from the bench's rows: its recommendation at that size (target-only, or its k and shape)
         runs = engine.batch_profile(settings, batch)
     if verbose and not quiet:
         warn(describe({"batch_size": batch.batch, "batch_auto": batch.reason}))
-    elif batch.reason and not batch.measured and prompts > 1 and not quiet:  # auto fell back to 1: say why
-        warn(f"specgen: batch_size auto: {batch.reason}")
+    elif batch.reason and not batch.measured and prompts > 1 and not quiet:  # auto fell back: say why
+        auto = settings.runtime.batch_size == "auto"  # else a set batch size's tree shape auto, left a chain
+        warn(f"specgen: {'batch_size auto: ' if auto else ''}{batch.reason}")
     # read again as the loop takes them (the ids as checked above; the run's settings for the rest)
     work = ((item, ids, with_prompt_settings(runs, item.settings, item.source) if runs is not settings else own)
             for item, (own, ids) in jobs(None))

@@ -81,6 +81,25 @@ def recommend(results: list[dict]) -> tuple[list[dict], int | None]:
     return out, stops
 
 
+def shape_at(rows: list[dict], batch: int, where: str = "") -> BatchChoice:
+    """A set batch size's speculation shape where tree_width or tree_nodes is auto: the fastest
+    speculative run of `rows` (one regime's, of the shapes the settings choose among) at the
+    measured batch size nearest `batch` (the smaller on a tie), its k and tree; where none was
+    measured, the profile's chain (not `measured`: Engine.batch_profile leaves the profile, and
+    the batch decodes an unresolved shape as a chain). The batch size stands either way."""
+    runs = [r for r in rows if r["k"]]
+    if not runs:
+        return BatchChoice(batch, reason=f"tree shape auto at batch {batch}: nothing measured{where}: a chain "
+                                         f"({BENCH_HINT} --tree-width 1,2,4 --tree-nodes 8,16)")
+    at = min(dict.fromkeys(r["batch_size"] for r in runs), key=lambda b: (abs(b - batch), b))
+    best = max((r for r in runs if r["batch_size"] == at), key=lambda r: r["tokens_per_second"])
+    width = best.get("tree_width", 1)
+    return BatchChoice(batch, True, best["k"], measured=True, tree_width=width,
+                       tree_nodes=best.get("tree_nodes", best["k"]) if width > 1 else 0,
+                       reason=f"batch {batch}, {shape_label(best)}{where}: the fastest shape measured at batch {at}, "
+                              f"{best['tokens_per_second']:,.0f} tok/s")
+
+
 def memory_rows(free_bytes: int, row_bytes: int, share: float = MEMORY_SHARE) -> int:
     """The rows whose caches and buffers fit in `share` of the free memory."""
     return int(share * free_bytes) // row_bytes if row_bytes > 0 else 0

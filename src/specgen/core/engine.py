@@ -188,8 +188,9 @@ class Engine:
             raise UsageError(f"the {kind} proposer needs the eagle drafter, which this run did not load",
                              hint="name every proposer when the run starts (bench --proposer a,b)")
         lookup = (proposer.ngram_min, proposer.ngram_max) if kind in ("ngram", "hybrid") else None
+        # a shape left auto (nothing measured at batch: Engine.resolve_batch) runs as a chain
         tree = (profile.speculation.tree_width, profile.speculation.nodes) if k and \
-            profile.speculation.tree_width not in (AUTO, 1) else None
+            profile.speculation.tree_width not in (AUTO, 1) and profile.speculation.tree_nodes != AUTO else None
         rows = batch_rows(sampling)
         # how a model's drafts are picked: drawn from q or its argmax (draft_sampling), cut at draft_p_min
         races = profile.speculation.draft_sampling != "argmax"
@@ -247,7 +248,7 @@ class Engine:
 
         size = profile.runtime.batch_size
         if size != AUTO:
-            return BatchChoice(size)
+            return self._set_batch(profile, size)
         if prompts <= 1:
             return batch_cost.choose([], profile.proposer.kind, prompts, None)
         refusal = batch_refusal(profile, bool(getattr(self.backend, "spread", None)))
@@ -258,19 +259,7 @@ class Engine:
         if profile.proposer.kind in BENCH_UNMEASURED:  # no measured rows are prompt lookup's
             return BatchChoice(1, reason=f"batch 1: {BENCH_UNMEASURED[profile.proposer.kind]}")
         sampling, kind = profile.sampling, profile.proposer.kind
-        key = self._pair_key(profile)
-        head = profile.proposer.head if kind == "eagle" else None
-        kept = measured.batch_rows(measured.load_batches(profile.runtime.measured).get(key, []), kind, head)
-        rows = shaped(regime(kept, sampling.temperature, sampling.coupling, kind if kind != "none" else "draft"),
-                      profile.speculation)
-        if kind != "none" and not any(r["k"] for r in rows):  # target-only rows alone: nothing of this proposer's
-            rows = []
-        pair = measured.describe_key(key) + (f", EAGLE-3 head {measured.describe_head(head)}" if head else "")
-        if all(row["proposer"] == "none" for row in rows):  # target-only's alone: nothing of this proposer's
-            sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
-            where = f" for {pair}, {sweep}"
-        else:
-            where = f" (bench's measurements, {pair}, T={rows[0]['temperature']:g})"
+        rows, where = self._batch_rows(profile)
         speculates = kind != "none"
         # a tree's rows of the vocabulary and positions past a row's: its n + 1 target rows and the
         # (k - 1) w nodes the draft steps, counted as a chain's of that many drafts
@@ -282,6 +271,36 @@ class Engine:
         fit, memory = self._rows_fit(longest, k, kind if speculates else "none", batch_rows(sampling))
         return batch_cost.choose(rows, profile.proposer.kind, prompts, fit, where, memory)
 
+    def _batch_rows(self, profile: Profile) -> tuple[list[dict], str]:
+        """(the batch rows `specgen bench --batch-size` kept that a run of this profile reads: its
+        proposer's (a head's of this head only) and target-only's, at its sampling regime, of the
+        shapes its speculation settings choose among (`shaped`; none where only target-only's
+        are), where they are from in words)."""
+        sampling, kind = profile.sampling, profile.proposer.kind
+        key = self._pair_key(profile)
+        head = profile.proposer.head if kind == "eagle" else None
+        kept = measured.batch_rows(measured.load_batches(profile.runtime.measured).get(key, []), kind, head)
+        rows = shaped(regime(kept, sampling.temperature, sampling.coupling, kind if kind != "none" else "draft"),
+                      profile.speculation)
+        if kind != "none" and not any(r["k"] for r in rows):  # target-only rows alone: nothing of this proposer's
+            rows = []
+        pair = measured.describe_key(key) + (f", EAGLE-3 head {measured.describe_head(head)}" if head else "")
+        if all(row["proposer"] == "none" for row in rows):  # target-only's alone: nothing of this proposer's
+            sweep = "greedy" if sampling.greedy else f"sampled with {sampling.coupling} coupling"
+            return rows, f" for {pair}, {sweep}"
+        return rows, f" (bench's measurements, {pair}, T={rows[0]['temperature']:g})"
+
+    def _set_batch(self, profile: Profile, size: int) -> BatchChoice:
+        """A batch_size number stands. With tree_width or tree_nodes auto, B > 1 and a proposer
+        the batch bench measures, the shape is the fastest speculative run bench --batch-size
+        measured at the batch size nearest B (its k and tree: core/batch_cost.shape_at), a chain
+        of the profile's k where nothing was (as one request's auto: core/tree_cost.py)."""
+        spec, kind = profile.speculation, profile.proposer.kind
+        if size == 1 or not spec.auto_tree or kind in BENCH_UNMEASURED or kind == "none":
+            return BatchChoice(size)
+        rows, where = self._batch_rows(profile)
+        return batch_cost.shape_at(rows, size, where)
+
     def batch_profile(self, profile: Profile, choice: BatchChoice) -> Profile:
         """The profile a run at `choice` decodes with: a choice from measurements takes its
         recommendation (target-only, or its k, and with tree_width auto its tree shape: a chain
@@ -291,12 +310,11 @@ class Engine:
         if not choice.speculate:
             return target_only(profile)
         spec = profile.speculation
-        if spec.tree_width not in (AUTO, 1):  # the profile's tree (its rows read, where measured): its k stands
+        if spec.tree_width not in (AUTO, 1) and spec.tree_nodes != AUTO:  # the profile's tree: its k stands
             return profile
         shape = {}
-        if spec.tree_width == AUTO:  # the measured shape: a chain (width 1) or a tree of its nodes
-            shape = dict(tree_width=choice.tree_width) | (dict(tree_nodes=choice.tree_nodes) if choice.tree_width > 1
-                                                          else {})
+        if spec.auto_tree:  # the measured shape: a chain (width 1) or a tree of its nodes
+            shape = dict(tree_width=choice.tree_width, tree_nodes=choice.tree_nodes if choice.tree_width > 1 else 0)
         return replace(profile, speculation=replace(spec, k=choice.k, **shape))
 
     def _rows_fit(self, longest: int, k: int, proposer: str, rows: tuple[str, ...] = ()) -> tuple[int | None, str]:
@@ -491,16 +509,20 @@ def batch_rows(sampling) -> tuple[str, ...]:
 
 def shaped(rows: list[dict], spec) -> list[dict]:
     """The batch rows a run of these speculation settings chooses among (target-only's always):
-    tree_width 1 the chains', auto every shape's, a set tree its own shape's where measured (else
-    the chains', its shape standing: Engine.batch_profile)."""
+    tree_width 1 the chains', auto every shape's, a set width with tree_nodes auto that width's, a
+    set tree its own shape's, each where measured (else the chains': a set tree's shape standing,
+    Engine.batch_profile)."""
     def width(r):
         return r.get("tree_width", 1)
 
     if spec.tree_width == AUTO:
         return rows
     chains = [r for r in rows if not r["k"] or width(r) == 1]
-    if spec.tree_width == 1 or spec.tree_nodes == AUTO:
+    if spec.tree_width == 1:
         return chains
+    if spec.tree_nodes == AUTO:  # a set width's trees, any node budget measured (else the chains')
+        own = [r for r in rows if not r["k"] or width(r) == spec.tree_width]
+        return own if any(r["k"] for r in own) else chains
     own = [r for r in rows if not r["k"] or (width(r), r.get("tree_nodes")) == (spec.tree_width, spec.nodes)]
     return own if any(r["k"] for r in own) else chains
 
@@ -526,8 +548,6 @@ def batch_refusal(profile: Profile, spread: bool = False) -> str:
     if trees and kind == "hybrid" and spec.hybrid_merge != "never":
         return (f"take hybrid's trees with hybrid_merge = never only (each row the lookup's trie or the model's "
                 f"tree), not {spec.hybrid_merge}")
-    if trees and spec.tree_nodes == AUTO:
-        return "take token trees of a set node budget only, not tree_nodes auto"
     if trees and kind != "ngram" and profile.proposer.draft_p_min > 0:  # as one request's trees (tree_refusal)
         return "take no draft_p_min with token trees yet"
     return ""

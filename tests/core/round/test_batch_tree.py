@@ -7,7 +7,7 @@ prompts so that some run masked) equal decoding that prompt alone with the tree 
 seed the same sampled text; rejection coupling (drawn children, the recursive walk; a greedy row
 among them walks greedily) the same tokens too, each row's numbers drawn by its own generator in
 the order and shapes the tree round draws them. What batches do not take of trees (merged
-hybrid trees, tree_nodes auto) is a one-line error; an EAGLE-3 head's trees are taken
+hybrid trees) is a one-line error; a shape left auto runs as a chain; an EAGLE-3 head's trees are taken
 (tests/core/round/test_batch_head_tree.py), and prompt lookup's
 (tests/core/round/test_batch_lookup_tree.py).
 """
@@ -115,21 +115,23 @@ def test_rejection_tree_rows_are_seed_stable(pair):
     assert len({tuple(ids) for ids in first}) == len(first)
 
 
-@pytest.mark.parametrize("change, named", [
-    (dict(proposer=ProposerSpec(kind="hybrid"), speculation=dict(tree_width=2, tree_nodes=4, hybrid_merge="always")),
-     "hybrid_merge = never only"),
-    (dict(speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
-    (dict(proposer=ProposerSpec(kind="eagle"), speculation=dict(tree_width=2, tree_nodes="auto")), "tree_nodes auto"),
-])
-def test_what_batches_do_not_take_of_trees_is_one_line(pair, change, named):
-    speculation = dict(tree_width=2, tree_nodes=4) | change.pop("speculation", {})
-    profile = make_profile(*pair, k=3, speculation=speculation, **change)
-    assert named in batch_refusal(profile) and "\n" not in batch_refusal(profile)
-    if change.get("proposer", ProposerSpec()).kind == "eagle":
-        return  # the engine would need a head to load (tests/core/round/test_batch_head_tree.py runs them)
+def test_what_batches_do_not_take_of_trees_is_one_line(pair):
+    """Merged hybrid trees (hybrid_merge auto or always) at batch."""
+    profile = make_profile(*pair, k=3, proposer=ProposerSpec(kind="hybrid"),
+                           speculation=dict(tree_width=2, tree_nodes=4, hybrid_merge="always"))
+    assert "hybrid_merge = never only" in batch_refusal(profile) and "\n" not in batch_refusal(profile)
     with pytest.raises(UsageError) as error:
         Engine(profile).batch_decoder(2)
-    assert named in str(error.value) and "\n" not in str(error.value)
+    assert "hybrid_merge = never only" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_tree_shape_left_auto_runs_as_a_chain(pair):
+    """tree_nodes auto at a set batch size with nothing measured at batch (core/engine.py
+    _set_batch): the batch's rows are chains of k, as one request's auto with nothing measured."""
+    engine = Engine(make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes="auto")))
+    assert batch_refusal(engine.profile) == ""
+    decoder = engine.batch_decoder(2)
+    assert not isinstance(decoder.round, BatchTreeRound) and decoder.round.k == 3
 
 
 @pytest.mark.parametrize("kind", ["eagle", "ngram"])
