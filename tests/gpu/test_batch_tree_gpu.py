@@ -67,8 +67,10 @@ def test_batch_lookup_tree_rows_on_the_kernel_tables_equal_each_prompt_alone(big
 
 
 def cuda_tree_engine(target, draft, k: int = 4, width: int = 2, nodes: int = 6, dtype: str = "bfloat16",
-                     **sampling) -> Engine:
-    profile = make_profile(target, draft, k=k, backend="cuda", speculation=dict(tree_width=width, tree_nodes=nodes),
+                     speculation: dict | None = None, **sampling) -> Engine:
+    """speculation: more of the profile's fields (draft_sampling) beside the tree's shape."""
+    profile = make_profile(target, draft, k=k, backend="cuda",
+                           speculation=dict(tree_width=width, tree_nodes=nodes) | (speculation or {}),
                            **({"max_tokens": 32} | sampling))
     profile = replace(profile, target=replace(profile.target, dtype=dtype), draft=replace(profile.draft, dtype=dtype))
     engine = Engine(profile)
@@ -132,6 +134,20 @@ def test_captured_batch_tree_round_equals_the_round_run_eagerly(request, drafter
     behind a round in flight) or run as it is: the same tokens and fates."""
     engine = float32_tree_engine(request, drafter, **sampling)
     captured, eager = captured_against_eager(engine, tree_jobs(engine, drafter, 20, seed=3))
+    assert captured == eager
+
+
+@on_cuda
+@pytest.mark.parametrize("coupling", ["gumbel", "rejection"])
+def test_argmax_tree_rows_equal_each_prompt_alone_on_cuda(request, coupling):
+    """draft_sampling = argmax: every row's top-w children, sampled rows walked as siblings
+    (rejection) or following the target's race (Gumbel); float32 rows at B = 7 equal each prompt
+    alone, and the captured round equals it run eagerly."""
+    engine = float32_tree_engine(request, "draft", temperature=0.8, top_k=20, coupling=coupling,
+                                 speculation=dict(draft_sampling="argmax"))
+    work = tree_jobs(engine, "draft", 16, seed=5)
+    assert_rows_equal(batched(engine, 7, work), alone(engine, work), "the prompt alone")
+    captured, eager = captured_against_eager(engine, tree_jobs(engine, "draft", 20, seed=3))
     assert captured == eager
 
 
