@@ -55,7 +55,7 @@ def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_s
             shapes: Callable = lambda k: (None,)) -> list[dict]:
     """Every (B, method) run: target-only (k 0) and each k of `ks` with `proposer` (one of
     PROPOSERS), each in every tree shape of shapes(k) ((tree_width, tree_nodes), (1, 0) a chain,
-    None the profile's own: core/bench/bench_plan.Plan.shapes), at each batch size, in order.
+    None the profile's own: core/bench/bench_plan.py, Plan.shapes), at each batch size, in order.
     settings_for(k, temperature, proposer, tree) -> Profile; progress(steps, label) after each
     run; bandwidth: the device's copy bandwidth in bytes/s (floors.copy_bandwidth), None off CUDA."""
     if proposer not in PROPOSERS:
