@@ -36,6 +36,8 @@ class BatchHeadTree(BatchHead):
     """drafter: the engine's EagleDrafter (as BatchHead's). The tap holds the tree step's
     B x (n + 1) rows (rnd.target_rows_per)."""
 
+    host_rows = None  # every row's tree is the head's
+
     def __init__(self, rnd, drafter):
         super().__init__(rnd, drafter)
         k, w, batch, z = rnd.k, rnd.tree_width, rnd.batch, dict(device=rnd.device)

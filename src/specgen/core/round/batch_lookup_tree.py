@@ -45,6 +45,7 @@ class BatchLookupTree:
     one_hot = True  # the host drafts (q is one-hot)
     host_proposes = True  # from the round before: one round in flight
     runners: list = []  # no model the round keeps a cache of besides the target
+    host_rows = None  # every row's tree is the host's (one_hot says so)
 
     def __init__(self, rnd, ngram_min: int, ngram_max: int):
         k, w, n, batch = rnd.k, rnd.tree_width, rnd.nodes, rnd.batch

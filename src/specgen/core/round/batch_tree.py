@@ -214,7 +214,7 @@ class BatchTreeRejection:
             at = (1 + trees["offset"]).clamp(max=self.q.shape[1] - 1)  # [B, n + 1] each tree row's expanded node
             sampled = rnd.ops.recursive_walk(trees["children"], trees["drawn"], rows.ids, probs.view(b, -1, width),
                                              self.q[self.seq, at], self.uniform, self.noise, rnd.num_drafts, rnd.k)
-            hosted = getattr(rnd.drafter, "host_rows", None)  # hybrid's rows verifying the lookup's trie
+            hosted = rnd.drafter.host_rows  # hybrid's rows verifying the lookup's trie (None: no such rows)
             if hosted is not None:
                 siblings = rnd.ops.sibling_walk(trees["children"], rows.ids, probs.view(b, -1, width), self.uniform,
                                                 self.noise, rnd.num_drafts, rnd.k)
@@ -228,6 +228,8 @@ class BatchTreeDraftModel(BatchDraftModel):
     """The draft model drafting every row's tree (its BatchDraftModel part: prefill, `pending`,
     its cache row): the root's log q from its step over `pending`, each level's from its step over
     the frontier's tree rows in its own cache."""
+
+    host_rows = None  # every row's tree is the model's (the hybrid part's hosted rows: batch_hybrid_tree.py)
 
     def root(self) -> torch.Tensor:
         """The draft's logits after each row's root into the round's draft_logits [B, width]; the
