@@ -133,7 +133,8 @@ def test_argmax_drafts_at_batch_follow_the_target_distribution(pair):
 
 
 @pytest.mark.parametrize("change, named", [
-    (dict(proposer=ProposerSpec(kind="hybrid"), speculation=dict(tree_width=2, tree_nodes=4)), "token trees"),
+    (dict(proposer=ProposerSpec(kind="hybrid"), speculation=dict(tree_width=2, tree_nodes=4, hybrid_merge="always")),
+     "hybrid's trees with hybrid_merge = never only"),
     (dict(proposer=ProposerSpec(draft_p_min=0.5), speculation=dict(tree_width=2, tree_nodes=4)),
      "no draft_p_min with token trees"),
 ])
