@@ -87,13 +87,16 @@ def batched_probes(engine: Engine, batch: int, work: list, probe) -> list[tuple]
     return [(f.token_ids, recorder.probed[i]) for i, f in decoder.run(work)]
 
 
-def batched_rounds(engine: Engine, batch: int, work: list) -> list[tuple]:
-    """Each prompt's (tokens, fates, every round's counted drafts) through `batch` rows, in order."""
+def batched_rounds(engine: Engine, batch: int, work: list, finished: list | None = None) -> list[tuple]:
+    """Each prompt's (tokens, fates, every round's counted drafts) through `batch` rows, in order;
+    finished: a list that takes each prompt's Finished (its statistics), in order."""
     decoder = engine.batch_decoder(batch)
     assert not decoder.pipelined
     recorder = Recorder(decoder)
     results = list(decoder.run(work))
     assert [index for index, _ in results] == list(range(len(work)))
+    if finished is not None:
+        finished += [f for _, f in results]
     return [(f.token_ids, f.fates, recorder.drafts[i]) for i, f in results]
 
 

@@ -70,15 +70,11 @@ def test_eagle_records_equal_one_prompt_at_a_time(monkeypatch, tiny, tmp_path):
 def test_lookup_records_equal_one_prompt_at_a_time(monkeypatch, tiny, proposer):
     """--proposer ngram and hybrid (chains or trees): each row's own prompt lookup drafts it (stop
     strings, seeds and max_tokens per line; hybrid: the draft model where it finds nothing), each
-    record the prompt's alone, drafts and all (a model's sampled trees: their drafted count; a drawn
-    child accepted outside the tree counts as recovered at batch, core/round/batch_tree.py)."""
-    model_trees = "hybrid" in proposer and "--tree-width" in proposer
-
+    record the prompt's alone, drafts and all."""
     def run(*args):
         result = generate(monkeypatch, tiny, "--format", "jsonl", *proposer, *args)
         lines = [json.loads(line) for line in result.stdout.splitlines()]
-        return records(result), [(r["stats"]["drafted"], None if model_trees else r["stats"]["accepted"])
-                                 for r in lines]
+        return records(result), [(r["stats"]["drafted"], r["stats"]["accepted"]) for r in lines]
 
     alone = run()
     assert sum(drafted for drafted, _ in alone[1]) > 0

@@ -97,11 +97,12 @@ def test_captured_hybrid_batch_round_equals_the_round_run_eagerly(request, model
 @HYBRID_MODELS
 def test_hybrid_tree_rows_equal_each_prompt_alone_on_cuda(request, model, sampling):
     """Hybrid's trees (core/round/batch_hybrid_tree.py, w = 2, n = 6): each row the lookup's trie or
-    the model's tree; float32 rows at B = 7 equal each prompt alone (tokens; a drawn child accepted
-    outside the tree counts as recovered at batch), and the captured round equals it run eagerly."""
+    the model's tree; float32 rows at B = 7 equal each prompt alone (tokens and fates), and the
+    captured round equals it run eagerly."""
     engine = cuda_hybrid_engine(request, model, speculation=dict(tree_width=2, tree_nodes=6), **sampling)
     work = lookup_jobs(engine, 16, seed=7)
-    reference = [finish(engine.decoder(replace(engine.profile, sampling=spec)), ids).token_ids for ids, spec in work]
-    assert [ids for ids, _ in fated(engine, 7, work)] == reference
-    captured, eager = captured_against_eager(engine, work, fates=False, pipelined=False)
+    reference = [(f.token_ids, f.fates) for f in (finish(engine.decoder(replace(engine.profile, sampling=spec)), ids)
+                                                  for ids, spec in work)]
+    assert fated(engine, 7, work) == reference
+    captured, eager = captured_against_eager(engine, work, pipelined=False)
     assert captured == eager

@@ -271,7 +271,9 @@ class BatchDecoder:
         if emitted[k] < 0:  # -1 past what the row emitted
             emitted = [t for t in emitted if t >= 0]
         n = staged[2 * k + 1]
-        accepted = len(emitted) - 1
+        # a tree's walk may end on a draw it accepted outside the tree (taken): a draft accepted too
+        taken, ranks = self.round.read_tree(staged)
+        accepted = len(emitted) - 1 + int(taken)
         used = n
         if stops:
             drafted = staged[k + 1: k + 1 + n]
@@ -293,7 +295,8 @@ class BatchDecoder:
         kept = accepted if accepted < count else count
         stats = row.stats
         stats.released(now - row.start, count)
-        stats.add_round(used, kept, count, timings, used < budget, budget)
+        stats.add_round(used, kept, count, timings, used < budget, budget,
+                        ranks=ranks if ranks is None else ranks[:kept])
         ids += emitted
         if spec.stop:
             row.decoded = len(ids)

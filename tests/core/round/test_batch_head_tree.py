@@ -52,26 +52,20 @@ def jobs(profile, count: int, sampled: bool = False) -> list:
             for i, ids in enumerate(prompts)]
 
 
-def check(engine: Engine, work: list, fates: bool = True) -> list:
+def check(engine: Engine, work: list) -> list:
     """Every prompt's tokens, fates and every round's counted drafts at B = 1, 3, 7 are the head
-    tree round's alone (fates: False where a drawn child accepted outside the tree, `taken`,
-    counts as recovered at batch: core/round/batch_tree.py), and so is every round's whole pool of
-    candidates (every level's children, on every frontier's parents' hidden states: a random
-    head's drafts are rarely accepted, so its deeper levels would not show in the tokens).
-    Returns the tokens."""
+    tree round's alone, and so is every round's whole pool of candidates (every level's children,
+    on every frontier's parents' hidden states: a random head's drafts are rarely accepted, so its
+    deeper levels would not show in the tokens). Returns the tokens."""
     assert isinstance(engine.decoder(replace(engine.profile, sampling=work[0][1])).round, TreeRound)
     reference = alone_rounds(engine, work)
     assert any(drafts for _, _, drafts in reference)  # the head drafted
-    if not fates:
-        reference = [(ids, None, drafts) for ids, _, drafts in reference]
     pools = alone_probes(engine, work, lambda rnd: rnd.tree.tokens.tolist())
     assert [ids for ids, _ in pools] == [ids for ids, _, _ in reference]
     for batch in (1, 3, 7):
         got = batched_rounds(engine, batch, work)
         rnd = engine.batch_decoder(batch).round
         assert isinstance(rnd, BatchTreeRound) and isinstance(rnd.drafter, BatchHeadTree)
-        if not fates:
-            got = [(ids, None, drafts) for ids, _, drafts in got]
         assert got == reference, f"batch {batch}"
         assert batched_probes(engine, batch, work, lambda rnd, b: rnd.trees.trees[b].tokens.tolist()) == pools
     return [ids for ids, _, _ in reference]
@@ -106,9 +100,10 @@ def test_gumbel_head_tree_rows_give_each_prompts_target_only_text(headed):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "k%d-w%d-n%d" % s)
 def test_rejection_head_tree_rows_equal_each_prompt_alone(headed, shape):
     """Rejection coupling: sampled rows' drawn children and recursive walks from their own
-    generators, a greedy row's greedy walk, in one batch: each row's tokens and drafts its own."""
+    generators, a greedy row's greedy walk, in one batch: each row's tokens, fates and drafts its
+    own (a drawn child accepted outside the tree, `taken`, is a draft accepted, as alone)."""
     target, whole, _ = headed
     engine = head_tree_engine(target, whole, shape, temperature=0.8, coupling="rejection")
     work = jobs(engine.profile, 7, sampled=True)
     assert engine.decoder(replace(engine.profile, sampling=work[0][1])).round.tree.sampled  # drawn children
-    check(engine, work, fates=False)
+    check(engine, work)

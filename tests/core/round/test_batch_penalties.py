@@ -177,15 +177,11 @@ def test_what_the_batch_was_not_built_with_is_refused(pair):
 def test_penalised_tree_rows_equal_each_prompt_alone(pair, sampling):
     """Token trees (w = 2, n = 5, k = 3; core/round/batch_tree.py): each tree row counts the drafts
     on its path and masks the stop ids by its depth, as the single tree round's rows do, so each
-    prompt's tokens, fates and drafts at B = 2 and 3 are its own alone (rejection coupling: not the
-    fates, where a child drawn outside the tree counts as recovered at batch, as in
-    test_batch_tree.py); the settings change them."""
+    prompt's tokens, fates and drafts at B = 2 and 3 are its own alone; the settings change them."""
     profile = make_profile(*pair, k=3, speculation=dict(tree_width=2, tree_nodes=5), **(PARTS | sampling))
     engine = Engine(profile)
     work = jobs(engine)
     reference = alone_rounds(engine, work)
     check_power(engine, work, [tokens for tokens, *_ in reference])
-    drop = (lambda rounds: [(ids, drafts) for ids, _, drafts in rounds]) if sampling.get("coupling") == "rejection" \
-        else (lambda rounds: rounds)
     for batch in (2, 3):
-        assert drop(batched_rounds(engine, batch, work)) == drop(reference), batch
+        assert batched_rounds(engine, batch, work) == reference, batch

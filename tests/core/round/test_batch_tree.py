@@ -20,7 +20,7 @@ import pytest
 from dataclasses import replace
 
 from batch_helpers import alone_rounds, batched_rounds
-from decode_helpers import make_profile, random_prompts
+from decode_helpers import finish, make_profile, random_prompts
 from specgen.core.engine import Engine, batch_refusal
 from specgen.core.errors import UsageError
 from specgen.core.events import Fate
@@ -53,19 +53,29 @@ def jobs(profile, count: int, sampled: bool) -> list:
     return list(zip(prompts, specs))
 
 
-def check(engine: Engine, work: list, fates: bool = True) -> None:
-    """Every prompt's tokens and every round's counted drafts (and fates) at B = 1, 3, 7 are the
-    tree round's alone. fates: False where a drawn child accepted outside the tree (`taken`)
-    counts as recovered at batch (core/round/batch_tree.py)."""
+def check(engine: Engine, work: list) -> None:
+    """Every prompt's tokens, every round's counted drafts, its fates (a drawn child accepted
+    outside the tree, `taken`, a draft accepted, as alone) and what its trees bought over their
+    chains (the rows' tree statistics: tree rounds, tokens against the chain's, each depth's
+    branch wins) at B = 1, 3, 7 are the tree round's alone."""
     assert isinstance(engine.decoder(replace(engine.profile, sampling=work[0][1])).round, TreeRound)
     reference = alone_rounds(engine, work)
     assert sum(f.count(Fate.ACCEPTED) for _, f, _ in reference) > 0  # the trees' drafts are taken
+    stats = [tree_stats(finish(engine.decoder(replace(engine.profile, sampling=spec)), ids).stats)
+             for ids, spec in work]
+    assert sum(s[0] for s in stats) > 0
     for batch in (1, 3, 7):
-        got = batched_rounds(engine, batch, work)
+        finished = []
+        got = batched_rounds(engine, batch, work, finished)
         assert isinstance(engine.batch_decoder(batch).round, BatchTreeRound)
-        if not fates:
-            got = [(ids, None, drafts) for ids, _, drafts in got]
-        assert got == ([(ids, None, drafts) for ids, _, drafts in reference] if not fates else reference), batch
+        assert [tree_stats(f.stats) for f in finished] == stats, batch
+        assert got == reference, batch
+
+
+def tree_stats(stats) -> tuple:
+    """What a run's trees bought (core/stats.py): tree rounds, their tokens and the chain's inside
+    them, each depth's chain reach and branch wins."""
+    return stats.tree_rounds, stats.tree_emitted, stats.chain_emitted, stats.chain_at, stats.branch_at
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "k%d-w%d-n%d" % s)
@@ -91,7 +101,7 @@ def test_rejection_tree_rows_equal_each_prompt_alone(pair, shape):
     generators, a greedy row's greedy walk, in one batch: each row's tokens and drafts its own."""
     engine = tree_engine(pair, shape, temperature=1.0, coupling="rejection")
     work = jobs(engine.profile, 7, sampled=True)
-    check(engine, work, fates=False)
+    check(engine, work)
 
 
 @pytest.mark.parametrize("coupling", ["gumbel", "rejection"])

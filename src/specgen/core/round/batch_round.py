@@ -596,6 +596,11 @@ class BatchRound:
         (core/round/batch_logprobs.py), as the single round's `rows.last`."""
         return self.target_logits.view(-1, self.width), self.target_params.params, *self.rows.last
 
+    def read_tree(self, staged: list[int]) -> tuple[bool, list[int] | None]:
+        """(whether the row's last token out is a draft accepted, the accepted nodes' ranks) from its
+        staged ids: a chain's last token is never a draft, and it has no ranks."""
+        return False, None
+
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick
         equals it: greedy and Gumbel verification reject it, as if the row had drafted fewer)."""

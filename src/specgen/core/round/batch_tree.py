@@ -46,10 +46,13 @@ depth is short of min_tokens; the drafts' children are scored without them, as a
 The hybrid proposer's trees: core/round/batch_hybrid_tree.py (each row the lookup's trie or the
 model's tree, its own turn).
 
-Not here: tree_nodes auto and merged hybrid trees (engine.batch_refusal refuses them; MTP layers
-draft no batch at all), the tree's insight stage, and `taken` (a drawn
-child accepted outside the tree): the batch's host reads the chain's staged layout, so such a
-token counts as recovered in the row's statistics (its text is the same).
+Each row's staged ids take the tree round's layout (out | drafts | n | taken | ranks): a drawn
+child accepted outside the tree (`taken`) is a draft accepted, and the ranks give each row the
+tree statistics it gets alone (what its trees bought over their chains, core/stats.py).
+
+Not here: merged hybrid trees (engine.batch_refusal refuses them; MTP layers draft no batch at
+all), the tree's insight stage (p, q and entropy per node: inspect-acceptance runs one request),
+and hybrid trees' source statistics (whose nodes the path took).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from specgen.core.round.batch_round import FIELDS, BatchDraftModel, BatchRound, 
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.tree import Tree, TreeStack
 from specgen.core.sampling import noise
+from specgen.core.sampling.bookkeeping import path_ranks
 from specgen.core.sampling.warp import PenaltyRows, WarpParams, exponentials_, uniforms_
 from specgen.core.settings import SamplingSpec
 from specgen.core.step import rows as rowsets
@@ -303,6 +307,8 @@ class BatchTreeRound(BatchRound):
         self.pair_steps = torch.arange(2, **z)  # `pending`'s two columns (k may be 1)
         # [B, k + 1] each row's root and accepted nodes' tree rows (0 past them): its logprobs' rows
         self.path_rows = torch.zeros(batch, k + 1, dtype=torch.long, **z)
+        # per row, the tree round's layout: out (k + 1) | drafts (k) | n | taken | ranks (k)
+        self.stage_ids = torch.zeros(batch, 3 * k + 3, dtype=torch.long, **z)
 
     def _coupling(self, gumbel: bool):
         return BatchTreeGumbel(self) if gumbel else BatchTreeRejection(self)
@@ -358,6 +364,13 @@ class BatchTreeRound(BatchRound):
         self.rows.commit(out, self.active)
         torch.where(self.active, self.positions, self.held[:-1], out=self.positions)
         torch.where(self.active, self.generated, self.held[-1], out=self.generated)
+
+    def read_tree(self, staged: list[int]) -> tuple[bool, list[int]]:
+        """As TreeRound.read_ids and read_ranks read one request's: whether the walk ended on a draw
+        it accepted outside the tree (`taken`: the last token out a draft accepted), and the sibling
+        index of each accepted node (0: the chain's choice)."""
+        k = self.k
+        return staged[2 * k + 2] == 1, [r for r in staged[2 * k + 3:] if r >= 0]
 
     def logprob_rows(self) -> tuple:
         """Each row's root and accepted nodes' target rows, in path order (rows past the path: the
@@ -418,8 +431,18 @@ class BatchTreeRound(BatchRound):
         self.drafter.commit(out, path, emitted)
         # the draft proposed a taken token at its depth (m - 1): shown there is it, not the tree's best
         shown = torch.where((taken[:, None] > 0) & (steps == ahead - 1), out[:, :k], shown)
-        torch.cat([out, shown, self.num_drafts.long()[:, None]], dim=1, out=self.stage_ids)
         self.path_rows[:, 1:].copy_(path)
+        # each accepted node's rank among its siblings, the drawn ones where the row's are drawn (the
+        # tree round's ranks: core/sampling/bookkeeping.py's tree_commit)
+        trees = self.trees
+        drawn = self.drawn_rows & trees.draws
+        hosted = self.drafter.host_rows
+        if hosted is not None:  # a hybrid row verifying its trie: the trie's children
+            drawn = drawn & hosted.logical_not()
+        ranks = path_ranks(self.path_rows, out, emitted, taken, trees["children"], trees["ids"].view(self.batch, -1),
+                           trees["drawn"], drawn)
+        torch.cat([out, shown, self.num_drafts.long()[:, None], taken.long()[:, None], ranks], dim=1,
+                  out=self.stage_ids)
         self.feed[:, :1].copy_(out.gather(1, ahead - 1))
         self.positions[0].add_(emitted)
         self.emitted.copy_(emitted)

@@ -147,6 +147,27 @@ class TreeCommitBuffers:
     draft_slots: torch.Tensor | None = None
 
 
+def path_ranks(rows: torch.Tensor, out: torch.Tensor, emitted: torch.Tensor, taken: torch.Tensor,
+               children: torch.Tensor, tokens: torch.Tensor, drawn: torch.Tensor | None,
+               drawn_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Each accepted node's index among its parent's children, [B, k] (-1 past the accepted
+    nodes): rows [B, k + 1] the root's tree row then the path's; out [B, k + 1] the walk's tokens;
+    emitted, taken [B]; children [B, n + 1, w] and tokens [B, n + 1] the tree's; drawn [B, n + 1, w]
+    the drawn children's tokens (None: no row's are drawn; drawn_rows [B] bool: the rows whose
+    are, None: every row's). A node's token names it: siblings hold distinct tokens."""
+    k = out.shape[1] - 1
+    steps = torch.arange(k, device=out.device)
+    parents = rows[:, :k]  # each depth's parent row (the root first)
+    kids = children.gather(1, parents[:, :, None].expand(-1, -1, children.shape[2]))
+    siblings = torch.where(kids >= 0, tokens.gather(1, kids.clamp(min=0).flatten(1)).view(kids.shape), -1)
+    if drawn is not None:
+        draws = drawn.gather(1, parents[:, :, None].expand(-1, -1, drawn.shape[2]))  # [B, k, w]
+        siblings = draws if drawn_rows is None else torch.where(drawn_rows[:, None, None], draws, siblings)
+    match = (siblings == out[:, :k, None]) & (siblings >= 0)
+    accepted = emitted[:, None] - 1 + taken[:, None]
+    return torch.where(match.any(2) & (steps < accepted), match.int().argmax(2), -1)
+
+
 def tree_commit(b: TreeCommitBuffers) -> None:
     """m = emitted = out's ids >= 0 (an error sentinel makes it garbage, which the host raises on).
     Stages out, shown (where the walk ended on a draw it accepted outside the tree, `taken`, that
@@ -162,18 +183,8 @@ def tree_commit(b: TreeCommitBuffers) -> None:
     last = (emitted - 1).clamp(0, k)[:, None]  # [B, 1]
     taken = b.taken[:, None]
     root = b.feed[:, :1].clone()  # before feed[0] moves
-    # the ranks: each depth's parent row (the root first), its siblings' tokens (-1: none)
     torch.cat([b.path[:, :1] * 0, b.path], dim=1, out=b.rows)
-    parents = b.rows[:, :k]
-    if b.drawn is not None:
-        siblings = b.drawn.gather(1, parents[:, :, None].expand(-1, -1, b.drawn.shape[2]))  # [B, k, w]
-    else:
-        kids = b.children.gather(1, parents[:, :, None].expand(-1, -1, b.children.shape[2]))
-        tokens = b.tokens.gather(1, kids.clamp(min=0).flatten(1)).view(kids.shape)
-        siblings = torch.where(kids >= 0, tokens, -1)
-    match = (siblings == b.out[:, :k, None]) & (siblings >= 0)
-    accepted = emitted[:, None] - 1 + taken
-    ranks = torch.where(match.any(2) & (steps < accepted), match.int().argmax(2), -1)
+    ranks = path_ranks(b.rows, b.out, emitted, b.taken, b.children, b.tokens, b.drawn)
     shown = torch.where((taken > 0) & (steps == emitted[:, None] - 1), b.out[:, :k], b.shown)
     torch.cat([b.out, shown, b.num_drafts.long()[:, None], taken, ranks], dim=1, out=b.stage)
     # the compactions' slots, from the positions before they move
