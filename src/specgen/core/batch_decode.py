@@ -295,8 +295,9 @@ class BatchDecoder:
         kept = accepted if accepted < count else count
         stats = row.stats
         stats.released(now - row.start, count)
-        stats.add_round(used, kept, count, timings, used < budget, budget,
-                        ranks=ranks if ranks is None else ranks[:kept])
+        ranks = ranks if ranks is None else ranks[:kept]
+        stats.add_round(used, kept, count, timings, used < budget, budget, ranks=ranks,
+                        source=self.round.read_source(b, ranks, kept))
         ids += emitted
         if spec.stop:
             row.decoded = len(ids)

@@ -72,17 +72,30 @@ def turns(engine: Engine, work: list) -> dict:
     return total
 
 
-def check(engine: Engine, work: list, part=BatchHybrid) -> None:
+def check(engine: Engine, work: list, part=BatchHybrid) -> list:
     """Both turns are taken alone, and every prompt's tokens, fates and drafts at B = 1, 3, 7 are
-    its own alone."""
+    its own alone, and so are its statistics of whose nodes each tree's path took (returned)."""
     taken = turns(engine, work)
     assert taken["ngram"] > 5 and taken["draft"] > 5, taken
     reference = alone_rounds(engine, work)
     assert sum(fates.count(Fate.ACCEPTED) for _, fates, _ in reference) > 0
+    sources = [source_stats(finish(engine.decoder(replace(engine.profile, sampling=spec)), ids).stats)
+               for ids, spec in work]
     for batch in (1, 3, 7):
         decoder = engine.batch_decoder(batch)
         assert isinstance(decoder.round.drafter, part) and not decoder.pipelined
-        assert batched_rounds(engine, batch, work) == reference, f"batch {batch}"
+        finished = []
+        assert batched_rounds(engine, batch, work, finished) == reference, f"batch {batch}"
+        assert [source_stats(f.stats) for f in finished] == sources, f"batch {batch}"
+    if part is BatchHybridTree:  # tree rounds recorded
+        assert sum(s[0] for s in sources) > 0, sources
+    return sources
+
+
+def source_stats(stats) -> tuple:
+    """Whose nodes a hybrid tree round's path took (core/stats.py; zeros for chains)."""
+    return (stats.source_rounds, stats.merged_rounds, stats.lookup_paths, stats.model_paths, stats.lookup_accepted,
+            stats.model_accepted, stats.lookup_at)
 
 
 @MODELS
@@ -130,7 +143,9 @@ def test_hybrid_tree_rows_equal_each_prompt_alone(models, model, sampling):
     each row's own warp settings, a greedy row among them; penalties: each tree row counting the
     drafts on its path, the trie's or the model's)."""
     engine = hybrid_engine(models, model, k=3, speculation=TREES, **sampling)
-    check(engine, jobs(engine, 8, sampled=bool(sampling)), part=BatchHybridTree)
+    sources = check(engine, jobs(engine, 8, sampled=bool(sampling)), part=BatchHybridTree)
+    if "repetition_penalty" not in sampling:  # paths through the lookup's nodes (penalties steer off them)
+        assert sum(s[2] for s in sources) > 0, sources
 
 
 def test_merged_hybrid_trees_and_mtp_at_batch_are_refused_in_one_line(models):

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from specgen.core.drafters.ngram import TreeLookup
+from specgen.core.drafters.ngram import LookupTree, TreeLookup
 from specgen.core.round.batch_lookup_tree import place_staged
 from specgen.core.round.host_tree import pack_tree, packed_sizes
+from specgen.core.round.tree_stage import path_source
 
 
 class BatchHybridTree:
@@ -57,6 +58,7 @@ class BatchHybridTree:
         self.staged = torch.cat([self.empty, self.empty.new_zeros(1)]).to(rnd.device).repeat(batch, 1)
         self.slots = torch.arange(n + 1, device=rnd.device)  # row r's slot past the prefix (static)
         self.hosted = torch.zeros(batch, dtype=torch.bool, device=rnd.device)  # the rows verifying their trie
+        self.found = [LookupTree() for _ in range(batch)]  # each row's trie of the round in flight (one)
 
     def start(self, b: int, ids: list[int]) -> None:
         """Row b's prompt: the model part's prefill and row b's lookup."""
@@ -70,8 +72,8 @@ class BatchHybridTree:
         """Every row's trie for the next round, up to its budget deep (0: none), and the model's
         budget: one host buffer, one queued copy, the budgets copied from it on the device."""
         rows = []
-        for lookup, budget in zip(self.lookups, budgets):
-            found = lookup.lookup(budget) if budget > 0 else None
+        self.found = [lookup.lookup(budget) if budget > 0 else LookupTree() for lookup, budget in zip(self.lookups, budgets)]
+        for found, budget in zip(self.found, budgets):
             rows.append(torch.cat([pack_tree(found, *self.shape) if found else self.empty, torch.tensor([budget])]))
         self.staged.copy_(self.rnd.staging.put(torch.stack(rows)))
         self.rnd.budget.copy_(self.staged[:, -1])
@@ -99,6 +101,12 @@ class BatchHybridTree:
         """The rows whose tree is deterministic (their trie's): rejection coupling walks their
         siblings (core/round/batch_tree.py's BatchTreeRejection.verify)."""
         return self.hosted
+
+    def read_source(self, b: int, ranks: list[int] | None, accepted: int) -> tuple[str, int]:
+        """Whose nodes row b's accepted path took ("lookup", "model", "none") and its trie's node
+        count: what one request's hybrid tree round records (tree_stage.path_source; the round in
+        flight is the one its trie was proposed for)."""
+        return path_source(ranks or [], accepted, self.found[b])
 
     def reading(self):
         return self.model.reading()

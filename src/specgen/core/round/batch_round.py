@@ -601,6 +601,11 @@ class BatchRound:
         staged ids: a chain's last token is never a draft, and it has no ranks."""
         return False, None
 
+    def read_source(self, b: int, ranks: list[int] | None, accepted: int) -> tuple[str, int] | None:
+        """Whose nodes row b's accepted path took, where a model drafts trees beside a lookup (the
+        hybrid proposer's trees); None otherwise."""
+        return None
+
     def counted_drafts(self) -> torch.Tensor:
         """The drafts [B * k] with those past each row's num_drafts replaced by -1 (no target pick
         equals it: greedy and Gumbel verification reject it, as if the row had drafted fewer)."""

@@ -51,8 +51,8 @@ child accepted outside the tree (`taken`) is a draft accepted, and the ranks giv
 tree statistics it gets alone (what its trees bought over their chains, core/stats.py).
 
 Not here: merged hybrid trees (engine.batch_refusal refuses them; MTP layers draft no batch at
-all), the tree's insight stage (p, q and entropy per node: inspect-acceptance runs one request),
-and hybrid trees' source statistics (whose nodes the path took).
+all) and the tree's insight stage (p, q and entropy per node: inspect-acceptance runs one
+request).
 """
 
 from __future__ import annotations
@@ -371,6 +371,11 @@ class BatchTreeRound(BatchRound):
         index of each accepted node (0: the chain's choice)."""
         k = self.k
         return staged[2 * k + 2] == 1, [r for r in staged[2 * k + 3:] if r >= 0]
+
+    def read_source(self, b: int, ranks: list[int] | None, accepted: int) -> tuple[str, int] | None:
+        """The hybrid part's (its rows verify the lookup's trie or the model's tree: host_rows), else None."""
+        drafter = self.drafter
+        return drafter.read_source(b, ranks, accepted) if drafter.host_rows is not None else None
 
     def logprob_rows(self) -> tuple:
         """Each row's root and accepted nodes' target rows, in path order (rows past the path: the
