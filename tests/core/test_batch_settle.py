@@ -111,7 +111,9 @@ def compare(tokenizer, prompt: list[int], staged: list[list[int]], spec: Samplin
     """each_round: the text caught up after every round (else, without stop strings, the ids wait
     until the row ends, as the batch loop keeps them: _Row.caught_up)."""
     decoder = object.__new__(BatchDecoder)
-    decoder.round = SimpleNamespace(k=K)
+    # a chain round's reads of its staged ids (core/round/batch_round.py: no draft taken, no ranks)
+    decoder.round = SimpleNamespace(k=K, read_tree=lambda staged: (False, None),
+                                    read_source=lambda b, ranks, accepted: None)
     new = _Row(0, spec, None, TextTracker(IncrementalDetokenizer(tokenizer, prompt), spec.stop), 0.0, stop_ids)
     old = SimpleNamespace(spec=spec, stops=stop_ids, text=TextTracker(IncrementalDetokenizer(tokenizer, prompt), spec.stop),
                           out=Output(False), stats=AcceptanceStats(), adaptive=None, budget=0, reason=None, start=0.0)
