@@ -120,6 +120,16 @@ def test_argmax_drafts_and_p_min_rows_equal_each_prompt_alone(pair, coupling, pi
                              for ids, spec in work)
 
 
+def test_argmax_drafts_of_an_all_greedy_batch_equal_each_prompt_alone(pair):
+    """draft_sampling = argmax with every row greedy: the batch verifies greedily and writes no
+    one-hot q (BatchDraftPick.count), each row's tokens and fates as alone."""
+    engine = Engine(make_profile(*pair, k=3, coupling="rejection", speculation=dict(draft_sampling="argmax")))
+    work = jobs(engine.profile, 5, sampled=False)
+    reference = [finish(engine.decoder(replace(engine.profile, sampling=spec)), ids) for ids, spec in work]
+    results = [finished for _, finished in engine.batch_decoder(3).run(work)]
+    assert [(f.token_ids, f.fates) for f in results] == [(f.token_ids, f.fates) for f in reference]
+
+
 def test_argmax_drafts_at_batch_follow_the_target_distribution(pair):
     """χ² as above with the draft's argmax verified as one-hot q (a wrong q would skew it)."""
     from scipy.stats import chisquare

@@ -269,7 +269,8 @@ class BatchDraftPick:
             rnd.ops.count_drafts_rows(rnd.confident, rnd.budget, rnd.limit, rnd.generated, rnd.num_drafts)
             if q is not None and self.races:  # past a row's count: zero
                 q.mul_((rnd.steps < rnd.num_drafts[:, None])[:, :, None])
-        if q is not None and not self.races:
+        # an all-greedy batch verifies greedily (its flags are the captured body's): no q to write
+        if q is not None and not self.races and not rnd.target_params.flags.all_greedy:
             rnd.coupling.one_hot()
 
 
@@ -379,7 +380,7 @@ class BatchRound:
         self.confident = torch.ones(batch, k, dtype=torch.bool, **z)  # each row's draft steps: sure (p_min)
         self.target_logits = torch.full((batch, k + 1, width), float("-inf"), dtype=torch.float32, **z)
         self.draft_logits = torch.full((batch, width), float("-inf"), dtype=torch.float32, **z)
-        self.stage_ids = torch.zeros(batch, 2 * k + 2, dtype=torch.long, **z)  # per row: out | drafts | n
+        self.stage_ids = torch.zeros(batch, self.stage_columns, dtype=torch.long, **z)  # per row: out | drafts | n
         self.staging = Staging(device)  # a refill's host values (ids, warp params), copied without a stall
         # a start's or stop's per-row values, written for every row at once before the next round
         self.starts = RowStarts(batch, device, self.staging, backend)
@@ -435,6 +436,11 @@ class BatchRound:
     def target_rows_per(self) -> int:
         """Each row's rows in the round's target step (a head's tap holds B of them)."""
         return self.k + 1
+
+    @property
+    def stage_columns(self) -> int:
+        """Each row's staged ids, the host's one copy: out (k + 1) | drafts (k) | n."""
+        return 2 * self.k + 2
 
     @property
     def host_drafts(self) -> bool:

@@ -307,8 +307,6 @@ class BatchTreeRound(BatchRound):
         self.pair_steps = torch.arange(2, **z)  # `pending`'s two columns (k may be 1)
         # [B, k + 1] each row's root and accepted nodes' tree rows (0 past them): its logprobs' rows
         self.path_rows = torch.zeros(batch, k + 1, dtype=torch.long, **z)
-        # per row, the tree round's layout: out (k + 1) | drafts (k) | n | taken | ranks (k)
-        self.stage_ids = torch.zeros(batch, 3 * k + 3, dtype=torch.long, **z)
 
     def _coupling(self, gumbel: bool):
         return BatchTreeGumbel(self) if gumbel else BatchTreeRejection(self)
@@ -316,6 +314,11 @@ class BatchTreeRound(BatchRound):
     @property
     def target_rows_per(self) -> int:
         return self.nodes + 1
+
+    @property
+    def stage_columns(self) -> int:
+        """The tree round's layout: out (k + 1) | drafts (k) | n | taken | ranks (k)."""
+        return 3 * self.k + 3
 
     @property
     def reach(self) -> int:
@@ -440,7 +443,7 @@ class BatchTreeRound(BatchRound):
         # each accepted node's rank among its siblings, the drawn ones where the row's are drawn (the
         # tree round's ranks: core/sampling/bookkeeping.py's tree_commit)
         trees = self.trees
-        drawn = self.drawn_rows & trees.draws
+        drawn = trees.draws  # the rows whose children are drawn (BatchTreeRound.start)
         hosted = self.drafter.host_rows
         if hosted is not None:  # a hybrid row verifying its trie: the trie's children
             drawn = drawn & hosted.logical_not()
