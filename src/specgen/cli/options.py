@@ -43,8 +43,8 @@ Proposer = Annotated[Optional[str], _speculation(
 Head = Annotated[Optional[str], _models("--head", help="EAGLE-3 head folder (for --proposer eagle).")]
 K = Annotated[Optional[int], _speculation("--k", help="Draft tokens per round (1..32).")]
 TreeWidth = Annotated[Optional[str], _speculation(
-    "--tree-width", help="Children a draft node may have (1 = a chain; the draft model or ngram; auto: from what "
-    "bench measured).")]
+    "--tree-width", help="Children a draft node may have (1 = a chain; every proposer; auto: from what bench "
+    "measured).")]
 TreeNodes = Annotated[Optional[str], _speculation(
     "--tree-nodes", help="Tokens the target verifies per round besides the root (0 = k; auto: from what "
     "bench measured).")]
