@@ -69,7 +69,7 @@ def bench(
         "--baseline", help="Comma list of target-only, hf, hf-static, hf-assisted.")] = "target-only",
     batch_sizes: Annotated[Optional[str], _sweep(
         "--batch-size", help="Comma list of batch sizes, e.g. 1,4,16: throughput and per-row latency of "
-        "batches, target-only and each k, and where speculation stops paying.")] = None,
+        "batches, target-only and each k and tree shape, and where speculation stops paying.")] = None,
     prompts_file: opt.PromptsFile = None,
     prompts: opt.PromptsAlias = None,
     num_prompts: Annotated[Optional[int], _sweep("--num-prompts", min=1, help="Use the first N prompts.")] = None,
