@@ -7,7 +7,7 @@ import torch
 
 from specgen.core.round.batch_round import FIELDS, RowParams
 from specgen.core.round.row_start import RowStarts
-from specgen.core.round.staging import Staging, _Buffer
+from specgen.core.round.staging import Staging, _Buffer, host_tensor
 from specgen.core.settings import SamplingSpec
 
 SPECS = [
@@ -103,3 +103,30 @@ def test_buffers_of_two_sizes_are_told_apart_by_identity():
     batch 32 with "the size of tensor a (1024) must match the size of tensor b (256)")."""
     small, large = (_Buffer(torch.zeros(n, dtype=torch.uint8), torch.zeros(n, dtype=torch.uint8)) for n in (256, 1024))
     assert [small, large].index(large) == 1 and small != large and small == small
+
+
+VALUES = {
+    torch.int64: [0, 1, -1, torch.iinfo(torch.int64).max, torch.iinfo(torch.int64).min, 123456],
+    torch.int32: [0, 1, -1, torch.iinfo(torch.int32).max, torch.iinfo(torch.int32).min, -98765],
+    torch.float32: [0.0, -0.0, 0.1, 1 / 3, -2.5e-39, 3.4e38, 1e40, float("inf"), float("-inf"), 7],
+    torch.float64: [0.1, 1 / 3, -1e300, float("-inf")],
+    torch.bool: [True, False, True, True],
+}
+
+
+@pytest.mark.parametrize("dtype", list(VALUES), ids=str)
+def test_host_tensor_is_torch_tensors_values(dtype):
+    """host_tensor gives bit for bit what torch.tensor gives for a list (the extremes of an integer
+    dtype; floats rounded to float32, overflowing to inf, a subnormal, -0.0), as a tensor of its
+    own: writing the list afterwards leaves it as it was; an empty list too."""
+    values = list(VALUES[dtype])
+    got, want = host_tensor(values, dtype), torch.tensor(values, dtype=dtype)
+    assert got.dtype == dtype and got.device.type == "cpu"
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    values[0] = values[1]
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(host_tensor([], dtype), torch.tensor([], dtype=dtype))
+
+
+def test_host_tensor_rows_view_as_a_matrix():
+    assert torch.equal(host_tensor(list(range(500))).view(5, -1), torch.arange(500).view(5, -1))

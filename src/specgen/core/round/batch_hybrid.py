@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from specgen.core.drafters.ngram import NgramProposer
+from specgen.core.round.staging import host_tensor
 
 
 class BatchHybrid:
@@ -71,7 +72,7 @@ class BatchHybrid:
         for proposer, budget in zip(self.proposers, budgets):
             tokens = proposer.lookup(budget) if budget > 0 else []
             rows.append(tokens + [0] * (k - len(tokens)) + [len(tokens), budget])
-        self.staged.copy_(self.rnd.staging.put(torch.tensor(rows, dtype=torch.long)))
+        self.staged.copy_(self.rnd.staging.put(host_tensor([v for row in rows for v in row]).view(len(rows), -1)))
         self.rnd.budget.copy_(self.staged[:, k + 1])
 
     def follow(self, b: int, committed: list[int]) -> None:

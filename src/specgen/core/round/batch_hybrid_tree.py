@@ -34,7 +34,8 @@ import torch
 
 from specgen.core.drafters.ngram import LookupTree, TreeLookup
 from specgen.core.round.batch_lookup_tree import place_staged
-from specgen.core.round.host_tree import pack_tree, packed_sizes
+from specgen.core.round.host_tree import pack_lists, packed_sizes
+from specgen.core.round.staging import host_tensor
 from specgen.core.round.tree_stage import path_source
 
 
@@ -53,9 +54,9 @@ class BatchHybridTree:
         self.shape = (k, w, n)
         self.lookups = [TreeLookup(ngram_min, ngram_max, w, n - 1, root_width=w - 1) for _ in range(batch)]
         self.sizes = packed_sizes(k, w, n)
-        self.empty = pack_tree([], k, w, n)  # a row whose lookup found nothing: depth 0, the model's row
+        self.empty = pack_lists([], k, w, n)  # a row whose lookup found nothing: depth 0, the model's row
         # per row: its packed trie, then the model's budget; the root alone until the host sets one
-        self.staged = torch.cat([self.empty, self.empty.new_zeros(1)]).to(rnd.device).repeat(batch, 1)
+        self.staged = host_tensor(self.empty + [0]).to(rnd.device).repeat(batch, 1)
         self.slots = torch.arange(n + 1, device=rnd.device)  # row r's slot past the prefix (static)
         self.hosted = torch.zeros(batch, dtype=torch.bool, device=rnd.device)  # the rows verifying their trie
         self.found = [LookupTree() for _ in range(batch)]  # each row's trie of the round in flight (one)
@@ -71,11 +72,11 @@ class BatchHybridTree:
     def propose(self, budgets: list[int]) -> None:
         """Every row's trie for the next round, up to its budget deep (0: none), and the model's
         budget: one host buffer, one queued copy, the budgets copied from it on the device."""
-        rows = []
         self.found = [lookup.lookup(budget) if budget > 0 else LookupTree() for lookup, budget in zip(self.lookups, budgets)]
+        flat = []
         for found, budget in zip(self.found, budgets):
-            rows.append(torch.cat([pack_tree(found, *self.shape) if found else self.empty, torch.tensor([budget])]))
-        self.staged.copy_(self.rnd.staging.put(torch.stack(rows)))
+            flat += (pack_lists(found, *self.shape) if found else self.empty) + [budget]
+        self.staged.copy_(self.rnd.staging.put(host_tensor(flat).view(len(budgets), -1)))
         self.rnd.budget.copy_(self.staged[:, -1])
 
     def follow(self, b: int, committed: list[int]) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import torch
 
 from specgen.core.drafters.ngram import NgramProposer
+from specgen.core.round.staging import host_tensor
 
 
 class BatchLookup:
@@ -58,7 +59,7 @@ class BatchLookup:
         for proposer, budget in zip(self.proposers, budgets):
             tokens = proposer.lookup(budget) if budget > 0 else []
             rows.append(tokens + [0] * (k - len(tokens)) + [len(tokens)])
-        self.staged.copy_(self.rnd.staging.put(torch.tensor(rows, dtype=torch.long)))
+        self.staged.copy_(self.rnd.staging.put(host_tensor([v for row in rows for v in row]).view(len(rows), -1)))
 
     def follow(self, b: int, committed: list[int]) -> None:
         """Row b's committed tokens of a round, which its next lookup reads."""

@@ -35,7 +35,8 @@ import contextlib
 import torch
 
 from specgen.core.drafters.ngram import TreeLookup
-from specgen.core.round.host_tree import pack_tree, packed_sizes
+from specgen.core.round.host_tree import pack_lists, packed_sizes
+from specgen.core.round.staging import host_tensor
 
 
 class BatchLookupTree:
@@ -52,10 +53,10 @@ class BatchLookupTree:
         self.rnd, self.shape = rnd, (k, w, n)
         self.lookups = [TreeLookup(ngram_min, ngram_max, w, n) for _ in range(batch)]
         self.sizes = packed_sizes(k, w, n)
-        self.empty = pack_tree([], k, w, n)  # the root alone (host): a row that found nothing
+        self.empty = pack_lists([], k, w, n)  # the root alone (host): a row that found nothing
         # per row: its packed tree; written by the host in one copy before each round. The root
         # alone until then: a capture's warm-ups run the body first, and zeros are no tree
-        self.staged = self.empty.to(rnd.device).repeat(batch, 1)
+        self.staged = host_tensor(self.empty).to(rnd.device).repeat(batch, 1)
         self.slots = torch.arange(n + 1, device=rnd.device)  # row r's slot past the prefix (static)
 
     def start(self, b: int, ids: list[int]) -> None:
@@ -69,9 +70,10 @@ class BatchLookupTree:
     def propose(self, budgets: list[int]) -> None:
         """Every row's tree for the next round, up to its budget deep (0: a free row's, the root
         alone), from its lookup: one host buffer, one queued copy to the device."""
-        rows = [pack_tree(lookup.lookup(budget), *self.shape) if budget > 0 else self.empty
-                for lookup, budget in zip(self.lookups, budgets)]
-        self.staged.copy_(self.rnd.staging.put(torch.stack(rows)))
+        flat = []
+        for lookup, budget in zip(self.lookups, budgets):
+            flat += pack_lists(lookup.lookup(budget), *self.shape) if budget > 0 else self.empty
+        self.staged.copy_(self.rnd.staging.put(host_tensor(flat).view(len(budgets), -1)))
 
     def follow(self, b: int, committed: list[int]) -> None:
         """Row b's committed tokens of a round, which its next lookup reads."""

@@ -69,7 +69,7 @@ from specgen.core.round.batch_rows import BatchLogitsRows, BatchMinTokens, Batch
 from specgen.core.round.drafters import draft_spec
 from specgen.core.round.row_start import RowStarts, int_bits
 from specgen.core.round.rows import Padding
-from specgen.core.round.staging import Staging
+from specgen.core.round.staging import Staging, host_tensor
 from specgen.core.sampling import noise
 from specgen.core.sampling.bookkeeping import CommitBuffers
 from specgen.core.sampling.warp import WarpFlags, WarpParams, exponentials_, logprobs_from_logits, uniforms_
@@ -512,7 +512,7 @@ class BatchRound:
         if self.host_drafts:
             self.drafter.propose(budgets)
         else:
-            self.budget.copy_(torch.tensor(budgets, dtype=torch.int32))
+            self.budget.copy_(self.staging.put(host_tensor(budgets, torch.int32)))
 
     def follow(self, b: int, committed: list[int]) -> None:
         """Row b's tokens of a round it goes on after, for a drafter that drafts on the host."""

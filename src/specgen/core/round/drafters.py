@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from specgen.core.round.staging import host_tensor
 from specgen.core.sampling.warp import logprobs_from_logits
 from specgen.core.settings import SamplingSpec
 
@@ -134,7 +135,7 @@ class HostLookup:
 
     def set_drafts(self, tokens: list[int]) -> None:
         if tokens:
-            self.rnd.drafts[: len(tokens)].copy_(torch.tensor(tokens, dtype=torch.long), non_blocking=True)
+            self.rnd.drafts[: len(tokens)].copy_(host_tensor(tokens), non_blocking=True)
         self.rnd.budget.fill_(len(tokens))
 
     def prefill(self, ids: list[int]) -> None:

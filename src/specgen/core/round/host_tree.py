@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from specgen.core.drafters.ngram import LookupTree
+from specgen.core.round.staging import host_tensor
 from specgen.core.round.tree import Tree
 
 
@@ -133,12 +134,16 @@ def packed_sizes(k: int, w: int, n: int) -> list[int]:
 
 def pack_tree(drafted: LookupTree | list, k: int, w: int, n: int) -> torch.Tensor:
     """A lookup's tree (an empty one: [] too) in an envelope of depth k, width w and n nodes, as
-    one int64 host tensor of packed_sizes' parts: what HostTree stages, and each row of the
-    batch's (core/round/batch_lookup_tree.py). Lists, then one tensor: the host runs this between
-    a round's sync and the next launch, where the target waits on it, and core/step/rows.tree's
-    torch ops cost 0.3-0.4 ms a round on an H200 machine's host (142 us on a 2-core VM) for what
-    these loops do in 25 us (its depths and tails are what rows.tree gives this tree at start 0:
-    tests/core/round/test_host_tree.py)."""
+    one int64 host tensor of packed_sizes' parts: what HostTree stages."""
+    return host_tensor(pack_lists(drafted, k, w, n))
+
+
+def pack_lists(drafted: LookupTree | list, k: int, w: int, n: int) -> list[int]:
+    """pack_tree's values as a list: a batch's rows (core/round/batch_lookup_tree.py) join theirs
+    into one host tensor. Lists, then one tensor: the host runs this between a round's sync and the
+    next launch, where the target waits on it, and core/step/rows.tree's torch ops cost 0.3-0.4 ms
+    a round on an H200 machine's host (142 us on a 2-core VM) for what these loops do in 25 us (its
+    depths and tails are what rows.tree gives this tree at start 0: tests/core/round/test_host_tree.py)."""
     tokens, parents = (drafted.tokens, drafted.parents) if drafted else ([], [])
     m = len(tokens)
     if m > n or len(parents) != m:
@@ -162,4 +167,4 @@ def pack_tree(drafted: LookupTree | list, k: int, w: int, n: int) -> torch.Tenso
     tails = [slot for path in paths for slot in path + path[-1:] * (k + 1 - len(path))]  # padded with itself
     ids = list(tokens) + [0] * (n - m)
     positions = [d - 1 for d in depth]
-    return torch.tensor(ids + rows + children + depth + positions + tails + [deepest])
+    return ids + rows + children + depth + positions + tails + [deepest]

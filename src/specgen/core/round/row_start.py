@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specgen.core.round.staging import host_tensor
+
 # sections of the record, widest first: every section starts aligned for its dtype
 DTYPES = (torch.int64, torch.float32, torch.int32, torch.bool)
 
@@ -95,8 +97,8 @@ class RowStarts:
                 sections[field.dtype][at: at + field.width] = row
                 mask[b * len(self.fields) + field.index] = True
         self.pending.clear()
-        parts = [torch.tensor(sections[dtype], dtype=dtype).view(torch.uint8) for dtype in widths]
-        parts.append(torch.tensor(mask, dtype=torch.bool).view(torch.uint8))
+        parts = [host_tensor(sections[dtype], dtype).view(torch.uint8) for dtype in widths]
+        parts.append(host_tensor(mask, torch.bool).view(torch.uint8))
         with torch.inference_mode(False):
             self.record.copy_(self.staging.put(torch.cat(parts)))
         self._apply()
