@@ -68,11 +68,11 @@ class BatchHybrid:
         model's budget: one host buffer, one queued copy, then the model's budgets from it on the
         device (count_drafts_rows reads them before the body drafts)."""
         k = self.rnd.k
-        rows = []
+        flat = []
         for proposer, budget in zip(self.proposers, budgets):
             tokens = proposer.lookup(budget) if budget > 0 else []
-            rows.append(tokens + [0] * (k - len(tokens)) + [len(tokens), budget])
-        self.staged.copy_(self.rnd.staging.put(host_tensor([v for row in rows for v in row]).view(len(rows), -1)))
+            flat += tokens + [0] * (k - len(tokens)) + [len(tokens), budget]
+        self.staged.copy_(self.rnd.staging.put(host_tensor(flat).view(len(budgets), -1)))
         self.rnd.budget.copy_(self.staged[:, k + 1])
 
     def follow(self, b: int, committed: list[int]) -> None:

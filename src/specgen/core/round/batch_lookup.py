@@ -55,11 +55,11 @@ class BatchLookup:
         """Every row's drafts for the next round, up to its budget (0: a free row drafts nothing),
         from its proposer, and its count: one host buffer, one queued copy to the device."""
         k = self.rnd.k
-        rows = []
+        flat = []
         for proposer, budget in zip(self.proposers, budgets):
             tokens = proposer.lookup(budget) if budget > 0 else []
-            rows.append(tokens + [0] * (k - len(tokens)) + [len(tokens)])
-        self.staged.copy_(self.rnd.staging.put(host_tensor([v for row in rows for v in row]).view(len(rows), -1)))
+            flat += tokens + [0] * (k - len(tokens)) + [len(tokens)]
+        self.staged.copy_(self.rnd.staging.put(host_tensor(flat).view(len(budgets), -1)))
 
     def follow(self, b: int, committed: list[int]) -> None:
         """Row b's committed tokens of a round, which its next lookup reads."""
