@@ -494,9 +494,10 @@ SHARED_TILE_CASES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _
     # splits of 128 keys (4160 slots): tails across a block boundary inside a split (192) and across
     # a split boundary (256); a window reaching back over a block boundary; rotary
     "blocks-in-splits": (4, 1, [190, 254], (8, 2, 6, 0, 4160, 70, 0.0, True)),
-    # group 2, 30 tokens: four shared tiles, so shared programs of 3 tiles and of 1 (attention.SHARED_TILES);
-    # two splits wholly before the start, rotary
-    "group2-four-tiles": (4, 2, [130], (30, 3, 5, 0, 192, 0, 0.0, True)),
+    # group 2, 30 tokens: four shared tiles, rotary; the first sequence has two splits wholly before
+    # its start (a shared program a tile: attention.ONE_TILE_SPLITS), the second four (programs of
+    # 3 tiles and of 1: attention.SHARED_TILES)
+    "group2-four-tiles": (4, 2, [130, 260], (30, 3, 5, 0, 320, 0, 0.0, True)),
     # group 80 > 64 rows: a token's heads over two tiles (64 + 16 rows), one token a tile
     "group80": (80, 1, [62], (5, 2, 4, 0, 128, 0, 1.0, True)),
 }
@@ -508,6 +509,8 @@ def test_tree_tiles_of_several_tokens_keep_each_nodes_bits(name):
     agrees with the reference."""
     heads, kv_heads, starts, case = SHARED_TILE_CASES[name]
     window, softcap = case[5], case[6]
+    if name == "group2-four-tiles":  # the splits before each start: one program a tile, then groups
+        assert starts[0] // attention.SPLIT_KEYS <= attention.ONE_TILE_SPLITS < starts[1] // attention.SPLIT_KEYS
     rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=5, heads=heads, kv_heads=kv_heads,
                                                   starts=starts)
     _assert_nodes_equal_one_token_steps(rows, query, key, value, extra, window, softcap)
@@ -522,14 +525,14 @@ def test_tree_tiles_of_several_tokens_keep_each_nodes_bits(name):
 def test_tree_tiles_keep_each_nodes_bits_on_gpu(shape):
     """Tensor-core products at real widths, bf16: a 33-node tree verification (Llama-3-8B's
     attention: 32 heads, 8 KV heads, 4 tokens a tile; Gemma-2-9B's: head dim 256, key blocks of 32,
-    a window and soft-capping), two sequences of their own starts over a 2048-slot cache (32 or 64
-    splits; tails across a split and a block boundary), every node torch.equal to its one-token
+    a window and soft-capping), three sequences of their own starts over a 2048-slot cache (32 or 64
+    splits; tails across a split and a block boundary; shared programs of one tile and of several), every node torch.equal to its one-token
     step on its path, and near the reference."""
     heads, kv_heads, dim, window, softcap, rope = {"llama-3-8b": (32, 8, 128, 0, 0.0, False),
                                                    "llama-3-8b-rope": (32, 8, 128, 0, 0.0, True),
                                                    "gemma-2-9b": (16, 8, 256, 300, 50.0, True)}[shape]
     case = (33, 4, 6, 0, 2048, window, softcap, rope)
-    args = dict(heads=heads, kv_heads=kv_heads, starts=[1022, 381], dim=dim)
+    args = dict(heads=heads, kv_heads=kv_heads, starts=[1022, 381, 126], dim=dim)
     rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=7, **args)
     _assert_nodes_equal_one_token_steps(rows, query, key, value, extra, window, softcap)
     start, tail, depth = _paths(rows)

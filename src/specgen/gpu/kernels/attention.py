@@ -26,7 +26,8 @@ slots in path order, `tail` and `depth`): each row walks logical keys, the prefi
 then its tail gathered, key j at position j. The splits wholly before the one holding the start hold
 the same keys for every row of a sequence: there shared programs take tiles of several tokens'
 heads, token-major as a chain's (where a token's heads fill more than a tile, each token takes whole
-tiles), and load each key block once for the whole tile. From the split holding the start on, each
+tiles), and load each key block once for the whole tile: SHARED_TILES tiles one after another, or
+one while a sequence has few such splits (ONE_TILE_SPLITS). From the split holding the start on, each
 token has programs of its own (its heads laid out as a one-token chain step's), over the few splits
 its path can reach, walking the blocks from where its one-token step's walk starts (its window) to
 its last key. So a tree node visits its path's keys in the order, blocks and splits of a one-token
@@ -90,6 +91,14 @@ MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
 # A tree's shared programs (see the kernel) take this many tiles each, one after another, over the
 # same keys: the tiles re-read each key block from L1/L2 rather than from a program of their own.
 SHARED_TILES = 3
+# ... except while a sequence's start lies in one of its first ONE_TILE_SPLITS + 1 splits: then its
+# few shared splits take a program a tile, which fit in the programs the grid holds for SHARED_TILES.
+# Why: with few shared splits the shared programs of 3 tiles were the launch's longest. H200, Llama-
+# 3.1-8B shapes, 32 tree rows in a 1,024-slot cache, split kernel us a layer after 100 / 160 / 250 /
+# 320 / 900 tokens: 14.8 / 15.9 / 17.0 / 17.2 / 23.7 with programs of 3 tiles alone, 10.7 / 11.2 /
+# 14.5 / 16.5 / 23.6 with this (trees.json `one-tile-2026-11-30`); with 4 or more shared splits, programs
+# of one tile outnumber what the SMs hold at once, and gain nothing.
+ONE_TILE_SPLITS = 3
 # A tree's split kernel is capped at this many registers a thread: 3 programs an SM instead of 2
 # (168 registers and 24 bytes spilled against 193; sm_90, Triton 3.6). On an H200, Llama-3.1-8B
 # shapes, 33 rows after 1,000 tokens: 33.5 -> 28.4 us a layer; 128 (4 an SM, 120 bytes spilled)
@@ -162,9 +171,12 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         # hold its path: positions start .. start + T - 1 span at most `span` splits
         per_token = triton.cdiv(group, block_m)
         span = 1 + triton.cdiv(max(tail.shape[2] - 1, 0), split_keys)
-        grid = (batch * kv_heads, triton.cdiv(tiles, SHARED_TILES) * splits + tokens * per_token * span, 1)
+        # room for either layout of the shared programs (the kernel picks one per sequence)
+        shared_programs = max(triton.cdiv(tiles, SHARED_TILES) * splits, tiles * min(ONE_TILE_SPLITS, splits))
+        grid = (batch * kv_heads, shared_programs + tokens * per_token * span, 1)
     else:
         per_token = span = 1
+        shared_programs = 0
         grid = (batch * kv_heads, tiles, splits)
     if rope is None:
         k_new = v_new = cos = sin = query  # unused
@@ -187,12 +199,14 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     _split_kernel[grid](
         query, key, value, starts, tail, depth, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides, start_stride, *tail_strides,
-        kv_heads, group, tokens, dim, capacity, pitch, tiles, per_token, span, scale if softcap else scale * LOG2E.value,
+        kv_heads, group, tokens, dim, capacity, pitch, tiles, shared_programs, triton.cdiv(tiles, SHARED_TILES),
+        per_token, span,
+        scale if softcap else scale * LOG2E.value,
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
         BLOCK_T=max(16, triton.next_power_of_2(max(tokens, tail.shape[2] if gathered else 0))),
-        SHARED_TILES=SHARED_TILES, DEPENDENT=dependent, num_warps=4,
+        SHARED_TILES=SHARED_TILES, ONE_TILE_SPLITS=ONE_TILE_SPLITS, DEPENDENT=dependent, num_warps=4,
         **({"maxnreg": TREE_REGISTERS} if gathered else {}), **launch_options(dependent),
     )
     if splits > 1:
@@ -233,14 +247,16 @@ def _split_kernel(
     stb, stt, sdb, sdt,
     kv_heads, group, tokens, dim, capacity,
     pitch,  # TAIL: rows per token in a shared tile (group, or whole tiles where group > BLOCK_M)
-    tiles,  # TAIL: shared tiles (the grid's second axis: their programs x SPLITS, then the tokens')
+    tiles,  # TAIL: shared tiles
+    shared_programs,  # TAIL: the grid's second axis holds these shared programs, then the tokens' own
+    shared_groups,  # TAIL: a split's shared programs of SHARED_TILES tiles
     per_token,  # TAIL: a token's programs a split (its heads over BLOCK_M rows each)
     span,  # TAIL: splits a token's programs cover from the one holding the start
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
     ROPE: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_T: tl.constexpr, SHARED_TILES: tl.constexpr, DEPENDENT: tl.constexpr,
+    BLOCK_T: tl.constexpr, SHARED_TILES: tl.constexpr, ONE_TILE_SPLITS: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     wait_previous(DEPENDENT)  # first, in every program: gpu/kernels/dependent.py
     bkv = tl.program_id(0)
@@ -256,19 +272,24 @@ def _split_kernel(
         # gathered. Why not every token of a shared tile walking its own blocks in turn: in the split
         # holding the start, a tile of 4 tokens then made 4 dependent passes (Llama-3.1-8B shapes,
         # H200, a 33-row tree after 1,000 tokens: 64 us a layer against 39 with own programs).
+        # Shared programs split-major (a split's tile groups, then the next split's), so that the
+        # live ones, the splits before the start's, are the first on the grid; a group is one tile
+        # while the sequence's shared splits are few (ONE_TILE_SPLITS), else SHARED_TILES (the
+        # host's shared_groups a split). Which program computes a tile never changes its bits.
         work = tl.program_id(1)
-        own = work - tl.cdiv(tiles, SHARED_TILES) * SPLITS  # < 0: a shared program
+        own = work - shared_programs  # < 0: a shared program
         shared = own < 0
         own = tl.maximum(own, 0)
         token = own // (per_token * span)  # an own program's token
         piece = (own // span) % per_token  # and which BLOCK_M of its heads
         start_split = prefix // SPLIT_KEYS
-        split = tl.where(shared, work % SPLITS, start_split + own % span)
-        first_tile = tl.where(shared, (work // SPLITS) * SHARED_TILES, 0)
-        end_tile = tl.where(shared, tl.minimum(first_tile + SHARED_TILES, tiles), 1)
+        one_tile = start_split <= ONE_TILE_SPLITS
+        groups = tl.where(one_tile, tiles, shared_groups)  # a split's shared programs
+        own_split = start_split + own % span
         at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
-        # a shared program past the start's split, an own one past its token's last key or the cache
-        idle = tl.where(shared, split >= start_split, (split * SPLIT_KEYS > at_token) | (split >= SPLITS))
+        # a shared program past the live ones, an own one past its token's last key or the cache
+        # (decided before the divisions below: most programs are idle, and exit at once)
+        idle = tl.where(shared, work >= groups * start_split, (own_split * SPLIT_KEYS > at_token) | (own_split >= SPLITS))
     else:
         split = tl.program_id(2)
         shared = False
@@ -287,10 +308,15 @@ def _split_kernel(
         if ROPE:
             reach = tl.maximum(reach, prefix + tokens - 1)
         idle = split * SPLIT_KEYS > reach
-    split_lo = (split * SPLIT_KEYS).to(tl.int64)
     if idle:
         release_next(DEPENDENT)  # every program releases (gpu/kernels/dependent.py)
         return
+    if TAIL:
+        split = tl.where(shared, work // groups, own_split)
+        group_tiles = tl.where(one_tile, 1, SHARED_TILES)
+        first_tile = tl.where(shared, (work % groups) * group_tiles, 0)
+        end_tile = tl.where(shared, tl.minimum(first_tile + group_tiles, tiles), 1)
+    split_lo = (split * SPLIT_KEYS).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
     if ROPE:
