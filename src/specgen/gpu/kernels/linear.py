@@ -71,6 +71,8 @@ ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2, "gelu_tanh": 2}  # HF hidden_a
 # Rows one matrix-vector program computes one after another (its weights loaded once from memory):
 # a verification's k + 1 rows in one program per column block, a prefill chunk in a few.
 GEMV_ROWS = 8
+# Columns a program at least takes in the Triton interpreter (CPU tests): see run()
+INTERPRETED_COLUMNS = 128
 # sm_90's shared memory a block may take (227 KiB): the table's configurations are tuned for 16-bit
 # weights; a float32 model's tiles are twice as large and may need fewer pipeline stages to fit.
 SHARED_BYTES = 232448
@@ -168,6 +170,11 @@ def run(x, weight, up, bias, act, config, counters, residual, dependent, tile: i
         # there the configuration's BLOCK_K stays (a tensor core's sums do not depend on it, which
         # the cuda tests check)
         block_k = block_k if INTERPRETED else launch_k
+    if INTERPRETED:
+        # The interpreter's time is per program and operation, not per element: a call's columns in
+        # a few programs (INTERPRETED_COLUMNS each) rather than the GPU's narrow blocks. A row's sums
+        # run over K alone, in the same pieces and order whatever the block's columns.
+        block_n = max(block_n, min(INTERPRETED_COLUMNS, triton.next_power_of_2(n)))
     # float32 models (the bench's float32 check, tests) keep 16-row tiles: their products do not use
     # tensor cores, so taller tiles buy little, and their stages' shared memory was measured at 16 rows
     block_m = tile or (tile_rows(rows) if x.element_size() <= 2 else DOT_ROWS)
