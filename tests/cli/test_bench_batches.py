@@ -199,10 +199,10 @@ def test_batch_bench_table(cli, tiny):
 
 @pytest.mark.parametrize("args, message", [
     (["--batch-size", "0"], "each batch size must be from 1 to 256"),
-    (["--batch-size", "2", "--proposer", "ngram"], "measures one proposer, draft or eagle, against target-only, "
-                                                   "not ngram"),
-    (["--batch-size", "2", "--proposer", "draft,ngram"], "measures one proposer, draft or eagle, against "
-                                                         "target-only, not draft,ngram"),
+    (["--batch-size", "2", "--proposer", "draft,ngram"], "measures one proposer (draft, eagle, ngram, hybrid) "
+                                                         "against target-only, not draft,ngram"),
+    (["--batch-size", "2", "--proposer", "mtp"], "measures one proposer (draft, eagle, ngram, hybrid) against "
+                                                 "target-only, not mtp"),
     (["--batch-size", "2", "--records"], "--batch-size takes no --records"),
 ])
 def test_what_a_batch_bench_cannot_take_is_one_line(cli, tiny, args, message):
@@ -243,3 +243,40 @@ def test_batch_bench_with_an_eagle_head(cli, tiny, head, tmp_path):
                          "--k", "2", "--max-tokens", "4", "--warmup", "0", "-n", "2")
     assert code == 0, err
     assert " · batches · eagle · " in out and "k=2" in out
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "hybrid"])
+def test_batch_bench_of_prompt_lookup(cli, tiny, tmp_path, proposer):
+    """--proposer ngram or hybrid: every speculative run drafts with it; a lookup streams nothing to
+    draft (its floor's draft part 0), hybrid's floor is its draft model's; the rows kept for
+    batch_size auto are the proposer's, and a run of it reads them."""
+    from dataclasses import replace
+
+    from specgen.core import measured
+    from specgen.core.engine import Engine
+    from specgen.core.profile import load_profile
+
+    facts = tmp_path / "facts"
+    own = write_profile(tmp_path / "own.toml", *pair_of(tiny), runtime={"threads": 1, "measured": str(facts)})
+    code, out, err = cli("bench", "-p", own, "--proposer", proposer, "--batch-size", "1,3", "--k", "2",
+                         "--max-tokens", "5", "--warmup", "0", "--format", "json", "-q")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["proposer"] == proposer and doc["pair"]["head"] is None and not doc["incomplete"]
+    assert [(r["batch_size"], r["proposer"], r["k"]) for r in doc["results"]] == [
+        (1, "none", 0), (1, proposer, 2), (3, "none", 0), (3, proposer, 2)]
+    streamed = doc["floor"]["streamed_bytes"]
+    for r in doc["results"]:
+        assert r["tokens"] == 5 * len(PROMPTS) and r["tokens_per_second"] > 0
+        if r["k"] and proposer == "ngram":
+            assert r["round_floor_bytes"]["draft"] == 0 and streamed["draft"] is None
+        elif r["k"]:
+            assert r["round_floor_bytes"]["draft"] > 2 * streamed["draft"]
+    kept = next(iter(measured.load_batches(str(facts)).values()))
+    assert sorted((r["proposer"], r["batch_size"], r["k"]) for r in kept) == sorted([
+        ("none", 1, 0), ("none", 3, 0), (proposer, 1, 2), (proposer, 3, 2)])
+    profile = load_profile(own)
+    profile = replace(profile, proposer=replace(profile.proposer, kind=proposer),
+                      runtime=replace(profile.runtime, batch_size="auto"))
+    choice = Engine(profile).resolve_batch(profile, 8, 20)
+    assert choice.measured, choice.reason  # from the rows just kept, not "nothing measured"

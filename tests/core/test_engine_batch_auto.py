@@ -122,13 +122,20 @@ def test_auto_is_batch_one_where_batches_cannot_run(pair, tmp_path):
                              "lookup's trie or the model's tree), not always")
 
 
-def test_auto_with_hybrid_is_batch_one_and_says_why(pair, tmp_path):
-    """bench --batch-size measures the draft model's and heads' batches: nothing to choose hybrid's B from."""
+def test_auto_with_hybrid_reads_hybrids_rows_of_its_model(pair, tmp_path):
+    """hybrid's rows (bench --batch-size --proposer hybrid) are its model's: a hybrid run with the
+    draft model reads none of hybrid's rows measured with an EAGLE-3 head."""
     engine = Engine(profile_of(pair, tmp_path, kind="hybrid"))
-    choice = engine.resolve_batch(engine.profile, *WORK)
-    assert (choice.batch, choice.measured) == (1, False)
-    assert choice.reason == ("batch 1: bench --batch-size measures the draft model's and EAGLE-3 heads' batches, "
-                             "not hybrid's")
+    nothing = engine.resolve_batch(engine.profile, *WORK)
+    assert (nothing.batch, nothing.measured) == (1, False)
+    assert nothing.reason.startswith("nothing measured for target + draft on ")
+    keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 2): 90}, proposer="hybrid", head="some/head")
+    engine = Engine(profile_of(pair, tmp_path, kind="hybrid"))
+    assert engine.resolve_batch(engine.profile, *WORK).measured is False  # a head's hybrid rows, not this run's
+    keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 3): 95})  # the draft proposer's: not hybrid's
+    keep(engine, tmp_path, {(1, 0): 10, (1, 2): 30, (4, 0): 50, (4, 2): 90}, proposer="hybrid")
+    choice = Engine(profile_of(pair, tmp_path, kind="hybrid")).resolve_batch(engine.profile, *WORK)
+    assert (choice.batch, choice.speculate, choice.k, choice.measured) == (4, True, 2, True)
 
 
 def test_a_run_reserves_its_caches_before_the_first_prompt(pair, tmp_path):

@@ -31,7 +31,7 @@ from specgen.core.bench.bench_plan import shape_label
 
 # the proposers a batch bench drafts with, one a run: core/bench/batches.PROPOSERS (not imported
 # here: torch loads with the models, after the options are checked)
-BATCH_PROPOSERS = ("draft", "eagle")
+BATCH_PROPOSERS = ("draft", "eagle", "ngram", "hybrid")
 
 
 class Format(str, enum.Enum):
@@ -171,9 +171,9 @@ def parse_batch_sizes(text: str, plan, records: bool) -> tuple[int, ...]:
     if not all(1 <= size <= 256 for size in sizes):
         raise UsageError(f"--batch-size {text}: each batch size must be from 1 to 256", hint="e.g. --batch-size 1,4,16")
     if len(plan.proposers) != 1 or plan.proposers[0] not in BATCH_PROPOSERS:
-        raise UsageError(f"--batch-size measures one proposer, {' or '.join(BATCH_PROPOSERS)}, against target-only, "
+        raise UsageError(f"--batch-size measures one proposer ({', '.join(BATCH_PROPOSERS)}) against target-only, "
                          f"not {','.join(plan.proposers)}",
-                         hint="--proposer draft or --proposer eagle; other proposers in a run without --batch-size")
+                         hint="one --proposer a run, e.g. --proposer draft; mtp in a run without --batch-size")
     if records:
         raise UsageError("--batch-size takes no --records", hint="drop --records, or --batch-size")
     if 0 in plan.ks:
@@ -185,7 +185,7 @@ def parse_batch_sizes(text: str, plan, records: bool) -> tuple[int, ...]:
 def batch_bench(settings_for, prompts: list[str], plan, sizes: tuple[int, ...], encoding, allow_pickle: bool,
                 quiet: bool, output_format: Format) -> None:
     """Batches at each size (core/bench/batches.py), at the sweep's first temperature, each with
-    the profile's coupling, drafted by the plan's one proposer (draft or eagle); the JSON document
+    the profile's coupling, drafted by the plan's one proposer (BATCH_PROPOSERS); the JSON document
     or the table, as bench prints its own."""
     from specgen.cli.loading import collector_paused, load_engine
 

@@ -3,8 +3,9 @@
 never from guesses.
 
 Facts: the batch bench's rows, one per (batch size B, k, tree shape) it ran at a sampling regime, k
-0 being target-only (a chain of k: tree_width 1), each labelled by the proposer that drafted it (draft or eagle; none target-only: a
-run reads its own proposer's rows and target-only's), each with its total tokens per second
+0 being target-only (a chain of k: tree_width 1), each labelled by the proposer that drafted it
+(draft, eagle, ngram, hybrid; none target-only: a run reads its own proposer's rows and
+target-only's), each with its total tokens per second
 (every prompt's tokens over the run's wall seconds). Per B the bench's recommendation
 (`recommend`, the one `specgen bench --batch-size` prints) says whether speculation pays there (its
 best run's tokens/s is not below target-only's) and at which k and tree shape; B's rate is the
@@ -108,7 +109,7 @@ def memory_rows(free_bytes: int, row_bytes: int, share: float = MEMORY_SHARE) ->
 def choose(rows: list[dict], proposer: str, prompts: int, rows_fit: int | None, where: str = "",
            memory: str = "") -> BatchChoice:
     """B for `prompts` prompts from `rows` (one regime's batch rows: tree_cost.regime). proposer:
-    the profile's (draft or eagle: its rows and target-only's; none: target-only rows only).
+    the profile's (a proposer: its rows and target-only's; none: target-only rows only).
     rows_fit: the rows memory holds (None: not capped); where, memory: the facts' and the memory
     cap's descriptions, for the reason."""
     if prompts <= 1:

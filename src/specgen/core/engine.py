@@ -32,12 +32,6 @@ from specgen.core.batch_cost import BatchChoice
 from specgen.core.settings import AUTO, TREE_DRAFTERS, TREE_PROPOSERS, Profile
 from specgen.core.tree_cost import TreeChoice, choose, regime
 
-# what bench --batch-size cannot measure: auto has no rows to choose from for these proposers
-BENCH_UNMEASURED = {"ngram": "bench --batch-size measures the draft model's and EAGLE-3 heads' batches, "
-                              "not prompt lookup's",
-                    "hybrid": "bench --batch-size measures the draft model's and EAGLE-3 heads' batches, "
-                              "not hybrid's"}
-
 PROMPT_ROOM = 512  # prompt positions allocated at start-up; runners grow their caches beyond
 
 
@@ -256,8 +250,6 @@ class Engine:
             refusal = "need specgen's own model step, and this pair runs on transformers"
         if refusal:
             return BatchChoice(1, reason=f"batch 1: batches {refusal}")
-        if profile.proposer.kind in BENCH_UNMEASURED:  # no measured rows are prompt lookup's
-            return BatchChoice(1, reason=f"batch 1: {BENCH_UNMEASURED[profile.proposer.kind]}")
         sampling, kind = profile.sampling, profile.proposer.kind
         rows, where = self._batch_rows(profile)
         speculates = kind != "none"
@@ -278,7 +270,7 @@ class Engine:
         are), where they are from in words)."""
         sampling, kind = profile.sampling, profile.proposer.kind
         key = self._pair_key(profile)
-        head = profile.proposer.head if kind == "eagle" else None
+        head = measured.drafting_head(profile.proposer, kind)
         kept = measured.batch_rows(measured.load_batches(profile.runtime.measured).get(key, []), kind, head)
         rows = shaped(regime(kept, sampling.temperature, sampling.coupling, kind if kind != "none" else "draft"),
                       profile.speculation)
@@ -296,7 +288,7 @@ class Engine:
         measured at the batch size nearest B (its k and tree: core/batch_cost.shape_at), a chain
         of the profile's k where nothing was (as one request's auto: core/tree_cost.py)."""
         spec, kind = profile.speculation, profile.proposer.kind
-        if size == 1 or not spec.auto_tree or kind in BENCH_UNMEASURED or kind == "none":
+        if size == 1 or not spec.auto_tree or kind == "none":
             return BatchChoice(size)
         rows, where = self._batch_rows(profile)
         return batch_cost.shape_at(rows, size, where)

@@ -119,12 +119,12 @@ def _wall_ms(tokens_per_round: float, decode: dict | None) -> float | None:
 def batch_rows_from_bench(document: dict) -> tuple[str, list[dict]]:
     """(pair key, rows) of a batch bench document (docs/bench-schema.md, "Batches"): each run's
     batch size, k (0: target-only), tokens/s and median row ms per token, at its regime, and its
-    proposer (none target-only; a document without one is the draft model's), with the head's
-    folder for eagle."""
+    proposer (none target-only; a document without one is the draft model's), with the folder of
+    the head it drafts with (eagle, hybrid with hybrid_with eagle: drafting_head)."""
     pair, when = document["pair"], document.get("created")
     key = pair_key(pair["target"], pair.get("draft"), pair["device_name"], pair["dtype"])
     proposer = document.get("proposer", "draft")
-    head = pair.get("head") if proposer == "eagle" else None
+    head = pair.get("head")  # the document names one only where a head drafts
     rows = [{"proposer": proposer if r["k"] else "none", "head": head if r["k"] else None,
              "temperature": document["temperature"],
              "coupling": document.get("coupling"), "batch_size": r["batch_size"], "k": r["k"],
@@ -177,9 +177,11 @@ def load_batches(folder: str = "") -> dict[str, list[dict]]:
 
 
 def batch_rows(rows: list[dict], proposer: str, head: str | None = None) -> list[dict]:
-    """The batch rows a run of `proposer` reads: its proposer's and target-only's (tree_cost.regime
-    keeps those), an EAGLE-3 head's only where they are this `head`'s."""
-    return [row for row in rows if row["proposer"] != "eagle" or (proposer == "eagle" and row.get("head") == head)]
+    """The batch rows a run of `proposer` drafting with `head` (drafting_head) reads: its
+    proposer's and target-only's (tree_cost.regime keeps those), a head's (eagle's, or hybrid's
+    with one) only where they are this `head`'s, so hybrid's rows with the draft model and with a
+    head stay apart."""
+    return [row for row in rows if row["proposer"] not in ("eagle", "hybrid") or row.get("head") == head]
 
 
 def drafting_head(proposer, kind: str) -> str | None:

@@ -97,10 +97,10 @@ def test_lookup_takes_what_only_a_model_draft_refuses(bigram):
         "take no draft_p_min with token trees yet"
 
 
-def test_batch_size_auto_with_lookup_is_batch_one(bigram):
-    """bench --batch-size measures the draft model's and heads' batches: nothing to choose lookup's B from."""
+def test_batch_size_auto_with_lookup_and_nothing_measured_is_batch_one(bigram, tmp_path):
+    """bench --batch-size --proposer ngram keeps the rows auto reads (tests/cli/test_bench_batches.py);
+    with none, batch 1, saying so."""
     engine = lookup_engine(bigram)
-    profile = replace(engine.profile, runtime=replace(engine.profile.runtime, batch_size="auto"))
-    choice = engine.resolve_batch(profile, 4, 30)
-    assert (choice.batch, choice.reason) == (1, "batch 1: bench --batch-size measures the draft model's and "
-                                                "EAGLE-3 heads' batches, not prompt lookup's")
+    runtime = replace(engine.profile.runtime, batch_size="auto", measured=str(tmp_path))
+    choice = engine.resolve_batch(replace(engine.profile, runtime=runtime), 4, 30)
+    assert (choice.batch, choice.measured) == (1, False) and choice.reason.startswith("nothing measured for ")

@@ -44,9 +44,9 @@ from specgen.core.bench import floors
 from specgen.core.stats import AcceptanceStats
 
 SCHEMA = "specgen.bench.batches/1"
-# the proposers measured, one a run (batches also take ngram and hybrid, whose cost depends on how
-# often the lookup matches: core/engine.py batch_refusal, BENCH_UNMEASURED)
-PROPOSERS = ("draft", "eagle")
+# the proposers measured, one a run (every proposer batches take: core/engine.py batch_refusal); a
+# lookup's rows (ngram, hybrid) hold what its matches bought on the prompts measured
+PROPOSERS = ("draft", "eagle", "ngram", "hybrid")
 
 
 def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_sizes: tuple[int, ...],
@@ -109,6 +109,7 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
     k = decoder.round.k
     proposer = profile.proposer.kind if k else "none"
     target, drafter = step_bytes(engine, proposer)
+    model = profile.proposer.drafter(proposer) if k else "none"  # who drafts on the device: its floor
     width = getattr(decoder.round, "tree_width", 1)  # a BatchTreeRound's; chains are width 1, k nodes
     return {"batch_size": batch, "method": "speculative" if k else "target-only", "proposer": proposer, "k": k,
             "tree_width": width, "tree_nodes": decoder.round.nodes if width > 1 else k,
@@ -116,7 +117,7 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
             "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
             "row_ms_per_token": summarise(per_row),
             "mean_accepted_length": stats.mean_accepted_length if k else None,
-            **round_floor(meter, target, drafter, proposer, k, bandwidth)}
+            **round_floor(meter, target, drafter, model, k, bandwidth)}
 
 
 class RoundMeter:
@@ -197,21 +198,25 @@ def model_bytes(model) -> floors.StepBytes:
 
 
 def step_bytes(engine, proposer: str) -> tuple[floors.StepBytes, floors.StepBytes | None]:
-    """floors.StepBytes of the target and of the proposer's drafter: the draft model, the EAGLE-3
-    head (floors.head_step_bytes), None for none."""
+    """floors.StepBytes of the target and of the model that drafts for `proposer` (hybrid's
+    `hybrid_with`): the draft model, the EAGLE-3 head (floors.head_step_bytes), None for prompt
+    lookup and none."""
     target = model_bytes(engine.pair.target)
-    if proposer == "eagle":
+    model = engine.profile.proposer.drafter(proposer)
+    if model == "eagle":
         return target, floors.head_step_bytes(engine.heads["eagle"].head)
-    if proposer == "draft" and engine.pair.draft is not None:
+    if model == "draft" and engine.pair.draft is not None:
         return target, model_bytes(engine.pair.draft)
     return target, None
 
 
-def round_floor(meter: RoundMeter, target: floors.StepBytes, drafter: floors.StepBytes | None, proposer: str,
+def round_floor(meter: RoundMeter, target: floors.StepBytes, drafter: floors.StepBytes | None, model: str,
                 k: int, bandwidth: float | None) -> dict:
     """A run's rounds against their floor (docs/bench-schema.md, "Batches"): the mean device ms of
-    a round, the mean bytes its floor reads by model (`draft`: the proposer's drafter, the draft
-    model or the head), and, where the bandwidth is known, the floor in ms and the round over it."""
+    a round, the mean bytes its floor reads by model (`draft`: the model that drafts, `model`: the
+    draft model or the head, 0 for prompt lookup, which drafts on the host; hybrid's is its
+    model's k steps, the lookup's rounds as the model's), and, where the bandwidth is known, the
+    floor in ms and the round over it."""
     rounds = meter.rounds
     out = {"rounds": rounds, "round_ms": 1e3 * meter.seconds() / rounds if rounds else None,
            "rows_per_round": None, "round_floor_bytes": None, "round_floor_ms": None, "round_over_floor": None}
@@ -219,11 +224,13 @@ def round_floor(meter: RoundMeter, target: floors.StepBytes, drafter: floors.Ste
         return out
     rows, target_positions, draft_positions, origins = meter.totals()
     out["rows_per_round"] = rows / rounds
-    if proposer == "eagle":
+    if model == "eagle":
         parts = {"target": floors.batch_bytes(target, None, 0, rounds, rows, target_positions)["target"],
                  "draft": floors.head_batch_bytes(drafter, k, rounds, rows, target_positions, origins)}
     else:
         parts = floors.batch_bytes(target, drafter, k, rounds, rows, target_positions, draft_positions)
+        if k and model == "none":  # prompt lookup: nothing streamed to draft
+            parts["draft"] = 0
     if parts["target"] is None or (k and parts["draft"] is None):
         return out
     out["round_floor_bytes"] = {"target": parts["target"] / rounds,
@@ -241,11 +248,12 @@ def document(results: list[dict], engine, temperature: float, startup_seconds: f
     """The JSON document of a batch bench (docs/bench-schema.md, "Batches"); proposer: the one
     the speculative runs drafted with (PROPOSERS)."""
     from specgen.core.engine import device_name
+    from specgen.core.measured import drafting_head
 
     recommendations, stops = recommend(results)
     profile = engine.profile
     pair = {"target": profile.target.path, "draft": profile.draft.path if profile.draft is not None else None,
-            "head": profile.proposer.head if proposer == "eagle" else None,
+            "head": drafting_head(profile.proposer, proposer),
             "device_name": device_name(engine.pair.device),
             "dtype": str(engine.pair.target.dtype).removeprefix("torch.")}
     return {"schema": SCHEMA, "profile": profile.name, "proposer": proposer, "pair": pair,
