@@ -213,10 +213,10 @@ def step_bytes(engine, proposer: str) -> tuple[floors.StepBytes, floors.StepByte
 def round_floor(meter: RoundMeter, target: floors.StepBytes, drafter: floors.StepBytes | None, model: str,
                 k: int, bandwidth: float | None) -> dict:
     """A run's rounds against their floor (docs/bench-schema.md, "Batches"): the mean device ms of
-    a round, the mean bytes its floor reads by model (`draft`: the model that drafts, `model`: the
-    draft model or the head, 0 for prompt lookup, which drafts on the host; hybrid's is its
-    model's k steps, the lookup's rounds as the model's), and, where the bandwidth is known, the
-    floor in ms and the round over it."""
+    a round, the mean bytes its floor reads by model (`draft`: what the model that drafts reads,
+    `model` being ProposerSpec.drafter's draft or eagle, or 0 where it is none: prompt lookup
+    drafts on the host; hybrid's is its model's k steps, its lookup's rounds counted as the
+    model's), and, where the bandwidth is known, the floor in ms and the round over it."""
     rounds = meter.rounds
     out = {"rounds": rounds, "round_ms": 1e3 * meter.seconds() / rounds if rounds else None,
            "rows_per_round": None, "round_floor_bytes": None, "round_floor_ms": None, "round_over_floor": None}
