@@ -26,8 +26,9 @@ slots in path order, `tail` and `depth`): each row walks logical keys, the prefi
 then its tail gathered, key j at position j. The splits wholly before the one holding the start hold
 the same keys for every row of a sequence: there shared programs take tiles of several tokens'
 heads, token-major as a chain's (where a token's heads fill more than a tile, each token takes whole
-tiles), and load each key block once for the whole tile: SHARED_TILES tiles one after another, or
-one while a sequence has few such splits (ONE_TILE_SPLITS). From the split holding the start on, each
+tiles), and load each key block once for the whole tile: a program takes one tile over a run of
+at most MAX_RUN splits, one after another, its query loaded and rotated once (shared_runs). From
+the split holding the start on, each
 token has programs of its own (its heads laid out as a one-token chain step's), over the few splits
 its path can reach, walking the blocks from where its one-token step's walk starts (its window) to
 its last key. So a tree node visits its path's keys in the order, blocks and splits of a one-token
@@ -88,17 +89,26 @@ SPLIT_KEYS = 64
 # disagree.
 MAX_SPLITS = 64
 MAX_ROWS = 64  # query rows (one token's heads per KV head) per program
-# A tree's shared programs (see the kernel) take this many tiles each, one after another, over the
-# same keys: the tiles re-read each key block from L1/L2 rather than from a program of their own.
-SHARED_TILES = 3
-# ... except while a sequence's start lies in one of its first ONE_TILE_SPLITS + 1 splits: then its
-# few shared splits take a program a tile, which fit in the programs the grid holds for SHARED_TILES.
-# Why: with few shared splits the shared programs of 3 tiles were the launch's longest. H200, Llama-
-# 3.1-8B shapes, 32 tree rows in a 1,024-slot cache, split kernel us a layer after 100 / 160 / 250 /
-# 320 / 900 tokens: 14.8 / 15.9 / 17.0 / 17.2 / 23.7 with programs of 3 tiles alone, 10.7 / 11.2 /
-# 14.5 / 16.5 / 23.6 with this (trees.json `one-tile-2026-11-30`); with 4 or more shared splits, programs
-# of one tile outnumber what the SMs hold at once, and gain nothing.
-ONE_TILE_SPLITS = 3
+# A tree's shared programs (see the kernel) take one tile over a run of at most this many splits, one
+# after another: the tile's query is loaded and rotated once a program, not once a tile and split.
+# A sequence's S shared splits (those wholly before the one holding its start) form one run while
+# S < MAX_RUN, else max(2, cdiv(S, MAX_RUN)) runs of as even a length as divides them. Why (H200,
+# Llama-3.1-8B shapes, 32 tree rows in a 1,024-slot cache, split kernel us a layer call; trees.json
+# `split-runs-2026-11-30`): after 200 / 290 / 320 / 480 / 700 / 900 tokens (S = 3, 4, 5, 7, 10, 14)
+# programs of 3 tiles of one split took 14.3 / 15.9 / 16.4 / 17.1 / 20.5 / 23.5; runs: one of 3
+# 13.4, two of 2 12.1 (one of 4: 15.9, the launch's longest program), two 13.7, two 17.2, three
+# 19.4, four 20.3; runs of at most 3 splits gave 17.7 / 20.0 / 23.0 at S = 7, 10, 14, of at most 2
+# 18.7 / 20.2 / 21.4 (more programs than the SMs hold at once).
+MAX_RUN = 4
+
+
+def shared_runs(shared_splits: int) -> int:
+    """The runs of a sequence's shared splits (the kernel computes the same on the device)."""
+    if shared_splits < MAX_RUN:
+        return min(shared_splits, 1)
+    return max(2, triton.cdiv(shared_splits, MAX_RUN))
+
+
 # A tree's split kernel is capped at this many registers a thread: 3 programs an SM instead of 2
 # (168 registers and 24 bytes spilled against 193; sm_90, Triton 3.6). On an H200, Llama-3.1-8B
 # shapes, 33 rows after 1,000 tokens: 33.5 -> 28.4 us a layer; 128 (4 an SM, 120 bytes spilled)
@@ -172,7 +182,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         per_token = triton.cdiv(group, block_m)
         span = 1 + triton.cdiv(max(tail.shape[2] - 1, 0), split_keys)
         # room for either layout of the shared programs (the kernel picks one per sequence)
-        shared_programs = max(triton.cdiv(tiles, SHARED_TILES) * splits, tiles * min(ONE_TILE_SPLITS, splits))
+        shared_programs = tiles * shared_runs(splits - 1)  # a start's split is at most the last
         grid = (batch * kv_heads, shared_programs + tokens * per_token * span, 1)
     else:
         per_token = span = 1
@@ -199,14 +209,13 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
     _split_kernel[grid](
         query, key, value, starts, tail, depth, out, part, lse, k_new, v_new, cos, sin,
         *query.stride()[:3], *key.stride()[:3], *value.stride()[:3], *new_strides, start_stride, *tail_strides,
-        kv_heads, group, tokens, dim, capacity, pitch, tiles, shared_programs, triton.cdiv(tiles, SHARED_TILES),
-        per_token, span,
+        kv_heads, group, tokens, dim, capacity, pitch, tiles, shared_programs, per_token, span,
         scale if softcap else scale * LOG2E.value,
         WINDOW=window, SOFTCAP=float(softcap), SPLITS=splits, SPLIT_KEYS=split_keys, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d,
         F32_DOT=query.dtype == torch.float32, PER_ROW=INTERPRETED, ROPE=rope is not None, TAIL=gathered,
         BLOCK_T=max(16, triton.next_power_of_2(max(tokens, tail.shape[2] if gathered else 0))),
-        SHARED_TILES=SHARED_TILES, ONE_TILE_SPLITS=ONE_TILE_SPLITS, DEPENDENT=dependent, num_warps=4,
+        MAX_RUN=MAX_RUN, DEPENDENT=dependent, num_warps=4,
         **({"maxnreg": TREE_REGISTERS} if gathered else {}), **launch_options(dependent),
     )
     if splits > 1:
@@ -249,14 +258,13 @@ def _split_kernel(
     pitch,  # TAIL: rows per token in a shared tile (group, or whole tiles where group > BLOCK_M)
     tiles,  # TAIL: shared tiles
     shared_programs,  # TAIL: the grid's second axis holds these shared programs, then the tokens' own
-    shared_groups,  # TAIL: a split's shared programs of SHARED_TILES tiles
     per_token,  # TAIL: a token's programs a split (its heads over BLOCK_M rows each)
     span,  # TAIL: splits a token's programs cover from the one holding the start
     score_scale,  # the model's scale with SOFTCAP, else scale x log2(e): base-2 scores in one product
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr, PER_ROW: tl.constexpr,
     ROPE: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_T: tl.constexpr, SHARED_TILES: tl.constexpr, ONE_TILE_SPLITS: tl.constexpr, DEPENDENT: tl.constexpr,
+    BLOCK_T: tl.constexpr, MAX_RUN: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     wait_previous(DEPENDENT)  # first, in every program: gpu/kernels/dependent.py
     bkv = tl.program_id(0)
@@ -264,18 +272,20 @@ def _split_kernel(
     kvh = bkv % kv_heads
     prefix = tl.load(start_ptr + b * ssb)
     if TAIL:
-        # Two kinds of programs. Shared: SHARED_TILES tiles of several tokens' heads each, token-major
-        # as in a chain, one after another over a split wholly before the one holding the start: its
+        # Two kinds of programs. Shared: a tile of several tokens' heads, token-major as in a chain,
+        # over a run of splits wholly before the one holding the start, one after another: their
         # keys are the prefix's, in place, the same for every row, so each key block serves a whole
         # tile. Own: one token's heads (as a one-token chain step lays them out) over a split from the
         # one holding the start on, walking its logical keys: the prefix's in place, then its tail
         # gathered. Why not every token of a shared tile walking its own blocks in turn: in the split
         # holding the start, a tile of 4 tokens then made 4 dependent passes (Llama-3.1-8B shapes,
         # H200, a 33-row tree after 1,000 tokens: 64 us a layer against 39 with own programs).
-        # Shared programs split-major (a split's tile groups, then the next split's), so that the
-        # live ones, the splits before the start's, are the first on the grid; a group is one tile
-        # while the sequence's shared splits are few (ONE_TILE_SPLITS), else SHARED_TILES (the
-        # host's shared_groups a split). Which program computes a tile never changes its bits.
+        # Shared programs run-major (a run's tiles, then the next run's), so that the live ones, over
+        # the splits before the start's, are the first on the grid. A sequence's start_split shared
+        # splits form `runs` runs of as even a length as divides them (shared_runs on the host, which
+        # sizes the grid; MAX_RUN: why these lengths). Why runs of splits rather than 3 tiles of
+        # one split (before): the tile's query is loaded and rotated once a program rather than once
+        # a tile and split. Which program computes a (tile, split) never changes its bits.
         work = tl.program_id(1)
         own = work - shared_programs  # < 0: a shared program
         shared = own < 0
@@ -283,20 +293,21 @@ def _split_kernel(
         token = own // (per_token * span)  # an own program's token
         piece = (own // span) % per_token  # and which BLOCK_M of its heads
         start_split = prefix // SPLIT_KEYS
-        one_tile = start_split <= ONE_TILE_SPLITS
-        groups = tl.where(one_tile, tiles, shared_groups)  # a split's shared programs
+        runs = tl.where(start_split < MAX_RUN, tl.minimum(start_split, 1),
+                        tl.maximum(2, (start_split + MAX_RUN - 1) // MAX_RUN))
         own_split = start_split + own % span
         at_token = prefix + tl.load(depth_ptr + b * sdb + token * sdt) - 1
         # a shared program past the live ones, an own one past its token's last key or the cache
         # (decided before the divisions below: most programs are idle, and exit at once)
-        idle = tl.where(shared, work >= groups * start_split, (own_split * SPLIT_KEYS > at_token) | (own_split >= SPLITS))
+        idle = tl.where(shared, work >= runs * tiles, (own_split * SPLIT_KEYS > at_token) | (own_split >= SPLITS))
     else:
         split = tl.program_id(2)
         shared = False
         token = 0
         piece = 0
-        first_tile = tl.program_id(1)
-        end_tile = first_tile + 1
+        tile = tl.program_id(1)
+        first_split = split
+        end_split = split + 1
         # A split that starts past the last key of every row of the tile, and past every new key the
         # launch writes (every program of the split that holds one writes it), has nothing to read or
         # write: the merge never reads its rows' partials (_combine_kernel stops at each row's last
@@ -304,7 +315,7 @@ def _split_kernel(
         # such, and each stored a zero partial that the merge loaded again (H200, Llama-3.1-8B shapes,
         # 32 layers, a 10-token prompt: a 33-row tree's attention 1.17 ms split + 0.16 ms merge a round
         # against 0.22 + 0.09 for a 7-row chain, about the ratio of rows).
-        reach = prefix + tl.minimum((first_tile * BLOCK_M + BLOCK_M - 1) // group, tokens - 1)
+        reach = prefix + tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, tokens - 1)
         if ROPE:
             reach = tl.maximum(reach, prefix + tokens - 1)
         idle = split * SPLIT_KEYS > reach
@@ -312,10 +323,12 @@ def _split_kernel(
         release_next(DEPENDENT)  # every program releases (gpu/kernels/dependent.py)
         return
     if TAIL:
-        split = tl.where(shared, work // groups, own_split)
-        group_tiles = tl.where(one_tile, 1, SHARED_TILES)
-        first_tile = tl.where(shared, (work % groups) * group_tiles, 0)
-        end_tile = tl.where(shared, tl.minimum(first_tile + group_tiles, tiles), 1)
+        run = work // tiles  # a shared program's run: splits [start_split * run // runs, ...)
+        runs = tl.maximum(runs, 1)  # an own program's is not read
+        tile = tl.where(shared, work % tiles, 0)
+        first_split = tl.where(shared, start_split * run // runs, own_split)
+        end_split = tl.where(shared, start_split * (run + 1) // runs, own_split + 1)
+        split = first_split  # the ROPE writes' split: an own program's (a shared run holds no new key)
     split_lo = (split * SPLIT_KEYS).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < dim
@@ -358,48 +371,38 @@ def _split_kernel(
                      mask=new_mask)
             tl.debug_barrier()  # this program's stores are visible to all its threads before the key loop
 
-    for tile in range(first_tile, end_tile):
-        f = tl.arange(0, BLOCK_M)
-        if TAIL:
-            f_shared = tile * BLOCK_M + f  # a shared tile's rows, token-major
-            t = tl.where(shared, f_shared // pitch, token)  # [M] each row's query token
-            g = tl.where(shared, f_shared % pitch, piece * BLOCK_M + f)  # and its head within the group
-            row_ok = (t < tokens) & (g < group)
-            at = prefix + tl.load(depth_ptr + b * sdb + t * sdt, mask=row_ok, other=1) - 1  # [M] its position
-            at_last = tl.max(tl.where(row_ok, at, prefix), axis=0)  # the tile's deepest and shallowest rows'
-            at_first = tl.min(tl.where(row_ok, at, at_last), axis=0)
-        else:
-            f = tile * BLOCK_M + f  # this tile's rows, token-major
-            t = f // group
-            g = f % group
-            row_ok = t < tokens
-            at = prefix + t  # [M] each row's position: it sees keys [.., at]
-            at_first = prefix + (tile * BLOCK_M) // group  # the tile's first and last tokens' positions
-            at_last = prefix + tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, tokens - 1)
-        _tile(q_ptr, k_ptr, v_ptr, tail_ptr, out_ptr, part_ptr, lse_ptr, cos_ptr, sin_ptr,
-              sqb, sqh, sqt, skb, skh, skn, svb, svh, svn, scb, sct, stb, stt,
-              b, kvh, prefix, split, split_lo, token, t, g, row_ok, at, at_first, at_last, d, d_ok,
-              kv_heads, group, tokens, dim, capacity, score_scale,
-              WINDOW, SOFTCAP, SPLITS, SPLIT_KEYS, BLOCK_M, BLOCK_N, BLOCK_D, F32_DOT, PER_ROW, ROPE, TAIL)
+    f = tl.arange(0, BLOCK_M)
+    if TAIL:
+        f_shared = tile * BLOCK_M + f  # a shared tile's rows, token-major
+        t = tl.where(shared, f_shared // pitch, token)  # [M] each row's query token
+        g = tl.where(shared, f_shared % pitch, piece * BLOCK_M + f)  # and its head within the group
+        row_ok = (t < tokens) & (g < group)
+        at = prefix + tl.load(depth_ptr + b * sdb + t * sdt, mask=row_ok, other=1) - 1  # [M] its position
+        at_last = tl.max(tl.where(row_ok, at, prefix), axis=0)  # the tile's deepest and shallowest rows'
+        at_first = tl.min(tl.where(row_ok, at, at_last), axis=0)
+    else:
+        f = tile * BLOCK_M + f  # this tile's rows, token-major
+        t = f // group
+        g = f % group
+        row_ok = t < tokens
+        at = prefix + t  # [M] each row's position: it sees keys [.., at]
+        at_first = prefix + (tile * BLOCK_M) // group  # the tile's first and last tokens' positions
+        at_last = prefix + tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, tokens - 1)
+    head = kvh * group + g
+    q = _query(q_ptr, cos_ptr, sin_ptr, sqb, sqh, sqt, scb, sct, b, head, t, row_ok, d, d_ok, dim, ROPE)
+    for s in range(first_split, end_split):
+        _tile(q, k_ptr, v_ptr, tail_ptr, out_ptr, part_ptr, lse_ptr,
+              skb, skh, skn, svb, svh, svn, stb, stt,
+              b, kvh, head, prefix, s, split_lo + (s - split) * SPLIT_KEYS, token, t, row_ok, at, at_first, at_last,
+              d, d_ok, kv_heads, group, tokens, dim, capacity, score_scale,
+              WINDOW, SOFTCAP, SPLITS, SPLIT_KEYS, BLOCK_M, BLOCK_N, BLOCK_D, F32_DOT, PER_ROW, TAIL)
     release_next(DEPENDENT)
 
 
 @triton.jit
-def _tile(q_ptr, k_ptr, v_ptr, tail_ptr, out_ptr, part_ptr, lse_ptr, cos_ptr, sin_ptr,
-          sqb, sqh, sqt, skb, skh, skn, svb, svh, svn, scb, sct, stb, stt,
-          b, kvh, prefix, split, split_lo, token, t, g, row_ok, at, at_first, at_last, d, d_ok,
-          kv_heads, group, tokens, dim, capacity, score_scale,
-          WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
-          PER_ROW: tl.constexpr, ROPE: tl.constexpr, TAIL: tl.constexpr):
-    """One tile's rows (query token t, head g of the KV head's group; valid where row_ok, each at
-    position `at`) over one split's keys -> their output (one split) or partial and log-sum-exp."""
-    lo = split_lo
-    hi = tl.minimum(tl.minimum(lo + SPLIT_KEYS, at_last + 1), capacity)
-    if WINDOW > 0:
-        first = tl.maximum(at_first - WINDOW + 1, 0)
-        lo = tl.maximum(lo, first - first % BLOCK_N)
-    head = kvh * group + g
+def _query(q_ptr, cos_ptr, sin_ptr, sqb, sqh, sqt, scb, sct, b, head, t, row_ok, d, d_ok, dim, ROPE: tl.constexpr):
+    """A tile's query rows [M, D] (query token t, head `head`; zeros where not row_ok), rotated
+    with rope."""
     q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + t[:, None] * sqt + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
     if ROPE:  # rotate-half: x * cos + [-x2, x1] * sin
@@ -413,6 +416,24 @@ def _tile(q_ptr, k_ptr, v_ptr, tail_ptr, out_ptr, part_ptr, lse_ptr, cos_ptr, si
         cos = tl.load(cos_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + trig, mask=q_mask, other=0.0).to(tl.float32)
         q = (q.to(tl.float32) * cos + sign[None, :] * q_partner.to(tl.float32) * sin).to(q_ptr.dtype.element_ty)
+    return q
+
+
+@triton.jit
+def _tile(q, k_ptr, v_ptr, tail_ptr, out_ptr, part_ptr, lse_ptr,
+          skb, skh, skn, svb, svh, svn, stb, stt,
+          b, kvh, head, prefix, split, split_lo, token, t, row_ok, at, at_first, at_last, d, d_ok,
+          kv_heads, group, tokens, dim, capacity, score_scale,
+          WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+          PER_ROW: tl.constexpr, TAIL: tl.constexpr):
+    """One tile's rows (query q [M, D] of token t, head `head`; valid where row_ok, each at position
+    `at`) over one split's keys -> their output (one split) or partial and log-sum-exp."""
+    lo = split_lo
+    hi = tl.minimum(tl.minimum(lo + SPLIT_KEYS, at_last + 1), capacity)
+    if WINDOW > 0:
+        first = tl.maximum(at_first - WINDOW + 1, 0)
+        lo = tl.maximum(lo, first - first % BLOCK_N)
 
     # The walk covers every row's keys. A key block outside a row's keys (past its last one, or
     # before its window) leaves that row's running max, sum and output bitwise as they were: its
