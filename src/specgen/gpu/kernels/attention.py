@@ -181,7 +181,7 @@ def run(query, key, value, position, scale, window, rope, softcap, dependent, ta
         # hold its path: positions start .. start + T - 1 span at most `span` splits
         per_token = triton.cdiv(group, block_m)
         span = 1 + triton.cdiv(max(tail.shape[2] - 1, 0), split_keys)
-        # room for either layout of the shared programs (the kernel picks one per sequence)
+        # room for the shared programs of the longest start (the kernel's runs per sequence)
         shared_programs = tiles * shared_runs(splits - 1)  # a start's split is at most the last
         grid = (batch * kv_heads, shared_programs + tokens * per_token * span, 1)
     else:
