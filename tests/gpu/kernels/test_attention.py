@@ -495,9 +495,9 @@ SHARED_TILE_CASES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _
     # a split boundary (256); a window reaching back over a block boundary; rotary
     "blocks-in-splits": (4, 1, [190, 254], (8, 2, 6, 0, 4160, 70, 0.0, True)),
     # group 2, 30 tokens: four shared tiles, rotary; the first sequence has two splits wholly before
-    # its start (a shared program a tile over both), the second four (two programs a tile, of two
-    # splits each: attention.shared_runs)
-    "group2-four-tiles": (4, 2, [130, 260], (30, 3, 5, 0, 320, 0, 0.0, True)),
+    # its start (a shared program a tile over both), the second five (two programs a tile, over two
+    # splits and three: attention.shared_runs)
+    "group2-four-tiles": (4, 2, [130, 330], (30, 3, 5, 0, 384, 0, 0.0, True)),
     # group 80 > 64 rows: a token's heads over two tiles (64 + 16 rows), one token a tile
     "group80": (80, 1, [62], (5, 2, 4, 0, 128, 0, 1.0, True)),
 }
