@@ -28,10 +28,9 @@ the same keys for every row of a sequence: there shared programs take tiles of s
 heads, token-major as a chain's (where a token's heads fill more than a tile, each token takes whole
 tiles), and load each key block once for the whole tile: a program takes one tile over a run of
 at most MAX_RUN splits, one after another, its query loaded and rotated once (shared_runs). From
-the split holding the start on, each
-token has programs of its own (its heads laid out as a one-token chain step's), over the few splits
-its path can reach, walking the blocks from where its one-token step's walk starts (its window) to
-its last key. So a tree node visits its path's keys in the order, blocks and splits of a one-token
+the split holding the start on, each token has programs of its own (its heads laid out as a
+one-token chain step's), over the few splits its path can reach, walking the blocks from where its
+one-token step's walk starts (its window) to its last key. So a tree node visits its path's keys in the order, blocks and splits of a one-token
 chain step at its position over a cache that holds its path in place, and gets its output bit for
 bit; a sliding window compares those positions. A batch's sequences each read their own start. Why
 shared tiles: with one token's heads a program over every split, every tree node re-read the whole
