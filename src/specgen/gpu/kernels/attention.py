@@ -21,23 +21,24 @@ follow the cache, so with a short sequence in a large cache most programs are su
 sits at position + t and sees keys n with n <= position + t (and, with a sliding window w,
 n > position + t - w, the mask transformers applies).
 
-Trees and any other rows (core/step/rows.py's layout: per sequence a start, per row a tail of
-slots in path order, `tail` and `depth`): each row walks logical keys, the prefix's slots in place,
-then its tail gathered, key j at position j. The splits wholly before the one holding the start hold
-the same keys for every row of a sequence: there shared programs take tiles of several tokens'
-heads, token-major as a chain's (where a token's heads fill more than a tile, each token takes whole
-tiles), and load each key block once for the whole tile: a program takes one tile over a run of
-at most MAX_RUN splits, one after another, its query loaded and rotated once (shared_runs). From
-the split holding the start on, each token has programs of its own (its heads laid out as a
-one-token chain step's), over the few splits its path can reach, walking the blocks from where its
-one-token step's walk starts (its window) to its last key. So a tree node visits its path's keys in the order, blocks and splits of a one-token
-chain step at its position over a cache that holds its path in place, and gets its output bit for
-bit; a sliding window compares those positions. A batch's sequences each read their own start. Why
-shared tiles: with one token's heads a program over every split, every tree node re-read the whole
-prefix (Llama-3.1-8B shapes: 12 of 16 rows of each tile empty), and a 33-row tree verification's
-split kernel took 1.30 ms a round over 32 layers on an H200 against 0.22 ms for a 7-row chain,
-whose tiles share each key block. Why own programs past the start: a shared tile walking its tokens'
-own blocks in turn made one dependent pass a token (see the kernel).
+Trees and any other rows (core/step/rows.py's layout: per sequence a start, per row a tail of slots
+in path order, `tail` and `depth`): each row walks logical keys, the prefix's slots in place, then
+its tail gathered, key j at position j. The splits wholly before the one holding the start hold the
+same keys for every row of a sequence: there shared programs take tiles of several tokens' heads,
+token-major as a chain's (where a token's heads fill more than a tile, each token takes whole
+tiles), and load each key block once for the whole tile: a program takes one tile over a run of at
+most MAX_RUN splits, one after another, its query loaded and rotated once (shared_runs). From the
+split holding the start on, each token has programs of its own (its heads laid out as a one-token
+chain step's), over the few splits its path can reach, walking the blocks from where its one-token
+step's walk starts (its window) to its last key. So a tree node visits its path's keys in the order,
+blocks and splits of a one-token chain step at its position over a cache that holds its path in
+place, and gets its output bit for bit; a sliding window compares those positions. A batch's
+sequences each read their own start. Why shared tiles: with one token's heads a program over every
+split, every tree node re-read the whole prefix (Llama-3.1-8B shapes: 12 of 16 rows of each tile
+empty), and a 33-row tree verification's split kernel took 1.30 ms a round over 32 layers on an H200
+against 0.22 ms for a 7-row chain, whose tiles share each key block. Why own programs past the
+start: a shared tile walking its tokens' own blocks in turn made one dependent pass a token (see the
+kernel).
 
 Soft-capping (Gemma 2's attn_logit_softcapping, `softcap` > 0): each score becomes
 softcap * tanh(score / softcap) before the mask and the softmax, as transformers' eager attention
