@@ -495,9 +495,10 @@ SHARED_TILE_CASES = {  # name: (heads, kv heads, starts, (nodes, width, depth, _
     # a split boundary (256); a window reaching back over a block boundary; rotary
     "blocks-in-splits": (4, 1, [190, 254], (8, 2, 6, 0, 4160, 70, 0.0, True)),
     # group 2, 30 tokens: four shared tiles, rotary; the first sequence has two splits wholly before
-    # its start (a shared program a tile over both), the second five (two programs a tile, over two
-    # splits and three: attention.shared_runs)
-    "group2-four-tiles": (4, 2, [130, 330], (30, 3, 5, 0, 384, 0, 0.0, True)),
+    # its start (a shared program a tile over both), the second four (two programs a tile, of two
+    # splits each: at least two runs from four splits on), the third ten (three programs a tile, over
+    # three, three and four splits: attention.shared_runs)
+    "group2-four-tiles": (4, 2, [130, 260, 650], (30, 3, 5, 0, 704, 0, 0.0, True)),
     # group 80 > 64 rows: a token's heads over two tiles (64 + 16 rows), one token a tile
     "group80": (80, 1, [62], (5, 2, 4, 0, 128, 0, 1.0, True)),
 }
@@ -509,8 +510,8 @@ def test_tree_tiles_of_several_tokens_keep_each_nodes_bits(name):
     agrees with the reference."""
     heads, kv_heads, starts, case = SHARED_TILE_CASES[name]
     window, softcap = case[5], case[6]
-    if name == "group2-four-tiles":  # the splits before each start: one run, then two
-        assert [attention.shared_runs(s // attention.SPLIT_KEYS) for s in starts] == [1, 2]
+    if name == "group2-four-tiles":  # the splits before each start: one run, two, three
+        assert [attention.shared_runs(s // attention.SPLIT_KEYS) for s in starts] == [1, 2, 3]
     rows, query, key, value, extra = _tree_inputs(case, torch.bfloat16, seed=5, heads=heads, kv_heads=kv_heads,
                                                   starts=starts)
     _assert_nodes_equal_one_token_steps(rows, query, key, value, extra, window, softcap)
