@@ -7,6 +7,10 @@ round's wall time against the kernels' sum (the rest is gaps between launches).
         [-n 128] [--top 25] [--temperature 0] [--top-p 1] [--proposer eagle] [--context 1024]
 
 A shape is width:nodes (1:0 the chain). Written to find what a tree round adds to a chain's.
+With dependent launch on (the kernels' `dependent_launch`), a kernel starts before the one ahead of
+it ends and waits inside: its time here includes that wait, so the kernel times add up to more
+than the round's wall time, and a kernel that follows a long one looks longer than it runs. Compare
+a kernel's time across shapes, not against the wall time.
 --context N: the prompt's tokens repeated to N tokens (attention over a prefix of that length;
 the default prompt is about ten tokens).
 """
