@@ -115,6 +115,7 @@ def test_batch_bench_json_has_each_size_and_method(cli, tiny):
         assert r["tokens_per_second"] == pytest.approx(r["tokens"] / r["seconds"])
         assert r["row_ms_per_token"]["median"] > 0
         assert (r["mean_accepted_length"] is None) == (r["method"] == "target-only")
+        assert r["decoder"] == ("single" if r["batch_size"] == 1 else "batch")
     recs, stops = recommend(doc["results"])
     assert doc["recommendations"] == recs and doc["speculation_stops_paying_at"] == stops
     assert [r["batch_size"] for r in recs] == [1, 3]
@@ -195,6 +196,14 @@ def test_batch_bench_table(cli, tiny):
         assert float(row[3]) > 0 and float(row[4]) > 0 and row[5:] == ["–", "–"]
     assert "batch 2: " in out and ("speculation stops paying at batch 2" in out
                                    or "speculation pays at every batch size measured" in out)
+    assert "single-prompt decoder" not in out  # said only where batch 1 ran
+
+
+def test_batch_bench_table_says_what_batch_one_ran(cli, tiny):
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "1", "--k", "2", "--max-tokens", "4",
+                         "--warmup", "0", "-n", "2")
+    assert code == 0, err
+    assert "batch 1: the prompts one after another through the single-prompt decoder" in out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -241,6 +241,9 @@ def show_batches(document: dict, console: Console) -> None:
         grid.add_row(str(r["batch_size"]), _method(r), f"{r['tokens_per_second']:.1f}", _or_dash(row_ms, "{:.2f}"),
                      _or_dash(ratio, "{:.2f}×"), _or_dash(r["mean_accepted_length"], "{:.2f}"))
     console.print(grid)
+    if any(r.get("decoder") == "single" for r in document["results"]):
+        console.print(Text("batch 1: the prompts one after another through the single-prompt decoder, "
+                           "as generate runs them at batch 1", style="dim"), soft_wrap=True)
     show_batch_floors(document, console)
     for line in batch_recommendation_lines(document):
         console.print(line, soft_wrap=True)

@@ -82,6 +82,33 @@ def test_a_speculative_batch_reads_the_drafts_positions_too(same_engine):
     assert result["round_over_floor"] == pytest.approx(result["round_ms"] / floor)
 
 
+def test_batch_one_is_the_single_prompt_decoder(same_engine, monkeypatch):
+    """At B = 1 the prompts run one after another through the decoder `generate` runs at batch 1,
+    never the batch decoder; the floor counts each round's row where the batch counts it (k = 2,
+    every draft accepted: rounds at g = 0, 3, 6 generated tokens)."""
+    def refused(*args, **kwargs):
+        raise AssertionError("batch 1 ran the batch decoder")
+
+    monkeypatch.setattr(same_engine, "batch_decoder", refused)
+    result = batches.run(same_engine, same_engine.profile, 1, PROMPTS, warmup=1, bandwidth=5e8)
+    assert result["decoder"] == "single" and result["batch_size"] == 1 and result["prompts"] == 3
+    assert result["tokens"] == 3 * MAX_TOKENS and result["seconds"] > 0
+    assert result["rounds"] == 9 and result["rows_per_round"] == 1
+    assert result["mean_accepted_length"] == pytest.approx(7 / 3)  # tokens a round: 3, 3, 1
+    target, draft = steps(same_engine)
+    target_positions = sum(len(p) - 1 + g for p in PROMPTS for g in (0, 3, 6))
+    draft_positions = sum(len(p) - 2 + g for p in PROMPTS for g in (0, 3, 6))
+    expected = floors.batch_bytes(target, draft, K, 9, 9, target_positions, draft_positions)
+    assert result["round_floor_bytes"] == {name: v / 9 for name, v in expected.items()}
+    assert result["round_ms"] > 0 and result["round_over_floor"] == pytest.approx(
+        result["round_ms"] / (sum(expected.values()) / 9 / 5e8 * 1e3))
+
+
+def test_a_batch_row_names_its_decoder(same_engine):
+    result = batches.run(same_engine, target_only(same_engine.profile), 2, PROMPTS, warmup=0)
+    assert result["decoder"] == "batch" and result["k"] == 0 and result["tree_nodes"] == 0
+
+
 class Watched(batches.RoundMeter):
     """RoundMeter that also reads, on the host, what each launch's rows hold (a sync, for the test)."""
 
@@ -159,6 +186,9 @@ def test_on_the_gpu_the_floor_has_its_ms(same_pair, pipeline):
         assert result["rounds"] >= 3
     assert 0 < result["round_floor_ms"] < result["round_ms"]  # a floor: the round cannot beat it
     assert result["round_over_floor"] == pytest.approx(result["round_ms"] / result["round_floor_ms"])
+    alone = batches.run(engine, engine.profile, 1, PROMPTS, warmup=1, bandwidth=bandwidth)
+    assert alone["decoder"] == "single" and alone["rounds"] == 9 and alone["tokens"] == 3 * MAX_TOKENS
+    assert 0 < alone["round_floor_ms"] < alone["round_ms"]
 
 
 @pytest.fixture(scope="module")

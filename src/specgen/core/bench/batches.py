@@ -1,10 +1,11 @@
 """`specgen bench --batch-size 1,4,16`: batches, target-only against speculative, at each batch size.
 
-At each batch size B the same prompts go through core/batch_decode.py's BatchDecoder (continuous
-batching, B rows) once target-only (k = 0: a BatchRound without a draft) and once per k of the
-sweep with the run's one proposer (PROPOSERS: the draft model, or an EAGLE-3 head), after an
-untimed warm-up over the B longest prompts (captures, and caches grown to their size before the
-clock starts). What is measured, per run:
+At each batch size B > 1 the same prompts go through core/batch_decode.py's BatchDecoder
+(continuous batching, B rows), at B = 1 one after another through the single-prompt decoder
+(core/decode.py, what `generate` runs at batch 1: run_alone), once target-only (k = 0) and once
+per k of the sweep with the run's one proposer (PROPOSERS: the draft model, or an EAGLE-3 head),
+after an untimed warm-up over the B longest prompts (captures, and caches grown to their size
+before the clock starts). What is measured, per run:
 
     tokens_per_second    every prompt's tokens over the wall seconds of the whole run (the
                          batch's throughput)
@@ -77,9 +78,10 @@ def measure(engine, prompt_ids: list[list[int]], settings_for: Callable, batch_s
 def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 1,
         bandwidth: float | None = None) -> dict:
     """One timed run of every prompt through `batch` rows; each prompt its own seed (the profile's + i).
-    The profile's proposer drafts (none at k 0)."""
-    from specgen.core.bench.run import summarise
-
+    The profile's proposer drafts (none at k 0). At batch 1 the prompts go one after another
+    through the single-prompt decoder (run_alone), which `generate` runs at batch 1."""
+    if batch == 1:
+        return run_alone(engine, profile, prompt_ids, warmup, bandwidth)
     decoder = engine.batch_decoder(batch, profile)
     base = profile.sampling.seed or 0
     work = [(ids, replace(profile.sampling, seed=base + i)) for i, ids in enumerate(prompt_ids)]
@@ -101,23 +103,110 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
     if cuda:
         torch.cuda.synchronize(decoder.round.device)
     seconds = time.perf_counter() - began
-    tokens = sum(len(f.token_ids) for f in finished)
     stats = AcceptanceStats()
     for f in finished:
         stats.merge(f.stats)
-    per_row = [1000 * f.stats.generation_seconds / len(f.token_ids) for f in finished if f.token_ids]
     k = decoder.round.k
+    width = getattr(decoder.round, "tree_width", 1)  # a BatchTreeRound's; chains are width 1, k nodes
+    return _result(engine, profile, "batch", batch, k, width, decoder.round.nodes if width > 1 else k, len(work),
+                   finished, seconds, stats, meter, bandwidth)
+
+
+def _result(engine, profile, decoder: str, batch: int, k: int, width: int, nodes: int, prompts: int,
+            finished: list, seconds: float, stats: AcceptanceStats, meter, bandwidth: float | None) -> dict:
+    """A run's row of the document (docs/bench-schema.md, "Batches")."""
+    from specgen.core.bench.run import summarise
+
+    tokens = sum(len(f.token_ids) for f in finished)
+    per_row = [1000 * f.stats.generation_seconds / len(f.token_ids) for f in finished if f.token_ids]
     proposer = profile.proposer.kind if k else "none"
     target, drafter = step_bytes(engine, proposer)
     model = profile.proposer.drafter(proposer) if k else "none"  # who drafts on the device: its floor
-    width = getattr(decoder.round, "tree_width", 1)  # a BatchTreeRound's; chains are width 1, k nodes
-    return {"batch_size": batch, "method": "speculative" if k else "target-only", "proposer": proposer, "k": k,
-            "tree_width": width, "tree_nodes": decoder.round.nodes if width > 1 else k,
-            "prompts": len(work), "tokens": tokens, "seconds": seconds,
+    return {"batch_size": batch, "decoder": decoder, "method": "speculative" if k else "target-only",
+            "proposer": proposer, "k": k, "tree_width": width, "tree_nodes": nodes,
+            "prompts": prompts, "tokens": tokens, "seconds": seconds,
             "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
             "row_ms_per_token": summarise(per_row),
             "mean_accepted_length": stats.mean_accepted_length if k else None,
             **round_floor(meter, target, drafter, model, k, bandwidth)}
+
+
+def run_alone(engine, profile, prompt_ids: list[list[int]], warmup: int = 1,
+              bandwidth: float | None = None) -> dict:
+    """batch 1: every prompt through the single-prompt decoder (core/decode.py), one after another,
+    as `generate` runs a prompts file at batch 1, after `warmup` untimed runs of the longest prompt
+    (caches grown to it, rounds captured). Why not the batch decoder at one row: its round carries
+    every row's bookkeeping and its loop refills rows, so at B = 1 it measured what no command runs,
+    and understated batch 1 against the batches beside it. Measured as `run` measures the batch
+    decoder: every prompt's tokens over the wall seconds of the whole run; a round's device time is
+    its phases' CUDA events (core/backend.py's clock; on the CPU their wall time), its floor's
+    positions those each round starts from (AloneMeter)."""
+    base = profile.sampling.seed or 0
+    longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    reach = len(prompt_ids[longest]) + profile.sampling.max_tokens  # what tree_width auto weighs
+
+    def decoder(i: int):
+        return engine.decoder(replace(profile, sampling=replace(profile.sampling, seed=base + i)), positions=reach)
+
+    for _ in range(warmup):
+        for _ in decoder(longest).run(prompt_ids[longest]):
+            pass
+    gc.collect()  # as `run` does, outside the timed run
+    cuda = engine.pair.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(engine.pair.device)
+    meter = AloneMeter()
+    finished = []
+    began = time.perf_counter()
+    for i, ids in enumerate(prompt_ids):
+        events = list(decoder(i).run(ids))
+        finished.append(events.pop())
+        meter.add(len(ids), events)
+    if cuda:
+        torch.cuda.synchronize(engine.pair.device)
+    seconds = time.perf_counter() - began
+    stats = AcceptanceStats()
+    for f in finished:
+        stats.merge(f.stats)
+        meter.seconds_total += sum(v for phase, v in f.stats.seconds.items() if phase != "other")
+    k = decoder(0).setup.k
+    shape = engine.tree_report(profile, positions=reach) if k else {"tree_width": 1, "tree_nodes": 0}
+    return _result(engine, profile, "single", 1, k, shape["tree_width"], shape["tree_nodes"], len(prompt_ids),
+                   finished, seconds, stats, meter, bandwidth)
+
+
+class AloneMeter:
+    """RoundMeter's figures for single-prompt runs, from their round events: the rounds, their
+    device seconds (the phases' spans, the host's `other` left out) and the floor's sums, each
+    round's row at the target position it starts from (prompt ids - 1 + tokens emitted before it:
+    the batch round's count), the draft model's one less, a head's origin P - e."""
+
+    def __init__(self):
+        self.spans = 0
+        self.seconds_total = 0.0
+        self.sums = [0, 0, 0, 0]  # rows, target positions, draft model positions, head origins
+
+    def add(self, prompt: int, events: list) -> None:
+        emitted = last = 0
+        for event in events:
+            at = prompt - 1 + emitted
+            self.sums[0] += 1
+            self.sums[1] += at
+            self.sums[2] += max(at - 1, 0)
+            self.sums[3] += max(at - last, 0)
+            last = len(event.token_ids)
+            emitted += last
+            self.spans += 1
+
+    @property
+    def rounds(self) -> int:
+        return self.spans
+
+    def seconds(self) -> float:
+        return self.seconds_total
+
+    def totals(self) -> tuple[int, int, int, int]:
+        return tuple(self.sums)
 
 
 class RoundMeter:
