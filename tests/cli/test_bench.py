@@ -203,6 +203,14 @@ def test_text_table_on_stdout(cli, tiny):
     assert err == ""  # stderr is not a terminal: no progress bar
 
 
+def test_more_prompts_asked_than_the_file_holds_is_said(cli, tiny):
+    code, out, err = cli("bench", "-p", tiny, "--k", "2", "-n", "2", "--warmup", "0", "--num-prompts", "5",
+                         "--format", "json")
+    assert code == 0, err
+    assert "--num-prompts 5: the prompts file holds 2; measuring those" in err
+    assert len(json.loads(out)["prompts"]) == len(PROMPTS)
+
+
 def test_errors(cli, tiny, tmp_path):
     no_prompts = write_profile(tmp_path / "bare.toml", *build_pair_paths(tiny))
     code, out, err = cli("bench", "-p", no_prompts)

@@ -130,6 +130,9 @@ def bench(
     validate(settings_for, plan, named)
     opt.warn_settings(settings_for(plan.ks[0], max(plan.temperatures)), quiet)
     texts = bench_prompts(path, first, num_prompts)
+    if num_prompts is not None and len(texts) < num_prompts and not quiet:  # the document says how many ran
+        print(f"specgen: --num-prompts {num_prompts}: the prompts file holds {len(texts)}; measuring those",
+              file=sys.stderr)
     if batch_sizes is not None:
         sizes = parse_batch_sizes(batch_sizes, plan, records)
         encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0],
