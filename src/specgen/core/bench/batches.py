@@ -89,34 +89,39 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
     for _ in range(warmup):
         for _ in decoder.run([work[i] for i in sorted(longest)]):
             pass
-    cuda = decoder.round.device.type == "cuda"
     decoder.program = meter = RoundMeter(decoder.program, decoder.round)  # the timed run's rounds only
+    finished, seconds = _timed(decoder.round.device, lambda: [f for _, f in decoder.run(work)])
+    k = decoder.round.k
+    width = getattr(decoder.round, "tree_width", 1)  # a BatchTreeRound's; chains are width 1, k nodes
+    return _result(engine, profile, "batch", batch, k, width, decoder.round.nodes if width > 1 else k, len(work),
+                   finished, seconds, meter, bandwidth)
+
+
+def _timed(device: torch.device, run: Callable[[], list]) -> tuple[list, float]:
+    """run()'s finished results and its wall seconds, after a collection, between syncs of the device."""
     # the runs before this one let go of their batch rounds (Engine.forget_batches), whose captured
     # graphs and caches are freed whenever the collector reaches their reference cycles; collected
     # here, outside the timed run. Why (not proven): on an H200 one B = 8 run lost 140 ms with equal
     # rounds before this collect, and none since; freeing device memory waits for the device.
     gc.collect()
+    cuda = device.type == "cuda"
     if cuda:
-        torch.cuda.synchronize(decoder.round.device)
+        torch.cuda.synchronize(device)
     began = time.perf_counter()
-    finished = [f for _, f in decoder.run(work)]
+    finished = run()
     if cuda:
-        torch.cuda.synchronize(decoder.round.device)
-    seconds = time.perf_counter() - began
-    stats = AcceptanceStats()
-    for f in finished:
-        stats.merge(f.stats)
-    k = decoder.round.k
-    width = getattr(decoder.round, "tree_width", 1)  # a BatchTreeRound's; chains are width 1, k nodes
-    return _result(engine, profile, "batch", batch, k, width, decoder.round.nodes if width > 1 else k, len(work),
-                   finished, seconds, stats, meter, bandwidth)
+        torch.cuda.synchronize(device)
+    return finished, time.perf_counter() - began
 
 
 def _result(engine, profile, decoder: str, batch: int, k: int, width: int, nodes: int, prompts: int,
-            finished: list, seconds: float, stats: AcceptanceStats, meter, bandwidth: float | None) -> dict:
+            finished: list, seconds: float, meter, bandwidth: float | None) -> dict:
     """A run's row of the document (docs/bench-schema.md, "Batches")."""
     from specgen.core.bench.run import summarise
 
+    stats = AcceptanceStats()
+    for f in finished:
+        stats.merge(f.stats)
     tokens = sum(len(f.token_ids) for f in finished)
     per_row = [1000 * f.stats.generation_seconds / len(f.token_ids) for f in finished if f.token_ids]
     proposer = profile.proposer.kind if k else "none"
@@ -151,28 +156,21 @@ def run_alone(engine, profile, prompt_ids: list[list[int]], warmup: int = 1,
     for _ in range(warmup):
         for _ in decoder(longest).run(prompt_ids[longest]):
             pass
-    gc.collect()  # as `run` does, outside the timed run
-    cuda = engine.pair.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(engine.pair.device)
     meter = AloneMeter()
-    finished = []
-    began = time.perf_counter()
-    for i, ids in enumerate(prompt_ids):
-        events = list(decoder(i).run(ids))
-        finished.append(events.pop())
-        meter.add(len(ids), events)
-    if cuda:
-        torch.cuda.synchronize(engine.pair.device)
-    seconds = time.perf_counter() - began
-    stats = AcceptanceStats()
-    for f in finished:
-        stats.merge(f.stats)
-        meter.seconds_total += sum(v for phase, v in f.stats.seconds.items() if phase != "other")
+
+    def each() -> list:
+        finished = []
+        for i, ids in enumerate(prompt_ids):
+            events = list(decoder(i).run(ids))
+            finished.append(events.pop())
+            meter.add(len(ids), events, finished[-1].stats)
+        return finished
+
+    finished, seconds = _timed(engine.pair.device, each)
     k = decoder(0).setup.k
     shape = engine.tree_report(profile, positions=reach) if k else {"tree_width": 1, "tree_nodes": 0}
     return _result(engine, profile, "single", 1, k, shape["tree_width"], shape["tree_nodes"], len(prompt_ids),
-                   finished, seconds, stats, meter, bandwidth)
+                   finished, seconds, meter, bandwidth)
 
 
 class AloneMeter:
@@ -186,7 +184,9 @@ class AloneMeter:
         self.seconds_total = 0.0
         self.sums = [0, 0, 0, 0]  # rows, target positions, draft model positions, head origins
 
-    def add(self, prompt: int, events: list) -> None:
+    def add(self, prompt: int, events: list, stats: AcceptanceStats) -> None:
+        """A run of a prompt of `prompt` ids: its round events and its statistics."""
+        self.seconds_total += sum(v for phase, v in stats.seconds.items() if phase != "other")
         emitted = last = 0
         for event in events:
             at = prompt - 1 + emitted
