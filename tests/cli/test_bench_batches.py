@@ -199,6 +199,15 @@ def test_batch_bench_table(cli, tiny):
     assert "single-prompt decoder" not in out  # said only where batch 1 ran
 
 
+def test_a_batch_larger_than_the_prompts_is_said(cli, tiny):
+    code, out, err = cli("bench", "-p", tiny, "--batch-size", "2,8", "--k", "2", "--max-tokens", "3",
+                         "--warmup", "0", "--num-prompts", "3", "--format", "json")
+    assert code == 0, err
+    assert "--batch-size 8: more rows than the 3 prompts measured; those batches never fill" in err
+    rows = {r["batch_size"]: r["rows_per_round"] for r in json.loads(out)["results"] if r["k"] == 0}
+    assert rows[8] <= 3 < 8
+
+
 def test_batch_bench_table_says_what_batch_one_ran(cli, tiny):
     code, out, err = cli("bench", "-p", tiny, "--batch-size", "1", "--k", "2", "--max-tokens", "4",
                          "--warmup", "0", "-n", "2")

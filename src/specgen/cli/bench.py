@@ -135,6 +135,10 @@ def bench(
               file=sys.stderr)
     if batch_sizes is not None:
         sizes = parse_batch_sizes(batch_sizes, plan, records)
+        unfilled = [size for size in sizes if size > len(texts)]
+        if unfilled and not quiet:  # such a batch runs part empty: its rows_per_round says how full
+            print(f"specgen: --batch-size {','.join(map(str, unfilled))}: more rows than the {len(texts)} prompts "
+                  "measured; those batches never fill", file=sys.stderr)
         encoding = Encoding(chat, system, truncate_prompt, settings_for(max(plan.ks), plan.temperatures[0],
                                                                           plan.proposers[0]))
         batch_bench(settings_for, texts, plan, sizes, encoding, allow_pickle, quiet, output_format)
