@@ -98,7 +98,7 @@ def run(engine, profile, batch: int, prompt_ids: list[list[int]], warmup: int = 
 
 
 def _timed(device: torch.device, run: Callable[[], list]) -> tuple[list, float]:
-    """run()'s finished results and its wall seconds, after a collection, between syncs of the device."""
+    """run()'s results and its wall seconds, after a collection, between syncs of the device."""
     # the runs before this one let go of their batch rounds (Engine.forget_batches), whose captured
     # graphs and caches are freed whenever the collector reaches their reference cycles; collected
     # here, outside the timed run. Why (not proven): on an H200 one B = 8 run lost 140 ms with equal
@@ -156,17 +156,12 @@ def run_alone(engine, profile, prompt_ids: list[list[int]], warmup: int = 1,
     for _ in range(warmup):
         for _ in decoder(longest).run(prompt_ids[longest]):
             pass
-    meter = AloneMeter()
-
-    def each() -> list:
-        finished = []
-        for i, ids in enumerate(prompt_ids):
-            events = list(decoder(i).run(ids))
-            finished.append(events.pop())
-            meter.add(len(ids), events, finished[-1].stats)
-        return finished
-
-    finished, seconds = _timed(engine.pair.device, each)
+    runs, seconds = _timed(engine.pair.device,
+                           lambda: [list(decoder(i).run(ids)) for i, ids in enumerate(prompt_ids)])
+    meter = AloneMeter()  # read after the clock stops
+    finished = [events.pop() for events in runs]
+    for ids, events, done in zip(prompt_ids, runs, finished):
+        meter.add(len(ids), events, done.stats)
     k = decoder(0).setup.k
     shape = engine.tree_report(profile, positions=reach) if k else {"tree_width": 1, "tree_nodes": 0}
     return _result(engine, profile, "single", 1, k, shape["tree_width"], shape["tree_nodes"], len(prompt_ids),
@@ -180,7 +175,6 @@ class AloneMeter:
     the batch round's count), the draft model's one less, a head's origin P - e."""
 
     def __init__(self):
-        self.spans = 0
         self.seconds_total = 0.0
         self.sums = [0, 0, 0, 0]  # rows, target positions, draft model positions, head origins
 
@@ -196,11 +190,10 @@ class AloneMeter:
             self.sums[3] += max(at - last, 0)
             last = len(event.token_ids)
             emitted += last
-            self.spans += 1
 
     @property
     def rounds(self) -> int:
-        return self.spans
+        return self.sums[0]  # one row a round
 
     def seconds(self) -> float:
         return self.seconds_total
